@@ -1,0 +1,348 @@
+//! The messages that cross the engine-core wire, as Rust values.
+//!
+//! These are line-independent: decoding fills them from any supported line's arrays
+//! (leniently), encoding lays them out for one line (`crate::codec`). Fields the simulator
+//! does not interpret are kept as opaque [`rmpv::Value`]s so nothing is lost.
+
+use rmpv::Value;
+
+/// Request type byte of a frame on the input socket (`EngineCoreRequestType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RequestType {
+    Add = 0x00,
+    Abort = 0x01,
+    StartDpWave = 0x02,
+    Utility = 0x03,
+}
+
+impl RequestType {
+    pub fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            0x00 => Some(Self::Add),
+            0x01 => Some(Self::Abort),
+            0x02 => Some(Self::StartDpWave),
+            0x03 => Some(Self::Utility),
+            _ => None,
+        }
+    }
+}
+
+/// A decoded frontend → engine message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputMessage {
+    Add(Box<EngineCoreRequest>),
+    /// Internal request ids to abort.
+    Abort(Vec<String>),
+    Utility(UtilityCall),
+    StartDpWave { wave: i64, exclude_engine_index: Option<i64> },
+}
+
+/// `EngineCoreRequest` (array_like). Only what an engine needs is typed; the rest is kept.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EngineCoreRequest {
+    pub request_id: String,
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// `mm_features`, opaque.
+    pub mm_features: Option<Value>,
+    pub sampling_params: Option<SamplingParams>,
+    /// `pooling_params`, opaque.
+    pub pooling_params: Option<Value>,
+    /// Frontend wall clock (epoch seconds).
+    pub arrival_time: f64,
+    pub lora_request: Option<LoRARequest>,
+    pub cache_salt: Option<String>,
+    pub data_parallel_rank: Option<i64>,
+    pub prompt_embeds: Option<Tensor>,
+    pub prompt_is_token_ids: Option<Vec<bool>>,
+    pub client_index: u32,
+    pub current_wave: i64,
+    pub priority: i64,
+    pub trace_headers: Option<Value>,
+    pub resumable: bool,
+    pub external_req_id: Option<String>,
+    pub reasoning_ended: Option<bool>,
+    pub reasoning_parser_kwargs: Option<Value>,
+    pub abort_immediately: bool,
+    pub session_id: Option<String>,
+    pub kv_hints: Option<Value>,
+    /// Number of elements of the array as received (the version guard compares it with the
+    /// configured line's layout).
+    pub wire_len: usize,
+}
+
+impl EngineCoreRequest {
+    /// Prompt length as vLLM counts it: the token ids, else the embeddings' first dimension.
+    pub fn prompt_len(&self) -> usize {
+        if let Some(ids) = &self.prompt_token_ids {
+            return ids.len();
+        }
+        self.prompt_embeds
+            .as_ref()
+            .and_then(|t| t.shape.first().copied())
+            .unwrap_or(0) as usize
+    }
+}
+
+/// `SamplingParams` (a map with defaults omitted). Missing keys take vLLM's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    pub n: u32,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: i64,
+    pub seed: Option<i64>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// `None` means "no limit" (the model length decides).
+    pub max_tokens: Option<u32>,
+    pub min_tokens: u32,
+    pub logprobs: Option<i64>,
+    pub prompt_logprobs: Option<i64>,
+    /// `RequestOutputKind`: 0 cumulative, 1 delta, 2 final only.
+    pub output_kind: u8,
+    /// `_eos_token_id`; absent when the client asked for `ignore_eos`.
+    pub eos_token_id: Option<u32>,
+    /// `_all_stop_token_ids` (eos plus stop ids), used for `min_tokens` masking.
+    pub all_stop_token_ids: Vec<u32>,
+    /// `extra_args` (P/D puts `kv_transfer_params` here), opaque.
+    pub extra_args: Option<Value>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            n: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: None,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            max_tokens: Some(16),
+            min_tokens: 0,
+            logprobs: None,
+            prompt_logprobs: None,
+            output_kind: 0,
+            eos_token_id: None,
+            all_stop_token_ids: Vec::new(),
+            extra_args: None,
+        }
+    }
+}
+
+/// `LoRARequest`: 6 (0.32+) or 7 (≤0.31, and what vllm-rs 0.32 sends) elements; only the
+/// first three positions are stable, so only they are read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LoRARequest {
+    pub name: String,
+    pub int_id: i64,
+    pub path: String,
+}
+
+/// A numpy array / torch tensor triple `[dtype, shape, data]` with its data resolved (inline
+/// ext 3, or an aux frame referenced by index).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Tensor {
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub data: Vec<u8>,
+}
+
+/// A utility call id, echoed back verbatim: Python sends full-range u64 values, vLLM
+/// reserves negative ids for engine notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallId {
+    Unsigned(u64),
+    Negative(i64),
+}
+
+/// `[client_index, call_id, method_name, args]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UtilityCall {
+    pub client_index: u32,
+    pub call_id: CallId,
+    pub method: String,
+    pub args: Vec<Value>,
+}
+
+/// `FinishReason` (IntEnum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FinishReason {
+    Stop = 0,
+    Length = 1,
+    Abort = 2,
+    Error = 3,
+    Repetition = 4,
+}
+
+impl FinishReason {
+    /// The external API string (and Prometheus `finished_reason` label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+            Self::Error => "error",
+            Self::Repetition => "repetition",
+        }
+    }
+}
+
+/// `stop_reason`: the stop token id, or a string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    Token(i64),
+    Text(String),
+}
+
+/// `EngineCoreEventType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EventType {
+    Queued = 1,
+    Scheduled = 2,
+    Preempted = 3,
+}
+
+/// `EngineCoreEvent`, a map `{type, timestamp}`; the timestamp is the engine's monotonic
+/// clock, the same one as `EngineCoreOutputs::timestamp`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineCoreEvent {
+    pub kind: EventType,
+    pub timestamp: f64,
+}
+
+/// `PrefillStats` (dataclass → map with every key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefillStats {
+    pub num_prompt_tokens: u64,
+    pub num_computed_tokens: u64,
+    pub num_cached_tokens: u64,
+    pub num_local_cached_tokens: u64,
+    pub num_external_cached_tokens: u64,
+    /// 0.26+.
+    pub num_cache_creation_tokens: u64,
+}
+
+/// `RequestError` (0.32+ dataclass; carried by `EngineCoreOutput.error` on 0.33).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestError {
+    pub code: String,
+    pub message: String,
+    pub retryable: bool,
+}
+
+/// `RequestSpecDecodeMetrics` (0.29+), on a request's final output.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RequestSpecDecodeMetrics {
+    pub num_spec_tokens: u64,
+    pub histogram: Vec<u64>,
+    pub num_draft_tokens: u64,
+    pub per_step_accepted: Vec<u64>,
+    pub per_step_drafted: Vec<u64>,
+}
+
+/// `LogprobsLists` NamedTuple: `[ids (n,k+1) int32, logprobs (n,k+1) float32, ranks (n,)
+/// int64, cu_num_generated_tokens|nil]`; encoded as ndarray triples.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LogprobsLists {
+    /// Row-major `rows × cols` token ids; column 0 is the sampled token.
+    pub token_ids: Vec<i32>,
+    pub logprobs: Vec<f32>,
+    pub ranks: Vec<i64>,
+    pub rows: usize,
+    pub cols: usize,
+    pub cu_num_generated_tokens: Option<Vec<i64>>,
+}
+
+/// One request's output in one step (`EngineCoreOutput`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EngineCoreOutput {
+    pub request_id: String,
+    pub new_token_ids: Vec<u32>,
+    pub new_logprobs: Option<LogprobsLists>,
+    /// Opaque, passed through as given.
+    pub new_prompt_logprobs_tensors: Option<Value>,
+    pub pooling_output: Option<Value>,
+    pub finish_reason: Option<FinishReason>,
+    pub stop_reason: Option<StopReason>,
+    pub events: Vec<EngineCoreEvent>,
+    pub kv_transfer_params: Option<Value>,
+    pub ec_transfer_params: Option<Value>,
+    pub trace_headers: Option<Value>,
+    pub prefill_stats: Option<PrefillStats>,
+    pub num_nans_in_logits: u32,
+    pub mm_cache_miss_hashes: Option<Vec<String>>,
+    pub spec_decode_metrics: Option<RequestSpecDecodeMetrics>,
+    pub error: Option<RequestError>,
+}
+
+/// `PrefixCacheStats` deltas (counters are added by the frontend per message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixCacheStats {
+    pub reset: bool,
+    pub requests: u64,
+    pub queries: u64,
+    pub hits: u64,
+    pub preempted_requests: u64,
+    pub preempted_queries: u64,
+    pub preempted_hits: u64,
+}
+
+/// `SpecDecodingStats` deltas for one step.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SpecDecodingStats {
+    pub num_spec_tokens: u64,
+    pub num_drafts: u64,
+    pub num_draft_tokens: u64,
+    pub num_accepted_tokens: u64,
+    pub num_accepted_tokens_per_pos: Vec<u64>,
+    pub num_draft_tokens_per_pos: Vec<u64>,
+}
+
+/// `SchedulerStats`, sent at most once per step to one client. Encoded with every key of
+/// the newest line (vllm-rs rejects maps missing some keys; older decoders ignore extras).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SchedulerStats {
+    pub num_running_reqs: u64,
+    pub num_waiting_reqs: u64,
+    pub num_skipped_waiting_reqs: u64,
+    pub step_counter: u64,
+    pub current_wave: u64,
+    /// Fraction 0..1, not a percentage.
+    pub kv_cache_usage: f64,
+    pub prefix_cache_stats: PrefixCacheStats,
+    pub spec_decoding_stats: Option<SpecDecodingStats>,
+    /// `{adapter name: request count}`.
+    pub waiting_lora_adapters: Vec<(String, u64)>,
+    pub running_lora_adapters: Vec<(String, u64)>,
+}
+
+/// `UtilityOutput`: `[call_id, failure_message, result]` where a success result is encoded
+/// as `[nil, value]` (`UtilityResult`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UtilityOutput {
+    pub call_id: CallId,
+    pub outcome: Result<Value, String>,
+}
+
+/// One envelope on an output socket (`EngineCoreOutputs`). Never send one with nothing set,
+/// and never mix request outputs with a utility reply (vllm-rs kills its dispatcher).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EngineCoreOutputs {
+    pub engine_index: u32,
+    pub outputs: Vec<EngineCoreOutput>,
+    pub scheduler_stats: Option<Box<SchedulerStats>>,
+    /// Engine monotonic clock, seconds.
+    pub timestamp: f64,
+    pub utility_output: Option<UtilityOutput>,
+    pub finished_requests: Option<Vec<String>>,
+    pub wave_complete: Option<i64>,
+    pub start_wave: Option<i64>,
+    pub weight_version: Option<String>,
+}
+
+/// The raw single frame an engine sends on a fatal error.
+pub const ENGINE_CORE_DEAD: &[u8] = b"ENGINE_CORE_DEAD";
