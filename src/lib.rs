@@ -1,1 +1,8 @@
+//! vllm-vcr: a CPU stand-in for vLLM's engine-core process.
+//!
+//! The binary's subcommands live here as modules so integration tests, the xtask and the
+//! benchmarks can drive them in-process.
 
+pub mod cli;
+pub mod compat;
+pub mod play;

@@ -8,8 +8,15 @@
 //!
 //! No simulation lives here.
 
+pub mod decode;
+pub mod encode;
 pub mod line;
+pub mod ready;
+pub mod transport;
 pub mod types;
 
+pub use decode::{DecodeError, DecodeErrorKind, DecodedOutputs, ErrorContext, decode_input, decode_outputs, decode_outputs_for};
+pub use encode::{EncodeError, EncodeOptions, encode_outputs};
 pub use line::{VllmLine, describe_lines, supported_lines};
+pub use ready::{HandshakeInit, ReadyResponse, StatusMessage, encode_status};
 pub use types::*;

@@ -273,9 +273,16 @@ pub struct EngineCoreOutput {
     pub ec_transfer_params: Option<Value>,
     pub trace_headers: Option<Value>,
     pub prefill_stats: Option<PrefillStats>,
+    /// `routed_experts` ndarray, opaque (passed through as given; the simulator never sets
+    /// it, decoding fills it).
+    pub routed_experts: Option<Value>,
     pub num_nans_in_logits: u32,
     pub mm_cache_miss_hashes: Option<Vec<String>>,
+    /// `new_sampling_mask` (0.28+), opaque.
+    pub new_sampling_mask: Option<Value>,
     pub spec_decode_metrics: Option<RequestSpecDecodeMetrics>,
+    /// `prompt_token_id_logprobs` tensor (0.31+), opaque.
+    pub prompt_token_id_logprobs: Option<Value>,
     pub error: Option<RequestError>,
 }
 

@@ -1,1 +1,7 @@
+//! Trace schema, latency models and statistics for vllm-vcr.
+//!
+//! This crate knows nothing about ZMQ or the wire protocol, so analysis tools can build
+//! without the protocol stack.
 
+pub mod latency;
+pub mod stats;

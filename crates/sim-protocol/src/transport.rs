@@ -1,0 +1,674 @@
+//! ZMQ sockets and the startup handshake, engine side ([`connect_to_frontend`]) and frontend
+//! side ([`FrontendListener`]), on the pure-Rust `zeromq` crate (0.7.0).
+//!
+//! Workarounds for that crate (`shared/spec/crates.md` §2.3):
+//! - `tcp://*:port` is rejected: [`bind_address`] rewrites `*` to `0.0.0.0`;
+//! - `connect()` awaits the peer (retrying refused endpoints with a backoff that grows to
+//!   30 s): every connect here is wrapped in our own short attempts and an overall deadline,
+//!   so a frontend that binds late is found within a fraction of a second;
+//! - sending without a connected peer is an error, not a queue: callers treat it as "peer
+//!   gone";
+//! - there is no LINGER: a dropped socket's writer task still drains what was queued, but
+//!   only while the runtime runs, so keep the runtime alive briefly after the last send
+//!   (e.g. after `ENGINE_CORE_DEAD`);
+//! - DEALER and PUSH never reconnect: the engine needs none (a vLLM frontend never accepts a
+//!   second handshake).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::{Instant, timeout, timeout_at};
+use zeromq::util::PeerIdentity;
+use zeromq::{
+    DealerSocket, PullSocket, PushSocket, RouterSocket, Socket, SocketOptions, SocketRecv,
+    SocketSend, XSubSocket, ZmqError, ZmqMessage,
+};
+
+use crate::decode::DecodeError;
+use crate::ready::{HandshakeInit, ReadyResponse, StatusMessage, encode_status};
+
+/// Why a socket operation or the handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("invalid ZMQ address `{address}`: {reason}")]
+    BadAddress { address: String, reason: String },
+    #[error(
+        "no frontend answered on the handshake socket {address} within {waited:?}{}; start the frontend in external-engine mode (`--data-parallel-size-local 0`) with this handshake address, or raise the handshake timeout",
+        last_error.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default()
+    )]
+    HandshakeTimeout {
+        address: String,
+        waited: Duration,
+        last_error: Option<String>,
+    },
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout { what: String, after: Duration },
+    #[error("{what}: {source}")]
+    Zmq {
+        what: String,
+        #[source]
+        source: ZmqError,
+    },
+    #[error("{what}: {source}")]
+    Decode {
+        what: String,
+        #[source]
+        source: DecodeError,
+    },
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+}
+
+fn zmq_err(what: impl Into<String>) -> impl FnOnce(ZmqError) -> TransportError {
+    let what = what.into();
+    move |source| TransportError::Zmq { what, source }
+}
+
+/// Timeouts of the engine side of the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// How long to keep trying to reach the frontend's handshake socket (the engine may
+    /// start before the frontend). Frontends wait 600 s for engines by default.
+    pub handshake_timeout: Duration,
+    /// How long to wait for INIT after HELLO (the Python engine allows 5 minutes).
+    pub init_timeout: Duration,
+    /// Each data-socket connect (the frontend bound them before sending INIT).
+    pub connect_timeout: Duration,
+    /// How long to wait for the DP coordinator's `READY`.
+    pub coordinator_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(600),
+            init_timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(30),
+            coordinator_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The DP coordinator's sockets (only with DP > 1 and a coordinator).
+pub struct CoordinatorSockets {
+    /// XSUB subscribed to everything; carries START_DP_WAVE broadcasts.
+    pub input: XSubSocket,
+    /// PUSH for stats and wave control towards the coordinator.
+    pub output: PushSocket,
+}
+
+/// What an engine holds after the handshake: one input DEALER and one output PUSH per
+/// frontend client (index = `client_index`).
+pub struct EngineSockets {
+    pub inputs: Vec<DealerSocket>,
+    pub outputs: Vec<PushSocket>,
+    pub init: HandshakeInit,
+    pub coordinator: Option<CoordinatorSockets>,
+}
+
+/// A ZMQ identity for a DP rank: 2 bytes, little-endian (what vLLM uses).
+pub fn rank_identity(rank: u16) -> Bytes {
+    Bytes::copy_from_slice(&rank.to_le_bytes())
+}
+
+/// The DP rank of a 2-byte little-endian identity.
+pub fn identity_rank(identity: &[u8]) -> Option<u16> {
+    <[u8; 2]>::try_from(identity).ok().map(u16::from_le_bytes)
+}
+
+fn check_transport(address: &str) -> Result<(), TransportError> {
+    if address.starts_with("tcp://") || address.starts_with("ipc://") {
+        Ok(())
+    } else {
+        Err(TransportError::BadAddress {
+            address: address.to_string(),
+            reason: "only tcp:// and ipc:// are supported".into(),
+        })
+    }
+}
+
+/// An address to connect to: `host:port` gets `tcp://`; `*` (a bind wildcard) means this
+/// host.
+pub fn connect_address(address: &str) -> Result<String, TransportError> {
+    let a = address.trim();
+    let a = if a.contains("://") {
+        a.to_string()
+    } else {
+        format!("tcp://{a}")
+    };
+    let a = match a.strip_prefix("tcp://*:") {
+        Some(port) => format!("tcp://127.0.0.1:{port}"),
+        None => a,
+    };
+    check_transport(&a)?;
+    Ok(a)
+}
+
+/// An address to bind: `host:port` gets `tcp://`; `tcp://*:port` becomes
+/// `tcp://0.0.0.0:port` (the zeromq crate rejects `*`).
+pub fn bind_address(address: &str) -> Result<String, TransportError> {
+    let a = address.trim();
+    let a = if a.contains("://") {
+        a.to_string()
+    } else {
+        format!("tcp://{a}")
+    };
+    let a = match a.strip_prefix("tcp://*:") {
+        Some(port) => format!("tcp://0.0.0.0:{port}"),
+        None => a,
+    };
+    check_transport(&a)?;
+    Ok(a)
+}
+
+fn socket_options(identity: Option<&Bytes>) -> Result<SocketOptions, TransportError> {
+    let mut opts = SocketOptions::default();
+    // We bound every connect ourselves (short attempts + overall deadline).
+    opts.no_connect_timeout();
+    if let Some(id) = identity {
+        let peer = PeerIdentity::try_from(id.clone()).map_err(zmq_err("socket identity"))?;
+        opts.peer_identity(peer);
+    }
+    Ok(opts)
+}
+
+fn retryable(e: &ZmqError) -> bool {
+    use std::io::ErrorKind as K;
+    match e {
+        ZmqError::Network(io) => matches!(
+            io.kind(),
+            K::ConnectionRefused
+                | K::ConnectionReset
+                | K::ConnectionAborted
+                | K::NotFound
+                | K::TimedOut
+                | K::BrokenPipe
+                | K::UnexpectedEof
+                | K::AddrNotAvailable
+                | K::HostUnreachable
+                | K::NetworkUnreachable
+        ),
+        ZmqError::ConnectTimeout(_) | ZmqError::Codec(_) | ZmqError::NoMessage => true,
+        _ => false,
+    }
+}
+
+/// One connect attempt never runs longer than this; zeromq's own backoff inside an attempt
+/// starts at 50 ms, so a freshly bound peer is found within a few hundred milliseconds.
+const ATTEMPT: Duration = Duration::from_secs(1);
+
+/// Connect `sock` to `address`, retrying until `total` has elapsed.
+async fn connect_retrying<S: Socket>(
+    sock: &mut S,
+    address: &str,
+    total: Duration,
+    what: &str,
+) -> Result<(), TransportError> {
+    let start = Instant::now();
+    let deadline = start + total;
+    let mut last_error: Option<String> = None;
+    let mut last_report = start;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(TransportError::HandshakeTimeout {
+                address: address.to_string(),
+                waited: total,
+                last_error,
+            });
+        }
+        let attempt = ATTEMPT.min(deadline - now);
+        match timeout(attempt, sock.connect(address)).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(ZmqError::Endpoint(e))) => {
+                return Err(TransportError::BadAddress {
+                    address: address.to_string(),
+                    reason: e.to_string(),
+                });
+            }
+            Ok(Err(e)) if retryable(&e) => {
+                last_error = Some(e.to_string());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok(Err(e)) => return Err(zmq_err(format!("connecting the {what} to {address}"))(e)),
+            Err(_) => {}
+        }
+        if last_report.elapsed() >= Duration::from_secs(10) {
+            last_report = Instant::now();
+            tracing::debug!(
+                address,
+                waited_s = start.elapsed().as_secs(),
+                last_error = last_error.as_deref().unwrap_or("none"),
+                "still waiting for the {what}"
+            );
+        }
+    }
+}
+
+/// Build a message from frames (at least one).
+pub fn message_from_frames(frames: Vec<Bytes>) -> Result<ZmqMessage, TransportError> {
+    ZmqMessage::try_from(frames)
+        .map_err(|_| TransportError::Protocol("cannot send a message with no frames".into()))
+}
+
+/// Send one multipart message.
+pub async fn send_frames<S: SocketSend>(sock: &mut S, frames: Vec<Bytes>) -> Result<(), TransportError> {
+    let msg = message_from_frames(frames)?;
+    sock.send(msg).await.map_err(zmq_err("send"))
+}
+
+/// Receive one multipart message as its frames.
+pub async fn recv_frames<S: SocketRecv>(sock: &mut S) -> Result<Vec<Bytes>, TransportError> {
+    sock.recv()
+        .await
+        .map(ZmqMessage::into_vec)
+        .map_err(zmq_err("receive"))
+}
+
+/// The engine half of the startup handshake (`protocol.md` §3), as DP rank `rank`:
+/// HELLO → INIT → the ready response on every input socket → (coordinator) → READY.
+///
+/// Keeps trying to reach `handshake_address` for `opts.handshake_timeout`, so the engine may
+/// start before the frontend. `ready.dp_stats_address` and `ready.data_parallel_rank` are
+/// filled from INIT and `rank`.
+pub async fn connect_to_frontend(
+    handshake_address: &str,
+    rank: u16,
+    ready: &ReadyResponse,
+    opts: &ConnectOptions,
+) -> Result<EngineSockets, TransportError> {
+    let address = connect_address(handshake_address)?;
+    let identity = rank_identity(rank);
+
+    let mut handshake = DealerSocket::with_options(socket_options(Some(&identity))?);
+    tracing::info!(
+        rank,
+        "waiting for the frontend's handshake socket at {address} (up to {:?})",
+        opts.handshake_timeout
+    );
+    connect_retrying(&mut handshake, &address, opts.handshake_timeout, "frontend's handshake socket").await?;
+    tracing::debug!(rank, %address, "connected to the handshake socket; sending HELLO");
+    send_frames(&mut handshake, vec![Bytes::from(encode_status("HELLO"))]).await?;
+
+    let init_frames = timeout(opts.init_timeout, recv_frames(&mut handshake))
+        .await
+        .map_err(|_| TransportError::Timeout {
+            what: format!("INIT from the frontend at {address}"),
+            after: opts.init_timeout,
+        })??;
+    let payload = init_frames
+        .last()
+        .ok_or_else(|| TransportError::Protocol("empty INIT message".into()))?;
+    let init = HandshakeInit::decode(payload).map_err(|source| TransportError::Decode {
+        what: "INIT from the frontend".into(),
+        source,
+    })?;
+    tracing::debug!(rank, inputs = ?init.inputs, outputs = ?init.outputs, "received INIT");
+
+    let mut ready = ready.clone();
+    ready.dp_stats_address = init.frontend_stats_publish_address.clone();
+    ready.data_parallel_rank = u64::from(rank);
+    let ready_bytes = Bytes::from(ready.encode());
+
+    let mut inputs = Vec::with_capacity(init.inputs.len());
+    let mut outputs = Vec::with_capacity(init.outputs.len());
+    for (i, (input, output)) in init.inputs.iter().zip(&init.outputs).enumerate() {
+        let input = connect_address(input)?;
+        let mut dealer = DealerSocket::with_options(socket_options(Some(&identity))?);
+        connect_retrying(&mut dealer, &input, opts.connect_timeout, "frontend's input socket").await?;
+        // The one ready response is what registers this DEALER with the frontend's ROUTER.
+        send_frames(&mut dealer, vec![ready_bytes.clone()]).await?;
+        inputs.push(dealer);
+
+        let output = connect_address(output)?;
+        let mut push = PushSocket::with_options(socket_options(None)?);
+        connect_retrying(&mut push, &output, opts.connect_timeout, "frontend's output socket").await?;
+        outputs.push(push);
+        tracing::debug!(rank, client = i, %input, %output, "data sockets connected");
+    }
+
+    let coordinator = match (&init.coordinator_input, &init.coordinator_output) {
+        (Some(cin), Some(cout)) => Some(connect_coordinator(cin, cout, opts).await?),
+        _ => None,
+    };
+
+    send_frames(&mut handshake, vec![Bytes::from(encode_status("READY"))]).await?;
+    // Dropping the socket still lets its writer task flush READY (the runtime keeps running).
+    drop(handshake);
+    tracing::info!(rank, clients = inputs.len(), "handshake with the frontend complete");
+    Ok(EngineSockets {
+        inputs,
+        outputs,
+        init,
+        coordinator,
+    })
+}
+
+async fn connect_coordinator(
+    input: &str,
+    output: &str,
+    opts: &ConnectOptions,
+) -> Result<CoordinatorSockets, TransportError> {
+    let input = connect_address(input)?;
+    let output = connect_address(output)?;
+    let mut xsub = XSubSocket::with_options(socket_options(None)?);
+    connect_retrying(&mut xsub, &input, opts.connect_timeout, "DP coordinator's input socket").await?;
+    send_frames(&mut xsub, vec![Bytes::from_static(b"\x01")]).await?;
+    let deadline = Instant::now() + opts.coordinator_timeout;
+    loop {
+        let frames = timeout_at(deadline, recv_frames(&mut xsub))
+            .await
+            .map_err(|_| TransportError::Timeout {
+                what: format!("READY from the DP coordinator at {input}"),
+                after: opts.coordinator_timeout,
+            })??;
+        if frames.len() == 1 && frames[0].as_ref() == b"READY" {
+            break;
+        }
+        tracing::debug!("ignoring a coordinator message before its READY");
+    }
+    let mut push = PushSocket::with_options(socket_options(None)?);
+    connect_retrying(&mut push, &output, opts.connect_timeout, "DP coordinator's output socket").await?;
+    Ok(CoordinatorSockets {
+        input: xsub,
+        output: push,
+    })
+}
+
+// ------------------------------------------------------------------------------------------
+// Frontend side
+
+/// One engine that completed the handshake with a [`FrontendListener`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptedEngine {
+    /// The engine's ZMQ identity (2-byte little-endian DP rank for vLLM engines).
+    pub identity: Bytes,
+    /// `identity` read as a DP rank, when it is 2 bytes.
+    pub rank: Option<u16>,
+    pub hello: StatusMessage,
+    /// The ready response from the first input socket.
+    pub ready: ReadyResponse,
+    /// The raw ready response from every input socket (index = client), byte for byte.
+    pub ready_payloads: Vec<Bytes>,
+}
+
+/// The frontend half of the sockets: a handshake ROUTER, and per client an input ROUTER
+/// and an output PULL, bound on ephemeral TCP ports (as `vllm-rs` and the Python frontend
+/// do in external-engine mode).
+pub struct FrontendListener {
+    handshake: Option<RouterSocket>,
+    handshake_address: String,
+    inputs: Vec<RouterSocket>,
+    input_addresses: Vec<String>,
+    outputs: Vec<PullSocket>,
+    output_addresses: Vec<String>,
+    /// Advertised in INIT as `frontend_stats_publish_address`.
+    pub stats_publish_address: Option<String>,
+}
+
+/// The data sockets of a [`FrontendListener`] after the handshake, for concurrent use.
+pub struct FrontendSockets {
+    pub inputs: Vec<RouterSocket>,
+    pub outputs: Vec<PullSocket>,
+}
+
+async fn bind_router(address: &str) -> Result<(RouterSocket, String), TransportError> {
+    let mut s = RouterSocket::with_options(socket_options(None)?);
+    let ep = s.bind(address).await.map_err(zmq_err(format!("binding {address}")))?;
+    Ok((s, ep.to_string()))
+}
+
+async fn bind_pull(address: &str) -> Result<(PullSocket, String), TransportError> {
+    let mut s = PullSocket::with_options(socket_options(None)?);
+    let ep = s.bind(address).await.map_err(zmq_err(format!("binding {address}")))?;
+    Ok((s, ep.to_string()))
+}
+
+fn tcp_host(address: &str) -> Option<&str> {
+    let rest = address.strip_prefix("tcp://")?;
+    let (host, _port) = rest.rsplit_once(':')?;
+    Some(host)
+}
+
+impl FrontendListener {
+    /// Bind everything on `host` (e.g. `127.0.0.1`) with ephemeral ports, `clients`
+    /// input/output pairs (the Python frontend's `--api-server-count`; `vllm-rs` uses 1).
+    pub async fn bind(host: &str, clients: usize) -> Result<Self, TransportError> {
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        Self::bind_at(&format!("tcp://{host}:0"), clients).await
+    }
+
+    /// Bind the handshake ROUTER at `handshake_address` (e.g. `tcp://127.0.0.1:29550`) and
+    /// the data sockets on ephemeral ports of the same host.
+    pub async fn bind_at(handshake_address: &str, clients: usize) -> Result<Self, TransportError> {
+        let clients = clients.max(1);
+        let address = bind_address(handshake_address)?;
+        let (handshake, handshake_address) = bind_router(&address).await?;
+        let data_base = match tcp_host(&address) {
+            Some(host) => format!("tcp://{host}:0"),
+            None => {
+                return Err(TransportError::BadAddress {
+                    address,
+                    reason: "the frontend listener needs a tcp:// handshake address".into(),
+                });
+            }
+        };
+        let mut inputs = Vec::new();
+        let mut input_addresses = Vec::new();
+        let mut outputs = Vec::new();
+        let mut output_addresses = Vec::new();
+        for _ in 0..clients {
+            let (r, a) = bind_router(&data_base).await?;
+            inputs.push(r);
+            input_addresses.push(a);
+            let (p, a) = bind_pull(&data_base).await?;
+            outputs.push(p);
+            output_addresses.push(a);
+        }
+        Ok(Self {
+            handshake: Some(handshake),
+            handshake_address,
+            inputs,
+            input_addresses,
+            outputs,
+            output_addresses,
+            stats_publish_address: None,
+        })
+    }
+
+    /// The resolved handshake address engines should connect to.
+    pub fn handshake_address(&self) -> &str {
+        &self.handshake_address
+    }
+
+    pub fn input_addresses(&self) -> &[String] {
+        &self.input_addresses
+    }
+
+    pub fn output_addresses(&self) -> &[String] {
+        &self.output_addresses
+    }
+
+    pub fn clients(&self) -> usize {
+        self.inputs.len()
+    }
+
+    /// The INIT this listener sends.
+    pub fn init_message(&self) -> HandshakeInit {
+        HandshakeInit {
+            inputs: self.input_addresses.clone(),
+            outputs: self.output_addresses.clone(),
+            frontend_stats_publish_address: self.stats_publish_address.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// The frontend half of the handshake for `n` engines: answer each HELLO with INIT,
+    /// wait for each READY, then read one ready response per engine on every input socket.
+    /// Closes the handshake socket afterwards (like both vLLM frontends).
+    pub async fn accept_engines(
+        &mut self,
+        n: usize,
+        wait: Duration,
+    ) -> Result<Vec<AcceptedEngine>, TransportError> {
+        let deadline = Instant::now() + wait;
+        let timed_out = |what: &str| TransportError::Timeout {
+            what: what.to_string(),
+            after: wait,
+        };
+        let init = Bytes::from(self.init_message().encode());
+        let handshake = self
+            .handshake
+            .as_mut()
+            .ok_or_else(|| TransportError::Protocol("the handshake socket is already closed".into()))?;
+        let mut hellos: Vec<(Bytes, StatusMessage)> = Vec::new();
+        let mut ready: HashSet<Bytes> = HashSet::new();
+        while ready.len() < n {
+            let frames = timeout_at(deadline, recv_frames(handshake))
+                .await
+                .map_err(|_| timed_out("HELLO/READY from the engines"))??;
+            let (Some(identity), Some(payload)) = (frames.first(), frames.last()) else {
+                continue;
+            };
+            let status = StatusMessage::decode(payload).map_err(|source| TransportError::Decode {
+                what: "a handshake message from an engine".into(),
+                source,
+            })?;
+            match status.status.as_str() {
+                "HELLO" => {
+                    if hellos.iter().any(|(id, _)| id == identity) {
+                        return Err(TransportError::Protocol(format!(
+                            "a second HELLO from engine identity {identity:02x?}"
+                        )));
+                    }
+                    hellos.push((identity.clone(), status));
+                    send_frames(handshake, vec![identity.clone(), init.clone()]).await?;
+                }
+                "READY" => {
+                    if !hellos.iter().any(|(id, _)| id == identity) {
+                        return Err(TransportError::Protocol(format!(
+                            "READY before HELLO from engine identity {identity:02x?}"
+                        )));
+                    }
+                    ready.insert(identity.clone());
+                }
+                other => {
+                    return Err(TransportError::Protocol(format!(
+                        "unexpected {other} message from engine identity {identity:02x?}"
+                    )));
+                }
+            }
+        }
+        self.handshake = None;
+
+        let mut payloads: HashMap<Bytes, Vec<Bytes>> = HashMap::new();
+        for (client, input) in self.inputs.iter_mut().enumerate() {
+            let mut seen = HashSet::new();
+            while seen.len() < n {
+                let frames = timeout_at(deadline, recv_frames(input))
+                    .await
+                    .map_err(|_| timed_out("the engines' ready responses"))??;
+                let Some(identity) = frames.first().cloned() else {
+                    continue;
+                };
+                if !ready.contains(&identity) {
+                    return Err(TransportError::Protocol(format!(
+                        "a ready response on input socket {client} from unknown identity {identity:02x?}"
+                    )));
+                }
+                if !seen.insert(identity.clone()) {
+                    return Err(TransportError::Protocol(format!(
+                        "a second ready response on input socket {client} from identity {identity:02x?}"
+                    )));
+                }
+                let payload = frames.get(1).cloned().unwrap_or_default();
+                payloads.entry(identity).or_default().push(payload);
+            }
+        }
+
+        let mut engines = Vec::with_capacity(n);
+        for (identity, hello) in hellos {
+            let ready_payloads = payloads.remove(&identity).unwrap_or_default();
+            let first = ready_payloads.first().cloned().unwrap_or_default();
+            let ready = ReadyResponse::decode(&first).map_err(|source| TransportError::Decode {
+                what: format!("the ready response of engine {identity:02x?}"),
+                source,
+            })?;
+            engines.push(AcceptedEngine {
+                rank: identity_rank(&identity),
+                identity,
+                hello,
+                ready,
+                ready_payloads,
+            });
+        }
+        engines.sort_by_key(|e| (e.rank, e.identity.clone()));
+        Ok(engines)
+    }
+
+    /// Send `frames` (e.g. from `encode_request`) to the engine `identity` on client
+    /// `client`'s input socket.
+    pub async fn send(
+        &mut self,
+        client: usize,
+        identity: &[u8],
+        frames: Vec<Bytes>,
+    ) -> Result<(), TransportError> {
+        let sock = self
+            .inputs
+            .get_mut(client)
+            .ok_or_else(|| TransportError::Protocol(format!("no client {client}")))?;
+        let mut all = Vec::with_capacity(frames.len() + 1);
+        all.push(Bytes::copy_from_slice(identity));
+        all.extend(frames);
+        send_frames(sock, all).await
+    }
+
+    /// Receive the next message on client `client`'s output socket: `[payload, aux…]`.
+    pub async fn recv_output(&mut self, client: usize) -> Result<Vec<Bytes>, TransportError> {
+        let sock = self
+            .outputs
+            .get_mut(client)
+            .ok_or_else(|| TransportError::Protocol(format!("no client {client}")))?;
+        recv_frames(sock).await
+    }
+
+    /// The data sockets, for concurrent sending and receiving from separate tasks.
+    pub fn into_sockets(self) -> FrontendSockets {
+        FrontendSockets {
+            inputs: self.inputs,
+            outputs: self.outputs,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_normalised() {
+        assert_eq!(bind_address("tcp://*:5557").unwrap(), "tcp://0.0.0.0:5557");
+        assert_eq!(bind_address("127.0.0.1:29550").unwrap(), "tcp://127.0.0.1:29550");
+        assert_eq!(connect_address("tcp://*:5557").unwrap(), "tcp://127.0.0.1:5557");
+        assert_eq!(connect_address("ipc:///tmp/x").unwrap(), "ipc:///tmp/x");
+        assert!(matches!(
+            connect_address("inproc://x"),
+            Err(TransportError::BadAddress { .. })
+        ));
+    }
+
+    #[test]
+    fn identities_are_little_endian_ranks() {
+        assert_eq!(rank_identity(0).as_ref(), &[0, 0]);
+        assert_eq!(rank_identity(1).as_ref(), &[1, 0]);
+        assert_eq!(rank_identity(258).as_ref(), &[2, 1]);
+        assert_eq!(identity_rank(&[1, 0]), Some(1));
+        assert_eq!(identity_rank(&[1]), None);
+    }
+}

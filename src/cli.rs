@@ -1,0 +1,111 @@
+//! The command line: parse, set up logging and signals, dispatch.
+
+use std::io::Write;
+
+use anyhow::Result;
+use clap::{CommandFactory, Parser, Subcommand};
+use clap_complete::Shell;
+use tokio::sync::watch;
+
+use crate::play::PlayArgs;
+
+/// A CPU stand-in for vLLM's engine-core: run the real vLLM frontend (vllm-rs or
+/// `vllm serve`) against a simulated engine, without GPUs or model weights.
+#[derive(Debug, Parser)]
+#[command(name = "vllm-vcr", version = version(), about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+fn version() -> &'static str {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (default vLLM line ",
+        env!("VLLM_VCR_DEFAULT_LINE"),
+        "; speaks 0.25–0.33; ",
+        env!("VLLM_VCR_BUILD_INFO"),
+        ")"
+    )
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a simulated engine-core that joins a vLLM frontend's handshake socket.
+    Play(PlayArgs),
+    /// Print a shell completion script for this binary to stdout.
+    Completions {
+        /// The shell to generate for.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+}
+
+/// Parse the command line and run it; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    init_tracing();
+    let result = match cli.command {
+        Command::Completions { shell } => {
+            let mut out = std::io::stdout().lock();
+            clap_complete::generate(shell, &mut Cli::command(), "vllm-vcr", &mut out);
+            out.flush().map_err(Into::into)
+        }
+        Command::Play(args) => runtime().and_then(|rt| rt.block_on(async move {
+            let shutdown = shutdown_on_signals();
+            crate::play::run(args, shutdown).await
+        })),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// A watch that turns true on the first SIGINT/SIGTERM; a second signal exits at once.
+pub fn shutdown_on_signals() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+            tracing::warn!("cannot install signal handlers");
+            return;
+        };
+        let mut seen = 0;
+        loop {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            seen += 1;
+            if seen == 1 {
+                tracing::info!("signal received: shutting down (again to force)");
+                let _ = tx.send(true);
+            } else {
+                tracing::warn!("second signal: exiting now");
+                std::process::exit(130);
+            }
+        }
+    });
+    rx
+}

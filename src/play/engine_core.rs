@@ -1,0 +1,372 @@
+//! The contract between the engine loop and an engine, and the loop itself.
+//!
+//! `run_loop` owns the `select!` over frontend inputs, the shutdown signal and the engine's
+//! next deadline; an [`EngineCore`] only reacts. `SimEngine` is the production engine; the
+//! small `ConstantEngine` in the tests proves the loop.
+
+use std::time::{Duration, Instant};
+
+use sim_protocol::decode::DecodeError;
+use sim_protocol::{EngineCoreOutputs, InputMessage};
+use tokio::sync::{mpsc, watch};
+
+use super::timer::PreciseTimer;
+
+/// Something the io layer hands to the engine.
+#[derive(Debug)]
+pub enum EngineInput {
+    /// A decoded message that arrived on input socket `client` (the API-server index).
+    Message { client: u32, msg: InputMessage },
+    /// A frame that could not be decoded.
+    Bad { client: u32, error: DecodeError },
+}
+
+/// Something the engine wants sent.
+#[derive(Debug)]
+pub enum Outbound {
+    /// An envelope for output socket `client`.
+    Outputs {
+        client: u32,
+        outputs: EngineCoreOutputs,
+    },
+    /// A fatal error: send `ENGINE_CORE_DEAD` on every output socket.
+    Dead,
+}
+
+/// Collects what one engine callback wants sent.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    pub items: Vec<Outbound>,
+}
+
+impl Outbox {
+    pub fn send(&mut self, client: u32, outputs: EngineCoreOutputs) {
+        self.items.push(Outbound::Outputs { client, outputs });
+    }
+}
+
+/// The engine side of the loop.
+pub trait EngineCore {
+    /// A message (or an undecodable frame) from the frontend.
+    fn on_input(&mut self, input: EngineInput, now: Instant, out: &mut Outbox);
+    /// The deadline returned by `next_deadline` has been reached.
+    fn on_deadline(&mut self, now: Instant, out: &mut Outbox);
+    /// When the engine next wants `on_deadline`; `None` when it has nothing scheduled.
+    fn next_deadline(&self) -> Option<Instant>;
+    /// Shutdown was requested: stop taking new requests, keep serving the admitted ones.
+    fn begin_shutdown(&mut self, now: Instant, out: &mut Outbox);
+    /// Finish every remaining request with ABORT (the drain time ran out).
+    fn abort_all(&mut self, now: Instant, out: &mut Outbox);
+    /// No request left in the engine.
+    fn is_idle(&self) -> bool;
+}
+
+/// Why `run_loop` returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoopExit {
+    /// Shutdown requested and every request finished in time.
+    Drained,
+    /// Shutdown requested; the drain time ran out and the rest was aborted.
+    DrainTimedOut,
+    /// The io layer went away (frontend gone or sockets failed).
+    InputsClosed,
+    /// The output side went away.
+    OutputsClosed,
+}
+
+pub struct LoopControl {
+    /// Becomes `true` when the process should shut down.
+    pub shutdown: watch::Receiver<bool>,
+    /// How long to keep serving admitted requests after shutdown was requested.
+    pub shutdown_timeout: Duration,
+}
+
+/// Drive `engine` until shutdown or until the frontend goes away.
+pub async fn run_loop<E: EngineCore>(
+    engine: &mut E,
+    inputs: &mut mpsc::UnboundedReceiver<EngineInput>,
+    outputs: &mpsc::UnboundedSender<Outbound>,
+    mut ctl: LoopControl,
+) -> LoopExit {
+    let mut timer = match PreciseTimer::new() {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!("no timerfd ({e}); pacing falls back to tokio's millisecond timer");
+            None
+        }
+    };
+    let mut drain_until: Option<Instant> = None;
+    let mut out = Outbox::default();
+    let mut shutdown_seen = *ctl.shutdown.borrow();
+    if shutdown_seen {
+        engine.begin_shutdown(Instant::now(), &mut out);
+        drain_until = Some(Instant::now() + ctl.shutdown_timeout);
+    }
+    loop {
+        if drain_until.is_some() && engine.is_idle() {
+            if !flush(&mut out, outputs) {
+                return LoopExit::OutputsClosed;
+            }
+            return LoopExit::Drained;
+        }
+        let deadline = engine.next_deadline();
+        tokio::select! {
+            biased;
+            msg = inputs.recv() => match msg {
+                Some(m) => engine.on_input(m, Instant::now(), &mut out),
+                None => {
+                    flush(&mut out, outputs);
+                    return LoopExit::InputsClosed;
+                }
+            },
+            changed = ctl.shutdown.changed(), if !shutdown_seen => {
+                if changed.is_err() || *ctl.shutdown.borrow() {
+                    shutdown_seen = true;
+                    let now = Instant::now();
+                    engine.begin_shutdown(now, &mut out);
+                    drain_until = Some(now + ctl.shutdown_timeout);
+                }
+            }
+            _ = sleep_until(&mut timer, earliest(deadline, drain_until)), if deadline.is_some() || drain_until.is_some() => {
+                let now = Instant::now();
+                if drain_until.is_some_and(|d| now >= d) {
+                    engine.abort_all(now, &mut out);
+                    if !flush(&mut out, outputs) {
+                        return LoopExit::OutputsClosed;
+                    }
+                    return LoopExit::DrainTimedOut;
+                }
+                engine.on_deadline(now, &mut out);
+            }
+        }
+        if !flush(&mut out, outputs) {
+            return LoopExit::OutputsClosed;
+        }
+    }
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+async fn sleep_until(timer: &mut Option<PreciseTimer>, deadline: Option<Instant>) {
+    let Some(deadline) = deadline else {
+        return std::future::pending().await;
+    };
+    match timer {
+        Some(t) => t.sleep_until(deadline).await,
+        None => tokio::time::sleep_until(deadline.into()).await,
+    }
+}
+
+fn flush(out: &mut Outbox, outputs: &mpsc::UnboundedSender<Outbound>) -> bool {
+    for item in out.items.drain(..) {
+        if outputs.send(item).is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sim_protocol::{EngineCoreOutput, EngineCoreRequest, FinishReason};
+
+    /// Emits `n` tokens per request, one every `gap`, each token id = its position.
+    struct ConstantEngine {
+        n: u32,
+        gap: Duration,
+        live: Vec<(String, u32, u32, Instant)>,
+        draining: bool,
+    }
+
+    impl EngineCore for ConstantEngine {
+        fn on_input(&mut self, input: EngineInput, now: Instant, out: &mut Outbox) {
+            if let EngineInput::Message {
+                client,
+                msg: InputMessage::Add(req),
+            } = input
+            {
+                if self.draining {
+                    out.send(
+                        client,
+                        EngineCoreOutputs {
+                            outputs: vec![EngineCoreOutput {
+                                request_id: req.request_id.clone(),
+                                finish_reason: Some(FinishReason::Abort),
+                                ..Default::default()
+                            }],
+                            ..Default::default()
+                        },
+                    );
+                    return;
+                }
+                self.live.push((req.request_id.clone(), client, 0, now + self.gap));
+            }
+        }
+        fn on_deadline(&mut self, now: Instant, out: &mut Outbox) {
+            let gap = self.gap;
+            let n = self.n;
+            for (id, client, emitted, due) in &mut self.live {
+                if *due <= now {
+                    *emitted += 1;
+                    *due += gap;
+                    out.send(
+                        *client,
+                        EngineCoreOutputs {
+                            outputs: vec![EngineCoreOutput {
+                                request_id: id.clone(),
+                                new_token_ids: vec![*emitted],
+                                finish_reason: (*emitted == n).then_some(FinishReason::Length),
+                                ..Default::default()
+                            }],
+                            ..Default::default()
+                        },
+                    );
+                }
+            }
+            self.live.retain(|r| r.2 < n);
+        }
+        fn next_deadline(&self) -> Option<Instant> {
+            self.live.iter().map(|r| r.3).min()
+        }
+        fn begin_shutdown(&mut self, _: Instant, _: &mut Outbox) {
+            self.draining = true;
+        }
+        fn abort_all(&mut self, _: Instant, out: &mut Outbox) {
+            for (id, client, _, _) in self.live.drain(..) {
+                out.send(
+                    client,
+                    EngineCoreOutputs {
+                        outputs: vec![EngineCoreOutput {
+                            request_id: id,
+                            finish_reason: Some(FinishReason::Abort),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+        fn is_idle(&self) -> bool {
+            self.live.is_empty()
+        }
+    }
+
+    fn add(id: &str) -> EngineInput {
+        EngineInput::Message {
+            client: 0,
+            msg: InputMessage::Add(Box::new(EngineCoreRequest {
+                request_id: id.into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn tokens(o: &Outbound) -> (String, Vec<u32>, Option<FinishReason>) {
+        match o {
+            Outbound::Outputs { outputs, .. } => {
+                let x = &outputs.outputs[0];
+                (x.request_id.clone(), x.new_token_ids.clone(), x.finish_reason)
+            }
+            Outbound::Dead => panic!("dead"),
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn paces_tokens_and_drains_on_shutdown() {
+        let (in_tx, mut in_rx) = mpsc::unbounded_channel();
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+        let (sd_tx, sd_rx) = watch::channel(false);
+        let mut engine = ConstantEngine {
+            n: 3,
+            gap: Duration::from_millis(5),
+            live: vec![],
+            draining: false,
+        };
+        in_tx.send(add("a")).unwrap();
+        let start = Instant::now();
+        let task = tokio::spawn(async move {
+            run_loop(
+                &mut engine,
+                &mut in_rx,
+                &out_tx,
+                LoopControl {
+                    shutdown: sd_rx,
+                    shutdown_timeout: Duration::from_secs(5),
+                },
+            )
+            .await
+        });
+        let mut got = vec![];
+        for _ in 0..3 {
+            got.push(tokens(&out_rx.recv().await.unwrap()));
+        }
+        assert!(start.elapsed() >= Duration::from_millis(15));
+        assert_eq!(got[2], ("a".into(), vec![3], Some(FinishReason::Length)));
+        sd_tx.send(true).unwrap();
+        assert_eq!(task.await.unwrap(), LoopExit::Drained);
+        drop(in_tx);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn drain_timeout_aborts_the_rest() {
+        let (in_tx, mut in_rx) = mpsc::unbounded_channel();
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+        let (sd_tx, sd_rx) = watch::channel(false);
+        let mut engine = ConstantEngine {
+            n: 1000,
+            gap: Duration::from_millis(50),
+            live: vec![],
+            draining: false,
+        };
+        in_tx.send(add("slow")).unwrap();
+        let task = tokio::spawn(async move {
+            run_loop(
+                &mut engine,
+                &mut in_rx,
+                &out_tx,
+                LoopControl {
+                    shutdown: sd_rx,
+                    shutdown_timeout: Duration::from_millis(20),
+                },
+            )
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        sd_tx.send(true).unwrap();
+        assert_eq!(task.await.unwrap(), LoopExit::DrainTimedOut);
+        let last = tokens(&out_rx.recv().await.unwrap());
+        assert_eq!(last, ("slow".into(), vec![], Some(FinishReason::Abort)));
+        drop(in_tx);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn closed_inputs_end_the_loop() {
+        let (in_tx, mut in_rx) = mpsc::unbounded_channel::<EngineInput>();
+        let (out_tx, _out_rx) = mpsc::unbounded_channel();
+        let (_sd_tx, sd_rx) = watch::channel(false);
+        let mut engine = ConstantEngine {
+            n: 1,
+            gap: Duration::ZERO,
+            live: vec![],
+            draining: false,
+        };
+        drop(in_tx);
+        let exit = run_loop(
+            &mut engine,
+            &mut in_rx,
+            &out_tx,
+            LoopControl {
+                shutdown: sd_rx,
+                shutdown_timeout: Duration::ZERO,
+            },
+        )
+        .await;
+        assert_eq!(exit, LoopExit::InputsClosed);
+    }
+}

@@ -1,0 +1,206 @@
+//! The engine's sockets: decode what the frontend sends into [`EngineInput`]s, encode what
+//! the engine emits for the configured line, and keep the engine loop on its own thread so
+//! socket work never delays pacing.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use sim_protocol::decode::decode_input;
+use sim_protocol::encode::encode_outputs;
+use sim_protocol::transport::{ConnectOptions, connect_to_frontend};
+use sim_protocol::{ENGINE_CORE_DEAD, VllmLine};
+use tokio::sync::{mpsc, watch};
+use zeromq::{SocketRecv, SocketSend, ZmqMessage};
+
+use super::engine_core::{EngineInput, LoopControl, LoopExit, Outbound, run_loop};
+use super::sim::SimEngine;
+use super::{PlayArgs, secs};
+use sim_trace::latency;
+
+/// Connect one engine (DP rank `rank`) to the frontend and serve it until shutdown.
+pub async fn run_engine(args: &PlayArgs, rank: u16, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+    let ready = args.ready_response(rank);
+    let opts = ConnectOptions {
+        handshake_timeout: secs(args.handshake_timeout),
+        ..Default::default()
+    };
+    let connect = connect_to_frontend(&args.handshake_address, rank, &ready, &opts);
+    let sockets = tokio::select! {
+        r = connect => r.with_context(|| format!("handshake with the frontend at {}", args.handshake_address))?,
+        _ = shutdown.wait_for(|v| *v) => {
+            tracing::info!(rank, "shutdown before the frontend connected");
+            return Ok(());
+        }
+    };
+    let clients = sockets.outputs.len();
+    tracing::info!(
+        rank,
+        clients,
+        line = %args.vllm_version,
+        "connected to the frontend; serving"
+    );
+
+    let (in_tx, mut in_rx) = mpsc::unbounded_channel::<EngineInput>();
+    let (out_tx, out_rx) = mpsc::unbounded_channel::<Outbound>();
+    let mut input_tasks = Vec::new();
+    for (i, sock) in sockets.inputs.into_iter().enumerate() {
+        input_tasks.push(tokio::spawn(input_task(i as u32, sock, in_tx.clone())));
+    }
+    drop(in_tx);
+    let line = args.vllm_version;
+    let output_task = tokio::spawn(output_task(line, sockets.outputs, out_rx));
+
+    let engine = SimEngine::new(
+        args.engine_config(rank),
+        args.token_source(),
+        latency::from_knobs(args.time_to_first_token, args.inter_token_latency),
+        args.scheduling_policy.build(),
+    );
+    tracing::info!("{}", engine.describe());
+    let ctl = LoopControl {
+        shutdown: shutdown.clone(),
+        shutdown_timeout: secs(args.shutdown_timeout),
+    };
+    let dead_tx = out_tx.clone();
+    let engine_thread = std::thread::Builder::new()
+        .name(format!("engine-{rank}"))
+        .spawn(move || -> Result<(LoopExit, SimEngine)> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("engine runtime")?;
+            let mut engine = engine;
+            let exit = rt.block_on(run_loop(&mut engine, &mut in_rx, &out_tx, ctl));
+            Ok((exit, engine))
+        })
+        .context("spawning the engine thread")?;
+
+    let joined = tokio::task::spawn_blocking(move || engine_thread.join())
+        .await
+        .context("joining the engine thread")?;
+    let result = match joined {
+        Ok(Ok((exit, engine))) => {
+            report_pacing(rank, &engine);
+            match exit {
+                LoopExit::Drained | LoopExit::DrainTimedOut => {
+                    tracing::info!(rank, ?exit, "engine stopped");
+                    Ok(())
+                }
+                LoopExit::InputsClosed => {
+                    tracing::warn!(rank, "the frontend's input sockets closed; engine stopped");
+                    Ok(())
+                }
+                LoopExit::OutputsClosed => Err(anyhow::anyhow!("output socket task ended")),
+            }
+        }
+        Ok(Err(e)) => {
+            let _ = dead_tx.send(Outbound::Dead);
+            Err(e)
+        }
+        Err(panic) => {
+            // A fatal engine error: tell the frontend the way vLLM does.
+            let _ = dead_tx.send(Outbound::Dead);
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(anyhow::anyhow!("engine thread panicked: {what}"))
+        }
+    };
+    drop(dead_tx);
+    // The output task ends when every sender is gone, after flushing what was queued.
+    match tokio::time::timeout(Duration::from_secs(5), output_task).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!("output socket: {e:#}"),
+        Ok(Err(e)) => tracing::warn!("output task: {e}"),
+        Err(_) => tracing::warn!("output task did not finish flushing in 5 s"),
+    }
+    for t in input_tasks {
+        t.abort();
+    }
+    result
+}
+
+fn report_pacing(rank: u16, engine: &SimEngine) {
+    let s = &engine.lateness_us;
+    if s.is_empty() {
+        return;
+    }
+    tracing::info!(
+        rank,
+        steps = s.count(),
+        lateness_p50_us = format!("{:.1}", s.quantile(0.5).unwrap_or(0.0)),
+        lateness_p99_us = format!("{:.1}", s.quantile(0.99).unwrap_or(0.0)),
+        lateness_max_us = format!("{:.1}", s.max().unwrap_or(0.0)),
+        "pacing: step emission lateness against the scheduled deadlines"
+    );
+}
+
+async fn input_task<S: SocketRecv>(client: u32, mut sock: S, tx: mpsc::UnboundedSender<EngineInput>) {
+    loop {
+        let msg = match sock.recv().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(client, "input socket closed: {e}");
+                return;
+            }
+        };
+        let frames: Vec<Bytes> = msg.into_vec();
+        let input = match decode_input(&frames) {
+            Ok(msg) => EngineInput::Message { client, msg },
+            Err(error) => EngineInput::Bad { client, error },
+        };
+        if tx.send(input).is_err() {
+            return;
+        }
+    }
+}
+
+async fn output_task<S: SocketSend>(
+    line: VllmLine,
+    mut outputs: Vec<S>,
+    mut rx: mpsc::UnboundedReceiver<Outbound>,
+) -> Result<()> {
+    while let Some(item) = rx.recv().await {
+        match item {
+            Outbound::Outputs { client, outputs: env } => {
+                let frames = match encode_outputs(line, &env) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        // An engine that cannot speak its line is broken: fail loudly.
+                        tracing::error!("cannot encode an output for vLLM {line}: {e}");
+                        send_dead(&mut outputs).await;
+                        return Err(anyhow::anyhow!("encoding failed: {e}"));
+                    }
+                };
+                let Some(sock) = outputs.get_mut(client as usize) else {
+                    tracing::error!(
+                        client,
+                        clients = outputs.len(),
+                        "dropping an output for an unknown client index"
+                    );
+                    continue;
+                };
+                let msg = ZmqMessage::try_from(frames).map_err(|_| anyhow::anyhow!("empty message"))?;
+                if let Err(e) = sock.send(msg).await {
+                    tracing::warn!(client, "output socket send failed (frontend gone?): {e}");
+                }
+            }
+            Outbound::Dead => {
+                send_dead(&mut outputs).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn send_dead<S: SocketSend>(outputs: &mut [S]) {
+    tracing::error!("sending ENGINE_CORE_DEAD to the frontend");
+    for sock in outputs.iter_mut() {
+        let _ = sock.send(ZmqMessage::from(Bytes::from_static(ENGINE_CORE_DEAD))).await;
+    }
+    // zeromq has no linger: give the frames a moment to leave before the sockets drop.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}

@@ -1,0 +1,265 @@
+//! `vllm-vcr play`: a simulated vLLM engine-core behind a real frontend.
+
+pub mod engine_core;
+pub mod io;
+pub mod request;
+pub mod scheduler;
+pub mod sim;
+pub mod timer;
+pub mod tokens;
+pub mod utility;
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use sim_protocol::VllmLine;
+use tokio::sync::watch;
+
+use scheduler::SchedulingPolicy;
+use sim::EngineConfig;
+use tokens::{EchoTokens, RandomTokens, TokenSource};
+
+/// The vLLM line this build speaks by default (stamped from compat.toml by build.rs).
+pub const DEFAULT_LINE: &str = env!("VLLM_VCR_DEFAULT_LINE");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum TokenMode {
+    /// Random ids, seeded per request (from --seed and the request id, or the request's
+    /// own sampling seed and prompt).
+    #[default]
+    Random,
+    /// The prompt's own ids back, then EOS (wraps around under ignore_eos).
+    Echo,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PlayArgs {
+    /// The frontend's engine handshake socket (vLLM's --data-parallel-address and
+    /// --data-parallel-rpc-port; vllm-rs --handshake-host/--handshake-port).
+    #[arg(long, default_value = "tcp://127.0.0.1:29550", env = "VLLM_VCR_HANDSHAKE_ADDRESS")]
+    pub handshake_address: String,
+
+    /// vLLM line of the frontend (0.25 … 0.33; `0.27`, `v0.27.1` and `0.27.1` all work).
+    /// It decides the wire layout of every message.
+    #[arg(long, default_value = DEFAULT_LINE, value_parser = parse_line)]
+    pub vllm_version: VllmLine,
+
+    /// Number of engines to run in this process, for a frontend started with
+    /// --data-parallel-size N (ranks --data-parallel-rank … +N-1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub engine_count: u16,
+
+    /// Data-parallel rank of the first engine (its ZMQ identity and engine_index).
+    #[arg(long, default_value_t = 0)]
+    pub data_parallel_rank: u16,
+
+    /// Seconds to keep trying to reach the frontend's handshake socket before giving up
+    /// (the engine may start before the frontend, as in a pod).
+    #[arg(long, default_value_t = 600.0)]
+    pub handshake_timeout: f64,
+
+    /// Where output token ids come from.
+    #[arg(long, value_enum, default_value_t = TokenMode::Random)]
+    pub tokens: TokenMode,
+
+    /// Seed for random tokens (same seed and same requests give the same tokens).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Random token ids are drawn from [3, vocab-size). Only ids the frontend's tokenizer
+    /// knows may be emitted; the default fits the embedded tiny model (259 tokens).
+    #[arg(long, default_value_t = 259, value_parser = clap::value_parser!(u32).range(4..))]
+    pub vocab_size: u32,
+
+    /// Time to first token in milliseconds, from admission (0 = instant).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub time_to_first_token: f64,
+
+    /// Gap between output chunks in milliseconds (0 = instant).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub inter_token_latency: f64,
+
+    /// Tokens per request per output message (vLLM emits one per step; more models
+    /// speculative or multi-token steps).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub output_token_chunk_size: u32,
+
+    /// Maximum number of requests in the running batch; the rest wait.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_num_seqs: u64,
+
+    /// Token budget per step, advertised to the frontend.
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_num_batched_tokens: u64,
+
+    /// Model context length: requests stop with `length` when prompt plus output reach it.
+    /// The frontend uses the smaller of this and its model's own limit.
+    #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(2..))]
+    pub max_model_len: u64,
+
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    pub block_size: u64,
+
+    /// KV-cache blocks the engine advertises (kv_cache_usage is measured against it).
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(1..))]
+    pub num_gpu_blocks: u64,
+
+    /// Waiting-queue order.
+    #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
+    pub scheduling_policy: SchedulingPolicy,
+
+    /// Distinct LoRA adapters allowed in the running batch (advertised as max_loras;
+    /// 0 = no cap).
+    #[arg(long, default_value_t = 0)]
+    pub max_loras: u32,
+
+    /// Advertise an engine without LoRA support (vllm-rs --lora-modules then refuses to
+    /// start, as with a real engine started without --enable-lora).
+    #[arg(long)]
+    pub disable_lora: bool,
+
+    /// dtype advertised in the ready response.
+    #[arg(long, default_value = "bfloat16", value_parser = ["float16", "bfloat16", "float32"])]
+    pub dtype: String,
+
+    /// Log every request's arrival, finish and abort.
+    #[arg(long)]
+    pub log_requests: bool,
+
+    /// Seconds to keep serving admitted requests after SIGINT/SIGTERM before aborting the
+    /// rest (vLLM's --shutdown-timeout; 0 aborts at once).
+    #[arg(long, default_value_t = 0.0)]
+    pub shutdown_timeout: f64,
+}
+
+fn parse_line(s: &str) -> Result<VllmLine, String> {
+    VllmLine::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_ms(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of milliseconds"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("milliseconds must be ≥ 0, got {s}"));
+    }
+    Ok(v)
+}
+
+impl PlayArgs {
+    /// Default arguments (as if no flag was given).
+    pub fn defaults() -> Self {
+        #[derive(clap::Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            play: PlayArgs,
+        }
+        <Wrap as clap::Parser>::parse_from(["play"]).play
+    }
+
+    pub fn engine_config(&self, rank: u16) -> EngineConfig {
+        EngineConfig {
+            line: self.vllm_version,
+            engine_index: u32::from(rank),
+            max_num_seqs: self.max_num_seqs as usize,
+            max_model_len: self.max_model_len,
+            block_size: self.block_size,
+            num_gpu_blocks: self.num_gpu_blocks,
+            output_token_chunk_size: self.output_token_chunk_size,
+            log_requests: self.log_requests,
+        }
+    }
+
+    pub fn token_source(&self) -> Box<dyn TokenSource> {
+        let random = RandomTokens {
+            seed: self.seed,
+            vocab_size: self.vocab_size,
+        };
+        match self.tokens {
+            TokenMode::Random => Box::new(random),
+            TokenMode::Echo => Box::new(EchoTokens {
+                fallback: Some(random),
+            }),
+        }
+    }
+
+    pub fn ready_response(&self, rank: u16) -> sim_protocol::ready::ReadyResponse {
+        let max_loras = if self.disable_lora {
+            0
+        } else if self.max_loras == 0 {
+            self.max_num_seqs
+        } else {
+            u64::from(self.max_loras)
+        };
+        sim_protocol::ready::ReadyResponse {
+            max_model_len: self.max_model_len,
+            num_gpu_blocks: self.num_gpu_blocks,
+            block_size: self.block_size,
+            dp_stats_address: None,
+            dtype: self.dtype.clone(),
+            vllm_version: crate::compat::tag_for(self.vllm_version),
+            world_size: 1,
+            data_parallel_size: u64::from(self.engine_count),
+            tensor_parallel_size: 1,
+            pipeline_parallel_size: 1,
+            decode_context_parallel_size: 1,
+            data_parallel_rank: u64::from(rank),
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            instance_id: format!("vllm-vcr-{}-{rank}", std::process::id()),
+            supports_lora: !self.disable_lora,
+            max_loras,
+            kv_cache_size_tokens: Some(self.num_gpu_blocks * self.block_size),
+            ..Default::default()
+        }
+    }
+}
+
+/// Run `play` until shutdown (or until the frontend goes away).
+pub async fn run(args: PlayArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
+    if args.output_token_chunk_size == 0 {
+        bail!("--output-token-chunk-size must be at least 1");
+    }
+    if !args.handshake_timeout.is_finite() || args.handshake_timeout <= 0.0 {
+        bail!("--handshake-timeout must be a positive number of seconds");
+    }
+    if !args.shutdown_timeout.is_finite() || args.shutdown_timeout < 0.0 {
+        bail!("--shutdown-timeout must be ≥ 0 seconds");
+    }
+    let mut tasks = Vec::new();
+    for i in 0..args.engine_count {
+        let rank = args
+            .data_parallel_rank
+            .checked_add(i)
+            .context("data-parallel rank overflows u16")?;
+        let args = args.clone();
+        let shutdown = shutdown.clone();
+        tasks.push(tokio::spawn(async move {
+            io::run_engine(&args, rank, shutdown)
+                .await
+                .with_context(|| format!("engine {rank}"))
+        }));
+    }
+    let mut first_err = None;
+    for t in tasks {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!("{e:#}");
+                first_err.get_or_insert(e);
+            }
+            Err(e) => {
+                first_err.get_or_insert(anyhow::anyhow!("engine task failed: {e}"));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Convert CLI seconds to a Duration (validated by `run`).
+pub(crate) fn secs(v: f64) -> Duration {
+    Duration::from_secs_f64(v.max(0.0))
+}

@@ -1,0 +1,224 @@
+//! One request inside the simulated engine, and vLLM's stop rules for it.
+
+use std::time::Instant;
+
+use sim_protocol::{EngineCoreEvent, EngineCoreRequest, FinishReason, StopReason};
+
+use super::tokens::TokenStream;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Waiting,
+    Running,
+}
+
+pub struct SimRequest {
+    pub id: String,
+    pub client: u32,
+    pub prompt_len: u64,
+    /// `None`: no `max_tokens` limit, only the model length stops it.
+    pub max_tokens: Option<u64>,
+    pub min_tokens: u64,
+    pub eos: Option<u32>,
+    pub stop_token_ids: Vec<u32>,
+    /// What the sampler masks while `min_tokens` is not reached (`_all_stop_token_ids`).
+    pub masked_until_min: Vec<u32>,
+    pub stream: Box<dyn TokenStream>,
+    pub num_output: u64,
+    /// Queue order (see `WaitingKey::seq`).
+    pub seq: i64,
+    pub priority: i64,
+    pub phase: Phase,
+    /// Arrived while the scheduler was pausing/paused: not admitted until resumed.
+    pub held: bool,
+    /// Events not yet delivered (attached to the request's next output).
+    pub pending_events: Vec<EngineCoreEvent>,
+    /// Whether the first output (with prefill stats) went out.
+    pub started: bool,
+    /// When the next output chunk is due (running requests only).
+    pub due: Option<Instant>,
+    /// Bumped whenever `due` changes, so stale timeline entries are skipped.
+    pub generation: u64,
+    pub lora_name: Option<String>,
+    pub arrived: Instant,
+}
+
+impl SimRequest {
+    pub fn new(
+        req: &EngineCoreRequest,
+        stream: Box<dyn TokenStream>,
+        seq: i64,
+        now: Instant,
+    ) -> Self {
+        let sp = req.sampling_params.clone().unwrap_or_default();
+        let mut masked: Vec<u32> = sp.all_stop_token_ids.clone();
+        masked.extend(sp.eos_token_id);
+        masked.extend(sp.stop_token_ids.iter().copied());
+        masked.sort_unstable();
+        masked.dedup();
+        Self {
+            id: req.request_id.clone(),
+            client: req.client_index,
+            prompt_len: req.prompt_len() as u64,
+            max_tokens: sp.max_tokens.map(u64::from),
+            min_tokens: u64::from(sp.min_tokens),
+            eos: if sp.ignore_eos { None } else { sp.eos_token_id },
+            stop_token_ids: sp.stop_token_ids.clone(),
+            masked_until_min: masked,
+            stream,
+            num_output: 0,
+            seq,
+            priority: req.priority,
+            phase: Phase::Waiting,
+            held: false,
+            pending_events: Vec::new(),
+            started: false,
+            due: None,
+            generation: 0,
+            lora_name: req.lora_request.as_ref().map(|l| l.name.clone()),
+            arrived: now,
+        }
+    }
+
+    /// Draw the next token the way vLLM's sampler would see it (stop ids masked before
+    /// `min_tokens`), append it, and apply the engine's stop checks.
+    pub fn generate_one(&mut self, max_model_len: u64) -> (u32, Option<(FinishReason, Option<StopReason>)>) {
+        let avoid: &[u32] = if self.num_output < self.min_tokens {
+            &self.masked_until_min
+        } else {
+            &[]
+        };
+        let t = self.stream.next_token(avoid);
+        self.num_output += 1;
+        (t, self.check_stop(t, max_model_len))
+    }
+
+    /// vLLM's `check_stop` (`vllm/v1/core/sched/utils.py`): EOS, then stop token ids, then
+    /// the length limits. EOS is `_eos_token_id`, absent under `ignore_eos`.
+    pub fn check_stop(&self, last: u32, max_model_len: u64) -> Option<(FinishReason, Option<StopReason>)> {
+        if self.num_output >= self.min_tokens {
+            if self.eos == Some(last) {
+                return Some((FinishReason::Stop, None));
+            }
+            if self.stop_token_ids.contains(&last) {
+                return Some((FinishReason::Stop, Some(StopReason::Token(i64::from(last)))));
+            }
+        }
+        if self.prompt_len + self.num_output >= max_model_len
+            || self.max_tokens.is_some_and(|m| self.num_output >= m)
+        {
+            return Some((FinishReason::Length, None));
+        }
+        None
+    }
+
+    /// Tokens held in KV cache (prompt plus output).
+    pub fn num_tokens(&self) -> u64 {
+        self.prompt_len + self.num_output
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sim_protocol::SamplingParams;
+
+    struct Fixed(Vec<u32>, usize);
+    impl TokenStream for Fixed {
+        fn next_token(&mut self, avoid: &[u32]) -> u32 {
+            loop {
+                let t = self.0[self.1 % self.0.len()];
+                self.1 += 1;
+                if !avoid.contains(&t) {
+                    return t;
+                }
+            }
+        }
+    }
+
+    fn make(sp: SamplingParams, prompt: u64, toks: Vec<u32>) -> SimRequest {
+        let req = EngineCoreRequest {
+            request_id: "r".into(),
+            prompt_token_ids: Some((0..prompt as u32).map(|i| 100 + i).collect()),
+            sampling_params: Some(sp),
+            ..Default::default()
+        };
+        SimRequest::new(&req, Box::new(Fixed(toks, 0)), 0, Instant::now())
+    }
+
+    fn run(r: &mut SimRequest, mml: u64) -> (Vec<u32>, (FinishReason, Option<StopReason>)) {
+        let mut out = vec![];
+        loop {
+            let (t, stop) = r.generate_one(mml);
+            out.push(t);
+            if let Some(s) = stop {
+                return (out, s);
+            }
+            assert!(out.len() < 1000);
+        }
+    }
+
+    #[test]
+    fn eos_stops_without_a_reason() {
+        let sp = SamplingParams {
+            eos_token_id: Some(2),
+            max_tokens: Some(10),
+            ..Default::default()
+        };
+        let mut r = make(sp, 4, vec![5, 6, 2, 7]);
+        assert_eq!(run(&mut r, 2048), (vec![5, 6, 2], (FinishReason::Stop, None)));
+    }
+
+    #[test]
+    fn stop_token_ids_carry_the_id() {
+        let sp = SamplingParams {
+            eos_token_id: Some(2),
+            stop_token_ids: vec![0, 6],
+            max_tokens: Some(10),
+            ..Default::default()
+        };
+        let mut r = make(sp, 4, vec![5, 6, 2]);
+        assert_eq!(
+            run(&mut r, 2048),
+            (vec![5, 6], (FinishReason::Stop, Some(StopReason::Token(6))))
+        );
+    }
+
+    #[test]
+    fn ignore_eos_runs_to_max_tokens() {
+        let sp = SamplingParams {
+            eos_token_id: Some(2),
+            ignore_eos: true,
+            max_tokens: Some(4),
+            ..Default::default()
+        };
+        let mut r = make(sp, 4, vec![2]);
+        assert_eq!(run(&mut r, 2048), (vec![2, 2, 2, 2], (FinishReason::Length, None)));
+    }
+
+    #[test]
+    fn model_length_caps_output() {
+        let sp = SamplingParams {
+            max_tokens: None,
+            ..Default::default()
+        };
+        let mut r = make(sp, 10, vec![5]);
+        let (toks, why) = run(&mut r, 13);
+        assert_eq!(toks.len(), 3);
+        assert_eq!(why, (FinishReason::Length, None));
+    }
+
+    #[test]
+    fn min_tokens_masks_stop_ids() {
+        let sp = SamplingParams {
+            eos_token_id: Some(2),
+            all_stop_token_ids: vec![2],
+            min_tokens: 3,
+            max_tokens: Some(10),
+            ..Default::default()
+        };
+        let mut r = make(sp, 4, vec![2, 5]);
+        // 2 is masked for the first three tokens, then allowed
+        assert_eq!(run(&mut r, 2048), (vec![5, 5, 5, 2], (FinishReason::Stop, None)));
+    }
+}

@@ -1,0 +1,655 @@
+//! `SimEngine`: the production engine behind `vllm-vcr play`.
+//!
+//! It keeps vLLM's request lifecycle: a waiting queue ordered by the [`Scheduler`] policy, a
+//! running batch capped by `max_num_seqs`, token-level stop checks, QUEUED / SCHEDULED /
+//! PREEMPTED events, prefill stats on a request's first output, and one `SchedulerStats`
+//! per step. Pacing comes from the [`LatencyModel`]: every running request has an absolute
+//! deadline for its next output chunk, and a step emits every request that is due, one
+//! `EngineCoreOutputs` per client.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use sim_protocol::{
+    EngineCoreEvent, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EventType,
+    FinishReason, InputMessage, PrefillStats, PrefixCacheStats, RequestError, SchedulerStats,
+    StopReason, VllmLine, describe_lines,
+};
+use sim_trace::latency::{LatencyModel, RequestCtx};
+use sim_trace::stats::Samples;
+
+use super::engine_core::{EngineCore, EngineInput, Outbox};
+use super::request::{Phase, SimRequest};
+use super::scheduler::{Scheduler, WaitingKey};
+use super::timer::{instant_to_monotonic, monotonic_seconds};
+use super::tokens::TokenSource;
+use super::utility::{PauseState, UtilityState};
+
+/// Engine settings that come from the command line.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub line: VllmLine,
+    pub engine_index: u32,
+    pub max_num_seqs: usize,
+    pub max_model_len: u64,
+    pub block_size: u64,
+    pub num_gpu_blocks: u64,
+    /// Tokens per output message per request (≥ 1).
+    pub output_token_chunk_size: u32,
+    pub log_requests: bool,
+}
+
+pub struct SimEngine {
+    pub(super) cfg: EngineConfig,
+    tokens: Box<dyn TokenSource>,
+    latency: Box<dyn LatencyModel>,
+    scheduler: Box<dyn Scheduler>,
+    pub(super) requests: HashMap<String, SimRequest>,
+    waiting: Vec<String>,
+    pub(super) running: Vec<String>,
+    /// `(due, generation, id)`; entries whose generation no longer matches are stale.
+    timeline: BinaryHeap<Reverse<(Instant, u64, String)>>,
+    next_seq: i64,
+    next_preempt_seq: i64,
+    step_counter: u64,
+    /// Counter deltas accumulated since the last stats were sent.
+    prefix_delta: PrefixCacheStats,
+    stats_dirty: bool,
+    pub(super) shutting_down: bool,
+    pub(super) util: UtilityState,
+    warned_request_lens: HashSet<usize>,
+    /// Step emission lateness against the scheduled deadline, microseconds.
+    pub lateness_us: Samples,
+}
+
+impl SimEngine {
+    pub fn new(
+        cfg: EngineConfig,
+        tokens: Box<dyn TokenSource>,
+        latency: Box<dyn LatencyModel>,
+        scheduler: Box<dyn Scheduler>,
+    ) -> Self {
+        Self {
+            cfg,
+            tokens,
+            latency,
+            scheduler,
+            requests: HashMap::new(),
+            waiting: Vec::new(),
+            running: Vec::new(),
+            timeline: BinaryHeap::new(),
+            next_seq: 0,
+            next_preempt_seq: -1,
+            step_counter: 0,
+            prefix_delta: PrefixCacheStats::default(),
+            stats_dirty: false,
+            shutting_down: false,
+            util: UtilityState::default(),
+            warned_request_lens: HashSet::new(),
+            lateness_us: Samples::default(),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "engine {}: vLLM {} wire, tokens {}, latency {}, scheduler {}, max_num_seqs {}",
+            self.cfg.engine_index,
+            self.cfg.line,
+            self.tokens.describe(),
+            self.latency.describe(),
+            self.scheduler.name(),
+            self.cfg.max_num_seqs
+        )
+    }
+
+    fn envelope(&self, outputs: Vec<EngineCoreOutput>, timestamp: f64) -> EngineCoreOutputs {
+        EngineCoreOutputs {
+            engine_index: self.cfg.engine_index,
+            outputs,
+            timestamp,
+            ..Default::default()
+        }
+    }
+
+    /// A request that never entered the engine (or leaves it at once) finishes with
+    /// `reason` and an optional error, the way vLLM answers rejected requests.
+    pub(super) fn reject(
+        &self,
+        out: &mut Outbox,
+        client: u32,
+        request_id: &str,
+        reason: FinishReason,
+        error: Option<RequestError>,
+    ) {
+        let error = if self.cfg.line.has_output_error() { error } else { None };
+        let o = EngineCoreOutput {
+            request_id: request_id.to_string(),
+            finish_reason: Some(reason),
+            error,
+            ..Default::default()
+        };
+        out.send(client, self.envelope(vec![o], monotonic_seconds()));
+    }
+
+    fn on_add(&mut self, client: u32, req: Box<EngineCoreRequest>, now: Instant, out: &mut Outbox) {
+        let client = if req.client_index != client && req.client_index != 0 {
+            req.client_index
+        } else {
+            client.max(req.client_index)
+        };
+        let expected = self.cfg.line.request_len();
+        if req.wire_len != expected {
+            let likely = VllmLine::lines_with_request_len(req.wire_len);
+            let msg = format!(
+                "the frontend sent a {}-element EngineCoreRequest, but vLLM {} sends {}: the frontend looks like vLLM {}. Restart play with --vllm-version matching the frontend",
+                req.wire_len,
+                self.cfg.line,
+                expected,
+                describe_lines(&likely)
+            );
+            if self.warned_request_lens.insert(req.wire_len) {
+                tracing::error!(request_id = %req.request_id, "wire version mismatch: {msg}");
+            } else {
+                tracing::debug!(request_id = %req.request_id, "wire version mismatch");
+            }
+            self.reject(
+                out,
+                client,
+                &req.request_id,
+                FinishReason::Error,
+                Some(RequestError {
+                    code: "version_mismatch".into(),
+                    message: msg,
+                    retryable: false,
+                }),
+            );
+            return;
+        }
+        if self.shutting_down {
+            tracing::info!(request_id = %req.request_id, "engine is shutting down: request aborted");
+            self.reject(out, client, &req.request_id, FinishReason::Abort, None);
+            return;
+        }
+        if self.util.rejects_new_requests() {
+            self.reject(
+                out,
+                client,
+                &req.request_id,
+                FinishReason::Error,
+                Some(RequestError {
+                    code: "engine_paused".into(),
+                    message: "Generation is paused. Please retry after it resumes.".into(),
+                    retryable: true,
+                }),
+            );
+            return;
+        }
+        if req.sampling_params.is_none() {
+            self.reject(
+                out,
+                client,
+                &req.request_id,
+                FinishReason::Error,
+                Some(RequestError {
+                    code: "validation_error".into(),
+                    message: "pooling requests are not supported: the engine's only task is generate".into(),
+                    retryable: false,
+                }),
+            );
+            return;
+        }
+        if self.requests.contains_key(&req.request_id) {
+            tracing::warn!(request_id = %req.request_id, "duplicate request id ignored");
+            return;
+        }
+        if let Some(lora) = &req.lora_request {
+            // vLLM loads an adapter the first time a request names it.
+            self.util.register_lora(lora.int_id, &lora.name, &lora.path);
+        }
+        if self.cfg.log_requests {
+            tracing::info!(
+                request_id = %req.request_id,
+                client,
+                prompt_tokens = req.prompt_len(),
+                max_tokens = ?req.sampling_params.as_ref().and_then(|s| s.max_tokens),
+                "request added"
+            );
+        }
+        let stream = self.tokens.stream_for(&req);
+        let mut r = SimRequest::new(&req, stream, self.next_seq, now);
+        r.client = client;
+        self.next_seq += 1;
+        r.pending_events.push(EngineCoreEvent {
+            kind: EventType::Queued,
+            timestamp: instant_to_monotonic(now),
+        });
+        r.held = self.util.holds_new_requests();
+        let abort_now = req.abort_immediately;
+        let id = r.id.clone();
+        self.requests.insert(id.clone(), r);
+        self.waiting.push(id.clone());
+        if abort_now {
+            // vLLM admits and aborts at once so connector cleanup runs; no output.
+            self.finish_silently(&id);
+            return;
+        }
+        self.admit(now);
+    }
+
+    /// Remove a request without telling the frontend (client aborts, as vLLM does).
+    pub(super) fn finish_silently(&mut self, id: &str) -> bool {
+        let Some(r) = self.requests.remove(id) else {
+            return false;
+        };
+        match r.phase {
+            Phase::Waiting => self.waiting.retain(|w| w != id),
+            Phase::Running => self.running.retain(|w| w != id),
+        }
+        self.stats_dirty = true;
+        true
+    }
+
+    /// Admit waiting requests while the running batch has room.
+    pub(super) fn admit(&mut self, now: Instant) {
+        if !self.util.scheduling_enabled() {
+            return;
+        }
+        while self.running.len() < self.cfg.max_num_seqs {
+            let keys: Vec<(usize, WaitingKey)> = self
+                .waiting
+                .iter()
+                .enumerate()
+                .filter_map(|(i, id)| {
+                    let r = self.requests.get(id)?;
+                    (!r.held).then_some((
+                        i,
+                        WaitingKey {
+                            seq: r.seq,
+                            priority: r.priority,
+                            prompt_len: r.prompt_len,
+                        },
+                    ))
+                })
+                .collect();
+            let only: Vec<WaitingKey> = keys.iter().map(|k| k.1).collect();
+            let Some(pick) = self.scheduler.pick(&only) else {
+                break;
+            };
+            let id = self.waiting.remove(keys[pick].0);
+            let running = self.running.len() as u64 + 1;
+            let Some(r) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            r.phase = Phase::Running;
+            r.pending_events.push(EngineCoreEvent {
+                kind: EventType::Scheduled,
+                timestamp: instant_to_monotonic(now),
+            });
+            let ctx = RequestCtx {
+                prompt_tokens: r.prompt_len,
+                cached_tokens: 0,
+                output_tokens: r.num_output,
+                running,
+            };
+            let delay = self.latency.time_to_first_token(&ctx);
+            r.due = Some(now + delay);
+            r.generation += 1;
+            self.timeline
+                .push(Reverse((now + delay, r.generation, id.clone())));
+            if !r.started {
+                self.prefix_delta.requests += 1;
+                self.prefix_delta.queries += r.prompt_len;
+            }
+            self.running.push(id);
+            self.stats_dirty = true;
+        }
+    }
+
+    /// Preempt every running request (recompute): back to the front of the queue with a
+    /// PREEMPTED event, as vLLM does when it must free KV blocks.
+    pub(super) fn preempt_all_running(&mut self, now: Instant) {
+        let ts = instant_to_monotonic(now);
+        for id in std::mem::take(&mut self.running) {
+            if let Some(r) = self.requests.get_mut(&id) {
+                r.phase = Phase::Waiting;
+                r.due = None;
+                r.generation += 1;
+                r.seq = self.next_preempt_seq;
+                self.next_preempt_seq -= 1;
+                r.pending_events.push(EngineCoreEvent {
+                    kind: EventType::Preempted,
+                    timestamp: ts,
+                });
+                self.prefix_delta.preempted_requests += 1;
+                self.waiting.push(id);
+            }
+        }
+        self.stats_dirty = true;
+    }
+
+    /// Finish every request with ABORT outputs (pause in abort mode, shutdown).
+    pub(super) fn abort_everything(&mut self, out: &mut Outbox) {
+        let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
+        let mut ids: Vec<&String> = self.requests.keys().collect();
+        ids.sort();
+        for id in ids {
+            let r = &self.requests[id];
+            by_client.entry(r.client).or_default().push(EngineCoreOutput {
+                request_id: id.clone(),
+                finish_reason: Some(FinishReason::Abort),
+                ..Default::default()
+            });
+        }
+        self.requests.clear();
+        self.waiting.clear();
+        self.running.clear();
+        self.timeline.clear();
+        let ts = monotonic_seconds();
+        let stats = self.take_stats();
+        let mut stats = Some(stats);
+        if by_client.is_empty() {
+            out.send(0, self.stats_envelope(stats.take(), ts));
+        }
+        for (client, outputs) in by_client {
+            let mut env = self.envelope(outputs, ts);
+            if client == 0 || stats.is_some() {
+                env.scheduler_stats = stats.take().map(Box::new);
+            }
+            out.send(client, env);
+        }
+    }
+
+    fn stats_envelope(&self, stats: Option<SchedulerStats>, ts: f64) -> EngineCoreOutputs {
+        EngineCoreOutputs {
+            engine_index: self.cfg.engine_index,
+            scheduler_stats: stats.map(Box::new),
+            timestamp: ts,
+            ..Default::default()
+        }
+    }
+
+    /// Stats for the step that just ran: gauges now, counters since the last stats.
+    fn take_stats(&mut self) -> SchedulerStats {
+        self.step_counter += 1;
+        self.stats_dirty = false;
+        let used_blocks: u64 = self
+            .running
+            .iter()
+            .filter_map(|id| self.requests.get(id))
+            .map(|r| r.num_tokens().div_ceil(self.cfg.block_size.max(1)))
+            .sum();
+        let mut running_lora: BTreeMap<String, u64> = BTreeMap::new();
+        let mut waiting_lora: BTreeMap<String, u64> = BTreeMap::new();
+        for r in self.requests.values() {
+            if let Some(name) = &r.lora_name {
+                let map = match r.phase {
+                    Phase::Running => &mut running_lora,
+                    Phase::Waiting => &mut waiting_lora,
+                };
+                *map.entry(name.clone()).or_default() += 1;
+            }
+        }
+        SchedulerStats {
+            num_running_reqs: self.running.len() as u64,
+            num_waiting_reqs: self.waiting.len() as u64,
+            step_counter: self.step_counter,
+            kv_cache_usage: (used_blocks as f64 / self.cfg.num_gpu_blocks.max(1) as f64).min(1.0),
+            prefix_cache_stats: std::mem::take(&mut self.prefix_delta),
+            running_lora_adapters: running_lora.into_iter().collect(),
+            waiting_lora_adapters: waiting_lora.into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Send a stats-only envelope if the gauges changed outside a step (aborts, pauses).
+    pub(super) fn flush_stats(&mut self, out: &mut Outbox) {
+        if self.stats_dirty {
+            let stats = self.take_stats();
+            out.send(0, self.stats_envelope(Some(stats), monotonic_seconds()));
+        }
+    }
+
+    /// One engine step: every running request whose next chunk is due emits it.
+    fn step(&mut self, now: Instant, out: &mut Outbox) {
+        let mut due_ids: Vec<String> = Vec::new();
+        let mut earliest: Option<Instant> = None;
+        while let Some(Reverse((due, generation, _))) = self.timeline.peek() {
+            if *due > now {
+                break;
+            }
+            let (due, generation) = (*due, *generation);
+            let Some(Reverse((_, _, id))) = self.timeline.pop() else {
+                break;
+            };
+            let live = self
+                .requests
+                .get(&id)
+                .is_some_and(|r| r.phase == Phase::Running && r.generation == generation);
+            if live {
+                earliest = Some(earliest.map_or(due, |e: Instant| e.min(due)));
+                due_ids.push(id);
+            }
+        }
+        if due_ids.is_empty() {
+            return;
+        }
+        let ts = instant_to_monotonic(now);
+        if let Some(e) = earliest {
+            self.lateness_us.push((now - e).as_secs_f64() * 1e6);
+        }
+        let running_now = self.running.len() as u64;
+        let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
+        let mut finished: Vec<String> = Vec::new();
+        let chunk = self.cfg.output_token_chunk_size.max(1);
+        let max_model_len = self.cfg.max_model_len;
+        let line = self.cfg.line;
+        for id in due_ids {
+            let Some(r) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            let mut o = EngineCoreOutput {
+                request_id: id.clone(),
+                ..Default::default()
+            };
+            let mut stop: Option<(FinishReason, Option<StopReason>)> = None;
+            for _ in 0..chunk {
+                let (t, s) = r.generate_one(max_model_len);
+                o.new_token_ids.push(t);
+                if s.is_some() {
+                    stop = s;
+                    break;
+                }
+            }
+            o.events = std::mem::take(&mut r.pending_events);
+            if !r.started {
+                r.started = true;
+                o.prefill_stats = Some(PrefillStats {
+                    num_prompt_tokens: r.prompt_len,
+                    num_computed_tokens: r.prompt_len,
+                    num_cache_creation_tokens: if line.prefill_stats_has_cache_creation() {
+                        r.prompt_len
+                    } else {
+                        0
+                    },
+                    ..Default::default()
+                });
+            }
+            if let Some((reason, why)) = stop {
+                o.finish_reason = Some(reason);
+                o.stop_reason = why;
+                finished.push(id.clone());
+                if self.cfg.log_requests {
+                    tracing::info!(
+                        request_id = %id,
+                        output_tokens = r.num_output,
+                        finish_reason = reason.as_str(),
+                        "request finished"
+                    );
+                }
+            } else {
+                let ctx = RequestCtx {
+                    prompt_tokens: r.prompt_len,
+                    cached_tokens: 0,
+                    output_tokens: r.num_output,
+                    running: running_now,
+                };
+                let gap = self.latency.inter_token_latency(&ctx);
+                let prev = r.due.unwrap_or(now);
+                let next = prev + gap;
+                r.due = Some(next);
+                r.generation += 1;
+                self.timeline.push(Reverse((next, r.generation, id.clone())));
+            }
+            by_client.entry(r.client).or_default().push(o);
+        }
+        for id in &finished {
+            self.finish_silently(id);
+        }
+        // Freed slots admit waiting requests at the end of this step, as in vLLM.
+        self.admit(now);
+        let stats = self.take_stats();
+        let mut stats = Some(stats);
+        if !by_client.contains_key(&0) {
+            // stats always travel to client 0; give it its own envelope
+            out.send(0, self.stats_envelope(stats.take(), ts));
+        }
+        for (client, outputs) in by_client {
+            let mut env = self.envelope(outputs, ts);
+            if client == 0 {
+                env.scheduler_stats = stats.take().map(Box::new);
+            }
+            out.send(client, env);
+        }
+        self.after_step(out);
+    }
+
+    fn on_bad_frame(&mut self, client: u32, error: sim_protocol::decode::DecodeError, out: &mut Outbox) {
+        let ctx = &error.context;
+        match (ctx.request_type, &ctx.request_id, ctx.call_id) {
+            (Some(sim_protocol::RequestType::Add), Some(id), _) => {
+                tracing::error!(request_id = %id, client, "rejecting an undecodable ADD: {error}");
+                let client = ctx.client_index.unwrap_or(client);
+                let id = id.clone();
+                self.reject(
+                    out,
+                    client,
+                    &id,
+                    FinishReason::Error,
+                    Some(RequestError {
+                        code: "invalid_request".into(),
+                        message: error.to_string(),
+                        retryable: false,
+                    }),
+                );
+            }
+            (Some(sim_protocol::RequestType::Utility), _, Some(call_id)) => {
+                let method = ctx.method.clone().unwrap_or_else(|| "<unknown>".into());
+                tracing::error!(client, method, "failing an undecodable utility call: {error}");
+                let client = ctx.client_index.unwrap_or(client);
+                let msg = format!("Call to {method} method failed: {error}");
+                self.reply(out, client, call_id, Err(msg));
+            }
+            _ => {
+                tracing::error!(client, "dropping an undecodable frame: {error}");
+            }
+        }
+    }
+
+    /// Total requests known (waiting + running).
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Shift every running request's deadline by `by` (resume after a pause in keep mode).
+    pub(super) fn shift_deadlines(&mut self, by: Duration) {
+        let mut entries = Vec::new();
+        for id in &self.running {
+            if let Some(r) = self.requests.get_mut(id) {
+                if let Some(d) = r.due {
+                    r.due = Some(d + by);
+                    r.generation += 1;
+                    entries.push(Reverse((d + by, r.generation, id.clone())));
+                }
+            }
+        }
+        self.timeline.extend(entries);
+    }
+
+    pub(super) fn unhold_all(&mut self) {
+        for r in self.requests.values_mut() {
+            r.held = false;
+        }
+    }
+}
+
+impl EngineCore for SimEngine {
+    fn on_input(&mut self, input: EngineInput, now: Instant, out: &mut Outbox) {
+        match input {
+            EngineInput::Message { client, msg } => match msg {
+                InputMessage::Add(req) => self.on_add(client, req, now, out),
+                InputMessage::Abort(ids) => {
+                    let mut n = 0;
+                    for id in &ids {
+                        if self.finish_silently(id) {
+                            n += 1;
+                            if self.cfg.log_requests {
+                                tracing::info!(request_id = %id, "request aborted by the frontend");
+                            }
+                        } else {
+                            tracing::debug!(request_id = %id, "abort for an unknown or finished request ignored");
+                        }
+                    }
+                    if n > 0 {
+                        self.admit(now);
+                        self.flush_stats(out);
+                        self.after_step(out);
+                    }
+                }
+                InputMessage::Utility(call) => {
+                    self.handle_utility(call, now, out);
+                    self.flush_stats(out);
+                }
+                InputMessage::StartDpWave { wave, .. } => {
+                    tracing::debug!(wave, "START_DP_WAVE ignored (no DP coordinator waves)");
+                }
+            },
+            EngineInput::Bad { client, error } => self.on_bad_frame(client, error, out),
+        }
+    }
+
+    fn on_deadline(&mut self, now: Instant, out: &mut Outbox) {
+        if self.util.scheduling_enabled() || matches!(self.util.pause, PauseState::Draining { .. }) {
+            self.step(now, out);
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        if matches!(self.util.pause, PauseState::Paused { .. }) {
+            return None;
+        }
+        self.timeline.peek().map(|Reverse((d, _, _))| *d)
+    }
+
+    fn begin_shutdown(&mut self, _now: Instant, _out: &mut Outbox) {
+        tracing::info!(
+            in_flight = self.requests.len(),
+            "shutdown requested: no new requests; draining the admitted ones"
+        );
+        self.shutting_down = true;
+    }
+
+    fn abort_all(&mut self, _now: Instant, out: &mut Outbox) {
+        if !self.requests.is_empty() {
+            tracing::warn!(
+                aborted = self.requests.len(),
+                "shutdown timeout reached: aborting the remaining requests"
+            );
+            self.abort_everything(out);
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.requests.is_empty()
+    }
+}
