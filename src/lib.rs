@@ -6,3 +6,4 @@
 pub mod cli;
 pub mod compat;
 pub mod play;
+pub mod tiny_model;

@@ -22,7 +22,7 @@ use sim_trace::stats::Samples;
 use super::engine_core::{EngineCore, EngineInput, Outbox};
 use super::request::{Phase, SimRequest};
 use super::scheduler::{Scheduler, WaitingKey};
-use super::timer::{instant_to_monotonic, monotonic_seconds};
+use super::timer::{instant_to_monotonic, now_monotonic};
 use super::tokens::TokenSource;
 use super::utility::{PauseState, UtilityState};
 
@@ -129,7 +129,7 @@ impl SimEngine {
             error,
             ..Default::default()
         };
-        out.send(client, self.envelope(vec![o], monotonic_seconds()));
+        out.send(client, self.envelope(vec![o], now_monotonic()));
     }
 
     fn on_add(&mut self, client: u32, req: Box<EngineCoreRequest>, now: Instant, out: &mut Outbox) {
@@ -345,7 +345,7 @@ impl SimEngine {
         self.waiting.clear();
         self.running.clear();
         self.timeline.clear();
-        let ts = monotonic_seconds();
+        let ts = now_monotonic();
         let stats = self.take_stats();
         let mut stats = Some(stats);
         if by_client.is_empty() {
@@ -406,7 +406,7 @@ impl SimEngine {
     pub(super) fn flush_stats(&mut self, out: &mut Outbox) {
         if self.stats_dirty {
             let stats = self.take_stats();
-            out.send(0, self.stats_envelope(Some(stats), monotonic_seconds()));
+            out.send(0, self.stats_envelope(Some(stats), now_monotonic()));
         }
     }
 

@@ -124,14 +124,20 @@ pub fn monotonic_seconds() -> f64 {
 }
 
 /// Convert an `Instant` to the monotonic-seconds clock (both are CLOCK_MONOTONIC on Linux).
+/// The offset between the two is measured once, so converted times keep their order.
 pub fn instant_to_monotonic(t: Instant) -> f64 {
-    let now = Instant::now();
-    let mono = monotonic_seconds();
-    if t >= now {
-        mono + (t - now).as_secs_f64()
+    static ANCHOR: std::sync::OnceLock<(Instant, f64)> = std::sync::OnceLock::new();
+    let (i0, m0) = *ANCHOR.get_or_init(|| (Instant::now(), monotonic_seconds()));
+    if t >= i0 {
+        m0 + (t - i0).as_secs_f64()
     } else {
-        mono - (now - t).as_secs_f64()
+        m0 - (i0 - t).as_secs_f64()
     }
+}
+
+/// Now, on the engine's output clock.
+pub fn now_monotonic() -> f64 {
+    instant_to_monotonic(Instant::now())
 }
 
 #[cfg(test)]

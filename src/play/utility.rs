@@ -9,7 +9,7 @@ use sim_protocol::{CallId, EngineCoreOutputs, UtilityCall, UtilityOutput};
 
 use super::engine_core::Outbox;
 use super::sim::SimEngine;
-use super::timer::monotonic_seconds;
+use super::timer::now_monotonic;
 
 /// Which pause API paused the engine: `pause_generation` (0.33) also rejects new requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,7 +164,7 @@ impl SimEngine {
             client,
             EngineCoreOutputs {
                 engine_index: self.cfg.engine_index,
-                timestamp: monotonic_seconds(),
+                timestamp: now_monotonic(),
                 utility_output: Some(UtilityOutput { call_id, outcome }),
                 ..Default::default()
             },

@@ -135,7 +135,7 @@ pub fn encode_sampling_params(line: VllmLine, sp: &SamplingParams) -> Vec<u8> {
 fn write_sampling_params(w: &mut Writer, line: VllmLine, sp: &SamplingParams) {
     let watermarking = line >= VllmLine::new(0, 30);
     let routed = line >= VllmLine::new(0, 29);
-    let n = 12
+    let n = 11
         + usize::from(watermarking)
         + usize::from(routed)
         + usize::from(sp.seed.is_some())

@@ -1,0 +1,273 @@
+//! The tiny model directory the real vLLM frontends need (no weights).
+//!
+//! Both frontends want a local Hugging Face–style directory: a config, a tokenizer, a chat
+//! template and generation defaults (`shared/spec/frontends.md` §4). This module generates
+//! it deterministically: a Qwen3 config and a byte-level BPE tokenizer without merges
+//! ("Variant A"): three special tokens, then one token per byte, so any UTF-8 text encodes
+//! and a completion prompt of N bytes is exactly N prompt tokens.
+//!
+//! The engine must only emit ids that exist in `tokenizer.json` ([`TOKENIZER_VOCAB`]), not
+//! merely ids below `config.json`'s `vocab_size`: older `vllm-rs` lines fail a request on an
+//! unknown id.
+
+use std::path::Path;
+
+use serde_json::{Map, Value, json};
+
+/// Number of entries in the generated `tokenizer.json` (3 specials + 256 bytes).
+pub const TOKENIZER_VOCAB: u32 = 259;
+
+/// `<|endoftext|>`: pad/BOS token; also a stop token via `generation_config.json`.
+pub const ENDOFTEXT_TOKEN_ID: u32 = 0;
+/// `<|im_start|>`: opens a ChatML message.
+pub const IM_START_TOKEN_ID: u32 = 1;
+/// `<|im_end|>`: closes a ChatML message; the model's EOS.
+pub const EOS_TOKEN_ID: u32 = 2;
+
+/// The special tokens, in id order.
+pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// `config.json`'s `vocab_size`: the verified value (≥ the tokenizer size).
+pub const CONFIG_VOCAB_SIZE: u32 = 1024;
+
+/// `max_position_embeddings`: the frontends' `max_model_len` for this model.
+pub const MAX_MODEL_LEN: u32 = 2048;
+
+/// The ChatML chat template (also embedded in `tokenizer_config.json`).
+pub const CHAT_TEMPLATE: &str = "{% for message in messages %}\
+{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// The GPT-2 byte-to-unicode table: the printable symbol that stands for each byte.
+///
+/// Bytes 33–126, 161–172 and 174–255 map to the same code point; the other 68 bytes map, in
+/// increasing byte order, to U+0100, U+0101, … (space, byte 32, is `Ġ` = U+0120).
+pub fn byte_symbol(b: u8) -> char {
+    let printable = |b: u8| matches!(b, 33..=126 | 161..=172 | 174..=255);
+    if printable(b) {
+        return char::from(b);
+    }
+    let rank = (0..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(256 + rank).expect("U+0100..U+0143 are valid chars")
+}
+
+/// The token id of a byte: `3 + byte`.
+pub fn byte_token_id(b: u8) -> u32 {
+    SPECIAL_TOKENS.len() as u32 + u32::from(b)
+}
+
+/// What the tokenizer produces for plain text (no special tokens): one id per byte.
+pub fn encode_text(text: &str) -> Vec<u32> {
+    text.bytes().map(byte_token_id).collect()
+}
+
+/// The vocabulary: symbol → id, specials first.
+pub fn vocab() -> Vec<(String, u32)> {
+    let mut v: Vec<(String, u32)> = SPECIAL_TOKENS
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.to_string(), i as u32))
+        .collect();
+    v.extend((0..=255u8).map(|b| (byte_symbol(b).to_string(), byte_token_id(b))));
+    v
+}
+
+fn tokenizer_json() -> Value {
+    let added: Vec<Value> = SPECIAL_TOKENS
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            json!({"id": i, "content": s, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let vocab: Map<String, Value> = vocab().into_iter().map(|(s, id)| (s, json!(id))).collect();
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {
+            "type": "BPE",
+            "dropout": null,
+            "unk_token": null,
+            "continuing_subword_prefix": null,
+            "end_of_word_suffix": null,
+            "fuse_unk": false,
+            "byte_fallback": false,
+            "ignore_merges": false,
+            "vocab": vocab,
+            "merges": []
+        }
+    })
+}
+
+fn config_json() -> Value {
+    json!({
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": CONFIG_VOCAB_SIZE,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": MAX_MODEL_LEN,
+        "dtype": "bfloat16",
+        "bos_token_id": ENDOFTEXT_TOKEN_ID,
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": ENDOFTEXT_TOKEN_ID,
+        "tie_word_embeddings": true,
+        "rms_norm_eps": 1e-06,
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "layer_types": ["full_attention", "full_attention"],
+        "max_window_layers": 28,
+        "sliding_window": null,
+        "use_sliding_window": false,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "use_cache": true,
+        "transformers_version": "5.19.0"
+    })
+}
+
+fn tokenizer_config_json() -> Value {
+    json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "backend": "tokenizers",
+        "bos_token": null,
+        "unk_token": null,
+        "eos_token": SPECIAL_TOKENS[EOS_TOKEN_ID as usize],
+        "pad_token": SPECIAL_TOKENS[ENDOFTEXT_TOKEN_ID as usize],
+        "extra_special_tokens": [SPECIAL_TOKENS[1], SPECIAL_TOKENS[2]],
+        "model_max_length": MAX_MODEL_LEN,
+        "clean_up_tokenization_spaces": false,
+        "chat_template": CHAT_TEMPLATE
+    })
+}
+
+fn generation_config_json() -> Value {
+    json!({
+        "bos_token_id": ENDOFTEXT_TOKEN_ID,
+        "eos_token_id": [EOS_TOKEN_ID, ENDOFTEXT_TOKEN_ID],
+        "pad_token_id": ENDOFTEXT_TOKEN_ID
+    })
+}
+
+fn pretty(v: &Value) -> String {
+    let mut s = serde_json::to_string_pretty(v).expect("a serde_json::Value always serializes");
+    s.push('\n');
+    s
+}
+
+/// The files of the model directory: `(file name, contents)`.
+pub fn files() -> Vec<(&'static str, String)> {
+    vec![
+        ("config.json", pretty(&config_json())),
+        ("tokenizer.json", pretty(&tokenizer_json())),
+        ("tokenizer_config.json", pretty(&tokenizer_config_json())),
+        ("chat_template.jinja", format!("{CHAT_TEMPLATE}\n")),
+        ("generation_config.json", pretty(&generation_config_json())),
+    ]
+}
+
+/// Create `dir` (and parents) and write the model files into it. Idempotent: files that
+/// already hold the right contents are left untouched.
+pub fn write_to(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (name, contents) in files() {
+        let path = dir.join(name);
+        if std::fs::read(&path).is_ok_and(|old| old == contents.as_bytes()) {
+            continue;
+        }
+        // write-then-rename so a concurrent reader never sees a half-written file
+        let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+        std::fs::write(&tmp, contents.as_bytes())?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn hello_world_encodes_one_id_per_byte() {
+        assert_eq!(
+            encode_text("Hello world"),
+            [75, 104, 111, 111, 114, 35, 122, 114, 117, 111, 103]
+        );
+        assert_eq!(byte_token_id(b'H'), 75);
+        assert_eq!(byte_token_id(b'w'), 122);
+    }
+
+    #[test]
+    fn byte_table_matches_gpt2() {
+        assert_eq!(byte_symbol(b' '), 'Ġ');
+        assert_eq!(byte_symbol(b'!'), '!');
+        assert_eq!(byte_symbol(0), '\u{100}');
+        assert_eq!(byte_symbol(b'\n'), 'Ċ');
+        assert_eq!(byte_symbol(127), '\u{121}');
+        assert_eq!(byte_symbol(173), '\u{143}');
+        assert_eq!(byte_symbol(255), 'ÿ');
+    }
+
+    #[test]
+    fn vocab_has_259_unique_entries() {
+        let v = vocab();
+        assert_eq!(v.len(), TOKENIZER_VOCAB as usize);
+        let symbols: HashSet<&str> = v.iter().map(|(s, _)| s.as_str()).collect();
+        let ids: HashSet<u32> = v.iter().map(|(_, id)| *id).collect();
+        assert_eq!(symbols.len(), v.len());
+        assert_eq!(ids, (0..TOKENIZER_VOCAB).collect());
+        let space = v.iter().find(|(s, _)| s == "Ġ").map(|(_, id)| *id);
+        assert_eq!(space, Some(35));
+        assert!(TOKENIZER_VOCAB <= CONFIG_VOCAB_SIZE);
+    }
+
+    #[test]
+    fn tokenizer_json_shape() {
+        let t = tokenizer_json();
+        assert_eq!(t["model"]["type"], "BPE");
+        assert_eq!(t["model"]["vocab"].as_object().map(|m| m.len()), Some(259));
+        assert_eq!(t["model"]["vocab"]["H"], 75);
+        assert_eq!(t["model"]["vocab"]["<|im_end|>"], EOS_TOKEN_ID);
+        assert_eq!(t["added_tokens"][2]["content"], "<|im_end|>");
+        assert_eq!(t["model"]["merges"].as_array().map(Vec::len), Some(0));
+    }
+
+    #[test]
+    fn configs_agree_on_special_ids() {
+        let c = config_json();
+        let g = generation_config_json();
+        let tc = tokenizer_config_json();
+        assert_eq!(c["eos_token_id"], EOS_TOKEN_ID);
+        assert_eq!(g["eos_token_id"], json!([2, 0]));
+        assert_eq!(tc["eos_token"], "<|im_end|>");
+        assert_eq!(tc["chat_template"], CHAT_TEMPLATE);
+    }
+
+    #[test]
+    fn write_to_is_idempotent() {
+        let dir = std::env::temp_dir().join(format!("tiny-model-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_to(&dir).unwrap();
+        write_to(&dir).unwrap();
+        for (name, contents) in files() {
+            assert_eq!(std::fs::read_to_string(dir.join(name)).unwrap(), contents);
+        }
+        let n = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(n, files().len());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,463 @@
+//! Wire-level tests: a Rust frontend stand-in drives `play` over real ZMQ sockets and checks
+//! what a frontend would observe.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use rmpv::Value;
+use sim_protocol::{EventType, FinishReason, InputMessage, StopReason, VllmLine};
+use support::*;
+use vllm_vcr::play::TokenMode;
+
+fn line(s: &str) -> VllmLine {
+    VllmLine::parse(s).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshake_advertises_the_engine() {
+    let mut a = args();
+    a.max_model_len = 4096;
+    a.num_gpu_blocks = 1234;
+    a.max_num_seqs = 17;
+    let w = Wire::start(a).await;
+    let e = &w.engines[0];
+    assert_eq!(e.rank, Some(0));
+    assert!(!e.hello.local && e.hello.headless);
+    assert_eq!(e.ready.max_model_len, 4096);
+    assert_eq!(e.ready.num_gpu_blocks, 1234);
+    assert_eq!(e.ready.max_num_seqs, 17);
+    assert_eq!(e.ready.vllm_version, "0.33.0");
+    assert_eq!(e.ready.dtype, "bfloat16");
+    assert!(e.ready.supports_lora && e.ready.max_loras > 0);
+    assert_eq!(e.ready_payloads.len(), 1, "one ready response per input socket");
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_streams_to_max_tokens_with_events_and_prefill_stats() {
+    let mut w = Wire::start(args()).await;
+    w.send(&add("r1", &[10, 11, 12, 13], 5)).await;
+    let c = w.collect(&["r1"]).await;
+    assert_eq!(c.tokens["r1"].len(), 5);
+    assert!(c.tokens["r1"].iter().all(|t| (3..259).contains(t)));
+    assert_eq!(c.finished["r1"], (FinishReason::Length, None));
+    assert_eq!(c.events["r1"], vec![EventType::Queued, EventType::Scheduled]);
+    assert_eq!(c.prefill["r1"].num_prompt_tokens, 4);
+    assert_eq!(c.messages["r1"], 5, "one token per step");
+    // every step carries stats, and the last says nothing runs
+    assert_eq!(c.last_running, Some(0));
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_seed_same_tokens() {
+    let mut a = args();
+    a.seed = 42;
+    let mut w = Wire::start(a.clone()).await;
+    w.send(&add("same", &[5, 6], 20)).await;
+    let first = w.collect(&["same"]).await.tokens["same"].clone();
+    w.stop().await.unwrap();
+    let mut w = Wire::start(a).await;
+    w.send(&add("same", &[5, 6], 20)).await;
+    let second = w.collect(&["same"]).await.tokens["same"].clone();
+    w.stop().await.unwrap();
+    assert_eq!(first, second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_stops_at_eos_and_stop_token_ids() {
+    let mut a = args();
+    a.tokens = TokenMode::Echo;
+    let mut w = Wire::start(a).await;
+    w.send(&add("eos", &[40, 41, 42], 10)).await;
+    let mut stop = request("stopid", &[40, 41, 42], 10);
+    stop.sampling_params.as_mut().unwrap().stop_token_ids = vec![0, 41];
+    w.send(&InputMessage::Add(Box::new(stop))).await;
+    let mut ign = request("ignore", &[40, 41], 5);
+    let sp = ign.sampling_params.as_mut().unwrap();
+    sp.eos_token_id = None; // what frontends send for ignore_eos
+    w.send(&InputMessage::Add(Box::new(ign))).await;
+    let c = w.collect(&["eos", "stopid", "ignore"]).await;
+    assert_eq!(c.tokens["eos"], vec![40, 41, 42, 2]);
+    assert_eq!(c.finished["eos"], (FinishReason::Stop, None));
+    assert_eq!(c.tokens["stopid"], vec![40, 41]);
+    assert_eq!(
+        c.finished["stopid"],
+        (FinishReason::Stop, Some(StopReason::Token(41)))
+    );
+    assert_eq!(c.tokens["ignore"], vec![40, 41, 40, 41, 40]);
+    assert_eq!(c.finished["ignore"], (FinishReason::Length, None));
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_length_and_min_tokens() {
+    let mut a = args();
+    a.tokens = TokenMode::Echo;
+    a.max_model_len = 8;
+    let mut w = Wire::start(a).await;
+    w.send(&add("long", &[40, 41, 42, 43, 44, 45], 100)).await;
+    let mut m = request("min", &[40, 2, 41], 6);
+    m.sampling_params.as_mut().unwrap().min_tokens = 4;
+    w.send(&InputMessage::Add(Box::new(m))).await;
+    let c = w.collect(&["long", "min"]).await;
+    assert_eq!(c.tokens["long"].len(), 2, "6 prompt + 2 output = max_model_len 8");
+    assert_eq!(c.finished["long"].0, FinishReason::Length);
+    // EOS (2) is masked until 4 tokens were produced
+    assert_eq!(c.tokens["min"][..4], [40, 41, 40, 41]);
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_frees_the_request_without_output() {
+    let mut a = args();
+    a.inter_token_latency = 5.0;
+    let mut w = Wire::start(a).await;
+    w.send(&add("long", &[10], 1000)).await;
+    let mut c = Collected::default();
+    while c.tokens.get("long").map_or(0, |t| t.len()) < 3 {
+        let env = w.recv().await;
+        c.absorb(env);
+    }
+    w.send(&InputMessage::Abort(vec!["long".into(), "never-existed".into()])).await;
+    w.send(&InputMessage::Abort(vec!["long".into()])).await;
+    // drain: no finish output for the aborted request, and running goes back to 0
+    let deadline = Instant::now() + Duration::from_millis(300);
+    while let Some(env) = w.try_recv(deadline.saturating_duration_since(Instant::now())).await {
+        c.absorb(env);
+    }
+    assert!(!c.finished.contains_key("long"), "aborted requests get no output");
+    assert_eq!(c.last_running, Some(0));
+    // the engine keeps serving
+    w.send(&add("next", &[10], 2)).await;
+    let c = w.collect(&["next"]).await;
+    assert_eq!(c.tokens["next"].len(), 2);
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_num_seqs_queues_the_rest() {
+    let mut a = args();
+    a.max_num_seqs = 2;
+    a.inter_token_latency = 2.0;
+    let mut w = Wire::start(a).await;
+    let ids: Vec<String> = (0..6).map(|i| format!("q{i}")).collect();
+    for id in &ids {
+        w.send(&add(id, &[10, 11], 4)).await;
+    }
+    let refs: Vec<&str> = ids.iter().map(|s| s.as_str()).collect();
+    let c = w.collect(&refs).await;
+    assert!(c.max_waiting >= 1, "stats showed a waiting queue");
+    assert_eq!(c.max_running, 2);
+    for id in &ids {
+        assert_eq!(c.tokens[id].len(), 4);
+        assert_eq!(c.finished[id].0, FinishReason::Length);
+    }
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_latency_paces_first_token_and_gaps() {
+    let mut a = args();
+    a.time_to_first_token = 60.0;
+    a.inter_token_latency = 20.0;
+    let mut w = Wire::start(a).await;
+    let start = Instant::now();
+    w.send(&add("t", &[10], 4)).await;
+    let mut times = vec![];
+    let mut stamps = vec![];
+    loop {
+        let env = w.recv().await;
+        if env.outputs.iter().any(|o| o.request_id == "t") {
+            times.push(start.elapsed());
+            stamps.push(env.timestamp);
+            if env.outputs.iter().any(|o| o.finish_reason.is_some()) {
+                break;
+            }
+        }
+    }
+    assert_eq!(times.len(), 4);
+    assert!(times[0] >= Duration::from_millis(60), "ttft {:?}", times[0]);
+    assert!(times[0] < Duration::from_millis(160), "ttft {:?}", times[0]);
+    for w in stamps.windows(2) {
+        let gap = w[1] - w[0];
+        assert!((0.018..0.040).contains(&gap), "engine-stamped gap {gap}");
+    }
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_token_chunks() {
+    let mut a = args();
+    a.output_token_chunk_size = 3;
+    let mut w = Wire::start(a).await;
+    w.send(&add("c", &[10], 7)).await;
+    let c = w.collect(&["c"]).await;
+    assert_eq!(c.tokens["c"].len(), 7);
+    assert_eq!(c.messages["c"], 3, "3 + 3 + 1 tokens");
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_guard_rejects_a_frontend_of_another_line() {
+    // engine configured for 0.25 (20-element ADD); the frontend speaks 0.33 (22 elements)
+    let mut a = args();
+    a.vllm_version = line("0.25");
+    let mut w = Wire::start(a).await;
+    w.line = line("0.33");
+    w.send(&add("wrong", &[10], 3)).await;
+    let env = w.recv().await;
+    let o = &env.outputs[0];
+    assert_eq!(o.request_id, "wrong");
+    assert_eq!(o.finish_reason, Some(FinishReason::Error));
+    assert!(o.new_token_ids.is_empty());
+    w.stop().await.unwrap();
+
+    // the reverse, on a line whose outputs carry the error
+    let mut w = Wire::start(args()).await;
+    w.line = line("0.27");
+    w.send(&add("old", &[10], 3)).await;
+    w.line = line("0.33");
+    let env = w.recv().await;
+    let o = &env.outputs[0];
+    assert_eq!(o.finish_reason, Some(FinishReason::Error));
+    let err = o.error.as_ref().expect("0.33 outputs carry the error");
+    assert_eq!(err.code, "version_mismatch");
+    assert!(err.message.contains("0.25–0.27"), "{}", err.message);
+    assert!(err.message.contains("--vllm-version"), "{}", err.message);
+    // the right line still works
+    w.send(&add("ok", &[10], 2)).await;
+    let c = w.collect(&["ok"]).await;
+    assert_eq!(c.tokens["ok"].len(), 2);
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_line_round_trips_a_request() {
+    for l in sim_protocol::supported_lines() {
+        let mut a = args();
+        a.vllm_version = l;
+        let mut w = Wire::start(a).await;
+        w.send(&add("x", &[10, 11], 3)).await;
+        let c = w.collect(&["x"]).await;
+        assert_eq!(c.tokens["x"].len(), 3, "line {l}");
+        assert_eq!(c.prefill["x"].num_prompt_tokens, 2, "line {l}");
+        assert_eq!(
+            w.call(7, "wake_up", vec![Value::Nil]).await,
+            Ok(if l >= line("0.31") { Value::Boolean(true) } else { Value::Nil }),
+            "wake_up result type on {l}"
+        );
+        w.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn utilities_answer_like_vllm() {
+    let mut w = Wire::start(args()).await;
+    let big = u64::MAX - 5;
+    assert_eq!(
+        w.call(big, "get_supported_tasks", vec![]).await,
+        Ok(Value::Array(vec![Value::from("generate")]))
+    );
+    assert_eq!(w.call(1, "reset_mm_cache", vec![]).await, Ok(Value::Nil));
+    assert_eq!(w.call(2, "is_sleeping", vec![]).await, Ok(Value::Boolean(false)));
+    assert_eq!(
+        w.call(3, "sleep", vec![Value::from(1), Value::from("abort")]).await,
+        Ok(Value::Nil)
+    );
+    assert_eq!(w.call(4, "is_sleeping", vec![]).await, Ok(Value::Boolean(true)));
+    assert_eq!(w.call(5, "wake_up", vec![Value::Nil]).await, Ok(Value::Boolean(true)));
+    assert_eq!(w.call(6, "is_sleeping", vec![]).await, Ok(Value::Boolean(false)));
+    let lora = Value::Array(vec![
+        Value::from("l1"),
+        Value::from(1),
+        Value::from("/tmp/l1"),
+        Value::Nil,
+        Value::Boolean(false),
+        Value::Boolean(false),
+    ]);
+    assert_eq!(w.call(7, "add_lora", vec![lora]).await, Ok(Value::Boolean(true)));
+    assert_eq!(
+        w.call(8, "list_loras", vec![]).await,
+        Ok(Value::Array(vec![Value::from(1)]))
+    );
+    assert_eq!(w.call(9, "pin_lora", vec![Value::from(1)]).await, Ok(Value::Boolean(true)));
+    assert!(w.call(10, "pin_lora", vec![Value::from(99)]).await.is_err());
+    assert_eq!(w.call(11, "remove_lora", vec![Value::from(1)]).await, Ok(Value::Boolean(true)));
+    assert_eq!(w.call(12, "remove_lora", vec![Value::from(1)]).await, Ok(Value::Boolean(false)));
+    assert_eq!(
+        w.call(13, "reset_prefix_cache", vec![Value::Boolean(false), Value::Boolean(false)]).await,
+        Ok(Value::Boolean(true))
+    );
+    assert_eq!(w.call(14, "profile", vec![Value::Boolean(true)]).await, Ok(Value::Nil));
+    let err = w.call(15, "collective_rpc", vec![Value::from("x")]).await.unwrap_err();
+    assert!(err.starts_with("Call to collective_rpc method failed:"), "{err}");
+    let err = w.call(16, "no_such_method", vec![]).await.unwrap_err();
+    assert!(err.contains("no_such_method"), "{err}");
+    let err = w.call(17, "sleep", vec![Value::from("deep")]).await.unwrap_err();
+    assert!(err.contains("level"), "{err}");
+    assert_eq!(w.call(18, "set_weight_version", vec![Value::from("v2")]).await, Ok(Value::Nil));
+    assert_eq!(w.call(19, "get_weight_version", vec![]).await, Ok(Value::from("v2")));
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_prefix_cache_refuses_while_running() {
+    let mut a = args();
+    a.inter_token_latency = 5.0;
+    let mut w = Wire::start(a).await;
+    w.send(&add("busy", &[10], 200)).await;
+    let _ = w.recv().await;
+    assert_eq!(
+        w.call(1, "reset_prefix_cache", vec![Value::Boolean(false), Value::Boolean(false)]).await,
+        Ok(Value::Boolean(false))
+    );
+    assert_eq!(
+        w.call(2, "reset_prefix_cache", vec![Value::Boolean(true), Value::Boolean(false)]).await,
+        Ok(Value::Boolean(true))
+    );
+    // the running request was preempted and re-admitted
+    let mut c = Collected::default();
+    while !c.events.get("busy").is_some_and(|e| e.contains(&EventType::Preempted)) {
+        let env = w.recv().await;
+        c.absorb(env);
+    }
+    w.send(&InputMessage::Abort(vec!["busy".into()])).await;
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_modes() {
+    let mut a = args();
+    a.inter_token_latency = 5.0;
+    let mut w = Wire::start(a).await;
+
+    // keep: requests freeze, resume continues them
+    w.send(&add("k", &[10], 6)).await;
+    let _ = w.recv().await;
+    assert_eq!(
+        w.call(1, "pause_scheduler", vec![Value::from("keep"), Value::Boolean(false)]).await,
+        Ok(Value::Nil)
+    );
+    assert_eq!(w.call(2, "is_scheduler_paused", vec![]).await, Ok(Value::Boolean(true)));
+    // nothing moves while paused; new requests wait
+    w.send(&add("held", &[10], 2)).await;
+    let quiet = w.try_recv(Duration::from_millis(100)).await;
+    assert!(quiet.is_none_or(|e| e.outputs.is_empty()), "outputs while paused");
+    assert_eq!(w.call(3, "resume_scheduler", vec![]).await, Ok(Value::Nil));
+    let c = w.collect(&["k", "held"]).await;
+    assert_eq!(c.finished["held"].0, FinishReason::Length);
+
+    // abort: in-flight requests finish with ABORT
+    w.send(&add("a", &[10], 500)).await;
+    let _ = w.recv().await;
+    w.send(&InputMessage::Utility(sim_protocol::UtilityCall {
+        client_index: 0,
+        call_id: sim_protocol::CallId::Unsigned(4),
+        method: "pause_generation".into(),
+        args: vec![Value::from("abort"), Value::Boolean(true)],
+    }))
+    .await;
+    let mut c = Collected::default();
+    let mut replied = false;
+    while !(replied && c.finished.contains_key("a")) {
+        let env = w.recv().await;
+        replied |= env.utility_output.is_some();
+        c.absorb(env);
+    }
+    assert_eq!(c.finished["a"].0, FinishReason::Abort);
+    // pause_generation rejects new requests with engine_paused
+    w.send(&add("rejected", &[10], 2)).await;
+    let c = w.collect(&["rejected"]).await;
+    assert_eq!(c.finished["rejected"].0, FinishReason::Error);
+    let env = c.envelopes.iter().find(|e| !e.outputs.is_empty()).unwrap();
+    assert_eq!(env.outputs[0].error.as_ref().unwrap().code, "engine_paused");
+    assert_eq!(w.call(5, "resume_scheduler", vec![]).await, Ok(Value::Nil));
+
+    // wait: the reply comes after the in-flight request finished
+    w.send(&add("w", &[10], 4)).await;
+    w.send(&InputMessage::Utility(sim_protocol::UtilityCall {
+        client_index: 0,
+        call_id: sim_protocol::CallId::Unsigned(6),
+        method: "pause_scheduler".into(),
+        args: vec![Value::from("wait"), Value::Boolean(false)],
+    }))
+    .await;
+    let mut finished_before_reply = false;
+    loop {
+        let env = w.recv().await;
+        if env.outputs.iter().any(|o| o.request_id == "w" && o.finish_reason.is_some()) {
+            finished_before_reply = true;
+        }
+        if env.utility_output.is_some() {
+            break;
+        }
+    }
+    assert!(finished_before_reply, "wait mode replies after the in-flight request finished");
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_api_server_clients() {
+    let mut w = Wire::start_with_clients(args(), 2).await;
+    assert_eq!(w.engines[0].ready_payloads.len(), 2, "a ready response per input socket");
+    w.send_to(1, 0, &with_client(add("c1", &[10], 3), 1)).await;
+    let c = w.collect_on(1, &["c1"]).await;
+    assert_eq!(c.tokens["c1"].len(), 3);
+    // utility replies go to the caller's client
+    w.send_to(1, 0, &InputMessage::Utility(sim_protocol::UtilityCall {
+        client_index: 1,
+        call_id: sim_protocol::CallId::Unsigned(9),
+        method: "is_sleeping".into(),
+        args: vec![],
+    }))
+    .await;
+    loop {
+        let env = w.recv_on(1).await;
+        if let Some(u) = env.utility_output {
+            assert_eq!(u.outcome, Ok(Value::Boolean(false)));
+            break;
+        }
+    }
+    // stats go to client 0 only
+    let env = w.recv_on(0).await;
+    assert!(env.scheduler_stats.is_some());
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_engines_in_one_process() {
+    let mut a = args();
+    a.engine_count = 2;
+    let mut w = Wire::start(a).await;
+    assert_eq!(w.engines.len(), 2);
+    assert_eq!(w.engines[0].ready.data_parallel_rank, 0);
+    assert_eq!(w.engines[1].ready.data_parallel_rank, 1);
+    assert_eq!(w.engines[1].ready.data_parallel_size, 2);
+    w.send_to(0, 1, &add("dp", &[10], 2)).await;
+    let c = w.collect(&["dp"]).await;
+    assert_eq!(c.tokens["dp"].len(), 2);
+    let env = c.envelopes.iter().find(|e| !e.outputs.is_empty()).unwrap();
+    assert_eq!(env.engine_index, 1);
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_aborts_in_flight_requests() {
+    let mut a = args();
+    a.inter_token_latency = 20.0;
+    a.shutdown_timeout = 0.05;
+    let mut w = Wire::start(a).await;
+    w.send(&add("inflight", &[10], 1000)).await;
+    let _ = w.recv().await;
+    w.shutdown.send(true).unwrap();
+    let mut c = Collected::default();
+    while !c.finished.contains_key("inflight") {
+        let env = w.recv().await;
+        c.absorb(env);
+    }
+    assert_eq!(c.finished["inflight"].0, FinishReason::Abort);
+    tokio::time::timeout(TIMEOUT, w.task).await.unwrap().unwrap().unwrap();
+}
+
