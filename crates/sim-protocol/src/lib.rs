@@ -15,7 +15,10 @@ pub mod ready;
 pub mod transport;
 pub mod types;
 
-pub use decode::{DecodeError, DecodeErrorKind, DecodedOutputs, ErrorContext, decode_input, decode_outputs, decode_outputs_for};
+pub use decode::{
+    DecodeError, DecodeErrorKind, DecodedOutputs, ErrorContext, decode_input, decode_outputs,
+    decode_outputs_for,
+};
 pub use encode::{EncodeError, EncodeOptions, encode_outputs};
 pub use line::{VllmLine, describe_lines, supported_lines};
 pub use ready::{HandshakeInit, ReadyResponse, StatusMessage, encode_status};

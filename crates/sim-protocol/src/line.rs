@@ -55,7 +55,11 @@ impl VllmLine {
         let t = s.trim();
         let t = t.strip_prefix('v').unwrap_or(t);
         let mut parts = t.split('.');
-        let major = parts.next().ok_or_else(bad)?.parse::<u16>().map_err(|_| bad())?;
+        let major = parts
+            .next()
+            .ok_or_else(bad)?
+            .parse::<u16>()
+            .map_err(|_| bad())?;
         let minor_str = parts.next().ok_or_else(bad)?;
         let minor = minor_str.parse::<u16>().map_err(|_| bad())?;
         if let Some(patch) = parts.next() {
@@ -201,7 +205,11 @@ pub fn describe_lines(lines: &[VllmLine]) -> String {
             if contiguous {
                 format!("{}–{}", lines[0], lines[lines.len() - 1])
             } else {
-                lines.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", ")
+                lines
+                    .iter()
+                    .map(|l| l.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             }
         }
     }
@@ -244,7 +252,10 @@ mod tests {
             VllmLine::parse("0.24").unwrap_err(),
             LineError::Unsupported(VllmLine::new(0, 24))
         );
-        assert!(matches!(VllmLine::parse("banana"), Err(LineError::Malformed(_))));
+        assert!(matches!(
+            VllmLine::parse("banana"),
+            Err(LineError::Malformed(_))
+        ));
         assert!(matches!(VllmLine::parse("0"), Err(LineError::Malformed(_))));
     }
 

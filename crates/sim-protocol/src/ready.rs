@@ -107,11 +107,23 @@ impl ReadyResponse {
         kv(&mut w, "world_size", self.world_size);
         kv(&mut w, "data_parallel_size", self.data_parallel_size);
         kv(&mut w, "tensor_parallel_size", self.tensor_parallel_size);
-        kv(&mut w, "pipeline_parallel_size", self.pipeline_parallel_size);
-        kv(&mut w, "decode_context_parallel_size", self.decode_context_parallel_size);
+        kv(
+            &mut w,
+            "pipeline_parallel_size",
+            self.pipeline_parallel_size,
+        );
+        kv(
+            &mut w,
+            "decode_context_parallel_size",
+            self.decode_context_parallel_size,
+        );
         kv(&mut w, "data_parallel_rank", self.data_parallel_rank);
         kv(&mut w, "max_num_seqs", self.max_num_seqs);
-        kv(&mut w, "max_num_batched_tokens", self.max_num_batched_tokens);
+        kv(
+            &mut w,
+            "max_num_batched_tokens",
+            self.max_num_batched_tokens,
+        );
         w.str("instance_id");
         w.str(&self.instance_id);
         w.str("supports_lora");
@@ -189,9 +201,7 @@ impl ReadyResponse {
                 }
                 "coord_store_port" => r.coord_store_port = v::u64_(x, f)?,
                 "coordinator_input_address" => r.coordinator_input_address = v::opt_string(x, f)?,
-                "coordinator_output_address" => {
-                    r.coordinator_output_address = v::opt_string(x, f)?
-                }
+                "coordinator_output_address" => r.coordinator_output_address = v::opt_string(x, f)?,
                 _ => {}
             }
         }
@@ -200,7 +210,11 @@ impl ReadyResponse {
 }
 
 fn opt<T>(x: &Value, f: &str, read: fn(&Value, &str) -> R<T>) -> R<Option<T>> {
-    if v::is_nil(x) { Ok(None) } else { read(x, f).map(Some) }
+    if v::is_nil(x) {
+        Ok(None)
+    } else {
+        read(x, f).map(Some)
+    }
 }
 
 /// `{"status": …, "local": false, "headless": true}` — HELLO and READY of a remote headless

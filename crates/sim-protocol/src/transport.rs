@@ -253,7 +253,10 @@ pub fn message_from_frames(frames: Vec<Bytes>) -> Result<ZmqMessage, TransportEr
 }
 
 /// Send one multipart message.
-pub async fn send_frames<S: SocketSend>(sock: &mut S, frames: Vec<Bytes>) -> Result<(), TransportError> {
+pub async fn send_frames<S: SocketSend>(
+    sock: &mut S,
+    frames: Vec<Bytes>,
+) -> Result<(), TransportError> {
     let msg = message_from_frames(frames)?;
     sock.send(msg).await.map_err(zmq_err("send"))
 }
@@ -287,7 +290,13 @@ pub async fn connect_to_frontend(
         "waiting for the frontend's handshake socket at {address} (up to {:?})",
         opts.handshake_timeout
     );
-    connect_retrying(&mut handshake, &address, opts.handshake_timeout, "frontend's handshake socket").await?;
+    connect_retrying(
+        &mut handshake,
+        &address,
+        opts.handshake_timeout,
+        "frontend's handshake socket",
+    )
+    .await?;
     tracing::debug!(rank, %address, "connected to the handshake socket; sending HELLO");
     send_frames(&mut handshake, vec![Bytes::from(encode_status("HELLO"))]).await?;
 
@@ -316,14 +325,26 @@ pub async fn connect_to_frontend(
     for (i, (input, output)) in init.inputs.iter().zip(&init.outputs).enumerate() {
         let input = connect_address(input)?;
         let mut dealer = DealerSocket::with_options(socket_options(Some(&identity))?);
-        connect_retrying(&mut dealer, &input, opts.connect_timeout, "frontend's input socket").await?;
+        connect_retrying(
+            &mut dealer,
+            &input,
+            opts.connect_timeout,
+            "frontend's input socket",
+        )
+        .await?;
         // The one ready response is what registers this DEALER with the frontend's ROUTER.
         send_frames(&mut dealer, vec![ready_bytes.clone()]).await?;
         inputs.push(dealer);
 
         let output = connect_address(output)?;
         let mut push = PushSocket::with_options(socket_options(None)?);
-        connect_retrying(&mut push, &output, opts.connect_timeout, "frontend's output socket").await?;
+        connect_retrying(
+            &mut push,
+            &output,
+            opts.connect_timeout,
+            "frontend's output socket",
+        )
+        .await?;
         outputs.push(push);
         tracing::debug!(rank, client = i, %input, %output, "data sockets connected");
     }
@@ -336,7 +357,11 @@ pub async fn connect_to_frontend(
     send_frames(&mut handshake, vec![Bytes::from(encode_status("READY"))]).await?;
     // Dropping the socket still lets its writer task flush READY (the runtime keeps running).
     drop(handshake);
-    tracing::info!(rank, clients = inputs.len(), "handshake with the frontend complete");
+    tracing::info!(
+        rank,
+        clients = inputs.len(),
+        "handshake with the frontend complete"
+    );
     Ok(EngineSockets {
         inputs,
         outputs,
@@ -353,7 +378,13 @@ async fn connect_coordinator(
     let input = connect_address(input)?;
     let output = connect_address(output)?;
     let mut xsub = XSubSocket::with_options(socket_options(None)?);
-    connect_retrying(&mut xsub, &input, opts.connect_timeout, "DP coordinator's input socket").await?;
+    connect_retrying(
+        &mut xsub,
+        &input,
+        opts.connect_timeout,
+        "DP coordinator's input socket",
+    )
+    .await?;
     send_frames(&mut xsub, vec![Bytes::from_static(b"\x01")]).await?;
     let deadline = Instant::now() + opts.coordinator_timeout;
     loop {
@@ -369,7 +400,13 @@ async fn connect_coordinator(
         tracing::debug!("ignoring a coordinator message before its READY");
     }
     let mut push = PushSocket::with_options(socket_options(None)?);
-    connect_retrying(&mut push, &output, opts.connect_timeout, "DP coordinator's output socket").await?;
+    connect_retrying(
+        &mut push,
+        &output,
+        opts.connect_timeout,
+        "DP coordinator's output socket",
+    )
+    .await?;
     Ok(CoordinatorSockets {
         input: xsub,
         output: push,
@@ -415,13 +452,19 @@ pub struct FrontendSockets {
 
 async fn bind_router(address: &str) -> Result<(RouterSocket, String), TransportError> {
     let mut s = RouterSocket::with_options(socket_options(None)?);
-    let ep = s.bind(address).await.map_err(zmq_err(format!("binding {address}")))?;
+    let ep = s
+        .bind(address)
+        .await
+        .map_err(zmq_err(format!("binding {address}")))?;
     Ok((s, ep.to_string()))
 }
 
 async fn bind_pull(address: &str) -> Result<(PullSocket, String), TransportError> {
     let mut s = PullSocket::with_options(socket_options(None)?);
-    let ep = s.bind(address).await.map_err(zmq_err(format!("binding {address}")))?;
+    let ep = s
+        .bind(address)
+        .await
+        .map_err(zmq_err(format!("binding {address}")))?;
     Ok((s, ep.to_string()))
 }
 
@@ -522,10 +565,9 @@ impl FrontendListener {
             after: wait,
         };
         let init = Bytes::from(self.init_message().encode());
-        let handshake = self
-            .handshake
-            .as_mut()
-            .ok_or_else(|| TransportError::Protocol("the handshake socket is already closed".into()))?;
+        let handshake = self.handshake.as_mut().ok_or_else(|| {
+            TransportError::Protocol("the handshake socket is already closed".into())
+        })?;
         let mut hellos: Vec<(Bytes, StatusMessage)> = Vec::new();
         let mut ready: HashSet<Bytes> = HashSet::new();
         while ready.len() < n {
@@ -535,10 +577,11 @@ impl FrontendListener {
             let (Some(identity), Some(payload)) = (frames.first(), frames.last()) else {
                 continue;
             };
-            let status = StatusMessage::decode(payload).map_err(|source| TransportError::Decode {
-                what: "a handshake message from an engine".into(),
-                source,
-            })?;
+            let status =
+                StatusMessage::decode(payload).map_err(|source| TransportError::Decode {
+                    what: "a handshake message from an engine".into(),
+                    source,
+                })?;
             match status.status.as_str() {
                 "HELLO" => {
                     if hellos.iter().any(|(id, _)| id == identity) {
@@ -654,8 +697,14 @@ mod tests {
     #[test]
     fn addresses_are_normalised() {
         assert_eq!(bind_address("tcp://*:5557").unwrap(), "tcp://0.0.0.0:5557");
-        assert_eq!(bind_address("127.0.0.1:29550").unwrap(), "tcp://127.0.0.1:29550");
-        assert_eq!(connect_address("tcp://*:5557").unwrap(), "tcp://127.0.0.1:5557");
+        assert_eq!(
+            bind_address("127.0.0.1:29550").unwrap(),
+            "tcp://127.0.0.1:29550"
+        );
+        assert_eq!(
+            connect_address("tcp://*:5557").unwrap(),
+            "tcp://127.0.0.1:5557"
+        );
         assert_eq!(connect_address("ipc:///tmp/x").unwrap(), "ipc:///tmp/x");
         assert!(matches!(
             connect_address("inproc://x"),

@@ -35,7 +35,10 @@ pub enum InputMessage {
     /// Internal request ids to abort.
     Abort(Vec<String>),
     Utility(UtilityCall),
-    StartDpWave { wave: i64, exclude_engine_index: Option<i64> },
+    StartDpWave {
+        wave: i64,
+        exclude_engine_index: Option<i64>,
+    },
 }
 
 /// `EngineCoreRequest` (array_like). Only what an engine needs is typed; the rest is kept.

@@ -96,7 +96,10 @@ fn first_add_of_the_033_capture_is_the_documented_request() {
     assert_eq!(req.request_id, "cmpl-a2b7fd99e30de547-0-83c41afc");
     assert_eq!(req.prompt_token_ids, Some(vec![421, 511, 510]));
     assert_eq!(req.prompt_len(), 3);
-    assert_eq!(req.external_req_id.as_deref(), Some("cmpl-a2b7fd99e30de547-0"));
+    assert_eq!(
+        req.external_req_id.as_deref(),
+        Some("cmpl-a2b7fd99e30de547-0")
+    );
     let sp = req.sampling_params.unwrap();
     assert_eq!(sp.max_tokens, Some(5));
     assert_eq!(sp.output_kind, 2);
@@ -121,8 +124,14 @@ fn handshake_maps_match_the_captures_byte_for_byte() {
     for (version, _) in CAPTURES {
         let msgs = capture(version);
         let by_label = |l: &str| msgs.iter().find(|m| m.label == l).unwrap();
-        assert_eq!(by_label("HELLO").frames[0].as_ref(), &encode_status("HELLO")[..]);
-        assert_eq!(by_label("READY").frames[0].as_ref(), &encode_status("READY")[..]);
+        assert_eq!(
+            by_label("HELLO").frames[0].as_ref(),
+            &encode_status("HELLO")[..]
+        );
+        assert_eq!(
+            by_label("READY").frames[0].as_ref(),
+            &encode_status("READY")[..]
+        );
         assert_eq!(
             StatusMessage::decode(&by_label("HELLO").frames[0]).unwrap(),
             StatusMessage {
@@ -173,8 +182,8 @@ fn captured_outputs_decode_and_reencode_byte_for_byte() {
             .iter()
             .filter(|m| m.socket == "output" && m.direction == "e2f")
         {
-            let auto = decode_outputs(&m.frames)
-                .unwrap_or_else(|e| panic!("{version} #{}: {e}", m.seq));
+            let auto =
+                decode_outputs(&m.frames).unwrap_or_else(|e| panic!("{version} #{}: {e}", m.seq));
             let typed = decode_outputs_for(line, &m.frames).unwrap();
             assert_eq!(auto, typed);
             match typed {

@@ -5,7 +5,9 @@ mod common;
 use bytes::Bytes;
 use common::{hex, to_hex};
 use rmpv::Value;
-use sim_protocol::decode::{DecodeErrorKind, DecodedOutputs, decode_input, decode_outputs, decode_outputs_for};
+use sim_protocol::decode::{
+    DecodeErrorKind, DecodedOutputs, decode_input, decode_outputs, decode_outputs_for,
+};
 use sim_protocol::encode::{
     EncodeError, EncodeOptions, encode_abort, encode_outputs, encode_outputs_with, encode_request,
     encode_utility,
@@ -117,7 +119,10 @@ fn documented_vllm_rs_utility_and_abort_frames_decode() {
     assert_eq!(call.client_index, 0);
     assert_eq!(call.call_id, CallId::Unsigned(1));
     assert_eq!(call.method, "reset_prefix_cache");
-    assert_eq!(call.args, vec![Value::Boolean(false), Value::Boolean(false)]);
+    assert_eq!(
+        call.args,
+        vec![Value::Boolean(false), Value::Boolean(false)]
+    );
     // and our frontend-side encoder produces exactly those bytes
     assert_eq!(encode_utility(&call), frames);
 }
@@ -137,7 +142,10 @@ fn utility_reply_matches_the_documented_python_form_after_decoding() {
     for m in 25..=33 {
         let ours = encode_outputs(line(m), &reply).unwrap();
         // Ours is trimmed after utility_output: the same bytes minus four trailing nils.
-        assert_eq!(to_hex(&ours[0]), "950090c0cb40140000000000009307c092c091a867656e6572617465");
+        assert_eq!(
+            to_hex(&ours[0]),
+            "950090c0cb40140000000000009307c092c091a867656e6572617465"
+        );
         let a = decode_outputs(&ours).unwrap();
         let b = decode_outputs(&[Bytes::from(python.clone())]).unwrap();
         assert_eq!(a, b);
@@ -181,7 +189,14 @@ fn utility_envelope_shape_is_idx_empty_nil_ts_reply() {
     };
     let frames = encode_outputs(line(30), &nil_ok).unwrap();
     let v = parse(&frames[0]);
-    assert_eq!(v[4], arr(vec![Value::from(-2), Value::Nil, arr(vec![Value::Nil, Value::Nil])]));
+    assert_eq!(
+        v[4],
+        arr(vec![
+            Value::from(-2),
+            Value::Nil,
+            arr(vec![Value::Nil, Value::Nil])
+        ])
+    );
     let failed = EngineCoreOutputs {
         utility_output: Some(UtilityOutput {
             call_id: CallId::Unsigned(3),
@@ -190,7 +205,14 @@ fn utility_envelope_shape_is_idx_empty_nil_ts_reply() {
         ..ok
     };
     let v = parse(&encode_outputs(line(25), &failed).unwrap()[0]);
-    assert_eq!(v[4], arr(vec![Value::from(3), s("Call to x method failed: boom"), Value::Nil]));
+    assert_eq!(
+        v[4],
+        arr(vec![
+            Value::from(3),
+            s("Call to x method failed: boom"),
+            Value::Nil
+        ])
+    );
 }
 
 #[test]
@@ -213,7 +235,10 @@ fn call_ids_are_echoed_verbatim_across_the_u64_range() {
         ..Default::default()
     };
     let enc = encode_outputs(line(33), &reply).unwrap();
-    assert_eq!(decode_outputs(&enc).unwrap(), DecodedOutputs::Outputs(reply));
+    assert_eq!(
+        decode_outputs(&enc).unwrap(),
+        DecodedOutputs::Outputs(reply)
+    );
     // a negative (reserved) id survives too
     let neg = UtilityCall {
         call_id: CallId::Negative(-1),
@@ -221,7 +246,10 @@ fn call_ids_are_echoed_verbatim_across_the_u64_range() {
         method: "m".into(),
         args: vec![],
     };
-    assert_eq!(decode_input(&encode_utility(&neg)).unwrap(), InputMessage::Utility(neg));
+    assert_eq!(
+        decode_input(&encode_utility(&neg)).unwrap(),
+        InputMessage::Utility(neg)
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -259,7 +287,11 @@ fn prefill_stats_sit_at_index_10_on_025_and_11_from_026() {
     let o25 = &output_arrays(&encode_outputs(line(25), &out).unwrap())[0];
     assert_eq!(o25.len(), 11);
     assert!(o25[10].is_map());
-    assert_eq!(o25[10].as_map().unwrap().len(), 5, "0.25 has no num_cache_creation_tokens");
+    assert_eq!(
+        o25[10].as_map().unwrap().len(),
+        5,
+        "0.25 has no num_cache_creation_tokens"
+    );
     for m in 26..=33 {
         let o = &output_arrays(&encode_outputs(line(m), &out).unwrap())[0];
         assert_eq!(o.len(), 12, "0.{m}");
@@ -275,7 +307,11 @@ fn prefill_stats_sit_at_index_10_on_025_and_11_from_026() {
         };
         let mut expect = out.clone();
         if m == 25 {
-            expect.outputs[0].prefill_stats.as_mut().unwrap().num_cache_creation_tokens = 0;
+            expect.outputs[0]
+                .prefill_stats
+                .as_mut()
+                .unwrap()
+                .num_cache_creation_tokens = 0;
         }
         assert_eq!(back, expect, "0.{m}");
         assert_eq!(
@@ -291,8 +327,14 @@ fn events_are_maps_with_type_and_float_timestamp() {
     assert_eq!(
         o[7],
         arr(vec![
-            Value::Map(vec![(s("type"), Value::from(1)), (s("timestamp"), Value::F64(1.0))]),
-            Value::Map(vec![(s("type"), Value::from(2)), (s("timestamp"), Value::F64(1.25))]),
+            Value::Map(vec![
+                (s("type"), Value::from(1)),
+                (s("timestamp"), Value::F64(1.0))
+            ]),
+            Value::Map(vec![
+                (s("type"), Value::from(2)),
+                (s("timestamp"), Value::F64(1.25))
+            ]),
         ])
     );
 }
@@ -423,7 +465,15 @@ fn minimal_outputs_are_trimmed_to_id_and_tokens() {
     let o = &output_arrays(&encode_outputs(line(25), &fin).unwrap())[0];
     assert_eq!(
         o,
-        &vec![s("req"), arr(vec![]), Value::Nil, Value::Nil, Value::Nil, Value::from(0), Value::from(7)]
+        &vec![
+            s("req"),
+            arr(vec![]),
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::from(0),
+            Value::from(7)
+        ]
     );
 }
 
@@ -438,7 +488,10 @@ fn envelopes_vllm_rs_would_die_on_are_refused() {
         weight_version: Some("x".into()),
         ..Default::default()
     };
-    assert_eq!(encode_outputs(line(33), &only_ts), Err(EncodeError::EmptyEnvelope));
+    assert_eq!(
+        encode_outputs(line(33), &only_ts),
+        Err(EncodeError::EmptyEnvelope)
+    );
     let mixed = EngineCoreOutputs {
         utility_output: Some(UtilityOutput {
             call_id: CallId::Unsigned(1),
@@ -446,7 +499,10 @@ fn envelopes_vllm_rs_would_die_on_are_refused() {
         }),
         ..step(vec![with_prefill()])
     };
-    assert_eq!(encode_outputs(line(33), &mixed), Err(EncodeError::MixedEnvelope));
+    assert_eq!(
+        encode_outputs(line(33), &mixed),
+        Err(EncodeError::MixedEnvelope)
+    );
     // stats alone are a valid request-batch message
     let stats = EngineCoreOutputs {
         scheduler_stats: Some(Box::default()),
@@ -529,8 +585,12 @@ fn scheduler_stats_carry_every_033_key() {
             "hits_by_source"
         ]
     );
-    assert_eq!(get("running_lora_adapters"), &Value::Map(vec![(s("l1"), Value::from(2))]));
-    let DecodedOutputs::Outputs(back) = decode_outputs(&encode_outputs(line(33), &env).unwrap()).unwrap()
+    assert_eq!(
+        get("running_lora_adapters"),
+        &Value::Map(vec![(s("l1"), Value::from(2))])
+    );
+    let DecodedOutputs::Outputs(back) =
+        decode_outputs(&encode_outputs(line(33), &env).unwrap()).unwrap()
     else {
         panic!()
     };
@@ -571,7 +631,10 @@ fn small_logprobs_are_inline_ext3_ndarrays() {
     // the documented byte forms: 12 bytes → c7 0c 03, 8 bytes → d7 03
     let hexed = to_hex(&frames[0]);
     assert!(hexed.contains("c70c03") && hexed.contains("d703"));
-    assert_eq!(decode_outputs(&frames).unwrap(), DecodedOutputs::Outputs(step(vec![o])));
+    assert_eq!(
+        decode_outputs(&frames).unwrap(),
+        DecodedOutputs::Outputs(step(vec![o]))
+    );
 }
 
 #[test]
@@ -585,14 +648,25 @@ fn large_logprobs_go_to_aux_frames_indexed_from_one() {
         }),
         ..Default::default()
     };
-    let opts = EncodeOptions { inline_threshold: 1 };
+    let opts = EncodeOptions {
+        inline_threshold: 1,
+    };
     let frames = encode_outputs_with(line(33), &step(vec![o.clone()]), &opts).unwrap();
     assert_eq!(frames.len(), 4);
-    assert_eq!([frames[1].len(), frames[2].len(), frames[3].len()], [24, 24, 16]);
+    assert_eq!(
+        [frames[1].len(), frames[2].len(), frames[3].len()],
+        [24, 24, 16]
+    );
     let a = &output_arrays(&frames)[0];
     let lp = a[2].as_array().unwrap();
-    assert_eq!([&lp[0][2], &lp[1][2], &lp[2][2]], [&Value::from(1), &Value::from(2), &Value::from(3)]);
-    assert_eq!(decode_outputs(&frames).unwrap(), DecodedOutputs::Outputs(step(vec![o.clone()])));
+    assert_eq!(
+        [&lp[0][2], &lp[1][2], &lp[2][2]],
+        [&Value::from(1), &Value::from(2), &Value::from(3)]
+    );
+    assert_eq!(
+        decode_outputs(&frames).unwrap(),
+        DecodedOutputs::Outputs(step(vec![o.clone()]))
+    );
     // default threshold 256: a 64×20 array (5120 B) goes out of band, ranks (512 B) too
     let big = EngineCoreOutput {
         new_logprobs: Some(logprobs(64, 20)),
@@ -600,12 +674,19 @@ fn large_logprobs_go_to_aux_frames_indexed_from_one() {
     };
     let frames = encode_outputs(line(33), &step(vec![big.clone()])).unwrap();
     assert_eq!(frames.len(), 4);
-    assert_eq!(decode_outputs(&frames).unwrap(), DecodedOutputs::Outputs(step(vec![big])));
+    assert_eq!(
+        decode_outputs(&frames).unwrap(),
+        DecodedOutputs::Outputs(step(vec![big]))
+    );
     // an index past the aux frames is an error, not a panic
     let truncated = &frames[..2];
     assert!(matches!(
         decode_outputs(truncated).unwrap_err().kind,
-        DecodeErrorKind::BadFrameIndex { index: 2, aux: 1, .. }
+        DecodeErrorKind::BadFrameIndex {
+            index: 2,
+            aux: 1,
+            ..
+        }
     ));
 }
 
@@ -642,13 +723,21 @@ fn decode_outputs_detects_the_025_layout() {
         Value::Nil,
         Value::from(0),
     ]);
-    let env = arr(vec![Value::from(0), arr(vec![o25]), Value::Nil, Value::F64(1.0)]);
+    let env = arr(vec![
+        Value::from(0),
+        arr(vec![o25]),
+        Value::Nil,
+        Value::F64(1.0),
+    ]);
     let DecodedOutputs::Outputs(out) = decode_outputs(&[mp(&env)]).unwrap() else {
         panic!()
     };
     let o = &out.outputs[0];
     assert_eq!(o.prefill_stats.unwrap().num_prompt_tokens, 4);
-    assert_eq!(o.trace_headers, Some(Value::Map(vec![(s("traceparent"), s("x"))])));
+    assert_eq!(
+        o.trace_headers,
+        Some(Value::Map(vec![(s("traceparent"), s("x"))]))
+    );
     assert!(o.ec_transfer_params.is_none());
 }
 
@@ -697,7 +786,10 @@ fn a_missing_required_element_is_an_error_with_the_request_id() {
     assert_eq!(e.context.request_type, Some(RequestType::Add));
     assert_eq!(e.context.request_id.as_deref(), Some("cmpl-x"));
     let msg = e.to_string();
-    assert!(msg.contains("ADD") && msg.contains("cmpl-x") && msg.contains("data_parallel_rank"), "{msg}");
+    assert!(
+        msg.contains("ADD") && msg.contains("cmpl-x") && msg.contains("data_parallel_rank"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -707,11 +799,18 @@ fn wrong_element_types_are_errors_with_context() {
     a[5] = s("yesterday");
     a[11] = Value::from(3);
     let e = decode_input(&add_frames(arr(a))).unwrap_err();
-    assert!(matches!(&e.kind, DecodeErrorKind::WrongType { field, expected: "float", found: "str" } if field == "arrival_time"));
+    assert!(
+        matches!(&e.kind, DecodeErrorKind::WrongType { field, expected: "float", found: "str" } if field == "arrival_time")
+    );
     assert_eq!(e.context.request_id.as_deref(), Some("cmpl-y"));
     assert_eq!(e.context.client_index, Some(3));
 
-    let bad_util = arr(vec![Value::from(1), Value::from(u64::MAX), s("add_lora"), s("not args")]);
+    let bad_util = arr(vec![
+        Value::from(1),
+        Value::from(u64::MAX),
+        s("add_lora"),
+        s("not args"),
+    ]);
     let e = decode_input(&[Bytes::from_static(&[3]), mp(&bad_util)]).unwrap_err();
     assert_eq!(e.context.call_id, Some(CallId::Unsigned(u64::MAX)));
     assert_eq!(e.context.method.as_deref(), Some("add_lora"));
@@ -732,7 +831,10 @@ fn sampling_params_accept_float32_ints_and_nils() {
         (s("logprobs"), Value::from(5)),
         (s("min_tokens"), Value::from(2)),
         (s("ignore_eos"), Value::Boolean(true)),
-        (s("extra_args"), Value::Map(vec![(s("kv_transfer_params"), Value::Map(vec![]))])),
+        (
+            s("extra_args"),
+            Value::Map(vec![(s("kv_transfer_params"), Value::Map(vec![]))]),
+        ),
         (s("unknown_future_key"), arr(vec![])),
         (Value::from(5), s("non-string key")),
     ]);
@@ -756,8 +858,23 @@ fn sampling_params_accept_float32_ints_and_nils() {
 #[test]
 fn lora_requests_of_6_and_7_elements_read_name_id_path() {
     for lora in [
-        arr(vec![s("l1"), Value::from(1), s("/tmp/l1"), Value::Nil, Value::Boolean(false), Value::Boolean(false)]),
-        arr(vec![s("l1"), Value::from(1), s("/tmp/l1"), Value::Nil, Value::Nil, Value::Boolean(false), Value::Boolean(false)]),
+        arr(vec![
+            s("l1"),
+            Value::from(1),
+            s("/tmp/l1"),
+            Value::Nil,
+            Value::Boolean(false),
+            Value::Boolean(false),
+        ]),
+        arr(vec![
+            s("l1"),
+            Value::from(1),
+            s("/tmp/l1"),
+            Value::Nil,
+            Value::Nil,
+            Value::Boolean(false),
+            Value::Boolean(false),
+        ]),
     ] {
         let mut a = add_array("r");
         a[6] = lora;
@@ -777,7 +894,13 @@ fn lora_requests_of_6_and_7_elements_read_name_id_path() {
 
 #[test]
 fn prompt_embeds_resolve_inline_and_aux_frames_and_reject_shm_handles() {
-    let triple = |data: Value| arr(vec![s("bfloat16"), arr(vec![Value::from(2), Value::from(2)]), data]);
+    let triple = |data: Value| {
+        arr(vec![
+            s("bfloat16"),
+            arr(vec![Value::from(2), Value::from(2)]),
+            data,
+        ])
+    };
     let mut a = add_array("r");
     a[1] = Value::Nil;
     a.resize(10, Value::Nil);
@@ -787,7 +910,10 @@ fn prompt_embeds_resolve_inline_and_aux_frames_and_reject_shm_handles() {
         panic!()
     };
     let t = r.prompt_embeds.as_ref().unwrap();
-    assert_eq!((t.dtype.as_str(), t.shape.as_slice(), t.data.len()), ("bfloat16", &[2, 2][..], 8));
+    assert_eq!(
+        (t.dtype.as_str(), t.shape.as_slice(), t.data.len()),
+        ("bfloat16", &[2, 2][..], 8)
+    );
     assert_eq!(r.prompt_len(), 2);
 
     // index 1 = the first aux frame, which is frames[2] here (frames[0] is the type byte)
@@ -801,7 +927,14 @@ fn prompt_embeds_resolve_inline_and_aux_frames_and_reject_shm_handles() {
 
     a[9] = triple(Value::from(2));
     let e = decode_input(&add_frames(arr(a.clone()))).unwrap_err();
-    assert!(matches!(e.kind, DecodeErrorKind::BadFrameIndex { index: 2, aux: 0, .. }));
+    assert!(matches!(
+        e.kind,
+        DecodeErrorKind::BadFrameIndex {
+            index: 2,
+            aux: 0,
+            ..
+        }
+    ));
 
     a[9] = triple(Value::Map(vec![(s("handle"), Value::from(1))]));
     let e = decode_input(&add_frames(arr(a))).unwrap_err();
@@ -813,12 +946,30 @@ fn prompt_embeds_resolve_inline_and_aux_frames_and_reject_shm_handles() {
 fn framing_errors_are_reported() {
     let kind = |frames: &[Bytes]| decode_input(frames).unwrap_err().kind;
     assert_eq!(kind(&[]), DecodeErrorKind::EmptyMessage);
-    assert_eq!(kind(&[Bytes::from_static(&[0, 0])]), DecodeErrorKind::BadTypeFrame(2));
-    assert_eq!(kind(&[Bytes::from_static(&[9]), Bytes::new()]), DecodeErrorKind::UnknownRequestType(9));
-    assert_eq!(kind(&[Bytes::from_static(&[1])]), DecodeErrorKind::MissingPayload);
+    assert_eq!(
+        kind(&[Bytes::from_static(&[0, 0])]),
+        DecodeErrorKind::BadTypeFrame(2)
+    );
+    assert_eq!(
+        kind(&[Bytes::from_static(&[9]), Bytes::new()]),
+        DecodeErrorKind::UnknownRequestType(9)
+    );
+    assert_eq!(
+        kind(&[Bytes::from_static(&[1])]),
+        DecodeErrorKind::MissingPayload
+    );
     // truncated msgpack (a fixstr of 5 bytes with 1 present)
-    assert!(matches!(kind(&[Bytes::from_static(&[1]), Bytes::from_static(&[0x91, 0xa5, b'a'])]), DecodeErrorKind::NotMsgpack(_)));
-    assert!(matches!(kind(&[Bytes::from_static(&[1]), Bytes::new()]), DecodeErrorKind::NotMsgpack(_)));
+    assert!(matches!(
+        kind(&[
+            Bytes::from_static(&[1]),
+            Bytes::from_static(&[0x91, 0xa5, b'a'])
+        ]),
+        DecodeErrorKind::NotMsgpack(_)
+    ));
+    assert!(matches!(
+        kind(&[Bytes::from_static(&[1]), Bytes::new()]),
+        DecodeErrorKind::NotMsgpack(_)
+    ));
     assert_eq!(
         kind(&[Bytes::from_static(&[1]), Bytes::from_static(&[0x90, 0xc0])]),
         DecodeErrorKind::TrailingBytes(1)
@@ -858,14 +1009,21 @@ fn hostile_length_headers_fail_fast_without_allocating() {
 #[test]
 fn start_dp_wave_and_abort_decode() {
     assert_eq!(
-        decode_input(&[Bytes::from_static(&[2]), mp(&arr(vec![Value::from(4), Value::Nil]))]).unwrap(),
+        decode_input(&[
+            Bytes::from_static(&[2]),
+            mp(&arr(vec![Value::from(4), Value::Nil]))
+        ])
+        .unwrap(),
         InputMessage::StartDpWave {
             wave: 4,
             exclude_engine_index: None
         }
     );
     let ids = vec!["a".to_string(), "b".to_string()];
-    assert_eq!(decode_input(&encode_abort(&ids)).unwrap(), InputMessage::Abort(ids));
+    assert_eq!(
+        decode_input(&encode_abort(&ids)).unwrap(),
+        InputMessage::Abort(ids)
+    );
 }
 
 #[test]
@@ -892,7 +1050,10 @@ fn encode_request_sends_the_line_length_and_round_trips() {
         client_index: 1,
         priority: -2,
         external_req_id: Some("cmpl-1".into()),
-        reasoning_parser_kwargs: Some(Value::Map(vec![(s("chat_template_kwargs"), Value::Map(vec![]))])),
+        reasoning_parser_kwargs: Some(Value::Map(vec![(
+            s("chat_template_kwargs"),
+            Value::Map(vec![]),
+        )])),
         session_id: Some("s".into()),
         kv_hints: Some(Value::Map(vec![])),
         prompt_embeds: Some(Tensor {
@@ -912,8 +1073,17 @@ fn encode_request_sends_the_line_length_and_round_trips() {
         let lora_len = v[6].as_array().unwrap().len();
         assert_eq!(lora_len, if m >= 33 { 6 } else { 7 });
         let sp = v[3].as_map().unwrap();
-        assert!(matches!(sp.iter().find(|(k, _)| k.as_str() == Some("temperature")).unwrap().1, Value::F32(_)));
-        assert_eq!(sp.iter().any(|(k, _)| k.as_str() == Some("watermarking")), m >= 30);
+        assert!(matches!(
+            sp.iter()
+                .find(|(k, _)| k.as_str() == Some("temperature"))
+                .unwrap()
+                .1,
+            Value::F32(_)
+        ));
+        assert_eq!(
+            sp.iter().any(|(k, _)| k.as_str() == Some("watermarking")),
+            m >= 30
+        );
         let InputMessage::Add(back) = decode_input(&frames).unwrap() else {
             panic!()
         };

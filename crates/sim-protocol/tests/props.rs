@@ -24,7 +24,8 @@ fn value_strategy() -> impl Strategy<Value = Value> {
         any::<f32>().prop_map(Value::F32),
         "[a-z_]{0,12}".prop_map(Value::from),
         prop::collection::vec(any::<u8>(), 0..16).prop_map(Value::Binary),
-        (any::<i8>(), prop::collection::vec(any::<u8>(), 0..16)).prop_map(|(t, d)| Value::Ext(t, d)),
+        (any::<i8>(), prop::collection::vec(any::<u8>(), 0..16))
+            .prop_map(|(t, d)| Value::Ext(t, d)),
     ];
     leaf.prop_recursive(4, 64, 8, |inner| {
         prop_oneof![
@@ -124,28 +125,39 @@ proptest! {
 
 fn opaque() -> impl Strategy<Value = Option<Value>> {
     prop::option::of(
-        prop::collection::vec(("[a-z]{1,6}", any::<i64>()), 0..3)
-            .prop_map(|kv| Value::Map(kv.into_iter().map(|(k, v)| (Value::from(k), Value::from(v))).collect())),
+        prop::collection::vec(("[a-z]{1,6}", any::<i64>()), 0..3).prop_map(|kv| {
+            Value::Map(
+                kv.into_iter()
+                    .map(|(k, v)| (Value::from(k), Value::from(v)))
+                    .collect(),
+            )
+        }),
     )
 }
 
 fn logprobs_strategy() -> impl Strategy<Value = Option<LogprobsLists>> {
-    prop::option::of((1usize..5, 1usize..4, any::<bool>()).prop_flat_map(|(rows, cols, cu)| {
-        (
-            prop::collection::vec(any::<i32>(), rows * cols),
-            prop::collection::vec(-100.0f32..0.0, rows * cols),
-            prop::collection::vec(any::<i64>(), rows),
-            if cu { prop::option::of(prop::collection::vec(any::<i64>(), 0..4)).boxed() } else { Just(None).boxed() },
-        )
-            .prop_map(move |(token_ids, logprobs, ranks, cu)| LogprobsLists {
-                token_ids,
-                logprobs,
-                ranks,
-                rows,
-                cols,
-                cu_num_generated_tokens: cu,
-            })
-    }))
+    prop::option::of(
+        (1usize..5, 1usize..4, any::<bool>()).prop_flat_map(|(rows, cols, cu)| {
+            (
+                prop::collection::vec(any::<i32>(), rows * cols),
+                prop::collection::vec(-100.0f32..0.0, rows * cols),
+                prop::collection::vec(any::<i64>(), rows),
+                if cu {
+                    prop::option::of(prop::collection::vec(any::<i64>(), 0..4)).boxed()
+                } else {
+                    Just(None).boxed()
+                },
+            )
+                .prop_map(move |(token_ids, logprobs, ranks, cu)| LogprobsLists {
+                    token_ids,
+                    logprobs,
+                    ranks,
+                    rows,
+                    cols,
+                    cu_num_generated_tokens: cu,
+                })
+        }),
+    )
 }
 
 prop_compose! {
@@ -194,12 +206,22 @@ prop_compose! {
 /// What a line can carry of an output.
 fn as_line_sees_it(line: VllmLine, mut o: EngineCoreOutput) -> EngineCoreOutput {
     let has = |f| line.output_layout().contains(&f);
-    if !has(OutputField::EcTransferParams) { o.ec_transfer_params = None; }
-    if !has(OutputField::MmCacheMissHashes) { o.mm_cache_miss_hashes = None; }
-    if !has(OutputField::SpecDecodeMetrics) { o.spec_decode_metrics = None; }
-    if !has(OutputField::Error) { o.error = None; }
+    if !has(OutputField::EcTransferParams) {
+        o.ec_transfer_params = None;
+    }
+    if !has(OutputField::MmCacheMissHashes) {
+        o.mm_cache_miss_hashes = None;
+    }
+    if !has(OutputField::SpecDecodeMetrics) {
+        o.spec_decode_metrics = None;
+    }
+    if !has(OutputField::Error) {
+        o.error = None;
+    }
     if !line.prefill_stats_has_cache_creation() {
-        if let Some(p) = o.prefill_stats.as_mut() { p.num_cache_creation_tokens = 0; }
+        if let Some(p) = o.prefill_stats.as_mut() {
+            p.num_cache_creation_tokens = 0;
+        }
     }
     o
 }

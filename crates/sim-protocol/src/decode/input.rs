@@ -6,8 +6,7 @@ use rmpv::Value;
 use super::value::{self as v, R};
 use super::{DecodeError, DecodeErrorKind, ErrorContext};
 use crate::types::{
-    CallId, EngineCoreRequest, InputMessage, LoRARequest, RequestType, SamplingParams,
-    UtilityCall,
+    CallId, EngineCoreRequest, InputMessage, LoRARequest, RequestType, SamplingParams, UtilityCall,
 };
 
 /// Field names of `EngineCoreRequest` by position (0.33, the longest layout).
@@ -66,7 +65,9 @@ pub fn decode_input(frames: &[Bytes]) -> Result<InputMessage, DecodeError> {
     };
     let aux = &frames[2..];
     let result = match rt {
-        RequestType::Add => decode_add(payload, aux, &mut ctx).map(|r| InputMessage::Add(Box::new(r))),
+        RequestType::Add => {
+            decode_add(payload, aux, &mut ctx).map(|r| InputMessage::Add(Box::new(r)))
+        }
         RequestType::Abort => decode_abort(payload).map(InputMessage::Abort),
         RequestType::Utility => decode_utility(payload, &mut ctx).map(InputMessage::Utility),
         RequestType::StartDpWave => decode_start_wave(payload),
@@ -135,7 +136,11 @@ fn decode_add(payload: &[u8], aux: &[Bytes], ctx: &mut ErrorContext) -> R<Engine
         None
     } else {
         let a = v::array(&mask, f(10))?;
-        Some(a.iter().map(|x| v::bool_(x, f(10))).collect::<R<Vec<_>>>()?)
+        Some(
+            a.iter()
+                .map(|x| v::bool_(x, f(10)))
+                .collect::<R<Vec<_>>>()?,
+        )
     };
     let client_index = or_default(take(11), |x| v::u32_(&x, f(11)))?;
     let current_wave = or_default(take(12), |x| v::i64_(&x, f(12)))?;
@@ -179,7 +184,11 @@ fn decode_add(payload: &[u8], aux: &[Bytes], ctx: &mut ErrorContext) -> R<Engine
 /// A defaulted non-optional element: absent (padded with nil) or nil → default. msgspec
 /// would reject an explicit nil here; accepting it is harmless and keeps a sloppy client up.
 fn or_default<T: Default>(x: Value, f: impl FnOnce(Value) -> R<T>) -> R<T> {
-    if v::is_nil(&x) { Ok(T::default()) } else { f(x) }
+    if v::is_nil(&x) {
+        Ok(T::default())
+    } else {
+        f(x)
+    }
 }
 
 /// `SamplingParams`: a map with defaults omitted; unknown keys ignored.

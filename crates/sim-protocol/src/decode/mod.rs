@@ -44,7 +44,9 @@ pub enum DecodeErrorKind {
     EmptyMessage,
     #[error("the request-type frame has {0} bytes (expected exactly 1)")]
     BadTypeFrame(usize),
-    #[error("unknown request type byte 0x{0:02x} (expected 00 ADD, 01 ABORT, 02 START_DP_WAVE or 03 UTILITY)")]
+    #[error(
+        "unknown request type byte 0x{0:02x} (expected 00 ADD, 01 ABORT, 02 START_DP_WAVE or 03 UTILITY)"
+    )]
     UnknownRequestType(u8),
     #[error("the message has no payload frame after the request-type frame")]
     MissingPayload,

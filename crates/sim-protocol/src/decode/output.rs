@@ -204,7 +204,10 @@ fn event(x: &Value, field: &str) -> R<EngineCoreEvent> {
             let missing = |k: &str| DecodeErrorKind::MissingKey {
                 field: format!("{field}.{k}"),
             };
-            (t.ok_or_else(|| missing("type"))?, ts.ok_or_else(|| missing("timestamp"))?)
+            (
+                t.ok_or_else(|| missing("type"))?,
+                ts.ok_or_else(|| missing("timestamp"))?,
+            )
         }
         Value::Array(a) if a.len() >= 2 => (&a[0], &a[1]),
         other => {
@@ -313,10 +316,12 @@ fn logprobs(x: &Value, aux: &[Bytes], field: &str) -> R<LogprobsLists> {
             });
         }
     };
-    let n = rows.checked_mul(cols).ok_or_else(|| DecodeErrorKind::InvalidValue {
-        field: format!("{field}.logprob_token_ids.shape"),
-        reason: "shape overflows".into(),
-    })?;
+    let n = rows
+        .checked_mul(cols)
+        .ok_or_else(|| DecodeErrorKind::InvalidValue {
+            field: format!("{field}.logprob_token_ids.shape"),
+            reason: "shape overflows".into(),
+        })?;
     let token_ids: Vec<i32> = match ids.dtype.as_str() {
         "<i4" | "int32" => le_chunks::<4>(&ids.data, n, field)?
             .map(i32::from_le_bytes)

@@ -101,7 +101,11 @@ pub(crate) fn string(v: &Value, field: &str) -> R<String> {
 }
 
 pub(crate) fn opt_string(v: &Value, field: &str) -> R<Option<String>> {
-    if is_nil(v) { Ok(None) } else { string(v, field).map(Some) }
+    if is_nil(v) {
+        Ok(None)
+    } else {
+        string(v, field).map(Some)
+    }
 }
 
 pub(crate) fn u64_(v: &Value, field: &str) -> R<u64> {
@@ -128,11 +132,19 @@ pub(crate) fn u32_(v: &Value, field: &str) -> R<u32> {
 }
 
 pub(crate) fn opt_i64(v: &Value, field: &str) -> R<Option<i64>> {
-    if is_nil(v) { Ok(None) } else { i64_(v, field).map(Some) }
+    if is_nil(v) {
+        Ok(None)
+    } else {
+        i64_(v, field).map(Some)
+    }
 }
 
 pub(crate) fn opt_u32(v: &Value, field: &str) -> R<Option<u32>> {
-    if is_nil(v) { Ok(None) } else { u32_(v, field).map(Some) }
+    if is_nil(v) {
+        Ok(None)
+    } else {
+        u32_(v, field).map(Some)
+    }
 }
 
 /// A float as msgspec accepts it: float64, float32 or an integer.
@@ -146,7 +158,11 @@ pub(crate) fn f64_(v: &Value, field: &str) -> R<f64> {
 }
 
 pub(crate) fn opt_f64(v: &Value, field: &str) -> R<Option<f64>> {
-    if is_nil(v) { Ok(None) } else { f64_(v, field).map(Some) }
+    if is_nil(v) {
+        Ok(None)
+    } else {
+        f64_(v, field).map(Some)
+    }
 }
 
 pub(crate) fn bool_(v: &Value, field: &str) -> R<bool> {
@@ -157,7 +173,11 @@ pub(crate) fn bool_(v: &Value, field: &str) -> R<bool> {
 }
 
 pub(crate) fn opt_bool(v: &Value, field: &str) -> R<Option<bool>> {
-    if is_nil(v) { Ok(None) } else { bool_(v, field).map(Some) }
+    if is_nil(v) {
+        Ok(None)
+    } else {
+        bool_(v, field).map(Some)
+    }
 }
 
 pub(crate) fn array<'a>(v: &'a Value, field: &str) -> R<&'a [Value]> {
@@ -260,7 +280,13 @@ pub(crate) fn tensor(v: &Value, aux: &[Bytes], field: &str) -> R<Tensor> {
                 field: field.to_string(),
             });
         }
-        other => return Err(wrong(&format!("{field}.data"), "ext 3 or a frame index", other)),
+        other => {
+            return Err(wrong(
+                &format!("{field}.data"),
+                "ext 3 or a frame index",
+                other,
+            ));
+        }
     };
     Ok(Tensor { dtype, shape, data })
 }

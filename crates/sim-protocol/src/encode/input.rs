@@ -6,8 +6,7 @@ use super::output::write_call_id;
 use super::{EncodeOptions, Writer};
 use crate::line::VllmLine;
 use crate::types::{
-    EngineCoreRequest, InputMessage, LoRARequest, RequestType, SamplingParams, Tensor,
-    UtilityCall,
+    EngineCoreRequest, InputMessage, LoRARequest, RequestType, SamplingParams, Tensor, UtilityCall,
 };
 
 fn type_frame(t: RequestType) -> Bytes {
@@ -45,7 +44,11 @@ pub fn encode_request(line: VllmLine, req: &EngineCoreRequest) -> Vec<Bytes> {
     encode_request_with(line, req, &EncodeOptions::default())
 }
 
-pub fn encode_request_with(line: VllmLine, req: &EngineCoreRequest, opts: &EncodeOptions) -> Vec<Bytes> {
+pub fn encode_request_with(
+    line: VllmLine,
+    req: &EngineCoreRequest,
+    opts: &EncodeOptions,
+) -> Vec<Bytes> {
     let mut w = Writer::new(256 + 5 * req.prompt_len(), opts.inline_threshold);
     let len = line.request_len();
     w.array(len);
@@ -214,7 +217,10 @@ fn write_sampling_params(w: &mut Writer, line: VllmLine, sp: &SamplingParams) {
 
 /// `[0x01, ["id", …]]`.
 pub fn encode_abort(ids: &[String]) -> Vec<Bytes> {
-    let mut w = Writer::new(8 + ids.iter().map(|s| s.len() + 2).sum::<usize>(), usize::MAX);
+    let mut w = Writer::new(
+        8 + ids.iter().map(|s| s.len() + 2).sum::<usize>(),
+        usize::MAX,
+    );
     w.array(ids.len());
     for id in ids {
         w.str(id);

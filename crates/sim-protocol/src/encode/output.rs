@@ -58,7 +58,11 @@ impl OutputEncoder {
                 .iter()
                 .map(|o| 16 + o.request_id.len() + 5 * o.new_token_ids.len())
                 .sum::<usize>()
-            + if out.scheduler_stats.is_some() { 700 } else { 0 };
+            + if out.scheduler_stats.is_some() {
+                700
+            } else {
+                0
+            };
         let mut w = Writer::new(
             estimate.max(self.size_hint.min(1 << 20)),
             self.opts.inline_threshold,
@@ -72,7 +76,11 @@ impl OutputEncoder {
     }
 }
 
-fn write_envelope(w: &mut Writer, line: VllmLine, out: &EngineCoreOutputs) -> Result<(), EncodeError> {
+fn write_envelope(
+    w: &mut Writer,
+    line: VllmLine,
+    out: &EngineCoreOutputs,
+) -> Result<(), EncodeError> {
     let has_weight_version = line.outputs_len() >= 9;
     if out.weight_version.is_some() && !has_weight_version {
         tracing::debug!(%line, "dropping weight_version: the line has no such field");
@@ -347,7 +355,11 @@ fn write_logprobs(w: &mut Writer, lp: &LogprobsLists, request_id: &str) -> Resul
         )));
     }
     if lp.ranks.len() != lp.rows {
-        return Err(bad(format!("{} ranks for {} rows", lp.ranks.len(), lp.rows)));
+        return Err(bad(format!(
+            "{} ranks for {} rows",
+            lp.ranks.len(),
+            lp.rows
+        )));
     }
     let shape2 = [lp.rows as u64, lp.cols as u64];
     w.array(4);
