@@ -1,1 +1,168 @@
-fn main() {}
+//! `cargo xtask <command>`: fetch the real vLLM frontends, run the e2e matrix, run CI.
+//!
+//! ```text
+//! cargo xtask fetch [--line L]... [--python] [--python-only]
+//! cargo xtask e2e   [--line L]... [--python] [--python-only] [--engine-bin PATH] [--keep-logs DIR]
+//! cargo xtask ci
+//! cargo xtask model-dir DIR
+//! ```
+
+mod checks;
+mod ci;
+mod compat;
+mod e2e;
+mod fetch;
+mod http;
+mod proc;
+
+// The generator lives in the root crate; compiling the file in directly (rather than
+// depending on the root crate) keeps the xtask buildable while the engine is mid-change.
+#[allow(dead_code)]
+#[path = "../../src/tiny_model.rs"]
+mod tiny_model;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  fetch      download what the e2e needs into the cache ($VLLM_VCR_CACHE, default
+             ~/.cache/vllm-vcr): vllm-rs of every compat.toml line (or of each --line),
+             and with --python the Python frontend venv
+               --line L        only this line (0.27 or 0.27.1); repeatable
+               --python        also the Python frontend (vllm serve)
+               --python-only   only the Python frontend
+  e2e        run the end-to-end matrix: real frontends + `vllm-vcr play` over HTTP
+               --line L        only this line; repeatable (default: every line)
+               --python        also the Python frontend legs
+               --python-only   only the Python frontend legs
+               --engine-bin P  use this engine binary instead of building target/debug/vllm-vcr
+               --keep-logs DIR write logs and the model directory to DIR and keep them
+  ci         fmt --check, clippy -D warnings, test, build, fetch (all + python),
+             e2e (all + python); stops at the first failing stage
+  model-dir  write the tiny model directory to DIR
+";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+#[derive(Default)]
+struct Args {
+    lines: Vec<String>,
+    python: bool,
+    python_only: bool,
+    engine_bin: Option<PathBuf>,
+    keep_logs: Option<PathBuf>,
+    positional: Vec<String>,
+}
+
+fn parse(cmd: &str, args: &[String]) -> Result<Args> {
+    let mut a = Args::default();
+    let mut it = args.iter();
+    let allowed: &[&str] = match cmd {
+        "fetch" => &["--line", "--python", "--python-only"],
+        "e2e" => &["--line", "--python", "--python-only", "--engine-bin", "--keep-logs"],
+        _ => &[],
+    };
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        if flag.starts_with("--") && !allowed.contains(&flag) {
+            bail!("`{cmd}` does not take {flag}\n\n{USAGE}");
+        }
+        let mut value = |name: &str| -> Result<String> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => it.next().cloned().with_context(|| format!("{name} needs a value")),
+            }
+        };
+        match flag {
+            "--line" => a.lines.push(value("--line")?),
+            "--python" => a.python = true,
+            "--python-only" => a.python_only = true,
+            "--engine-bin" => a.engine_bin = Some(value("--engine-bin")?.into()),
+            "--keep-logs" => a.keep_logs = Some(value("--keep-logs")?.into()),
+            _ => a.positional.push(arg.clone()),
+        }
+    }
+    Ok(a)
+}
+
+/// `fetch`: vllm-rs of the selected lines (unless python_only), and the Python frontend.
+pub fn fetch_cmd(root: &Path, lines: &[String], python: bool, python_only: bool) -> Result<()> {
+    let compat = compat::Compat::load(root)?;
+    let cache = fetch::cache_root()?;
+    eprintln!("fetch: cache {}", cache.display());
+    if !python_only {
+        for line in compat.select(lines)? {
+            fetch::fetch_vllm_rs(&cache, &line)?;
+        }
+    }
+    if python || python_only {
+        fetch::fetch_python(&cache, &compat.python_frontend)?;
+    }
+    Ok(())
+}
+
+fn real_main() -> Result<bool> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = argv.first().cloned() else {
+        eprint!("{USAGE}");
+        bail!("no command given");
+    };
+    let args = parse(&cmd, &argv[1..])?;
+    let root = root();
+    proc::install_signal_handlers();
+    match cmd.as_str() {
+        "fetch" => {
+            fetch_cmd(&root, &args.lines, args.python, args.python_only)?;
+            Ok(true)
+        }
+        "e2e" => {
+            let opts = e2e::Options {
+                lines: args.lines,
+                python: args.python,
+                python_only: args.python_only,
+                engine_bin: args.engine_bin,
+                keep_logs: args.keep_logs,
+            };
+            e2e::run(&root, &opts)
+        }
+        "ci" => {
+            ci::run(&root)?;
+            Ok(true)
+        }
+        "model-dir" => {
+            let dir = args.positional.first().context("model-dir needs a directory")?;
+            tiny_model::write_to(Path::new(dir)).with_context(|| format!("writing {dir}"))?;
+            eprintln!("wrote the tiny model to {dir}");
+            Ok(true)
+        }
+        "help" | "-h" | "--help" => {
+            print!("{USAGE}");
+            Ok(true)
+        }
+        other => bail!("unknown command {other:?}\n\n{USAGE}"),
+    }
+}
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -194,46 +194,65 @@ fn retryable(e: &ZmqError) -> bool {
     }
 }
 
-/// One connect attempt never runs longer than this; zeromq's own backoff inside an attempt
-/// starts at 50 ms, so a freshly bound peer is found within a few hundred milliseconds.
-const ATTEMPT: Duration = Duration::from_secs(1);
+/// Poll interval while the peer's port is not open yet.
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Connect `sock` to `address`, retrying until `total` has elapsed.
+/// Whether something listens at a `tcp://` or `ipc://` address (a plain connect, closed at
+/// once; ZMQ peers ignore a connection that closes before its greeting).
+async fn probe(address: &str) -> std::io::Result<()> {
+    if let Some(rest) = address.strip_prefix("tcp://") {
+        let (host, port) = rest
+            .rsplit_once(':')
+            .ok_or_else(|| std::io::Error::other("no port in the address"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port: u16 = port
+            .parse()
+            .map_err(|_| std::io::Error::other("bad port in the address"))?;
+        tokio::net::TcpStream::connect((host, port)).await.map(drop)
+    } else if let Some(path) = address.strip_prefix("ipc://") {
+        tokio::net::UnixStream::connect(path).await.map(drop)
+    } else {
+        Err(std::io::Error::other("unsupported transport"))
+    }
+}
+
+/// Connect `sock` to `address`, waiting up to `total` for the peer to appear.
+///
+/// The wait is a cheap TCP/IPC probe loop; only once the port is open does the ZMQ connect
+/// run (bounded by the overall deadline only). Cancelling a ZMQ connect mid-handshake could
+/// leave a libzmq ROUTER holding a half-registered identity that makes it ignore our retry,
+/// so connects are never cut short by a per-attempt timer.
 async fn connect_retrying<S: Socket>(
     sock: &mut S,
     address: &str,
     total: Duration,
     what: &str,
+    is_handshake: bool,
 ) -> Result<(), TransportError> {
     let start = Instant::now();
     let deadline = start + total;
     let mut last_error: Option<String> = None;
     let mut last_report = start;
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(TransportError::HandshakeTimeout {
+    let timed_out = |last_error: Option<String>| {
+        if is_handshake {
+            TransportError::HandshakeTimeout {
                 address: address.to_string(),
                 waited: total,
                 last_error,
-            });
-        }
-        let attempt = ATTEMPT.min(deadline - now);
-        match timeout(attempt, sock.connect(address)).await {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(ZmqError::Endpoint(e))) => {
-                return Err(TransportError::BadAddress {
-                    address: address.to_string(),
-                    reason: e.to_string(),
-                });
             }
-            Ok(Err(e)) if retryable(&e) => {
-                last_error = Some(e.to_string());
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        } else {
+            TransportError::Timeout {
+                what: format!(
+                    "the {what} at {address}{}",
+                    last_error
+                        .map(|e| format!(" (last error: {e})"))
+                        .unwrap_or_default()
+                ),
+                after: total,
             }
-            Ok(Err(e)) => return Err(zmq_err(format!("connecting the {what} to {address}"))(e)),
-            Err(_) => {}
         }
+    };
+    loop {
         if last_report.elapsed() >= Duration::from_secs(10) {
             last_report = Instant::now();
             tracing::debug!(
@@ -242,6 +261,38 @@ async fn connect_retrying<S: Socket>(
                 last_error = last_error.as_deref().unwrap_or("none"),
                 "still waiting for the {what}"
             );
+        }
+        match timeout_at(deadline, probe(address)).await {
+            Err(_) => return Err(timed_out(last_error)),
+            Ok(Err(e)) => {
+                last_error = Some(e.to_string());
+                if timeout_at(deadline, tokio::time::sleep(PROBE_INTERVAL))
+                    .await
+                    .is_err()
+                {
+                    return Err(timed_out(last_error));
+                }
+                continue;
+            }
+            Ok(Ok(())) => {}
+        }
+        match timeout_at(deadline, sock.connect(address)).await {
+            Err(_) => return Err(timed_out(last_error)),
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(ZmqError::Endpoint(e))) => {
+                return Err(TransportError::BadAddress {
+                    address: address.to_string(),
+                    reason: e.to_string(),
+                });
+            }
+            Ok(Err(e)) if retryable(&e) => {
+                // The peer went away between the probe and the connect, or is not ZMQ yet.
+                last_error = Some(e.to_string());
+                tokio::time::sleep(PROBE_INTERVAL).await;
+            }
+            Ok(Err(e)) => {
+                return Err(zmq_err(format!("connecting the {what} to {address}"))(e));
+            }
         }
     }
 }
@@ -295,6 +346,7 @@ pub async fn connect_to_frontend(
         &address,
         opts.handshake_timeout,
         "frontend's handshake socket",
+        true,
     )
     .await?;
     tracing::debug!(rank, %address, "connected to the handshake socket; sending HELLO");
@@ -330,6 +382,7 @@ pub async fn connect_to_frontend(
             &input,
             opts.connect_timeout,
             "frontend's input socket",
+            false,
         )
         .await?;
         // The one ready response is what registers this DEALER with the frontend's ROUTER.
@@ -343,6 +396,7 @@ pub async fn connect_to_frontend(
             &output,
             opts.connect_timeout,
             "frontend's output socket",
+            false,
         )
         .await?;
         outputs.push(push);
@@ -383,6 +437,7 @@ async fn connect_coordinator(
         &input,
         opts.connect_timeout,
         "DP coordinator's input socket",
+        false,
     )
     .await?;
     send_frames(&mut xsub, vec![Bytes::from_static(b"\x01")]).await?;
@@ -405,6 +460,7 @@ async fn connect_coordinator(
         &output,
         opts.connect_timeout,
         "DP coordinator's output socket",
+        false,
     )
     .await?;
     Ok(CoordinatorSockets {

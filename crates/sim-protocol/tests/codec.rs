@@ -1098,3 +1098,56 @@ fn encode_request_sends_the_line_length_and_round_trips() {
         assert_eq!(*back, expect, "0.{m}");
     }
 }
+
+/// Not a timed test: `cargo test --release -p sim-protocol --test codec -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn encode_speed_of_a_256_output_step() {
+    let env = EngineCoreOutputs {
+        outputs: (0..256)
+            .map(|i| EngineCoreOutput {
+                request_id: format!("cmpl-{i:016x}-0-abcdef12"),
+                new_token_ids: vec![1000 + i],
+                ..Default::default()
+            })
+            .collect(),
+        scheduler_stats: Some(Box::default()),
+        timestamp: 1234.5,
+        ..Default::default()
+    };
+    let mut enc = sim_protocol::encode::OutputEncoder::new(line(33), EncodeOptions::default());
+    let n = 20_000;
+    let t = std::time::Instant::now();
+    let mut bytes = 0;
+    for _ in 0..n {
+        bytes += enc.encode(&env).unwrap()[0].len();
+    }
+    let per = t.elapsed() / n;
+    eprintln!(
+        "encode: {per:?} per 256-output step ({} bytes)",
+        bytes / n as usize
+    );
+    let frames = enc.encode(&env).unwrap();
+    let t = std::time::Instant::now();
+    for _ in 0..2000 {
+        decode_outputs(&frames).unwrap();
+    }
+    eprintln!("decode_outputs: {:?} per step", t.elapsed() / 2000);
+    let add = encode_request(
+        line(33),
+        &EngineCoreRequest {
+            request_id: "cmpl-1".into(),
+            prompt_token_ids: Some((0..1000).collect()),
+            sampling_params: Some(SamplingParams::default()),
+            ..Default::default()
+        },
+    );
+    let t = std::time::Instant::now();
+    for _ in 0..20_000 {
+        decode_input(&add).unwrap();
+    }
+    eprintln!(
+        "decode_input: {:?} per 1000-token ADD",
+        t.elapsed() / 20_000
+    );
+}

@@ -218,10 +218,11 @@ fn as_line_sees_it(line: VllmLine, mut o: EngineCoreOutput) -> EngineCoreOutput 
     if !has(OutputField::Error) {
         o.error = None;
     }
-    if !line.prefill_stats_has_cache_creation() {
-        if let Some(p) = o.prefill_stats.as_mut() {
-            p.num_cache_creation_tokens = 0;
-        }
+    if let (false, Some(p)) = (
+        line.prefill_stats_has_cache_creation(),
+        o.prefill_stats.as_mut(),
+    ) {
+        p.num_cache_creation_tokens = 0;
     }
     o
 }

@@ -89,23 +89,25 @@ pub enum DecodeErrorKind {
     OutOfBandTensor { field: String },
 }
 
-/// A message that could not be decoded, with what could be read of it.
+/// A message that could not be decoded, with what could be read of it. (The context is
+/// boxed to keep `Result<_, DecodeError>` small; field access auto-derefs.)
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecodeError {
     pub kind: DecodeErrorKind,
-    pub context: ErrorContext,
+    pub context: Box<ErrorContext>,
 }
 
 impl DecodeError {
-    pub(crate) fn new(kind: DecodeErrorKind, context: ErrorContext) -> Self {
-        Self { kind, context }
-    }
-
-    pub(crate) fn bare(kind: DecodeErrorKind) -> Self {
+    pub fn new(kind: DecodeErrorKind, context: ErrorContext) -> Self {
         Self {
             kind,
-            context: ErrorContext::default(),
+            context: Box::new(context),
         }
+    }
+
+    /// An error with no context.
+    pub fn bare(kind: DecodeErrorKind) -> Self {
+        Self::new(kind, ErrorContext::default())
     }
 }
 

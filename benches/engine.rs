@@ -1,0 +1,392 @@
+//! Engine benchmarks (`cargo bench --bench engine`): not timed tests, a report.
+//!
+//! 1. Throughput: a Rust client acting as the frontend drives `vllm-vcr play` (a separate
+//!    process, instant latency) over ZMQ at several concurrencies and reports output
+//!    tokens/s and the engine's CPU seconds per million tokens.
+//! 2. Pacing: fixed 10 ms inter-token latency, many concurrent streams; the engine reports
+//!    its step emission lateness against the scheduled deadlines.
+//! 3. Through a real frontend: `vllm-rs` + `play`, loaded by `vllm-rs bench serve`; reports
+//!    frontend-limited throughput and the engine's share of CPU.
+//!
+//! Environment: `BENCH_QUICK=1` shrinks every run (smoke mode); `BENCH_SKIP_FRONTEND=1`
+//! skips part 3.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sim_protocol::decode::{DecodedOutputs, decode_outputs_for};
+use sim_protocol::encode::encode_request;
+use sim_protocol::transport::{FrontendListener, recv_frames, send_frames};
+use sim_protocol::{EngineCoreRequest, SamplingParams, VllmLine};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vllm-vcr");
+
+fn quick() -> bool {
+    std::env::var_os("BENCH_QUICK").is_some()
+}
+
+/// utime + stime of a process, seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    // fields after the parenthesised command name
+    let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) / hz
+}
+
+struct Engine {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Engine {
+    fn start(handshake: &str, extra: &[&str], log: &Path) -> Engine {
+        let f = std::fs::File::create(log).unwrap();
+        let child = Command::new(BIN)
+            .arg("play")
+            .args(["--handshake-address", handshake])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .expect("start vllm-vcr play");
+        Engine {
+            child,
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn stop(mut self) -> String {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn request(id: String, prompt_len: usize, max_tokens: u32) -> EngineCoreRequest {
+    EngineCoreRequest {
+        request_id: id,
+        prompt_token_ids: Some((0..prompt_len as u32).map(|i| 3 + i % 200).collect()),
+        sampling_params: Some(SamplingParams {
+            max_tokens: Some(max_tokens),
+            eos_token_id: None, // ignore_eos: every request runs to max_tokens
+            output_kind: 1,
+            ..Default::default()
+        }),
+        arrival_time: 0.0,
+        ..Default::default()
+    }
+}
+
+struct DirectResult {
+    concurrency: usize,
+    tokens: u64,
+    wall: f64,
+    engine_cpu: f64,
+}
+
+/// Closed loop: keep `concurrency` requests in flight until `total` were served.
+async fn direct_run(concurrency: usize, total: usize, max_tokens: u32, extra: &[&str], log: &Path) -> (DirectResult, String) {
+    let line = VllmLine::new(0, 33);
+    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let seqs = concurrency.to_string();
+    let mut args = vec!["--max-num-seqs", &seqs, "--max-model-len", "1000000"];
+    args.extend_from_slice(extra);
+    let engine = Engine::start(fl.handshake_address(), &args, log);
+    let engines = fl.accept_engines(1, Duration::from_secs(30)).await.unwrap();
+    let identity = engines[0].identity.clone();
+    let mut socks = fl.into_sockets();
+    let mut input = socks.inputs.remove(0);
+    let mut output = socks.outputs.remove(0);
+    let pid = engine.child.id();
+
+    let cpu0 = cpu_seconds(pid);
+    let start = Instant::now();
+    let mut sent = 0usize;
+    let mut in_flight: HashSet<String> = HashSet::new();
+    let mut tokens = 0u64;
+    let mut done = 0usize;
+    let send = |i: usize| {
+        let mut frames = vec![identity.clone()];
+        frames.extend(encode_request(line, &request(format!("b{i}"), 32, max_tokens)));
+        frames
+    };
+    while sent < concurrency.min(total) {
+        send_frames(&mut input, send(sent)).await.unwrap();
+        in_flight.insert(format!("b{sent}"));
+        sent += 1;
+    }
+    while done < total {
+        let frames: Vec<Bytes> = recv_frames(&mut output).await.unwrap();
+        let Ok(DecodedOutputs::Outputs(env)) = decode_outputs_for(line, &frames) else {
+            panic!("bad output");
+        };
+        let mut refill = 0;
+        for o in &env.outputs {
+            tokens += o.new_token_ids.len() as u64;
+            if o.finish_reason.is_some() && in_flight.remove(&o.request_id) {
+                done += 1;
+                refill += 1;
+            }
+        }
+        for _ in 0..refill {
+            if sent < total {
+                send_frames(&mut input, send(sent)).await.unwrap();
+                in_flight.insert(format!("b{sent}"));
+                sent += 1;
+            }
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let engine_cpu = cpu_seconds(pid) - cpu0;
+    drop(input);
+    drop(output);
+    let log = engine.stop();
+    (
+        DirectResult {
+            concurrency,
+            tokens,
+            wall,
+            engine_cpu,
+        },
+        log,
+    )
+}
+
+fn log_field(log: &str, key: &str) -> Option<f64> {
+    let line = log.lines().rev().find(|l| l.contains("pacing:"))?;
+    let plain: String = strip_ansi(line);
+    let at = plain.find(&format!("{key}="))? + key.len() + 1;
+    let rest = plain[at..].trim_start_matches('"');
+    let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut esc = false;
+    for c in s.chars() {
+        if esc {
+            if c.is_ascii_alphabetic() {
+                esc = false;
+            }
+        } else if c == '\u{1b}' {
+            esc = true;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_health(port: u16, timeout: Duration) -> bool {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let _ = s.write_all(b"GET /health HTTP/1.0\r\nHost: x\r\n\r\n");
+            let mut buf = [0u8; 32];
+            if let Ok(n) = s.read(&mut buf) {
+                if String::from_utf8_lossy(&buf[..n]).contains(" 200") {
+                    return true;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+struct FrontendResult {
+    output_tok_s: f64,
+    engine_cpu: f64,
+    frontend_cpu: f64,
+    wall: f64,
+    concurrency: usize,
+}
+
+fn vllm_rs_path() -> Option<PathBuf> {
+    let home = std::env::var_os("VLLM_VCR_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/vllm-vcr")))?;
+    let p = home.join("vllm-rs/0.33.0/vllm-rs");
+    p.exists().then_some(p)
+}
+
+fn frontend_run(dir: &Path, concurrency: usize, prompts: usize) -> Option<FrontendResult> {
+    let rs = vllm_rs_path()?;
+    std::fs::create_dir_all(dir).ok()?;
+    let model = dir.join("model");
+    vllm_vcr::tiny_model::write_to(&model).unwrap();
+    let (hp, port) = (free_port(), free_port());
+    let mut front = Command::new(&rs)
+        .args(["serve", model.to_str().unwrap(), "--data-parallel-size-local", "0"])
+        .args(["--handshake-host", "127.0.0.1", "--handshake-port", &hp.to_string()])
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--served-model-name", "tiny", "--reasoning-parser", "none", "--disable-log-stats"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("frontend.log")).unwrap())
+        .spawn()
+        .ok()?;
+    let engine = Engine::start(
+        &format!("tcp://127.0.0.1:{hp}"),
+        &["--max-num-seqs", "1024"],
+        &dir.join("engine-frontend.log"),
+    );
+    if !wait_health(port, Duration::from_secs(30)) {
+        let _ = front.kill();
+        engine.stop();
+        return None;
+    }
+    let (fcpu0, ecpu0) = (cpu_seconds(front.id()), cpu_seconds(engine.child.id()));
+    let start = Instant::now();
+    let out = Command::new(&rs)
+        .args(["bench", "serve", "--port", &port.to_string(), "--model", "tiny"])
+        .args(["--tokenizer", model.to_str().unwrap(), "--dataset-name", "random"])
+        .args(["--random-input-len", "64", "--random-output-len", "256"])
+        .args(["--num-prompts", &prompts.to_string()])
+        .args(["--max-concurrency", &concurrency.to_string()])
+        .args(["--prompt-token-ids", "--disable-tqdm", "--ignore-eos"])
+        .args(["--save-result", "--result-dir", dir.to_str().unwrap()])
+        .output()
+        .ok()?;
+    let wall = start.elapsed().as_secs_f64();
+    let (fcpu, ecpu) = (
+        cpu_seconds(front.id()) - fcpu0,
+        cpu_seconds(engine.child.id()) - ecpu0,
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(front.id() as i32, libc::SIGTERM) };
+    let _ = front.wait();
+    engine.stop();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    std::fs::write(dir.join("bench-serve.txt"), &text).ok();
+    if !out.status.success() {
+        eprintln!("vllm-rs bench serve failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        return None;
+    }
+    let output_tok_s = result_json_value(dir, "output_throughput").or_else(|| {
+        text.lines()
+            .find(|l| l.to_lowercase().contains("output token throughput"))
+            .and_then(|l| l.split_whitespace().last()?.parse().ok())
+    })?;
+    Some(FrontendResult {
+        output_tok_s,
+        engine_cpu: ecpu,
+        frontend_cpu: fcpu,
+        wall,
+        concurrency,
+    })
+}
+
+fn result_json_value(dir: &Path, key: &str) -> Option<f64> {
+    for e in std::fs::read_dir(dir).ok()? {
+        let p = e.ok()?.path();
+        if p.extension().is_some_and(|x| x == "json") {
+            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).ok()?).ok()?;
+            if let Some(x) = v.get(key).and_then(|x| x.as_f64()) {
+                return Some(x);
+            }
+        }
+    }
+    None
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; ignore arguments.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("vllm-vcr-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let q = quick();
+
+    println!("## Engine throughput (direct ZMQ client, instant latency, 256 tokens per request)\n");
+    println!("| concurrency | requests | output tokens | wall s | tokens/s | engine CPU s | engine CPU s per 1M tokens |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for &(c, total) in &[(1usize, 200usize), (64, 2000), (1024, 8192), (4096, 16384)] {
+        let total = if q { total / 10 } else { total }.max(c);
+        let (r, _) = rt.block_on(direct_run(c, total, 256, &[], &dir.join(format!("engine-{c}.log"))));
+        println!(
+            "| {} | {} | {} | {:.2} | {:.0} | {:.2} | {:.2} |",
+            r.concurrency,
+            total,
+            r.tokens,
+            r.wall,
+            r.tokens as f64 / r.wall,
+            r.engine_cpu,
+            r.engine_cpu / (r.tokens as f64 / 1e6)
+        );
+    }
+
+    println!("\n## Pacing precision (fixed 10 ms inter-token latency)\n");
+    println!("| concurrent streams | steps | lateness p50 µs | lateness p99 µs | lateness max µs |");
+    println!("|---:|---:|---:|---:|---:|");
+    for &streams in &[100usize, 1000] {
+        let tokens = if q { 50 } else { 200 };
+        let (_, log) = rt.block_on(direct_run(
+            streams,
+            streams,
+            tokens,
+            &["--inter-token-latency", "10", "--time-to-first-token", "10"],
+            &dir.join(format!("pacing-{streams}.log")),
+        ));
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.0} |",
+            streams,
+            log_field(&log, "steps").unwrap_or(f64::NAN),
+            log_field(&log, "lateness_p50_us").unwrap_or(f64::NAN),
+            log_field(&log, "lateness_p99_us").unwrap_or(f64::NAN),
+            log_field(&log, "lateness_max_us").unwrap_or(f64::NAN),
+        );
+    }
+
+    if std::env::var_os("BENCH_SKIP_FRONTEND").is_none() {
+        println!("\n## Through vllm-rs 0.33 (`vllm-rs bench serve`, random dataset, 64 in / 256 out)\n");
+        println!("| concurrency | output tokens/s | wall s | engine CPU s | frontend CPU s | engine share of CPU |");
+        println!("|---:|---:|---:|---:|---:|---:|");
+        for &(c, n) in &[(16usize, 1000usize), (64, 3000), (256, 6000)] {
+            let n = if q { n / 4 } else { n };
+            match frontend_run(&dir.join(format!("fe-{c}")), c, n) {
+                Some(r) => println!(
+                    "| {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.1} % |",
+                    r.concurrency,
+                    r.output_tok_s,
+                    r.wall,
+                    r.engine_cpu,
+                    r.frontend_cpu,
+                    100.0 * r.engine_cpu / (r.engine_cpu + r.frontend_cpu)
+                ),
+                None => println!("| {c} | (vllm-rs 0.33.0 not in the cache or failed; see {}) | | | | |", dir.display()),
+            }
+        }
+    }
+    eprintln!("logs in {}", dir.display());
+}

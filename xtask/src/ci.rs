@@ -1,0 +1,77 @@
+//! `cargo xtask ci`: everything CI runs, in order, stopping at the first failure.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::e2e;
+
+fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(root).args(args);
+    eprintln!("  $ {}", crate::proc::describe(&cmd));
+    let status = cmd.status().with_context(|| format!("running cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+type Stage<'a> = (&'static str, Box<dyn Fn() -> Result<()> + 'a>);
+
+pub fn run(root: &Path) -> Result<()> {
+    let stages: Vec<Stage> = vec![
+        ("fmt", Box::new(|| cargo(root, &["fmt", "--all", "--check"]))),
+        (
+            "clippy",
+            Box::new(|| cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])),
+        ),
+        ("test", Box::new(|| cargo(root, &["test", "--workspace"]))),
+        ("build", Box::new(|| cargo(root, &["build"]))),
+        (
+            "fetch",
+            Box::new(|| crate::fetch_cmd(root, &[], true, false)),
+        ),
+        (
+            "e2e",
+            Box::new(|| {
+                let opts = e2e::Options {
+                    python: true,
+                    ..Default::default()
+                };
+                if e2e::run(root, &opts)? {
+                    Ok(())
+                } else {
+                    bail!("some e2e checks failed (see the tables above)")
+                }
+            }),
+        ),
+    ];
+    let mut timings: Vec<(&str, f64, &str)> = Vec::new();
+    let report = |timings: &[(&str, f64, &str)]| {
+        eprintln!("\nci stage timings:");
+        for (name, secs, outcome) in timings {
+            eprintln!("  {name:<8} {secs:>8.1} s  {outcome}");
+        }
+    };
+    for (name, stage) in &stages {
+        eprintln!("\n==> ci stage `{name}`");
+        let t = Instant::now();
+        let r = stage();
+        let secs = t.elapsed().as_secs_f64();
+        match r {
+            Ok(()) => timings.push((name, secs, "ok")),
+            Err(e) => {
+                timings.push((name, secs, "FAILED"));
+                report(&timings);
+                bail!("ci stage `{name}` failed after {secs:.1} s: {e:#}");
+            }
+        }
+    }
+    report(&timings);
+    eprintln!("ci: all {} stages passed", stages.len());
+    Ok(())
+}

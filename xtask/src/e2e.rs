@@ -1,0 +1,421 @@
+//! `cargo xtask e2e`: the end-to-end matrix. Each leg starts one real frontend (a line's
+//! `vllm-rs`, or the Python `vllm serve`) and `vllm-vcr play --tokens echo` behind it, runs
+//! its checks over HTTP, and stops both.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::checks::{self, Check, Ctx, Kind};
+use crate::compat::Compat;
+use crate::fetch;
+use crate::http::Client;
+use crate::proc::{ChildGuard, free_ports, tail, wait_listening};
+
+/// Engine pacing used by every leg (the TTFT check compares against it).
+const TTFT_MS: u64 = 40;
+const ITL_MS: u64 = 5;
+
+#[derive(Debug, Default)]
+pub struct Options {
+    pub lines: Vec<String>,
+    pub python: bool,
+    pub python_only: bool,
+    pub engine_bin: Option<PathBuf>,
+    pub keep_logs: Option<PathBuf>,
+}
+
+enum Frontend {
+    Rs { bin: PathBuf },
+    Python { venv: PathBuf, api_servers: u32 },
+}
+
+struct Leg {
+    name: String,
+    /// The `--vllm-version` the engine speaks.
+    line: String,
+    frontend: Frontend,
+    checks: Vec<Check>,
+}
+
+pub struct CheckResult {
+    pub name: String,
+    pub pass: bool,
+    pub detail: String,
+    pub secs: f64,
+}
+
+struct LegResult {
+    name: String,
+    results: Vec<CheckResult>,
+}
+
+/// Run the matrix; `Ok(true)` when every check passed.
+pub fn run(root: &Path, opts: &Options) -> Result<bool> {
+    let compat = Compat::load(root)?;
+    let cache = fetch::cache_root()?;
+    let mut legs = Vec::new();
+    if !opts.python_only {
+        for line in compat.select(&opts.lines)? {
+            let bin = fetch::vllm_rs_path(&cache, &line.tag);
+            if !fetch::vllm_rs_cached(&cache, &line.tag) {
+                bail!(
+                    "vllm-rs {} is not in the cache ({}); run `cargo xtask fetch --line {}` first",
+                    line.tag,
+                    bin.display(),
+                    line.line
+                );
+            }
+            legs.push(Leg {
+                name: format!("vllm-rs {}", line.tag),
+                line: line.line.clone(),
+                frontend: Frontend::Rs { bin },
+                checks: checks::full_set(),
+            });
+        }
+    }
+    if opts.python || opts.python_only {
+        let py = &compat.python_frontend;
+        let venv = fetch::python_venv(&cache, py);
+        if !venv.join(".installed").is_file() {
+            bail!(
+                "the Python frontend is not installed ({}); run `cargo xtask fetch --python` first",
+                venv.display()
+            );
+        }
+        let line = py.version.split('.').take(2).collect::<Vec<_>>().join(".");
+        legs.push(Leg {
+            name: format!("python {}", py.version),
+            line: line.clone(),
+            frontend: Frontend::Python {
+                venv: venv.clone(),
+                api_servers: 1,
+            },
+            checks: checks::full_set(),
+        });
+        legs.push(Leg {
+            name: format!("python {} x2 api servers", py.version),
+            line,
+            frontend: Frontend::Python {
+                venv,
+                api_servers: 2,
+            },
+            checks: checks::multi_client_set(),
+        });
+    }
+    if legs.is_empty() {
+        bail!("nothing selected");
+    }
+
+    let engine = match &opts.engine_bin {
+        Some(p) => p.clone(),
+        None => build_engine(root)?,
+    };
+    if !engine.is_file() {
+        bail!("engine binary {} does not exist", engine.display());
+    }
+
+    let (work, temporary) = match &opts.keep_logs {
+        Some(d) => (d.clone(), false),
+        None => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            (
+                std::env::temp_dir().join(format!("vllm-vcr-e2e-{}-{nanos}", std::process::id())),
+                true,
+            )
+        }
+    };
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let model = work.join("tiny-model");
+    crate::tiny_model::write_to(&model).with_context(|| format!("writing {}", model.display()))?;
+    eprintln!("e2e: engine {}, model {}, logs in {}", engine.display(), model.display(), work.display());
+
+    let mut all = Vec::new();
+    for leg in legs {
+        let dir = work.join(leg.name.replace([' ', '/'], "_"));
+        std::fs::create_dir_all(&dir)?;
+        eprintln!("\n=== {} (engine line {})", leg.name, leg.line);
+        let res = run_leg(&leg, &engine, &model, &dir);
+        print_leg(&res);
+        if res.results.iter().any(|r| !r.pass) {
+            for (what, file) in [("frontend", "frontend.log"), ("engine", "engine.log")] {
+                println!("--- last 40 lines of the {what} log ({}):", dir.join(file).display());
+                println!("{}", tail(&dir.join(file), 40));
+            }
+            println!("--- end of logs");
+        }
+        all.push(res);
+    }
+
+    let passed: usize = all.iter().map(|l| l.results.iter().filter(|r| r.pass).count()).sum();
+    let failed: usize = all.iter().map(|l| l.results.iter().filter(|r| !r.pass).count()).sum();
+    println!();
+    let rows: Vec<[String; 3]> = all
+        .iter()
+        .map(|l| {
+            let p = l.results.iter().filter(|r| r.pass).count();
+            let f = l.results.len() - p;
+            [l.name.clone(), p.to_string(), f.to_string()]
+        })
+        .collect();
+    print_table(&["leg", "passed", "failed"], &rows);
+    if temporary && failed == 0 {
+        let _ = std::fs::remove_dir_all(&work);
+    } else {
+        eprintln!("e2e: logs kept in {}", work.display());
+    }
+    println!("{passed} passed, {failed} failed");
+    Ok(failed == 0)
+}
+
+/// `cargo build` the engine binary and return its path.
+fn build_engine(root: &Path) -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(root)
+        .args(["build", "--package", "vllm-vcr", "--bin", "vllm-vcr"])
+        .stdout(std::io::stderr());
+    eprintln!("e2e: $ {}", crate::proc::describe(&cmd));
+    let status = cmd.status().context("running cargo build")?;
+    if !status.success() {
+        bail!("building the engine failed ({status})");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    Ok(target.join("debug").join("vllm-vcr"))
+}
+
+fn fail(name: &str, detail: String) -> CheckResult {
+    CheckResult {
+        name: name.into(),
+        pass: false,
+        detail,
+        secs: 0.0,
+    }
+}
+
+fn run_leg(leg: &Leg, engine: &Path, model: &Path, dir: &Path) -> LegResult {
+    let mut results = Vec::new();
+    let started = Instant::now();
+    match start_and_check(leg, engine, model, dir, &mut results) {
+        Ok(()) => {}
+        Err(e) => results.push(fail("startup", format!("{e:#}"))),
+    }
+    eprintln!("=== {} done in {:.1} s", leg.name, started.elapsed().as_secs_f64());
+    LegResult {
+        name: leg.name.clone(),
+        results,
+    }
+}
+
+fn start_and_check(
+    leg: &Leg,
+    engine: &Path,
+    model: &Path,
+    dir: &Path,
+    results: &mut Vec<CheckResult>,
+) -> Result<()> {
+    let ports = free_ports(2)?;
+    let (http_port, hs_port) = (ports[0], ports[1]);
+    let fe_log = dir.join("frontend.log");
+    let en_log = dir.join("engine.log");
+    let _ = std::fs::remove_file(&fe_log);
+    let _ = std::fs::remove_file(&en_log);
+
+    let (mut frontend, listen_timeout, kind) = match &leg.frontend {
+        Frontend::Rs { bin } => {
+            let mut cmd = Command::new(bin);
+            cmd.arg("serve")
+                .arg(model)
+                .args(["--data-parallel-size-local", "0"])
+                .args(["--handshake-host", "127.0.0.1", "--handshake-port"])
+                .arg(hs_port.to_string())
+                .args(["--host", "127.0.0.1", "--port"])
+                .arg(http_port.to_string())
+                .args(["--served-model-name", "tiny", "--reasoning-parser", "none"])
+                .args(["--engine-ready-timeout-secs", "60"]);
+            let g = ChildGuard::spawn("vllm-rs", cmd, &fe_log, Duration::from_secs(5))?;
+            (g, Duration::from_secs(30), Kind::Rs)
+        }
+        Frontend::Python { venv, api_servers } => {
+            let mut cmd = Command::new(venv.join("bin").join("vllm"));
+            cmd.arg("serve")
+                .arg(model)
+                .args(["--served-model-name", "tiny", "--host", "127.0.0.1", "--port"])
+                .arg(http_port.to_string())
+                .args(["--data-parallel-size", "1", "--data-parallel-size-local", "0"])
+                .args(["--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port"])
+                .arg(hs_port.to_string());
+            if *api_servers != 1 {
+                cmd.arg("--api-server-count").arg(api_servers.to_string());
+            }
+            for (k, v) in [
+                ("VLLM_TARGET_DEVICE", "cpu"),
+                ("HF_HUB_OFFLINE", "1"),
+                ("TRANSFORMERS_OFFLINE", "1"),
+                ("VLLM_NO_USAGE_STATS", "1"),
+                ("DO_NOT_TRACK", "1"),
+                ("VLLM_ENGINE_READY_TIMEOUT_S", "60"),
+            ] {
+                cmd.env(k, v);
+            }
+            let g = ChildGuard::spawn("vllm serve", cmd, &fe_log, Duration::from_secs(15))?;
+            (
+                g,
+                Duration::from_secs(180),
+                Kind::Python {
+                    api_servers: *api_servers,
+                },
+            )
+        }
+    };
+    let t = Instant::now();
+    wait_listening(hs_port, listen_timeout, &mut [&mut frontend])
+        .context("waiting for the frontend's handshake socket")?;
+    eprintln!("  handshake port {hs_port} listening after {:.1} s", t.elapsed().as_secs_f64());
+
+    let mut cmd = Command::new(engine);
+    cmd.env("RUST_LOG", "info,vllm_vcr=debug")
+        .arg("play")
+        .arg("--handshake-address")
+        .arg(format!("tcp://127.0.0.1:{hs_port}"))
+        .args(["--vllm-version", &leg.line])
+        .args(["--time-to-first-token", &TTFT_MS.to_string()])
+        .args(["--inter-token-latency", &ITL_MS.to_string()])
+        .args(["--vocab-size", &crate::tiny_model::TOKENIZER_VOCAB.to_string()])
+        .args(["--max-model-len", &crate::tiny_model::MAX_MODEL_LEN.to_string()])
+        .args(["--tokens", "echo"]);
+    let mut engine = ChildGuard::spawn("engine", cmd, &en_log, Duration::from_secs(5))?;
+
+    let http = Client::new(http_port, Duration::from_secs(30));
+    let t = Instant::now();
+    wait_health(&http, Duration::from_secs(60), &mut [&mut frontend, &mut engine])
+        .context("waiting for GET /health 200")?;
+    eprintln!("  /health 200 after {:.1} s", t.elapsed().as_secs_f64());
+
+    let ctx = Ctx {
+        http,
+        frontend_log: fe_log,
+        engine_log: en_log,
+        kind,
+        ttft: Duration::from_millis(TTFT_MS),
+    };
+    for check in &leg.checks {
+        let t = Instant::now();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (check.run)(&ctx)));
+        let (pass, detail) = match outcome {
+            Ok(Ok(d)) => (true, d),
+            Ok(Err(e)) => (false, format!("{e:#}")),
+            Err(p) => (false, format!("check panicked: {}", panic_text(&p))),
+        };
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!("  [{}] {} ({secs:.2} s)", if pass { "PASS" } else { "FAIL" }, check.name);
+        results.push(CheckResult {
+            name: check.name.into(),
+            pass,
+            detail,
+            secs,
+        });
+    }
+    // Both processes must have survived the whole leg.
+    let alive = [&mut frontend, &mut engine]
+        .into_iter()
+        .map(|c| (c.name.clone(), c.exited()))
+        .collect::<Vec<_>>();
+    let dead: Vec<String> = alive
+        .iter()
+        .filter_map(|(n, e)| e.as_ref().map(|s| format!("{n} exited ({s})")))
+        .collect();
+    results.push(CheckResult {
+        name: "processes-alive".into(),
+        pass: dead.is_empty(),
+        detail: if dead.is_empty() {
+            format!("frontend pid {} and engine pid {} still running", frontend.pid(), engine.pid())
+        } else {
+            dead.join("; ")
+        },
+        secs: 0.0,
+    });
+    // frontend first (it may still talk to the engine), then the engine
+    let how = frontend.stop();
+    eprintln!("  stopped {}: {how}", frontend.name);
+    let how = engine.stop();
+    eprintln!("  stopped {}: {how}", engine.name);
+    Ok(())
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "non-string panic".into())
+}
+
+fn wait_health(http: &Client, timeout: Duration, watch: &mut [&mut ChildGuard]) -> Result<()> {
+    let start = Instant::now();
+    let quick = Client::new(http.addr.port(), Duration::from_secs(2));
+    let mut last = String::from("no answer");
+    while start.elapsed() < timeout {
+        match quick.get("/health") {
+            Ok(r) if r.status == 200 => return Ok(()),
+            Ok(r) => last = format!("HTTP {}", r.status),
+            Err(e) => last = format!("{e:#}"),
+        }
+        for c in watch.iter_mut() {
+            c.ensure_running()?;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("no 200 within {timeout:?} (last: {last})")
+}
+
+fn print_leg(leg: &LegResult) {
+    println!("\n{}", leg.name);
+    let rows: Vec<[String; 4]> = leg
+        .results
+        .iter()
+        .map(|r| {
+            [
+                r.name.clone(),
+                if r.pass { "PASS" } else { "FAIL" }.to_string(),
+                format!("{:.2}s", r.secs),
+                r.detail.replace('\n', " "),
+            ]
+        })
+        .collect();
+    print_table(&["check", "result", "time", "detail"], &rows);
+}
+
+/// A plain text table: every column padded to its widest cell (the last is not padded).
+pub fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
+    let mut width = [0usize; N];
+    for (i, h) in header.iter().enumerate() {
+        width[i] = h.chars().count();
+    }
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            width[i] = width[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == N {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  ", w = width[i]));
+            }
+        }
+        println!("{}", s.trim_end());
+    };
+    line(header.to_vec());
+    line(width.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().iter().map(String::as_str).collect());
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+}

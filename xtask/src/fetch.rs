@@ -1,0 +1,315 @@
+//! `cargo xtask fetch`: the real vLLM frontends, from PyPI, into the cache.
+//!
+//! Layout (shared with `vllm-vcr serve` and `shared/spec/frontends.md` §5):
+//!
+//! ```text
+//! $VLLM_VCR_CACHE (default ~/.cache/vllm-vcr)/
+//!   vllm-rs/<tag>/vllm-rs          the Rust frontend, extracted from the vllm wheel
+//!   vllm-rs/<tag>/wheel.sha256     sha256 of that wheel (written last: marks completion)
+//!   py/tools/                      a venv holding uv
+//!   py/<package>-<version>/        the Python frontend venv; `.installed` stamp when done
+//!   py/overrides.txt excludes.txt  uv inputs
+//!   uv/                            UV_CACHE_DIR
+//! ```
+//!
+//! A download that fails fails the command; nothing is ever skipped silently.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::compat::{Line, PythonFrontend};
+
+/// Packages `vllm==0.33.0` requires that only matter on a CUDA machine; the API server
+/// never imports them (frontends.md §3.2). `apache-tvm-ffi` must stay (xgrammar needs it).
+const EXCLUDES: &[&str] = &[
+    "flashinfer-python",
+    "tilelang",
+    "nvidia-cutlass-dsl",
+    "quack-kernels",
+    "tokenspeed-mla",
+    "humming-kernels",
+    "PyNvVideoCodec",
+    "nvidia-cudnn-frontend",
+    "nvtx",
+    "fastsafetensors",
+    "instanttensor",
+];
+
+/// vllm 0.33.0 asks for certifi>=2026.10.19, which some registries lack; pinning the
+/// newest one they have lets the install resolve. Tried first; without it on failure.
+const OVERRIDES: &str = "certifi==2026.10.18\n";
+
+/// The cache root: `$VLLM_VCR_CACHE`, else `~/.cache/vllm-vcr`.
+pub fn cache_root() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("VLLM_VCR_CACHE").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    let home = std::env::var_os("HOME").context("HOME is not set (or set VLLM_VCR_CACHE)")?;
+    Ok(PathBuf::from(home).join(".cache").join("vllm-vcr"))
+}
+
+/// The Python used to download wheels and create venvs: `$VLLM_VCR_PYTHON` or `python3`.
+fn python() -> String {
+    std::env::var("VLLM_VCR_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+pub fn vllm_rs_path(cache: &Path, tag: &str) -> PathBuf {
+    cache.join("vllm-rs").join(tag).join("vllm-rs")
+}
+
+pub fn python_venv(cache: &Path, py: &PythonFrontend) -> PathBuf {
+    cache.join("py").join(format!("{}-{}", py.package, py.version))
+}
+
+/// Run a command with its output on our stderr; fail with `what` if it fails.
+fn run(mut cmd: Command, what: &str) -> Result<()> {
+    eprintln!("  $ {}", crate::proc::describe(&cmd));
+    let status = cmd
+        .stdin(Stdio::null())
+        .stdout(std::io::stderr())
+        .stderr(std::io::stderr())
+        .status()
+        .with_context(|| format!("{what}: cannot run {:?}", cmd.get_program()))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+fn is_sha256(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether the cache already holds a complete `vllm-rs` for `tag`.
+pub fn vllm_rs_cached(cache: &Path, tag: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = vllm_rs_path(cache, tag);
+    let sha = bin.with_file_name("wheel.sha256");
+    let bin_ok = std::fs::metadata(&bin)
+        .is_ok_and(|m| m.is_file() && m.len() > 1_000_000 && m.permissions().mode() & 0o111 != 0);
+    let sha_ok = std::fs::read_to_string(&sha).is_ok_and(|s| is_sha256(s.trim()));
+    bin_ok && sha_ok
+}
+
+/// Ensure `vllm-rs` of one line is in the cache; returns its path.
+pub fn fetch_vllm_rs(cache: &Path, line: &Line) -> Result<PathBuf> {
+    let bin = vllm_rs_path(cache, &line.tag);
+    if vllm_rs_cached(cache, &line.tag) {
+        eprintln!("fetch: vllm-rs {} (line {}): cached at {}", line.tag, line.line, bin.display());
+        return Ok(bin);
+    }
+    let started = Instant::now();
+    eprintln!("fetch: vllm-rs {} (line {}): downloading the vllm wheel", line.tag, line.line);
+    let dir = bin.parent().context("cache path has a parent")?.to_path_buf();
+    let tmp = cache
+        .join("vllm-rs")
+        .join(format!(".download-{}-{}", line.tag, std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let result = (|| -> Result<PathBuf> {
+        let mut cmd = Command::new(python());
+        cmd.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
+            .args(["--progress-bar", "off", "--disable-pip-version-check"])
+            .arg(format!("vllm=={}", line.tag))
+            .arg("-d")
+            .arg(&tmp);
+        run(cmd, &format!("downloading vllm=={}", line.tag))?;
+        let wheel = find_wheel(&tmp, &line.tag)?;
+        let sha = sha256_of(&wheel)?;
+        eprintln!("fetch: {} sha256 {sha}", wheel.display());
+        let extracted = tmp.join("vllm-rs");
+        extract_member(&wheel, "vllm/vllm-rs", &extracted)?;
+        // the wheel keeps the exec bit, python's zipfile does not: set it either way
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&extracted, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::remove_file(&wheel).with_context(|| format!("removing {}", wheel.display()))?;
+        std::fs::create_dir_all(&dir)?;
+        let _ = std::fs::remove_file(dir.join("wheel.sha256"));
+        std::fs::rename(&extracted, &bin)
+            .with_context(|| format!("moving vllm-rs into {}", dir.display()))?;
+        // written last: its presence marks a complete entry
+        std::fs::write(dir.join("wheel.sha256"), format!("{sha}\n"))?;
+        Ok(bin.clone())
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    let bin = result.with_context(|| format!("fetching vllm-rs {}", line.tag))?;
+    let check = Command::new(&bin)
+        .args(["serve", "--help"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !check.success() {
+        bail!("{} serve --help failed ({check}): the binary does not run here", bin.display());
+    }
+    eprintln!(
+        "fetch: vllm-rs {} ready at {} ({:.1} s)",
+        line.tag,
+        bin.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bin)
+}
+
+fn find_wheel(dir: &Path, tag: &str) -> Result<PathBuf> {
+    let prefix = format!("vllm-{tag}-");
+    let mut wheels: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl"))
+        })
+        .collect();
+    match wheels.len() {
+        1 => Ok(wheels.remove(0)),
+        0 => bail!("pip download left no vllm-{tag}-*.whl in {}", dir.display()),
+        _ => bail!("pip download left several wheels in {}: {wheels:?}", dir.display()),
+    }
+}
+
+/// sha256 of a file, computed by Python's hashlib (Python is required here anyway).
+fn sha256_of(path: &Path) -> Result<String> {
+    let out = Command::new(python())
+        .args([
+            "-c",
+            "import hashlib,sys\nh=hashlib.sha256()\nf=open(sys.argv[1],'rb')\n\
+             for b in iter(lambda: f.read(1<<20), b''): h.update(b)\nprint(h.hexdigest())",
+        ])
+        .arg(path)
+        .output()
+        .context("running python3 to hash the wheel")?;
+    let sha = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || !is_sha256(&sha) {
+        bail!(
+            "hashing {} failed: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(sha)
+}
+
+/// Extract one member of a zip to `dest` with `unzip`, or Python's zipfile without it.
+fn extract_member(zip: &Path, member: &str, dest: &Path) -> Result<()> {
+    let have_unzip = Command::new("unzip")
+        .arg("-v")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if have_unzip {
+        let out = Command::new("unzip")
+            .args(["-p"])
+            .arg(zip)
+            .arg(member)
+            .output()
+            .context("running unzip")?;
+        if out.status.success() && !out.stdout.is_empty() {
+            std::fs::write(dest, &out.stdout)?;
+            return Ok(());
+        }
+        eprintln!(
+            "fetch: unzip failed ({}); trying python zipfile",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let mut cmd = Command::new(python());
+    cmd.args([
+        "-c",
+        "import sys,zipfile,shutil\nz=zipfile.ZipFile(sys.argv[1])\n\
+         with z.open(sys.argv[2]) as s, open(sys.argv[3],'wb') as d: shutil.copyfileobj(s,d)",
+    ])
+    .arg(zip)
+    .arg(member)
+    .arg(dest);
+    run(cmd, &format!("extracting {member}"))
+}
+
+/// `(major, minor)` of the Python that creates the venvs.
+fn python_version() -> Result<(u32, u32)> {
+    let out = Command::new(python())
+        .args(["-c", "import sys;print(sys.version_info[0],sys.version_info[1])"])
+        .output()
+        .with_context(|| format!("running {} (needed to install the frontends)", python()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut it = text.split_whitespace().filter_map(|s| s.parse().ok());
+    match (it.next(), it.next()) {
+        (Some(a), Some(b)) if out.status.success() => Ok((a, b)),
+        _ => bail!("cannot read the version of {}", python()),
+    }
+}
+
+/// Ensure the Python frontend venv is installed; returns the venv directory.
+pub fn fetch_python(cache: &Path, py: &PythonFrontend) -> Result<PathBuf> {
+    let venv = python_venv(cache, py);
+    let stamp = venv.join(".installed");
+    let vllm_cli = venv.join("bin").join("vllm");
+    if stamp.is_file() && vllm_cli.is_file() {
+        eprintln!("fetch: python frontend {}=={}: cached at {}", py.package, py.version, venv.display());
+        return Ok(venv);
+    }
+    let started = Instant::now();
+    let (major, minor) = python_version()?;
+    if major != 3 || !(11..15).contains(&minor) {
+        bail!(
+            "{} is Python {major}.{minor}; vllm {} needs >=3.11,<3.15 (set VLLM_VCR_PYTHON)",
+            python(),
+            py.version
+        );
+    }
+    let pydir = cache.join("py");
+    std::fs::create_dir_all(&pydir).with_context(|| format!("creating {}", pydir.display()))?;
+    let tools = pydir.join("tools");
+    let uv = tools.join("bin").join("uv");
+    if !uv.is_file() {
+        eprintln!("fetch: installing uv into {}", tools.display());
+        let _ = std::fs::remove_dir_all(&tools);
+        let mut cmd = Command::new(python());
+        cmd.args(["-m", "venv"]).arg(&tools);
+        run(cmd, "creating the tools venv")?;
+        let mut cmd = Command::new(tools.join("bin").join("pip"));
+        cmd.args(["install", "-q", "--disable-pip-version-check", "uv"]);
+        run(cmd, "installing uv from PyPI")?;
+    }
+    eprintln!("fetch: creating the venv {}", venv.display());
+    let _ = std::fs::remove_dir_all(&venv);
+    let mut cmd = Command::new(python());
+    cmd.args(["-m", "venv"]).arg(&venv);
+    run(cmd, "creating the frontend venv")?;
+    let overrides = pydir.join("overrides.txt");
+    let excludes = pydir.join("excludes.txt");
+    std::fs::write(&overrides, OVERRIDES)?;
+    std::fs::write(&excludes, EXCLUDES.join("\n") + "\n")?;
+    let install = |with_overrides: bool| {
+        let mut cmd = Command::new(&uv);
+        cmd.env("UV_CACHE_DIR", cache.join("uv"))
+            .args(["pip", "install", "--python"])
+            .arg(venv.join("bin").join("python"))
+            .arg("--compile-bytecode")
+            .arg(format!("{}=={}", py.package, py.version))
+            .arg("--excludes")
+            .arg(&excludes);
+        if with_overrides {
+            cmd.arg("--overrides").arg(&overrides);
+        }
+        run(cmd, &format!("installing {}=={}", py.package, py.version))
+    };
+    if let Err(e) = install(true) {
+        eprintln!("fetch: {e:#}; retrying without the certifi override");
+        install(false).context("installing the Python frontend (with and without overrides)")?;
+    }
+    if !vllm_cli.is_file() {
+        bail!("the install finished but {} is missing", vllm_cli.display());
+    }
+    std::fs::write(&stamp, b"")?;
+    eprintln!(
+        "fetch: python frontend ready at {} ({:.0} s)",
+        venv.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(venv)
+}
