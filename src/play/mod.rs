@@ -67,10 +67,15 @@ pub struct PlayArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
-    /// Random token ids are drawn from [3, vocab-size). Only ids the frontend's tokenizer
-    /// knows may be emitted; the default fits the embedded tiny model (259 tokens).
-    #[arg(long, default_value_t = 259, value_parser = clap::value_parser!(u32).range(4..))]
+    /// Random token ids are drawn from [--min-token-id, vocab-size). Only ids the
+    /// frontend's tokenizer knows may be emitted; the default fits the embedded tiny model
+    /// (259 tokens).
+    #[arg(long, default_value_t = 259, value_parser = clap::value_parser!(u32).range(1..))]
     pub vocab_size: u32,
+
+    /// Lowest random token id (ids below it are often special tokens).
+    #[arg(long, default_value_t = 3)]
+    pub min_token_id: u32,
 
     /// Time to first token in milliseconds, from admission (0 = instant).
     #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
@@ -173,6 +178,7 @@ impl PlayArgs {
     pub fn token_source(&self) -> Box<dyn TokenSource> {
         let random = RandomTokens {
             seed: self.seed,
+            min_id: self.min_token_id,
             vocab_size: self.vocab_size,
         };
         match self.tokens {
@@ -217,6 +223,13 @@ impl PlayArgs {
 
 /// Run `play` until shutdown (or until the frontend goes away).
 pub async fn run(args: PlayArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
+    if args.min_token_id >= args.vocab_size {
+        bail!(
+            "--min-token-id ({}) must be below --vocab-size ({})",
+            args.min_token_id,
+            args.vocab_size
+        );
+    }
     if args.output_token_chunk_size == 0 {
         bail!("--output-token-chunk-size must be at least 1");
     }

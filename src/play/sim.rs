@@ -210,6 +210,7 @@ impl SimEngine {
         if self.cfg.log_requests {
             tracing::info!(
                 request_id = %req.request_id,
+                engine = self.cfg.engine_index,
                 client,
                 prompt_tokens = req.prompt_len(),
                 max_tokens = ?req.sampling_params.as_ref().and_then(|s| s.max_tokens),

@@ -19,15 +19,16 @@ pub trait TokenSource: Send {
     fn describe(&self) -> String;
 }
 
-/// The lowest id random tokens use: ids 0–2 are special tokens in most vocabularies
+/// The default lowest id random tokens use: ids 0–2 are special tokens in most vocabularies
 /// (and in the embedded tiny model), and a real model rarely samples them mid-text.
 pub const FIRST_RANDOM_ID: u32 = 3;
 
-/// Uniform random ids in `[FIRST_RANDOM_ID, vocab_size)`, never a stop id of the request,
-/// so random requests run to `max_tokens` unless a client asks otherwise.
+/// Uniform random ids in `[min_id, vocab_size)`, never a stop id of the request, so random
+/// requests run to `max_tokens` unless a client asks otherwise.
 #[derive(Debug, Clone)]
 pub struct RandomTokens {
     pub seed: u64,
+    pub min_id: u32,
     pub vocab_size: u32,
 }
 
@@ -50,7 +51,7 @@ impl TokenSource for RandomTokens {
         let stops = stop_ids(req);
         Box::new(RandomStream {
             rng: SplitMix64(h.finish()),
-            lo: FIRST_RANDOM_ID.min(self.vocab_size.saturating_sub(1)),
+            lo: self.min_id.min(self.vocab_size.saturating_sub(1)),
             hi: self.vocab_size.max(1),
             stops,
         })
@@ -110,6 +111,7 @@ impl TokenSource for EchoTokens {
         if prompt.is_empty() {
             let fb = self.fallback.clone().unwrap_or(RandomTokens {
                 seed: 0,
+                min_id: FIRST_RANDOM_ID,
                 vocab_size: 259,
             });
             return fb.stream_for(req);
@@ -228,6 +230,7 @@ mod tests {
     fn random_is_deterministic_per_seed_and_request() {
         let src = RandomTokens {
             seed: 7,
+            min_id: 3,
             vocab_size: 259,
         };
         let a = take(&mut *src.stream_for(&req("a", &[5], Some(2), &[0])), 50);
@@ -238,6 +241,7 @@ mod tests {
         assert!(a.iter().all(|t| (3..259).contains(t)));
         let other_seed = RandomTokens {
             seed: 8,
+            min_id: 3,
             vocab_size: 259,
         };
         assert_ne!(a, take(&mut *other_seed.stream_for(&req("a", &[5], Some(2), &[0])), 50));
@@ -247,6 +251,7 @@ mod tests {
     fn random_never_draws_stop_ids() {
         let src = RandomTokens {
             seed: 1,
+            min_id: 3,
             vocab_size: 6,
         };
         let toks = take(&mut *src.stream_for(&req("x", &[], Some(4), &[5])), 200);

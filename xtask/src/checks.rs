@@ -23,8 +23,8 @@ use crate::tiny_model::encode_text;
 pub enum Kind {
     /// `vllm-rs` of a vLLM line.
     Rs,
-    /// `vllm serve` with this many API-server processes.
-    Python { api_servers: u32 },
+    /// `vllm serve` (one or more API-server processes).
+    Python,
 }
 
 /// Everything a check needs.
@@ -88,6 +88,8 @@ pub fn multi_client_set() -> Vec<Check> {
 fn post_json(ctx: &Ctx, path: &str, body: &Value) -> Result<Value> {
     let r = ctx.http.post(path, body)?;
     ensure!(r.status == 200, "POST {path}: HTTP {} {}", r.status, snippet(&r.text()));
+    let ctype = r.header("content-type").unwrap_or("");
+    ensure!(ctype.contains("application/json"), "POST {path}: content-type {ctype:?}");
     r.json()
 }
 
@@ -351,7 +353,7 @@ fn n_two(ctx: &Ctx) -> Result<String> {
             ensure!(t.contains("n=1"), "error does not mention n=1: {}", snippet(&t));
             Ok(format!("rejected as documented: {}", snippet(&t)))
         }
-        Kind::Python { .. } => {
+        Kind::Python => {
             let v = post_json(ctx, "/v1/completions", &body)?;
             let choices = v["choices"].as_array().context("no choices")?;
             expect("number of choices", choices.len(), 2)?;

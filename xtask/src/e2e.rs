@@ -34,6 +34,8 @@ enum Frontend {
 
 struct Leg {
     name: String,
+    /// Shown in the leg's heading: whether timing fidelity was validated for the line.
+    note: String,
     /// The `--vllm-version` the engine speaks.
     line: String,
     frontend: Frontend,
@@ -70,6 +72,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
             }
             legs.push(Leg {
                 name: format!("vllm-rs {}", line.tag),
+                note: format!("fidelity_validated = {}", line.fidelity_validated),
                 line: line.line.clone(),
                 frontend: Frontend::Rs { bin },
                 checks: checks::full_set(),
@@ -88,6 +91,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         let line = py.version.split('.').take(2).collect::<Vec<_>>().join(".");
         legs.push(Leg {
             name: format!("python {}", py.version),
+                note: "one API server".into(),
             line: line.clone(),
             frontend: Frontend::Python {
                 venv: venv.clone(),
@@ -97,6 +101,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         });
         legs.push(Leg {
             name: format!("python {} x2 api servers", py.version),
+                note: "--api-server-count 2: the engine serves two clients".into(),
             line,
             frontend: Frontend::Python {
                 venv,
@@ -138,7 +143,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     for leg in legs {
         let dir = work.join(leg.name.replace([' ', '/'], "_"));
         std::fs::create_dir_all(&dir)?;
-        eprintln!("\n=== {} (engine line {})", leg.name, leg.line);
+        eprintln!("\n=== {} (engine line {}; {})", leg.name, leg.line, leg.note);
         let res = run_leg(&leg, &engine, &model, &dir);
         print_leg(&res);
         if res.results.iter().any(|r| !r.pass) {
@@ -268,9 +273,7 @@ fn start_and_check(
             (
                 g,
                 Duration::from_secs(180),
-                Kind::Python {
-                    api_servers: *api_servers,
-                },
+                Kind::Python,
             )
         }
     };

@@ -96,26 +96,79 @@ impl Writer {
         self.buf.push(if b { 0xc3 } else { 0xc2 });
     }
 
+    // Hand-written msgpack markers (the smallest form, as msgspec and rmp choose them):
+    // this is the engine's per-token path, so skip rmp's `io::Write` indirection.
+
     pub fn uint(&mut self, v: u64) {
-        let _ = rmp::encode::write_uint(&mut self.buf, v);
+        let b = &mut self.buf;
+        if v < 128 {
+            b.push(v as u8);
+        } else if v < 256 {
+            b.extend_from_slice(&[0xcc, v as u8]);
+        } else if v < 65536 {
+            b.push(0xcd);
+            b.extend_from_slice(&(v as u16).to_be_bytes());
+        } else if v < (1 << 32) {
+            b.push(0xce);
+            b.extend_from_slice(&(v as u32).to_be_bytes());
+        } else {
+            b.push(0xcf);
+            b.extend_from_slice(&v.to_be_bytes());
+        }
     }
 
     /// Signed int in msgspec's form (unsigned markers for non-negative values).
     pub fn int(&mut self, v: i64) {
-        let _ = rmp::encode::write_sint(&mut self.buf, v);
+        if v >= 0 {
+            return self.uint(v as u64);
+        }
+        let b = &mut self.buf;
+        if v >= -32 {
+            b.push(v as i8 as u8);
+        } else if v >= -128 {
+            b.extend_from_slice(&[0xd0, v as i8 as u8]);
+        } else if v >= -32768 {
+            b.push(0xd1);
+            b.extend_from_slice(&(v as i16).to_be_bytes());
+        } else if v >= -(1 << 31) {
+            b.push(0xd2);
+            b.extend_from_slice(&(v as i32).to_be_bytes());
+        } else {
+            b.push(0xd3);
+            b.extend_from_slice(&v.to_be_bytes());
+        }
     }
 
     pub fn f64(&mut self, v: f64) {
-        let _ = rmp::encode::write_f64(&mut self.buf, v);
+        self.buf.push(0xcb);
+        self.buf.extend_from_slice(&v.to_be_bytes());
     }
 
     pub fn f32(&mut self, v: f32) {
-        let _ = rmp::encode::write_f32(&mut self.buf, v);
+        self.buf.push(0xca);
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+
+    /// A length header: `fix` form below `fix_max`, else the 8-bit form (when `m8` is
+    /// given), else the 16- and 32-bit forms.
+    fn header(&mut self, n: usize, fix: u8, fix_max: usize, m8: Option<u8>, m16: u8, m32: u8) {
+        let n32 = self.len32(n);
+        let b = &mut self.buf;
+        if n < fix_max {
+            b.push(fix | n as u8);
+        } else if let (Some(m), true) = (m8, n < 256) {
+            b.extend_from_slice(&[m, n as u8]);
+        } else if n < 65536 {
+            b.push(m16);
+            b.extend_from_slice(&(n as u16).to_be_bytes());
+        } else {
+            b.push(m32);
+            b.extend_from_slice(&n32.to_be_bytes());
+        }
     }
 
     pub fn str(&mut self, s: &str) {
-        let n = self.len32(s.len());
-        let _ = rmp::encode::write_str_len(&mut self.buf, n);
+        self.header(s.len(), 0xa0, 32, Some(0xd9), 0xda, 0xdb);
         self.buf.extend_from_slice(s.as_bytes());
     }
 
@@ -127,19 +180,36 @@ impl Writer {
     }
 
     pub fn array(&mut self, n: usize) {
-        let n = self.len32(n);
-        let _ = rmp::encode::write_array_len(&mut self.buf, n);
+        self.header(n, 0x90, 16, None, 0xdc, 0xdd);
     }
 
     pub fn map(&mut self, n: usize) {
-        let n = self.len32(n);
-        let _ = rmp::encode::write_map_len(&mut self.buf, n);
+        self.header(n, 0x80, 16, None, 0xde, 0xdf);
     }
 
+    /// msgpack ext type 3 (`fixext` when the length is 1, 2, 4, 8 or 16, as msgspec does).
     pub fn ext3(&mut self, data: &[u8]) {
-        let n = self.len32(data.len());
-        let _ = rmp::encode::write_ext_meta(&mut self.buf, n, 3);
-        self.buf.extend_from_slice(data);
+        let n = data.len();
+        let n32 = self.len32(n);
+        let b = &mut self.buf;
+        match n {
+            1 => b.push(0xd4),
+            2 => b.push(0xd5),
+            4 => b.push(0xd6),
+            8 => b.push(0xd7),
+            16 => b.push(0xd8),
+            _ if n < 256 => b.extend_from_slice(&[0xc7, n as u8]),
+            _ if n < 65536 => {
+                b.push(0xc8);
+                b.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            _ => {
+                b.push(0xc9);
+                b.extend_from_slice(&n32.to_be_bytes());
+            }
+        }
+        b.push(3);
+        b.extend_from_slice(data);
     }
 
     pub fn value(&mut self, v: &Value) {
