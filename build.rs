@@ -23,8 +23,13 @@ fn main() {
     let text = fs::read_to_string("compat.toml").expect("compat.toml is missing");
     let compat: Compat = toml::from_str(&text).expect("compat.toml does not parse");
     let defaults: Vec<&Line> = compat.vllm.iter().filter(|l| l.default).collect();
-    assert_eq!(defaults.len(), 1, "compat.toml must mark exactly one line default = true");
-    let mut table = String::from("/// `(line, tag, default, fidelity_validated)` from compat.toml.\n");
+    assert_eq!(
+        defaults.len(),
+        1,
+        "compat.toml must mark exactly one line default = true"
+    );
+    let mut table =
+        String::from("/// `(line, tag, default, fidelity_validated)` from compat.toml.\n");
     table.push_str("pub const LINES: &[(&str, &str, bool, bool)] = &[\n");
     for l in &compat.vllm {
         table.push_str(&format!(

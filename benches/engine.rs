@@ -104,7 +104,13 @@ struct DirectResult {
 }
 
 /// Closed loop: keep `concurrency` requests in flight until `total` were served.
-async fn direct_run(concurrency: usize, total: usize, max_tokens: u32, extra: &[&str], log: &Path) -> (DirectResult, String) {
+async fn direct_run(
+    concurrency: usize,
+    total: usize,
+    max_tokens: u32,
+    extra: &[&str],
+    log: &Path,
+) -> (DirectResult, String) {
     let line = VllmLine::new(0, 33);
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
     let seqs = concurrency.to_string();
@@ -126,7 +132,10 @@ async fn direct_run(concurrency: usize, total: usize, max_tokens: u32, extra: &[
     let mut done = 0usize;
     let send = |i: usize| {
         let mut frames = vec![identity.clone()];
-        frames.extend(encode_request(line, &request(format!("b{i}"), 32, max_tokens)));
+        frames.extend(encode_request(
+            line,
+            &request(format!("b{i}"), 32, max_tokens),
+        ));
         frames
     };
     while sent < concurrency.min(total) {
@@ -176,7 +185,9 @@ fn log_field(log: &str, key: &str) -> Option<f64> {
     let plain: String = strip_ansi(line);
     let at = plain.find(&format!("{key}="))? + key.len() + 1;
     let rest = plain[at..].trim_start_matches('"');
-    let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(rest.len());
     rest[..end].parse().ok()
 }
 
@@ -212,10 +223,10 @@ fn wait_health(port: u16, timeout: Duration) -> bool {
         if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
             let _ = s.write_all(b"GET /health HTTP/1.0\r\nHost: x\r\n\r\n");
             let mut buf = [0u8; 32];
-            if let Ok(n) = s.read(&mut buf) {
-                if String::from_utf8_lossy(&buf[..n]).contains(" 200") {
-                    return true;
-                }
+            if let Ok(n) = s.read(&mut buf)
+                && String::from_utf8_lossy(&buf[..n]).contains(" 200")
+            {
+                return true;
             }
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -246,10 +257,26 @@ fn frontend_run(dir: &Path, concurrency: usize, prompts: usize) -> Option<Fronte
     vllm_vcr::tiny_model::write_to(&model).unwrap();
     let (hp, port) = (free_port(), free_port());
     let mut front = Command::new(&rs)
-        .args(["serve", model.to_str().unwrap(), "--data-parallel-size-local", "0"])
-        .args(["--handshake-host", "127.0.0.1", "--handshake-port", &hp.to_string()])
+        .args([
+            "serve",
+            model.to_str().unwrap(),
+            "--data-parallel-size-local",
+            "0",
+        ])
+        .args([
+            "--handshake-host",
+            "127.0.0.1",
+            "--handshake-port",
+            &hp.to_string(),
+        ])
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--served-model-name", "tiny", "--reasoning-parser", "none", "--disable-log-stats"])
+        .args([
+            "--served-model-name",
+            "tiny",
+            "--reasoning-parser",
+            "none",
+            "--disable-log-stats",
+        ])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("frontend.log")).unwrap())
         .spawn()
@@ -267,8 +294,20 @@ fn frontend_run(dir: &Path, concurrency: usize, prompts: usize) -> Option<Fronte
     let (fcpu0, ecpu0) = (cpu_seconds(front.id()), cpu_seconds(engine.child.id()));
     let start = Instant::now();
     let out = Command::new(&rs)
-        .args(["bench", "serve", "--port", &port.to_string(), "--model", "tiny"])
-        .args(["--tokenizer", model.to_str().unwrap(), "--dataset-name", "random"])
+        .args([
+            "bench",
+            "serve",
+            "--port",
+            &port.to_string(),
+            "--model",
+            "tiny",
+        ])
+        .args([
+            "--tokenizer",
+            model.to_str().unwrap(),
+            "--dataset-name",
+            "random",
+        ])
         .args(["--random-input-len", "64", "--random-output-len", "256"])
         .args(["--num-prompts", &prompts.to_string()])
         .args(["--max-concurrency", &concurrency.to_string()])
@@ -288,7 +327,10 @@ fn frontend_run(dir: &Path, concurrency: usize, prompts: usize) -> Option<Fronte
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     std::fs::write(dir.join("bench-serve.txt"), &text).ok();
     if !out.status.success() {
-        eprintln!("vllm-rs bench serve failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        eprintln!(
+            "vllm-rs bench serve failed:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         return None;
     }
     let output_tok_s = result_json_value(dir, "output_throughput").or_else(|| {
@@ -309,7 +351,8 @@ fn result_json_value(dir: &Path, key: &str) -> Option<f64> {
     for e in std::fs::read_dir(dir).ok()? {
         let p = e.ok()?.path();
         if p.extension().is_some_and(|x| x == "json") {
-            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).ok()?).ok()?;
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&p).ok()?).ok()?;
             if let Some(x) = v.get(key).and_then(|x| x.as_f64()) {
                 return Some(x);
             }
@@ -329,11 +372,19 @@ fn main() {
     let q = quick();
 
     println!("## Engine throughput (direct ZMQ client, instant latency, 256 tokens per request)\n");
-    println!("| concurrency | requests | output tokens | wall s | tokens/s | engine CPU s | engine CPU s per 1M tokens |");
+    println!(
+        "| concurrency | requests | output tokens | wall s | tokens/s | engine CPU s | engine CPU s per 1M tokens |"
+    );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for &(c, total) in &[(1usize, 200usize), (64, 2000), (1024, 8192), (4096, 16384)] {
         let total = if q { total / 10 } else { total }.max(c);
-        let (r, _) = rt.block_on(direct_run(c, total, 256, &[], &dir.join(format!("engine-{c}.log"))));
+        let (r, _) = rt.block_on(direct_run(
+            c,
+            total,
+            256,
+            &[],
+            &dir.join(format!("engine-{c}.log")),
+        ));
         println!(
             "| {} | {} | {} | {:.2} | {:.0} | {:.2} | {:.2} |",
             r.concurrency,
@@ -347,7 +398,9 @@ fn main() {
     }
 
     println!("\n## Pacing precision (fixed 10 ms inter-token latency)\n");
-    println!("| concurrent streams | steps | lateness p50 µs | lateness p99 µs | lateness max µs |");
+    println!(
+        "| concurrent streams | steps | lateness p50 µs | lateness p99 µs | lateness max µs |"
+    );
     println!("|---:|---:|---:|---:|---:|");
     for &streams in &[100usize, 1000] {
         let tokens = if q { 50 } else { 200 };
@@ -369,8 +422,12 @@ fn main() {
     }
 
     if std::env::var_os("BENCH_SKIP_FRONTEND").is_none() {
-        println!("\n## Through vllm-rs 0.33 (`vllm-rs bench serve`, random dataset, 64 in / 256 out)\n");
-        println!("| concurrency | output tokens/s | wall s | engine CPU s | frontend CPU s | engine share of CPU |");
+        println!(
+            "\n## Through vllm-rs 0.33 (`vllm-rs bench serve`, random dataset, 64 in / 256 out)\n"
+        );
+        println!(
+            "| concurrency | output tokens/s | wall s | engine CPU s | frontend CPU s | engine share of CPU |"
+        );
         println!("|---:|---:|---:|---:|---:|---:|");
         for &(c, n) in &[(16usize, 1000usize), (64, 3000), (256, 6000)] {
             let n = if q { n / 4 } else { n };
@@ -384,7 +441,10 @@ fn main() {
                     r.frontend_cpu,
                     100.0 * r.engine_cpu / (r.engine_cpu + r.frontend_cpu)
                 ),
-                None => println!("| {c} | (vllm-rs 0.33.0 not in the cache or failed; see {}) | | | | |", dir.display()),
+                None => println!(
+                    "| {c} | (vllm-rs 0.33.0 not in the cache or failed; see {}) | | | | |",
+                    dir.display()
+                ),
             }
         }
     }

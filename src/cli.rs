@@ -51,10 +51,12 @@ pub fn main() -> i32 {
             clap_complete::generate(shell, &mut Cli::command(), "vllm-vcr", &mut out);
             out.flush().map_err(Into::into)
         }
-        Command::Play(args) => runtime().and_then(|rt| rt.block_on(async move {
-            let shutdown = shutdown_on_signals();
-            crate::play::run(args, shutdown).await
-        })),
+        Command::Play(args) => runtime().and_then(|rt| {
+            rt.block_on(async move {
+                let shutdown = shutdown_on_signals();
+                crate::play::run(args, shutdown).await
+            })
+        }),
     };
     match result {
         Ok(()) => 0,
@@ -87,7 +89,10 @@ pub fn shutdown_on_signals() -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
             tracing::warn!("cannot install signal handlers");
             return;
         };

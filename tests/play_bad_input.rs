@@ -25,9 +25,16 @@ async fn still_serving(w: &mut Wire, id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_that_is_not_msgpack() {
     let mut w = Wire::start(args()).await;
-    w.send_raw(vec![Bytes::from_static(&[0x00]), Bytes::from_static(b"\xc1 this is not msgpack")])
-        .await;
-    w.send_raw(vec![Bytes::from_static(&[0x01]), Bytes::from_static(b"\x92\x01")]).await;
+    w.send_raw(vec![
+        Bytes::from_static(&[0x00]),
+        Bytes::from_static(b"\xc1 this is not msgpack"),
+    ])
+    .await;
+    w.send_raw(vec![
+        Bytes::from_static(&[0x01]),
+        Bytes::from_static(b"\x92\x01"),
+    ])
+    .await;
     still_serving(&mut w, "after-garbage").await;
     w.stop().await.unwrap();
 }
@@ -35,8 +42,16 @@ async fn a_frame_that_is_not_msgpack() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_request_type_byte() {
     let mut w = Wire::start(args()).await;
-    w.send_raw(vec![Bytes::from_static(&[0x09]), msgpack(&Value::Array(vec![]))]).await;
-    w.send_raw(vec![Bytes::from_static(&[0x00, 0x00]), msgpack(&Value::Nil)]).await;
+    w.send_raw(vec![
+        Bytes::from_static(&[0x09]),
+        msgpack(&Value::Array(vec![])),
+    ])
+    .await;
+    w.send_raw(vec![
+        Bytes::from_static(&[0x00, 0x00]),
+        msgpack(&Value::Nil),
+    ])
+    .await;
     w.send_raw(vec![Bytes::from_static(&[0x00])]).await;
     still_serving(&mut w, "after-unknown-type").await;
     w.stop().await.unwrap();
@@ -55,12 +70,22 @@ async fn an_add_missing_required_fields_is_finished_with_error() {
     assert_eq!(c.finished["short-add"].0, FinishReason::Error);
     assert!(c.tokens["short-add"].is_empty());
     let env = c.envelopes.iter().find(|e| !e.outputs.is_empty()).unwrap();
-    let err = env.outputs[0].error.as_ref().expect("0.33 carries the error");
+    let err = env.outputs[0]
+        .error
+        .as_ref()
+        .expect("0.33 carries the error");
     assert!(!err.message.is_empty());
     // a prompt of strings is as bad
-    let mut bad = vec![Value::from("typed-add"), Value::Array(vec![Value::from("x")])];
+    let mut bad = vec![
+        Value::from("typed-add"),
+        Value::Array(vec![Value::from("x")]),
+    ];
     bad.extend(std::iter::repeat_n(Value::Nil, 20));
-    w.send_raw(vec![Bytes::from_static(&[0x00]), msgpack(&Value::Array(bad))]).await;
+    w.send_raw(vec![
+        Bytes::from_static(&[0x00]),
+        msgpack(&Value::Array(bad)),
+    ])
+    .await;
     let c = w.collect(&["typed-add"]).await;
     assert_eq!(c.finished["typed-add"].0, FinishReason::Error);
     still_serving(&mut w, "after-bad-add").await;
@@ -81,11 +106,20 @@ async fn a_utility_call_with_wrong_arguments_gets_a_failure_message() {
     for (id, method, args) in [
         (70u64, "sleep", Value::Array(vec![Value::from("deep")])),
         (71, "is_sleeping", Value::from(5)),
-        (72, "reset_prefix_cache", Value::Array(vec![Value::from("yes")])),
+        (
+            72,
+            "reset_prefix_cache",
+            Value::Array(vec![Value::from("yes")]),
+        ),
         (73, "add_lora", Value::Array(vec![Value::from(3)])),
-        (74, "pause_scheduler", Value::Array(vec![Value::from("sometimes")])),
+        (
+            74,
+            "pause_scheduler",
+            Value::Array(vec![Value::from("sometimes")]),
+        ),
     ] {
-        w.send_raw(vec![Bytes::from_static(&[0x03]), call(id, method, args)]).await;
+        w.send_raw(vec![Bytes::from_static(&[0x03]), call(id, method, args)])
+            .await;
         let env = loop {
             let env = w.recv().await;
             if env.utility_output.is_some() {
@@ -95,7 +129,10 @@ async fn a_utility_call_with_wrong_arguments_gets_a_failure_message() {
         let u = env.utility_output.unwrap();
         assert_eq!(u.call_id, CallId::Unsigned(id));
         let msg = u.outcome.expect_err(method);
-        assert!(msg.starts_with(&format!("Call to {method} method failed")), "{msg}");
+        assert!(
+            msg.starts_with(&format!("Call to {method} method failed")),
+            "{msg}"
+        );
     }
     still_serving(&mut w, "after-bad-utility").await;
     w.stop().await.unwrap();

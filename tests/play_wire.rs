@@ -30,7 +30,11 @@ async fn handshake_advertises_the_engine() {
     assert_eq!(e.ready.vllm_version, "0.33.0");
     assert_eq!(e.ready.dtype, "bfloat16");
     assert!(e.ready.supports_lora && e.ready.max_loras > 0);
-    assert_eq!(e.ready_payloads.len(), 1, "one ready response per input socket");
+    assert_eq!(
+        e.ready_payloads.len(),
+        1,
+        "one ready response per input socket"
+    );
     w.stop().await.unwrap();
 }
 
@@ -42,7 +46,10 @@ async fn a_request_streams_to_max_tokens_with_events_and_prefill_stats() {
     assert_eq!(c.tokens["r1"].len(), 5);
     assert!(c.tokens["r1"].iter().all(|t| (3..259).contains(t)));
     assert_eq!(c.finished["r1"], (FinishReason::Length, None));
-    assert_eq!(c.events["r1"], vec![EventType::Queued, EventType::Scheduled]);
+    assert_eq!(
+        c.events["r1"],
+        vec![EventType::Queued, EventType::Scheduled]
+    );
     assert_eq!(c.prefill["r1"].num_prompt_tokens, 4);
     assert_eq!(c.messages["r1"], 5, "one token per step");
     // every step carries stats, and the last says nothing runs
@@ -102,7 +109,11 @@ async fn model_length_and_min_tokens() {
     m.sampling_params.as_mut().unwrap().min_tokens = 4;
     w.send(&InputMessage::Add(Box::new(m))).await;
     let c = w.collect(&["long", "min"]).await;
-    assert_eq!(c.tokens["long"].len(), 2, "6 prompt + 2 output = max_model_len 8");
+    assert_eq!(
+        c.tokens["long"].len(),
+        2,
+        "6 prompt + 2 output = max_model_len 8"
+    );
     assert_eq!(c.finished["long"].0, FinishReason::Length);
     // EOS (2) is masked until 4 tokens were produced
     assert_eq!(c.tokens["min"][..4], [40, 41, 40, 41]);
@@ -120,14 +131,24 @@ async fn abort_frees_the_request_without_output() {
         let env = w.recv().await;
         c.absorb(env);
     }
-    w.send(&InputMessage::Abort(vec!["long".into(), "never-existed".into()])).await;
+    w.send(&InputMessage::Abort(vec![
+        "long".into(),
+        "never-existed".into(),
+    ]))
+    .await;
     w.send(&InputMessage::Abort(vec!["long".into()])).await;
     // drain: no finish output for the aborted request, and running goes back to 0
     let deadline = Instant::now() + Duration::from_millis(300);
-    while let Some(env) = w.try_recv(deadline.saturating_duration_since(Instant::now())).await {
+    while let Some(env) = w
+        .try_recv(deadline.saturating_duration_since(Instant::now()))
+        .await
+    {
         c.absorb(env);
     }
-    assert!(!c.finished.contains_key("long"), "aborted requests get no output");
+    assert!(
+        !c.finished.contains_key("long"),
+        "aborted requests get no output"
+    );
     assert_eq!(c.last_running, Some(0));
     // the engine keeps serving
     w.send(&add("next", &[10], 2)).await;
@@ -245,7 +266,11 @@ async fn every_line_round_trips_a_request() {
         assert_eq!(c.prefill["x"].num_prompt_tokens, 2, "line {l}");
         assert_eq!(
             w.call(7, "wake_up", vec![Value::Nil]).await,
-            Ok(if l >= line("0.31") { Value::Boolean(true) } else { Value::Nil }),
+            Ok(if l >= line("0.31") {
+                Value::Boolean(true)
+            } else {
+                Value::Nil
+            }),
             "wake_up result type on {l}"
         );
         w.stop().await.unwrap();
@@ -261,14 +286,27 @@ async fn utilities_answer_like_vllm() {
         Ok(Value::Array(vec![Value::from("generate")]))
     );
     assert_eq!(w.call(1, "reset_mm_cache", vec![]).await, Ok(Value::Nil));
-    assert_eq!(w.call(2, "is_sleeping", vec![]).await, Ok(Value::Boolean(false)));
     assert_eq!(
-        w.call(3, "sleep", vec![Value::from(1), Value::from("abort")]).await,
+        w.call(2, "is_sleeping", vec![]).await,
+        Ok(Value::Boolean(false))
+    );
+    assert_eq!(
+        w.call(3, "sleep", vec![Value::from(1), Value::from("abort")])
+            .await,
         Ok(Value::Nil)
     );
-    assert_eq!(w.call(4, "is_sleeping", vec![]).await, Ok(Value::Boolean(true)));
-    assert_eq!(w.call(5, "wake_up", vec![Value::Nil]).await, Ok(Value::Boolean(true)));
-    assert_eq!(w.call(6, "is_sleeping", vec![]).await, Ok(Value::Boolean(false)));
+    assert_eq!(
+        w.call(4, "is_sleeping", vec![]).await,
+        Ok(Value::Boolean(true))
+    );
+    assert_eq!(
+        w.call(5, "wake_up", vec![Value::Nil]).await,
+        Ok(Value::Boolean(true))
+    );
+    assert_eq!(
+        w.call(6, "is_sleeping", vec![]).await,
+        Ok(Value::Boolean(false))
+    );
     let lora = Value::Array(vec![
         Value::from("l1"),
         Value::from(1),
@@ -277,28 +315,64 @@ async fn utilities_answer_like_vllm() {
         Value::Boolean(false),
         Value::Boolean(false),
     ]);
-    assert_eq!(w.call(7, "add_lora", vec![lora]).await, Ok(Value::Boolean(true)));
+    assert_eq!(
+        w.call(7, "add_lora", vec![lora]).await,
+        Ok(Value::Boolean(true))
+    );
     assert_eq!(
         w.call(8, "list_loras", vec![]).await,
         Ok(Value::Array(vec![Value::from(1)]))
     );
-    assert_eq!(w.call(9, "pin_lora", vec![Value::from(1)]).await, Ok(Value::Boolean(true)));
-    assert!(w.call(10, "pin_lora", vec![Value::from(99)]).await.is_err());
-    assert_eq!(w.call(11, "remove_lora", vec![Value::from(1)]).await, Ok(Value::Boolean(true)));
-    assert_eq!(w.call(12, "remove_lora", vec![Value::from(1)]).await, Ok(Value::Boolean(false)));
     assert_eq!(
-        w.call(13, "reset_prefix_cache", vec![Value::Boolean(false), Value::Boolean(false)]).await,
+        w.call(9, "pin_lora", vec![Value::from(1)]).await,
         Ok(Value::Boolean(true))
     );
-    assert_eq!(w.call(14, "profile", vec![Value::Boolean(true)]).await, Ok(Value::Nil));
-    let err = w.call(15, "collective_rpc", vec![Value::from("x")]).await.unwrap_err();
-    assert!(err.starts_with("Call to collective_rpc method failed:"), "{err}");
+    assert!(w.call(10, "pin_lora", vec![Value::from(99)]).await.is_err());
+    assert_eq!(
+        w.call(11, "remove_lora", vec![Value::from(1)]).await,
+        Ok(Value::Boolean(true))
+    );
+    assert_eq!(
+        w.call(12, "remove_lora", vec![Value::from(1)]).await,
+        Ok(Value::Boolean(false))
+    );
+    assert_eq!(
+        w.call(
+            13,
+            "reset_prefix_cache",
+            vec![Value::Boolean(false), Value::Boolean(false)]
+        )
+        .await,
+        Ok(Value::Boolean(true))
+    );
+    assert_eq!(
+        w.call(14, "profile", vec![Value::Boolean(true)]).await,
+        Ok(Value::Nil)
+    );
+    let err = w
+        .call(15, "collective_rpc", vec![Value::from("x")])
+        .await
+        .unwrap_err();
+    assert!(
+        err.starts_with("Call to collective_rpc method failed:"),
+        "{err}"
+    );
     let err = w.call(16, "no_such_method", vec![]).await.unwrap_err();
     assert!(err.contains("no_such_method"), "{err}");
-    let err = w.call(17, "sleep", vec![Value::from("deep")]).await.unwrap_err();
+    let err = w
+        .call(17, "sleep", vec![Value::from("deep")])
+        .await
+        .unwrap_err();
     assert!(err.contains("level"), "{err}");
-    assert_eq!(w.call(18, "set_weight_version", vec![Value::from("v2")]).await, Ok(Value::Nil));
-    assert_eq!(w.call(19, "get_weight_version", vec![]).await, Ok(Value::from("v2")));
+    assert_eq!(
+        w.call(18, "set_weight_version", vec![Value::from("v2")])
+            .await,
+        Ok(Value::Nil)
+    );
+    assert_eq!(
+        w.call(19, "get_weight_version", vec![]).await,
+        Ok(Value::from("v2"))
+    );
     w.stop().await.unwrap();
 }
 
@@ -310,16 +384,30 @@ async fn reset_prefix_cache_refuses_while_running() {
     w.send(&add("busy", &[10], 200)).await;
     let _ = w.recv().await;
     assert_eq!(
-        w.call(1, "reset_prefix_cache", vec![Value::Boolean(false), Value::Boolean(false)]).await,
+        w.call(
+            1,
+            "reset_prefix_cache",
+            vec![Value::Boolean(false), Value::Boolean(false)]
+        )
+        .await,
         Ok(Value::Boolean(false))
     );
     assert_eq!(
-        w.call(2, "reset_prefix_cache", vec![Value::Boolean(true), Value::Boolean(false)]).await,
+        w.call(
+            2,
+            "reset_prefix_cache",
+            vec![Value::Boolean(true), Value::Boolean(false)]
+        )
+        .await,
         Ok(Value::Boolean(true))
     );
     // the running request was preempted and re-admitted
     let mut c = Collected::default();
-    while !c.events.get("busy").is_some_and(|e| e.contains(&EventType::Preempted)) {
+    while !c
+        .events
+        .get("busy")
+        .is_some_and(|e| e.contains(&EventType::Preempted))
+    {
         let env = w.recv().await;
         c.absorb(env);
     }
@@ -337,14 +425,25 @@ async fn pause_modes() {
     w.send(&add("k", &[10], 6)).await;
     let _ = w.recv().await;
     assert_eq!(
-        w.call(1, "pause_scheduler", vec![Value::from("keep"), Value::Boolean(false)]).await,
+        w.call(
+            1,
+            "pause_scheduler",
+            vec![Value::from("keep"), Value::Boolean(false)]
+        )
+        .await,
         Ok(Value::Nil)
     );
-    assert_eq!(w.call(2, "is_scheduler_paused", vec![]).await, Ok(Value::Boolean(true)));
+    assert_eq!(
+        w.call(2, "is_scheduler_paused", vec![]).await,
+        Ok(Value::Boolean(true))
+    );
     // nothing moves while paused; new requests wait
     w.send(&add("held", &[10], 2)).await;
     let quiet = w.try_recv(Duration::from_millis(100)).await;
-    assert!(quiet.is_none_or(|e| e.outputs.is_empty()), "outputs while paused");
+    assert!(
+        quiet.is_none_or(|e| e.outputs.is_empty()),
+        "outputs while paused"
+    );
     assert_eq!(w.call(3, "resume_scheduler", vec![]).await, Ok(Value::Nil));
     let c = w.collect(&["k", "held"]).await;
     assert_eq!(c.finished["held"].0, FinishReason::Length);
@@ -387,31 +486,46 @@ async fn pause_modes() {
     let mut finished_before_reply = false;
     loop {
         let env = w.recv().await;
-        if env.outputs.iter().any(|o| o.request_id == "w" && o.finish_reason.is_some()) {
+        if env
+            .outputs
+            .iter()
+            .any(|o| o.request_id == "w" && o.finish_reason.is_some())
+        {
             finished_before_reply = true;
         }
         if env.utility_output.is_some() {
             break;
         }
     }
-    assert!(finished_before_reply, "wait mode replies after the in-flight request finished");
+    assert!(
+        finished_before_reply,
+        "wait mode replies after the in-flight request finished"
+    );
     w.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_api_server_clients() {
     let mut w = Wire::start_with_clients(args(), 2).await;
-    assert_eq!(w.engines[0].ready_payloads.len(), 2, "a ready response per input socket");
+    assert_eq!(
+        w.engines[0].ready_payloads.len(),
+        2,
+        "a ready response per input socket"
+    );
     w.send_to(1, 0, &with_client(add("c1", &[10], 3), 1)).await;
     let c = w.collect_on(1, &["c1"]).await;
     assert_eq!(c.tokens["c1"].len(), 3);
     // utility replies go to the caller's client
-    w.send_to(1, 0, &InputMessage::Utility(sim_protocol::UtilityCall {
-        client_index: 1,
-        call_id: sim_protocol::CallId::Unsigned(9),
-        method: "is_sleeping".into(),
-        args: vec![],
-    }))
+    w.send_to(
+        1,
+        0,
+        &InputMessage::Utility(sim_protocol::UtilityCall {
+            client_index: 1,
+            call_id: sim_protocol::CallId::Unsigned(9),
+            method: "is_sleeping".into(),
+            args: vec![],
+        }),
+    )
     .await;
     loop {
         let env = w.recv_on(1).await;
@@ -458,6 +572,9 @@ async fn shutdown_aborts_in_flight_requests() {
         c.absorb(env);
     }
     assert_eq!(c.finished["inflight"].0, FinishReason::Abort);
-    tokio::time::timeout(TIMEOUT, w.task).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(TIMEOUT, w.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }
-

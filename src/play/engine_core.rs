@@ -205,7 +205,8 @@ mod tests {
                     );
                     return;
                 }
-                self.live.push((req.request_id.clone(), client, 0, now + self.gap));
+                self.live
+                    .push((req.request_id.clone(), client, 0, now + self.gap));
             }
         }
         fn on_deadline(&mut self, now: Instant, out: &mut Outbox) {
@@ -271,7 +272,11 @@ mod tests {
         match o {
             Outbound::Outputs { outputs, .. } => {
                 let x = &outputs.outputs[0];
-                (x.request_id.clone(), x.new_token_ids.clone(), x.finish_reason)
+                (
+                    x.request_id.clone(),
+                    x.new_token_ids.clone(),
+                    x.finish_reason,
+                )
             }
             Outbound::Dead => panic!("dead"),
         }

@@ -19,7 +19,11 @@ use super::{PlayArgs, secs};
 use sim_trace::latency;
 
 /// Connect one engine (DP rank `rank`) to the frontend and serve it until shutdown.
-pub async fn run_engine(args: &PlayArgs, rank: u16, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+pub async fn run_engine(
+    args: &PlayArgs,
+    rank: u16,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<()> {
     let ready = args.ready_response(rank);
     let opts = ConnectOptions {
         handshake_timeout: secs(args.handshake_timeout),
@@ -138,7 +142,11 @@ fn report_pacing(rank: u16, engine: &SimEngine) {
     );
 }
 
-async fn input_task<S: SocketRecv>(client: u32, mut sock: S, tx: mpsc::UnboundedSender<EngineInput>) {
+async fn input_task<S: SocketRecv>(
+    client: u32,
+    mut sock: S,
+    tx: mpsc::UnboundedSender<EngineInput>,
+) {
     loop {
         let msg = match sock.recv().await {
             Ok(m) => m,
@@ -165,7 +173,10 @@ async fn output_task<S: SocketSend>(
 ) -> Result<()> {
     while let Some(item) = rx.recv().await {
         match item {
-            Outbound::Outputs { client, outputs: env } => {
+            Outbound::Outputs {
+                client,
+                outputs: env,
+            } => {
                 let frames = match encode_outputs(line, &env) {
                     Ok(f) => f,
                     Err(e) => {
@@ -183,7 +194,8 @@ async fn output_task<S: SocketSend>(
                     );
                     continue;
                 };
-                let msg = ZmqMessage::try_from(frames).map_err(|_| anyhow::anyhow!("empty message"))?;
+                let msg =
+                    ZmqMessage::try_from(frames).map_err(|_| anyhow::anyhow!("empty message"))?;
                 if let Err(e) = sock.send(msg).await {
                     tracing::warn!(client, "output socket send failed (frontend gone?): {e}");
                 }
@@ -199,7 +211,9 @@ async fn output_task<S: SocketSend>(
 async fn send_dead<S: SocketSend>(outputs: &mut [S]) {
     tracing::error!("sending ENGINE_CORE_DEAD to the frontend");
     for sock in outputs.iter_mut() {
-        let _ = sock.send(ZmqMessage::from(Bytes::from_static(ENGINE_CORE_DEAD))).await;
+        let _ = sock
+            .send(ZmqMessage::from(Bytes::from_static(ENGINE_CORE_DEAD)))
+            .await;
     }
     // zeromq has no linger: give the frames a moment to leave before the sockets drop.
     tokio::time::sleep(Duration::from_millis(200)).await;

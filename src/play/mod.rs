@@ -37,7 +37,11 @@ pub enum TokenMode {
 pub struct PlayArgs {
     /// The frontend's engine handshake socket (vLLM's --data-parallel-address and
     /// --data-parallel-rpc-port; vllm-rs --handshake-host/--handshake-port).
-    #[arg(long, default_value = "tcp://127.0.0.1:29550", env = "VLLM_VCR_HANDSHAKE_ADDRESS")]
+    #[arg(
+        long,
+        default_value = "tcp://127.0.0.1:29550",
+        env = "VLLM_VCR_HANDSHAKE_ADDRESS"
+    )]
     pub handshake_address: String,
 
     /// vLLM line of the frontend (0.25 … 0.33; `0.27`, `v0.27.1` and `0.27.1` all work).
@@ -144,7 +148,9 @@ fn parse_line(s: &str) -> Result<VllmLine, String> {
 }
 
 fn parse_ms(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of milliseconds"))?;
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of milliseconds"))?;
     if !v.is_finite() || v < 0.0 {
         return Err(format!("milliseconds must be ≥ 0, got {s}"));
     }

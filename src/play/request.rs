@@ -82,7 +82,10 @@ impl SimRequest {
 
     /// Draw the next token the way vLLM's sampler would see it (stop ids masked before
     /// `min_tokens`), append it, and apply the engine's stop checks.
-    pub fn generate_one(&mut self, max_model_len: u64) -> (u32, Option<(FinishReason, Option<StopReason>)>) {
+    pub fn generate_one(
+        &mut self,
+        max_model_len: u64,
+    ) -> (u32, Option<(FinishReason, Option<StopReason>)>) {
         let avoid: &[u32] = if self.num_output < self.min_tokens {
             &self.masked_until_min
         } else {
@@ -95,7 +98,11 @@ impl SimRequest {
 
     /// vLLM's `check_stop` (`vllm/v1/core/sched/utils.py`): EOS, then stop token ids, then
     /// the length limits. EOS is `_eos_token_id`, absent under `ignore_eos`.
-    pub fn check_stop(&self, last: u32, max_model_len: u64) -> Option<(FinishReason, Option<StopReason>)> {
+    pub fn check_stop(
+        &self,
+        last: u32,
+        max_model_len: u64,
+    ) -> Option<(FinishReason, Option<StopReason>)> {
         if self.num_output >= self.min_tokens {
             if self.eos == Some(last) {
                 return Some((FinishReason::Stop, None));
@@ -166,7 +173,10 @@ mod tests {
             ..Default::default()
         };
         let mut r = make(sp, 4, vec![5, 6, 2, 7]);
-        assert_eq!(run(&mut r, 2048), (vec![5, 6, 2], (FinishReason::Stop, None)));
+        assert_eq!(
+            run(&mut r, 2048),
+            (vec![5, 6, 2], (FinishReason::Stop, None))
+        );
     }
 
     #[test]
@@ -193,7 +203,10 @@ mod tests {
             ..Default::default()
         };
         let mut r = make(sp, 4, vec![2]);
-        assert_eq!(run(&mut r, 2048), (vec![2, 2, 2, 2], (FinishReason::Length, None)));
+        assert_eq!(
+            run(&mut r, 2048),
+            (vec![2, 2, 2, 2], (FinishReason::Length, None))
+        );
     }
 
     #[test]
@@ -219,6 +232,9 @@ mod tests {
         };
         let mut r = make(sp, 4, vec![2, 5]);
         // 2 is masked for the first three tokens, then allowed
-        assert_eq!(run(&mut r, 2048), (vec![5, 5, 5, 2], (FinishReason::Stop, None)));
+        assert_eq!(
+            run(&mut r, 2048),
+            (vec![5, 5, 5, 2], (FinishReason::Stop, None))
+        );
     }
 }

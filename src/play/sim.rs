@@ -122,7 +122,11 @@ impl SimEngine {
         reason: FinishReason,
         error: Option<RequestError>,
     ) {
-        let error = if self.cfg.line.has_output_error() { error } else { None };
+        let error = if self.cfg.line.has_output_error() {
+            error
+        } else {
+            None
+        };
         let o = EngineCoreOutput {
             request_id: request_id.to_string(),
             finish_reason: Some(reason),
@@ -193,7 +197,9 @@ impl SimEngine {
                 FinishReason::Error,
                 Some(RequestError {
                     code: "validation_error".into(),
-                    message: "pooling requests are not supported: the engine's only task is generate".into(),
+                    message:
+                        "pooling requests are not supported: the engine's only task is generate"
+                            .into(),
                     retryable: false,
                 }),
             );
@@ -336,11 +342,14 @@ impl SimEngine {
         ids.sort();
         for id in ids {
             let r = &self.requests[id];
-            by_client.entry(r.client).or_default().push(EngineCoreOutput {
-                request_id: id.clone(),
-                finish_reason: Some(FinishReason::Abort),
-                ..Default::default()
-            });
+            by_client
+                .entry(r.client)
+                .or_default()
+                .push(EngineCoreOutput {
+                    request_id: id.clone(),
+                    finish_reason: Some(FinishReason::Abort),
+                    ..Default::default()
+                });
         }
         self.requests.clear();
         self.waiting.clear();
@@ -500,7 +509,8 @@ impl SimEngine {
                 let next = prev + gap;
                 r.due = Some(next);
                 r.generation += 1;
-                self.timeline.push(Reverse((next, r.generation, id.clone())));
+                self.timeline
+                    .push(Reverse((next, r.generation, id.clone())));
             }
             by_client.entry(r.client).or_default().push(o);
         }
@@ -525,7 +535,12 @@ impl SimEngine {
         self.after_step(out);
     }
 
-    fn on_bad_frame(&mut self, client: u32, error: sim_protocol::decode::DecodeError, out: &mut Outbox) {
+    fn on_bad_frame(
+        &mut self,
+        client: u32,
+        error: sim_protocol::decode::DecodeError,
+        out: &mut Outbox,
+    ) {
         let ctx = &error.context;
         match (ctx.request_type, &ctx.request_id, ctx.call_id) {
             (Some(sim_protocol::RequestType::Add), Some(id), _) => {
@@ -546,7 +561,11 @@ impl SimEngine {
             }
             (Some(sim_protocol::RequestType::Utility), _, Some(call_id)) => {
                 let method = ctx.method.clone().unwrap_or_else(|| "<unknown>".into());
-                tracing::error!(client, method, "failing an undecodable utility call: {error}");
+                tracing::error!(
+                    client,
+                    method,
+                    "failing an undecodable utility call: {error}"
+                );
                 let client = ctx.client_index.unwrap_or(client);
                 let msg = format!("Call to {method} method failed: {error}");
                 self.reply(out, client, call_id, Err(msg));
@@ -566,12 +585,12 @@ impl SimEngine {
     pub(super) fn shift_deadlines(&mut self, by: Duration) {
         let mut entries = Vec::new();
         for id in &self.running {
-            if let Some(r) = self.requests.get_mut(id) {
-                if let Some(d) = r.due {
-                    r.due = Some(d + by);
-                    r.generation += 1;
-                    entries.push(Reverse((d + by, r.generation, id.clone())));
-                }
+            if let Some(r) = self.requests.get_mut(id)
+                && let Some(d) = r.due
+            {
+                r.due = Some(d + by);
+                r.generation += 1;
+                entries.push(Reverse((d + by, r.generation, id.clone())));
             }
         }
         self.timeline.extend(entries);
@@ -620,7 +639,8 @@ impl EngineCore for SimEngine {
     }
 
     fn on_deadline(&mut self, now: Instant, out: &mut Outbox) {
-        if self.util.scheduling_enabled() || matches!(self.util.pause, PauseState::Draining { .. }) {
+        if self.util.scheduling_enabled() || matches!(self.util.pause, PauseState::Draining { .. })
+        {
             self.step(now, out);
         }
     }

@@ -31,7 +31,8 @@ impl PreciseTimer {
         // SAFETY: `raw` is a fresh descriptor we own.
         let owned = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: `owned` is an open timerfd owned by the AsyncFd for its whole lifetime.
-        let fd = unsafe { AsyncFd::register(owned) }.map_err(|e| io::Error::other(e.to_string()))?;
+        let fd =
+            unsafe { AsyncFd::register(owned) }.map_err(|e| io::Error::other(e.to_string()))?;
         Ok(Self { fd })
     }
 
@@ -49,9 +50,8 @@ impl PreciseTimer {
             },
         };
         // SAFETY: valid fd and a properly initialised itimerspec.
-        let rc = unsafe {
-            libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut())
-        };
+        let rc =
+            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }

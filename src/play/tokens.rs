@@ -87,7 +87,7 @@ impl TokenStream for RandomStream {
         // bounded retries: a vocabulary made only of stop ids still terminates
         let mut t = self.lo;
         for _ in 0..16 {
-            t = self.lo + (self.rng.next() % span) as u32;
+            t = self.lo + (self.rng.next_u64() % span) as u32;
             if self.stops.binary_search(&t).is_err() {
                 break;
             }
@@ -195,7 +195,7 @@ impl Fnv {
 pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -244,7 +244,13 @@ mod tests {
             min_id: 3,
             vocab_size: 259,
         };
-        assert_ne!(a, take(&mut *other_seed.stream_for(&req("a", &[5], Some(2), &[0])), 50));
+        assert_ne!(
+            a,
+            take(
+                &mut *other_seed.stream_for(&req("a", &[5], Some(2), &[0])),
+                50
+            )
+        );
     }
 
     #[test]

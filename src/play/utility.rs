@@ -91,7 +91,7 @@ enum PauseMode {
 
 type CallResult = Result<Option<Value>, String>;
 
-fn arg<'a>(args: &'a [Value], i: usize) -> Option<&'a Value> {
+fn arg(args: &[Value], i: usize) -> Option<&Value> {
     args.get(i).filter(|v| !v.is_nil())
 }
 
@@ -150,7 +150,11 @@ fn lora_arg(args: &[Value]) -> Result<(String, i64, String), String> {
     };
     let name = a.first().and_then(|v| v.as_str()).map(str::to_string);
     let id = a.get(1).and_then(|v| v.as_i64());
-    let path = a.get(2).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+    let path = a
+        .get(2)
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string();
     match (name, id) {
         (Some(n), Some(i)) if i > 0 => Ok((n, i, path)),
         _ => Err("LoRARequest needs a name and a positive lora_int_id".into()),
@@ -159,7 +163,13 @@ fn lora_arg(args: &[Value]) -> Result<(String, i64, String), String> {
 
 impl SimEngine {
     /// Send a utility reply on its own (never mixed with request outputs).
-    pub(super) fn reply(&self, out: &mut Outbox, client: u32, call_id: CallId, outcome: Result<Value, String>) {
+    pub(super) fn reply(
+        &self,
+        out: &mut Outbox,
+        client: u32,
+        call_id: CallId,
+        outcome: Result<Value, String>,
+    ) {
         out.send(
             client,
             EngineCoreOutputs {
@@ -211,7 +221,9 @@ impl SimEngine {
                 max_args(method, args, 0)?;
                 ok(Value::Array(vec![Value::from("generate")]))
             }
-            "reset_mm_cache" | "reset_encoder_cache" | "execute_dummy_batch"
+            "reset_mm_cache"
+            | "reset_encoder_cache"
+            | "execute_dummy_batch"
             | "release_kv_cache_memory" => {
                 max_args(method, args, 0)?;
                 ok(Value::Nil)
@@ -244,7 +256,15 @@ impl SimEngine {
                     return Err(format!("sleep level must be 0, 1 or 2, got {level}"));
                 }
                 let mode = pause_mode(args, 1)?;
-                self.pause(PauseKind::Scheduler, mode, Some(level), client, call_id, now, out)
+                self.pause(
+                    PauseKind::Scheduler,
+                    mode,
+                    Some(level),
+                    client,
+                    call_id,
+                    now,
+                    out,
+                )
             }
             "wake_up" => {
                 max_args(method, args, 1)?;
@@ -284,7 +304,10 @@ impl SimEngine {
             }
             "is_scheduler_paused" => {
                 max_args(method, args, 0)?;
-                ok(Value::Boolean(!matches!(self.util.pause, PauseState::Running)))
+                ok(Value::Boolean(!matches!(
+                    self.util.pause,
+                    PauseState::Running
+                )))
             }
             "add_lora" => {
                 max_args(method, args, 1)?;
@@ -351,7 +374,10 @@ impl SimEngine {
                 max_args(method, args, 0)?;
                 ok(Value::Array(vec![Value::Map(vec![
                     (Value::from("block_size"), Value::from(self.cfg.block_size)),
-                    (Value::from("num_blocks"), Value::from(self.cfg.num_gpu_blocks)),
+                    (
+                        Value::from("num_blocks"),
+                        Value::from(self.cfg.num_gpu_blocks),
+                    ),
                 ])]))
             }
             "save_sharded_state" => Err("the simulator has no weights to save".into()),

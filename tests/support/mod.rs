@@ -85,7 +85,10 @@ impl Wire {
 
     /// Next message within `wait`, or `None`.
     pub async fn try_recv(&mut self, wait: Duration) -> Option<EngineCoreOutputs> {
-        let frames = tokio::time::timeout(wait, self.fl.recv_output(0)).await.ok()?.ok()?;
+        let frames = tokio::time::timeout(wait, self.fl.recv_output(0))
+            .await
+            .ok()?
+            .ok()?;
         match decode_outputs_for(self.line, &frames).unwrap() {
             DecodedOutputs::Outputs(o) => Some(o),
             DecodedOutputs::Dead => panic!("engine sent ENGINE_CORE_DEAD"),
@@ -93,7 +96,12 @@ impl Wire {
     }
 
     /// Call a utility method on client 0 and return its outcome (skipping request outputs).
-    pub async fn call(&mut self, call_id: u64, method: &str, args: Vec<rmpv::Value>) -> Result<rmpv::Value, String> {
+    pub async fn call(
+        &mut self,
+        call_id: u64,
+        method: &str,
+        args: Vec<rmpv::Value>,
+    ) -> Result<rmpv::Value, String> {
         self.send(&InputMessage::Utility(UtilityCall {
             client_index: 0,
             call_id: CallId::Unsigned(call_id),
@@ -120,7 +128,11 @@ impl Wire {
         let mut c = Collected::default();
         let deadline = Instant::now() + TIMEOUT;
         while ids.iter().any(|id| !c.finished.contains_key(*id)) {
-            assert!(Instant::now() < deadline, "requests did not finish: {:?}", c.finished);
+            assert!(
+                Instant::now() < deadline,
+                "requests did not finish: {:?}",
+                c.finished
+            );
             let env = self.recv_on(client).await;
             c.absorb(env);
         }
@@ -129,7 +141,10 @@ impl Wire {
 
     pub async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.send(true).unwrap();
-        tokio::time::timeout(TIMEOUT, self.task).await.expect("play did not stop").unwrap()
+        tokio::time::timeout(TIMEOUT, self.task)
+            .await
+            .expect("play did not stop")
+            .unwrap()
     }
 }
 

@@ -28,7 +28,7 @@ impl Samples {
 
     pub fn push(&mut self, v: f64) {
         self.seen += 1;
-        if self.seen % self.stride != 0 {
+        if !self.seen.is_multiple_of(self.stride) {
             return;
         }
         if self.values.len() == self.cap {
