@@ -27,8 +27,10 @@ pub const EOS_TOKEN_ID: u32 = 2;
 /// The special tokens, in id order.
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
-/// `config.json`'s `vocab_size`: the verified value (≥ the tokenizer size).
-pub const CONFIG_VOCAB_SIZE: u32 = 1024;
+/// `config.json`'s `vocab_size`: exactly the tokenizer's size, so "an id below vocab_size"
+/// and "an id the tokenizer knows" agree. frontends.md verified 1024; 259 was checked by
+/// the e2e matrix with `vllm-rs` 0.25–0.33 and the Python 0.33.0 frontend.
+pub const CONFIG_VOCAB_SIZE: u32 = TOKENIZER_VOCAB;
 
 /// `max_position_embeddings`: the frontends' `max_model_len` for this model.
 pub const MAX_MODEL_LEN: u32 = 2048;
@@ -232,7 +234,7 @@ mod tests {
         assert_eq!(ids, (0..TOKENIZER_VOCAB).collect());
         let space = v.iter().find(|(s, _)| s == "Ġ").map(|(_, id)| *id);
         assert_eq!(space, Some(35));
-        assert!(TOKENIZER_VOCAB <= CONFIG_VOCAB_SIZE);
+        assert_eq!(CONFIG_VOCAB_SIZE, TOKENIZER_VOCAB);
     }
 
     #[test]
@@ -252,6 +254,7 @@ mod tests {
         let g = generation_config_json();
         let tc = tokenizer_config_json();
         assert_eq!(c["eos_token_id"], EOS_TOKEN_ID);
+        assert_eq!(c["vocab_size"], 259);
         assert_eq!(g["eos_token_id"], json!([2, 0]));
         assert_eq!(tc["eos_token"], "<|im_end|>");
         assert_eq!(tc["chat_template"], CHAT_TEMPLATE);

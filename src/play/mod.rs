@@ -58,6 +58,11 @@ pub struct PlayArgs {
     #[arg(long, default_value_t = 0)]
     pub data_parallel_rank: u16,
 
+    /// Total data-parallel size of the deployment, when engines run in several processes
+    /// (default: --data-parallel-rank + --engine-count).
+    #[arg(long)]
+    pub data_parallel_size: Option<u16>,
+
     /// Seconds to keep trying to reach the frontend's handshake socket before giving up
     /// (the engine may start before the frontend, as in a pod).
     #[arg(long, default_value_t = 600.0)]
@@ -178,7 +183,14 @@ impl PlayArgs {
             num_gpu_blocks: self.num_gpu_blocks,
             output_token_chunk_size: self.output_token_chunk_size,
             log_requests: self.log_requests,
+            report_finished: self.dp_size() > 1,
         }
+    }
+
+    /// The deployment's data-parallel size.
+    pub fn dp_size(&self) -> u16 {
+        let implied = self.data_parallel_rank.saturating_add(self.engine_count);
+        self.data_parallel_size.unwrap_or(implied).max(implied)
     }
 
     pub fn token_source(&self) -> Box<dyn TokenSource> {
@@ -211,7 +223,7 @@ impl PlayArgs {
             dtype: self.dtype.clone(),
             vllm_version: crate::compat::tag_for(self.vllm_version),
             world_size: 1,
-            data_parallel_size: u64::from(self.engine_count),
+            data_parallel_size: u64::from(self.dp_size()),
             tensor_parallel_size: 1,
             pipeline_parallel_size: 1,
             decode_context_parallel_size: 1,

@@ -38,6 +38,9 @@ pub struct EngineConfig {
     /// Tokens per output message per request (≥ 1).
     pub output_token_chunk_size: u32,
     pub log_requests: bool,
+    /// Tell the frontend which requests finished (`EngineCoreOutputs.finished_requests`);
+    /// vLLM does this with data parallelism, where the frontend balances load with it.
+    pub report_finished: bool,
 }
 
 pub struct SimEngine {
@@ -59,6 +62,8 @@ pub struct SimEngine {
     pub(super) shutting_down: bool,
     pub(super) util: UtilityState,
     warned_request_lens: HashSet<usize>,
+    /// Finished request ids not yet reported, per client (with `report_finished`).
+    unreported_finished: BTreeMap<u32, Vec<String>>,
     /// Step emission lateness against the scheduled deadline, microseconds.
     pub lateness_us: Samples,
 }
@@ -87,6 +92,7 @@ impl SimEngine {
             shutting_down: false,
             util: UtilityState::default(),
             warned_request_lens: HashSet::new(),
+            unreported_finished: BTreeMap::new(),
             lateness_us: Samples::default(),
         }
     }
@@ -133,7 +139,11 @@ impl SimEngine {
             error,
             ..Default::default()
         };
-        out.send(client, self.envelope(vec![o], now_monotonic()));
+        let mut env = self.envelope(vec![o], now_monotonic());
+        if self.cfg.report_finished {
+            env.finished_requests = Some(vec![request_id.to_string()]);
+        }
+        out.send(client, env);
     }
 
     fn on_add(&mut self, client: u32, req: Box<EngineCoreRequest>, now: Instant, out: &mut Outbox) {
@@ -249,6 +259,12 @@ impl SimEngine {
         let Some(r) = self.requests.remove(id) else {
             return false;
         };
+        if self.cfg.report_finished {
+            self.unreported_finished
+                .entry(r.client)
+                .or_default()
+                .push(r.id.clone());
+        }
         match r.phase {
             Phase::Waiting => self.waiting.retain(|w| w != id),
             Phase::Running => self.running.retain(|w| w != id),
@@ -355,27 +371,43 @@ impl SimEngine {
         self.waiting.clear();
         self.running.clear();
         self.timeline.clear();
-        let ts = now_monotonic();
-        let stats = self.take_stats();
-        let mut stats = Some(stats);
-        if by_client.is_empty() {
-            out.send(0, self.stats_envelope(stats.take(), ts));
+        if self.cfg.report_finished {
+            for (client, outputs) in &by_client {
+                let ids = outputs.iter().map(|o| o.request_id.clone());
+                self.unreported_finished.entry(*client).or_default().extend(ids);
+            }
+        }
+        self.stats_dirty = true;
+        self.send_step(by_client, now_monotonic(), out);
+    }
+
+    /// Send one step's envelopes: one per client with outputs, the scheduler stats to
+    /// client 0 (in its own envelope if it had no outputs), and any finished ids not yet
+    /// reported to their clients.
+    fn send_step(
+        &mut self,
+        mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>>,
+        ts: f64,
+        out: &mut Outbox,
+    ) {
+        let mut stats = self.stats_dirty.then(|| self.take_stats());
+        let mut finished = std::mem::take(&mut self.unreported_finished);
+        by_client.entry(0).or_default();
+        for client in finished.keys() {
+            by_client.entry(*client).or_default();
         }
         for (client, outputs) in by_client {
             let mut env = self.envelope(outputs, ts);
-            if client == 0 || stats.is_some() {
+            if client == 0 {
                 env.scheduler_stats = stats.take().map(Box::new);
             }
-            out.send(client, env);
-        }
-    }
-
-    fn stats_envelope(&self, stats: Option<SchedulerStats>, ts: f64) -> EngineCoreOutputs {
-        EngineCoreOutputs {
-            engine_index: self.cfg.engine_index,
-            scheduler_stats: stats.map(Box::new),
-            timestamp: ts,
-            ..Default::default()
+            env.finished_requests = finished.remove(&client).filter(|f| !f.is_empty());
+            let empty = env.outputs.is_empty()
+                && env.scheduler_stats.is_none()
+                && env.finished_requests.is_none();
+            if !empty {
+                out.send(client, env);
+            }
         }
     }
 
@@ -414,9 +446,9 @@ impl SimEngine {
 
     /// Send a stats-only envelope if the gauges changed outside a step (aborts, pauses).
     pub(super) fn flush_stats(&mut self, out: &mut Outbox) {
-        if self.stats_dirty {
-            let stats = self.take_stats();
-            out.send(0, self.stats_envelope(Some(stats), now_monotonic()));
+        if self.stats_dirty || !self.unreported_finished.is_empty() {
+            self.stats_dirty = true;
+            self.send_step(BTreeMap::new(), now_monotonic(), out);
         }
     }
 
@@ -519,19 +551,9 @@ impl SimEngine {
         }
         // Freed slots admit waiting requests at the end of this step, as in vLLM.
         self.admit(now);
-        let stats = self.take_stats();
-        let mut stats = Some(stats);
-        if !by_client.contains_key(&0) {
-            // stats always travel to client 0; give it its own envelope
-            out.send(0, self.stats_envelope(stats.take(), ts));
-        }
-        for (client, outputs) in by_client {
-            let mut env = self.envelope(outputs, ts);
-            if client == 0 {
-                env.scheduler_stats = stats.take().map(Box::new);
-            }
-            out.send(client, env);
-        }
+        // every step reports stats, like vLLM's scheduler
+        self.stats_dirty = true;
+        self.send_step(by_client, ts, out);
         self.after_step(out);
     }
 
