@@ -556,9 +556,10 @@ async fn several_engines_in_one_process() {
     assert_eq!(env.engine_index, 1);
     // with data parallelism the engine reports finished ids (the frontend balances with them)
     assert!(
-        c.envelopes
-            .iter()
-            .any(|e| e.finished_requests.as_ref().is_some_and(|f| f.contains(&"dp".to_string()))),
+        c.envelopes.iter().any(|e| e
+            .finished_requests
+            .as_ref()
+            .is_some_and(|f| f.contains(&"dp".to_string()))),
         "finished_requests carries the finished request"
     );
     w.stop().await.unwrap();

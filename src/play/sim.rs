@@ -374,7 +374,10 @@ impl SimEngine {
         if self.cfg.report_finished {
             for (client, outputs) in &by_client {
                 let ids = outputs.iter().map(|o| o.request_id.clone());
-                self.unreported_finished.entry(*client).or_default().extend(ids);
+                self.unreported_finished
+                    .entry(*client)
+                    .or_default()
+                    .extend(ids);
             }
         }
         self.stats_dirty = true;

@@ -13,7 +13,9 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root).args(args);
     eprintln!("  $ {}", crate::proc::describe(&cmd));
-    let status = cmd.status().with_context(|| format!("running cargo {}", args.join(" ")))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
     if !status.success() {
         bail!("cargo {} failed ({status})", args.join(" "));
     }
@@ -24,10 +26,25 @@ type Stage<'a> = (&'static str, Box<dyn Fn() -> Result<()> + 'a>);
 
 pub fn run(root: &Path) -> Result<()> {
     let stages: Vec<Stage> = vec![
-        ("fmt", Box::new(|| cargo(root, &["fmt", "--all", "--check"]))),
+        (
+            "fmt",
+            Box::new(|| cargo(root, &["fmt", "--all", "--check"])),
+        ),
         (
             "clippy",
-            Box::new(|| cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])),
+            Box::new(|| {
+                cargo(
+                    root,
+                    &[
+                        "clippy",
+                        "--workspace",
+                        "--all-targets",
+                        "--",
+                        "-D",
+                        "warnings",
+                    ],
+                )
+            }),
         ),
         ("test", Box::new(|| cargo(root, &["test", "--workspace"]))),
         ("build", Box::new(|| cargo(root, &["build"]))),

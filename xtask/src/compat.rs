@@ -32,11 +32,15 @@ pub struct Compat {
 impl Compat {
     pub fn load(root: &Path) -> Result<Compat> {
         let path = root.join("compat.toml");
-        let text =
-            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let c: Compat = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let c: Compat =
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         if c.vllm.iter().filter(|l| l.default).count() != 1 {
-            bail!("{}: exactly one [[vllm]] line must have default = true", path.display());
+            bail!(
+                "{}: exactly one [[vllm]] line must have default = true",
+                path.display()
+            );
         }
         Ok(c)
     }
@@ -56,7 +60,10 @@ impl Compat {
                     .cloned()
                     .with_context(|| {
                         let known: Vec<&str> = self.vllm.iter().map(|l| l.line.as_str()).collect();
-                        format!("unknown vLLM line {w:?} (compat.toml has {})", known.join(", "))
+                        format!(
+                            "unknown vLLM line {w:?} (compat.toml has {})",
+                            known.join(", ")
+                        )
                     })
             })
             .collect()

@@ -91,7 +91,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         let line = py.version.split('.').take(2).collect::<Vec<_>>().join(".");
         legs.push(Leg {
             name: format!("python {}", py.version),
-                note: "one API server".into(),
+            note: "one API server".into(),
             line: line.clone(),
             frontend: Frontend::Python {
                 venv: venv.clone(),
@@ -101,7 +101,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         });
         legs.push(Leg {
             name: format!("python {} x2 api servers", py.version),
-                note: "--api-server-count 2: the engine serves two clients".into(),
+            note: "--api-server-count 2: the engine serves two clients".into(),
             line,
             frontend: Frontend::Python {
                 venv,
@@ -137,18 +137,29 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let model = work.join("tiny-model");
     crate::tiny_model::write_to(&model).with_context(|| format!("writing {}", model.display()))?;
-    eprintln!("e2e: engine {}, model {}, logs in {}", engine.display(), model.display(), work.display());
+    eprintln!(
+        "e2e: engine {}, model {}, logs in {}",
+        engine.display(),
+        model.display(),
+        work.display()
+    );
 
     let mut all = Vec::new();
     for leg in legs {
         let dir = work.join(leg.name.replace([' ', '/'], "_"));
         std::fs::create_dir_all(&dir)?;
-        eprintln!("\n=== {} (engine line {}; {})", leg.name, leg.line, leg.note);
+        eprintln!(
+            "\n=== {} (engine line {}; {})",
+            leg.name, leg.line, leg.note
+        );
         let res = run_leg(&leg, &engine, &model, &dir);
         print_leg(&res);
         if res.results.iter().any(|r| !r.pass) {
             for (what, file) in [("frontend", "frontend.log"), ("engine", "engine.log")] {
-                println!("--- last 40 lines of the {what} log ({}):", dir.join(file).display());
+                println!(
+                    "--- last 40 lines of the {what} log ({}):",
+                    dir.join(file).display()
+                );
                 println!("{}", tail(&dir.join(file), 40));
             }
             println!("--- end of logs");
@@ -156,8 +167,14 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         all.push(res);
     }
 
-    let passed: usize = all.iter().map(|l| l.results.iter().filter(|r| r.pass).count()).sum();
-    let failed: usize = all.iter().map(|l| l.results.iter().filter(|r| !r.pass).count()).sum();
+    let passed: usize = all
+        .iter()
+        .map(|l| l.results.iter().filter(|r| r.pass).count())
+        .sum();
+    let failed: usize = all
+        .iter()
+        .map(|l| l.results.iter().filter(|r| !r.pass).count())
+        .sum();
     println!();
     let rows: Vec<[String; 3]> = all
         .iter()
@@ -211,7 +228,11 @@ fn run_leg(leg: &Leg, engine: &Path, model: &Path, dir: &Path) -> LegResult {
         Ok(()) => {}
         Err(e) => results.push(fail("startup", format!("{e:#}"))),
     }
-    eprintln!("=== {} done in {:.1} s", leg.name, started.elapsed().as_secs_f64());
+    eprintln!(
+        "=== {} done in {:.1} s",
+        leg.name,
+        started.elapsed().as_secs_f64()
+    );
     LegResult {
         name: leg.name.clone(),
         results,
@@ -232,7 +253,8 @@ fn start_and_check(
     let _ = std::fs::remove_file(&fe_log);
     let _ = std::fs::remove_file(&en_log);
 
-    let (mut frontend, listen_timeout, kind) = match &leg.frontend {
+    // (frontend, handshake-listen timeout, engine-connect-to-/health timeout, kind)
+    let (mut frontend, listen_timeout, health_timeout, kind) = match &leg.frontend {
         Frontend::Rs { bin } => {
             let mut cmd = Command::new(bin);
             cmd.arg("serve")
@@ -245,16 +267,25 @@ fn start_and_check(
                 .args(["--served-model-name", "tiny", "--reasoning-parser", "none"])
                 .args(["--engine-ready-timeout-secs", "60"]);
             let g = ChildGuard::spawn("vllm-rs", cmd, &fe_log, Duration::from_secs(5))?;
-            (g, Duration::from_secs(30), Kind::Rs)
+            (
+                g,
+                Duration::from_secs(30),
+                Duration::from_secs(60),
+                Kind::Rs,
+            )
         }
         Frontend::Python { venv, api_servers } => {
             let mut cmd = Command::new(venv.join("bin").join("vllm"));
             cmd.arg("serve")
                 .arg(model)
-                .args(["--served-model-name", "tiny", "--host", "127.0.0.1", "--port"])
+                .args(["--served-model-name", "tiny"])
+                .args(["--host", "127.0.0.1"])
+                .arg("--port")
                 .arg(http_port.to_string())
-                .args(["--data-parallel-size", "1", "--data-parallel-size-local", "0"])
-                .args(["--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port"])
+                .args(["--data-parallel-size", "1"])
+                .args(["--data-parallel-size-local", "0"])
+                .args(["--data-parallel-address", "127.0.0.1"])
+                .arg("--data-parallel-rpc-port")
                 .arg(hs_port.to_string());
             if *api_servers != 1 {
                 cmd.arg("--api-server-count").arg(api_servers.to_string());
@@ -270,9 +301,11 @@ fn start_and_check(
                 cmd.env(k, v);
             }
             let g = ChildGuard::spawn("vllm serve", cmd, &fe_log, Duration::from_secs(15))?;
+            // boot is 9-35 s on 2 cores; extra API-server processes boot after the handshake
             (
                 g,
                 Duration::from_secs(180),
+                Duration::from_secs(120),
                 Kind::Python,
             )
         }
@@ -280,24 +313,36 @@ fn start_and_check(
     let t = Instant::now();
     wait_listening(hs_port, listen_timeout, &mut [&mut frontend])
         .context("waiting for the frontend's handshake socket")?;
-    eprintln!("  handshake port {hs_port} listening after {:.1} s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "  handshake port {hs_port} listening after {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
 
     let mut cmd = Command::new(engine);
     cmd.env("RUST_LOG", "info,vllm_vcr=debug")
+        .env("NO_COLOR", "1")
         .arg("play")
         .arg("--handshake-address")
         .arg(format!("tcp://127.0.0.1:{hs_port}"))
         .args(["--vllm-version", &leg.line])
         .args(["--time-to-first-token", &TTFT_MS.to_string()])
         .args(["--inter-token-latency", &ITL_MS.to_string()])
-        .args(["--vocab-size", &crate::tiny_model::TOKENIZER_VOCAB.to_string()])
-        .args(["--max-model-len", &crate::tiny_model::MAX_MODEL_LEN.to_string()])
-        .args(["--tokens", "echo"]);
+        .args([
+            "--vocab-size",
+            &crate::tiny_model::TOKENIZER_VOCAB.to_string(),
+        ])
+        .args([
+            "--max-model-len",
+            &crate::tiny_model::MAX_MODEL_LEN.to_string(),
+        ])
+        .args(["--tokens", "echo"])
+        // logs each request's admission, finish and abort (the abort checks read them)
+        .arg("--log-requests");
     let mut engine = ChildGuard::spawn("engine", cmd, &en_log, Duration::from_secs(5))?;
 
     let http = Client::new(http_port, Duration::from_secs(30));
     let t = Instant::now();
-    wait_health(&http, Duration::from_secs(60), &mut [&mut frontend, &mut engine])
+    wait_health(&http, health_timeout, &mut [&mut frontend, &mut engine])
         .context("waiting for GET /health 200")?;
     eprintln!("  /health 200 after {:.1} s", t.elapsed().as_secs_f64());
 
@@ -317,7 +362,11 @@ fn start_and_check(
             Err(p) => (false, format!("check panicked: {}", panic_text(&p))),
         };
         let secs = t.elapsed().as_secs_f64();
-        eprintln!("  [{}] {} ({secs:.2} s)", if pass { "PASS" } else { "FAIL" }, check.name);
+        eprintln!(
+            "  [{}] {} ({secs:.2} s)",
+            if pass { "PASS" } else { "FAIL" },
+            check.name
+        );
         results.push(CheckResult {
             name: check.name.into(),
             pass,
@@ -338,7 +387,11 @@ fn start_and_check(
         name: "processes-alive".into(),
         pass: dead.is_empty(),
         detail: if dead.is_empty() {
-            format!("frontend pid {} and engine pid {} still running", frontend.pid(), engine.pid())
+            format!(
+                "frontend pid {} and engine pid {} still running",
+                frontend.pid(),
+                engine.pid()
+            )
         } else {
             dead.join("; ")
         },
@@ -417,7 +470,15 @@ pub fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
         println!("{}", s.trim_end());
     };
     line(header.to_vec());
-    line(width.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().iter().map(String::as_str).collect());
+    line(
+        width
+            .iter()
+            .map(|w| "-".repeat(*w))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str)
+            .collect(),
+    );
     for r in rows {
         line(r.iter().map(String::as_str).collect());
     }

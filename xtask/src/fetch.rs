@@ -61,7 +61,9 @@ pub fn vllm_rs_path(cache: &Path, tag: &str) -> PathBuf {
 }
 
 pub fn python_venv(cache: &Path, py: &PythonFrontend) -> PathBuf {
-    cache.join("py").join(format!("{}-{}", py.package, py.version))
+    cache
+        .join("py")
+        .join(format!("{}-{}", py.package, py.version))
 }
 
 /// Run a command with its output on our stderr; fail with `what` if it fails.
@@ -98,12 +100,23 @@ pub fn vllm_rs_cached(cache: &Path, tag: &str) -> bool {
 pub fn fetch_vllm_rs(cache: &Path, line: &Line) -> Result<PathBuf> {
     let bin = vllm_rs_path(cache, &line.tag);
     if vllm_rs_cached(cache, &line.tag) {
-        eprintln!("fetch: vllm-rs {} (line {}): cached at {}", line.tag, line.line, bin.display());
+        eprintln!(
+            "fetch: vllm-rs {} (line {}): cached at {}",
+            line.tag,
+            line.line,
+            bin.display()
+        );
         return Ok(bin);
     }
     let started = Instant::now();
-    eprintln!("fetch: vllm-rs {} (line {}): downloading the vllm wheel", line.tag, line.line);
-    let dir = bin.parent().context("cache path has a parent")?.to_path_buf();
+    eprintln!(
+        "fetch: vllm-rs {} (line {}): downloading the vllm wheel",
+        line.tag, line.line
+    );
+    let dir = bin
+        .parent()
+        .context("cache path has a parent")?
+        .to_path_buf();
     let tmp = cache
         .join("vllm-rs")
         .join(format!(".download-{}-{}", line.tag, std::process::id()));
@@ -143,7 +156,10 @@ pub fn fetch_vllm_rs(cache: &Path, line: &Line) -> Result<PathBuf> {
         .status()
         .with_context(|| format!("running {}", bin.display()))?;
     if !check.success() {
-        bail!("{} serve --help failed ({check}): the binary does not run here", bin.display());
+        bail!(
+            "{} serve --help failed ({check}): the binary does not run here",
+            bin.display()
+        );
     }
     eprintln!(
         "fetch: vllm-rs {} ready at {} ({:.1} s)",
@@ -167,7 +183,10 @@ fn find_wheel(dir: &Path, tag: &str) -> Result<PathBuf> {
     match wheels.len() {
         1 => Ok(wheels.remove(0)),
         0 => bail!("pip download left no vllm-{tag}-*.whl in {}", dir.display()),
-        _ => bail!("pip download left several wheels in {}: {wheels:?}", dir.display()),
+        _ => bail!(
+            "pip download left several wheels in {}: {wheels:?}",
+            dir.display()
+        ),
     }
 }
 
@@ -232,7 +251,10 @@ fn extract_member(zip: &Path, member: &str, dest: &Path) -> Result<()> {
 /// `(major, minor)` of the Python that creates the venvs.
 fn python_version() -> Result<(u32, u32)> {
     let out = Command::new(python())
-        .args(["-c", "import sys;print(sys.version_info[0],sys.version_info[1])"])
+        .args([
+            "-c",
+            "import sys;print(sys.version_info[0],sys.version_info[1])",
+        ])
         .output()
         .with_context(|| format!("running {} (needed to install the frontends)", python()))?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -249,7 +271,12 @@ pub fn fetch_python(cache: &Path, py: &PythonFrontend) -> Result<PathBuf> {
     let stamp = venv.join(".installed");
     let vllm_cli = venv.join("bin").join("vllm");
     if stamp.is_file() && vllm_cli.is_file() {
-        eprintln!("fetch: python frontend {}=={}: cached at {}", py.package, py.version, venv.display());
+        eprintln!(
+            "fetch: python frontend {}=={}: cached at {}",
+            py.package,
+            py.version,
+            venv.display()
+        );
         return Ok(venv);
     }
     let started = Instant::now();

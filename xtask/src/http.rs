@@ -8,6 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+/// Response headers in arrival order.
+pub type Headers = Vec<(String, String)>;
+
 /// A complete response.
 #[derive(Debug)]
 pub struct Response {
@@ -23,7 +26,11 @@ impl Response {
 
     pub fn json(&self) -> Result<Value> {
         serde_json::from_slice(&self.body).with_context(|| {
-            format!("response (HTTP {}) is not JSON: {}", self.status, snippet(&self.text()))
+            format!(
+                "response (HTTP {}) is not JSON: {}",
+                self.status,
+                snippet(&self.text())
+            )
         })
     }
 
@@ -88,14 +95,23 @@ impl Read for Body {
                 Ok(n)
             }
             Framing::UntilClose => self.inner.read(buf),
-            Framing::Chunked { left_in_chunk, done } => {
+            Framing::Chunked {
+                left_in_chunk,
+                done,
+            } => {
                 if *done || buf.is_empty() {
                     return Ok(0);
                 }
                 if *left_in_chunk == 0 {
                     let mut line = String::new();
                     self.inner.read_line(&mut line)?;
-                    let size_text = line.trim().split(';').next().unwrap_or("").trim().to_string();
+                    let size_text = line
+                        .trim()
+                        .split(';')
+                        .next()
+                        .unwrap_or("")
+                        .trim()
+                        .to_string();
                     let size = u64::from_str_radix(&size_text, 16).map_err(|_| {
                         std::io::Error::new(
                             std::io::ErrorKind::InvalidData,
@@ -148,7 +164,10 @@ impl SseStream {
         let mut data: Option<String> = None;
         loop {
             let mut line = String::new();
-            let n = self.reader.read_line(&mut line).context("reading the event stream")?;
+            let n = self
+                .reader
+                .read_line(&mut line)
+                .context("reading the event stream")?;
             if n == 0 {
                 return Ok(data);
             }
@@ -189,7 +208,13 @@ impl Client {
         }
     }
 
-    fn send(&self, method: &str, path: &str, body: Option<&Value>, accept: &str) -> Result<(u16, Vec<(String, String)>, Body)> {
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        accept: &str,
+    ) -> Result<(u16, Headers, Body)> {
         let stream = TcpStream::connect_timeout(&self.addr, self.timeout)
             .with_context(|| format!("connecting to {}", self.addr))?;
         stream.set_read_timeout(Some(self.timeout))?;
@@ -303,15 +328,23 @@ pub fn parse_metrics(text: &str) -> Vec<Sample> {
         }
         let (name, labels, rest) = match line.find('{') {
             Some(open) => {
-                let Some(close) = line.rfind('}') else { continue };
-                (&line[..open], parse_labels(&line[open + 1..close]), &line[close + 1..])
+                let Some(close) = line.rfind('}') else {
+                    continue;
+                };
+                (
+                    &line[..open],
+                    parse_labels(&line[open + 1..close]),
+                    &line[close + 1..],
+                )
             }
             None => match line.split_once(char::is_whitespace) {
                 Some((n, r)) => (n, Vec::new(), r),
                 None => continue,
             },
         };
-        let Some(value) = rest.split_whitespace().next() else { continue };
+        let Some(value) = rest.split_whitespace().next() else {
+            continue;
+        };
         let value = match value {
             "+Inf" => f64::INFINITY,
             "-Inf" => f64::NEG_INFINITY,
@@ -335,7 +368,9 @@ fn parse_labels(s: &str) -> Vec<(String, String)> {
     while let Some(eq) = rest.find('=') {
         let key = rest[..eq].trim().trim_start_matches(',').trim().to_string();
         let after = &rest[eq + 1..];
-        let Some(after) = after.strip_prefix('"') else { break };
+        let Some(after) = after.strip_prefix('"') else {
+            break;
+        };
         let mut value = String::new();
         let mut end = after.len();
         let mut chars = after.char_indices();
@@ -393,7 +428,11 @@ mod tests {
         assert_eq!(metric_sum(&s, "vllm:num_requests_running", &[]), Some(2.0));
         assert_eq!(metric_sum(&s, "vllm:request_success_total", &[]), Some(7.0));
         assert_eq!(
-            metric_sum(&s, "vllm:request_success_total", &[("finished_reason", "stop")]),
+            metric_sum(
+                &s,
+                "vllm:request_success_total",
+                &[("finished_reason", "stop")]
+            ),
             Some(3.0)
         );
         assert_eq!(metric_sum(&s, "plain_metric", &[]), Some(1.5));
@@ -420,7 +459,9 @@ mod tests {
         let r = Client::new(port, Duration::from_secs(5)).get("/").unwrap();
         assert_eq!((r.status, r.text().as_str()), (200, "hello world"));
         let port = serve_once(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\n\r\n{}");
-        let r = Client::new(port, Duration::from_secs(5)).post("/", &serde_json::json!({})).unwrap();
+        let r = Client::new(port, Duration::from_secs(5))
+            .post("/", &serde_json::json!({}))
+            .unwrap();
         assert_eq!((r.status, r.text().as_str()), (400, "{}"));
     }
 

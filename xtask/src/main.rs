@@ -69,7 +69,13 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
     let mut it = args.iter();
     let allowed: &[&str] = match cmd {
         "fetch" => &["--line", "--python", "--python-only"],
-        "e2e" => &["--line", "--python", "--python-only", "--engine-bin", "--keep-logs"],
+        "e2e" => &[
+            "--line",
+            "--python",
+            "--python-only",
+            "--engine-bin",
+            "--keep-logs",
+        ],
         _ => &[],
     };
     while let Some(arg) = it.next() {
@@ -83,7 +89,10 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
         let mut value = |name: &str| -> Result<String> {
             match inline.clone() {
                 Some(v) => Ok(v),
-                None => it.next().cloned().with_context(|| format!("{name} needs a value")),
+                None => it
+                    .next()
+                    .cloned()
+                    .with_context(|| format!("{name} needs a value")),
             }
         };
         match flag {
@@ -143,7 +152,10 @@ fn real_main() -> Result<bool> {
             Ok(true)
         }
         "model-dir" => {
-            let dir = args.positional.first().context("model-dir needs a directory")?;
+            let dir = args
+                .positional
+                .first()
+                .context("model-dir needs a directory")?;
             tiny_model::write_to(Path::new(dir)).with_context(|| format!("writing {dir}"))?;
             eprintln!("wrote the tiny model to {dir}");
             Ok(true)

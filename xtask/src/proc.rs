@@ -15,7 +15,10 @@ static LIVE_GROUPS: [AtomicI32; 32] = [const { AtomicI32::new(0) }; 32];
 
 fn register_group(pgid: i32) {
     for slot in &LIVE_GROUPS {
-        if slot.compare_exchange(0, pgid, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+        if slot
+            .compare_exchange(0, pgid, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
             return;
         }
     }
@@ -70,9 +73,14 @@ impl ChildGuard {
             .open(log)
             .with_context(|| format!("opening log {}", log.display()))?;
         let err = out.try_clone()?;
-        cmd.stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        cmd.stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
         eprintln!("  $ {}", describe(&cmd));
-        let child = cmd.spawn().with_context(|| format!("starting {name}: {}", describe(&cmd)))?;
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name}: {}", describe(&cmd)))?;
         register_group(child.id() as i32);
         Ok(ChildGuard {
             name: name.to_string(),
@@ -99,7 +107,11 @@ impl ChildGuard {
     /// Fail if the child is gone.
     pub fn ensure_running(&mut self) -> Result<()> {
         match self.exited() {
-            Some(status) => bail!("{} exited early ({status}); log: {}", self.name, self.log.display()),
+            Some(status) => bail!(
+                "{} exited early ({status}); log: {}",
+                self.name,
+                self.log.display()
+            ),
             None => Ok(()),
         }
     }
@@ -194,7 +206,11 @@ pub fn is_listening(port: u16) -> bool {
 }
 
 /// Wait until `port` listens, failing early if one of `watch` exits.
-pub fn wait_listening(port: u16, timeout: Duration, watch: &mut [&mut ChildGuard]) -> Result<Duration> {
+pub fn wait_listening(
+    port: u16,
+    timeout: Duration,
+    watch: &mut [&mut ChildGuard],
+) -> Result<Duration> {
     let start = Instant::now();
     while start.elapsed() < timeout {
         if is_listening(port) {
