@@ -46,12 +46,12 @@ pub fn run(root: &Path) -> Result<()> {
                 )
             }),
         ),
-        ("test", Box::new(|| cargo(root, &["test", "--workspace"]))),
-        ("build", Box::new(|| cargo(root, &["build"]))),
         (
             "fetch",
             Box::new(|| crate::fetch_cmd(root, &[], true, false)),
         ),
+        ("test", Box::new(|| cargo(root, &["test", "--workspace"]))),
+        ("build", Box::new(|| cargo(root, &["build"]))),
         (
             "e2e",
             Box::new(|| {

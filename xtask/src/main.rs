@@ -42,7 +42,7 @@ commands:
                --python-only   only the Python frontend legs
                --engine-bin P  use this engine binary instead of building target/debug/vllm-vcr
                --keep-logs DIR write logs and the model directory to DIR and keep them
-  ci         fmt --check, clippy -D warnings, test, build, fetch (all + python),
+  ci         fmt --check, clippy -D warnings, fetch (all + python), test, build,
              e2e (all + python); stops at the first failing stage
   model-dir  write the tiny model directory to DIR
 ";
