@@ -218,3 +218,38 @@ async fn send_dead<S: SocketSend>(outputs: &mut [S]) {
     // zeromq has no linger: give the frames a moment to leave before the sockets drop.
     tokio::time::sleep(Duration::from_millis(200)).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sim_protocol::EngineCoreOutputs;
+    use zeromq::{PullSocket, PushSocket, Socket};
+
+    /// A fatal error reaches the frontend as the raw ENGINE_CORE_DEAD frame, after the
+    /// outputs queued before it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dead_sentinel_follows_queued_outputs() {
+        let mut pull = PullSocket::new();
+        let ep = pull.bind("tcp://127.0.0.1:0").await.unwrap();
+        let mut push = PushSocket::new();
+        push.connect(&ep.to_string()).await.unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(output_task(VllmLine::new(0, 33), vec![push], rx));
+        tx.send(Outbound::Outputs {
+            client: 0,
+            outputs: EngineCoreOutputs {
+                timestamp: 1.0,
+                finished_requests: Some(vec!["x".into()]),
+                ..Default::default()
+            },
+        })
+        .unwrap();
+        tx.send(Outbound::Dead).unwrap();
+        drop(tx);
+        let first = pull.recv().await.unwrap().into_vec();
+        assert_ne!(first[0].as_ref(), ENGINE_CORE_DEAD);
+        let second = pull.recv().await.unwrap().into_vec();
+        assert_eq!(second, vec![Bytes::from_static(ENGINE_CORE_DEAD)]);
+        task.await.unwrap().unwrap();
+    }
+}
