@@ -8,6 +8,7 @@ use clap_complete::Shell;
 use tokio::sync::watch;
 
 use crate::play::PlayArgs;
+use crate::serve::ServeArgs;
 
 /// A CPU stand-in for vLLM's engine-core: run the real vLLM frontend (vllm-rs or
 /// `vllm serve`) against a simulated engine, without GPUs or model weights.
@@ -31,6 +32,9 @@ fn version() -> &'static str {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Start a real vLLM frontend (vllm-rs, or the Python `vllm serve`) with a simulated
+    /// engine behind it, and print its OpenAI base URL.
+    Serve(Box<ServeArgs>),
     /// Run a simulated engine-core that joins a vLLM frontend's handshake socket.
     Play(PlayArgs),
     /// Print a shell completion script for this binary to stdout.
@@ -51,6 +55,12 @@ pub fn main() -> i32 {
             clap_complete::generate(shell, &mut Cli::command(), "vllm-vcr", &mut out);
             out.flush().map_err(Into::into)
         }
+        Command::Serve(args) => runtime().and_then(|rt| {
+            rt.block_on(async move {
+                let shutdown = shutdown_on_signals();
+                crate::serve::run(*args, shutdown).await
+            })
+        }),
         Command::Play(args) => runtime().and_then(|rt| {
             rt.block_on(async move {
                 let shutdown = shutdown_on_signals();

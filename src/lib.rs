@@ -3,7 +3,10 @@
 //! The binary's subcommands live here as modules so integration tests, the xtask and the
 //! benchmarks can drive them in-process.
 
+pub mod child;
 pub mod cli;
 pub mod compat;
+pub mod frontends;
 pub mod play;
+pub mod serve;
 pub mod tiny_model;

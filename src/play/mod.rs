@@ -36,7 +36,8 @@ pub enum TokenMode {
 #[derive(Debug, Clone, Args)]
 pub struct PlayArgs {
     /// The frontend's engine handshake socket (vLLM's --data-parallel-address and
-    /// --data-parallel-rpc-port; vllm-rs --handshake-host/--handshake-port).
+    /// --data-parallel-rpc-port; vllm-rs --handshake-host/--handshake-port). `serve` sets
+    /// it itself.
     #[arg(
         long,
         default_value = "tcp://127.0.0.1:29550",

@@ -480,7 +480,9 @@ impl SimEngine {
             return;
         }
         let ts = instant_to_monotonic(now);
-        if let Some(e) = earliest {
+        if let Some(e) = earliest
+            && !self.latency.is_instant()
+        {
             self.lateness_us.push((now - e).as_secs_f64() * 1e6);
         }
         let running_now = self.running.len() as u64;

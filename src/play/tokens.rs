@@ -58,7 +58,10 @@ impl TokenSource for RandomTokens {
     }
 
     fn describe(&self) -> String {
-        format!("random (seed {}, vocab {})", self.seed, self.vocab_size)
+        format!(
+            "random (seed {}, ids {}..{})",
+            self.seed, self.min_id, self.vocab_size
+        )
     }
 }
 

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::checks::{self, Check, Ctx, Kind};
 use crate::compat::Compat;
-use crate::fetch;
+use crate::frontends;
 use crate::http::Client;
 use crate::proc::{ChildGuard, free_ports, tail, wait_listening};
 
@@ -57,12 +57,12 @@ struct LegResult {
 /// Run the matrix; `Ok(true)` when every check passed.
 pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     let compat = Compat::load(root)?;
-    let cache = fetch::cache_root()?;
+    let cache = frontends::cache_root()?;
     let mut legs = Vec::new();
     if !opts.python_only {
         for line in compat.select(&opts.lines)? {
-            let bin = fetch::vllm_rs_path(&cache, &line.tag);
-            if !fetch::vllm_rs_cached(&cache, &line.tag) {
+            let bin = frontends::vllm_rs_path(&cache, &line.tag);
+            if !frontends::vllm_rs_cached(&cache, &line.tag) {
                 bail!(
                     "vllm-rs {} is not in the cache ({}); run `cargo xtask fetch --line {}` first",
                     line.tag,
@@ -81,7 +81,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     }
     if opts.python || opts.python_only {
         let py = &compat.python_frontend;
-        let venv = fetch::python_venv(&cache, py);
+        let venv = frontends::python_venv(&cache, &py.package, &py.version);
         if !venv.join(".installed").is_file() {
             bail!(
                 "the Python frontend is not installed ({}); run `cargo xtask fetch --python` first",

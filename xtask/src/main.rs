@@ -11,15 +11,21 @@ mod checks;
 mod ci;
 mod compat;
 mod e2e;
-mod fetch;
 mod http;
-mod proc;
 
 // The generator lives in the root crate; compiling the file in directly (rather than
 // depending on the root crate) keeps the xtask buildable while the engine is mid-change.
 #[allow(dead_code)]
 #[path = "../../src/tiny_model.rs"]
 mod tiny_model;
+
+// Shared with `vllm-vcr serve` the same way.
+#[allow(dead_code)]
+#[path = "../../src/frontends.rs"]
+mod frontends;
+#[allow(dead_code)]
+#[path = "../../src/child.rs"]
+mod proc;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -110,15 +116,19 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
 /// `fetch`: vllm-rs of the selected lines (unless python_only), and the Python frontend.
 pub fn fetch_cmd(root: &Path, lines: &[String], python: bool, python_only: bool) -> Result<()> {
     let compat = compat::Compat::load(root)?;
-    let cache = fetch::cache_root()?;
+    let cache = frontends::cache_root()?;
     eprintln!("fetch: cache {}", cache.display());
     if !python_only {
         for line in compat.select(lines)? {
-            fetch::fetch_vllm_rs(&cache, &line)?;
+            frontends::fetch_vllm_rs(&cache, &line.tag)?;
         }
     }
     if python || python_only {
-        fetch::fetch_python(&cache, &compat.python_frontend)?;
+        frontends::fetch_python(
+            &cache,
+            &compat.python_frontend.package,
+            &compat.python_frontend.version,
+        )?;
     }
     Ok(())
 }

