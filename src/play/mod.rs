@@ -1,5 +1,6 @@
 //! `vllm-vcr play`: a simulated vLLM engine-core behind a real frontend.
 
+pub mod block_hash;
 pub mod engine_core;
 pub mod io;
 pub mod request;
