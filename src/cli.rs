@@ -36,7 +36,7 @@ pub enum Command {
     /// engine behind it, and print its OpenAI base URL.
     Serve(Box<ServeArgs>),
     /// Run a simulated engine-core that joins a vLLM frontend's handshake socket.
-    Play(PlayArgs),
+    Play(Box<PlayArgs>),
     /// Print a shell completion script for this binary to stdout.
     Completions {
         /// The shell to generate for.
@@ -64,7 +64,7 @@ pub fn main() -> i32 {
         Command::Play(args) => runtime().and_then(|rt| {
             rt.block_on(async move {
                 let shutdown = shutdown_on_signals();
-                crate::play::run(args, shutdown).await
+                crate::play::run(*args, shutdown).await
             })
         }),
     };

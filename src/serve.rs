@@ -87,9 +87,7 @@ fn line_of_vllm_rs(bin: &Path) -> Option<VllmLine> {
             let text = String::from_utf8_lossy(&out.stdout);
             VllmLine::parse(text.split_whitespace().nth(1)?).ok()
         });
-    from_flag.or_else(|| {
-        frontends::release_from_layout(bin).and_then(|v| VllmLine::parse(&v).ok())
-    })
+    from_flag.or_else(|| frontends::release_from_layout(bin).and_then(|v| VllmLine::parse(&v).ok()))
 }
 
 /// Whether the user chose the line: a non-default value, or the flag on the command line.
@@ -273,6 +271,30 @@ fn url_host(host: &str) -> String {
     }
 }
 
+/// Make the frontend die with this process however it ends (a second Ctrl-C exits at
+/// once, SIGKILL, a crash): it runs in its own process group, so nothing else would stop
+/// it. The signal fires when the *spawning thread* exits; `run` is driven by `block_on` on
+/// the main thread, which lives as long as the process.
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: between fork and exec this calls only async-signal-safe functions (prctl,
+    // getppid, _exit) and allocates nothing on the success path.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                // we died before the signal was armed
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
     let cache = frontends::cache_root()?;
     let mut play = args.play.clone();
@@ -416,7 +438,12 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     };
 
     eprintln!("starting the frontend (log: {})", log.display());
+    let line = play.vllm_version;
+    let mut cmd = cmd;
+    die_with_parent(&mut cmd);
     let mut frontend = ChildGuard::spawn("frontend", cmd, &log, grace)?;
+    let frontend_pid = frontend.pid();
+    let connect_host = client_host(&args.host);
     let (engine_stop, engine_stop_rx) = watch::channel(false);
     let mut engine = tokio::spawn(crate::play::run(play, engine_stop_rx));
 
@@ -431,7 +458,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     let started = Instant::now();
     let mut user = shutdown.clone();
     loop {
-        if health_ok(&args.host, args.port).await {
+        if health_ok(&connect_host, args.port).await {
             break;
         }
         if let Some(status) = frontend.exited() {
@@ -469,10 +496,15 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         }
     }
 
-    let base = format!("http://{}:{}/v1", args.host, args.port);
+    let base = format!("http://{}:{}/v1", url_host(&connect_host), args.port);
+    let kind = match args.frontend {
+        Frontend::Rs => "vllm-rs",
+        Frontend::Python => "vllm serve",
+    };
     println!(
         "vllm-vcr serve: a real vLLM frontend with a simulated engine is ready\n\
-         \n  OpenAI base URL  {base}\n  model            {name}\n  frontend log     {}\n\
+         \n  OpenAI base URL  {base}\n  model            {name}\n  \
+         frontend         {kind} (vLLM {line}, pid {frontend_pid})\n  frontend log     {}\n\
          \n  curl {base}/chat/completions -H 'Content-Type: application/json' \\\n    \
          -d '{{\"model\":\"{name}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":16}}'\n\
          \nCtrl-C to stop.",

@@ -27,7 +27,9 @@ struct Pickle {
 
 impl Pickle {
     fn new() -> Self {
-        Self { body: Vec::with_capacity(128) }
+        Self {
+            body: Vec::with_capacity(128),
+        }
     }
 
     fn str(&mut self, s: &str) {
@@ -67,7 +69,9 @@ impl Pickle {
         } else {
             // LONG1: minimal little-endian two's complement
             let mut bytes = v.to_le_bytes().to_vec();
-            while bytes.len() > 1 && bytes[bytes.len() - 1] == 0 && bytes[bytes.len() - 2] & 0x80 == 0
+            while bytes.len() > 1
+                && bytes[bytes.len() - 1] == 0
+                && bytes[bytes.len() - 2] & 0x80 == 0
             {
                 bytes.pop();
             }
@@ -228,7 +232,22 @@ mod tests {
         );
         // every int width pickle uses
         let wide = [
-            300, 70000, 3, 1 << 31, 1 << 31, 255, 256, 65535, 65536, 0, 1, 2, 3, 4, 5, 6,
+            300,
+            70000,
+            3,
+            1 << 31,
+            1 << 31,
+            255,
+            256,
+            65535,
+            65536,
+            0,
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
         ];
         let h2 = hash_block(&h1, &wide, &[]);
         assert_eq!(
@@ -291,6 +310,9 @@ mod tests {
             path: "/p".into(),
         };
         assert_ne!(chain(&none, &toks, 16, Some(&lora), None)[0], c[0]);
-        assert_eq!(hash_u64(&c[0]), u64::from_be_bytes(c[0][24..].try_into().unwrap()));
+        assert_eq!(
+            hash_u64(&c[0]),
+            u64::from_be_bytes(c[0][24..].try_into().unwrap())
+        );
     }
 }

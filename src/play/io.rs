@@ -58,7 +58,7 @@ pub async fn run_engine(
     let engine = SimEngine::new(
         args.engine_config(rank),
         args.token_source(),
-        latency::from_knobs(args.time_to_first_token, args.inter_token_latency),
+        latency::from_knobs(args.knobs(), args.seed.wrapping_add(u64::from(rank))),
         args.scheduling_policy.build(),
     );
     tracing::info!("{}", engine.describe());

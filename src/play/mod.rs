@@ -3,9 +3,11 @@
 pub mod block_hash;
 pub mod engine_core;
 pub mod io;
+pub mod kv_cache;
 pub mod request;
 pub mod scheduler;
 pub mod sim;
+pub mod step;
 pub mod timer;
 pub mod tokens;
 pub mod utility;
@@ -88,13 +90,38 @@ pub struct PlayArgs {
     #[arg(long, default_value_t = 3)]
     pub min_token_id: u32,
 
-    /// Time to first token in milliseconds, from admission (0 = instant).
+    /// Mean time to first token in milliseconds: what prefilling a request's whole
+    /// uncached prompt adds to a step (split over its chunks). 0 = instant.
     #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
     pub time_to_first_token: f64,
 
-    /// Gap between output chunks in milliseconds (0 = instant).
+    /// Standard deviation of the time to first token, ms (log-normal, never negative).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub time_to_first_token_std_dev: f64,
+
+    /// Mean duration of a decode step in milliseconds: the inter-token latency. 0 = instant.
     #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
     pub inter_token_latency: f64,
+
+    /// Standard deviation of the inter-token latency, ms (log-normal, never negative).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub inter_token_latency_std_dev: f64,
+
+    /// Fixed cost of a step that prefills, ms.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub prefill_overhead: f64,
+
+    /// Cost per prefilled (uncached) prompt token, ms.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub prefill_time_per_token: f64,
+
+    /// Slow-down factor at full load (running = --max-num-seqs), linear in between; 1 = none.
+    #[arg(long, default_value_t = 1.0)]
+    pub time_factor_under_load: f64,
+
+    /// Divide every duration by this (100 = a hundred times faster than configured).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
 
     /// Tokens per request per output message (vLLM emits one per step; more models
     /// speculative or multi-token steps).
@@ -105,9 +132,22 @@ pub struct PlayArgs {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_num_seqs: u64,
 
-    /// Token budget per step, advertised to the frontend.
+    /// Token budget of one step: decodes take one token each, prefill chunks the rest.
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_num_batched_tokens: u64,
+
+    /// Largest prefill chunk of one request when several compete for a step (0 = no cap).
+    #[arg(long, default_value_t = 0)]
+    pub long_prefill_token_threshold: u64,
+
+    /// Prefill a prompt only when it fits one step's budget whole (vLLM's
+    /// --no-enable-chunked-prefill).
+    #[arg(long)]
+    pub no_enable_chunked_prefill: bool,
+
+    /// Turn the prefix cache off (vLLM's --no-enable-prefix-caching).
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
 
     /// Model context length: requests stop with `length` when prompt plus output reach it.
     /// The frontend uses the smaller of this and its model's own limit.
@@ -118,7 +158,8 @@ pub struct PlayArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
     pub block_size: u64,
 
-    /// KV-cache blocks the engine advertises (kv_cache_usage is measured against it).
+    /// KV-cache blocks (advertised to the frontend): admission needs free blocks, and a
+    /// running request that cannot grow preempts the newest one, as in vLLM.
     #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(1..))]
     pub num_gpu_blocks: u64,
 
@@ -180,6 +221,12 @@ impl PlayArgs {
             line: self.vllm_version,
             engine_index: u32::from(rank),
             max_num_seqs: self.max_num_seqs as usize,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            long_prefill_token_threshold: self.long_prefill_token_threshold,
+            enable_chunked_prefill: !self.no_enable_chunked_prefill,
+            enable_prefix_caching: !self.no_enable_prefix_caching,
+            max_loras: self.max_loras as usize,
+            priority_preemption: self.scheduling_policy == SchedulingPolicy::Priority,
             max_model_len: self.max_model_len,
             block_size: self.block_size,
             num_gpu_blocks: self.num_gpu_blocks,
@@ -193,6 +240,20 @@ impl PlayArgs {
     pub fn dp_size(&self) -> u16 {
         let implied = self.data_parallel_rank.saturating_add(self.engine_count);
         self.data_parallel_size.unwrap_or(implied).max(implied)
+    }
+
+    /// The latency knobs as flags set them.
+    pub fn knobs(&self) -> sim_trace::latency::Knobs {
+        sim_trace::latency::Knobs {
+            ttft_ms: self.time_to_first_token,
+            ttft_std_ms: self.time_to_first_token_std_dev,
+            itl_ms: self.inter_token_latency,
+            itl_std_ms: self.inter_token_latency_std_dev,
+            prefill_overhead_ms: self.prefill_overhead,
+            prefill_per_token_ms: self.prefill_time_per_token,
+            time_factor_under_load: self.time_factor_under_load,
+            time_scale: self.time_scale,
+        }
     }
 
     pub fn token_source(&self) -> Box<dyn TokenSource> {
@@ -250,6 +311,7 @@ pub async fn run(args: PlayArgs, shutdown: watch::Receiver<bool>) -> Result<()> 
             args.vocab_size
         );
     }
+    args.knobs().validate().map_err(|e| anyhow::anyhow!(e))?;
     if args.output_token_chunk_size == 0 {
         bail!("--output-token-chunk-size must be at least 1");
     }

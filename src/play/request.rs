@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use sim_protocol::{EngineCoreEvent, EngineCoreRequest, FinishReason, StopReason};
 
+use super::block_hash::{BlockHash, ExtraKey};
 use super::tokens::TokenStream;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,12 +36,27 @@ pub struct SimRequest {
     pub pending_events: Vec<EngineCoreEvent>,
     /// Whether the first output (with prefill stats) went out.
     pub started: bool,
-    /// When the next output chunk is due (running requests only).
-    pub due: Option<Instant>,
-    /// Bumped whenever `due` changes, so stale timeline entries are skipped.
-    pub generation: u64,
     pub lora_name: Option<String>,
+    pub lora_id: Option<i64>,
+    /// The LoRA extra key of every block hash (vLLM keys blocks by adapter).
+    pub lora_key: Option<ExtraKey>,
+    pub cache_salt: Option<String>,
     pub arrived: Instant,
+    /// Prompt then output token ids (what the KV cache holds once computed).
+    pub tokens: Vec<u32>,
+    /// Tokens whose KV is computed (vLLM's `num_computed_tokens`).
+    pub num_computed: u64,
+    /// KV blocks held, in order.
+    pub blocks: Vec<usize>,
+    /// Chained hashes of the full blocks of `tokens` computed so far.
+    pub block_hashes: Vec<BlockHash>,
+    /// Leading blocks already registered in the prefix cache.
+    pub cached_blocks: usize,
+    pub num_preemptions: u64,
+    /// Prompt tokens that were prefix-cache hits at first admission.
+    pub cached_tokens: u64,
+    /// Tokens the current prefill must compute (for the latency model).
+    pub prefill_total: u64,
 }
 
 impl SimRequest {
@@ -73,10 +89,47 @@ impl SimRequest {
             held: false,
             pending_events: Vec::new(),
             started: false,
-            due: None,
-            generation: 0,
             lora_name: req.lora_request.as_ref().map(|l| l.name.clone()),
+            lora_id: req.lora_request.as_ref().map(|l| l.int_id),
+            lora_key: req.lora_request.as_ref().map(|l| ExtraKey::Lora {
+                name: l.name.clone(),
+                path: l.path.clone(),
+            }),
+            cache_salt: req.cache_salt.clone(),
             arrived: now,
+            tokens: req.prompt_token_ids.clone().unwrap_or_else(|| {
+                // prompt embeddings only: placeholders keep the lengths right
+                vec![0; req.prompt_len()]
+            }),
+            num_computed: 0,
+            blocks: Vec::new(),
+            block_hashes: Vec::new(),
+            cached_blocks: 0,
+            num_preemptions: 0,
+            cached_tokens: 0,
+            prefill_total: 0,
+        }
+    }
+
+    /// Extend `block_hashes` to cover the first `n_blocks` full blocks.
+    pub fn hash_blocks(&mut self, n_blocks: usize, block_size: usize, none: &BlockHash) {
+        while self.block_hashes.len() < n_blocks {
+            let i = self.block_hashes.len();
+            let Some(block) = self.tokens.get(i * block_size..(i + 1) * block_size) else {
+                return;
+            };
+            let mut extra = Vec::new();
+            if let Some(k) = &self.lora_key {
+                extra.push(k.clone());
+            }
+            if i == 0
+                && let Some(s) = self.cache_salt.as_ref().filter(|s| !s.is_empty())
+            {
+                extra.push(ExtraKey::CacheSalt(s.clone()));
+            }
+            let parent = self.block_hashes.last().unwrap_or(none);
+            let h = super::block_hash::hash_block(parent, block, &extra);
+            self.block_hashes.push(h);
         }
     }
 
@@ -93,6 +146,7 @@ impl SimRequest {
         };
         let t = self.stream.next_token(avoid);
         self.num_output += 1;
+        self.tokens.push(t);
         (t, self.check_stop(t, max_model_len))
     }
 

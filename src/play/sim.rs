@@ -1,14 +1,14 @@
 //! `SimEngine`: the production engine behind `vllm-vcr play`.
 //!
-//! It keeps vLLM's request lifecycle: a waiting queue ordered by the [`Scheduler`] policy, a
-//! running batch capped by `max_num_seqs`, token-level stop checks, QUEUED / SCHEDULED /
+//! It advances in steps, like vLLM's `EngineCore`: each step is planned by the step
+//! composer (`step.rs`, vLLM's scheduler rules: token budget, chunked prefill, prefix
+//! cache, KV capacity and preemption, LoRA slots), takes as long as the latency model says
+//! for its shape, and when it ends every request that finished its prefill or decoded
+//! emits its new tokens: one `EngineCoreOutputs` per client, with QUEUED / SCHEDULED /
 //! PREEMPTED events, prefill stats on a request's first output, and one `SchedulerStats`
-//! per step. Pacing comes from the [`LatencyModel`]: every running request has an absolute
-//! deadline for its next output chunk, and a step emits every request that is due, one
-//! `EngineCoreOutputs` per client.
+//! per step. Steps run back to back against absolute deadlines while there is work.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use sim_protocol::{
@@ -16,12 +16,15 @@ use sim_protocol::{
     FinishReason, InputMessage, PrefillStats, PrefixCacheStats, RequestError, SchedulerStats,
     StopReason, VllmLine, describe_lines,
 };
-use sim_trace::latency::{LatencyModel, RequestCtx};
+use sim_trace::latency::LatencyModel;
 use sim_trace::stats::Samples;
 
+use super::block_hash::{BlockHash, default_none_hash};
 use super::engine_core::{EngineCore, EngineInput, Outbox};
+use super::kv_cache::BlockPool;
 use super::request::{Phase, SimRequest};
-use super::scheduler::{Scheduler, WaitingKey};
+use super::scheduler::Scheduler;
+use super::step::StepPlan;
 use super::timer::{instant_to_monotonic, now_monotonic};
 use super::tokens::TokenSource;
 use super::utility::{PauseState, UtilityState};
@@ -32,6 +35,16 @@ pub struct EngineConfig {
     pub line: VllmLine,
     pub engine_index: u32,
     pub max_num_seqs: usize,
+    /// Token budget of one step.
+    pub max_num_batched_tokens: u64,
+    /// Cap on one prefill chunk when several requests compete (0 = none).
+    pub long_prefill_token_threshold: u64,
+    pub enable_chunked_prefill: bool,
+    pub enable_prefix_caching: bool,
+    /// Distinct LoRA adapters allowed in the running batch (0 = no cap).
+    pub max_loras: usize,
+    /// Preempt the lowest-priority request rather than the newest (priority policy).
+    pub priority_preemption: bool,
     pub max_model_len: u64,
     pub block_size: u64,
     pub num_gpu_blocks: u64,
@@ -47,18 +60,20 @@ pub struct SimEngine {
     pub(super) cfg: EngineConfig,
     tokens: Box<dyn TokenSource>,
     latency: Box<dyn LatencyModel>,
-    scheduler: Box<dyn Scheduler>,
+    pub(super) scheduler: Box<dyn Scheduler>,
     pub(super) requests: HashMap<String, SimRequest>,
-    waiting: Vec<String>,
+    pub(super) waiting: Vec<String>,
     pub(super) running: Vec<String>,
-    /// `(due, generation, id)`; entries whose generation no longer matches are stale.
-    timeline: BinaryHeap<Reverse<(Instant, u64, String)>>,
+    pub(super) pool: BlockPool,
+    pub(super) none_hash: BlockHash,
+    /// The step being executed and when it ends.
+    in_flight: Option<(Instant, StepPlan)>,
     next_seq: i64,
-    next_preempt_seq: i64,
+    pub(super) next_preempt_seq: i64,
     step_counter: u64,
     /// Counter deltas accumulated since the last stats were sent.
-    prefix_delta: PrefixCacheStats,
-    stats_dirty: bool,
+    pub(super) prefix_delta: PrefixCacheStats,
+    pub(super) stats_dirty: bool,
     pub(super) shutting_down: bool,
     pub(super) util: UtilityState,
     warned_request_lens: HashSet<usize>,
@@ -76,14 +91,15 @@ impl SimEngine {
         scheduler: Box<dyn Scheduler>,
     ) -> Self {
         Self {
-            cfg,
             tokens,
             latency,
             scheduler,
             requests: HashMap::new(),
             waiting: Vec::new(),
             running: Vec::new(),
-            timeline: BinaryHeap::new(),
+            pool: BlockPool::new(cfg.num_gpu_blocks as usize, false),
+            none_hash: default_none_hash(),
+            in_flight: None,
             next_seq: 0,
             next_preempt_seq: -1,
             step_counter: 0,
@@ -94,6 +110,7 @@ impl SimEngine {
             warned_request_lens: HashSet::new(),
             unreported_finished: BTreeMap::new(),
             lateness_us: Samples::default(),
+            cfg,
         }
     }
 
@@ -256,6 +273,7 @@ impl SimEngine {
 
     /// Remove a request without telling the frontend (client aborts, as vLLM does).
     pub(super) fn finish_silently(&mut self, id: &str) -> bool {
+        self.free_blocks(id);
         let Some(r) = self.requests.remove(id) else {
             return false;
         };
@@ -273,82 +291,28 @@ impl SimEngine {
         true
     }
 
-    /// Admit waiting requests while the running batch has room.
+    /// Start a step if none is running and there is work (after arrivals, aborts,
+    /// resumes). The name is historical: admission happens inside the step composer.
     pub(super) fn admit(&mut self, now: Instant) {
-        if !self.util.scheduling_enabled() {
-            return;
-        }
-        while self.running.len() < self.cfg.max_num_seqs {
-            let keys: Vec<(usize, WaitingKey)> = self
-                .waiting
-                .iter()
-                .enumerate()
-                .filter_map(|(i, id)| {
-                    let r = self.requests.get(id)?;
-                    (!r.held).then_some((
-                        i,
-                        WaitingKey {
-                            seq: r.seq,
-                            priority: r.priority,
-                            prompt_len: r.prompt_len,
-                        },
-                    ))
-                })
-                .collect();
-            let only: Vec<WaitingKey> = keys.iter().map(|k| k.1).collect();
-            let Some(pick) = self.scheduler.pick(&only) else {
-                break;
-            };
-            let id = self.waiting.remove(keys[pick].0);
-            let running = self.running.len() as u64 + 1;
-            let Some(r) = self.requests.get_mut(&id) else {
-                continue;
-            };
-            r.phase = Phase::Running;
-            r.pending_events.push(EngineCoreEvent {
-                kind: EventType::Scheduled,
-                timestamp: instant_to_monotonic(now),
-            });
-            let ctx = RequestCtx {
-                prompt_tokens: r.prompt_len,
-                cached_tokens: 0,
-                output_tokens: r.num_output,
-                running,
-            };
-            let delay = self.latency.time_to_first_token(&ctx);
-            r.due = Some(now + delay);
-            r.generation += 1;
-            self.timeline
-                .push(Reverse((now + delay, r.generation, id.clone())));
-            if !r.started {
-                self.prefix_delta.requests += 1;
-                self.prefix_delta.queries += r.prompt_len;
-            }
-            self.running.push(id);
-            self.stats_dirty = true;
+        if self.in_flight.is_none() {
+            self.plan_step(now, now);
         }
     }
 
-    /// Preempt every running request (recompute): back to the front of the queue with a
-    /// PREEMPTED event, as vLLM does when it must free KV blocks.
-    pub(super) fn preempt_all_running(&mut self, now: Instant) {
-        let ts = instant_to_monotonic(now);
-        for id in std::mem::take(&mut self.running) {
-            if let Some(r) = self.requests.get_mut(&id) {
-                r.phase = Phase::Waiting;
-                r.due = None;
-                r.generation += 1;
-                r.seq = self.next_preempt_seq;
-                self.next_preempt_seq -= 1;
-                r.pending_events.push(EngineCoreEvent {
-                    kind: EventType::Preempted,
-                    timestamp: ts,
-                });
-                self.prefix_delta.preempted_requests += 1;
-                self.waiting.push(id);
-            }
+    fn plan_step(&mut self, start: Instant, now: Instant) {
+        if let Some(plan) = self.schedule(now) {
+            let d = self.latency.step_duration(&plan.shape);
+            self.in_flight = Some((start + d, plan));
         }
-        self.stats_dirty = true;
+    }
+
+    /// Preempt every running request (recompute), newest first, as vLLM does when it
+    /// resets the prefix cache with `reset_running_requests`.
+    pub(super) fn preempt_all_running(&mut self, now: Instant) {
+        while let Some(id) = self.running.last().cloned() {
+            self.preempt(&id, now);
+        }
+        self.in_flight = None;
     }
 
     /// Finish every request with ABORT outputs (pause in abort mode, shutdown).
@@ -367,10 +331,14 @@ impl SimEngine {
                     ..Default::default()
                 });
         }
+        let ids: Vec<String> = self.requests.keys().cloned().collect();
+        for id in &ids {
+            self.free_blocks(id);
+        }
         self.requests.clear();
         self.waiting.clear();
         self.running.clear();
-        self.timeline.clear();
+        self.in_flight = None;
         if self.cfg.report_finished {
             for (client, outputs) in &by_client {
                 let ids = outputs.iter().map(|o| o.request_id.clone());
@@ -418,12 +386,6 @@ impl SimEngine {
     fn take_stats(&mut self) -> SchedulerStats {
         self.step_counter += 1;
         self.stats_dirty = false;
-        let used_blocks: u64 = self
-            .running
-            .iter()
-            .filter_map(|id| self.requests.get(id))
-            .map(|r| r.num_tokens().div_ceil(self.cfg.block_size.max(1)))
-            .sum();
         let mut running_lora: BTreeMap<String, u64> = BTreeMap::new();
         let mut waiting_lora: BTreeMap<String, u64> = BTreeMap::new();
         for r in self.requests.values() {
@@ -439,7 +401,7 @@ impl SimEngine {
             num_running_reqs: self.running.len() as u64,
             num_waiting_reqs: self.waiting.len() as u64,
             step_counter: self.step_counter,
-            kv_cache_usage: (used_blocks as f64 / self.cfg.num_gpu_blocks.max(1) as f64).min(1.0),
+            kv_cache_usage: self.pool.usage(),
             prefix_cache_stats: std::mem::take(&mut self.prefix_delta),
             running_lora_adapters: running_lora.into_iter().collect(),
             waiting_lora_adapters: waiting_lora.into_iter().collect(),
@@ -455,46 +417,31 @@ impl SimEngine {
         }
     }
 
-    /// One engine step: every running request whose next chunk is due emits it.
-    fn step(&mut self, now: Instant, out: &mut Outbox) {
-        let mut due_ids: Vec<String> = Vec::new();
-        let mut earliest: Option<Instant> = None;
-        while let Some(Reverse((due, generation, _))) = self.timeline.peek() {
-            if *due > now {
-                break;
-            }
-            let (due, generation) = (*due, *generation);
-            let Some(Reverse((_, _, id))) = self.timeline.pop() else {
-                break;
-            };
-            let live = self
-                .requests
-                .get(&id)
-                .is_some_and(|r| r.phase == Phase::Running && r.generation == generation);
-            if live {
-                earliest = Some(earliest.map_or(due, |e: Instant| e.min(due)));
-                due_ids.push(id);
-            }
-        }
-        if due_ids.is_empty() {
-            return;
+    /// The step that was in flight ends: requests that completed their prefill or decoded
+    /// emit their new tokens.
+    fn complete_step(&mut self, end: Instant, plan: StepPlan, now: Instant, out: &mut Outbox) {
+        if !self.latency.is_instant() {
+            self.lateness_us
+                .push(now.saturating_duration_since(end).as_secs_f64() * 1e6);
         }
         let ts = instant_to_monotonic(now);
-        if let Some(e) = earliest
-            && !self.latency.is_instant()
-        {
-            self.lateness_us.push((now - e).as_secs_f64() * 1e6);
-        }
-        let running_now = self.running.len() as u64;
         let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
         let mut finished: Vec<String> = Vec::new();
         let chunk = self.cfg.output_token_chunk_size.max(1);
         let max_model_len = self.cfg.max_model_len;
         let line = self.cfg.line;
-        for id in due_ids {
+        let bs = self.cfg.block_size;
+        for (id, n) in plan.scheduled {
             let Some(r) = self.requests.get_mut(&id) else {
-                continue;
+                continue; // aborted during the step
             };
+            if r.phase != Phase::Running {
+                continue; // preempted during the step
+            }
+            r.num_computed += n;
+            if r.num_computed < r.tokens.len() as u64 {
+                continue; // a partial prefill: no token yet
+            }
             let mut o = EngineCoreOutput {
                 request_id: id.clone(),
                 ..Default::default()
@@ -511,15 +458,20 @@ impl SimEngine {
             o.events = std::mem::take(&mut r.pending_events);
             if !r.started {
                 r.started = true;
+                let created = (r.cached_blocks as u64 * bs)
+                    .min(r.prompt_len)
+                    .saturating_sub(r.cached_tokens);
                 o.prefill_stats = Some(PrefillStats {
                     num_prompt_tokens: r.prompt_len,
-                    num_computed_tokens: r.prompt_len,
+                    num_computed_tokens: r.prompt_len - r.cached_tokens.min(r.prompt_len),
+                    num_cached_tokens: r.cached_tokens,
+                    num_local_cached_tokens: r.cached_tokens,
+                    num_external_cached_tokens: 0,
                     num_cache_creation_tokens: if line.prefill_stats_has_cache_creation() {
-                        r.prompt_len
+                        created
                     } else {
                         0
                     },
-                    ..Default::default()
                 });
             }
             if let Some((reason, why)) = stop {
@@ -534,28 +486,12 @@ impl SimEngine {
                         "request finished"
                     );
                 }
-            } else {
-                let ctx = RequestCtx {
-                    prompt_tokens: r.prompt_len,
-                    cached_tokens: 0,
-                    output_tokens: r.num_output,
-                    running: running_now,
-                };
-                let gap = self.latency.inter_token_latency(&ctx);
-                let prev = r.due.unwrap_or(now);
-                let next = prev + gap;
-                r.due = Some(next);
-                r.generation += 1;
-                self.timeline
-                    .push(Reverse((next, r.generation, id.clone())));
             }
             by_client.entry(r.client).or_default().push(o);
         }
         for id in &finished {
             self.finish_silently(id);
         }
-        // Freed slots admit waiting requests at the end of this step, as in vLLM.
-        self.admit(now);
         // every step reports stats, like vLLM's scheduler
         self.stats_dirty = true;
         self.send_step(by_client, ts, out);
@@ -608,19 +544,11 @@ impl SimEngine {
         self.requests.len()
     }
 
-    /// Shift every running request's deadline by `by` (resume after a pause in keep mode).
+    /// Push the step in flight back by `by` (resume after a pause in keep mode).
     pub(super) fn shift_deadlines(&mut self, by: Duration) {
-        let mut entries = Vec::new();
-        for id in &self.running {
-            if let Some(r) = self.requests.get_mut(id)
-                && let Some(d) = r.due
-            {
-                r.due = Some(d + by);
-                r.generation += 1;
-                entries.push(Reverse((d + by, r.generation, id.clone())));
-            }
+        if let Some((end, _)) = &mut self.in_flight {
+            *end += by;
         }
-        self.timeline.extend(entries);
     }
 
     pub(super) fn unhold_all(&mut self) {
@@ -666,9 +594,24 @@ impl EngineCore for SimEngine {
     }
 
     fn on_deadline(&mut self, now: Instant, out: &mut Outbox) {
-        if self.util.scheduling_enabled() || matches!(self.util.pause, PauseState::Draining { .. })
-        {
-            self.step(now, out);
+        let Some((end, _)) = &self.in_flight else {
+            return;
+        };
+        if *end > now {
+            return;
+        }
+        let Some((end, plan)) = self.in_flight.take() else {
+            return;
+        };
+        self.complete_step(end, plan, now, out);
+        // back to back: the next step starts when this one ended, unless we are late
+        let start = if now.saturating_duration_since(end) < Duration::from_millis(1) {
+            end
+        } else {
+            now
+        };
+        if self.in_flight.is_none() {
+            self.plan_step(start, now);
         }
     }
 
@@ -676,7 +619,7 @@ impl EngineCore for SimEngine {
         if matches!(self.util.pause, PauseState::Paused { .. }) {
             return None;
         }
-        self.timeline.peek().map(|Reverse((d, _, _))| *d)
+        self.in_flight.as_ref().map(|(end, _)| *end)
     }
 
     fn begin_shutdown(&mut self, _now: Instant, _out: &mut Outbox) {

@@ -1,33 +1,52 @@
-//! Latency models: how long the engine takes to its first token and between output chunks.
+//! Latency models: how long one engine step takes.
 //!
-//! A model is asked once per request for the time to first token (from admission) and once
-//! per later output chunk for the gap since the previous one. The engine schedules against
-//! absolute deadlines built from these answers, so gaps never accumulate drift.
+//! The engine advances in steps, like vLLM: each step runs a batch of decodes (one token
+//! per running request) and some prefill chunks. A model turns the step's shape into a
+//! duration, so long prefills slow the decodes that share their step, as on a GPU, and
+//! queueing and chunk serialisation come from the scheduler rather than from knobs.
 
 use std::time::Duration;
 
-/// What a model may condition on when it draws a delay.
+/// One prefill chunk scheduled in a step.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RequestCtx {
-    /// Prompt length in tokens.
-    pub prompt_tokens: u64,
-    /// Prompt tokens served from the prefix cache.
-    pub cached_tokens: u64,
-    /// Output tokens produced so far.
-    pub output_tokens: u64,
-    /// Requests running in the engine when the delay is drawn (this one included).
+pub struct PrefillChunk {
+    /// Tokens computed in this chunk.
+    pub tokens: u64,
+    /// Tokens of the request already in KV cache before the chunk (cached + earlier chunks).
+    pub context: u64,
+    /// Uncached prompt tokens of the whole request (all its chunks together).
+    pub uncached_prompt: u64,
+}
+
+/// What ran in one step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepShape {
+    /// Running requests that decode in this step.
+    pub decode_requests: u64,
+    /// Prefill chunks in this step.
+    pub prefills: Vec<PrefillChunk>,
+    /// Requests in the running batch after scheduling.
     pub running: u64,
+    /// The batch capacity (`--max-num-seqs`), for load-dependent slowdowns.
+    pub max_num_seqs: u64,
+}
+
+impl StepShape {
+    pub fn prefill_tokens(&self) -> u64 {
+        self.prefills.iter().map(|c| c.tokens).sum()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.decode_requests == 0 && self.prefills.is_empty()
+    }
 }
 
 /// The pacing contract the engine drives.
 pub trait LatencyModel: Send {
-    /// Delay from a request's admission to its first output.
-    fn time_to_first_token(&mut self, ctx: &RequestCtx) -> Duration;
-    /// Gap between two consecutive output chunks of a request.
-    fn inter_token_latency(&mut self, ctx: &RequestCtx) -> Duration;
-    /// Short name for logs.
+    /// Duration of a step of this shape.
+    fn step_duration(&mut self, shape: &StepShape) -> Duration;
+    /// Short description for logs.
     fn describe(&self) -> String;
-    /// Whether every delay is zero (nothing to pace).
+    /// Whether every step takes no time (nothing to pace).
     fn is_instant(&self) -> bool {
         false
     }
@@ -38,10 +57,7 @@ pub trait LatencyModel: Send {
 pub struct InstantLatency;
 
 impl LatencyModel for InstantLatency {
-    fn time_to_first_token(&mut self, _: &RequestCtx) -> Duration {
-        Duration::ZERO
-    }
-    fn inter_token_latency(&mut self, _: &RequestCtx) -> Duration {
+    fn step_duration(&mut self, _: &StepShape) -> Duration {
         Duration::ZERO
     }
     fn describe(&self) -> String {
@@ -52,39 +68,181 @@ impl LatencyModel for InstantLatency {
     }
 }
 
-/// Constant delays, no randomness.
-#[derive(Debug, Clone, Copy)]
-pub struct FixedLatency {
-    pub ttft: Duration,
-    pub itl: Duration,
+/// The latency knobs, in milliseconds (0 = none).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Knobs {
+    /// Mean time to first token of a request whose whole uncached prompt is prefilled in
+    /// one step; split across chunks in proportion to their tokens.
+    pub ttft_ms: f64,
+    pub ttft_std_ms: f64,
+    /// Mean duration of a decode step (the inter-token latency).
+    pub itl_ms: f64,
+    pub itl_std_ms: f64,
+    /// Fixed cost of a step that contains prefill work.
+    pub prefill_overhead_ms: f64,
+    /// Cost per prefilled (uncached) token.
+    pub prefill_per_token_ms: f64,
+    /// Multiplier on every step at full load (running = max_num_seqs); linear in between.
+    pub time_factor_under_load: f64,
+    /// Divide every duration by this (e.g. 100 replays 100× faster).
+    pub time_scale: f64,
 }
 
-impl LatencyModel for FixedLatency {
-    fn time_to_first_token(&mut self, _: &RequestCtx) -> Duration {
-        self.ttft
+impl Default for Knobs {
+    fn default() -> Self {
+        Self {
+            ttft_ms: 0.0,
+            ttft_std_ms: 0.0,
+            itl_ms: 0.0,
+            itl_std_ms: 0.0,
+            prefill_overhead_ms: 0.0,
+            prefill_per_token_ms: 0.0,
+            time_factor_under_load: 1.0,
+            time_scale: 1.0,
+        }
     }
-    fn inter_token_latency(&mut self, _: &RequestCtx) -> Duration {
-        self.itl
+}
+
+impl Knobs {
+    /// Whether every step would take no time.
+    pub fn is_instant(&self) -> bool {
+        self.ttft_ms <= 0.0
+            && self.itl_ms <= 0.0
+            && self.prefill_overhead_ms <= 0.0
+            && self.prefill_per_token_ms <= 0.0
     }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let all = [
+            ("time to first token", self.ttft_ms),
+            ("time to first token std-dev", self.ttft_std_ms),
+            ("inter-token latency", self.itl_ms),
+            ("inter-token latency std-dev", self.itl_std_ms),
+            ("prefill overhead", self.prefill_overhead_ms),
+            ("prefill time per token", self.prefill_per_token_ms),
+        ];
+        for (name, v) in all {
+            if !v.is_finite() || v < 0.0 {
+                return Err(format!("{name} must be a number ≥ 0, got {v}"));
+            }
+        }
+        if !(self.time_factor_under_load.is_finite() && self.time_factor_under_load >= 1.0) {
+            return Err(format!(
+                "time factor under load must be ≥ 1, got {}",
+                self.time_factor_under_load
+            ));
+        }
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
+            return Err(format!("time scale must be > 0, got {}", self.time_scale));
+        }
+        Ok(())
+    }
+}
+
+/// Step durations from the knobs, with log-normal spread around the means (always
+/// positive, any std-dev; no clamp that would cut the tail).
+#[derive(Debug, Clone)]
+pub struct KnobLatency {
+    pub knobs: Knobs,
+    rng: u64,
+}
+
+impl KnobLatency {
+    pub fn new(knobs: Knobs, seed: u64) -> Self {
+        Self {
+            knobs,
+            rng: seed ^ 0x5eed_1a7e_0c11_u64,
+        }
+    }
+
+    fn uniform(&mut self) -> f64 {
+        // SplitMix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    fn normal(&mut self) -> f64 {
+        // Box–Muller
+        let (u1, u2) = (self.uniform(), self.uniform());
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+
+    /// A draw with the given mean and standard deviation: the mean itself when the spread
+    /// is zero, otherwise log-normal with exactly that mean and std-dev.
+    pub fn draw(&mut self, mean: f64, std: f64) -> f64 {
+        if mean <= 0.0 {
+            return 0.0;
+        }
+        if std <= 0.0 {
+            return mean;
+        }
+        let sigma2 = (1.0 + (std / mean).powi(2)).ln();
+        let mu = mean.ln() - sigma2 / 2.0;
+        (mu + sigma2.sqrt() * self.normal()).exp()
+    }
+}
+
+impl LatencyModel for KnobLatency {
+    fn step_duration(&mut self, shape: &StepShape) -> Duration {
+        let k = self.knobs;
+        let mut ms = 0.0;
+        if shape.decode_requests > 0 {
+            ms += self.draw(k.itl_ms, k.itl_std_ms);
+        }
+        if !shape.prefills.is_empty() {
+            ms += k.prefill_overhead_ms;
+            for c in &shape.prefills {
+                ms += k.prefill_per_token_ms * c.tokens as f64;
+                if k.ttft_ms > 0.0 && c.uncached_prompt > 0 {
+                    let share = c.tokens as f64 / c.uncached_prompt as f64;
+                    ms += self.draw(k.ttft_ms, k.ttft_std_ms) * share.min(1.0);
+                }
+            }
+        }
+        if k.time_factor_under_load > 1.0 && shape.max_num_seqs > 0 {
+            let load = (shape.running as f64 / shape.max_num_seqs as f64).min(1.0);
+            ms *= 1.0 + (k.time_factor_under_load - 1.0) * load;
+        }
+        ms /= k.time_scale;
+        Duration::from_secs_f64(ms.max(0.0) / 1e3)
+    }
+
     fn describe(&self) -> String {
-        format!(
-            "fixed (ttft {:.3} ms, itl {:.3} ms)",
-            self.ttft.as_secs_f64() * 1e3,
-            self.itl.as_secs_f64() * 1e3
-        )
+        let k = self.knobs;
+        let mut parts = vec![format!(
+            "ttft {} ms (sd {}), itl {} ms (sd {})",
+            k.ttft_ms, k.ttft_std_ms, k.itl_ms, k.itl_std_ms
+        )];
+        if k.prefill_overhead_ms > 0.0 || k.prefill_per_token_ms > 0.0 {
+            parts.push(format!(
+                "prefill {} ms + {} ms/token",
+                k.prefill_overhead_ms, k.prefill_per_token_ms
+            ));
+        }
+        if k.time_factor_under_load > 1.0 {
+            parts.push(format!("×{} at full load", k.time_factor_under_load));
+        }
+        if k.time_scale != 1.0 {
+            parts.push(format!("time scale {}", k.time_scale));
+        }
+        format!("knobs ({})", parts.join(", "))
+    }
+
+    fn is_instant(&self) -> bool {
+        self.knobs.is_instant()
     }
 }
 
-/// Build the model the knobs describe: instant when both are zero, fixed otherwise.
-pub fn from_knobs(ttft_ms: f64, itl_ms: f64) -> Box<dyn LatencyModel> {
-    let ms = |v: f64| Duration::from_secs_f64(v.max(0.0) / 1e3);
-    if ttft_ms <= 0.0 && itl_ms <= 0.0 {
+/// The model the knobs describe: instant when they are all zero.
+pub fn from_knobs(knobs: Knobs, seed: u64) -> Box<dyn LatencyModel> {
+    if knobs.is_instant() {
         Box::new(InstantLatency)
     } else {
-        Box::new(FixedLatency {
-            ttft: ms(ttft_ms),
-            itl: ms(itl_ms),
-        })
+        Box::new(KnobLatency::new(knobs, seed))
     }
 }
 
@@ -92,14 +250,88 @@ pub fn from_knobs(ttft_ms: f64, itl_ms: f64) -> Box<dyn LatencyModel> {
 mod tests {
     use super::*;
 
+    fn shape(decodes: u64, prefills: &[(u64, u64)]) -> StepShape {
+        StepShape {
+            decode_requests: decodes,
+            prefills: prefills
+                .iter()
+                .map(|&(tokens, uncached_prompt)| PrefillChunk {
+                    tokens,
+                    context: 0,
+                    uncached_prompt,
+                })
+                .collect(),
+            running: decodes + prefills.len() as u64,
+            max_num_seqs: 8,
+        }
+    }
+
+    fn ms(d: Duration) -> f64 {
+        d.as_secs_f64() * 1e3
+    }
+
     #[test]
-    fn knobs_pick_the_model() {
-        let ctx = RequestCtx::default();
-        let mut m = from_knobs(0.0, 0.0);
-        assert_eq!(m.time_to_first_token(&ctx), Duration::ZERO);
-        assert_eq!(m.describe(), "instant");
-        let mut m = from_knobs(40.0, 5.5);
-        assert_eq!(m.time_to_first_token(&ctx), Duration::from_millis(40));
-        assert_eq!(m.inter_token_latency(&ctx), Duration::from_micros(5500));
+    fn decode_and_prefill_compose() {
+        let mut m = KnobLatency::new(
+            Knobs {
+                ttft_ms: 40.0,
+                itl_ms: 5.0,
+                ..Default::default()
+            },
+            1,
+        );
+        assert!((ms(m.step_duration(&shape(3, &[]))) - 5.0).abs() < 1e-9);
+        // a whole prompt in one step costs the TTFT
+        assert!((ms(m.step_duration(&shape(0, &[(100, 100)]))) - 40.0).abs() < 1e-9);
+        // half of a prompt costs half; decodes sharing the step wait for it
+        assert!((ms(m.step_duration(&shape(2, &[(50, 100)]))) - 25.0).abs() < 1e-9);
+        assert_eq!(m.step_duration(&shape(0, &[])), Duration::ZERO);
+    }
+
+    #[test]
+    fn per_token_prefill_load_and_scale() {
+        let mut m = KnobLatency::new(
+            Knobs {
+                itl_ms: 10.0,
+                prefill_overhead_ms: 2.0,
+                prefill_per_token_ms: 0.1,
+                time_factor_under_load: 3.0,
+                time_scale: 2.0,
+                ..Default::default()
+            },
+            1,
+        );
+        let mut s = shape(1, &[(100, 100)]);
+        s.running = 8; // full load: ×3
+        // (10 + 2 + 10) × 3 / 2
+        assert!((ms(m.step_duration(&s)) - 33.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn lognormal_spread_keeps_mean_and_std() {
+        let mut m = KnobLatency::new(Knobs::default(), 7);
+        let n = 200_000;
+        let xs: Vec<f64> = (0..n).map(|_| m.draw(10.0, 8.0)).collect();
+        let mean = xs.iter().sum::<f64>() / n as f64;
+        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64;
+        assert!((mean - 10.0).abs() < 0.15, "mean {mean}");
+        assert!((var.sqrt() - 8.0).abs() < 0.4, "std {}", var.sqrt());
+        assert!(xs.iter().all(|x| *x > 0.0));
+    }
+
+    #[test]
+    fn knobs_validate() {
+        assert!(Knobs::default().validate().is_ok());
+        assert!(Knobs::default().is_instant());
+        let bad = Knobs {
+            itl_ms: -1.0,
+            ..Default::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("inter-token latency"));
+        let bad = Knobs {
+            time_scale: 0.0,
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
     }
 }
