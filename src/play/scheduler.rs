@@ -17,11 +17,20 @@ pub struct WaitingKey {
     pub prompt_len: u64,
 }
 
-/// Picks the next request to admit among the eligible waiting ones.
+/// Orders the waiting queue: requests are admitted in ascending `sort_key` order.
 pub trait Scheduler: Send {
-    /// Index into `waiting` of the request to admit next, if any.
-    fn pick(&self, waiting: &[WaitingKey]) -> Option<usize>;
+    /// The admission order key of a waiting request (smaller goes first).
+    fn sort_key(&self, w: &WaitingKey) -> (i64, i64, i64);
     fn name(&self) -> &'static str;
+
+    /// Index into `waiting` of the request to admit next, if any.
+    fn pick(&self, waiting: &[WaitingKey]) -> Option<usize> {
+        waiting
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, w)| self.sort_key(w))
+            .map(|(i, _)| i)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -45,18 +54,10 @@ impl SchedulingPolicy {
     }
 }
 
-fn argmin_by_key<K: Ord>(waiting: &[WaitingKey], key: impl Fn(&WaitingKey) -> K) -> Option<usize> {
-    waiting
-        .iter()
-        .enumerate()
-        .min_by_key(|(_, w)| key(w))
-        .map(|(i, _)| i)
-}
-
 pub struct Fcfs;
 impl Scheduler for Fcfs {
-    fn pick(&self, waiting: &[WaitingKey]) -> Option<usize> {
-        argmin_by_key(waiting, |w| w.seq)
+    fn sort_key(&self, w: &WaitingKey) -> (i64, i64, i64) {
+        (w.seq, 0, 0)
     }
     fn name(&self) -> &'static str {
         "fcfs"
@@ -65,8 +66,8 @@ impl Scheduler for Fcfs {
 
 pub struct Priority;
 impl Scheduler for Priority {
-    fn pick(&self, waiting: &[WaitingKey]) -> Option<usize> {
-        argmin_by_key(waiting, |w| (w.priority, w.seq))
+    fn sort_key(&self, w: &WaitingKey) -> (i64, i64, i64) {
+        (w.priority, w.seq, 0)
     }
     fn name(&self) -> &'static str {
         "priority"
@@ -75,8 +76,9 @@ impl Scheduler for Priority {
 
 pub struct ShortestPromptFirst;
 impl Scheduler for ShortestPromptFirst {
-    fn pick(&self, waiting: &[WaitingKey]) -> Option<usize> {
-        argmin_by_key(waiting, |w| (w.seq >= 0, w.prompt_len, w.seq))
+    fn sort_key(&self, w: &WaitingKey) -> (i64, i64, i64) {
+        // preempted requests (negative seq) keep their place at the front
+        (i64::from(w.seq >= 0), w.prompt_len as i64, w.seq)
     }
     fn name(&self) -> &'static str {
         "shortest-prompt-first"

@@ -17,7 +17,7 @@
 //!    prompt must fit the budget whole). The head of the queue blocks the rest when the KV
 //!    cache cannot take it (FCFS).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::time::Instant;
 
 use sim_protocol::{EngineCoreEvent, EventType};
@@ -124,15 +124,18 @@ impl SimEngine {
         self.stats_dirty = true;
     }
 
-    fn pick_victim(&self) -> Option<String> {
+    /// Index in `running` of the request to preempt: the newest, or under the priority
+    /// policy the lowest priority (largest value), latest arrival.
+    fn victim_index(&self) -> Option<usize> {
         if self.cfg.priority_preemption {
             self.running
                 .iter()
-                .filter_map(|id| self.requests.get(id).map(|r| (id, r)))
-                .max_by(|a, b| (a.1.priority, a.1.seq).cmp(&(b.1.priority, b.1.seq)))
-                .map(|(id, _)| id.clone())
+                .enumerate()
+                .filter_map(|(i, id)| self.requests.get(id).map(|r| (i, (r.priority, r.seq))))
+                .max_by_key(|(_, k)| *k)
+                .map(|(i, _)| i)
         } else {
-            self.running.last().cloned()
+            self.running.len().checked_sub(1)
         }
     }
 
@@ -175,70 +178,59 @@ impl SimEngine {
             }
             let mut self_preempted = false;
             while !self.allocate_running(&id, n) {
-                let Some(victim) = self.pick_victim() else {
+                let Some(v) = self.victim_index() else {
                     break;
                 };
+                let victim = self.running[v].clone();
                 preempted_any = true;
                 // a victim already scheduled this step gives its budget back
                 if let Some(pos) = scheduled.iter().position(|(s, _)| *s == victim) {
                     budget += scheduled.remove(pos).1;
                 }
                 self.preempt(&victim, now);
+                if v < i {
+                    i -= 1; // priority policy: a victim before us shifts us left
+                }
                 if victim == id {
                     self_preempted = true;
                     break;
                 }
             }
-            if self_preempted || !self.running.contains(&id) {
-                // the list shrank at or after `i`; re-check this position
-                if self.running.get(i) == Some(&id) {
-                    i += 1;
-                }
-                continue;
+            if self_preempted {
+                continue; // position `i` now holds the next request
             }
             budget -= n;
-            // a victim before `i` (priority policy) shifts this request left
-            i = self
-                .running
-                .iter()
-                .position(|x| *x == id)
-                .map_or(i + 1, |p| p + 1);
             scheduled.push((id, n));
+            i += 1;
         }
 
         // 2. waiting requests, only when nothing was preempted (as vLLM)
         if !preempted_any {
-            let mut skipped: BTreeSet<String> = BTreeSet::new();
             let mut loras: BTreeSet<i64> = self
                 .running
                 .iter()
                 .filter_map(|id| self.requests.get(id)?.lora_id)
                 .collect();
-            while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-                let keys: Vec<(usize, WaitingKey)> = self
-                    .waiting
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, id)| {
-                        let r = self.requests.get(id)?;
-                        (!r.held && !skipped.contains(id)).then_some((
-                            i,
-                            WaitingKey {
-                                seq: r.seq,
-                                priority: r.priority,
-                                prompt_len: r.prompt_len,
-                            },
-                        ))
-                    })
-                    .collect();
-                let only: Vec<WaitingKey> = keys.iter().map(|k| k.1).collect();
-                let Some(pick) = self.scheduler.pick(&only) else {
+            let mut candidates: Vec<((i64, i64, i64), String)> = self
+                .waiting
+                .iter()
+                .filter_map(|id| {
+                    let r = self.requests.get(id)?;
+                    let key = WaitingKey {
+                        seq: r.seq,
+                        priority: r.priority,
+                        prompt_len: r.prompt_len,
+                    };
+                    (!r.held).then(|| (self.scheduler.sort_key(&key), id.clone()))
+                })
+                .collect();
+            candidates.sort();
+            let mut admitted: HashSet<String> = HashSet::new();
+            for (_, id) in candidates {
+                if budget == 0 || self.running.len() >= self.cfg.max_num_seqs {
                     break;
-                };
-                let idx = keys[pick].0;
-                let id = self.waiting[idx].clone();
+                }
                 let Some(r) = self.requests.get(&id) else {
-                    self.waiting.remove(idx);
                     continue;
                 };
                 if let Some(l) = r.lora_id
@@ -246,8 +238,7 @@ impl SimEngine {
                     && !loras.contains(&l)
                     && loras.len() >= self.cfg.max_loras
                 {
-                    skipped.insert(id);
-                    continue;
+                    continue; // skipped this step: its adapter has no slot
                 }
                 let total = r.tokens.len() as u64;
                 let first_admission = r.num_computed == 0;
@@ -282,7 +273,6 @@ impl SimEngine {
                     self.pool.free(hits.into_iter().rev());
                     break;
                 };
-                self.waiting.remove(idx);
                 let preempted_before;
                 {
                     let Some(r) = self.requests.get_mut(&id) else {
@@ -320,9 +310,13 @@ impl SimEngine {
                 }
                 self.cache_full_blocks(&id, n);
                 self.running.push(id.clone());
+                admitted.insert(id.clone());
                 budget -= n;
                 scheduled.push((id, n));
                 self.stats_dirty = true;
+            }
+            if !admitted.is_empty() {
+                self.waiting.retain(|id| !admitted.contains(id));
             }
         }
 

@@ -72,7 +72,8 @@ impl LatencyModel for InstantLatency {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Knobs {
     /// Mean time to first token of a request whose whole uncached prompt is prefilled in
-    /// one step; split across chunks in proportion to their tokens.
+    /// one step; split across chunks in proportion to their tokens. Prefills sharing a
+    /// step are batched: the step pays the largest share, not the sum.
     pub ttft_ms: f64,
     pub ttft_std_ms: f64,
     /// Mean duration of a decode step (the inter-token latency).
@@ -195,13 +196,15 @@ impl LatencyModel for KnobLatency {
         }
         if !shape.prefills.is_empty() {
             ms += k.prefill_overhead_ms;
+            let mut batched = 0.0f64;
             for c in &shape.prefills {
                 ms += k.prefill_per_token_ms * c.tokens as f64;
                 if k.ttft_ms > 0.0 && c.uncached_prompt > 0 {
                     let share = c.tokens as f64 / c.uncached_prompt as f64;
-                    ms += self.draw(k.ttft_ms, k.ttft_std_ms) * share.min(1.0);
+                    batched = batched.max(self.draw(k.ttft_ms, k.ttft_std_ms) * share.min(1.0));
                 }
             }
+            ms += batched;
         }
         if k.time_factor_under_load > 1.0 && shape.max_num_seqs > 0 {
             let load = (shape.running as f64 / shape.max_num_seqs as f64).min(1.0);
@@ -286,6 +289,10 @@ mod tests {
         // half of a prompt costs half; decodes sharing the step wait for it
         assert!((ms(m.step_duration(&shape(2, &[(50, 100)]))) - 25.0).abs() < 1e-9);
         assert_eq!(m.step_duration(&shape(0, &[])), Duration::ZERO);
+        // prefills sharing a step are batched: the largest share, not the sum
+        assert!(
+            (ms(m.step_duration(&shape(0, &[(10, 10), (20, 20), (5, 10)]))) - 40.0).abs() < 1e-9
+        );
     }
 
     #[test]
