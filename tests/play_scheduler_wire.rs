@@ -97,3 +97,108 @@ async fn requests_decoding_together_share_one_message_per_step() {
     );
     w.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_have_the_sampled_token_first_and_k_alternatives() {
+    let mut w = Wire::start(args()).await;
+    let mut r = request("lp", &[10, 11, 12], 4);
+    let sp = r.sampling_params.as_mut().unwrap();
+    sp.logprobs = Some(3);
+    sp.prompt_logprobs = Some(2);
+    w.send(&sim_protocol::InputMessage::Add(Box::new(r))).await;
+    let c = w.collect(&["lp"]).await;
+    let outs: Vec<_> = c.envelopes.iter().flat_map(|e| e.outputs.iter()).collect();
+    assert!(
+        outs[0].new_prompt_logprobs_tensors.is_some(),
+        "prompt logprobs on the first output"
+    );
+    for o in &outs {
+        let lp = o
+            .new_logprobs
+            .as_ref()
+            .expect("logprobs on every token output");
+        assert_eq!(lp.rows, o.new_token_ids.len());
+        assert_eq!(lp.cols, 4, "the sampled token + 3 alternatives");
+        for (row, t) in o.new_token_ids.iter().enumerate() {
+            assert_eq!(
+                lp.token_ids[row * 4] as u32,
+                *t,
+                "column 0 is the sampled token"
+            );
+            let vals = &lp.logprobs[row * 4 + 1..row * 4 + 4];
+            assert!(vals.windows(2).all(|w| w[0] >= w[1]), "sorted: {vals:?}");
+            assert!(vals.iter().all(|v| *v <= 0.0));
+        }
+    }
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculative_steps_deliver_several_tokens_and_report_acceptance() {
+    let mut a = args();
+    a.num_speculative_tokens = 3;
+    a.speculative_acceptance_rate = 0.8;
+    let mut w = Wire::start(a).await;
+    w.send(&add("spec", &[10, 11], 60)).await;
+    let c = w.collect(&["spec"]).await;
+    assert_eq!(
+        c.tokens["spec"].len(),
+        60,
+        "the stop checks still cut at max_tokens"
+    );
+    assert!(
+        c.messages["spec"] < 60,
+        "multi-token steps: {} messages",
+        c.messages["spec"]
+    );
+    let outs: Vec<_> = c.envelopes.iter().flat_map(|e| e.outputs.iter()).collect();
+    assert!(
+        outs.iter().all(|o| o.new_token_ids.len() <= 4),
+        "at most 1 + K per step"
+    );
+    let (drafts, draft_tokens, accepted) = c
+        .envelopes
+        .iter()
+        .filter_map(|e| e.scheduler_stats.as_ref()?.spec_decoding_stats.as_ref())
+        .fold((0, 0, 0), |a, s| {
+            (
+                a.0 + s.num_drafts,
+                a.1 + s.num_draft_tokens,
+                a.2 + s.num_accepted_tokens,
+            )
+        });
+    assert!(drafts > 0 && draft_tokens == 3 * drafts && accepted <= draft_tokens);
+    let last = outs.last().unwrap();
+    let m = last
+        .spec_decode_metrics
+        .as_ref()
+        .expect("per-request metrics on the final output");
+    assert_eq!(m.num_spec_tokens, 3);
+    w.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_failures_finish_requests_the_chosen_way() {
+    let mut a = args();
+    a.failure_injection_rate = 1.0;
+    a.failure_types = vec![vllm_vcr::play::failures::FailureType::Length];
+    let mut w = Wire::start(a).await;
+    w.send(&add("cut", &[10], 50)).await;
+    let c = w.collect(&["cut"]).await;
+    assert_eq!(c.finished["cut"].0, FinishReason::Length);
+    assert!(c.tokens["cut"].len() < 50, "cut short");
+    w.stop().await.unwrap();
+
+    let mut a = args();
+    a.failure_injection_rate = 1.0;
+    a.failure_types = vec![vllm_vcr::play::failures::FailureType::Error];
+    let mut w = Wire::start(a).await;
+    for id in ["e0", "e1", "e2", "e3"] {
+        w.send(&add(id, &[10], 50)).await;
+    }
+    let c = w.collect(&["e0", "e1", "e2", "e3"]).await;
+    for id in ["e0", "e1", "e2", "e3"] {
+        assert_eq!(c.finished[id].0, FinishReason::Error, "{id}");
+    }
+    w.stop().await.unwrap();
+}

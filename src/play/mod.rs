@@ -2,11 +2,14 @@
 
 pub mod block_hash;
 pub mod engine_core;
+pub mod failures;
 pub mod io;
 pub mod kv_cache;
+pub mod logprobs;
 pub mod request;
 pub mod scheduler;
 pub mod sim;
+pub mod spec_decode;
 pub mod step;
 pub mod timer;
 pub mod tokens;
@@ -19,8 +22,10 @@ use clap::{Args, ValueEnum};
 use sim_protocol::VllmLine;
 use tokio::sync::watch;
 
+use failures::{FailureInjector, FailureType};
 use scheduler::SchedulingPolicy;
 use sim::EngineConfig;
+use spec_decode::{SpecMetricsLevel, SpecModel};
 use tokens::{EchoTokens, RandomTokens, TokenSource};
 
 /// The vLLM line this build speaks by default (stamped from compat.toml by build.rs).
@@ -181,6 +186,31 @@ pub struct PlayArgs {
     #[arg(long, default_value = "bfloat16", value_parser = ["float16", "bfloat16", "float32"])]
     pub dtype: String,
 
+    /// Speculative decoding: draft tokens verified per decode step (0 = off). A step then
+    /// delivers 1 + accepted tokens, and the stats carry vLLM's spec-decode counters.
+    #[arg(long, default_value_t = 0)]
+    pub num_speculative_tokens: u32,
+
+    /// Probability that a draft token is accepted (each position only if all earlier ones
+    /// were).
+    #[arg(long, default_value_t = 0.7)]
+    pub speculative_acceptance_rate: f64,
+
+    /// Per-request spec-decode metrics on final outputs (vLLM's
+    /// --per-request-spec-decode-metrics).
+    #[arg(long, value_enum, default_value_t = SpecMetricsLevel::Summary)]
+    pub per_request_spec_decode_metrics: SpecMetricsLevel,
+
+    /// Fraction of requests (0–1) that fail on purpose, for testing clients.
+    #[arg(long, default_value_t = 0.0)]
+    pub failure_injection_rate: f64,
+
+    /// How injected failures end a request: `error` (finish_reason error), `length` (cut
+    /// short) or `repetition` (vLLM's repetition detection); comma-separated, picked at
+    /// random.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "error")]
+    pub failure_types: Vec<FailureType>,
+
     /// Log every request's arrival, finish and abort.
     #[arg(long)]
     pub log_requests: bool,
@@ -233,6 +263,24 @@ impl PlayArgs {
             output_token_chunk_size: self.output_token_chunk_size,
             log_requests: self.log_requests,
             report_finished: self.dp_size() > 1,
+            spec: (self.num_speculative_tokens > 0)
+                .then(|| {
+                    SpecModel::new(
+                        self.num_speculative_tokens,
+                        self.speculative_acceptance_rate,
+                    )
+                    .ok()
+                })
+                .flatten(),
+            spec_metrics: self.per_request_spec_decode_metrics,
+            failures: (self.failure_injection_rate != 0.0)
+                .then(|| {
+                    FailureInjector::new(self.failure_injection_rate, self.failure_types.clone())
+                        .ok()
+                })
+                .flatten(),
+            token_ids: self.min_token_id..self.vocab_size,
+            seed: self.seed,
         }
     }
 
@@ -312,6 +360,17 @@ pub async fn run(args: PlayArgs, shutdown: watch::Receiver<bool>) -> Result<()> 
         );
     }
     args.knobs().validate().map_err(|e| anyhow::anyhow!(e))?;
+    if args.num_speculative_tokens > 0 {
+        SpecModel::new(
+            args.num_speculative_tokens,
+            args.speculative_acceptance_rate,
+        )
+        .map_err(|e| anyhow::anyhow!("--num-speculative-tokens: {e}"))?;
+    }
+    if args.failure_injection_rate != 0.0 {
+        FailureInjector::new(args.failure_injection_rate, args.failure_types.clone())
+            .map_err(|e| anyhow::anyhow!("--failure-injection-rate: {e}"))?;
+    }
     if args.output_token_chunk_size == 0 {
         bail!("--output-token-chunk-size must be at least 1");
     }

@@ -5,7 +5,9 @@ use std::time::Instant;
 use sim_protocol::{EngineCoreEvent, EngineCoreRequest, FinishReason, StopReason};
 
 use super::block_hash::{BlockHash, ExtraKey};
-use super::tokens::TokenStream;
+use super::failures::InjectedFailure;
+use super::spec_decode::RequestSpecTracker;
+use super::tokens::{SplitMix64, TokenStream};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -57,6 +59,13 @@ pub struct SimRequest {
     pub cached_tokens: u64,
     /// Tokens the current prefill must compute (for the latency model).
     pub prefill_total: u64,
+    /// Per-request randomness (logprobs, speculative acceptance, failures).
+    pub rng: SplitMix64,
+    /// `logprobs` / `prompt_logprobs` asked for (vLLM's `SamplingParams`).
+    pub logprobs: Option<i64>,
+    pub prompt_logprobs: Option<i64>,
+    pub spec: Option<RequestSpecTracker>,
+    pub failure: Option<InjectedFailure>,
 }
 
 impl SimRequest {
@@ -108,6 +117,11 @@ impl SimRequest {
             num_preemptions: 0,
             cached_tokens: 0,
             prefill_total: 0,
+            rng: SplitMix64(0),
+            logprobs: sp.logprobs,
+            prompt_logprobs: sp.prompt_logprobs,
+            spec: None,
+            failure: None,
         }
     }
 

@@ -21,12 +21,16 @@ use sim_trace::stats::Samples;
 
 use super::block_hash::{BlockHash, default_none_hash};
 use super::engine_core::{EngineCore, EngineInput, Outbox};
+use super::failures::FailureInjector;
 use super::kv_cache::BlockPool;
+use super::logprobs::{resolve_num_logprobs, sample_logprobs, sample_prompt_logprobs};
 use super::request::{Phase, SimRequest};
 use super::scheduler::Scheduler;
+use super::spec_decode::{RequestSpecTracker, SpecMetricsLevel, SpecModel, SpecStepStats};
 use super::step::StepPlan;
 use super::timer::{instant_to_monotonic, now_monotonic};
 use super::tokens::TokenSource;
+use super::tokens::{SplitMix64, request_seed};
 use super::utility::{PauseState, UtilityState};
 
 /// Engine settings that come from the command line.
@@ -51,6 +55,14 @@ pub struct EngineConfig {
     /// Tokens per output message per request (≥ 1).
     pub output_token_chunk_size: u32,
     pub log_requests: bool,
+    /// Speculative decoding: K drafts per decode step and their acceptance model.
+    pub spec: Option<SpecModel>,
+    pub spec_metrics: SpecMetricsLevel,
+    pub failures: Option<FailureInjector>,
+    /// Ids random tokens (and logprob alternatives) come from.
+    pub token_ids: std::ops::Range<u32>,
+    /// Seed of the per-request randomness.
+    pub seed: u64,
     /// Tell the frontend which requests finished (`EngineCoreOutputs.finished_requests`);
     /// vLLM does this with data parallelism, where the frontend balances load with it.
     pub report_finished: bool,
@@ -73,6 +85,8 @@ pub struct SimEngine {
     step_counter: u64,
     /// Counter deltas accumulated since the last stats were sent.
     pub(super) prefix_delta: PrefixCacheStats,
+    /// Speculative-decoding counters of the step being reported.
+    spec_step: Option<SpecStepStats>,
     pub(super) stats_dirty: bool,
     pub(super) shutting_down: bool,
     pub(super) util: UtilityState,
@@ -104,6 +118,7 @@ impl SimEngine {
             next_preempt_seq: -1,
             step_counter: 0,
             prefix_delta: PrefixCacheStats::default(),
+            spec_step: None,
             stats_dirty: false,
             shutting_down: false,
             util: UtilityState::default(),
@@ -253,6 +268,13 @@ impl SimEngine {
         let stream = self.tokens.stream_for(&req);
         let mut r = SimRequest::new(&req, stream, self.next_seq, now);
         r.client = client;
+        r.rng = SplitMix64(request_seed(self.cfg.seed ^ 0x1f1f, &r.id));
+        if let Some(f) = &self.cfg.failures {
+            r.failure = f.decide_bounded(&mut r.rng, r.min_tokens, r.max_tokens);
+        }
+        if let Some(m) = &self.cfg.spec {
+            r.spec = RequestSpecTracker::for_level(self.cfg.spec_metrics, m.num_spec_tokens);
+        }
         self.next_seq += 1;
         r.pending_events.push(EngineCoreEvent {
             kind: EventType::Queued,
@@ -403,6 +425,7 @@ impl SimEngine {
             step_counter: self.step_counter,
             kv_cache_usage: self.pool.usage(),
             prefix_cache_stats: std::mem::take(&mut self.prefix_delta),
+            spec_decoding_stats: self.spec_step.take().and_then(SpecStepStats::into_stats),
             running_lora_adapters: running_lora.into_iter().collect(),
             waiting_lora_adapters: waiting_lora.into_iter().collect(),
             ..Default::default()
@@ -447,13 +470,69 @@ impl SimEngine {
                 ..Default::default()
             };
             let mut stop: Option<(FinishReason, Option<StopReason>)> = None;
-            for _ in 0..chunk {
+            // a decode step verifies K drafts and delivers 1 + accepted tokens
+            let mut count = chunk as u64;
+            if let (Some(m), true) = (&self.cfg.spec, r.started) {
+                let accepted = m.draw(&mut r.rng);
+                self.spec_step
+                    .get_or_insert_with(|| SpecStepStats::new(m.num_spec_tokens))
+                    .observe(accepted);
+                if let Some(t) = &mut r.spec {
+                    t.observe(accepted);
+                }
+                count = 1 + u64::from(accepted);
+            }
+            let failure = r.failure;
+            for _ in 0..count {
+                if let Some(f) = failure.as_ref().filter(|f| r.num_output >= f.after_tokens) {
+                    let (reason, why, err) = self
+                        .cfg
+                        .failures
+                        .as_ref()
+                        .map_or((FinishReason::Error, None, None), |inj| inj.finish(f));
+                    o.error = err;
+                    stop = Some((reason, why));
+                    break;
+                }
                 let (t, s) = r.generate_one(max_model_len);
                 o.new_token_ids.push(t);
                 if s.is_some() {
                     stop = s;
                     break;
                 }
+            }
+            if stop.is_none()
+                && let Some(f) = failure.as_ref().filter(|f| r.num_output >= f.after_tokens)
+            {
+                let (reason, why, err) = self
+                    .cfg
+                    .failures
+                    .as_ref()
+                    .map_or((FinishReason::Error, None, None), |inj| inj.finish(f));
+                o.error = err;
+                stop = Some((reason, why));
+            }
+            // accepted drafts were computed by the verify pass
+            r.num_computed = r.num_computed.max(r.tokens.len() as u64 - 1);
+            let range = self.cfg.token_ids.clone();
+            if let Some(k) = r.logprobs
+                && !o.new_token_ids.is_empty()
+            {
+                let k = resolve_num_logprobs(k, range.end);
+                o.new_logprobs = Some(sample_logprobs(
+                    &mut r.rng,
+                    &o.new_token_ids,
+                    k,
+                    range.clone(),
+                ));
+            }
+            if !r.started
+                && let Some(k) = r.prompt_logprobs
+            {
+                let k = resolve_num_logprobs(k, range.end);
+                let prompt = r.tokens[..r.prompt_len as usize].to_vec();
+                o.new_prompt_logprobs_tensors =
+                    sample_prompt_logprobs(&mut r.rng, &prompt, k, range);
             }
             o.events = std::mem::take(&mut r.pending_events);
             if !r.started {
@@ -477,6 +556,7 @@ impl SimEngine {
             if let Some((reason, why)) = stop {
                 o.finish_reason = Some(reason);
                 o.stop_reason = why;
+                o.spec_decode_metrics = r.spec.as_ref().map(RequestSpecTracker::finish);
                 finished.push(id.clone());
                 if self.cfg.log_requests {
                     tracing::info!(

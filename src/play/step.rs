@@ -370,6 +370,11 @@ mod tests {
             output_token_chunk_size: 1,
             log_requests: false,
             report_finished: false,
+            spec: None,
+            spec_metrics: Default::default(),
+            failures: None,
+            token_ids: 3..259,
+            seed: 0,
         };
         f(&mut cfg);
         let mut e = SimEngine::new(

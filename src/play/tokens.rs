@@ -170,6 +170,13 @@ impl TokenStream for EchoStream {
     }
 }
 
+/// A per-request seed: the engine seed mixed with the request id (stable across runs).
+pub fn request_seed(seed: u64, request_id: &str) -> u64 {
+    let mut h = Fnv::new(seed);
+    h.write(request_id.as_bytes());
+    h.finish()
+}
+
 /// FNV-1a, for seeding (stable across platforms and releases, unlike `DefaultHasher`).
 struct Fnv(u64);
 
