@@ -25,8 +25,12 @@ pub async fn run_engine(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
     let ready = args.ready_response(rank);
+    // The frontend's data sockets may appear long after its handshake socket (the Python
+    // frontend's API-server processes import torch first): wait as long as for the
+    // handshake itself, as the frontend waits for the engine.
     let opts = ConnectOptions {
         handshake_timeout: secs(args.handshake_timeout),
+        connect_timeout: secs(args.handshake_timeout),
         ..Default::default()
     };
     let connect = connect_to_frontend(&args.handshake_address, rank, &ready, &opts);

@@ -300,7 +300,10 @@ fn completion_stream(ctx: &Ctx) -> Result<String> {
         usage(&json!({"usage": u}))?,
         (11, 5),
     )?;
-    ensure!(s.chunks >= 5, "{} chunks for 5 tokens", s.chunks);
+    // One token per 5 ms step arrives as its own delta, but the Python frontend merges
+    // deltas its consumer has not picked up yet (RequestOutputCollector), so a busy
+    // machine sees fewer chunks: require a real stream, not one chunk per token.
+    ensure!(s.chunks >= 2, "{} chunk(s) for 5 tokens: not streamed", s.chunks);
     Ok(format!(
         "{} chunks, \"Hello\", length, usage 11+5, [DONE]",
         s.chunks
