@@ -165,8 +165,13 @@ pub struct PlayArgs {
 
     /// KV-cache blocks (advertised to the frontend): admission needs free blocks, and a
     /// running request that cannot grow preempts the newest one, as in vLLM.
-    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(2..))]
     pub num_gpu_blocks: u64,
+
+    /// KV-cache capacity in tokens instead of blocks (sets --num-gpu-blocks to hold this
+    /// many tokens, plus vLLM's reserved null block).
+    #[arg(long, conflicts_with = "num_gpu_blocks", value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_cache_size: Option<u64>,
 
     /// Waiting-queue order.
     #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
@@ -246,6 +251,14 @@ impl PlayArgs {
         <Wrap as clap::Parser>::parse_from(["play"]).play
     }
 
+    /// KV blocks, from --num-gpu-blocks or --kv-cache-size.
+    pub fn gpu_blocks(&self) -> u64 {
+        match self.kv_cache_size {
+            Some(tokens) => tokens.div_ceil(self.block_size) + 1,
+            None => self.num_gpu_blocks,
+        }
+    }
+
     pub fn engine_config(&self, rank: u16) -> EngineConfig {
         EngineConfig {
             line: self.vllm_version,
@@ -259,7 +272,7 @@ impl PlayArgs {
             priority_preemption: self.scheduling_policy == SchedulingPolicy::Priority,
             max_model_len: self.max_model_len,
             block_size: self.block_size,
-            num_gpu_blocks: self.num_gpu_blocks,
+            num_gpu_blocks: self.gpu_blocks(),
             output_token_chunk_size: self.output_token_chunk_size,
             log_requests: self.log_requests,
             report_finished: self.dp_size() > 1,
@@ -328,7 +341,7 @@ impl PlayArgs {
         };
         sim_protocol::ready::ReadyResponse {
             max_model_len: self.max_model_len,
-            num_gpu_blocks: self.num_gpu_blocks,
+            num_gpu_blocks: self.gpu_blocks(),
             block_size: self.block_size,
             dp_stats_address: None,
             dtype: self.dtype.clone(),
@@ -344,7 +357,7 @@ impl PlayArgs {
             instance_id: format!("vllm-vcr-{}-{rank}", std::process::id()),
             supports_lora: !self.disable_lora,
             max_loras,
-            kv_cache_size_tokens: Some(self.num_gpu_blocks * self.block_size),
+            kv_cache_size_tokens: Some((self.gpu_blocks() - 1) * self.block_size),
             ..Default::default()
         }
     }
