@@ -30,7 +30,9 @@ pub struct ServeArgs {
 
     /// A `vllm-rs` binary to use. Default: `vllm-rs` on $PATH, else the cached one of the
     /// default line, else it is extracted from the PyPI `vllm` wheel (downloaded once into
-    /// ~/.cache/vllm-vcr, or $VLLM_VCR_CACHE).
+    /// ~/.cache/vllm-vcr, or $VLLM_VCR_CACHE). The engine speaks the binary's vLLM line,
+    /// read from its `--version` (0.29+) or from where it sits (the cache's `<tag>/`
+    /// directory, a venv's site-packages); --vllm-version overrides that.
     #[arg(long)]
     pub frontend_bin: Option<PathBuf>,
 
@@ -40,7 +42,9 @@ pub struct ServeArgs {
     pub python_venv: Option<PathBuf>,
 
     /// A model directory (config, tokenizer, chat template; no weights needed). Default:
-    /// the tiny model embedded in this binary (a 259-token byte-level tokenizer).
+    /// the tiny model embedded in this binary (a 259-token byte-level tokenizer). The
+    /// engine emits only token ids its tokenizer.json has, and caps --max-model-len at the
+    /// config's max_position_embeddings.
     #[arg(long)]
     pub model: Option<PathBuf>,
 
@@ -77,17 +81,55 @@ pub struct ServeArgs {
 /// The line a `vllm-rs` binary belongs to: its `--version` (0.29+ print `vllm-rs 0.29.0`),
 /// else where it sits (the cache's `<tag>/vllm-rs`, or a venv next to a dist-info).
 fn line_of_vllm_rs(bin: &Path) -> Option<VllmLine> {
-    let from_flag = Command::new(bin)
-        .arg("--version")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .and_then(|out| {
-            let text = String::from_utf8_lossy(&out.stdout);
-            VllmLine::parse(text.split_whitespace().nth(1)?).ok()
-        });
+    let from_flag = version_output(bin).and_then(|text| {
+        let mut words = text.split_whitespace();
+        (words.next() == Some("vllm-rs"))
+            .then(|| VllmLine::parse(words.next()?).ok())
+            .flatten()
+    });
     from_flag.or_else(|| frontends::release_from_layout(bin).and_then(|v| VllmLine::parse(&v).ok()))
+}
+
+/// Stdout of `bin --version` if it succeeds within a few seconds (a wrong binary must not
+/// hang `serve`).
+fn version_output(bin: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let mut child = Command::new(bin)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                // SAFETY: signalling the process group created for this child.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                let _ = child.wait();
+                return None;
+            }
+        }
+    };
+    let mut text = String::new();
+    child.stdout.take()?.read_to_string(&mut text).ok()?;
+    status.success().then_some(text)
+}
+
+/// The end of the frontend's log, for error messages.
+fn log_tail(log: &Path) -> String {
+    let text = tail(log, 30);
+    if text.trim().is_empty() {
+        "(the log is empty)".to_string()
+    } else {
+        text
+    }
 }
 
 /// Whether the user chose the line: a non-default value, or the flag on the command line.
@@ -466,7 +508,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             bail!(
                 "the frontend exited during start-up ({status}); last lines of {}:\n{}",
                 log.display(),
-                tail(&log, 30)
+                log_tail(&log)
             );
         }
         if engine.is_finished() {
@@ -482,7 +524,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             bail!(
                 "the frontend did not answer /health within {timeout} s; last lines of {}:\n{}",
                 log.display(),
-                tail(&log, 30)
+                log_tail(&log)
             );
         }
         tokio::select! {
@@ -529,7 +571,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                     break Err(anyhow::anyhow!(
                         "the frontend exited ({status}); last lines of {}:\n{}",
                         log.display(),
-                        tail(&log, 30)
+                        log_tail(&log)
                     ));
                 }
             }
@@ -560,6 +602,60 @@ mod tests {
         );
         assert_eq!(model_max_len(&dir), Some(2048));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_frontend_line_wins_unless_one_was_given() {
+        let l = |s: &str| VllmLine::parse(s).unwrap();
+        assert_eq!(pick_line("f", Some(l("0.25")), l("0.33"), false), l("0.25"));
+        assert_eq!(pick_line("f", Some(l("0.25")), l("0.33"), true), l("0.33"));
+        assert_eq!(pick_line("f", Some(l("0.30")), l("0.30"), true), l("0.30"));
+        assert_eq!(pick_line("f", None, l("0.31"), false), l("0.31"));
+    }
+
+    #[test]
+    fn line_from_version_output_or_layout() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("vllm-vcr-line-{}", std::process::id()));
+        let script = |name: &str, body: &str| {
+            let path = dir.join(name).join("vllm-rs");
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            path
+        };
+        // A script just written can fail to exec with ETXTBSY while another test thread
+        // forks (it briefly inherits the write descriptor): retry a few times.
+        let line_of = |p: &Path| {
+            (0..5).find_map(|_| {
+                let l = line_of_vllm_rs(p);
+                if l.is_none() {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                l
+            })
+        };
+        let new = script("anywhere", "echo 'vllm-rs 0.29.0'");
+        assert_eq!(line_of(&new), Some(VllmLine::new(0, 29)));
+        // before 0.29: `--version` is a CLI error; the cache layout tells the release
+        let old = script(
+            "0.26.0",
+            "echo \"error: unexpected argument '--version'\" >&2; exit 2",
+        );
+        assert_eq!(line_of(&old), Some(VllmLine::new(0, 26)));
+        let unknown = script("tools", "exit 2");
+        assert_eq!(line_of_vllm_rs(&unknown), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn hosts_for_clients_and_urls() {
+        assert_eq!(client_host("0.0.0.0"), "127.0.0.1");
+        assert_eq!(client_host("::"), "::1");
+        assert_eq!(client_host("[::1]"), "::1");
+        assert_eq!(client_host("localhost"), "localhost");
+        assert_eq!(url_host("::1"), "[::1]");
+        assert_eq!(url_host("127.0.0.1"), "127.0.0.1");
     }
 
     #[tokio::test]

