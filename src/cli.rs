@@ -71,7 +71,6 @@ pub fn main() -> i32 {
     match result {
         Ok(()) => 0,
         Err(e) => {
-            tracing::error!("{e:#}");
             eprintln!("error: {e:#}");
             1
         }
