@@ -202,3 +202,31 @@ async fn injected_failures_finish_requests_the_chosen_way() {
     }
     w.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_prefix_cache_forgets_cached_blocks() {
+    let mut w = Wire::start(args()).await;
+    let prompt: Vec<u32> = (10..50).collect();
+    w.send(&add("a", &prompt, 2)).await;
+    w.collect(&["a"]).await;
+    assert_eq!(
+        w.call(
+            1,
+            "reset_prefix_cache",
+            vec![rmpv::Value::Boolean(false), rmpv::Value::Boolean(false)]
+        )
+        .await,
+        Ok(rmpv::Value::Boolean(true))
+    );
+    w.send(&add("b", &prompt, 2)).await;
+    let c = w.collect(&["b"]).await;
+    assert_eq!(c.prefill["b"].num_cached_tokens, 0, "the cache was emptied");
+    assert!(
+        c.envelopes
+            .iter()
+            .filter_map(|e| e.scheduler_stats.as_ref())
+            .any(|s| s.prefix_cache_stats.reset),
+        "the reset is reported in the stats"
+    );
+    w.stop().await.unwrap();
+}

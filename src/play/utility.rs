@@ -241,9 +241,16 @@ impl SimEngine {
                 }
                 if !self.running.is_empty() {
                     self.preempt_all_running(now);
-                    self.admit(now);
                 }
-                ok(Value::Boolean(true))
+                // vLLM's `reset_prefix_cache`: every cached hash goes (AllBlocksCleared);
+                // the frontend sees `prefix_cache_stats.reset`
+                let done = self.pool.reset();
+                if done {
+                    self.prefix_delta.reset = true;
+                    self.stats_dirty = true;
+                }
+                self.admit(now);
+                ok(Value::Boolean(done))
             }
             "is_sleeping" => {
                 max_args(method, args, 0)?;
