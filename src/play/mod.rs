@@ -5,6 +5,7 @@ pub mod engine_core;
 pub mod failures;
 pub mod io;
 pub mod kv_cache;
+pub mod kv_events;
 pub mod logprobs;
 pub mod request;
 pub mod scheduler;

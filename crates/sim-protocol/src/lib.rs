@@ -10,6 +10,7 @@
 
 pub mod decode;
 pub mod encode;
+pub mod kv_events;
 pub mod line;
 pub mod ready;
 pub mod transport;
