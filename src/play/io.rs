@@ -24,7 +24,25 @@ pub async fn run_engine(
     rank: u16,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    let ready = args.ready_response(rank);
+    let mut ready = args.ready_response(rank);
+    // KV-cache events: the publisher binds before the handshake so the resolved endpoint
+    // can be advertised in the ready response, as vLLM does.
+    let kv_publisher = match &args.kv_events_config {
+        Some(json) => {
+            let config =
+                super::kv_events::parse_kv_events_config(json).context("--kv-events-config")?;
+            let (publisher, advertised) =
+                super::kv_events::KvEventPublisher::start(&config, rank, args.vllm_version)
+                    .await
+                    .context("starting the KV-events publisher")?;
+            if let Some(a) = &advertised {
+                tracing::info!(rank, endpoint = %a.endpoint, "publishing KV-cache events");
+            }
+            ready.kv_events_config = advertised.map(|c| c.to_value());
+            Some(publisher)
+        }
+        None => None,
+    };
     // The frontend's data sockets may appear long after its handshake socket (the Python
     // frontend's API-server processes import torch first): wait as long as for the
     // handshake itself, as the frontend waits for the engine.
@@ -59,12 +77,15 @@ pub async fn run_engine(
     let line = args.vllm_version;
     let output_task = tokio::spawn(output_task(line, sockets.outputs, out_rx));
 
-    let engine = SimEngine::new(
+    let mut engine = SimEngine::new(
         args.engine_config(rank),
         args.token_source(),
         latency::from_knobs(args.knobs(), args.seed.wrapping_add(u64::from(rank))),
         args.scheduling_policy.build(),
     );
+    if let Some(p) = kv_publisher {
+        engine.set_kv_publisher(p);
+    }
     tracing::info!("{}", engine.describe());
     let ctl = LoopControl {
         shutdown: shutdown.clone(),
@@ -88,8 +109,11 @@ pub async fn run_engine(
         .await
         .context("joining the engine thread")?;
     let result = match joined {
-        Ok(Ok((exit, engine))) => {
+        Ok(Ok((exit, mut engine))) => {
             report_pacing(rank, &engine);
+            if let Some(p) = engine.take_kv_publisher() {
+                p.shutdown().await;
+            }
             match exit {
                 LoopExit::Drained | LoopExit::DrainTimedOut => {
                     tracing::info!(rank, ?exit, "engine stopped");

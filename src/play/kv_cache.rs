@@ -131,6 +131,14 @@ impl BlockPool {
         }
     }
 
+    /// Start or stop recording cache events.
+    pub fn set_record_events(&mut self, on: bool) {
+        self.record_events = on;
+        if !on {
+            self.events.clear();
+        }
+    }
+
     /// Usable blocks (the null block excluded).
     pub fn capacity(&self) -> usize {
         self.blocks.len() - 1
@@ -182,7 +190,9 @@ impl BlockPool {
         for _ in 0..n {
             let id = self.free.pop_front()?;
             if let Some(h) = self.blocks[id].hash.take() {
-                self.cached.remove(&h);
+                if self.cached.get(&h) == Some(&id) {
+                    self.cached.remove(&h);
+                }
                 self.evictions += 1;
                 removed.push(h);
             }
@@ -210,12 +220,10 @@ impl BlockPool {
             if self.blocks[id].hash.is_some() {
                 continue;
             }
-            if self.cached.contains_key(h) {
-                // computed twice (two requests in one step): keep the first copy cached
-                continue;
-            }
+            // A block computed twice (two requests in one step) keeps its hash too, as in
+            // vLLM; lookups find the first copy.
             self.blocks[id].hash = Some(*h);
-            self.cached.insert(*h, id);
+            self.cached.entry(*h).or_insert(id);
             stored.push(*h);
         }
         if self.record_events && !stored.is_empty() {

@@ -217,6 +217,13 @@ pub struct PlayArgs {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "error")]
     pub failure_types: Vec<FailureType>,
 
+    /// Publish KV-cache events (BlockStored / BlockRemoved / AllBlocksCleared) as vLLM
+    /// does: a JSON object with vLLM's keys, e.g.
+    /// '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557"}'.
+    /// The resolved config is advertised to the frontend in the ready response.
+    #[arg(long)]
+    pub kv_events_config: Option<String>,
+
     /// Log every request's arrival, finish and abort.
     #[arg(long)]
     pub log_requests: bool,
@@ -374,6 +381,9 @@ pub async fn run(args: PlayArgs, shutdown: watch::Receiver<bool>) -> Result<()> 
         );
     }
     args.knobs().validate().map_err(|e| anyhow::anyhow!(e))?;
+    if let Some(c) = &args.kv_events_config {
+        kv_events::parse_kv_events_config(c).context("--kv-events-config")?;
+    }
     if args.num_speculative_tokens > 0 {
         SpecModel::new(
             args.num_speculative_tokens,

@@ -19,10 +19,12 @@ use sim_protocol::{
 use sim_trace::latency::LatencyModel;
 use sim_trace::stats::Samples;
 
-use super::block_hash::{BlockHash, default_none_hash};
+use super::block_hash::{BlockHash, default_none_hash, hash_u64};
 use super::engine_core::{EngineCore, EngineInput, Outbox};
 use super::failures::FailureInjector;
 use super::kv_cache::BlockPool;
+use super::kv_cache::PoolEvent;
+use super::kv_events::KvEventPublisher;
 use super::logprobs::{resolve_num_logprobs, sample_logprobs, sample_prompt_logprobs};
 use super::request::{Phase, SimRequest};
 use super::scheduler::Scheduler;
@@ -32,6 +34,7 @@ use super::timer::{instant_to_monotonic, now_monotonic};
 use super::tokens::TokenSource;
 use super::tokens::{SplitMix64, request_seed};
 use super::utility::{PauseState, UtilityState};
+use sim_protocol::kv_events::KvEvent;
 
 /// Engine settings that come from the command line.
 #[derive(Debug, Clone)]
@@ -95,6 +98,7 @@ pub struct SimEngine {
     unreported_finished: BTreeMap<u32, Vec<String>>,
     /// Step emission lateness against the scheduled deadline, microseconds.
     pub lateness_us: Samples,
+    kv_publisher: Option<KvEventPublisher>,
 }
 
 impl SimEngine {
@@ -125,7 +129,65 @@ impl SimEngine {
             warned_request_lens: HashSet::new(),
             unreported_finished: BTreeMap::new(),
             lateness_us: Samples::default(),
+            kv_publisher: None,
             cfg,
+        }
+    }
+
+    /// Publish the block pool's cache events (BlockStored / BlockRemoved / AllBlocksCleared).
+    pub fn set_kv_publisher(&mut self, p: KvEventPublisher) {
+        self.pool.set_record_events(p.is_enabled());
+        self.kv_publisher = Some(p);
+    }
+
+    pub fn take_kv_publisher(&mut self) -> Option<KvEventPublisher> {
+        self.kv_publisher.take()
+    }
+
+    /// Hand the pool's events since the last call to the publisher (once per step, like
+    /// vLLM's scheduler).
+    pub(super) fn publish_kv_events(&mut self) {
+        let Some(p) = &self.kv_publisher else {
+            return;
+        };
+        let bs = self.cfg.block_size as u32;
+        let events: Vec<KvEvent> = self
+            .pool
+            .take_events()
+            .into_iter()
+            .map(|e| match e {
+                PoolEvent::Stored {
+                    hashes,
+                    parent,
+                    token_ids,
+                    lora,
+                } => {
+                    let mut ev = KvEvent::block_stored(
+                        hashes.iter().map(hash_u64).collect(),
+                        parent.as_ref().map(hash_u64),
+                        token_ids,
+                        bs,
+                    );
+                    if let (
+                        KvEvent::BlockStored {
+                            lora_id, lora_name, ..
+                        },
+                        Some((id, name)),
+                    ) = (&mut ev, lora)
+                    {
+                        *lora_id = Some(id);
+                        *lora_name = Some(name);
+                    }
+                    ev
+                }
+                PoolEvent::Removed { hashes } => {
+                    KvEvent::block_removed(hashes.iter().map(hash_u64).collect())
+                }
+                PoolEvent::AllCleared => KvEvent::AllBlocksCleared,
+            })
+            .collect();
+        if !events.is_empty() {
+            p.publish(events);
         }
     }
 
@@ -575,6 +637,7 @@ impl SimEngine {
         // every step reports stats, like vLLM's scheduler
         self.stats_dirty = true;
         self.send_step(by_client, ts, out);
+        self.publish_kv_events();
         self.after_step(out);
     }
 
@@ -664,6 +727,7 @@ impl EngineCore for SimEngine {
                 InputMessage::Utility(call) => {
                     self.handle_utility(call, now, out);
                     self.flush_stats(out);
+                    self.publish_kv_events();
                 }
                 InputMessage::StartDpWave { wave, .. } => {
                     tracing::debug!(wave, "START_DP_WAVE ignored (no DP coordinator waves)");
