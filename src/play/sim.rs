@@ -78,6 +78,9 @@ pub struct SimEngine {
     pub(super) scheduler: Box<dyn Scheduler>,
     pub(super) requests: HashMap<String, SimRequest>,
     pub(super) waiting: Vec<String>,
+    /// Waiting requests the last step skipped for lack of a LoRA slot (vLLM reports them
+    /// as deferred, apart from those waiting for capacity).
+    pub(super) skipped_waiting: usize,
     pub(super) running: Vec<String>,
     pub(super) pool: BlockPool,
     pub(super) none_hash: BlockHash,
@@ -114,6 +117,7 @@ impl SimEngine {
             scheduler,
             requests: HashMap::new(),
             waiting: Vec::new(),
+            skipped_waiting: 0,
             running: Vec::new(),
             pool: BlockPool::new(cfg.num_gpu_blocks as usize, false),
             none_hash: default_none_hash(),
@@ -483,7 +487,9 @@ impl SimEngine {
         }
         SchedulerStats {
             num_running_reqs: self.running.len() as u64,
-            num_waiting_reqs: self.waiting.len() as u64,
+            num_waiting_reqs: (self.waiting.len() - self.skipped_waiting.min(self.waiting.len()))
+                as u64,
+            num_skipped_waiting_reqs: self.skipped_waiting.min(self.waiting.len()) as u64,
             step_counter: self.step_counter,
             kv_cache_usage: self.pool.usage(),
             prefix_cache_stats: std::mem::take(&mut self.prefix_delta),

@@ -226,6 +226,7 @@ impl SimEngine {
                 .collect();
             candidates.sort();
             let mut admitted: HashSet<String> = HashSet::new();
+            let mut skipped = 0usize;
             for (_, id) in candidates {
                 if budget == 0 || self.running.len() >= self.cfg.max_num_seqs {
                     break;
@@ -238,7 +239,9 @@ impl SimEngine {
                     && !loras.contains(&l)
                     && loras.len() >= self.cfg.max_loras
                 {
-                    continue; // skipped this step: its adapter has no slot
+                    // deferred, not short of capacity: vLLM's `skipped_waiting`
+                    skipped += 1;
+                    continue;
                 }
                 let total = r.tokens.len() as u64;
                 let first_admission = r.num_computed == 0;
@@ -317,6 +320,10 @@ impl SimEngine {
             }
             if !admitted.is_empty() {
                 self.waiting.retain(|id| !admitted.contains(id));
+            }
+            if self.skipped_waiting != skipped {
+                self.skipped_waiting = skipped;
+                self.stats_dirty = true;
             }
         }
 
@@ -566,5 +573,9 @@ mod tests {
         add(&mut e, "l1b", vec![5; 4], Some(1));
         assert_eq!(plan(&mut e), s(&[("l1", 4), ("base", 4), ("l1b", 4)]));
         assert_eq!(e.waiting, vec!["l2".to_string()]);
+        assert_eq!(
+            e.skipped_waiting, 1,
+            "reported as deferred, not waiting for capacity"
+        );
     }
 }

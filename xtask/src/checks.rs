@@ -35,6 +35,9 @@ pub struct Ctx {
     pub kind: Kind,
     /// The engine's configured time to first token.
     pub ttft: Duration,
+    /// Whether the engine has `--num-speculative-tokens` (the spec-decode check fails
+    /// without it).
+    pub engine_spec_decode: bool,
 }
 
 /// A named check; `Ok(detail)` passes, `Err(reason)` fails.
@@ -43,7 +46,7 @@ pub struct Check {
     pub run: fn(&Ctx) -> Result<String>,
 }
 
-const fn check(name: &'static str, run: fn(&Ctx) -> Result<String>) -> Check {
+pub(crate) const fn check(name: &'static str, run: fn(&Ctx) -> Result<String>) -> Check {
     Check { name, run }
 }
 
@@ -90,7 +93,7 @@ pub fn multi_client_set() -> Vec<Check> {
 
 // ---------------------------------------------------------------- helpers
 
-fn post_json(ctx: &Ctx, path: &str, body: &Value) -> Result<Value> {
+pub(crate) fn post_json(ctx: &Ctx, path: &str, body: &Value) -> Result<Value> {
     let r = ctx.http.post(path, body)?;
     ensure!(
         r.status == 200,
@@ -118,7 +121,7 @@ fn merge(body: &mut Value, extra: Value) {
     }
 }
 
-fn usage(v: &Value) -> Result<(u64, u64)> {
+pub(crate) fn usage(v: &Value) -> Result<(u64, u64)> {
     let u = v
         .get("usage")
         .filter(|u| !u.is_null())
@@ -207,19 +210,22 @@ fn stream(ctx: &Ctx, path: &str, body: &Value, chat: bool) -> Result<Streamed> {
     Ok(out)
 }
 
-fn metrics(ctx: &Ctx) -> Result<Vec<crate::http::Sample>> {
+pub(crate) fn metrics(ctx: &Ctx) -> Result<Vec<crate::http::Sample>> {
     let r = ctx.http.get("/metrics")?;
     ensure!(r.status == 200, "GET /metrics: HTTP {}", r.status);
     Ok(parse_metrics(&r.text()))
 }
 
-fn metric(samples: &[crate::http::Sample], name: &str, filter: &[(&str, &str)]) -> f64 {
+pub(crate) fn metric(samples: &[crate::http::Sample], name: &str, filter: &[(&str, &str)]) -> f64 {
     metric_sum(samples, name, filter).unwrap_or(0.0)
 }
 
 /// Poll `f` every 100 ms until it returns `Ok(Some(_))` or `timeout` passes; the last
 /// observation goes into the error.
-fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Result<Option<T>, String>) -> Result<T> {
+pub(crate) fn poll<T>(
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<Option<T>, String>,
+) -> Result<T> {
     let start = Instant::now();
     loop {
         let last = match f() {
@@ -303,7 +309,11 @@ fn completion_stream(ctx: &Ctx) -> Result<String> {
     // One token per 5 ms step arrives as its own delta, but the Python frontend merges
     // deltas its consumer has not picked up yet (RequestOutputCollector), so a busy
     // machine sees fewer chunks: require a real stream, not one chunk per token.
-    ensure!(s.chunks >= 2, "{} chunk(s) for 5 tokens: not streamed", s.chunks);
+    ensure!(
+        s.chunks >= 2,
+        "{} chunk(s) for 5 tokens: not streamed",
+        s.chunks
+    );
     Ok(format!(
         "{} chunks, \"Hello\", length, usage 11+5, [DONE]",
         s.chunks
@@ -686,7 +696,7 @@ const FRONTEND_BAD: &[&str] = &[
     "ValidationError",
 ];
 
-fn frontend_log_clean(ctx: &Ctx) -> Result<String> {
+pub(crate) fn frontend_log_clean(ctx: &Ctx) -> Result<String> {
     let text = read_log(&ctx.frontend_log);
     let bad: Vec<&str> = text
         .lines()
@@ -705,7 +715,7 @@ fn frontend_log_clean(ctx: &Ctx) -> Result<String> {
     ))
 }
 
-fn engine_log_clean(ctx: &Ctx) -> Result<String> {
+pub(crate) fn engine_log_clean(ctx: &Ctx) -> Result<String> {
     let text = read_log(&ctx.engine_log);
     let bad: Vec<&str> = text
         .lines()

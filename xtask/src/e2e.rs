@@ -1,6 +1,8 @@
 //! `cargo xtask e2e`: the end-to-end matrix. Each leg starts one real frontend (a line's
 //! `vllm-rs`, or the Python `vllm serve`) and `vllm-vcr play --tokens echo` behind it, runs
-//! its checks over HTTP, and stops both.
+//! its checks over HTTP, and stops both. After them come the scheduler legs
+//! ([`crate::scheduler`]): vllm-rs of the default line and the Python frontend, each with
+//! an engine configured small and loaded (random tokens).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,10 +15,23 @@ use crate::compat::Compat;
 use crate::frontends;
 use crate::http::Client;
 use crate::proc::{ChildGuard, free_ports, tail, wait_listening};
+use crate::scheduler;
 
-/// Engine pacing used by every leg (the TTFT check compares against it).
+/// Engine pacing of the basic legs (the TTFT check compares against it).
 const TTFT_MS: u64 = 40;
 const ITL_MS: u64 = 5;
+
+/// Which legs run besides the basic ones.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum SchedulerLegs {
+    /// The basic legs, then the scheduler legs.
+    #[default]
+    Also,
+    /// Only the scheduler legs.
+    Only,
+    /// Only the basic legs.
+    Skip,
+}
 
 #[derive(Debug, Default)]
 pub struct Options {
@@ -25,6 +40,7 @@ pub struct Options {
     pub python_only: bool,
     pub engine_bin: Option<PathBuf>,
     pub keep_logs: Option<PathBuf>,
+    pub scheduler: SchedulerLegs,
 }
 
 enum Frontend {
@@ -39,7 +55,58 @@ struct Leg {
     /// The `--vllm-version` the engine speaks.
     line: String,
     frontend: Frontend,
+    /// Extra frontend flags.
+    frontend_args: Vec<String>,
+    engine: EngineSetup,
     checks: Vec<Check>,
+}
+
+/// How a leg runs `vllm-vcr play`.
+struct EngineSetup {
+    tokens: &'static str,
+    ttft_ms: u64,
+    itl_ms: u64,
+    extra: Vec<String>,
+}
+
+impl EngineSetup {
+    fn basic() -> EngineSetup {
+        EngineSetup {
+            tokens: "echo",
+            ttft_ms: TTFT_MS,
+            itl_ms: ITL_MS,
+            extra: Vec::new(),
+        }
+    }
+
+    fn scheduler(spec: bool) -> EngineSetup {
+        EngineSetup {
+            tokens: "random",
+            ttft_ms: scheduler::TTFT_MS,
+            itl_ms: scheduler::ITL_MS,
+            extra: scheduler::engine_args(spec),
+        }
+    }
+}
+
+/// Whether `(major, minor)` of a line like `0.30` is at least `want`.
+pub(crate) fn line_at_least(line: &str, want: (u32, u32)) -> bool {
+    let mut it = line.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0)) >= want
+}
+
+/// Whether `engine play --help` lists `flag`.
+fn engine_has_flag(engine: &Path, flag: &str) -> Result<bool> {
+    let out = Command::new(engine)
+        .args(["play", "--help"])
+        .output()
+        .with_context(|| format!("running {} play --help", engine.display()))?;
+    if !out.status.success() {
+        bail!("{} play --help failed ({})", engine.display(), out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .any(|w| w == flag))
 }
 
 pub struct CheckResult {
@@ -58,60 +125,86 @@ struct LegResult {
 pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     let compat = Compat::load(root)?;
     let cache = frontends::cache_root()?;
+    let basic = opts.scheduler != SchedulerLegs::Only;
+    let with_scheduler = opts.scheduler != SchedulerLegs::Skip;
+    let rs_lines = if opts.python_only {
+        Vec::new()
+    } else {
+        compat.select(&opts.lines)?
+    };
+    for line in &rs_lines {
+        let bin = frontends::vllm_rs_path(&cache, &line.tag);
+        if (basic || line.default) && !frontends::vllm_rs_cached(&cache, &line.tag) {
+            bail!(
+                "vllm-rs {} is not in the cache ({}); run `cargo xtask fetch --line {}` first",
+                line.tag,
+                bin.display(),
+                line.line
+            );
+        }
+    }
+    let python = opts.python || opts.python_only;
+    let py = &compat.python_frontend;
+    let venv = frontends::python_venv(&cache, &py.package, &py.version);
+    let py_line = py.version.split('.').take(2).collect::<Vec<_>>().join(".");
+    if python && !venv.join(".installed").is_file() {
+        bail!(
+            "the Python frontend is not installed ({}); run `cargo xtask fetch --python` first",
+            venv.display()
+        );
+    }
+
     let mut legs = Vec::new();
-    if !opts.python_only {
-        for line in compat.select(&opts.lines)? {
-            let bin = frontends::vllm_rs_path(&cache, &line.tag);
-            if !frontends::vllm_rs_cached(&cache, &line.tag) {
-                bail!(
-                    "vllm-rs {} is not in the cache ({}); run `cargo xtask fetch --line {}` first",
-                    line.tag,
-                    bin.display(),
-                    line.line
-                );
-            }
+    if basic {
+        for line in &rs_lines {
             legs.push(Leg {
                 name: format!("vllm-rs {}", line.tag),
                 note: format!("fidelity_validated = {}", line.fidelity_validated),
                 line: line.line.clone(),
-                frontend: Frontend::Rs { bin },
+                frontend: Frontend::Rs {
+                    bin: frontends::vllm_rs_path(&cache, &line.tag),
+                },
+                frontend_args: Vec::new(),
+                engine: EngineSetup::basic(),
                 checks: checks::full_set(),
             });
         }
-    }
-    if opts.python || opts.python_only {
-        let py = &compat.python_frontend;
-        let venv = frontends::python_venv(&cache, &py.package, &py.version);
-        if !venv.join(".installed").is_file() {
-            bail!(
-                "the Python frontend is not installed ({}); run `cargo xtask fetch --python` first",
-                venv.display()
-            );
+        if python {
+            legs.push(Leg {
+                name: format!("python {}", py.version),
+                note: "one API server".into(),
+                line: py_line.clone(),
+                frontend: Frontend::Python {
+                    venv: venv.clone(),
+                    api_servers: 1,
+                },
+                frontend_args: Vec::new(),
+                engine: EngineSetup::basic(),
+                checks: checks::full_set(),
+            });
+            legs.push(Leg {
+                name: format!("python {} x2 api servers", py.version),
+                note: "--api-server-count 2: the engine serves two clients".into(),
+                line: py_line.clone(),
+                frontend: Frontend::Python {
+                    venv: venv.clone(),
+                    api_servers: 2,
+                },
+                frontend_args: Vec::new(),
+                engine: EngineSetup::basic(),
+                checks: checks::multi_client_set(),
+            });
         }
-        let line = py.version.split('.').take(2).collect::<Vec<_>>().join(".");
-        legs.push(Leg {
-            name: format!("python {}", py.version),
-            note: "one API server".into(),
-            line: line.clone(),
-            frontend: Frontend::Python {
-                venv: venv.clone(),
-                api_servers: 1,
-            },
-            checks: checks::full_set(),
-        });
-        legs.push(Leg {
-            name: format!("python {} x2 api servers", py.version),
-            note: "--api-server-count 2: the engine serves two clients".into(),
-            line,
-            frontend: Frontend::Python {
-                venv,
-                api_servers: 2,
-            },
-            checks: checks::multi_client_set(),
-        });
     }
-    if legs.is_empty() {
-        bail!("nothing selected");
+    let rs_sched = rs_lines
+        .iter()
+        .find(|l| l.default)
+        .filter(|_| with_scheduler);
+    let py_sched = python && with_scheduler;
+    if legs.is_empty() && rs_sched.is_none() && !py_sched {
+        bail!(
+            "nothing selected (the scheduler legs run vllm-rs of the default line and the Python frontend)"
+        );
     }
 
     let engine = match &opts.engine_bin {
@@ -120,6 +213,69 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     };
     if !engine.is_file() {
         bail!("engine binary {} does not exist", engine.display());
+    }
+    let spec = engine_has_flag(&engine, scheduler::SPEC_FLAG)?;
+    let spec_note = if spec {
+        format!(
+            "spec decode {} @ {}",
+            scheduler::NUM_SPECULATIVE_TOKENS,
+            scheduler::SPECULATIVE_ACCEPTANCE_RATE
+        )
+    } else {
+        format!("the engine lacks {}: no spec decode", scheduler::SPEC_FLAG)
+    };
+    let sched_note = format!(
+        "scheduler: random tokens, max-num-seqs {}, {} blocks x {}, max-num-batched-tokens {}, ttft {} ms, itl {} ms, max-loras {}, {spec_note}",
+        scheduler::MAX_NUM_SEQS,
+        scheduler::NUM_GPU_BLOCKS,
+        scheduler::BLOCK_SIZE,
+        scheduler::MAX_NUM_BATCHED_TOKENS,
+        scheduler::TTFT_MS,
+        scheduler::ITL_MS,
+        scheduler::MAX_LORAS,
+    );
+    if let Some(line) = rs_sched {
+        // vllm-rs loads --lora-modules (add_lora at startup) from 0.30 on
+        let lora = line_at_least(&line.line, (0, 30));
+        legs.push(Leg {
+            name: format!("vllm-rs {} scheduler", line.tag),
+            note: if lora {
+                format!("{sched_note}; LoRA l1, l2")
+            } else {
+                format!(
+                    "{sched_note}; no LoRA checks: vllm-rs {} has no --lora-modules",
+                    line.tag
+                )
+            },
+            line: line.line.clone(),
+            frontend: Frontend::Rs {
+                bin: frontends::vllm_rs_path(&cache, &line.tag),
+            },
+            frontend_args: scheduler::rs_frontend_args(lora),
+            engine: EngineSetup::scheduler(spec),
+            checks: scheduler::checks(lora),
+        });
+    }
+    if py_sched {
+        legs.push(Leg {
+            name: format!("python {} scheduler", py.version),
+            note: format!(
+                "{sched_note}; one API server, --enable-lora l1, l2{}",
+                if spec {
+                    ", --speculative-config ngram (the frontend exports spec-decode metrics only then)"
+                } else {
+                    ""
+                }
+            ),
+            line: py_line,
+            frontend: Frontend::Python {
+                venv,
+                api_servers: 1,
+            },
+            frontend_args: scheduler::python_frontend_args(spec),
+            engine: EngineSetup::scheduler(spec),
+            checks: scheduler::checks(true),
+        });
     }
 
     let (work, temporary) = match &opts.keep_logs {
@@ -152,7 +308,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
             "\n=== {} (engine line {}; {})",
             leg.name, leg.line, leg.note
         );
-        let res = run_leg(&leg, &engine, &model, &dir);
+        let res = run_leg(&leg, &engine, spec, &model, &dir);
         print_leg(&res);
         if res.results.iter().any(|r| !r.pass) {
             for (what, file) in [("frontend", "frontend.log"), ("engine", "engine.log")] {
@@ -221,10 +377,10 @@ fn fail(name: &str, detail: String) -> CheckResult {
     }
 }
 
-fn run_leg(leg: &Leg, engine: &Path, model: &Path, dir: &Path) -> LegResult {
+fn run_leg(leg: &Leg, engine: &Path, spec: bool, model: &Path, dir: &Path) -> LegResult {
     let mut results = Vec::new();
     let started = Instant::now();
-    match start_and_check(leg, engine, model, dir, &mut results) {
+    match start_and_check(leg, engine, spec, model, dir, &mut results) {
         Ok(()) => {}
         Err(e) => results.push(fail("startup", format!("{e:#}"))),
     }
@@ -242,6 +398,7 @@ fn run_leg(leg: &Leg, engine: &Path, model: &Path, dir: &Path) -> LegResult {
 fn start_and_check(
     leg: &Leg,
     engine: &Path,
+    spec: bool,
     model: &Path,
     dir: &Path,
     results: &mut Vec<CheckResult>,
@@ -265,7 +422,8 @@ fn start_and_check(
                 .args(["--host", "127.0.0.1", "--port"])
                 .arg(http_port.to_string())
                 .args(["--served-model-name", "tiny", "--reasoning-parser", "none"])
-                .args(["--engine-ready-timeout-secs", "60"]);
+                .args(["--engine-ready-timeout-secs", "60"])
+                .args(&leg.frontend_args);
             let g = ChildGuard::spawn("vllm-rs", cmd, &fe_log, Duration::from_secs(5))?;
             (
                 g,
@@ -290,6 +448,7 @@ fn start_and_check(
             if *api_servers != 1 {
                 cmd.arg("--api-server-count").arg(api_servers.to_string());
             }
+            cmd.args(&leg.frontend_args);
             for (k, v) in [
                 ("VLLM_TARGET_DEVICE", "cpu"),
                 ("HF_HUB_OFFLINE", "1"),
@@ -325,8 +484,8 @@ fn start_and_check(
         .arg("--handshake-address")
         .arg(format!("tcp://127.0.0.1:{hs_port}"))
         .args(["--vllm-version", &leg.line])
-        .args(["--time-to-first-token", &TTFT_MS.to_string()])
-        .args(["--inter-token-latency", &ITL_MS.to_string()])
+        .args(["--time-to-first-token", &leg.engine.ttft_ms.to_string()])
+        .args(["--inter-token-latency", &leg.engine.itl_ms.to_string()])
         .args([
             "--vocab-size",
             &crate::tiny_model::TOKENIZER_VOCAB.to_string(),
@@ -335,7 +494,8 @@ fn start_and_check(
             "--max-model-len",
             &crate::tiny_model::MAX_MODEL_LEN.to_string(),
         ])
-        .args(["--tokens", "echo"])
+        .args(["--tokens", leg.engine.tokens])
+        .args(&leg.engine.extra)
         // logs each request's admission, finish and abort (the abort checks read them)
         .arg("--log-requests");
     let mut engine = ChildGuard::spawn("engine", cmd, &en_log, Duration::from_secs(5))?;
@@ -351,7 +511,8 @@ fn start_and_check(
         frontend_log: fe_log,
         engine_log: en_log,
         kind,
-        ttft: Duration::from_millis(TTFT_MS),
+        ttft: Duration::from_millis(leg.engine.ttft_ms),
+        engine_spec_decode: spec,
     };
     for check in &leg.checks {
         let t = Instant::now();

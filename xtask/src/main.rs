@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! cargo xtask fetch [--line L]... [--python] [--python-only]
-//! cargo xtask e2e   [--line L]... [--python] [--python-only] [--engine-bin PATH] [--keep-logs DIR]
+//! cargo xtask e2e   [--line L]... [--python] [--python-only] [--scheduler-only | --no-scheduler]
+//!                   [--engine-bin PATH] [--keep-logs DIR]
 //! cargo xtask ci
 //! cargo xtask model-dir DIR
 //! ```
@@ -12,6 +13,7 @@ mod ci;
 mod compat;
 mod e2e;
 mod http;
+mod scheduler;
 
 // The generator lives in the root crate; compiling the file in directly (rather than
 // depending on the root crate) keeps the xtask buildable while the engine is mid-change.
@@ -46,10 +48,13 @@ commands:
                --line L        only this line; repeatable (default: every line)
                --python        also the Python frontend legs
                --python-only   only the Python frontend legs
+               --scheduler-only  only the scheduler legs (vllm-rs of the default line when
+                               selected, the Python frontend with --python/--python-only)
+               --no-scheduler  skip the scheduler legs
                --engine-bin P  use this engine binary instead of building target/debug/vllm-vcr
                --keep-logs DIR write logs and the model directory to DIR and keep them
   ci         fmt --check, clippy -D warnings, fetch (all + python), test, build,
-             e2e (all + python); stops at the first failing stage
+             e2e (all + python + scheduler legs); stops at the first failing stage
   model-dir  write the tiny model directory to DIR
 ";
 
@@ -67,6 +72,8 @@ struct Args {
     python_only: bool,
     engine_bin: Option<PathBuf>,
     keep_logs: Option<PathBuf>,
+    scheduler_only: bool,
+    no_scheduler: bool,
     positional: Vec<String>,
 }
 
@@ -79,6 +86,8 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--line",
             "--python",
             "--python-only",
+            "--scheduler-only",
+            "--no-scheduler",
             "--engine-bin",
             "--keep-logs",
         ],
@@ -105,6 +114,8 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--line" => a.lines.push(value("--line")?),
             "--python" => a.python = true,
             "--python-only" => a.python_only = true,
+            "--scheduler-only" => a.scheduler_only = true,
+            "--no-scheduler" => a.no_scheduler = true,
             "--engine-bin" => a.engine_bin = Some(value("--engine-bin")?.into()),
             "--keep-logs" => a.keep_logs = Some(value("--keep-logs")?.into()),
             _ => a.positional.push(arg.clone()),
@@ -148,7 +159,17 @@ fn real_main() -> Result<bool> {
             Ok(true)
         }
         "e2e" => {
+            if args.scheduler_only && args.no_scheduler {
+                bail!("--scheduler-only and --no-scheduler exclude each other");
+            }
             let opts = e2e::Options {
+                scheduler: if args.scheduler_only {
+                    e2e::SchedulerLegs::Only
+                } else if args.no_scheduler {
+                    e2e::SchedulerLegs::Skip
+                } else {
+                    e2e::SchedulerLegs::Also
+                },
                 lines: args.lines,
                 python: args.python,
                 python_only: args.python_only,
