@@ -115,31 +115,31 @@ impl FailureInjector {
         min_tokens: u64,
         max_tokens: Option<u64>,
     ) -> Option<InjectedFailure> {
-        if self.rate <= 0.0 || unit(rng) >= self.rate {
+        if self.rate <= 0.0 || rng.unit() >= self.rate {
             return None;
         }
-        let kind = self.types[below(rng, self.types.len() as u64) as usize];
+        let kind = self.types[rng.below(self.types.len() as u64) as usize];
         let budget = max_tokens.unwrap_or(UNBOUNDED_HORIZON).max(1);
         let after_tokens = match kind {
             // Half fail before the first token, the rest after a few, never at the budget
             // (the request would already have finished with `length`).
             FailureType::Error => {
                 let most = MAX_TOKENS_BEFORE_ERROR.min(budget - 1);
-                if most == 0 || unit(rng) < 0.5 {
+                if most == 0 || rng.unit() < 0.5 {
                     0
                 } else {
-                    1 + below(rng, most)
+                    1 + rng.below(most)
                 }
             }
             // Anywhere in [1, budget - 1]; a one-token budget can only end at 1.
-            FailureType::Length => 1 + below(rng, (budget - 1).max(1)),
+            FailureType::Length => 1 + rng.below((budget - 1).max(1)),
             // In [max(2, min_tokens), budget - 1].
             FailureType::Repetition => {
                 let first = min_tokens.max(2);
                 if first >= budget {
                     return None;
                 }
-                first + below(rng, budget - first)
+                first + rng.below(budget - first)
             }
         };
         Some(InjectedFailure { kind, after_tokens })
@@ -168,16 +168,6 @@ impl FailureInjector {
             ),
         }
     }
-}
-
-/// Uniform in [0, 1).
-fn unit(rng: &mut SplitMix64) -> f64 {
-    (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
-/// Uniform in [0, n), n ≥ 1 (multiply-shift).
-fn below(rng: &mut SplitMix64, n: u64) -> u64 {
-    ((u128::from(rng.next_u64()) * u128::from(n)) >> 64) as u64
 }
 
 #[cfg(test)]

@@ -196,7 +196,7 @@ fn row(rng: &mut SplitMix64, target: u32, k: usize, range: &Range<u32>, s: &mut 
     for _ in 0..m {
         // Stick-breaking with a share in [0.5, 0.9): each probability is at least the mass
         // left after it, so the sequence strictly decreases and the sum stays below 1.
-        let share = 0.5 + 0.4 * unit(rng);
+        let share = 0.5 + 0.4 * rng.unit();
         s.top.push(log_rest + share.ln());
         log_rest += (1.0 - share).ln();
     }
@@ -215,7 +215,7 @@ fn row(rng: &mut SplitMix64, target: u32, k: usize, range: &Range<u32>, s: &mut 
     // Draw the target's rank from the distribution itself (renormalised over the head when
     // the vocabulary has nothing past it).
     let head_mass: f64 = s.top.iter().map(|lp| lp.exp()).sum();
-    let mut u = unit(rng) * if tail_possible { 1.0 } else { head_mass };
+    let mut u = rng.unit() * if tail_possible { 1.0 } else { head_mass };
     let mut rank = 0usize;
     for (i, lp) in s.top.iter().enumerate() {
         let p = lp.exp();
@@ -231,10 +231,10 @@ fn row(rng: &mut SplitMix64, target: u32, k: usize, range: &Range<u32>, s: &mut 
     let target_lp = if rank == 0 {
         // In the tail: below the rest mass (hence below every head logprob), at a rank a
         // few places past the head, capped by the number of tokens that can outrank it.
-        let spread = (-unit(rng).max(f64::MIN_POSITIVE).ln() * 4.0) as u64;
+        let spread = (-rng.unit().max(f64::MIN_POSITIVE).ln() * 4.0) as u64;
         let r = (m as u64 + 1 + spread).min(others_len + 1);
         rank = usize::try_from(r).unwrap_or(usize::MAX);
-        let lp = log_rest + (0.05 + 0.9 * unit(rng)).ln();
+        let lp = log_rest + (0.05 + 0.9 * rng.unit()).ln();
         strictly_below(lp as f32, s.top32[m - 1])
     } else {
         s.top32[rank - 1]
@@ -274,7 +274,7 @@ fn distinct_ids(rng: &mut SplitMix64, range: &Range<u32>, exclude: u32, n: usize
         // Sparse: rejection sampling (each draw succeeds with probability > 1/2).
         s.seen.clear();
         while s.others.len() < n {
-            let id = range.start + below(rng, len) as u32;
+            let id = range.start + rng.below(len) as u32;
             if id == exclude {
                 continue;
             }
@@ -292,7 +292,7 @@ fn distinct_ids(rng: &mut SplitMix64, range: &Range<u32>, exclude: u32, n: usize
         s.pool.clear();
         s.pool.extend(range.clone().filter(|&id| id != exclude));
         for i in 0..n {
-            let j = i + below(rng, (s.pool.len() - i) as u64) as usize;
+            let j = i + rng.below((s.pool.len() - i) as u64) as usize;
             s.pool.swap(i, j);
         }
         s.others.extend_from_slice(&s.pool[..n]);
@@ -307,16 +307,6 @@ fn strictly_below(x: f32, bound: f32) -> f32 {
 
 fn to_i32(id: u32) -> i32 {
     i32::try_from(id).unwrap_or(i32::MAX)
-}
-
-/// Uniform in [0, 1).
-fn unit(rng: &mut SplitMix64) -> f64 {
-    (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
-/// Uniform in [0, n) (multiply-shift; the bias is below 2^-32 for any vocabulary).
-fn below(rng: &mut SplitMix64, n: u64) -> u64 {
-    ((u128::from(rng.next_u64()) * u128::from(n)) >> 64) as u64
 }
 
 #[cfg(test)]

@@ -244,6 +244,24 @@ impl SimEngine {
         out.send(client, env);
     }
 
+    /// Finish a request with `error` and vLLM's `RequestError` (on lines that carry it).
+    fn reject_error(
+        &self,
+        out: &mut Outbox,
+        client: u32,
+        request_id: &str,
+        code: &str,
+        message: impl Into<String>,
+        retryable: bool,
+    ) {
+        let error = RequestError {
+            code: code.into(),
+            message: message.into(),
+            retryable,
+        };
+        self.reject(out, client, request_id, FinishReason::Error, Some(error));
+    }
+
     fn on_add(&mut self, client: u32, req: Box<EngineCoreRequest>, now: Instant, out: &mut Outbox) {
         let client = if req.client_index != client && req.client_index != 0 {
             req.client_index
@@ -265,17 +283,7 @@ impl SimEngine {
             } else {
                 tracing::debug!(request_id = %req.request_id, "wire version mismatch");
             }
-            self.reject(
-                out,
-                client,
-                &req.request_id,
-                FinishReason::Error,
-                Some(RequestError {
-                    code: "version_mismatch".into(),
-                    message: msg,
-                    retryable: false,
-                }),
-            );
+            self.reject_error(out, client, &req.request_id, "version_mismatch", msg, false);
             return;
         }
         if self.shutting_down {
@@ -284,32 +292,24 @@ impl SimEngine {
             return;
         }
         if self.util.rejects_new_requests() {
-            self.reject(
+            self.reject_error(
                 out,
                 client,
                 &req.request_id,
-                FinishReason::Error,
-                Some(RequestError {
-                    code: "engine_paused".into(),
-                    message: "Generation is paused. Please retry after it resumes.".into(),
-                    retryable: true,
-                }),
+                "engine_paused",
+                "Generation is paused. Please retry after it resumes.",
+                true,
             );
             return;
         }
         if req.sampling_params.is_none() {
-            self.reject(
+            self.reject_error(
                 out,
                 client,
                 &req.request_id,
-                FinishReason::Error,
-                Some(RequestError {
-                    code: "validation_error".into(),
-                    message:
-                        "pooling requests are not supported: the engine's only task is generate"
-                            .into(),
-                    retryable: false,
-                }),
+                "validation_error",
+                "pooling requests are not supported: the engine's only task is generate",
+                false,
             );
             return;
         }
@@ -659,16 +659,13 @@ impl SimEngine {
                 tracing::error!(request_id = %id, client, "rejecting an undecodable ADD: {error}");
                 let client = ctx.client_index.unwrap_or(client);
                 let id = id.clone();
-                self.reject(
+                self.reject_error(
                     out,
                     client,
                     &id,
-                    FinishReason::Error,
-                    Some(RequestError {
-                        code: "invalid_request".into(),
-                        message: error.to_string(),
-                        retryable: false,
-                    }),
+                    "invalid_request",
+                    error.to_string(),
+                    false,
                 );
             }
             (Some(sim_protocol::RequestType::Utility), _, Some(call_id)) => {

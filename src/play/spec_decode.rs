@@ -68,7 +68,7 @@ impl SpecModel {
     pub fn draw_from(&self, rng: &mut SplitMix64, num_draft_tokens: u32) -> u32 {
         let n = num_draft_tokens.min(self.num_spec_tokens);
         let mut accepted = 0;
-        while accepted < n && unit(rng) < self.acceptance_rate {
+        while accepted < n && rng.unit() < self.acceptance_rate {
             accepted += 1;
         }
         accepted
@@ -215,11 +215,6 @@ impl RequestSpecTracker {
     pub fn finish(&self) -> RequestSpecDecodeMetrics {
         self.metrics.clone()
     }
-}
-
-/// Uniform in [0, 1).
-fn unit(rng: &mut SplitMix64) -> f64 {
-    (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
 #[cfg(test)]
