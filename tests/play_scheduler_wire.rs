@@ -230,3 +230,36 @@ async fn reset_prefix_cache_forgets_cached_blocks() {
     );
     w.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_prefill_request_pulls_its_kv_instead_of_computing_it() {
+    let mut a = args();
+    a.time_to_first_token = 400.0;
+    a.kv_transfer_latency = 30.0;
+    let mut w = Wire::start(a).await;
+    let mut r = request("pd", &vec![7; 100], 3);
+    r.sampling_params.as_mut().unwrap().extra_args = Some(rmpv::Value::Map(vec![(
+        "kv_transfer_params".into(),
+        rmpv::Value::Map(vec![("do_remote_prefill".into(), true.into())]),
+    )]));
+    let start = std::time::Instant::now();
+    w.send(&sim_protocol::InputMessage::Add(Box::new(r))).await;
+    let c = w.collect(&["pd"]).await;
+    let elapsed = start.elapsed();
+    let p = c.prefill["pd"];
+    assert_eq!(
+        p.num_external_cached_tokens, 99,
+        "all but the last prompt token pulled"
+    );
+    assert_eq!(p.num_computed_tokens, 1);
+    // 30 ms transfer + 1/100 of the 400 ms TTFT, far below a cold prefill
+    assert!(
+        elapsed < std::time::Duration::from_millis(300),
+        "{elapsed:?}"
+    );
+    assert!(
+        elapsed >= std::time::Duration::from_millis(30),
+        "{elapsed:?}"
+    );
+    w.stop().await.unwrap();
+}

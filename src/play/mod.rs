@@ -121,6 +121,15 @@ pub struct PlayArgs {
     #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
     pub prefill_time_per_token: f64,
 
+    /// Fixed cost, ms, of a step that pulls a decode request's prompt KV from the prefill
+    /// engine (P/D: requests with `kv_transfer_params.do_remote_prefill`).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub kv_transfer_latency: f64,
+
+    /// Cost per pulled KV token, ms.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub kv_transfer_time_per_token: f64,
+
     /// Slow-down factor at full load (running = --max-num-seqs), linear in between; 1 = none.
     #[arg(long, default_value_t = 1.0)]
     pub time_factor_under_load: f64,
@@ -320,6 +329,8 @@ impl PlayArgs {
             itl_std_ms: self.inter_token_latency_std_dev,
             prefill_overhead_ms: self.prefill_overhead,
             prefill_per_token_ms: self.prefill_time_per_token,
+            kv_transfer_ms: self.kv_transfer_latency,
+            kv_transfer_per_token_ms: self.kv_transfer_time_per_token,
             time_factor_under_load: self.time_factor_under_load,
             time_scale: self.time_scale,
         }

@@ -66,6 +66,27 @@ pub struct SimRequest {
     pub prompt_logprobs: Option<i64>,
     pub spec: Option<RequestSpecTracker>,
     pub failure: Option<InjectedFailure>,
+    /// A P/D decode-side request (`kv_transfer_params.do_remote_prefill`): its prompt KV is
+    /// pulled from the prefill engine instead of computed.
+    pub remote_prefill: bool,
+    /// Prompt tokens that came from the remote engine.
+    pub external_cached_tokens: u64,
+}
+
+/// `extra_args.kv_transfer_params.do_remote_prefill == true` (how the NixlConnector marks a
+/// decode-side request; `vllm/v1/request.py` reads `kv_transfer_params` there).
+fn wants_remote_prefill(extra: Option<&rmpv::Value>) -> bool {
+    let get = |m: &rmpv::Value, key: &str| -> Option<rmpv::Value> {
+        m.as_map()?
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(key))
+            .map(|(_, v)| v.clone())
+    };
+    extra
+        .and_then(|e| get(e, "kv_transfer_params"))
+        .and_then(|p| get(&p, "do_remote_prefill"))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false)
 }
 
 impl SimRequest {
@@ -122,6 +143,8 @@ impl SimRequest {
             prompt_logprobs: sp.prompt_logprobs,
             spec: None,
             failure: None,
+            remote_prefill: wants_remote_prefill(sp.extra_args.as_ref()),
+            external_cached_tokens: 0,
         }
     }
 

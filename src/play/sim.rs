@@ -612,8 +612,8 @@ impl SimEngine {
                     num_prompt_tokens: r.prompt_len,
                     num_computed_tokens: r.prompt_len - r.cached_tokens.min(r.prompt_len),
                     num_cached_tokens: r.cached_tokens,
-                    num_local_cached_tokens: r.cached_tokens,
-                    num_external_cached_tokens: 0,
+                    num_local_cached_tokens: r.cached_tokens - r.external_cached_tokens,
+                    num_external_cached_tokens: r.external_cached_tokens,
                     num_cache_creation_tokens: if line.prefill_stats_has_cache_creation() {
                         created
                     } else {

@@ -245,6 +245,7 @@ impl SimEngine {
                 }
                 let total = r.tokens.len() as u64;
                 let first_admission = r.num_computed == 0;
+                let remote = first_admission && r.remote_prefill && !r.started;
                 let bs = self.cfg.block_size as usize;
                 // prefix-cache lookup: whole blocks, leaving at least one token to compute
                 let mut hits: Vec<usize> = Vec::new();
@@ -257,7 +258,16 @@ impl SimEngine {
                         hits = self.pool.lookup(probe);
                     }
                 }
-                let computed = (hits.len() * bs) as u64;
+                let mut computed = (hits.len() * bs) as u64;
+                // P/D decode side: the rest of the prompt (all but the last token, which is
+                // computed to sample) is pulled from the prefill engine, like the
+                // NixlConnector's `get_num_new_matched_tokens`
+                let external = if remote {
+                    total.saturating_sub(1).saturating_sub(computed)
+                } else {
+                    0
+                };
+                computed += external;
                 let mut n = total - computed;
                 if threshold > 0 && n > threshold {
                     n = threshold;
@@ -267,6 +277,7 @@ impl SimEngine {
                 }
                 n = n.min(budget);
                 let need = self.blocks_for(computed + n).saturating_sub(hits.len());
+                // (external tokens need blocks too: they are included in `computed`)
                 let evictable = self.pool.num_evictable(&hits);
                 if need + evictable > self.pool.num_free() {
                     break; // the KV cache cannot take the head of the queue
@@ -289,6 +300,7 @@ impl SimEngine {
                     r.prefill_total = total - computed;
                     if !preempted_before && !r.started {
                         r.cached_tokens = computed;
+                        r.external_cached_tokens = external;
                     }
                     r.phase = Phase::Running;
                     r.pending_events.push(EngineCoreEvent {
@@ -312,6 +324,9 @@ impl SimEngine {
                     }
                 }
                 self.cache_full_blocks(&id, n);
+                if external > 0 {
+                    shape.kv_transfers.push(external);
+                }
                 self.running.push(id.clone());
                 admitted.insert(id.clone());
                 budget -= n;
@@ -341,7 +356,9 @@ impl SimEngine {
                 shape.prefills.push(PrefillChunk {
                     tokens: *n,
                     context: r.num_computed,
-                    uncached_prompt: r.prefill_total.max(*n),
+                    // the TTFT knob prices a whole cold prompt: cached and pulled tokens
+                    // make a request's share smaller
+                    uncached_prompt: (r.tokens.len() as u64).max(*n),
                 });
             }
         }

@@ -14,7 +14,8 @@ pub struct PrefillChunk {
     pub tokens: u64,
     /// Tokens of the request already in KV cache before the chunk (cached + earlier chunks).
     pub context: u64,
-    /// Uncached prompt tokens of the whole request (all its chunks together).
+    /// Prompt tokens of the whole request (cached ones included): a chunk's share of the
+    /// TTFT knob is `tokens / uncached_prompt`, so cache hits shorten the first token.
     pub uncached_prompt: u64,
 }
 
@@ -25,6 +26,9 @@ pub struct StepShape {
     pub decode_requests: u64,
     /// Prefill chunks in this step.
     pub prefills: Vec<PrefillChunk>,
+    /// Tokens whose KV is pulled from a remote (prefill) engine in this step, one entry per
+    /// request (P/D disaggregation: a decode engine loads instead of computing).
+    pub kv_transfers: Vec<u64>,
     /// Requests in the running batch after scheduling.
     pub running: u64,
     /// The batch capacity (`--max-num-seqs`), for load-dependent slowdowns.
@@ -36,7 +40,7 @@ impl StepShape {
         self.prefills.iter().map(|c| c.tokens).sum()
     }
     pub fn is_empty(&self) -> bool {
-        self.decode_requests == 0 && self.prefills.is_empty()
+        self.decode_requests == 0 && self.prefills.is_empty() && self.kv_transfers.is_empty()
     }
 }
 
@@ -71,9 +75,9 @@ impl LatencyModel for InstantLatency {
 /// The latency knobs, in milliseconds (0 = none).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Knobs {
-    /// Mean time to first token of a request whose whole uncached prompt is prefilled in
-    /// one step; split across chunks in proportion to their tokens. Prefills sharing a
-    /// step are batched: the step pays the largest share, not the sum.
+    /// Mean time to first token of a cold request (nothing cached) prefilled in one step;
+    /// a chunk costs its share of the prompt, so cached tokens shorten it. Prefills sharing
+    /// a step are batched: the step pays the largest share, not the sum.
     pub ttft_ms: f64,
     pub ttft_std_ms: f64,
     /// Mean duration of a decode step (the inter-token latency).
@@ -83,6 +87,10 @@ pub struct Knobs {
     pub prefill_overhead_ms: f64,
     /// Cost per prefilled (uncached) token.
     pub prefill_per_token_ms: f64,
+    /// Fixed cost of a step that pulls KV from a remote engine.
+    pub kv_transfer_ms: f64,
+    /// Cost per token of KV pulled from a remote engine.
+    pub kv_transfer_per_token_ms: f64,
     /// Multiplier on every step at full load (running = max_num_seqs); linear in between.
     pub time_factor_under_load: f64,
     /// Divide every duration by this (e.g. 100 replays 100× faster).
@@ -98,6 +106,8 @@ impl Default for Knobs {
             itl_std_ms: 0.0,
             prefill_overhead_ms: 0.0,
             prefill_per_token_ms: 0.0,
+            kv_transfer_ms: 0.0,
+            kv_transfer_per_token_ms: 0.0,
             time_factor_under_load: 1.0,
             time_scale: 1.0,
         }
@@ -111,6 +121,8 @@ impl Knobs {
             && self.itl_ms <= 0.0
             && self.prefill_overhead_ms <= 0.0
             && self.prefill_per_token_ms <= 0.0
+            && self.kv_transfer_ms <= 0.0
+            && self.kv_transfer_per_token_ms <= 0.0
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -121,6 +133,8 @@ impl Knobs {
             ("inter-token latency std-dev", self.itl_std_ms),
             ("prefill overhead", self.prefill_overhead_ms),
             ("prefill time per token", self.prefill_per_token_ms),
+            ("KV transfer latency", self.kv_transfer_ms),
+            ("KV transfer time per token", self.kv_transfer_per_token_ms),
         ];
         for (name, v) in all {
             if !v.is_finite() || v < 0.0 {
@@ -206,6 +220,10 @@ impl LatencyModel for KnobLatency {
             }
             ms += batched;
         }
+        if !shape.kv_transfers.is_empty() {
+            ms += k.kv_transfer_ms
+                + k.kv_transfer_per_token_ms * shape.kv_transfers.iter().sum::<u64>() as f64;
+        }
         if k.time_factor_under_load > 1.0 && shape.max_num_seqs > 0 {
             let load = (shape.running as f64 / shape.max_num_seqs as f64).min(1.0);
             ms *= 1.0 + (k.time_factor_under_load - 1.0) * load;
@@ -224,6 +242,12 @@ impl LatencyModel for KnobLatency {
             parts.push(format!(
                 "prefill {} ms + {} ms/token",
                 k.prefill_overhead_ms, k.prefill_per_token_ms
+            ));
+        }
+        if k.kv_transfer_ms > 0.0 || k.kv_transfer_per_token_ms > 0.0 {
+            parts.push(format!(
+                "KV transfer {} ms + {} ms/token",
+                k.kv_transfer_ms, k.kv_transfer_per_token_ms
             ));
         }
         if k.time_factor_under_load > 1.0 {
@@ -266,6 +290,7 @@ mod tests {
                 .collect(),
             running: decodes + prefills.len() as u64,
             max_num_seqs: 8,
+            kv_transfers: vec![],
         }
     }
 
@@ -289,6 +314,18 @@ mod tests {
         // half of a prompt costs half; decodes sharing the step wait for it
         assert!((ms(m.step_duration(&shape(2, &[(50, 100)]))) - 25.0).abs() < 1e-9);
         assert_eq!(m.step_duration(&shape(0, &[])), Duration::ZERO);
+        // pulling remote KV costs its fixed latency plus per token
+        let mut m2 = KnobLatency::new(
+            Knobs {
+                kv_transfer_ms: 3.0,
+                kv_transfer_per_token_ms: 0.01,
+                ..Default::default()
+            },
+            1,
+        );
+        let mut s = shape(0, &[]);
+        s.kv_transfers = vec![100, 300];
+        assert!((ms(m2.step_duration(&s)) - 7.0).abs() < 1e-9);
         // prefills sharing a step are batched: the largest share, not the sum
         assert!(
             (ms(m.step_duration(&shape(0, &[(10, 10), (20, 20), (5, 10)]))) - 40.0).abs() < 1e-9
