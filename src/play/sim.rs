@@ -272,7 +272,7 @@ impl SimEngine {
         if req.wire_len != expected {
             let likely = VllmLine::lines_with_request_len(req.wire_len);
             let msg = format!(
-                "the frontend sent a {}-element EngineCoreRequest, but vLLM {} sends {}: the frontend looks like vLLM {}. Restart play with --vllm-version matching the frontend",
+                "the frontend sent a {}-element EngineCoreRequest, but vLLM {} sends {}: the frontend looks like vLLM {}. Restart vllm-vcr (play or serve) with --vllm-version set to the frontend's line",
                 req.wire_len,
                 self.cfg.line,
                 expected,
