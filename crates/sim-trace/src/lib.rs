@@ -3,5 +3,7 @@
 //! This crate knows nothing about ZMQ or the wire protocol, so analysis tools can build
 //! without the protocol stack.
 
+pub mod config_hash;
 pub mod latency;
 pub mod stats;
+pub mod trace;

@@ -1,0 +1,646 @@
+//! The JSONL trace schema and streaming reader/writer.
+//!
+//! # File layout
+//!
+//! A trace is JSON Lines (UTF-8, one JSON object per line, `\n`-terminated), gzip-compressed
+//! when the path ends in `.gz` (concatenated gzip members are read as one stream, so
+//! `cat a.jsonl.gz b.jsonl.gz` works). Blank lines are skipped.
+//!
+//! * **The metadata line** comes first and is wrapped in a `meta` key:
+//!   `{"meta": {"version": 1, "model": "Qwen/Qwen3-8B", "gpu": "H200", ...}}` (see
+//!   [`TraceMeta`]). The wrapper keeps the line distinguishable from records with plain
+//!   text tools (`grep -v '"meta"' trace.jsonl` strips it, as the docs' trace-concatenation
+//!   recipe does). For compatibility the reader also accepts a flat `{"type": "meta", ...}`
+//!   line. A meta line is optional, and the reader reports meta lines wherever they occur
+//!   (concatenated traces may carry several).
+//! * **Every other line is one request record** ([`TraceRecord`]), unwrapped:
+//!   `{"request_id": "...", "prompt_tokens": 512, "output_tokens": 128, "ttft_ms": ..., ...}`.
+//!
+//! # Compatibility rules
+//!
+//! * Unknown fields are ignored (no `deny_unknown_fields`), so traces written by newer or
+//!   older versions load.
+//! * Every field other than the basic shape counters is optional and omitted when empty;
+//!   absent fields deserialize to their defaults.
+//! * `meta.version` is the schema version. Absent means version 1 (traces that predate the
+//!   field). Additive changes keep the version; only a change in the *meaning* of an existing
+//!   field bumps it, so readers can branch on [`TraceMeta::schema_version`]. The reader does
+//!   not reject newer versions.
+//!
+//! # Times
+//!
+//! All `*_ms` values are milliseconds as JSON numbers (fractional allowed). `arrival_ms` is
+//! measured from the capture's zero (the same zero as the step-stats sidecar's `ts_ms`);
+//! `meta.created_unix_ms` records that zero's wall-clock time when known.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use flate2::Compression;
+use flate2::read::MultiGzDecoder;
+use flate2::write::GzEncoder;
+use serde::{Deserialize, Serialize};
+
+/// The schema version this crate writes (`meta.version`).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The tool name written to `meta.tool`.
+pub const TOOL_NAME: &str = "vllm-vcr";
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// `itl_tokens` is omitted when every chunk delivered exactly one token (plain
+/// autoregressive decoding), so such traces stay unchanged.
+fn all_ones(v: &[u32]) -> bool {
+    v.iter().all(|&n| n == 1)
+}
+
+/// The trace metadata line (`{"meta": {...}}`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TraceMeta {
+    /// Schema version; absent = 1. Use [`TraceMeta::schema_version`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// Served model name, e.g. `Qwen/Qwen3-8B`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Hardware, e.g. `H200`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// Tensor-parallel size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp: Option<u32>,
+    /// KV-cache block size in tokens (the unit of `block_hashes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    /// Scheduler `--max-num-seqs` of the captured engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_num_seqs: Option<u32>,
+    /// The engine's raw reported version (e.g. `0.23.0.dev1+g...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm_version: Option<String>,
+    /// The capture-config fingerprint (see [`crate::config_hash`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
+    /// The engine's ready (handshake) response, hex-encoded bytes as relayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_response_hex: Option<String>,
+    /// Writing tool, `vllm-vcr`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// Writing tool's version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_version: Option<String>,
+    /// Wall-clock time of the capture's zero (Unix epoch milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_unix_ms: Option<u64>,
+}
+
+impl TraceMeta {
+    /// A meta stamped with the current schema version, this tool's name and version, and
+    /// the current wall-clock time.
+    pub fn new() -> Self {
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_millis() as u64);
+        Self {
+            version: Some(SCHEMA_VERSION),
+            tool: Some(TOOL_NAME.to_string()),
+            tool_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+            created_unix_ms: created,
+            ..Self::default()
+        }
+    }
+
+    /// The schema version, treating an absent `version` as 1.
+    pub fn schema_version(&self) -> u32 {
+        self.version.unwrap_or(1)
+    }
+}
+
+/// One chained KV-block hash. The tap writes unsigned 64-bit integers; string hashes (e.g.
+/// hex digests from converted workload traces) are accepted and kept verbatim.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BlockHash {
+    Int(u64),
+    Str(String),
+}
+
+impl From<u64> for BlockHash {
+    fn from(v: u64) -> Self {
+        BlockHash::Int(v)
+    }
+}
+
+impl fmt::Display for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BlockHash::Int(v) => write!(f, "{v}"),
+            BlockHash::Str(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Per-gap engine context, as parallel arrays aligned with `itl_ms` (entry `i` describes
+/// the engine step that produced gap `i`). Arrays may be shorter than `itl_ms` when the
+/// engine did not report a value for the trailing gaps.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ItlCtx {
+    /// Engine-reported running request count for the gap's step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub num_running: Vec<u32>,
+    /// Prompt tokens that finished prefill in the gap's step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefill_tokens: Vec<u32>,
+}
+
+impl ItlCtx {
+    pub fn is_empty(&self) -> bool {
+        self.num_running.is_empty() && self.prefill_tokens.is_empty()
+    }
+}
+
+/// One request record.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TraceRecord {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// Prompt length in tokens.
+    #[serde(default)]
+    pub prompt_tokens: u32,
+    /// Prompt tokens served from the prefix cache (absent = unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u32>,
+    /// Generated tokens.
+    #[serde(default)]
+    pub output_tokens: u32,
+    /// Arrival offset from the capture's zero; absent for traces without a timeline
+    /// (e.g. converted client reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival_ms: Option<f64>,
+    /// Time to first token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// One gap per output chunk after the first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub itl_ms: Vec<f64>,
+    /// Tokens delivered by each chunk, parallel to `itl_ms`; omitted when all are 1. The
+    /// first chunk's size is `output_tokens - sum(itl_tokens)`. Use
+    /// [`TraceRecord::chunk_tokens`] to read it with the default applied.
+    #[serde(default, skip_serializing_if = "all_ones")]
+    pub itl_tokens: Vec<u32>,
+    /// Requests in flight (this one included) when the request arrived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// Per-gap engine context.
+    #[serde(default, skip_serializing_if = "ItlCtx::is_empty")]
+    pub itl_ctx: ItlCtx,
+    /// Chained per-block prompt hashes (block size `meta.block_size`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub block_hashes: Vec<BlockHash>,
+    /// Multimodal input hashes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mm_hashes: Vec<String>,
+    /// Generated token ids (opt-in, `--record-tokens`); `None` = not recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_token_ids: Option<Vec<u32>>,
+    /// `stop`, `length`, `abort`, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+    /// The request did not complete normally (aborted, errored, or cut off when the
+    /// capture stopped); its timing fields cover only what was observed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub incomplete: bool,
+    /// Why an incomplete request was aborted (client disconnect, shutdown, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abort_reason: Option<String>,
+    /// Engine/transport error for an errored request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl TraceRecord {
+    /// Tokens per chunk after the first, parallel to `itl_ms` (1 each when `itl_tokens`
+    /// was omitted).
+    pub fn chunk_tokens(&self) -> Vec<u32> {
+        if self.itl_tokens.is_empty() {
+            vec![1; self.itl_ms.len()]
+        } else {
+            self.itl_tokens.clone()
+        }
+    }
+
+    /// Tokens delivered by the first chunk: `output_tokens - sum(itl_tokens)` (saturating).
+    pub fn first_chunk_tokens(&self) -> u32 {
+        let rest: u64 = if self.itl_tokens.is_empty() {
+            self.itl_ms.len() as u64
+        } else {
+            self.itl_tokens.iter().map(|&n| u64::from(n)).sum()
+        };
+        u64::from(self.output_tokens).saturating_sub(rest) as u32
+    }
+}
+
+/// One line of a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TraceItem {
+    Meta(TraceMeta),
+    Record(TraceRecord),
+}
+
+#[derive(Serialize)]
+struct MetaLineOut<'a> {
+    meta: &'a TraceMeta,
+}
+
+#[derive(Deserialize)]
+struct MetaLineIn {
+    meta: TraceMeta,
+}
+
+/// Errors name the file and, for line-level problems, the 1-based line number.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("{}: {source}", path.display())]
+    Open { path: PathBuf, source: io::Error },
+    #[error("{}:{line}: read error: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        line: u64,
+        source: io::Error,
+    },
+    #[error("{}:{line}: invalid trace line: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        line: u64,
+        source: serde_json::Error,
+    },
+    #[error(
+        "{}: truncated gzip stream (unexpected end of compressed data); last good line: {last_good_line}",
+        path.display()
+    )]
+    Truncated { path: PathBuf, last_good_line: u64 },
+    #[error("{}: write error: {source}", path.display())]
+    Write { path: PathBuf, source: io::Error },
+}
+
+impl TraceError {
+    /// The file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            TraceError::Open { path, .. }
+            | TraceError::Read { path, .. }
+            | TraceError::Parse { path, .. }
+            | TraceError::Truncated { path, .. }
+            | TraceError::Write { path, .. } => path,
+        }
+    }
+
+    /// The 1-based line the error is about, for line-level errors.
+    pub fn line(&self) -> Option<u64> {
+        match self {
+            TraceError::Read { line, .. } | TraceError::Parse { line, .. } => Some(*line),
+            _ => None,
+        }
+    }
+}
+
+fn is_gz(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gz"))
+}
+
+/// Parse one (non-blank) trace line.
+pub fn parse_line(line: &[u8]) -> Result<TraceItem, serde_json::Error> {
+    // Fast path: a line that cannot be a meta line parses straight into a record.
+    if !contains(line, b"\"meta\"") {
+        return serde_json::from_slice(line).map(TraceItem::Record);
+    }
+    let value: serde_json::Value = serde_json::from_slice(line)?;
+    if value.get("meta").is_some_and(|m| m.is_object()) {
+        return serde_json::from_value::<MetaLineIn>(value).map(|m| TraceItem::Meta(m.meta));
+    }
+    if value.get("type").and_then(|t| t.as_str()) == Some("meta") {
+        return serde_json::from_value(value).map(TraceItem::Meta);
+    }
+    serde_json::from_value(value).map(TraceItem::Record)
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Streams a trace line by line (never loading the whole file), gunzipping `.gz` paths.
+///
+/// Iterates `Result<TraceItem, TraceError>`. After an I/O error (including a truncated
+/// gzip stream) iteration ends; after a parse error it continues with the next line, so
+/// callers choose whether a bad line is fatal.
+pub struct TraceReader {
+    path: PathBuf,
+    input: Box<dyn BufRead + Send>,
+    gz: bool,
+    buf: Vec<u8>,
+    line: u64,
+    last_good_line: u64,
+    done: bool,
+}
+
+impl TraceReader {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|source| TraceError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        let gz = is_gz(&path);
+        let input: Box<dyn BufRead + Send> = if gz {
+            Box::new(BufReader::with_capacity(
+                1 << 16,
+                MultiGzDecoder::new(BufReader::new(file)),
+            ))
+        } else {
+            Box::new(BufReader::with_capacity(1 << 16, file))
+        };
+        Ok(Self {
+            path,
+            input,
+            gz,
+            buf: Vec::new(),
+            line: 0,
+            last_good_line: 0,
+            done: false,
+        })
+    }
+
+    /// The path being read.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The 1-based number of the last line read (0 before the first).
+    pub fn line(&self) -> u64 {
+        self.line
+    }
+
+    /// Reads items until the first record, returning the meta line if the trace starts
+    /// with one (and the first record, if any, so nothing is lost).
+    pub fn read_header(&mut self) -> Result<(Option<TraceMeta>, Option<TraceRecord>), TraceError> {
+        match self.next().transpose()? {
+            Some(TraceItem::Meta(m)) => Ok((Some(m), None)),
+            Some(TraceItem::Record(r)) => Ok((None, Some(r))),
+            None => Ok((None, None)),
+        }
+    }
+
+    /// Iterate only the records, skipping meta lines.
+    pub fn records(self) -> impl Iterator<Item = Result<TraceRecord, TraceError>> {
+        self.filter_map(|item| match item {
+            Ok(TraceItem::Record(r)) => Some(Ok(r)),
+            Ok(TraceItem::Meta(_)) => None,
+            Err(e) => Some(Err(e)),
+        })
+    }
+}
+
+impl Iterator for TraceReader {
+    type Item = Result<TraceItem, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.done {
+                return None;
+            }
+            self.buf.clear();
+            let n = match self.input.read_until(b'\n', &mut self.buf) {
+                Ok(n) => n,
+                Err(source) => {
+                    self.done = true;
+                    if self.gz && source.kind() == io::ErrorKind::UnexpectedEof {
+                        return Some(Err(TraceError::Truncated {
+                            path: self.path.clone(),
+                            last_good_line: self.last_good_line,
+                        }));
+                    }
+                    return Some(Err(TraceError::Read {
+                        path: self.path.clone(),
+                        line: self.line + 1,
+                        source,
+                    }));
+                }
+            };
+            if n == 0 {
+                self.done = true;
+                return None;
+            }
+            self.line += 1;
+            let text = self.buf.trim_ascii();
+            if text.is_empty() {
+                self.last_good_line = self.line;
+                continue;
+            }
+            return Some(match parse_line(text) {
+                Ok(item) => {
+                    self.last_good_line = self.line;
+                    Ok(item)
+                }
+                Err(source) => Err(TraceError::Parse {
+                    path: self.path.clone(),
+                    line: self.line,
+                    source,
+                }),
+            });
+        }
+    }
+}
+
+enum Sink {
+    Plain(BufWriter<File>),
+    Gz(GzEncoder<BufWriter<File>>),
+}
+
+impl Sink {
+    fn writer(&mut self) -> &mut dyn Write {
+        match self {
+            Sink::Plain(w) => w,
+            Sink::Gz(w) => w,
+        }
+    }
+}
+
+/// Writes a trace: the meta line, then records; gzip when the path ends in `.gz`.
+///
+/// The writer writes **directly to the final path**, not to a temp file renamed on
+/// [`finish`](Self::finish): a recording is long-lived and must be followable while it
+/// runs (`tail -f`, or a reader streaming a periodically [`flush`](Self::flush)ed file),
+/// and a recorder killed before `finish` must leave every record already flushed on disk
+/// under the expected name rather than in an orphaned temp file. A `.gz` trace cut off
+/// before `finish` lacks the gzip footer; [`TraceReader`] still yields every line up to
+/// the cut and then reports [`TraceError::Truncated`].
+pub struct TraceWriter {
+    path: PathBuf,
+    sink: Option<Sink>,
+}
+
+impl TraceWriter {
+    /// Create (truncate) `path` and write the meta line.
+    pub fn create(path: impl AsRef<Path>, meta: &TraceMeta) -> Result<Self, TraceError> {
+        let mut w = Self::create_without_meta(path)?;
+        w.write_meta(meta)?;
+        Ok(w)
+    }
+
+    /// Create (truncate) `path` without a meta line (for converters that have none).
+    pub fn create_without_meta(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::create(&path).map_err(|source| TraceError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        let buffered = BufWriter::with_capacity(1 << 16, file);
+        let sink = if is_gz(&path) {
+            Sink::Gz(GzEncoder::new(buffered, Compression::default()))
+        } else {
+            Sink::Plain(buffered)
+        };
+        Ok(Self {
+            path,
+            sink: Some(sink),
+        })
+    }
+
+    /// The path being written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn write_line<T: Serialize>(&mut self, value: &T) -> Result<(), TraceError> {
+        let path = &self.path;
+        let err = |source: io::Error| TraceError::Write {
+            path: path.clone(),
+            source,
+        };
+        let Some(sink) = self.sink.as_mut() else {
+            return Err(err(io::Error::other("trace writer already finished")));
+        };
+        let w = sink.writer();
+        serde_json::to_writer(&mut *w, value).map_err(|e| err(io::Error::from(e)))?;
+        w.write_all(b"\n").map_err(err)
+    }
+
+    /// Write a `{"meta": {...}}` line.
+    pub fn write_meta(&mut self, meta: &TraceMeta) -> Result<(), TraceError> {
+        self.write_line(&MetaLineOut { meta })
+    }
+
+    /// Write one record line.
+    pub fn write_record(&mut self, record: &TraceRecord) -> Result<(), TraceError> {
+        self.write_line(record)
+    }
+
+    /// Push everything written so far to the file (a gzip sync flush for `.gz`), so a
+    /// concurrent reader sees every complete line.
+    pub fn flush(&mut self) -> Result<(), TraceError> {
+        if let Some(sink) = self.sink.as_mut() {
+            sink.writer().flush().map_err(|source| TraceError::Write {
+                path: self.path.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Flush, write the gzip footer (for `.gz`) and sync the file to disk.
+    pub fn finish(mut self) -> Result<(), TraceError> {
+        self.finish_inner()
+    }
+
+    fn finish_inner(&mut self) -> Result<(), TraceError> {
+        let err = |source: io::Error| TraceError::Write {
+            path: self.path.clone(),
+            source,
+        };
+        let buffered = match self.sink.take() {
+            None => return Ok(()),
+            Some(Sink::Plain(w)) => w,
+            Some(Sink::Gz(w)) => w.finish().map_err(err)?,
+        };
+        let file = buffered.into_inner().map_err(|e| err(e.into_error()))?;
+        file.sync_all().map_err(err)
+    }
+}
+
+impl Drop for TraceWriter {
+    /// Best effort: a writer dropped without [`finish`](TraceWriter::finish) still flushes
+    /// and completes the gzip stream; errors are ignored (call `finish` to see them).
+    fn drop(&mut self) {
+        let _ = self.finish_inner();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn itl_tokens_omitted_when_all_ones() {
+        let mut r = TraceRecord {
+            output_tokens: 3,
+            itl_ms: vec![1.0, 2.0],
+            itl_tokens: vec![1, 1],
+            ..Default::default()
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert!(!s.contains("itl_tokens"), "{s}");
+        assert_eq!(r.first_chunk_tokens(), 1);
+        r.itl_tokens = vec![1, 4];
+        let s = serde_json::to_string(&r).unwrap();
+        assert!(s.contains("\"itl_tokens\":[1,4]"), "{s}");
+        r.output_tokens = 6;
+        assert_eq!(r.first_chunk_tokens(), 1);
+        assert_eq!(r.chunk_tokens(), vec![1, 4]);
+    }
+
+    #[test]
+    fn meta_shapes() {
+        let wrapped = br#"{"meta": {"model": "m", "tp": 2, "future_field": [1]}}"#;
+        let TraceItem::Meta(m) = parse_line(wrapped).unwrap() else {
+            panic!("not meta")
+        };
+        assert_eq!(m.model.as_deref(), Some("m"));
+        assert_eq!(m.tp, Some(2));
+        assert_eq!(m.schema_version(), 1);
+
+        let flat = br#"{"type": "meta", "model": "m", "version": 3}"#;
+        let TraceItem::Meta(m) = parse_line(flat).unwrap() else {
+            panic!("not meta")
+        };
+        assert_eq!(m.schema_version(), 3);
+
+        // A record whose request id merely contains "meta" is still a record.
+        let rec = br#"{"request_id": "\"meta\"-1", "prompt_tokens": 4}"#;
+        assert!(matches!(parse_line(rec).unwrap(), TraceItem::Record(_)));
+    }
+
+    #[test]
+    fn block_hashes_accept_ints_and_strings() {
+        let line = br#"{"block_hashes": [18446744073709551615, "ab12"]}"#;
+        let TraceItem::Record(r) = parse_line(line).unwrap() else {
+            panic!("not a record")
+        };
+        assert_eq!(
+            r.block_hashes,
+            vec![BlockHash::Int(u64::MAX), BlockHash::Str("ab12".into())]
+        );
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            s,
+            r#"{"prompt_tokens":0,"output_tokens":0,"block_hashes":[18446744073709551615,"ab12"]}"#
+        );
+    }
+}
