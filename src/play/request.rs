@@ -1,7 +1,5 @@
 //! One request inside the simulated engine, and vLLM's stop rules for it.
 
-use std::time::Instant;
-
 use sim_protocol::{EngineCoreEvent, EngineCoreRequest, FinishReason, StopReason};
 
 use super::block_hash::{BlockHash, ExtraKey};
@@ -43,7 +41,6 @@ pub struct SimRequest {
     /// The LoRA extra key of every block hash (vLLM keys blocks by adapter).
     pub lora_key: Option<ExtraKey>,
     pub cache_salt: Option<String>,
-    pub arrived: Instant,
     /// Prompt then output token ids (what the KV cache holds once computed).
     pub tokens: Vec<u32>,
     /// Tokens whose KV is computed (vLLM's `num_computed_tokens`).
@@ -57,8 +54,6 @@ pub struct SimRequest {
     pub num_preemptions: u64,
     /// Prompt tokens that were prefix-cache hits at first admission.
     pub cached_tokens: u64,
-    /// Tokens the current prefill must compute (for the latency model).
-    pub prefill_total: u64,
     /// Per-request randomness (logprobs, speculative acceptance, failures).
     pub rng: SplitMix64,
     /// `logprobs` / `prompt_logprobs` asked for (vLLM's `SamplingParams`).
@@ -90,12 +85,7 @@ fn wants_remote_prefill(extra: Option<&rmpv::Value>) -> bool {
 }
 
 impl SimRequest {
-    pub fn new(
-        req: &EngineCoreRequest,
-        stream: Box<dyn TokenStream>,
-        seq: i64,
-        now: Instant,
-    ) -> Self {
+    pub fn new(req: &EngineCoreRequest, stream: Box<dyn TokenStream>, seq: i64) -> Self {
         let sp = req.sampling_params.clone().unwrap_or_default();
         let mut masked: Vec<u32> = sp.all_stop_token_ids.clone();
         masked.extend(sp.eos_token_id);
@@ -126,7 +116,6 @@ impl SimRequest {
                 path: l.path.clone(),
             }),
             cache_salt: req.cache_salt.clone(),
-            arrived: now,
             tokens: req.prompt_token_ids.clone().unwrap_or_else(|| {
                 // prompt embeddings only: placeholders keep the lengths right
                 vec![0; req.prompt_len()]
@@ -137,7 +126,6 @@ impl SimRequest {
             cached_blocks: 0,
             num_preemptions: 0,
             cached_tokens: 0,
-            prefill_total: 0,
             rng: SplitMix64(0),
             logprobs: sp.logprobs,
             prompt_logprobs: sp.prompt_logprobs,
@@ -241,7 +229,7 @@ mod tests {
             sampling_params: Some(sp),
             ..Default::default()
         };
-        SimRequest::new(&req, Box::new(Fixed(toks, 0)), 0, Instant::now())
+        SimRequest::new(&req, Box::new(Fixed(toks, 0)), 0)
     }
 
     fn run(r: &mut SimRequest, mml: u64) -> (Vec<u32>, (FinishReason, Option<StopReason>)) {

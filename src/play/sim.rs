@@ -332,7 +332,7 @@ impl SimEngine {
             );
         }
         let stream = self.tokens.stream_for(&req);
-        let mut r = SimRequest::new(&req, stream, self.next_seq, now);
+        let mut r = SimRequest::new(&req, stream, self.next_seq);
         r.client = client;
         r.rng = SplitMix64(request_seed(self.cfg.seed ^ 0x1f1f, &r.id));
         if let Some(f) = &self.cfg.failures {

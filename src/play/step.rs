@@ -297,7 +297,6 @@ impl SimEngine {
                     r.blocks.extend(new);
                     r.cached_blocks = hits.len();
                     r.num_computed = computed;
-                    r.prefill_total = total - computed;
                     if !preempted_before && !r.started {
                         r.cached_tokens = computed;
                         r.external_cached_tokens = external;
