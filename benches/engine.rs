@@ -101,6 +101,20 @@ struct DirectResult {
     tokens: u64,
     wall: f64,
     engine_cpu: f64,
+    /// Engine resident memory (KiB) after a quarter, half and all of the requests.
+    rss_kib: [u64; 3],
+}
+
+/// VmRSS of a process, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Closed loop: keep `concurrency` requests in flight until `total` were served.
@@ -130,6 +144,7 @@ async fn direct_run(
     let mut in_flight: HashSet<String> = HashSet::new();
     let mut tokens = 0u64;
     let mut done = 0usize;
+    let mut rss = [0u64; 3];
     let send = |i: usize| {
         let mut frames = vec![identity.clone()];
         frames.extend(encode_request(
@@ -154,6 +169,11 @@ async fn direct_run(
             if o.finish_reason.is_some() && in_flight.remove(&o.request_id) {
                 done += 1;
                 refill += 1;
+                if done == total / 4 {
+                    rss[0] = rss_kib(pid);
+                } else if done == total / 2 {
+                    rss[1] = rss_kib(pid);
+                }
             }
         }
         for _ in 0..refill {
@@ -166,6 +186,7 @@ async fn direct_run(
     }
     let wall = start.elapsed().as_secs_f64();
     let engine_cpu = cpu_seconds(pid) - cpu0;
+    rss[2] = rss_kib(pid);
     drop(input);
     drop(output);
     let log = engine.stop();
@@ -175,6 +196,7 @@ async fn direct_run(
             tokens,
             wall,
             engine_cpu,
+            rss_kib: rss,
         },
         log,
     )
@@ -420,6 +442,20 @@ fn main() {
             log_field(&log, "lateness_max_us").unwrap_or(f64::NAN),
         );
     }
+
+    println!("\n## Memory over a soak (concurrency 64, 64 tokens per request, instant latency)\n");
+    println!("| requests | engine RSS after 1/4 | after 1/2 | at the end | growth 1/4 → end |");
+    println!("|---:|---:|---:|---:|---:|");
+    let soak = if q { 4000 } else { 40_000 };
+    let (r, _) = rt.block_on(direct_run(64, soak, 64, &[], &dir.join("soak.log")));
+    let [a, b, c] = r.rss_kib;
+    println!(
+        "| {soak} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:+.1} % |",
+        a as f64 / 1024.0,
+        b as f64 / 1024.0,
+        c as f64 / 1024.0,
+        100.0 * (c as f64 - a as f64) / a.max(1) as f64
+    );
 
     if std::env::var_os("BENCH_SKIP_FRONTEND").is_none() {
         println!(
