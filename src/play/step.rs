@@ -204,8 +204,9 @@ impl SimEngine {
             i += 1;
         }
 
-        // 2. waiting requests, only when nothing was preempted (as vLLM)
-        if !preempted_any {
+        // 2. waiting requests, only when nothing was preempted (as vLLM) and there is room
+        let room = budget > 0 && self.running.len() < self.cfg.max_num_seqs;
+        if !preempted_any && room && !self.waiting.is_empty() {
             let mut loras: BTreeSet<i64> = self
                 .running
                 .iter()
@@ -339,6 +340,10 @@ impl SimEngine {
                 self.skipped_waiting = skipped;
                 self.stats_dirty = true;
             }
+        } else if self.skipped_waiting != 0 {
+            // nothing was considered this step: whoever waits, waits for capacity
+            self.skipped_waiting = 0;
+            self.stats_dirty = true;
         }
 
         if scheduled.is_empty() {
