@@ -13,6 +13,7 @@ mod ci;
 mod compat;
 mod e2e;
 mod http;
+mod load;
 mod scheduler;
 
 // The generator lives in the root crate; compiling the file in directly (rather than
