@@ -131,23 +131,17 @@ fn check_transport(address: &str) -> Result<(), TransportError> {
 /// An address to connect to: `host:port` gets `tcp://`; `*` (a bind wildcard) means this
 /// host.
 pub fn connect_address(address: &str) -> Result<String, TransportError> {
-    let a = address.trim();
-    let a = if a.contains("://") {
-        a.to_string()
-    } else {
-        format!("tcp://{a}")
-    };
-    let a = match a.strip_prefix("tcp://*:") {
-        Some(port) => format!("tcp://127.0.0.1:{port}"),
-        None => a,
-    };
-    check_transport(&a)?;
-    Ok(a)
+    normalise(address, "127.0.0.1")
 }
 
 /// An address to bind: `host:port` gets `tcp://`; `tcp://*:port` becomes
 /// `tcp://0.0.0.0:port` (the zeromq crate rejects `*`).
 pub fn bind_address(address: &str) -> Result<String, TransportError> {
+    normalise(address, "0.0.0.0")
+}
+
+/// Add a missing `tcp://`, replace a `*` host by `wildcard_host`, check the transport.
+fn normalise(address: &str, wildcard_host: &str) -> Result<String, TransportError> {
     let a = address.trim();
     let a = if a.contains("://") {
         a.to_string()
@@ -155,7 +149,7 @@ pub fn bind_address(address: &str) -> Result<String, TransportError> {
         format!("tcp://{a}")
     };
     let a = match a.strip_prefix("tcp://*:") {
-        Some(port) => format!("tcp://0.0.0.0:{port}"),
+        Some(port) => format!("tcp://{wildcard_host}:{port}"),
         None => a,
     };
     check_transport(&a)?;
