@@ -81,6 +81,9 @@ pub struct SimEngine {
     /// Waiting requests the last step skipped for lack of a LoRA slot (vLLM reports them
     /// as deferred, apart from those waiting for capacity).
     pub(super) skipped_waiting: usize,
+    /// Requests (waiting or running) that name a LoRA adapter: the per-step adapter maps
+    /// are only built when there are any.
+    lora_requests: usize,
     pub(super) running: Vec<String>,
     pub(super) pool: BlockPool,
     pub(super) none_hash: BlockHash,
@@ -118,6 +121,7 @@ impl SimEngine {
             requests: HashMap::new(),
             waiting: Vec::new(),
             skipped_waiting: 0,
+            lora_requests: 0,
             running: Vec::new(),
             pool: BlockPool::new(cfg.num_gpu_blocks as usize, false),
             none_hash: default_none_hash(),
@@ -349,6 +353,9 @@ impl SimEngine {
         r.held = self.util.holds_new_requests();
         let abort_now = req.abort_immediately;
         let id = r.id.clone();
+        if r.lora_name.is_some() {
+            self.lora_requests += 1;
+        }
         self.requests.insert(id.clone(), r);
         self.waiting.push(id.clone());
         if abort_now {
@@ -365,6 +372,9 @@ impl SimEngine {
         let Some(r) = self.requests.remove(id) else {
             return false;
         };
+        if r.lora_name.is_some() {
+            self.lora_requests -= 1;
+        }
         if self.cfg.report_finished {
             self.unreported_finished
                 .entry(r.client)
@@ -424,6 +434,7 @@ impl SimEngine {
             self.free_blocks(id);
         }
         self.requests.clear();
+        self.lora_requests = 0;
         self.waiting.clear();
         self.running.clear();
         self.in_flight = None;
@@ -476,13 +487,15 @@ impl SimEngine {
         self.stats_dirty = false;
         let mut running_lora: BTreeMap<String, u64> = BTreeMap::new();
         let mut waiting_lora: BTreeMap<String, u64> = BTreeMap::new();
-        for r in self.requests.values() {
-            if let Some(name) = &r.lora_name {
-                let map = match r.phase {
-                    Phase::Running => &mut running_lora,
-                    Phase::Waiting => &mut waiting_lora,
-                };
-                *map.entry(name.clone()).or_default() += 1;
+        if self.lora_requests > 0 {
+            for r in self.requests.values() {
+                if let Some(name) = &r.lora_name {
+                    let map = match r.phase {
+                        Phase::Running => &mut running_lora,
+                        Phase::Waiting => &mut waiting_lora,
+                    };
+                    *map.entry(name.clone()).or_default() += 1;
+                }
             }
         }
         SchedulerStats {
