@@ -8,6 +8,7 @@ use clap_complete::Shell;
 use tokio::sync::watch;
 
 use crate::play::PlayArgs;
+use crate::record::RecordArgs;
 use crate::serve::ServeArgs;
 
 /// A CPU stand-in for vLLM's engine-core: run the real vLLM frontend (vllm-rs or
@@ -37,6 +38,9 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Run a simulated engine-core that joins a vLLM frontend's handshake socket.
     Play(Box<PlayArgs>),
+    /// Tap the wire between a real vLLM frontend and a real engine-core: relay every frame
+    /// unchanged and write a trace of every request.
+    Record(Box<RecordArgs>),
     /// Print a shell completion script for this binary to stdout.
     Completions {
         /// The shell to generate for.
@@ -61,6 +65,12 @@ pub fn main() -> i32 {
                 crate::serve::run(*args, shutdown).await
             })
         }),
+        Command::Record(args) => current_thread_runtime().and_then(|rt| {
+            rt.block_on(async move {
+                let shutdown = shutdown_on_signals();
+                crate::record::run(*args, shutdown).await
+            })
+        }),
         Command::Play(args) => runtime().and_then(|rt| {
             rt.block_on(async move {
                 let shutdown = shutdown_on_signals();
@@ -80,6 +90,14 @@ pub fn main() -> i32 {
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// The tap relays on one thread: the zeromq crate's round trip is about 3x faster on a
+/// current-thread runtime (shared/spec/crates.md §2.2); the observer has its own thread.
+fn current_thread_runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
 }

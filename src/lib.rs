@@ -8,5 +8,6 @@ pub mod cli;
 pub mod compat;
 pub mod frontends;
 pub mod play;
+pub mod record;
 pub mod serve;
 pub mod tiny_model;

@@ -22,5 +22,7 @@ pub use decode::{
 };
 pub use encode::{EncodeError, EncodeOptions, encode_outputs};
 pub use line::{VllmLine, describe_lines, supported_lines};
-pub use ready::{HandshakeInit, ReadyResponse, StatusMessage, encode_status};
+pub use ready::{
+    HandshakeInit, ReadyResponse, StatusMessage, encode_status, rewrite_init_addresses,
+};
 pub use types::*;

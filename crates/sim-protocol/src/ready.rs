@@ -381,3 +381,87 @@ impl HandshakeInit {
         Ok(init)
     }
 }
+
+/// Replace the input and output addresses of an INIT payload, keeping every other byte of
+/// the message as the frontend encoded it (key order, the other addresses, the parallel
+/// config). This is the one change the record tap makes on the wire: the engine must
+/// connect its data sockets to the tap, and it learns where only from INIT.
+///
+/// Returns the new payload and the decoded original (whose addresses the tap connects to).
+pub fn rewrite_init_addresses(
+    payload: &[u8],
+    inputs: &[String],
+    outputs: &[String],
+) -> Result<(Vec<u8>, HandshakeInit), DecodeError> {
+    let original = HandshakeInit::decode(payload)?;
+    if inputs.len() != original.inputs.len() || outputs.len() != original.outputs.len() {
+        return Err(DecodeError::bare(DecodeErrorKind::InvalidValue {
+            field: "INIT.addresses".into(),
+            reason: format!(
+                "the frontend advertised {} client(s), the replacement has {} input(s) and {} output(s)",
+                original.inputs.len(),
+                inputs.len(),
+                outputs.len()
+            ),
+        }));
+    }
+    let mut value = v::read_whole(payload).map_err(DecodeError::bare)?;
+    let list = |xs: &[String]| Value::Array(xs.iter().map(|s| Value::from(s.as_str())).collect());
+    if let Value::Map(top) = &mut value {
+        for (k, x) in top.iter_mut() {
+            if k.as_str() != Some("addresses") {
+                continue;
+            }
+            if let Value::Map(addresses) = x {
+                for (k, x) in addresses.iter_mut() {
+                    match k.as_str() {
+                        Some("inputs") => *x = list(inputs),
+                        Some("outputs") => *x = list(outputs),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(payload.len() + 16);
+    rmpv::encode::write_value(&mut out, &value).map_err(|e| {
+        DecodeError::bare(DecodeErrorKind::NotMsgpack(format!(
+            "re-encoding INIT failed: {e}"
+        )))
+    })?;
+    Ok((out, original))
+}
+
+#[cfg(test)]
+mod rewrite_tests {
+    use super::*;
+
+    #[test]
+    fn rewriting_changes_only_the_data_addresses() {
+        let init = HandshakeInit {
+            inputs: vec!["tcp://127.0.0.1:42817".into()],
+            outputs: vec!["tcp://127.0.0.1:32865".into()],
+            frontend_stats_publish_address: Some("tcp://127.0.0.1:9999".into()),
+            ..Default::default()
+        };
+        let payload = init.encode();
+        // Same addresses: byte for byte the same message.
+        let (same, original) =
+            rewrite_init_addresses(&payload, &init.inputs, &init.outputs).unwrap();
+        assert_eq!(same, payload);
+        assert_eq!(original, init);
+        // New addresses: exactly what a frontend would have sent with them.
+        let ins = vec!["tcp://10.0.0.7:5000".to_string()];
+        let outs = vec!["tcp://10.0.0.7:5001".to_string()];
+        let (new, _) = rewrite_init_addresses(&payload, &ins, &outs).unwrap();
+        let expected = HandshakeInit {
+            inputs: ins.clone(),
+            outputs: outs.clone(),
+            ..init.clone()
+        };
+        assert_eq!(new, expected.encode());
+        // A client-count mismatch is refused.
+        assert!(rewrite_init_addresses(&payload, &[], &[]).is_err());
+        assert!(rewrite_init_addresses(b"\xc1", &ins, &outs).is_err());
+    }
+}

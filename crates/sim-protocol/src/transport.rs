@@ -156,7 +156,9 @@ fn normalise(address: &str, wildcard_host: &str) -> Result<String, TransportErro
     Ok(a)
 }
 
-fn socket_options(identity: Option<&Bytes>) -> Result<SocketOptions, TransportError> {
+/// Socket options with our own connect bounding (no crate connect timeout) and an
+/// optional ZMQ identity.
+pub fn socket_options(identity: Option<&Bytes>) -> Result<SocketOptions, TransportError> {
     let mut opts = SocketOptions::default();
     // We bound every connect ourselves (short attempts + overall deadline).
     opts.no_connect_timeout();
@@ -216,7 +218,7 @@ async fn probe(address: &str) -> std::io::Result<()> {
 /// run (bounded by the overall deadline only). Cancelling a ZMQ connect mid-handshake could
 /// leave a libzmq ROUTER holding a half-registered identity that makes it ignore our retry,
 /// so connects are never cut short by a per-attempt timer.
-async fn connect_retrying<S: Socket>(
+pub async fn connect_retrying<S: Socket>(
     sock: &mut S,
     address: &str,
     total: Duration,
@@ -500,7 +502,8 @@ pub struct FrontendSockets {
     pub outputs: Vec<PullSocket>,
 }
 
-async fn bind_router(address: &str) -> Result<(RouterSocket, String), TransportError> {
+/// Bind a ROUTER at `address`; returns it and the resolved endpoint.
+pub async fn bind_router(address: &str) -> Result<(RouterSocket, String), TransportError> {
     let mut s = RouterSocket::with_options(socket_options(None)?);
     let ep = s
         .bind(address)
@@ -509,7 +512,8 @@ async fn bind_router(address: &str) -> Result<(RouterSocket, String), TransportE
     Ok((s, ep.to_string()))
 }
 
-async fn bind_pull(address: &str) -> Result<(PullSocket, String), TransportError> {
+/// Bind a PULL at `address`; returns it and the resolved endpoint.
+pub async fn bind_pull(address: &str) -> Result<(PullSocket, String), TransportError> {
     let mut s = PullSocket::with_options(socket_options(None)?);
     let ep = s
         .bind(address)
@@ -518,7 +522,8 @@ async fn bind_pull(address: &str) -> Result<(PullSocket, String), TransportError
     Ok((s, ep.to_string()))
 }
 
-fn tcp_host(address: &str) -> Option<&str> {
+/// The host part of a `tcp://host:port` address.
+pub fn tcp_host(address: &str) -> Option<&str> {
     let rest = address.strip_prefix("tcp://")?;
     let (host, _port) = rest.rsplit_once(':')?;
     Some(host)

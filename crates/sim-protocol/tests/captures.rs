@@ -6,7 +6,9 @@ mod common;
 use common::{Captured, capture, to_hex};
 use sim_protocol::decode::{DecodedOutputs, decode_input, decode_outputs, decode_outputs_for};
 use sim_protocol::encode::encode_outputs;
-use sim_protocol::ready::{HandshakeInit, ReadyResponse, StatusMessage, encode_status};
+use sim_protocol::ready::{
+    HandshakeInit, ReadyResponse, StatusMessage, encode_status, rewrite_init_addresses,
+};
 use sim_protocol::{CallId, InputMessage, VllmLine};
 
 const CAPTURES: [(&str, VllmLine); 2] = [
@@ -147,6 +149,24 @@ fn handshake_maps_match_the_captures_byte_for_byte() {
         assert!(init.inputs[0].starts_with("tcp://127.0.0.1:"));
         assert!(init.coordinator_input.is_none() && init.frontend_stats_publish_address.is_none());
         assert_eq!(to_hex(&init.encode()), to_hex(init_bytes), "{version} INIT");
+
+        // The record tap's rewrite: same addresses → the same bytes; new addresses → only
+        // those change.
+        let (same, _) = rewrite_init_addresses(init_bytes, &init.inputs, &init.outputs).unwrap();
+        assert_eq!(to_hex(&same), to_hex(init_bytes), "{version} INIT rewrite");
+        let tap_in = vec!["tcp://127.0.0.1:1".to_string()];
+        let tap_out = vec!["tcp://127.0.0.1:2".to_string()];
+        let (new, original) = rewrite_init_addresses(init_bytes, &tap_in, &tap_out).unwrap();
+        assert_eq!(original, init);
+        let rewritten = HandshakeInit::decode(&new).unwrap();
+        assert_eq!(
+            rewritten,
+            HandshakeInit {
+                inputs: tap_in,
+                outputs: tap_out,
+                ..init.clone()
+            }
+        );
     }
 }
 

@@ -538,6 +538,11 @@ impl TraceWriter {
         self.write_line(&MetaLineOut { meta })
     }
 
+    /// Write any serialisable value as one line (for sidecar files such as step stats).
+    pub fn write_json<T: Serialize>(&mut self, value: &T) -> Result<(), TraceError> {
+        self.write_line(value)
+    }
+
     /// Write one record line.
     pub fn write_record(&mut self, record: &TraceRecord) -> Result<(), TraceError> {
         self.write_line(record)

@@ -1,0 +1,314 @@
+//! `vllm-vcr record`: a transparent tap between a real vLLM frontend and a real
+//! engine-core that relays every frame and writes a trace of what it saw.
+//!
+//! Two halves (DESIGN.md §6): the relay ([`relay`]) owns the sockets and forwards frames
+//! unchanged on a runtime of its own; the observer ([`observe`]) decodes copies on its own
+//! thread and writes the trace, so observation can never delay the relay. The supervisor
+//! here ends the capture on SIGINT/SIGTERM, when the engine dies (`ENGINE_CORE_DEAD`, or
+//! its connection closes) or when the frontend goes away, and always closes the trace
+//! cleanly: finished requests are kept, in-flight ones are written as incomplete, and a
+//! `.gz` trace gets its footer.
+
+pub mod observe;
+pub mod relay;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use sim_trace::config_hash::ConfigFingerprint;
+use tokio::sync::{mpsc, watch};
+
+use observe::{MetaOverrides, Observer, ObserverConfig, Summary};
+use relay::{Event, RelayConfig, Seen};
+
+/// Sit between a real vLLM frontend and a real engine-core, relay every frame unchanged,
+/// and write a JSONL trace of every request (and optionally of every engine step).
+#[derive(Debug, Clone, Args)]
+#[command(after_long_help = RECORD_EXAMPLE)]
+pub struct RecordArgs {
+    /// The frontend's handshake address. The tap joins it as an engine would, so start the
+    /// frontend in external-engine mode on this address (vllm-rs `--handshake-host/-port`;
+    /// `vllm serve --data-parallel-size-local 0 --data-parallel-address/-rpc-port`).
+    /// The tap keeps trying until the frontend is there: either side may start first.
+    #[arg(long, value_name = "tcp://HOST:PORT")]
+    pub frontend_handshake: String,
+
+    /// The address the tap binds for the engine's handshake. Point the engine at it as if
+    /// it were the frontend (`vllm serve --headless --data-parallel-address HOST
+    /// --data-parallel-rpc-port PORT`, or `vllm-vcr play --handshake-address`). Data
+    /// sockets are bound on the same host, on ephemeral ports.
+    #[arg(long, value_name = "tcp://HOST:PORT")]
+    pub engine_handshake: String,
+
+    /// Write the trace here: a meta line, then one JSON record per request. Gzip when the
+    /// name ends in `.gz`. Records are flushed at least every half second.
+    #[arg(long, value_name = "PATH")]
+    pub trace_out: PathBuf,
+
+    /// Also record each request's output token ids (`output_token_ids`), so `play` can
+    /// replay the engine's exact output. The trace then holds model output: treat it
+    /// like the prompts it answers.
+    #[arg(long)]
+    pub record_tokens: bool,
+
+    /// Also write one JSON line per engine step with the `SchedulerStats` the engine
+    /// reported (running/waiting, KV usage, prefix-cache and spec-decode counters), on the
+    /// trace's clock (`ts_ms`). Gzip when the name ends in `.gz`.
+    #[arg(long, value_name = "PATH")]
+    pub step_stats_out: Option<PathBuf>,
+
+    /// Overwrite `--trace-out` / `--step-stats-out` if they exist (default: refuse, so a
+    /// capture is never lost to a repeated command).
+    #[arg(long)]
+    pub force: bool,
+
+    /// Model name for the trace meta (the wire does not carry it).
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+
+    /// Hardware label for the trace meta and the config hash (e.g. `H200`, `cpu`).
+    #[arg(long, value_name = "GPU")]
+    pub gpu: Option<String>,
+
+    /// Tensor-parallel size for the meta (default: what the engine's ready response says).
+    #[arg(long, value_name = "N")]
+    pub tp: Option<u32>,
+
+    /// KV block size in tokens, the unit of the records' `block_hashes` (default: the
+    /// engine's, from its ready response).
+    #[arg(long, value_name = "TOKENS")]
+    pub block_size: Option<u32>,
+
+    /// `--max-num-seqs` of the engine for the meta (default: from the ready response).
+    #[arg(long, value_name = "N")]
+    pub max_num_seqs: Option<u32>,
+
+    /// The vLLM line tag the engine runs (e.g. `v0.32.0`), an input of the config hash.
+    /// The engine's own version string is stamped separately as `vllm_version`.
+    #[arg(long, value_name = "TAG")]
+    pub vllm_version: Option<String>,
+
+    /// The canonical engine-config string (the deployed behavioural engine flags), an
+    /// input of the config hash. With `--gpu` and `--vllm-version` the tap computes
+    /// `config_hash` (sha256, scheme `config-fingerprint-v3`) and stamps it in the meta.
+    #[arg(long, value_name = "CANONICAL")]
+    pub engine_config: Option<String>,
+
+    /// Stamp this `config_hash` instead of computing one.
+    #[arg(long, value_name = "HEX")]
+    pub config_hash: Option<String>,
+
+    /// Host to advertise to engines for the tap's data sockets (default: the
+    /// `--engine-handshake` host, or 127.0.0.1 when that is a wildcard such as 0.0.0.0).
+    #[arg(long, value_name = "HOST")]
+    pub advertise_host: Option<String>,
+
+    /// Seconds to keep trying to reach the frontend's sockets.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    pub connect_timeout: f64,
+}
+
+const RECORD_EXAMPLE: &str = "\
+Example (the frontend, the tap and the engine may start in any order):
+  vllm-rs serve MODEL_DIR --handshake-host 127.0.0.1 --handshake-port 29550 ...
+  vllm-vcr record --frontend-handshake tcp://127.0.0.1:29550 \\
+      --engine-handshake tcp://127.0.0.1:29551 --trace-out trace.jsonl.gz \\
+      --step-stats-out steps.jsonl.gz --model my-model --gpu H200
+  vllm serve MODEL_DIR --headless --data-parallel-size 1 --data-parallel-size-local 1 \\
+      --data-parallel-address 127.0.0.1 --data-parallel-rpc-port 29551 ...
+
+On the wire the tap changes exactly one thing: the input/output addresses in INIT, so the
+engine connects its data sockets to the tap. Every other frame is relayed byte for byte.";
+
+impl RecordArgs {
+    /// The config hash to stamp: given, computed, or none.
+    fn resolve_config_hash(&self) -> Result<Option<String>> {
+        if let Some(h) = &self.config_hash {
+            return Ok(Some(h.clone()));
+        }
+        match (&self.gpu, &self.vllm_version, &self.engine_config) {
+            (Some(gpu), Some(tag), Some(cfg)) => {
+                Ok(Some(ConfigFingerprint::new(gpu, tag, cfg).hash()))
+            }
+            (_, None, None) => Ok(None),
+            _ => bail!(
+                "computing config_hash needs all of --gpu, --vllm-version and --engine-config \
+                 (or pass --config-hash)"
+            ),
+        }
+    }
+
+    fn check_outputs(&self) -> Result<()> {
+        let mut outs = vec![&self.trace_out];
+        if let Some(s) = &self.step_stats_out {
+            if s == &self.trace_out {
+                bail!("--step-stats-out must differ from --trace-out");
+            }
+            outs.push(s);
+        }
+        for p in outs {
+            if p.is_dir() {
+                bail!("{} is a directory", p.display());
+            }
+            if !self.force && std::fs::metadata(p).is_ok_and(|m| m.len() > 0) {
+                bail!(
+                    "{} already exists; choose another name or pass --force to overwrite it",
+                    p.display()
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why the capture ended.
+enum Outcome {
+    Signal,
+    FrontendGone(String),
+    EngineGone,
+    EngineDead,
+    Failed(anyhow::Error),
+}
+
+impl Outcome {
+    /// The `abort_reason` of requests still in flight.
+    fn reason(&self) -> String {
+        match self {
+            Outcome::Signal => "capture stopped".into(),
+            Outcome::FrontendGone(_) => "frontend disconnected".into(),
+            Outcome::EngineGone => "engine disconnected".into(),
+            Outcome::EngineDead => "engine core dead".into(),
+            Outcome::Failed(_) => "tap failed".into(),
+        }
+    }
+}
+
+/// Run the tap until a signal, or until either side goes away.
+pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+    let config_hash = args.resolve_config_hash()?;
+    args.check_outputs()?;
+    let observer = Observer::create(ObserverConfig {
+        trace_out: args.trace_out.clone(),
+        step_stats_out: args.step_stats_out.clone(),
+        record_tokens: args.record_tokens,
+        meta: MetaOverrides {
+            model: args.model.clone(),
+            gpu: args.gpu.clone(),
+            tp: args.tp,
+            block_size: args.block_size,
+            max_num_seqs: args.max_num_seqs,
+            config_hash,
+        },
+    })?;
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel::<Seen>();
+    let observer = std::thread::Builder::new()
+        .name("record-observer".into())
+        .spawn(move || observer.run(seen_rx))
+        .context("starting the observer thread")?;
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<Event>();
+    let cfg = RelayConfig {
+        frontend_handshake: args.frontend_handshake.clone(),
+        engine_handshake: args.engine_handshake.clone(),
+        advertise_host: args.advertise_host.clone(),
+        connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(0.1)),
+    };
+    let outcome = match relay::start(cfg, seen_tx.clone(), ev_tx).await {
+        Err(e) => Outcome::Failed(e),
+        Ok(tap) => {
+            tracing::info!(
+                engine_handshake = %tap.engine_handshake(),
+                frontend_handshake = %args.frontend_handshake,
+                trace = %args.trace_out.display(),
+                "record: waiting for the engine and the frontend"
+            );
+            let outcome = supervise(&mut ev_rx, &mut shutdown).await;
+            if matches!(outcome, Outcome::EngineDead) {
+                // Let the relayed ENGINE_CORE_DEAD reach the frontend before the sockets
+                // close (the zeromq crate has no LINGER).
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            tap.stop();
+            drop(tap);
+            outcome
+        }
+    };
+    let _ = seen_tx.send(Seen::Stop {
+        reason: outcome.reason(),
+    });
+    drop(seen_tx);
+    let summary = observer
+        .join()
+        .map_err(|_| anyhow!("the observer thread panicked; the trace may be incomplete"))??;
+    report(&args, &summary);
+    match outcome {
+        Outcome::Signal => Ok(()),
+        Outcome::FrontendGone(what) => {
+            tracing::info!("the frontend went away ({what}); capture ended");
+            Ok(())
+        }
+        Outcome::EngineGone => Err(anyhow!(
+            "the engine disconnected; the trace was closed with every finished request"
+        )),
+        Outcome::EngineDead => Err(anyhow!(
+            "the engine sent ENGINE_CORE_DEAD (relayed to the frontend); the trace was closed"
+        )),
+        Outcome::Failed(e) => Err(e),
+    }
+}
+
+async fn supervise(
+    ev_rx: &mut mpsc::UnboundedReceiver<Event>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Outcome {
+    let mut attached: HashSet<bytes::Bytes> = HashSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|v| *v) => return Outcome::Signal,
+            ev = ev_rx.recv() => match ev {
+                None => return Outcome::Failed(anyhow!("the relay stopped")),
+                Some(Event::EngineReady(id)) => {
+                    attached.insert(id.clone());
+                    tracing::info!(engine = ?id.as_ref(), engines = attached.len(), "engine attached; relaying");
+                }
+                Some(Event::EngineGone(id)) => {
+                    if attached.remove(&id) {
+                        tracing::warn!(engine = ?id.as_ref(), "the engine disconnected");
+                        if attached.is_empty() {
+                            return Outcome::EngineGone;
+                        }
+                    }
+                }
+                Some(Event::FrontendGone(what)) => {
+                    if !attached.is_empty() {
+                        return Outcome::FrontendGone(what);
+                    }
+                }
+                Some(Event::EngineDead) => return Outcome::EngineDead,
+                Some(Event::Failed(e)) => return Outcome::Failed(e),
+            }
+        }
+    }
+}
+
+fn report(args: &RecordArgs, s: &Summary) {
+    let mut line = format!(
+        "record: wrote {} ({} request records, {} incomplete",
+        args.trace_out.display(),
+        s.records,
+        s.incomplete
+    );
+    if let Some(p) = &args.step_stats_out {
+        line.push_str(&format!("; {} steps to {}", s.steps, p.display()));
+    }
+    line.push(')');
+    if s.undecodable > 0 {
+        line.push_str(&format!(
+            "; {} relayed messages could not be decoded",
+            s.undecodable
+        ));
+    }
+    eprintln!("{line}");
+}
