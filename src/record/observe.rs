@@ -6,9 +6,10 @@
 //! is, the relay never waits for it.
 //!
 //! Times. All trace times are milliseconds from the capture's zero, the moment the tap
-//! relayed the first ADD. A request's arrival is when the tap relayed its ADD (the engine
-//! receives it a few microseconds later). Token times come from the engine itself: each
-//! output message carries the engine's monotonic timestamp of the step that produced it.
+//! relayed the first ADD. Every time in a record is the engine's own: a request arrives
+//! when the engine queued it (the QUEUED event of its first output; engines that report
+//! no events fall back to the moment the tap relayed the ADD), and each output chunk is
+//! timed by the engine's timestamp of the step that produced it.
 //! On one host the engine's clock is the tap's (`CLOCK_MONOTONIC`, which Python's
 //! `time.monotonic()` also reads); for an engine on another host the tap maps the engine
 //! clock onto its own with the smallest observed (receive − send) difference.
@@ -25,7 +26,7 @@ use serde_json::{Map, Value as Json, json};
 use sim_protocol::decode::{DecodedOutputs, decode_input, decode_outputs, decode_outputs_for};
 use sim_protocol::transport::identity_rank;
 use sim_protocol::{
-    EngineCoreOutputs, EngineCoreRequest, FinishReason, InputMessage, ReadyResponse,
+    EngineCoreOutputs, EngineCoreRequest, EventType, FinishReason, InputMessage, ReadyResponse,
     SchedulerStats, VllmLine,
 };
 use sim_trace::trace::{BlockHash, ItlCtx, TraceMeta, TraceRecord, TraceWriter};
@@ -71,7 +72,10 @@ const FLUSH_EVERY: Duration = Duration::from_millis(500);
 /// One request being followed.
 struct Req {
     engine: u32,
-    arrival: f64,
+    /// When the tap relayed the ADD.
+    relayed: f64,
+    /// The engine's QUEUED event, on the tap's clock (the engine-side arrival).
+    queued: Option<f64>,
     prompt_tokens: u32,
     cached_tokens: Option<u32>,
     output_tokens: u32,
@@ -368,7 +372,8 @@ impl Observer {
             req.request_id.clone(),
             Req {
                 engine: rank,
-                arrival: t,
+                relayed: t,
+                queued: None,
                 prompt_tokens: req.prompt_len() as u32,
                 cached_tokens: None,
                 output_tokens: 0,
@@ -464,12 +469,18 @@ impl Observer {
         let running = self.running.get(&rank).copied().unwrap_or(engine_in_flight);
         let record_tokens = self.cfg.record_tokens;
         let mut finished = Vec::new();
+        let mut queued_at = Vec::new();
         for out in &o.outputs {
             let Some(r) = self.reqs.get_mut(&out.request_id) else {
                 self.summary.unmatched_outputs += 1;
                 continue;
             };
             let n = out.new_token_ids.len() as u32;
+            if r.queued.is_none()
+                && let Some(q) = out.events.iter().find(|e| e.kind == EventType::Queued)
+            {
+                queued_at.push((out.request_id.clone(), q.timestamp));
+            }
             if r.cached_tokens.is_none()
                 && let Some(p) = out.prefill_stats
             {
@@ -496,6 +507,12 @@ impl Observer {
             }
             if let Some(reason) = out.finish_reason {
                 finished.push((out.request_id.clone(), reason));
+            }
+        }
+        for (id, ts) in queued_at {
+            let q = self.engine_time(rank, ts, t);
+            if let Some(r) = self.reqs.get_mut(&id) {
+                r.queued = Some(q);
             }
         }
         for (id, reason) in finished {
@@ -561,6 +578,9 @@ impl Observer {
             return;
         };
         self.ensure_meta();
+        // Engine-side arrival when the engine reported it (its QUEUED event), else the
+        // moment the tap relayed the ADD.
+        let arrival = r.queued.unwrap_or(r.relayed);
         let complete = matches!(
             finish,
             Some(FinishReason::Stop | FinishReason::Length | FinishReason::Repetition)
@@ -570,10 +590,10 @@ impl Observer {
             prompt_tokens: r.prompt_tokens,
             cached_tokens: r.cached_tokens,
             output_tokens: r.output_tokens,
-            arrival_ms: Some(self.ms(r.arrival)),
+            arrival_ms: Some(self.ms(arrival)),
             ttft_ms: r
                 .first_token
-                .map(|f| (((f - r.arrival) * 1000.0).max(0.0) * 1000.0).round() / 1000.0),
+                .map(|f| (((f - arrival) * 1000.0).max(0.0) * 1000.0).round() / 1000.0),
             itl_ms: r.itl_ms,
             itl_tokens: r.itl_tokens,
             concurrency: Some(r.concurrency),
@@ -604,7 +624,7 @@ impl Observer {
         let mut ids: Vec<(f64, String)> = self
             .reqs
             .iter()
-            .map(|(id, r)| (r.arrival, id.clone()))
+            .map(|(id, r)| (r.relayed, id.clone()))
             .collect();
         ids.sort_by(|a, b| a.0.total_cmp(&b.0));
         for (_, id) in ids {

@@ -361,9 +361,11 @@ async fn build_plane(ctx: &Arc<Ctx>, init: &HandshakeInit) -> Result<Plane> {
         plane
             .tap_inputs
             .push(format!("tcp://{}:{}", ctx.advertise_host, port_of(&in_ep)?));
-        plane
-            .tap_outputs
-            .push(format!("tcp://{}:{}", ctx.advertise_host, port_of(&out_ep)?));
+        plane.tap_outputs.push(format!(
+            "tcp://{}:{}",
+            ctx.advertise_host,
+            port_of(&out_ep)?
+        ));
 
         let mut push = PushSocket::with_options(socket_options(None)?);
         connect_retrying(
@@ -506,9 +508,7 @@ async fn output_relay(
         let frames: Vec<Bytes> = m.iter().cloned().collect();
         let dead = frames.len() == 1 && frames[0].as_ref() == ENGINE_CORE_DEAD;
         if let Err(e) = to_frontend.send(m).await {
-            ctx.event(Event::FrontendGone(format!(
-                "output socket {client} ({e})"
-            )));
+            ctx.event(Event::FrontendGone(format!("output socket {client} ({e})")));
         }
         ctx.observe(Seen::Output { t, client, frames });
         if dead {
