@@ -141,6 +141,29 @@ fn config_json() -> Value {
     })
 }
 
+/// `config.json` for a *real* vLLM engine running on CPU with random weights
+/// (`--load-format dummy`, `shared/spec/frontends.md` §6): the CPU attention backend
+/// rejects head_dim 16, so this one is a small Qwen3 with head_dim 64 (4 layers, hidden 512,
+/// 8 heads / 4 KV heads). Same tokenizer, same vocabulary size, same limits as
+/// [`config_json`], so both frontends accept it exactly as they accept the simulator's.
+fn real_engine_config_json() -> Value {
+    let mut c = config_json();
+    if let Some(m) = c.as_object_mut() {
+        for (k, v) in [
+            ("hidden_size", json!(512)),
+            ("intermediate_size", json!(1536)),
+            ("num_hidden_layers", json!(4)),
+            ("num_attention_heads", json!(8)),
+            ("num_key_value_heads", json!(4)),
+            ("head_dim", json!(64)),
+            ("layer_types", json!(vec!["full_attention"; 4])),
+        ] {
+            m.insert(k.to_string(), v);
+        }
+    }
+    c
+}
+
 fn tokenizer_config_json() -> Value {
     json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -181,11 +204,28 @@ pub fn files() -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The files of the model directory for a real vLLM engine on CPU (see
+/// [`real_engine_config_json`]): the same as [`files`] but for `config.json`.
+pub fn real_engine_files() -> Vec<(&'static str, String)> {
+    let mut f = files();
+    f[0].1 = pretty(&real_engine_config_json());
+    f
+}
+
 /// Create `dir` (and parents) and write the model files into it. Idempotent: files that
 /// already hold the right contents are left untouched.
 pub fn write_to(dir: &Path) -> std::io::Result<()> {
+    write_files(dir, files())
+}
+
+/// [`write_to`] for the real-engine variant ([`real_engine_files`]).
+pub fn write_real_engine_model_to(dir: &Path) -> std::io::Result<()> {
+    write_files(dir, real_engine_files())
+}
+
+fn write_files(dir: &Path, files: Vec<(&'static str, String)>) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    for (name, contents) in files() {
+    for (name, contents) in files {
         let path = dir.join(name);
         if std::fs::read(&path).is_ok_and(|old| old == contents.as_bytes()) {
             continue;
