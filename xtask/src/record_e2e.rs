@@ -180,30 +180,14 @@ fn run_once(
     let trace = dir.join("trace.jsonl.gz");
     let steps = dir.join("steps.jsonl");
     let mut tap = if tapped {
-        let mut cmd = Command::new(engine_bin);
-        cmd.env("NO_COLOR", "1")
-            .arg("record")
-            .arg("--frontend-handshake")
-            .arg(format!("tcp://127.0.0.1:{hs_port}"))
-            .arg("--engine-handshake")
-            .arg(format!("tcp://127.0.0.1:{tap_port}"))
-            .arg("--trace-out")
-            .arg(&trace)
-            .arg("--step-stats-out")
-            .arg(&steps)
-            .args([
-                "--record-tokens",
-                "--force",
-                "--model",
-                "tiny",
-                "--gpu",
-                "cpu",
-            ]);
-        Some(ChildGuard::spawn(
-            "record",
-            cmd,
+        Some(start_tap(
+            engine_bin,
+            hs_port,
+            tap_port,
+            &trace,
+            &steps,
+            &["--record-tokens"],
             &dir.join("record.log"),
-            Duration::from_secs(10),
         )?)
     } else {
         None
@@ -247,8 +231,34 @@ fn run_once(
     })
 }
 
+/// Start `vllm-vcr record` between the frontend's handshake port and `tap_port`.
+pub(crate) fn start_tap(
+    engine_bin: &Path,
+    frontend_port: u16,
+    tap_port: u16,
+    trace: &Path,
+    steps: &Path,
+    extra: &[&str],
+    log: &Path,
+) -> Result<ChildGuard> {
+    let mut cmd = Command::new(engine_bin);
+    cmd.env("NO_COLOR", "1")
+        .arg("record")
+        .arg("--frontend-handshake")
+        .arg(format!("tcp://127.0.0.1:{frontend_port}"))
+        .arg("--engine-handshake")
+        .arg(format!("tcp://127.0.0.1:{tap_port}"))
+        .arg("--trace-out")
+        .arg(trace)
+        .arg("--step-stats-out")
+        .arg(steps)
+        .args(["--force", "--model", "tiny", "--gpu", "cpu"])
+        .args(extra);
+    ChildGuard::spawn("record", cmd, log, Duration::from_secs(10))
+}
+
 /// Start the engine joining `port`; returns it and how long it may take to serve.
-fn start_engine(
+pub(crate) fn start_engine(
     engine: &Engine,
     engine_bin: &Path,
     model: &Path,
