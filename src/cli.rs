@@ -7,6 +7,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use clap_complete::Shell;
 use tokio::sync::watch;
 
+use crate::inspect::InspectArgs;
 use crate::play::PlayArgs;
 use crate::record::RecordArgs;
 use crate::serve::ServeArgs;
@@ -41,6 +42,8 @@ pub enum Command {
     /// Tap the wire between a real vLLM frontend and a real engine-core: relay every frame
     /// unchanged and write a trace of every request.
     Record(Box<RecordArgs>),
+    /// Trace tools: summaries, Perfetto timelines, conversions, demo traces.
+    Inspect(Box<InspectArgs>),
     /// Print a shell completion script for this binary to stdout.
     Completions {
         /// The shell to generate for.
@@ -71,6 +74,7 @@ pub fn main() -> i32 {
                 crate::record::run(*args, shutdown).await
             })
         }),
+        Command::Inspect(args) => crate::inspect::run(*args),
         Command::Play(args) => runtime().and_then(|rt| {
             rt.block_on(async move {
                 let shutdown = shutdown_on_signals();

@@ -7,6 +7,7 @@ pub mod child;
 pub mod cli;
 pub mod compat;
 pub mod frontends;
+pub mod inspect;
 pub mod play;
 pub mod record;
 pub mod serve;

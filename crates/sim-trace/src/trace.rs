@@ -354,19 +354,7 @@ pub struct TraceReader {
 impl TraceReader {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| TraceError::Open {
-            path: path.clone(),
-            source,
-        })?;
-        let gz = is_gz(&path);
-        let input: Box<dyn BufRead + Send> = if gz {
-            Box::new(BufReader::with_capacity(
-                1 << 16,
-                MultiGzDecoder::new(BufReader::new(file)),
-            ))
-        } else {
-            Box::new(BufReader::with_capacity(1 << 16, file))
-        };
+        let (input, gz) = open_input(&path)?;
         Ok(Self {
             path,
             input,
@@ -405,6 +393,114 @@ impl TraceReader {
             Ok(TraceItem::Meta(_)) => None,
             Err(e) => Some(Err(e)),
         })
+    }
+}
+
+/// Open `path` for line reading, gunzipping `.gz` paths; returns whether it is gzip.
+fn open_input(path: &Path) -> Result<(Box<dyn BufRead + Send>, bool), TraceError> {
+    let file = File::open(path).map_err(|source| TraceError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let gz = is_gz(path);
+    let input: Box<dyn BufRead + Send> = if gz {
+        Box::new(BufReader::with_capacity(
+            1 << 16,
+            MultiGzDecoder::new(BufReader::new(file)),
+        ))
+    } else {
+        Box::new(BufReader::with_capacity(1 << 16, file))
+    };
+    Ok((input, gz))
+}
+
+/// Streams any JSON-lines file (a step-stats sidecar, a Mooncake trace, …) value by value,
+/// gunzipping `.gz` paths, with the same error reporting as [`TraceReader`]: errors name the
+/// file and line, blank lines are skipped, a truncated gzip stream ends with
+/// [`TraceError::Truncated`] after every complete line.
+pub struct JsonlReader {
+    path: PathBuf,
+    input: Box<dyn BufRead + Send>,
+    gz: bool,
+    buf: Vec<u8>,
+    line: u64,
+    last_good_line: u64,
+    done: bool,
+}
+
+impl JsonlReader {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let path = path.as_ref().to_path_buf();
+        let (input, gz) = open_input(&path)?;
+        Ok(Self {
+            path,
+            input,
+            gz,
+            buf: Vec::new(),
+            line: 0,
+            last_good_line: 0,
+            done: false,
+        })
+    }
+
+    /// The 1-based number of the last line read.
+    pub fn line(&self) -> u64 {
+        self.line
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Iterator for JsonlReader {
+    type Item = Result<serde_json::Value, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.done {
+                return None;
+            }
+            self.buf.clear();
+            match self.input.read_until(b'\n', &mut self.buf) {
+                Ok(0) => {
+                    self.done = true;
+                    return None;
+                }
+                Ok(_) => {}
+                Err(source) => {
+                    self.done = true;
+                    if self.gz && source.kind() == io::ErrorKind::UnexpectedEof {
+                        return Some(Err(TraceError::Truncated {
+                            path: self.path.clone(),
+                            last_good_line: self.last_good_line,
+                        }));
+                    }
+                    return Some(Err(TraceError::Read {
+                        path: self.path.clone(),
+                        line: self.line + 1,
+                        source,
+                    }));
+                }
+            }
+            self.line += 1;
+            let text = self.buf.trim_ascii();
+            if text.is_empty() {
+                self.last_good_line = self.line;
+                continue;
+            }
+            return Some(match serde_json::from_slice(text) {
+                Ok(v) => {
+                    self.last_good_line = self.line;
+                    Ok(v)
+                }
+                Err(source) => Err(TraceError::Parse {
+                    path: self.path.clone(),
+                    line: self.line,
+                    source,
+                }),
+            });
+        }
     }
 }
 

@@ -1,0 +1,45 @@
+//! `vllm-vcr inspect`: trace tools. Every subcommand streams its input (memory does not
+//! grow with the trace), reads `.gz` transparently, prints a machine-readable result with
+//! `--json`, and reports progress on stderr for long work.
+
+pub mod convert;
+pub mod gen_demo;
+pub mod perfetto;
+pub mod progress;
+pub mod summarize;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+
+/// Look at traces, convert other tools' formats, make demo traces.
+#[derive(Debug, Clone, Args)]
+pub struct InspectArgs {
+    #[command(subcommand)]
+    pub command: InspectCommand,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum InspectCommand {
+    /// Summarize a trace: counts, duration, arrival rate, concurrency, TTFT / ITL /
+    /// request-total / output-length quantiles, finish reasons, prefix-cache hit ratio,
+    /// multi-token chunk sizes.
+    Summarize(summarize::SummarizeArgs),
+    /// Turn a trace (and optionally its step-stats sidecar) into Chrome Trace Event JSON
+    /// for the Perfetto UI.
+    Perfetto(perfetto::PerfettoArgs),
+    /// Convert other tools' formats into the trace schema, or a trace into them
+    /// (guidellm reports, Mooncake timed traces).
+    Convert(convert::ConvertArgs),
+    /// Write a synthetic trace with heavy-tailed (log-normal) TTFT and ITL, for demos and
+    /// calibration tests.
+    GenDemo(gen_demo::GenDemoArgs),
+}
+
+pub fn run(args: InspectArgs) -> Result<()> {
+    match args.command {
+        InspectCommand::Summarize(a) => summarize::run(&a),
+        InspectCommand::Perfetto(a) => perfetto::run(&a),
+        InspectCommand::Convert(a) => convert::run(&a),
+        InspectCommand::GenDemo(a) => gen_demo::run(&a),
+    }
+}
