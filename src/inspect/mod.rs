@@ -36,10 +36,22 @@ pub enum InspectCommand {
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
-    match args.command {
+    let r = match args.command {
         InspectCommand::Summarize(a) => summarize::run(&a),
         InspectCommand::Perfetto(a) => perfetto::run(&a),
         InspectCommand::Convert(a) => convert::run(&a),
         InspectCommand::GenDemo(a) => gen_demo::run(&a),
+    };
+    match r {
+        // `inspect … | head` closed our stdout: not an error.
+        Err(e) if is_broken_pipe(&e) => Ok(()),
+        r => r,
     }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

@@ -123,6 +123,8 @@ pub struct Histogram {
     sum: f64,
     min: f64,
     max: f64,
+    /// Every value is an integer: quantiles are rounded to one.
+    integers: bool,
 }
 
 impl Histogram {
@@ -165,6 +167,15 @@ impl Histogram {
         let i = (v.ln() / Self::GAMMA.ln()).floor() as i64 + Self::OFFSET;
         let i = i.clamp(0, Self::LEN as i64 - 1) as usize;
         self.buckets[i] += 1;
+    }
+
+    /// A histogram of integer values (token counts, concurrency): quantiles are rounded to
+    /// the nearest integer, so small values are exact.
+    pub fn for_integers() -> Self {
+        Self {
+            integers: true,
+            ..Self::new()
+        }
     }
 
     pub fn count(&self) -> u64 {
@@ -213,8 +224,8 @@ impl Histogram {
             seen += n;
             if seen >= rank {
                 let lo = Self::GAMMA.powf((i as i64 - Self::OFFSET) as f64);
-                let mid = lo * (1.0 + Self::GAMMA) / 2.0;
-                return Some(mid.clamp(self.min, self.max));
+                let mid = (lo * (1.0 + Self::GAMMA) / 2.0).clamp(self.min, self.max);
+                return Some(if self.integers { mid.round() } else { mid });
             }
         }
         Some(self.max)
@@ -261,5 +272,10 @@ mod histogram_tests {
         h.push(42.0);
         assert_eq!(h.quantile(0.5), Some(42.0));
         assert_eq!(h.min(), Some(42.0));
+        let mut h = Histogram::for_integers();
+        for v in [63.0, 64.0, 64.0, 64.0, 128.0] {
+            h.push(v);
+        }
+        assert_eq!(h.quantile(0.5), Some(64.0));
     }
 }

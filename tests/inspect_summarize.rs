@@ -1,0 +1,193 @@
+//! `inspect summarize` and `inspect gen-demo`, through the binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vllm-vcr-inspect-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn summarize_json(path: &Path) -> Value {
+    let out = bin()
+        .args(["inspect", "summarize", "--json"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn summarize_reports_what_the_records_hold() {
+    let trace = tmp("hand.jsonl");
+    std::fs::write(
+        &trace,
+        concat!(
+            r#"{"meta":{"version":1,"model":"m","block_size":16}}"#,
+            "\n",
+            r#"{"request_id":"a","prompt_tokens":100,"cached_tokens":50,"output_tokens":4,"arrival_ms":0,"ttft_ms":10,"itl_ms":[5,5,5],"concurrency":1,"finish_reason":"length"}"#,
+            "\n",
+            r#"{"request_id":"b","prompt_tokens":100,"cached_tokens":0,"output_tokens":5,"arrival_ms":1000,"ttft_ms":20,"itl_ms":[4,4],"itl_tokens":[2,2],"concurrency":2,"finish_reason":"stop"}"#,
+            "\n",
+            r#"{"request_id":"c","prompt_tokens":10,"output_tokens":0,"arrival_ms":2000,"incomplete":true,"abort_reason":"capture stopped"}"#,
+            "\n",
+            r#"{"request_id":"d","prompt_tokens":10,"output_tokens":1,"ttft_ms":30,"finish_reason":"length"}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let s = summarize_json(&trace);
+    assert_eq!(s["records"], 4);
+    assert_eq!(s["incomplete"], 1);
+    assert_eq!(s["without_arrival"], 1);
+    assert_eq!(s["meta"]["model"], "m");
+    // first arrival 0, last end 2000 (c has no timing), b ends at 1028
+    assert_eq!(s["duration_ms"], 2000.0);
+    assert_eq!(s["arrival_rate_per_s"], 1.0);
+    assert_eq!(s["ttft_ms"]["count"], 3);
+    assert_eq!(s["ttft_ms"]["max"], 30.0);
+    assert!((s["ttft_ms"]["mean"].as_f64().unwrap() - 20.0).abs() < 1e-9);
+    assert_eq!(s["itl_ms"]["count"], 5);
+    assert_eq!(s["finish_reasons"]["length"], 2);
+    assert_eq!(s["finish_reasons"]["stop"], 1);
+    assert_eq!(s["finish_reasons"]["(none)"], 1);
+    // 50 cached of 200 prompt tokens with cache info
+    assert_eq!(s["prefix_cache_hit_ratio"], 0.25);
+    // a: 4 one-token chunks; b: first chunk 1, then two 2-token chunks; d: one chunk
+    assert_eq!(s["chunk_sizes"]["1"], 6);
+    assert_eq!(s["chunk_sizes"]["2"], 2);
+    assert_eq!(s["output_tokens"]["p50"], 1.0, "nearest rank of 0, 1, 4, 5");
+    assert_eq!(s["concurrency_at_arrival"]["max"], 2.0);
+
+    let table = bin()
+        .args(["inspect", "summarize"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("requests: 4 (1 incomplete, 1 without arrival time)"),
+        "{text}"
+    );
+    assert!(text.contains("prefix-cache hit ratio: 25.0 %"), "{text}");
+}
+
+#[test]
+fn summarize_of_the_cpu_capture_matches_exact_quantiles() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/cpu-engine-capture/trace.jsonl.gz");
+    let s = summarize_json(&path);
+    assert_eq!(s["records"], 301);
+    let mut gaps: Vec<f64> = sim_trace::trace::TraceReader::open(&path)
+        .unwrap()
+        .records()
+        .flat_map(|r| r.unwrap().itl_ms)
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    for (q, key) in [(0.5, "p50"), (0.9, "p90"), (0.99, "p99")] {
+        let exact = sim_trace::stats::quantile_of(&mut gaps, q).unwrap();
+        let got = s["itl_ms"][key].as_f64().unwrap();
+        assert!(
+            (got - exact).abs() <= exact * 0.005 + 1e-9,
+            "{key}: {got} vs exact {exact}"
+        );
+    }
+    assert_eq!(s["itl_ms"]["count"].as_u64().unwrap() as usize, gaps.len());
+}
+
+#[test]
+fn a_bad_line_is_an_error_naming_file_and_line() {
+    let trace = tmp("bad.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"meta\":{}}\n{\"prompt_tokens\":1,\"output_tokens\":1}\n{not json\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["inspect", "summarize"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{}:3", trace.display())), "{err}");
+    let out = bin()
+        .args(["inspect", "summarize", "/nonexistent/trace.jsonl"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/trace.jsonl"));
+}
+
+fn gen_demo(path: &Path, extra: &[&str]) {
+    let out = bin()
+        .args(["inspect", "gen-demo", "-o"])
+        .arg(path)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn gen_demo_is_deterministic_and_heavy_tailed() {
+    let (a, b, c) = (tmp("d1.jsonl"), tmp("d2.jsonl"), tmp("d3.jsonl"));
+    gen_demo(&a, &["--records", "500", "--seed", "7"]);
+    gen_demo(&b, &["--records", "500", "--seed", "7"]);
+    gen_demo(&c, &["--records", "500", "--seed", "8"]);
+    // created_unix_ms differs; compare the records
+    let body = |p: &Path| {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(body(&a), body(&b));
+    assert_ne!(body(&a), body(&c));
+    let s = summarize_json(&a);
+    assert_eq!(s["records"], 500);
+    assert_eq!(s["without_arrival"], 500, "no arrivals unless asked");
+    let ttft50 = s["ttft_ms"]["p50"].as_f64().unwrap();
+    let itl50 = s["itl_ms"]["p50"].as_f64().unwrap();
+    let itl99 = s["itl_ms"]["p99"].as_f64().unwrap();
+    assert!((90.0..160.0).contains(&ttft50), "{ttft50}");
+    assert!((14.0..23.0).contains(&itl50), "{itl50}");
+    // heavier than a [0.3, 1.7] x mean clamp can produce
+    assert!(itl99 / itl50 > 1.7, "itl p99/p50 {}", itl99 / itl50);
+    assert!(
+        s["ttft_ms"]["p99"].as_f64().unwrap() / ttft50 > 1.7,
+        "ttft tail"
+    );
+}
+
+#[test]
+fn gen_demo_fast_and_arrivals() {
+    let p = tmp("fast.jsonl.gz");
+    gen_demo(&p, &["--fast", "--records", "400", "--arrival-rate", "50"]);
+    let s = summarize_json(&p);
+    let ttft50 = s["ttft_ms"]["p50"].as_f64().unwrap();
+    let itl50 = s["itl_ms"]["p50"].as_f64().unwrap();
+    assert!((15.0..40.0).contains(&ttft50), "{ttft50}");
+    assert!((3.0..10.0).contains(&itl50), "{itl50}");
+    assert_eq!(s["without_arrival"], 0);
+    let rate = s["arrival_rate_per_s"].as_f64().unwrap();
+    assert!((40.0..60.0).contains(&rate), "{rate}");
+}
