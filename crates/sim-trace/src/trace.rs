@@ -581,6 +581,9 @@ impl Sink {
 pub struct TraceWriter {
     path: PathBuf,
     sink: Option<Sink>,
+    /// One line is serialised here, then written in one call: serde_json writes in tiny
+    /// pieces, and each write into the gzip encoder costs a pass over its buffer.
+    line: Vec<u8>,
 }
 
 impl TraceWriter {
@@ -607,6 +610,7 @@ impl TraceWriter {
         Ok(Self {
             path,
             sink: Some(sink),
+            line: Vec::with_capacity(4096),
         })
     }
 
@@ -624,9 +628,10 @@ impl TraceWriter {
         let Some(sink) = self.sink.as_mut() else {
             return Err(err(io::Error::other("trace writer already finished")));
         };
-        let w = sink.writer();
-        serde_json::to_writer(&mut *w, value).map_err(|e| err(io::Error::from(e)))?;
-        w.write_all(b"\n").map_err(err)
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, value).map_err(|e| err(io::Error::from(e)))?;
+        self.line.push(b'\n');
+        sink.writer().write_all(&self.line).map_err(err)
     }
 
     /// Write a `{"meta": {...}}` line.
