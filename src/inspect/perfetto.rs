@@ -105,9 +105,14 @@ impl Sink {
                 let f = std::fs::File::create(p)
                     .with_context(|| format!("creating {}", p.display()))?;
                 if p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz")) {
-                    Box::new(flate2::write::GzEncoder::new(
-                        BufWriter::new(f),
-                        flate2::Compression::default(),
+                    // Buffer before the encoder: every write into it costs a pass over
+                    // its internal buffer, and events are written in small pieces.
+                    Box::new(BufWriter::with_capacity(
+                        1 << 16,
+                        flate2::write::GzEncoder::new(
+                            BufWriter::new(f),
+                            flate2::Compression::default(),
+                        ),
                     ))
                 } else {
                     Box::new(BufWriter::with_capacity(1 << 16, f))
