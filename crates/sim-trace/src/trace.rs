@@ -336,12 +336,9 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-/// Streams a trace line by line (never loading the whole file), gunzipping `.gz` paths.
-///
-/// Iterates `Result<TraceItem, TraceError>`. After an I/O error (including a truncated
-/// gzip stream) iteration ends; after a parse error it continues with the next line, so
-/// callers choose whether a bad line is fatal.
-pub struct TraceReader {
+/// Lines of a (possibly gzipped) text file, with the numbering and truncation reporting
+/// both readers share.
+struct Lines {
     path: PathBuf,
     input: Box<dyn BufRead + Send>,
     gz: bool,
@@ -351,12 +348,23 @@ pub struct TraceReader {
     done: bool,
 }
 
-impl TraceReader {
-    pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
-        let path = path.as_ref().to_path_buf();
-        let (input, gz) = open_input(&path)?;
+impl Lines {
+    fn open(path: &Path) -> Result<Self, TraceError> {
+        let file = File::open(path).map_err(|source| TraceError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let gz = is_gz(path);
+        let input: Box<dyn BufRead + Send> = if gz {
+            Box::new(BufReader::with_capacity(
+                1 << 16,
+                MultiGzDecoder::new(BufReader::new(file)),
+            ))
+        } else {
+            Box::new(BufReader::with_capacity(1 << 16, file))
+        };
         Ok(Self {
-            path,
+            path: path.to_path_buf(),
             input,
             gz,
             buf: Vec::new(),
@@ -366,97 +374,10 @@ impl TraceReader {
         })
     }
 
-    /// The path being read.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The 1-based number of the last line read (0 before the first).
-    pub fn line(&self) -> u64 {
-        self.line
-    }
-
-    /// Reads items until the first record, returning the meta line if the trace starts
-    /// with one (and the first record, if any, so nothing is lost).
-    pub fn read_header(&mut self) -> Result<(Option<TraceMeta>, Option<TraceRecord>), TraceError> {
-        match self.next().transpose()? {
-            Some(TraceItem::Meta(m)) => Ok((Some(m), None)),
-            Some(TraceItem::Record(r)) => Ok((None, Some(r))),
-            None => Ok((None, None)),
-        }
-    }
-
-    /// Iterate only the records, skipping meta lines.
-    pub fn records(self) -> impl Iterator<Item = Result<TraceRecord, TraceError>> {
-        self.filter_map(|item| match item {
-            Ok(TraceItem::Record(r)) => Some(Ok(r)),
-            Ok(TraceItem::Meta(_)) => None,
-            Err(e) => Some(Err(e)),
-        })
-    }
-}
-
-/// Open `path` for line reading, gunzipping `.gz` paths; returns whether it is gzip.
-fn open_input(path: &Path) -> Result<(Box<dyn BufRead + Send>, bool), TraceError> {
-    let file = File::open(path).map_err(|source| TraceError::Open {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let gz = is_gz(path);
-    let input: Box<dyn BufRead + Send> = if gz {
-        Box::new(BufReader::with_capacity(
-            1 << 16,
-            MultiGzDecoder::new(BufReader::new(file)),
-        ))
-    } else {
-        Box::new(BufReader::with_capacity(1 << 16, file))
-    };
-    Ok((input, gz))
-}
-
-/// Streams any JSON-lines file (a step-stats sidecar, a Mooncake trace, …) value by value,
-/// gunzipping `.gz` paths, with the same error reporting as [`TraceReader`]: errors name the
-/// file and line, blank lines are skipped, a truncated gzip stream ends with
-/// [`TraceError::Truncated`] after every complete line.
-pub struct JsonlReader {
-    path: PathBuf,
-    input: Box<dyn BufRead + Send>,
-    gz: bool,
-    buf: Vec<u8>,
-    line: u64,
-    last_good_line: u64,
-    done: bool,
-}
-
-impl JsonlReader {
-    pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
-        let path = path.as_ref().to_path_buf();
-        let (input, gz) = open_input(&path)?;
-        Ok(Self {
-            path,
-            input,
-            gz,
-            buf: Vec::new(),
-            line: 0,
-            last_good_line: 0,
-            done: false,
-        })
-    }
-
-    /// The 1-based number of the last line read.
-    pub fn line(&self) -> u64 {
-        self.line
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Iterator for JsonlReader {
-    type Item = Result<serde_json::Value, TraceError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+    /// The next non-blank line, trimmed; `None` at the end. After an I/O error (a
+    /// truncated gzip stream included) the reader is done. Call [`Lines::good`] once the
+    /// line parsed, so a truncation reports the last good line.
+    fn next_line(&mut self) -> Option<Result<&[u8], TraceError>> {
         loop {
             if self.done {
                 return None;
@@ -484,23 +405,70 @@ impl Iterator for JsonlReader {
                 }
             }
             self.line += 1;
-            let text = self.buf.trim_ascii();
-            if text.is_empty() {
+            if self.buf.trim_ascii().is_empty() {
                 self.last_good_line = self.line;
                 continue;
             }
-            return Some(match serde_json::from_slice(text) {
-                Ok(v) => {
-                    self.last_good_line = self.line;
-                    Ok(v)
-                }
-                Err(source) => Err(TraceError::Parse {
-                    path: self.path.clone(),
-                    line: self.line,
-                    source,
-                }),
-            });
+            return Some(Ok(self.buf.trim_ascii()));
         }
+    }
+
+    fn good(&mut self) {
+        self.last_good_line = self.line;
+    }
+
+    fn parse_error(&self, source: serde_json::Error) -> TraceError {
+        TraceError::Parse {
+            path: self.path.clone(),
+            line: self.line,
+            source,
+        }
+    }
+}
+
+/// Streams a trace line by line (never loading the whole file), gunzipping `.gz` paths.
+///
+/// Iterates `Result<TraceItem, TraceError>`. After an I/O error (including a truncated
+/// gzip stream) iteration ends; after a parse error it continues with the next line, so
+/// callers choose whether a bad line is fatal.
+pub struct TraceReader {
+    lines: Lines,
+}
+
+impl TraceReader {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        Ok(Self {
+            lines: Lines::open(path.as_ref())?,
+        })
+    }
+
+    /// The path being read.
+    pub fn path(&self) -> &Path {
+        &self.lines.path
+    }
+
+    /// The 1-based number of the last line read (0 before the first).
+    pub fn line(&self) -> u64 {
+        self.lines.line
+    }
+
+    /// Reads items until the first record, returning the meta line if the trace starts
+    /// with one (and the first record, if any, so nothing is lost).
+    pub fn read_header(&mut self) -> Result<(Option<TraceMeta>, Option<TraceRecord>), TraceError> {
+        match self.next().transpose()? {
+            Some(TraceItem::Meta(m)) => Ok((Some(m), None)),
+            Some(TraceItem::Record(r)) => Ok((None, Some(r))),
+            None => Ok((None, None)),
+        }
+    }
+
+    /// Iterate only the records, skipping meta lines.
+    pub fn records(self) -> impl Iterator<Item = Result<TraceRecord, TraceError>> {
+        self.filter_map(|item| match item {
+            Ok(TraceItem::Record(r)) => Some(Ok(r)),
+            Ok(TraceItem::Meta(_)) => None,
+            Err(e) => Some(Err(e)),
+        })
     }
 }
 
@@ -508,50 +476,60 @@ impl Iterator for TraceReader {
     type Item = Result<TraceItem, TraceError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if self.done {
-                return None;
+        let parsed = match self.lines.next_line()? {
+            Err(e) => return Some(Err(e)),
+            Ok(text) => parse_line(text),
+        };
+        Some(match parsed {
+            Ok(item) => {
+                self.lines.good();
+                Ok(item)
             }
-            self.buf.clear();
-            let n = match self.input.read_until(b'\n', &mut self.buf) {
-                Ok(n) => n,
-                Err(source) => {
-                    self.done = true;
-                    if self.gz && source.kind() == io::ErrorKind::UnexpectedEof {
-                        return Some(Err(TraceError::Truncated {
-                            path: self.path.clone(),
-                            last_good_line: self.last_good_line,
-                        }));
-                    }
-                    return Some(Err(TraceError::Read {
-                        path: self.path.clone(),
-                        line: self.line + 1,
-                        source,
-                    }));
-                }
-            };
-            if n == 0 {
-                self.done = true;
-                return None;
+            Err(source) => Err(self.lines.parse_error(source)),
+        })
+    }
+}
+
+/// Streams any JSON-lines file (a step-stats sidecar, a Mooncake trace, …) value by value,
+/// gunzipping `.gz` paths, with the same error reporting as [`TraceReader`]: errors name the
+/// file and line, blank lines are skipped, a truncated gzip stream ends with
+/// [`TraceError::Truncated`] after every complete line.
+pub struct JsonlReader {
+    lines: Lines,
+}
+
+impl JsonlReader {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        Ok(Self {
+            lines: Lines::open(path.as_ref())?,
+        })
+    }
+
+    /// The 1-based number of the last line read.
+    pub fn line(&self) -> u64 {
+        self.lines.line
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.lines.path
+    }
+}
+
+impl Iterator for JsonlReader {
+    type Item = Result<serde_json::Value, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let parsed = match self.lines.next_line()? {
+            Err(e) => return Some(Err(e)),
+            Ok(text) => serde_json::from_slice(text),
+        };
+        Some(match parsed {
+            Ok(v) => {
+                self.lines.good();
+                Ok(v)
             }
-            self.line += 1;
-            let text = self.buf.trim_ascii();
-            if text.is_empty() {
-                self.last_good_line = self.line;
-                continue;
-            }
-            return Some(match parse_line(text) {
-                Ok(item) => {
-                    self.last_good_line = self.line;
-                    Ok(item)
-                }
-                Err(source) => Err(TraceError::Parse {
-                    path: self.path.clone(),
-                    line: self.line,
-                    source,
-                }),
-            });
-        }
+            Err(source) => Err(self.lines.parse_error(source)),
+        })
     }
 }
 
