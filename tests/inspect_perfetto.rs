@@ -1,6 +1,7 @@
 //! `inspect perfetto`: the output obeys the Chrome Trace Event format (checked event by
 //! event), lanes equal the peak concurrency, multi-token chunks and token ids show, records
-//! without arrival are reported, and `--open` serves the file to the hosted UI.
+//! without arrival are reported, the step-stats sidecar becomes per-engine step tracks, and
+//! `--open` serves the file to the hosted UI.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
@@ -20,12 +21,22 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// Convert and return (the JSON summary, the events).
-fn perfetto(trace: &Path, extra: &[&str]) -> (Value, Vec<Value>, String) {
-    let out_path = tmp(&format!(
-        "{}.json",
-        trace.file_name().unwrap().to_string_lossy()
-    ));
+fn read_json(path: &Path) -> Value {
+    let bytes = std::fs::read(path).unwrap();
+    if path.extension().is_some_and(|e| e == "gz") {
+        let mut s = String::new();
+        flate2::read::GzDecoder::new(&bytes[..])
+            .read_to_string(&mut s)
+            .expect("a complete gzip stream");
+        serde_json::from_str(&s).unwrap()
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    }
+}
+
+/// Convert into `out_name` (in the temp dir); return (the JSON summary, the events, stderr).
+fn perfetto_to(trace: &Path, out_name: &str, extra: &[&str]) -> (Value, Vec<Value>, String) {
+    let out_path = tmp(out_name);
     let out = bin()
         .args(["inspect", "perfetto", "--json", "-o"])
         .arg(&out_path)
@@ -33,25 +44,32 @@ fn perfetto(trace: &Path, extra: &[&str]) -> (Value, Vec<Value>, String) {
         .args(extra)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stderr}");
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    let doc = read_json(&out_path);
+    assert_eq!(doc["displayTimeUnit"], "ms");
     let events = doc["traceEvents"].as_array().unwrap().clone();
-    (
-        summary,
-        events,
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
+    assert_eq!(summary["events"], events.len());
+    (summary, events, stderr)
 }
 
-/// Every rule of the Chrome Trace Event format this output relies on.
+fn perfetto(trace: &Path, extra: &[&str]) -> (Value, Vec<Value>, String) {
+    let name = format!("{}.json", trace.file_name().unwrap().to_string_lossy());
+    perfetto_to(trace, &name, extra)
+}
+
+/// Every rule of the Chrome Trace Event format this output relies on:
+/// - every event has name, ph, ts, pid, tid;
+/// - `X` has dur ≥ 0, and the X events of one thread nest (one contains the other or they
+///   do not overlap: the Perfetto importer rejects partial overlaps);
+/// - `B`/`E` match per (pid, tid), in order;
+/// - `C` has a non-empty args object of numbers, and each track's ts never goes back;
+/// - `M` is process_name / thread_name with a string args.name.
 fn validate(events: &[Value]) {
     let mut open: HashMap<(u64, u64), Vec<String>> = HashMap::new();
     let mut counter_ts: HashMap<(u64, String), f64> = HashMap::new();
+    let mut slices: HashMap<(u64, u64), Vec<(f64, f64)>> = HashMap::new();
     for (i, e) in events.iter().enumerate() {
         let ctx = format!("event {i}: {e}");
         let name = e["name"]
@@ -67,7 +85,8 @@ fn validate(events: &[Value]) {
                 let dur = e["dur"]
                     .as_f64()
                     .unwrap_or_else(|| panic!("X without dur: {ctx}"));
-                assert!(dur >= 0.0, "{ctx}");
+                assert!(dur >= 0.0 && dur.is_finite(), "{ctx}");
+                slices.entry((pid, tid)).or_default().push((ts, ts + dur));
             }
             "B" => open.entry((pid, tid)).or_default().push(name.to_string()),
             "E" => {
@@ -95,6 +114,56 @@ fn validate(events: &[Value]) {
         }
     }
     assert!(open.values().all(Vec::is_empty), "unmatched B events");
+    for ((pid, tid), mut s) in slices {
+        // longest first at equal starts, so a parent precedes its children
+        s.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        let mut stack: Vec<(f64, f64)> = Vec::new();
+        for (start, end) in s {
+            while stack.last().is_some_and(|&(_, e)| e <= start) {
+                stack.pop();
+            }
+            if let Some(&(ps, pe)) = stack.last() {
+                assert!(
+                    end <= pe,
+                    "pid {pid} tid {tid}: [{start}, {end}] overlaps [{ps}, {pe}] without nesting"
+                );
+            }
+            stack.push((start, end));
+        }
+    }
+}
+
+fn count_names(events: &[Value]) -> BTreeMap<String, usize> {
+    events.iter().fold(BTreeMap::new(), |mut m, e| {
+        *m.entry(e["name"].as_str().unwrap().to_string())
+            .or_default() += 1;
+        m
+    })
+}
+
+/// The X spans of (pid, tid) in time order never overlap at all.
+fn assert_sequential(events: &[Value], pid: u64, tid: u64) -> usize {
+    let mut s: Vec<(f64, f64)> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == pid && e["tid"] == tid)
+        .map(|e| {
+            let ts = e["ts"].as_f64().unwrap();
+            (ts, ts + e["dur"].as_f64().unwrap())
+        })
+        .collect();
+    s.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for w in s.windows(2) {
+        assert!(w[0].1 <= w[1].0, "pid {pid} tid {tid}: {w:?} overlap");
+    }
+    s.len()
+}
+
+fn peak(events: &[Value], counter: &str) -> f64 {
+    events
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == counter)
+        .map(|e| e["args"]["value"].as_f64().unwrap())
+        .fold(0.0, f64::max)
 }
 
 #[test]
@@ -107,12 +176,13 @@ fn the_cpu_engine_capture_with_its_step_stats_is_a_valid_chrome_trace() {
     );
     validate(&events);
     assert_eq!(summary["requests"], 301);
+    assert_eq!(summary["without_arrival"], 0);
     assert_eq!(summary["lanes"], 8, "the load ran 8 requests at a time");
-    assert!(summary["steps"].as_u64().unwrap() > 1000);
-    let names: BTreeMap<&str, usize> = events.iter().fold(BTreeMap::new(), |mut m, e| {
-        *m.entry(e["name"].as_str().unwrap()).or_default() += 1;
-        m
-    });
+    assert_eq!(summary["engines"], 1);
+    assert_eq!(summary["late_samples"], 0);
+    let steps = summary["steps"].as_u64().unwrap();
+    assert!(steps > 1000);
+    let names = count_names(&events);
     for counter in [
         "active_requests",
         "engine_running",
@@ -123,61 +193,100 @@ fn the_cpu_engine_capture_with_its_step_stats_is_a_valid_chrome_trace() {
     ] {
         assert!(names.contains_key(counter), "no {counter} track");
     }
+    // the capture did not draft
+    assert!(!names.contains_key("sched_accept_rate"));
     let prefills = events
         .iter()
         .filter(|e| e["pid"] == 1 && e["name"] == "prefill")
         .count();
     assert_eq!(prefills, 301);
-    // the peak of active_requests is the lane count
-    let peak = events
+    // every request's spans, in order, each in its own lane
+    for lane in 1..=8 {
+        assert_sequential(&events, 1, lane);
+    }
+    assert_eq!(peak(&events, "active_requests"), 8.0);
+    // the steps: one per sidecar line, back to back, classified
+    assert_eq!(assert_sequential(&events, 2, 1) as u64, steps);
+    let step_names: Vec<&str> = events
         .iter()
-        .filter(|e| e["name"] == "active_requests")
-        .map(|e| e["args"]["value"].as_f64().unwrap())
-        .fold(0.0, f64::max);
-    assert_eq!(peak, 8.0);
-    assert!(events.iter().any(|e| e["pid"] == 2
-        && e["ph"] == "X"
-        && e["name"].as_str().unwrap().starts_with("decode B")));
+        .filter(|e| e["pid"] == 2 && e["ph"] == "X")
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(step_names.iter().any(|n| n.starts_with("decode B")));
+    assert!(step_names.iter().any(|n| n.starts_with("prefill")));
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "M" && e["pid"] == 2 && e["args"]["name"] == "scheduler steps")
+    );
+    // recorded token ids ride the spans: each request's chunks add up to its ids
+    let with_ids = events
+        .iter()
+        .filter(|e| e["pid"] == 1 && e["args"]["token_ids"].is_array())
+        .count();
+    assert!(with_ids > 301, "{with_ids}");
 }
+
+const SMALL: &str = concat!(
+    r#"{"meta":{"model":"m"}}"#,
+    "\n",
+    // three overlapping requests, then one after they all ended
+    r#"{"request_id":"a","prompt_tokens":4,"output_tokens":5,"arrival_ms":0,"ttft_ms":10,"itl_ms":[5,5],"itl_tokens":[1,3],"output_token_ids":[1,2,3,4,5],"finish_reason":"length","itl_ctx":{"num_running":[3,3],"prefill_tokens":[4,0]}}"#,
+    "\n",
+    r#"{"request_id":"b","prompt_tokens":4,"output_tokens":2,"arrival_ms":1,"ttft_ms":10,"itl_ms":[5],"finish_reason":"length","itl_ctx":{"num_running":[3]}}"#,
+    "\n",
+    r#"{"request_id":"d","prompt_tokens":4,"output_tokens":2,"arrival_ms":100,"ttft_ms":10,"itl_ms":[5],"finish_reason":"stop"}"#,
+    "\n",
+    // written late (finish order is not arrival order)
+    r#"{"request_id":"c","prompt_tokens":4,"output_tokens":2,"arrival_ms":2,"ttft_ms":10,"itl_ms":[5],"incomplete":true,"abort_reason":"capture stopped"}"#,
+    "\n",
+    r#"{"request_id":"e","prompt_tokens":4,"output_tokens":2,"ttft_ms":10,"itl_ms":[5]}"#,
+    "\n",
+    // sub-µs times: f ends (rounded) exactly when g arrives, and g takes f's lane; rounding
+    // each span's start and duration apart would make f's last span end 1 µs into g's
+    r#"{"request_id":"f","prompt_tokens":4,"output_tokens":2,"arrival_ms":200,"ttft_ms":0.0006,"itl_ms":[0.0106]}"#,
+    "\n",
+    r#"{"request_id":"g","prompt_tokens":4,"output_tokens":2,"arrival_ms":200.0112,"ttft_ms":0.01,"itl_ms":[0.0006]}"#,
+    "\n",
+);
 
 #[test]
 fn lanes_chunks_token_ids_and_records_without_arrival() {
     let trace = tmp("small.jsonl");
-    std::fs::write(
-        &trace,
-        concat!(
-            r#"{"meta":{"model":"m"}}"#, "\n",
-            // three overlapping requests, then one after they all ended
-            r#"{"request_id":"a","prompt_tokens":4,"output_tokens":5,"arrival_ms":0,"ttft_ms":10,"itl_ms":[5,5],"itl_tokens":[1,3],"output_token_ids":[1,2,3,4,5],"finish_reason":"length"}"#, "\n",
-            r#"{"request_id":"b","prompt_tokens":4,"output_tokens":2,"arrival_ms":1,"ttft_ms":10,"itl_ms":[5],"finish_reason":"length"}"#, "\n",
-            r#"{"request_id":"c","prompt_tokens":4,"output_tokens":2,"arrival_ms":2,"ttft_ms":10,"itl_ms":[5],"incomplete":true,"abort_reason":"capture stopped"}"#, "\n",
-            r#"{"request_id":"d","prompt_tokens":4,"output_tokens":2,"arrival_ms":100,"ttft_ms":10,"itl_ms":[5],"finish_reason":"stop"}"#, "\n",
-            r#"{"request_id":"e","prompt_tokens":4,"output_tokens":2,"ttft_ms":10,"itl_ms":[5]}"#, "\n",
-        ),
-    )
-    .unwrap();
+    std::fs::write(&trace, SMALL).unwrap();
     let (summary, events, stderr) = perfetto(&trace, &[]);
     validate(&events);
-    assert_eq!(summary["lanes"], 3);
-    assert_eq!(summary["requests"], 4);
+    assert_eq!(summary["lanes"], 3, "peak concurrency is 3");
+    assert_eq!(summary["requests"], 6);
     assert_eq!(summary["without_arrival"], 1);
+    assert_eq!(summary["incomplete"], 1);
     assert!(
         stderr.contains("1 record(s) have no arrival_ms"),
         "{stderr}"
     );
+    assert_eq!(peak(&events, "active_requests"), 3.0);
+    // the 3-token chunk, with its tokens, on the shared clock (µs)
     let x3 = events
         .iter()
         .find(|e| e["name"] == "decode x3")
         .expect("a 3-token chunk");
-    assert_eq!(x3["args"]["token_ids"], serde_json::json!([3, 4, 5]));
-    assert_eq!(x3["ts"], 15000.0);
-    assert_eq!(x3["dur"], 5000.0);
+    assert_eq!(x3["args"]["token_ids"], json!([3, 4, 5]));
+    assert_eq!(x3["ts"], 15000);
+    assert_eq!(x3["dur"], 5000);
+    let a_prefill = events
+        .iter()
+        .find(|e| e["name"] == "prefill" && e["args"]["request_id"] == "a")
+        .unwrap();
+    assert_eq!(a_prefill["args"]["token_ids"], json!([1]));
+    assert_eq!(a_prefill["dur"], 10000);
     let first_decode = events
         .iter()
         .find(|e| e["name"] == "decode" && e["args"]["token_ids"].is_array())
         .unwrap();
-    assert_eq!(first_decode["args"]["token_ids"], serde_json::json!([2]));
-    // d reuses a freed lane
+    assert_eq!(first_decode["args"]["token_ids"], json!([2]));
+    assert_eq!(first_decode["ts"], 10000);
+    // prefill vs decode colours
+    assert_ne!(a_prefill["cname"], first_decode["cname"]);
     let lane_of = |id: &str| {
         events
             .iter()
@@ -187,65 +296,367 @@ fn lanes_chunks_token_ids_and_records_without_arrival() {
             .unwrap()
     };
     assert!(lane_of("d") <= 3);
+    assert_eq!(lane_of("f"), lane_of("g"), "g reuses the lane f freed");
     let c = events
         .iter()
         .find(|e| e["name"] == "prefill" && e["args"]["request_id"] == "c")
         .unwrap();
     assert_eq!(c["args"]["incomplete"], true);
+    assert_eq!(c["args"]["abort_reason"], "capture stopped");
     assert_eq!(events[0]["args"]["name"], "m");
+    // the per-gap engine context, in time order
+    let running: Vec<(i64, f64)> = events
+        .iter()
+        .filter(|e| e["name"] == "engine_running")
+        .map(|e| {
+            (
+                e["ts"].as_i64().unwrap(),
+                e["args"]["value"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(running, vec![(15000, 3.0), (16000, 3.0), (20000, 3.0)]);
+    let active: Vec<(i64, f64)> = events
+        .iter()
+        .filter(|e| e["name"] == "active_requests")
+        .map(|e| {
+            (
+                e["ts"].as_i64().unwrap(),
+                e["args"]["value"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        &active[..6],
+        &[
+            (0, 1.0),
+            (1000, 2.0),
+            (2000, 3.0),
+            (16000, 2.0),
+            (17000, 1.0),
+            (20000, 0.0)
+        ]
+    );
+    assert_eq!(active.last().unwrap().1, 0.0);
 
-    // one row per request
-    let (summary, events, _) = perfetto(&trace, &["--track-per-request", "--name", "mine"]);
+    // one row per request, gzip output
+    let (summary, events, _) = perfetto_to(
+        &trace,
+        "small-rows.json.gz",
+        &["--track-per-request", "--name", "mine"],
+    );
     validate(&events);
-    assert_eq!(summary["lanes"], 4);
+    assert_eq!(summary["lanes"], 6);
     assert!(
         events
             .iter()
-            .any(|e| e["ph"] == "M" && e["args"]["name"] == "b")
+            .any(|e| e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "b")
     );
     assert_eq!(events[0]["args"]["name"], "mine");
 }
 
 #[test]
-fn open_serves_the_file_with_cors_for_the_hosted_ui() {
-    let trace = tmp("open.jsonl");
+fn stdout_is_the_default_output() {
+    let trace = tmp("stdout.jsonl");
+    std::fs::write(&trace, SMALL).unwrap();
+    let out = bin()
+        .args(["inspect", "perfetto"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    validate(doc["traceEvents"].as_array().unwrap());
+}
+
+#[test]
+fn step_stats_of_two_engines_with_drafting() {
+    let trace = tmp("dp.jsonl");
+    std::fs::write(&trace, SMALL).unwrap();
+    let steps = tmp("dp-steps.jsonl");
+    let spec = |acc: u32| json!({"num_spec_tokens": 2, "num_drafts": 2, "num_draft_tokens": 4, "num_accepted_tokens": acc});
+    let lines = [
+        json!({"ts_ms": 10.0, "engine": 0, "step_ms": null, "num_running_reqs": 1, "num_waiting_reqs": 2, "kv_cache_usage": 0.1, "prefill_requests": 1, "prefill_tokens": 4}),
+        json!({"ts_ms": 10.5, "engine": 1, "step_ms": null, "num_running_reqs": 3, "num_waiting_reqs": 0, "kv_cache_usage": 0.5, "prefill_requests": 1, "prefill_tokens": 8}),
+        json!({"ts_ms": 15.0, "engine": 0, "step_ms": 5.0, "num_running_reqs": 2, "num_waiting_reqs": 0, "kv_cache_usage": 0.2, "prefill_requests": 0, "prefill_tokens": 0, "spec_decoding": spec(3)}),
+        // a step_ms longer than the gap since the previous step: clamped, no overlap
+        json!({"ts_ms": 16.0, "engine": 0, "step_ms": 3.0, "num_running_reqs": 2, "num_waiting_reqs": 0, "kv_cache_usage": 0.2, "prefill_requests": 0, "prefill_tokens": 0, "spec_decoding": spec(1)}),
+        // slightly out of order across engines
+        json!({"ts_ms": 14.0, "engine": 1, "step_ms": 3.5, "num_running_reqs": 3, "num_waiting_reqs": 0, "kv_cache_usage": 0.5, "prefill_requests": 0, "prefill_tokens": 0}),
+    ];
     std::fs::write(
-        &trace,
-        "{\"request_id\":\"a\",\"prompt_tokens\":1,\"output_tokens\":1,\"arrival_ms\":0,\"ttft_ms\":1}\n",
+        &steps,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
     )
     .unwrap();
-    let mut child = bin()
-        .args(["inspect", "perfetto", "--open", "--port", "0", "-o"])
-        .arg(tmp("open.json"))
-        .arg(&trace)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (summary, events, _) = perfetto(&trace, &["--step-stats", steps.to_str().unwrap()]);
+    validate(&events);
+    assert_eq!(summary["steps"], 5);
+    assert_eq!(summary["engines"], 2);
+    assert_eq!(summary["late_samples"], 0);
+    assert_eq!(assert_sequential(&events, 2, 1), 3);
+    assert_eq!(assert_sequential(&events, 3, 1), 2);
+    let step = |pid: u64, ts_end: i64| {
+        events
+            .iter()
+            .find(|e| {
+                e["ph"] == "X"
+                    && e["pid"] == pid
+                    && e["ts"].as_i64().unwrap() + e["dur"].as_i64().unwrap() == ts_end
+            })
+            .unwrap_or_else(|| panic!("no step of pid {pid} ending at {ts_end}"))
+            .clone()
+    };
+    assert_eq!(step(2, 10000)["name"], "prefill");
+    assert_eq!(step(3, 10500)["name"], "prefill+decode B2 (+1r 8t)");
+    let s = step(2, 15000);
+    assert_eq!(s["name"], "decode B2");
+    assert_eq!(s["ts"], 10000);
+    assert_eq!(s["args"]["spec_accepted"], 3);
+    assert_eq!(s["args"]["spec_draft"], 4);
+    assert_eq!(s["args"]["spec_drafts"], 2);
+    assert_eq!(s["args"]["running"], 2);
+    assert_eq!(s["args"]["waiting"], 0);
+    assert_eq!(s["args"]["kv_cache_usage"], 0.2);
+    assert_eq!(s["args"]["step_ms"], 5.0);
+    assert_eq!(
+        step(2, 16000)["ts"],
+        15000,
+        "clamped to the previous step's end"
+    );
+    // counters per engine process
+    let counter = |pid: u64, name: &str| -> Vec<(i64, f64)> {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "C" && e["pid"] == pid && e["name"] == name)
+            .map(|e| {
+                (
+                    e["ts"].as_i64().unwrap(),
+                    e["args"]["value"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        counter(2, "sched_accept_rate"),
+        vec![(15000, 0.75), (16000, 0.25)]
+    );
+    assert!(counter(3, "sched_accept_rate").is_empty());
+    assert_eq!(
+        counter(3, "sched_running_reqs"),
+        vec![(10500, 3.0), (14000, 3.0)]
+    );
+    assert_eq!(
+        counter(2, "sched_waiting_reqs"),
+        vec![(10000, 2.0), (15000, 0.0), (16000, 0.0)]
+    );
+    assert_eq!(counter(3, "sched_kv_cache_usage").len(), 2);
+}
+
+/// Read the `serving URL` line; return (host:port, path).
+fn served_url(child: &mut std::process::Child) -> (String, String) {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let served = lines.next().unwrap().unwrap();
     let url = served.strip_prefix("serving ").expect(&served).to_string();
     let open = lines.next().unwrap().unwrap();
     assert_eq!(open, format!("open https://ui.perfetto.dev/#!/?url={url}"));
-    let rest = url.strip_prefix("http://").unwrap();
-    let (host, path) = rest.split_once('/').unwrap();
+    let rest = url.strip_prefix("http://127.0.0.1:").unwrap();
+    let (port, path) = rest.split_once('/').unwrap();
+    (format!("127.0.0.1:{port}"), format!("/{path}"))
+}
+
+fn http(host: &str, request: &str) -> String {
     let mut s = std::net::TcpStream::connect(host).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nOrigin: https://ui.perfetto.dev\r\n\r\n"
-    )
-    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
     let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    if let Err(e) = s.read_to_string(&mut resp) {
+        panic!("{e}: {request:?} got {resp:?}");
+    }
+    resp
+}
+
+fn check_served(host: &str, path: &str) {
+    let resp = http(
+        host,
+        &format!(
+            "OPTIONS {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: https://ui.perfetto.dev\r\n\
+             Access-Control-Request-Method: GET\r\n\r\n"
+        ),
+    );
+    assert!(resp.starts_with("HTTP/1.1 204"), "{resp}");
     assert!(
-        resp.contains("Access-Control-Allow-Origin: https://ui.perfetto.dev"),
+        resp.contains("Access-Control-Allow-Origin: https://ui.perfetto.dev\r\n"),
         "{resp}"
     );
-    let body = resp.split("\r\n\r\n").nth(1).unwrap();
+    assert!(resp.contains("Access-Control-Allow-Methods: GET"), "{resp}");
+
+    let resp = http(
+        host,
+        &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: https://ui.perfetto.dev\r\n\r\n"),
+    );
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(
+        resp.contains("Access-Control-Allow-Origin: https://ui.perfetto.dev\r\n"),
+        "{resp}"
+    );
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(len, body.len());
     let doc: Value = serde_json::from_str(body).unwrap();
-    assert!(doc["traceEvents"].as_array().unwrap().len() >= 3);
+    let events = doc["traceEvents"].as_array().unwrap();
+    assert!(events.len() >= 3);
+    validate(events);
+
+    let resp = http(
+        host,
+        &format!("GET /other.json HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+    );
+    assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
+}
+
+#[test]
+fn open_serves_the_file_with_cors_for_the_hosted_ui() {
+    let trace = tmp("open.jsonl");
+    std::fs::write(&trace, SMALL).unwrap();
+    let mut child = bin()
+        .args(["inspect", "perfetto", "--open", "--port", "0", "-o"])
+        .arg(tmp("open out.json"))
+        .arg(&trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (host, path) = served_url(&mut child);
+    // a URL-safe name
+    assert_eq!(path, "/open_out.json");
+    check_served(&host, &path);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn open_without_output_leaves_no_file_behind() {
+    let trace = tmp("open-temp.jsonl");
+    std::fs::write(&trace, SMALL).unwrap();
+    let mut child = bin()
+        .args(["inspect", "perfetto", "--open", "--port", "0"])
+        .arg(&trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (host, path) = served_url(&mut child);
+    check_served(&host, &path);
+    let file = std::env::temp_dir().join(path.trim_start_matches('/'));
+    assert!(!file.exists(), "{} left behind", file.display());
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A deterministic synthetic capture: Poisson-ish arrivals at 20/s, heavy-ish output
+/// lengths, ~15 ms gaps with some multi-token chunks, per-gap engine context and token
+/// ids, written in finish order like the tap does. Returns the peak concurrency.
+pub fn write_synthetic_trace(path: &Path, requests: usize) -> usize {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rand = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 11) as f64) / ((1u64 << 53) as f64)
+    };
+    let mut records: Vec<(f64, f64, String)> = Vec::with_capacity(requests);
+    let mut arrival = 0.0f64;
+    for i in 0..requests {
+        arrival += -(1.0 - rand()).ln() * 50.0; // mean 50 ms between arrivals
+        let prompt = 64 + (rand() * 2000.0) as u32;
+        let output = (16.0 + (-(1.0 - rand()).ln() * 144.0)).min(1024.0) as u32;
+        let ttft = 20.0 + rand() * 200.0;
+        let mut itl = Vec::new();
+        let mut itl_tokens = Vec::new();
+        let mut left = output - 1;
+        while left > 0 {
+            let n = if rand() < 0.1 { left.min(3) } else { 1 };
+            itl.push(((10.0 + rand() * 10.0) * 1000.0).round() / 1000.0);
+            itl_tokens.push(n);
+            left -= n;
+        }
+        let end = arrival + ttft + itl.iter().sum::<f64>();
+        let num_running: Vec<u32> = itl.iter().map(|_| 40 + (rand() * 40.0) as u32).collect();
+        let prefill: Vec<u32> = itl
+            .iter()
+            .map(|_| if rand() < 0.2 { 512 } else { 0 })
+            .collect();
+        let ids: Vec<u32> = (0..output).map(|k| (i as u32 * 7 + k) % 32000).collect();
+        let line = json!({
+            "request_id": format!("req-{i}"),
+            "prompt_tokens": prompt,
+            "output_tokens": output,
+            "arrival_ms": (arrival * 1000.0).round() / 1000.0,
+            "ttft_ms": (ttft * 1000.0).round() / 1000.0,
+            "itl_ms": itl,
+            "itl_tokens": itl_tokens,
+            "itl_ctx": {"num_running": num_running, "prefill_tokens": prefill},
+            "output_token_ids": ids,
+            "finish_reason": "length",
+        });
+        records.push((arrival, end, line.to_string()));
+    }
+    let mut sweep: Vec<(f64, i32)> = records.iter().flat_map(|r| [(r.0, 1), (r.1, -1)]).collect();
+    sweep.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut now, mut peak) = (0i32, 0i32);
+    for (_, d) in sweep {
+        now += d;
+        peak = peak.max(now);
+    }
+    records.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    writeln!(out, "{}", json!({"meta": {"model": "synthetic"}})).unwrap();
+    for (_, _, line) in records {
+        writeln!(out, "{line}").unwrap();
+    }
+    out.flush().unwrap();
+    peak as usize
+}
+
+/// The benchmark's input (docs/performance.md): a 2,500-request trace converts into a
+/// valid file with one span per token chunk. Set `PERFETTO_BENCH_TRACE=path` to keep the
+/// generated trace for timing the release binary.
+#[test]
+fn a_2500_request_trace() {
+    let trace = match std::env::var_os("PERFETTO_BENCH_TRACE") {
+        Some(p) => PathBuf::from(p),
+        None => tmp("synthetic-2500.jsonl"),
+    };
+    let peak_concurrency = write_synthetic_trace(&trace, 2500);
+    let (summary, events, _) = perfetto(&trace, &[]);
+    validate(&events);
+    assert_eq!(summary["requests"], 2500);
+    assert_eq!(summary["lanes"], peak_concurrency);
+    assert_eq!(peak(&events, "active_requests"), peak_concurrency as f64);
+    let names = count_names(&events);
+    assert_eq!(names["prefill"], 2500);
+    let decodes: usize = names
+        .iter()
+        .filter(|(n, _)| n.starts_with("decode"))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(decodes > 2500 * 100, "{decodes}");
+    assert!(names.contains_key("decode x3"));
+    // the counters are deduplicated per time
+    assert!(names["engine_running"] <= decodes);
+    assert_eq!(
+        names["active_requests"],
+        events
+            .iter()
+            .filter(|e| e["name"] == "active_requests")
+            .map(|e| e["ts"].as_i64().unwrap())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    );
 }
