@@ -1,108 +1,219 @@
 //! `inspect convert`: other tools' formats into the trace schema, and the trace into them.
 //!
-//! - `--from mooncake`: the Mooncake / "timed trace" JSONL (`timestamp` ms, `input_length`,
-//!   `output_length`, `hash_ids` — one id per `--block-size` tokens) → trace records with
-//!   `arrival_ms`, `prompt_tokens`, `output_tokens`, `block_hashes` (no timings: the format
-//!   has none). The block size goes into the meta line.
-//! - `--to mooncake`: the reverse, so traces drive `vllm-rs bench serve --dataset-name
-//!   timed_trace` and other simulators. `--from` then `--to` gives back the same values.
+//! - `--from mooncake` / `--to mooncake`: the Mooncake / "timed trace" JSONL (see
+//!   [`mooncake`]). `--from` then `--to` gives the file back.
 //! - `--from guidellm`: a guidellm benchmark report (JSON) → one record per request with
 //!   the latencies guidellm measured (see [`guidellm`]).
+//!
+//! Every conversion streams its records, names file and line (or benchmark and request) in
+//! its errors, and removes a half-written output when it fails.
 
 mod guidellm;
+mod mooncake;
 
+use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use serde_json::{Map, Value, json};
-use sim_trace::trace::{
-    BlockHash, JsonlReader, TraceItem, TraceMeta, TraceReader, TraceRecord, TraceWriter,
-};
-
-use super::progress::Progress;
+use serde_json::json;
+use sim_trace::trace::TraceError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    /// The Mooncake / timed-trace JSONL (`timestamp`, `input_length`, `output_length`,
-    /// `hash_ids`).
+    /// The Mooncake / timed-trace JSONL: one request a line with `timestamp` (ms),
+    /// `input_length`, `output_length` and `hash_ids` (one id per `--block-size` tokens).
     Mooncake,
-    /// A guidellm benchmark report (`guidellm benchmark … --output-path report.json`);
-    /// `--from` only.
+    /// A guidellm benchmark report (`guidellm run … --output kind=json,path=report.json`;
+    /// `.json` or `.json.gz`). `--from` only.
     Guidellm,
 }
 
 #[derive(Debug, Clone, Args)]
-#[command(group(clap::ArgGroup::new("direction").required(true).args(["from", "to"])))]
+#[command(
+    group(clap::ArgGroup::new("direction").required(true).args(["from", "to"])),
+    after_help = "Examples:
+  vllm-vcr inspect convert --from mooncake mooncake_trace.jsonl -o trace.jsonl.gz
+  vllm-vcr inspect convert --to mooncake trace.jsonl.gz -o timed.jsonl
+  vllm-rs bench serve --dataset-name timed_trace --dataset-path timed.jsonl \\
+      --timed-trace-chunk-hash-size 16 --timed-trace-sec-multiplier 0.001 ...
+  vllm-vcr inspect convert --from guidellm report.json -o trace.jsonl --json"
+)]
 pub struct ConvertArgs {
-    /// Convert INPUT from this format into a trace.
+    /// Convert INPUT, a file in this format, into a trace.
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub from: Option<Format>,
 
-    /// Convert the trace INPUT into this format.
+    /// Convert INPUT, a trace, into this format.
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub to: Option<Format>,
 
-    /// The input file (`.gz` read transparently).
+    /// The input file (`.gz` is read transparently).
     pub input: PathBuf,
 
-    /// Write the result here (`.gz` → gzip).
+    /// Where to write the result (a path ending in `.gz` is gzip-compressed). Removed again
+    /// if the conversion fails; it may not be the input.
     #[arg(short, long, value_name = "PATH")]
     pub output: PathBuf,
 
-    /// Tokens per hash id (Mooncake's public traces use 512; traces recorded by the tap
-    /// hash blocks of the engine's block size, usually 16). `--from mooncake` stamps it in
-    /// the meta line; `--to mooncake` checks it against the trace's.
-    #[arg(long, value_name = "TOKENS")]
+    /// Mooncake only: tokens per hash id. `--from mooncake`: the unit of the file's
+    /// `hash_ids` (default 512, as in Mooncake's public traces), stamped in the trace's
+    /// meta line. `--to mooncake`: the unit to write (default: the trace's meta
+    /// `block_size`); a multiple of the trace's block size merges its block hashes into
+    /// coarser ids, anything else is refused.
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub block_size: Option<u32>,
 
-    /// Print a JSON summary of the conversion on stdout.
+    /// guidellm only: also convert requests outside each benchmark's measured window
+    /// (warmup, cooldown, or started after the benchmark ended), which guidellm leaves out
+    /// of its own metrics. By default they are skipped, so the trace's numbers agree with
+    /// the report's.
+    #[arg(long)]
+    pub all_requests: bool,
+
+    /// Print a JSON summary on stdout: records written, records skipped (counted by
+    /// reason, with examples) and notes on what the conversion assumed.
     #[arg(long)]
     pub json: bool,
 }
+
+/// How many skipped records are listed one by one (all are counted).
+const SKIP_EXAMPLES: usize = 20;
 
 /// What a conversion did.
 #[derive(Debug, Default)]
 pub struct Report {
     pub written: u64,
-    pub skipped: Vec<String>,
+    /// Skipped records by reason.
+    pub skipped: BTreeMap<String, u64>,
+    /// The first few skipped records, each with where it was and why.
+    pub skipped_examples: Vec<String>,
     pub notes: Vec<String>,
 }
 
-pub fn run(args: &ConvertArgs) -> Result<()> {
-    let report = match (args.from, args.to) {
-        (Some(Format::Mooncake), None) => from_mooncake(args)?,
-        (Some(Format::Guidellm), None) => guidellm::convert(&args.input, &args.output)?,
-        (None, Some(Format::Mooncake)) => to_mooncake(args)?,
-        (None, Some(Format::Guidellm)) => {
-            bail!("--to guidellm is not supported: guidellm reports are produced by guidellm")
+impl Report {
+    /// Count a skipped record: `reason` is the category, `detail` where it was.
+    pub fn skip(&mut self, reason: &str, detail: impl FnOnce() -> String) {
+        *self.skipped.entry(reason.to_string()).or_default() += 1;
+        if self.skipped_examples.len() < SKIP_EXAMPLES {
+            self.skipped_examples
+                .push(format!("{}: {reason}", detail()));
         }
-        _ => bail!("give exactly one of --from and --to"),
+    }
+
+    pub fn skipped_total(&self) -> u64 {
+        self.skipped.values().sum()
+    }
+}
+
+/// Deletes a half-written output unless disarmed. Armed only once the converter has
+/// created the file, so a pre-existing file is never touched by an early error; only a
+/// regular file is removed (never a symlink such as `/dev/stdout`, nor a device).
+pub struct OutputGuard<'a> {
+    path: &'a Path,
+    armed: bool,
+}
+
+impl<'a> OutputGuard<'a> {
+    fn new(path: &'a Path) -> Self {
+        Self { path, armed: false }
+    }
+
+    /// The output is about to be created: remove it if the conversion fails from now on.
+    pub fn arm(&mut self) {
+        self.armed = true;
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for OutputGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed && std::fs::symlink_metadata(self.path).is_ok_and(|m| m.file_type().is_file())
+        {
+            let _ = std::fs::remove_file(self.path);
+        }
+    }
+}
+
+/// Whether `a` and `b` are the same existing file.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+fn check_args(args: &ConvertArgs) -> Result<()> {
+    let format = match (args.from, args.to) {
+        (Some(_), Some(_)) | (None, None) => bail!("give exactly one of --from and --to"),
+        (Some(f), None) | (None, Some(f)) => f,
     };
-    if args.json {
-        println!(
-            "{}",
-            json!({
-                "input": args.input,
-                "output": args.output,
-                "written": report.written,
-                "skipped": report.skipped,
-                "notes": report.notes,
-            })
+    if args.to == Some(Format::Guidellm) {
+        bail!("--to guidellm is not supported: guidellm reports are written by guidellm");
+    }
+    if args.block_size.is_some() && format != Format::Mooncake {
+        bail!("--block-size applies to the Mooncake format only");
+    }
+    if args.all_requests && format != Format::Guidellm {
+        bail!("--all-requests applies to --from guidellm only");
+    }
+    if same_file(&args.input, &args.output) {
+        bail!(
+            "-o {} is the input file: writing it would destroy the input",
+            args.output.display()
         );
+    }
+    Ok(())
+}
+
+pub fn run(args: &ConvertArgs) -> Result<()> {
+    check_args(args)?;
+    let mut guard = OutputGuard::new(&args.output);
+    let report = match (args.from, args.to) {
+        (Some(Format::Mooncake), None) => mooncake::from_mooncake(args, &mut guard)?,
+        (None, Some(Format::Mooncake)) => mooncake::to_mooncake(args, &mut guard)?,
+        (Some(Format::Guidellm), None) => guidellm::convert(args, &mut guard)?,
+        _ => unreachable!("checked by check_args"),
+    };
+    guard.disarm();
+    if args.json {
+        let summary = json!({
+            "from": args.from.map(format_name),
+            "to": args.to.map(format_name),
+            "input": args.input,
+            "output": args.output,
+            "written": report.written,
+            "skipped": {
+                "total": report.skipped_total(),
+                "reasons": report.skipped,
+                "examples": report.skipped_examples,
+            },
+            "notes": report.notes,
+        });
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{summary}").context("writing the summary to stdout")?;
     } else {
+        let skipped = report.skipped_total();
         eprintln!(
             "convert: wrote {} ({} records{})",
             args.output.display(),
             report.written,
-            if report.skipped.is_empty() {
+            if skipped == 0 {
                 String::new()
             } else {
-                format!(", {} skipped", report.skipped.len())
+                format!(", {skipped} skipped")
             }
         );
-        for s in report.skipped.iter().take(10) {
-            eprintln!("  skipped: {s}");
+        for (reason, n) in &report.skipped {
+            eprintln!("  skipped {n}: {reason}");
+        }
+        for s in report.skipped_examples.iter().take(5) {
+            eprintln!("    e.g. {s}");
         }
         for n in &report.notes {
             eprintln!("  note: {n}");
@@ -111,198 +222,82 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
     Ok(())
 }
 
-/// Mooncake's public traces hash 512-token blocks.
-const MOONCAKE_BLOCK_SIZE: u32 = 512;
-
-fn line_error(path: &Path, line: u64, what: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("{}:{line}: {what}", path.display())
-}
-
-fn uint(path: &Path, line: u64, obj: &Map<String, Value>, key: &str) -> Result<u64> {
-    match obj.get(key) {
-        Some(v) => v
-            .as_u64()
-            .or_else(|| {
-                v.as_f64()
-                    .filter(|f| *f >= 0.0 && f.fract() == 0.0)
-                    .map(|f| f as u64)
-            })
-            .ok_or_else(|| {
-                line_error(
-                    path,
-                    line,
-                    format!("`{key}` must be a non-negative integer, got {v}"),
-                )
-            }),
-        None => Err(line_error(path, line, format!("missing `{key}`"))),
+fn format_name(f: Format) -> &'static str {
+    match f {
+        Format::Mooncake => "mooncake",
+        Format::Guidellm => "guidellm",
     }
 }
 
-fn from_mooncake(args: &ConvertArgs) -> Result<Report> {
-    let block_size = args.block_size.unwrap_or(MOONCAKE_BLOCK_SIZE);
-    let mut meta = TraceMeta::new();
-    meta.block_size = Some(block_size);
-    let mut w = TraceWriter::create(&args.output, &meta)
-        .with_context(|| format!("creating {}", args.output.display()))?;
-    let mut reader = JsonlReader::open(&args.input)?;
-    let mut report = Report::default();
-    let mut extra_keys = std::collections::BTreeSet::new();
-    let mut progress = Progress::new("convert: lines");
-    let mut index = 0u64;
-    while let Some(item) = reader.next() {
-        let value = item?;
-        let line = reader.line();
-        progress.tick();
-        let Value::Object(obj) = value else {
-            bail!(line_error(&args.input, line, "expected a JSON object"));
-        };
-        let timestamp = obj
-            .get("timestamp")
-            .and_then(Value::as_f64)
-            .ok_or_else(|| line_error(&args.input, line, "missing or non-numeric `timestamp`"))?;
-        let input_length = uint(&args.input, line, &obj, "input_length")?;
-        let output_length = uint(&args.input, line, &obj, "output_length")?;
-        let hash_ids = match obj.get("hash_ids") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(ids)) => ids
-                .iter()
-                .map(|v| match v {
-                    Value::Number(n) if n.as_u64().is_some() => {
-                        Ok(BlockHash::Int(n.as_u64().unwrap_or_default()))
-                    }
-                    Value::String(s) => Ok(BlockHash::Str(s.clone())),
-                    other => Err(line_error(
-                        &args.input,
-                        line,
-                        format!("`hash_ids` holds {other}, not an id"),
-                    )),
-                })
-                .collect::<Result<Vec<_>>>()?,
-            Some(other) => bail!(line_error(
-                &args.input,
-                line,
-                format!("`hash_ids` must be an array, got {other}")
-            )),
-        };
-        for k in obj.keys() {
-            if !matches!(
-                k.as_str(),
-                "timestamp" | "input_length" | "output_length" | "hash_ids"
-            ) {
-                extra_keys.insert(k.clone());
-            }
+/// A trace error as one message (`TraceError` prints its cause itself, which anyhow's chain
+/// would repeat). Write errors keep the I/O error as the cause, so that a closed stdout is
+/// still recognised as one.
+pub(crate) fn trace_err(e: TraceError) -> anyhow::Error {
+    match e {
+        TraceError::Write { path, source } => {
+            anyhow::Error::new(source).context(format!("{}: write error", path.display()))
         }
-        let to_u32 = |v: u64, key: &str| {
-            u32::try_from(v)
-                .map_err(|_| line_error(&args.input, line, format!("`{key}` {v} is too large")))
-        };
-        w.write_record(&TraceRecord {
-            request_id: Some(format!("mooncake-{index}")),
-            prompt_tokens: to_u32(input_length, "input_length")?,
-            output_tokens: to_u32(output_length, "output_length")?,
-            arrival_ms: Some(timestamp),
-            block_hashes: hash_ids,
-            ..TraceRecord::default()
-        })?;
-        index += 1;
-        report.written += 1;
-    }
-    progress.finish();
-    w.finish()?;
-    if !extra_keys.is_empty() {
-        report.notes.push(format!(
-            "keys the trace schema has no place for were dropped: {}",
-            extra_keys.into_iter().collect::<Vec<_>>().join(", ")
-        ));
-    }
-    Ok(report)
-}
-
-/// One Mooncake line, keys in the format's order.
-#[derive(serde::Serialize)]
-struct MooncakeLine {
-    timestamp: Value,
-    input_length: u32,
-    output_length: u32,
-    hash_ids: Vec<Value>,
-}
-
-/// Write a number as Mooncake does: integers without a fraction.
-fn number(x: f64) -> Value {
-    if x.fract() == 0.0 && x.abs() < 9.0e15 {
-        json!(x as i64)
-    } else {
-        json!(x)
+        e => anyhow::Error::msg(e.to_string()),
     }
 }
 
-fn to_mooncake(args: &ConvertArgs) -> Result<Report> {
-    let mut reader = TraceReader::open(&args.input)?;
-    let mut out = TraceWriter::create_without_meta(&args.output)
-        .with_context(|| format!("creating {}", args.output.display()))?;
-    let mut report = Report::default();
-    let mut trace_block_size: Option<u32> = None;
-    // String hashes (converted workloads) become dense integer ids, in first-seen order.
-    let mut string_ids: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
-    let mut progress = Progress::new("convert: records");
-    while let Some(item) = reader.next() {
-        let record = match item? {
-            TraceItem::Meta(m) => {
-                trace_block_size = m.block_size;
-                if let (Some(want), Some(have)) = (args.block_size, m.block_size)
-                    && want != have
-                {
-                    bail!(
-                        "{}: the trace's block hashes cover {have} tokens each (meta block_size); \
-                         --block-size {want} would misstate them (pass --block-size {have})",
-                        args.input.display()
-                    );
-                }
-                continue;
-            }
-            TraceItem::Record(r) => r,
+/// A gzip-by-suffix line sink for formats that are not traces.
+pub(crate) struct LineSink {
+    path: PathBuf,
+    inner: Option<Sink>,
+}
+
+enum Sink {
+    Plain(std::io::BufWriter<std::fs::File>),
+    Gz(flate2::write::GzEncoder<std::io::BufWriter<std::fs::File>>),
+}
+
+impl LineSink {
+    pub(crate) fn create(path: &Path) -> Result<Self> {
+        let file =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let buffered = std::io::BufWriter::with_capacity(1 << 16, file);
+        let gz = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gz"));
+        let inner = if gz {
+            Sink::Gz(flate2::write::GzEncoder::new(
+                buffered,
+                flate2::Compression::default(),
+            ))
+        } else {
+            Sink::Plain(buffered)
         };
-        progress.tick();
-        let Some(arrival) = record.arrival_ms else {
-            report.skipped.push(format!(
-                "{}:{}: no arrival_ms (a timed trace needs one)",
-                args.input.display(),
-                reader.line()
-            ));
-            continue;
+        Ok(Self {
+            path: path.to_path_buf(),
+            inner: Some(inner),
+        })
+    }
+
+    /// Write one line (`line` without its `\n`).
+    pub(crate) fn line(&mut self, line: &[u8]) -> Result<()> {
+        let w: &mut dyn Write = match self.inner.as_mut() {
+            Some(Sink::Plain(w)) => w,
+            Some(Sink::Gz(w)) => w,
+            None => bail!("{}: already finished", self.path.display()),
         };
-        let next_id = string_ids.len() as u64;
-        let hash_ids: Vec<Value> = record
-            .block_hashes
-            .iter()
-            .map(|h| match h {
-                BlockHash::Int(v) => json!(v),
-                BlockHash::Str(s) => json!(*string_ids.entry(s.clone()).or_insert(next_id)),
-            })
-            .collect();
-        out.write_json(&MooncakeLine {
-            timestamp: number(arrival),
-            input_length: record.prompt_tokens,
-            output_length: record.output_tokens,
-            hash_ids,
-        })?;
-        report.written += 1;
+        w.write_all(line)
+            .and_then(|()| w.write_all(b"\n"))
+            .with_context(|| format!("writing {}", self.path.display()))
     }
-    progress.finish();
-    out.finish()?;
-    if !string_ids.is_empty() {
-        report.notes.push(format!(
-            "{} string block hashes were numbered in first-seen order",
-            string_ids.len()
-        ));
+
+    pub(crate) fn finish(mut self) -> Result<()> {
+        let err = |e: std::io::Error| anyhow::anyhow!("writing {}: {e}", self.path.display());
+        let buffered = match self.inner.take() {
+            None => return Ok(()),
+            Some(Sink::Plain(w)) => w,
+            Some(Sink::Gz(w)) => w.finish().map_err(err)?,
+        };
+        let file = buffered.into_inner().map_err(|e| err(e.into_error()))?;
+        // Pipes and terminals (`-o /dev/stdout`) cannot be synced.
+        if file.metadata().is_ok_and(|m| m.is_file()) {
+            file.sync_all().map_err(err)?;
+        }
+        Ok(())
     }
-    let bs = args
-        .block_size
-        .or(trace_block_size)
-        .unwrap_or(MOONCAKE_BLOCK_SIZE);
-    report.notes.push(format!(
-        "each hash id stands for {bs} tokens: replay with `vllm-rs bench serve --dataset-name timed_trace --dataset-path {} --timed-trace-chunk-hash-size {bs} --timed-trace-sec-multiplier 0.001`",
-        args.output.display()
-    ));
-    Ok(report)
 }
