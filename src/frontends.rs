@@ -439,16 +439,28 @@ pub fn fetch_cpu_engine(cache: &Path) -> Result<PathBuf> {
     Ok(venv)
 }
 
-/// The CPU build maps `libnuma.so.1`: install Debian's libnuma1 when it is missing.
+/// Whether the dynamic linker can find `libnuma.so.1` (`ldconfig -p`, or the usual
+/// Debian paths when ldconfig is not on $PATH).
+fn have_libnuma() -> bool {
+    let listed = ["ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"]
+        .iter()
+        .find_map(|l| Command::new(l).arg("-p").stdin(Stdio::null()).output().ok())
+        .is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains("libnuma.so.1"));
+    listed
+        || [
+            "/lib/x86_64-linux-gnu/libnuma.so.1",
+            "/usr/lib/x86_64-linux-gnu/libnuma.so.1",
+            "/lib/aarch64-linux-gnu/libnuma.so.1",
+            "/usr/lib/aarch64-linux-gnu/libnuma.so.1",
+        ]
+        .iter()
+        .any(|p| Path::new(p).exists())
+}
+
+/// The CPU build maps `libnuma.so.1` (frontends.md §3.7 item 6): install Debian's libnuma1
+/// with apt-get when it is missing (CI machines run as root), or fail saying so.
 fn ensure_libnuma() -> Result<()> {
-    let have = |()| {
-        Command::new("ldconfig")
-            .arg("-p")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libnuma.so.1"))
-            || Path::new("/usr/lib/x86_64-linux-gnu/libnuma.so.1").exists()
-    };
-    if have(()) {
+    if have_libnuma() {
         return Ok(());
     }
     eprintln!(
@@ -460,10 +472,12 @@ fn ensure_libnuma() -> Result<()> {
     ] {
         let mut cmd = Command::new("apt-get");
         cmd.env("DEBIAN_FRONTEND", "noninteractive").args(args);
-        run(cmd, &format!("apt-get {}", args.join(" ")))
-            .context("installing libnuma1 (run as root, or install it yourself)")?;
+        run(cmd, &format!("apt-get {}", args.join(" "))).context(
+            "the real CPU engine needs libnuma.so.1 and installing Debian's libnuma1 failed: \
+                 run this as root, or install libnuma1 (or your distribution's libnuma) yourself",
+        )?;
     }
-    if !have(()) {
+    if !have_libnuma() {
         bail!("libnuma1 was installed but libnuma.so.1 is still not found");
     }
     Ok(())
@@ -472,7 +486,7 @@ fn ensure_libnuma() -> Result<()> {
 /// A real vLLM engine-core on CPU with random weights, joining the handshake at
 /// `host:port` (frontends.md §6): headless, one DP rank, eager mode, seed 0 (greedy output
 /// is deterministic). It spawns worker processes: run it in its own process group and stop
-/// the group (`ChildGuard` does).
+/// the group (the xtask's `real_engine::CpuEngine` does, and so does `ChildGuard`).
 pub fn cpu_engine_command(venv: &Path, model: &Path, host: &str, port: u16) -> Command {
     let mut cmd = Command::new(venv.join("bin").join("python"));
     cmd.arg(venv.join(CPU_ENGINE_SHIM_FILE))

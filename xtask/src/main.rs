@@ -5,7 +5,9 @@
 //! cargo xtask e2e   [--line L]... [--python] [--python-only] [--scheduler-only | --no-scheduler]
 //!                   [--record-only | --no-record] [--cpu-engine] [--engine-bin PATH] [--keep-logs DIR]
 //! cargo xtask ci
-//! cargo xtask model-dir DIR
+//! cargo xtask cpu-engine [--line L | --python] [--engine-arg A]... [--keep-logs DIR] [--hold]
+//!                   [--crash]
+//! cargo xtask model-dir [--real-engine] DIR
 //! ```
 
 mod capture;
@@ -15,6 +17,7 @@ mod compat;
 mod e2e;
 mod http;
 mod load;
+mod real_engine;
 mod record_e2e;
 mod scheduler;
 
@@ -43,7 +46,7 @@ usage: cargo xtask <command> [options]
 commands:
   fetch      download what the e2e needs into the cache ($VLLM_VCR_CACHE, default
              ~/.cache/vllm-vcr): vllm-rs of every compat.toml line (or of each --line),
-             and with --python the Python frontend venv
+             with --python the Python frontend venv, with --cpu-engine the real engine
                --line L        only this line (0.27 or 0.27.1); repeatable
                --python        also the Python frontend (vllm serve)
                --python-only   only the Python frontend
@@ -70,7 +73,19 @@ commands:
                --requests N    requests (default 300)
                --concurrency C max concurrency (default 8)
                --engine-bin P  the vllm-vcr binary (default: cargo build)
+  cpu-engine start one real frontend in external-engine mode with the real vLLM engine-core
+             for CPU behind it (installing it if needed), time engine start -> /health 200,
+             send a greedy 16-token completion three times, report RSS, stop both and check
+             that no engine process is left
+               --line L        vllm-rs of this line (default: the default line)
+               --python        the Python frontend instead
+               --engine-arg A  one more engine flag; repeatable (--engine-arg=--max-num-seqs=4)
+               --keep-logs DIR model directory and logs here (default: a temporary directory)
+               --hold          keep both running after the checks, until Ctrl-C
+               --crash         end the engine with SIGKILL to its group (a crash), then
+                               report what the frontend answers
   model-dir  write the tiny model directory to DIR
+               --real-engine   the head_dim-64 variant the real CPU engine accepts
 ";
 
 fn root() -> PathBuf {
@@ -94,6 +109,10 @@ struct Args {
     cpu_engine: bool,
     requests: Option<u32>,
     concurrency: Option<u32>,
+    engine_args: Vec<String>,
+    hold: bool,
+    crash: bool,
+    real_engine: bool,
     positional: Vec<String>,
 }
 
@@ -115,6 +134,15 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--cpu-engine",
         ],
         "capture" => &["--requests", "--concurrency", "--engine-bin"],
+        "cpu-engine" => &[
+            "--line",
+            "--python",
+            "--engine-arg",
+            "--keep-logs",
+            "--hold",
+            "--crash",
+        ],
+        "model-dir" => &["--real-engine"],
         _ => &[],
     };
     while let Some(arg) = it.next() {
@@ -147,6 +175,10 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--cpu-engine" => a.cpu_engine = true,
             "--requests" => a.requests = Some(value("--requests")?.parse()?),
             "--concurrency" => a.concurrency = Some(value("--concurrency")?.parse()?),
+            "--engine-arg" => a.engine_args.push(value("--engine-arg")?),
+            "--hold" => a.hold = true,
+            "--crash" => a.crash = true,
+            "--real-engine" => a.real_engine = true,
             _ => a.positional.push(arg.clone()),
         }
     }
@@ -181,6 +213,62 @@ pub fn fetch_cmd(
         frontends::fetch_cpu_engine(&cache)?;
     }
     Ok(())
+}
+
+/// `cpu-engine`: see [`real_engine::smoke`].
+fn cpu_engine_cmd(root: &Path, args: &Args) -> Result<bool> {
+    let compat = compat::Compat::load(root)?;
+    let cache = frontends::cache_root()?;
+    if args.python && !args.lines.is_empty() {
+        bail!("--python and --line exclude each other");
+    }
+    let frontend = if args.python {
+        let py = &compat.python_frontend;
+        e2e::Frontend::Python {
+            venv: frontends::fetch_python(&cache, &py.package, &py.version)?,
+            api_servers: 1,
+        }
+    } else {
+        let line = if args.lines.is_empty() {
+            compat
+                .vllm
+                .iter()
+                .find(|l| l.default)
+                .cloned()
+                .context("compat.toml has no default line")?
+        } else {
+            let mut picked = compat.select(&args.lines)?;
+            if picked.len() != 1 {
+                bail!("cpu-engine takes one --line");
+            }
+            picked.remove(0)
+        };
+        e2e::Frontend::Rs {
+            bin: frontends::fetch_vllm_rs(&cache, &line.tag)?,
+        }
+    };
+    let (dir, temporary) = match &args.keep_logs {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("vllm-vcr-cpu-engine-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let opts = real_engine::SmokeOptions {
+        frontend,
+        dir: dir.clone(),
+        engine_args: args.engine_args.clone(),
+        hold: args.hold,
+        crash: args.crash,
+    };
+    let result = real_engine::smoke(&cache, &opts);
+    if temporary && matches!(result, Ok(true)) {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        eprintln!("cpu-engine: logs in {}", dir.display());
+    }
+    result
 }
 
 fn real_main() -> Result<bool> {
@@ -256,13 +344,24 @@ fn real_main() -> Result<bool> {
             capture::run(&root, Path::new(out), &engine, &opts)?;
             Ok(true)
         }
+        "cpu-engine" => cpu_engine_cmd(&root, &args),
         "model-dir" => {
             let dir = args
                 .positional
                 .first()
                 .context("model-dir needs a directory")?;
-            tiny_model::write_to(Path::new(dir)).with_context(|| format!("writing {dir}"))?;
-            eprintln!("wrote the tiny model to {dir}");
+            if args.real_engine {
+                tiny_model::write_real_engine_model_to(Path::new(dir))
+            } else {
+                tiny_model::write_to(Path::new(dir))
+            }
+            .with_context(|| format!("writing {dir}"))?;
+            let what = if args.real_engine {
+                "the real-engine variant of the tiny model"
+            } else {
+                "the tiny model"
+            };
+            eprintln!("wrote {what} to {dir}");
             Ok(true)
         }
         "help" | "-h" | "--help" => {
