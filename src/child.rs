@@ -6,7 +6,7 @@ use std::fs::File;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -167,7 +167,72 @@ impl Drop for ChildGuard {
 pub use crate::frontends::describe;
 
 /// `n` distinct free TCP ports on 127.0.0.1 (held open together while picking).
+///
+/// Ports come from below the kernel's ephemeral range (`ip_local_port_range`): a port the
+/// kernel handed out with `bind(:0)` is released when we return, and the next socket that
+/// binds `:0` (a frontend's ZMQ sockets, a client's outgoing connection) may get the very
+/// same number before our child binds it — "Address already in use". Below the range the
+/// kernel never assigns ports on its own, so only another picker can race us, and pickers
+/// start at a per-process offset and never hand out the same port twice in one process.
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let (lo, hi) = outside_ephemeral_range();
+    if hi <= lo || hi - lo < 1000 {
+        return kernel_ports(n);
+    }
+    let span = u32::from(hi - lo);
+    let mut listeners = Vec::with_capacity(n);
+    let mut ports = Vec::with_capacity(n);
+    for _ in 0..span {
+        if ports.len() == n {
+            break;
+        }
+        let offset = NEXT_PORT.fetch_add(1, Ordering::Relaxed);
+        let port = lo + ((port_seed() + offset) % span) as u16;
+        // Fails when anything listens there, on 127.0.0.1 or the wildcard address.
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            listeners.push(l);
+            ports.push(port);
+        }
+    }
+    if ports.len() < n {
+        return kernel_ports(n);
+    }
+    Ok(ports)
+}
+
+static NEXT_PORT: AtomicU32 = AtomicU32::new(0);
+
+/// Where this process starts picking: spread by pid and time so that parallel test
+/// processes rarely walk the same ports.
+fn port_seed() -> u32 {
+    static SEED: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        std::process::id().wrapping_mul(7919) ^ nanos
+    })
+}
+
+/// The port range the kernel never assigns by itself: [10000, start of the ephemeral
+/// range), or above its end if the range starts low.
+fn outside_ephemeral_range() -> (u16, u16) {
+    let text =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut it = text
+        .split_whitespace()
+        .filter_map(|t| t.parse::<u32>().ok());
+    let (start, end) = (it.next().unwrap_or(32768), it.next().unwrap_or(60999));
+    if start >= 11000 {
+        (10000, start.min(65535) as u16)
+    } else {
+        ((end + 1).min(65535) as u16, 65535)
+    }
+}
+
+/// Fallback: ports the kernel picks (`bind(:0)`).
+fn kernel_ports(n: usize) -> Result<Vec<u16>> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<_>>()

@@ -26,11 +26,7 @@ fn venv_python() -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_subscriber_matches_stored_and_removed_blocks_to_the_prompts() {
     let python = venv_python();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = vllm_vcr::child::free_ports(1).unwrap()[0];
     let mut a = args();
     a.block_size = 16;
     a.num_gpu_blocks = 9; // 8 usable blocks: the third prompt evicts the first

@@ -19,15 +19,10 @@ use tokio::process::{Child, ChildStdout};
 use vllm_vcr::play::kv_events::{END_SEQ, KvEventPublisher};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
-/// Two free TCP ports (bound and released; nothing else on this host races for them in
-/// practice).
+/// Two free TCP ports (outside the kernel's ephemeral range; see `child::free_ports`).
 fn free_ports() -> (u16, u16) {
-    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    (
-        a.local_addr().unwrap().port(),
-        b.local_addr().unwrap().port(),
-    )
+    let p = vllm_vcr::child::free_ports(2).expect("two free ports");
+    (p[0], p[1])
 }
 
 fn venv_python() -> PathBuf {

@@ -10,11 +10,7 @@ use support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn play_waits_for_a_frontend_that_starts_later() {
     // reserve a port, release it, start play first, then bind the frontend there
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = vllm_vcr::child::free_ports(1).unwrap()[0];
     let mut a = args();
     a.handshake_address = format!("tcp://127.0.0.1:{port}");
     let (tx, rx) = tokio::sync::watch::channel(false);

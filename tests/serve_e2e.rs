@@ -10,11 +10,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    vllm_vcr::child::free_ports(1).expect("a free port")[0]
 }
 
 fn post(port: u16, path: &str, body: &str) -> (u16, serde_json::Value) {
