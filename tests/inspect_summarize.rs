@@ -128,7 +128,33 @@ fn a_bad_line_is_an_error_naming_file_and_line() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/trace.jsonl"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/trace.jsonl"), "{err}");
+    // the cause is said once, not repeated by the error chain
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+}
+
+#[test]
+fn traces_can_be_written_to_a_pipe() {
+    // `-o -` is standard output; a pipe cannot be fsynced, which must not fail the write
+    for target in ["-", "/dev/stdout"] {
+        let out = bin()
+            .args(["inspect", "gen-demo", "--records", "4", "-o", target])
+            .stdout(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{target}: {err}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 5, "{target}: meta + 4 records");
+        assert!(lines[0].get("meta").is_some());
+        assert_eq!(lines[4]["request_id"], "demo-3");
+    }
+    assert!(!Path::new("-").exists(), "no file named `-` was created");
 }
 
 fn gen_demo(path: &Path, extra: &[&str]) {

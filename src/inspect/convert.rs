@@ -234,9 +234,10 @@ fn format_name(f: Format) -> &'static str {
 /// still recognised as one.
 pub(crate) fn trace_err(e: TraceError) -> anyhow::Error {
     match e {
-        TraceError::Write { path, source } => {
-            anyhow::Error::new(source).context(format!("{}: write error", path.display()))
-        }
+        TraceError::Write {
+            path,
+            cause: source,
+        } => anyhow::Error::new(source).context(format!("{}: write error", path.display())),
         e => anyhow::Error::msg(e.to_string()),
     }
 }
@@ -254,8 +255,8 @@ enum Sink {
 
 impl LineSink {
     pub(crate) fn create(path: &Path) -> Result<Self> {
-        let file =
-            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let file = sim_trace::trace::create_output(path)
+            .with_context(|| format!("creating {}", path.display()))?;
         let buffered = std::io::BufWriter::with_capacity(1 << 16, file);
         let gz = path
             .extension()

@@ -837,7 +837,10 @@ pub fn run(args: &PerfettoArgs) -> Result<()> {
     let (out, shown, temp): (Option<File>, Option<PathBuf>, bool) = match (&args.output, args.open)
     {
         (Some(p), _) => (
-            Some(File::create(p).with_context(|| format!("creating {}", p.display()))?),
+            Some(
+                sim_trace::trace::create_output(p)
+                    .with_context(|| format!("creating {}", p.display()))?,
+            ),
             Some(p.clone()),
             false,
         ),

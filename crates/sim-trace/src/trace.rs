@@ -264,30 +264,39 @@ struct MetaLineIn {
     meta: TraceMeta,
 }
 
+/// Create (truncate) an output file; `-` is standard output.
+pub fn create_output(path: &Path) -> io::Result<File> {
+    if path.as_os_str() == "-" {
+        File::options().write(true).open("/dev/stdout")
+    } else {
+        File::create(path)
+    }
+}
+
 /// Errors name the file and, for line-level problems, the 1-based line number.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("{}: {source}", path.display())]
-    Open { path: PathBuf, source: io::Error },
-    #[error("{}:{line}: read error: {source}", path.display())]
+    #[error("{}: {cause}", path.display())]
+    Open { path: PathBuf, cause: io::Error },
+    #[error("{}:{line}: read error: {cause}", path.display())]
     Read {
         path: PathBuf,
         line: u64,
-        source: io::Error,
+        cause: io::Error,
     },
-    #[error("{}:{line}: invalid trace line: {source}", path.display())]
+    #[error("{}:{line}: invalid trace line: {cause}", path.display())]
     Parse {
         path: PathBuf,
         line: u64,
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     #[error(
         "{}: truncated gzip stream (unexpected end of compressed data); last good line: {last_good_line}",
         path.display()
     )]
     Truncated { path: PathBuf, last_good_line: u64 },
-    #[error("{}: write error: {source}", path.display())]
-    Write { path: PathBuf, source: io::Error },
+    #[error("{}: write error: {cause}", path.display())]
+    Write { path: PathBuf, cause: io::Error },
 }
 
 impl TraceError {
@@ -352,7 +361,7 @@ impl Lines {
     fn open(path: &Path) -> Result<Self, TraceError> {
         let file = File::open(path).map_err(|source| TraceError::Open {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         })?;
         let gz = is_gz(path);
         let input: Box<dyn BufRead + Send> = if gz {
@@ -400,7 +409,7 @@ impl Lines {
                     return Some(Err(TraceError::Read {
                         path: self.path.clone(),
                         line: self.line + 1,
-                        source,
+                        cause: source,
                     }));
                 }
             }
@@ -421,7 +430,7 @@ impl Lines {
         TraceError::Parse {
             path: self.path.clone(),
             line: self.line,
-            source,
+            cause: source,
         }
     }
 }
@@ -575,9 +584,9 @@ impl TraceWriter {
     /// Create (truncate) `path` without a meta line (for converters that have none).
     pub fn create_without_meta(path: impl AsRef<Path>) -> Result<Self, TraceError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::create(&path).map_err(|source| TraceError::Open {
+        let file = create_output(&path).map_err(|source| TraceError::Open {
             path: path.clone(),
-            source,
+            cause: source,
         })?;
         let buffered = BufWriter::with_capacity(1 << 16, file);
         let sink = if is_gz(&path) {
@@ -601,7 +610,7 @@ impl TraceWriter {
         let path = &self.path;
         let err = |source: io::Error| TraceError::Write {
             path: path.clone(),
-            source,
+            cause: source,
         };
         let Some(sink) = self.sink.as_mut() else {
             return Err(err(io::Error::other("trace writer already finished")));
@@ -633,7 +642,7 @@ impl TraceWriter {
         if let Some(sink) = self.sink.as_mut() {
             sink.writer().flush().map_err(|source| TraceError::Write {
                 path: self.path.clone(),
-                source,
+                cause: source,
             })?;
         }
         Ok(())
@@ -647,7 +656,7 @@ impl TraceWriter {
     fn finish_inner(&mut self) -> Result<(), TraceError> {
         let err = |source: io::Error| TraceError::Write {
             path: self.path.clone(),
-            source,
+            cause: source,
         };
         let buffered = match self.sink.take() {
             None => return Ok(()),
@@ -655,7 +664,11 @@ impl TraceWriter {
             Some(Sink::Gz(w)) => w.finish().map_err(err)?,
         };
         let file = buffered.into_inner().map_err(|e| err(e.into_error()))?;
-        file.sync_all().map_err(err)
+        // Pipes and terminals cannot be synced (EINVAL); only files are.
+        if file.metadata().is_ok_and(|m| m.is_file()) {
+            file.sync_all().map_err(err)?;
+        }
+        Ok(())
     }
 }
 
