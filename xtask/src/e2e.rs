@@ -509,9 +509,20 @@ fn fail(name: &str, detail: String) -> CheckResult {
 fn run_leg(leg: &Leg, engine: &Path, spec: bool, model: &Path, dir: &Path) -> LegResult {
     let mut results = Vec::new();
     let started = Instant::now();
-    match start_and_check(leg, engine, spec, model, dir, &mut results) {
-        Ok(()) => {}
-        Err(e) => results.push(fail("startup", format!("{e:#}"))),
+    for attempt in 1..=2 {
+        results.clear();
+        match start_and_check(leg, engine, spec, model, dir, &mut results) {
+            Ok(()) => break,
+            Err(e) if attempt == 1 && results.is_empty() && lost_a_port(&e, dir) => {
+                // Another process took a picked port between the pick and the bind: that
+                // is the host, not the code under test. Start over on fresh ports once.
+                eprintln!("  a port was taken before the frontend bound it ({e:#}); retrying");
+            }
+            Err(e) => {
+                results.push(fail("startup", format!("{e:#}")));
+                break;
+            }
+        }
     }
     eprintln!(
         "=== {} done in {:.1} s",
@@ -522,6 +533,16 @@ fn run_leg(leg: &Leg, engine: &Path, spec: bool, model: &Path, dir: &Path) -> Le
         name: leg.name.clone(),
         results,
     }
+}
+
+/// Whether a failed start-up was a port lost to another process ("Address already in use"
+/// from the frontend or the engine).
+fn lost_a_port(e: &anyhow::Error, dir: &Path) -> bool {
+    let in_use = |t: &str| t.contains("Address already in use") || t.contains("EADDRINUSE");
+    in_use(&format!("{e:#}"))
+        || ["frontend.log", "engine.log"]
+            .iter()
+            .any(|f| std::fs::read_to_string(dir.join(f)).is_ok_and(|t| in_use(&t)))
 }
 
 fn start_and_check(
