@@ -155,6 +155,26 @@ fn traces_can_be_written_to_a_pipe() {
         assert_eq!(lines[4]["request_id"], "demo-3");
     }
     assert!(!Path::new("-").exists(), "no file named `-` was created");
+
+    // a reader that goes away early (`| head -1`) is not an error
+    use std::io::BufRead;
+    let mut child = bin()
+        .args(["inspect", "gen-demo", "--records", "200000", "-o", "-"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("{\"meta\""), "{first}");
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn gen_demo(path: &Path, extra: &[&str]) {

@@ -229,9 +229,9 @@ fn format_name(f: Format) -> &'static str {
     }
 }
 
-/// A trace error as one message (`TraceError` prints its cause itself, which anyhow's chain
-/// would repeat). Write errors keep the I/O error as the cause, so that a closed stdout is
-/// still recognised as one.
+/// A trace error for anyhow. Write errors keep the I/O error as the cause (a `TraceError`
+/// states its cause in its message and has no `source`), so that a closed stdout is still
+/// recognised as one.
 pub(crate) fn trace_err(e: TraceError) -> anyhow::Error {
     match e {
         TraceError::Write {
@@ -239,66 +239,5 @@ pub(crate) fn trace_err(e: TraceError) -> anyhow::Error {
             cause: source,
         } => anyhow::Error::new(source).context(format!("{}: write error", path.display())),
         e => anyhow::Error::msg(e.to_string()),
-    }
-}
-
-/// A gzip-by-suffix line sink for formats that are not traces.
-pub(crate) struct LineSink {
-    path: PathBuf,
-    inner: Option<Sink>,
-}
-
-enum Sink {
-    Plain(std::io::BufWriter<std::fs::File>),
-    Gz(flate2::write::GzEncoder<std::io::BufWriter<std::fs::File>>),
-}
-
-impl LineSink {
-    pub(crate) fn create(path: &Path) -> Result<Self> {
-        let file = sim_trace::trace::create_output(path)
-            .with_context(|| format!("creating {}", path.display()))?;
-        let buffered = std::io::BufWriter::with_capacity(1 << 16, file);
-        let gz = path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gz"));
-        let inner = if gz {
-            Sink::Gz(flate2::write::GzEncoder::new(
-                buffered,
-                flate2::Compression::default(),
-            ))
-        } else {
-            Sink::Plain(buffered)
-        };
-        Ok(Self {
-            path: path.to_path_buf(),
-            inner: Some(inner),
-        })
-    }
-
-    /// Write one line (`line` without its `\n`).
-    pub(crate) fn line(&mut self, line: &[u8]) -> Result<()> {
-        let w: &mut dyn Write = match self.inner.as_mut() {
-            Some(Sink::Plain(w)) => w,
-            Some(Sink::Gz(w)) => w,
-            None => bail!("{}: already finished", self.path.display()),
-        };
-        w.write_all(line)
-            .and_then(|()| w.write_all(b"\n"))
-            .with_context(|| format!("writing {}", self.path.display()))
-    }
-
-    pub(crate) fn finish(mut self) -> Result<()> {
-        let err = |e: std::io::Error| anyhow::anyhow!("writing {}: {e}", self.path.display());
-        let buffered = match self.inner.take() {
-            None => return Ok(()),
-            Some(Sink::Plain(w)) => w,
-            Some(Sink::Gz(w)) => w.finish().map_err(err)?,
-        };
-        let file = buffered.into_inner().map_err(|e| err(e.into_error()))?;
-        // Pipes and terminals (`-o /dev/stdout`) cannot be synced.
-        if file.metadata().is_ok_and(|m| m.is_file()) {
-            file.sync_all().map_err(err)?;
-        }
-        Ok(())
     }
 }

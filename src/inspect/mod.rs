@@ -50,8 +50,11 @@ pub fn run(args: InspectArgs) -> Result<()> {
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    let pipe = Some(std::io::ErrorKind::BrokenPipe);
     e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        c.downcast_ref::<std::io::Error>().map(|io| io.kind()) == pipe
+            || c.downcast_ref::<sim_trace::trace::TraceError>()
+                .and_then(|t| t.io_kind())
+                == pipe
     })
 }

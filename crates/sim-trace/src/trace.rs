@@ -311,6 +311,17 @@ impl TraceError {
         }
     }
 
+    /// The kind of the underlying I/O error, if it is one (e.g. `BrokenPipe` when a reader
+    /// of `-o -` went away).
+    pub fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            TraceError::Open { cause, .. }
+            | TraceError::Read { cause, .. }
+            | TraceError::Write { cause, .. } => Some(cause.kind()),
+            TraceError::Parse { .. } | TraceError::Truncated { .. } => None,
+        }
+    }
+
     /// The 1-based line the error is about, for line-level errors.
     pub fn line(&self) -> Option<u64> {
         match self {
@@ -629,6 +640,23 @@ impl TraceWriter {
     /// Write any serialisable value as one line (for sidecar files such as step stats).
     pub fn write_json<T: Serialize>(&mut self, value: &T) -> Result<(), TraceError> {
         self.write_line(value)
+    }
+
+    /// Write one already-serialised line (`line` without its `\n`), for writers of other
+    /// line formats that want the same `.gz`, `-` and error handling.
+    pub fn write_raw_line(&mut self, line: &[u8]) -> Result<(), TraceError> {
+        let path = &self.path;
+        let err = |source: io::Error| TraceError::Write {
+            path: path.clone(),
+            cause: source,
+        };
+        let Some(sink) = self.sink.as_mut() else {
+            return Err(err(io::Error::other("trace writer already finished")));
+        };
+        let w = sink.writer();
+        w.write_all(line)
+            .and_then(|()| w.write_all(b"\n"))
+            .map_err(err)
     }
 
     /// Write one record line.

@@ -42,7 +42,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use sim_trace::trace::{BlockHash, JsonlReader, TraceMeta, TraceRecord, TraceWriter};
 
-use super::{ConvertArgs, LineSink, OutputGuard, Report, trace_err};
+use super::{ConvertArgs, OutputGuard, Report, trace_err};
 use crate::inspect::progress::Progress;
 
 /// Mooncake's public traces hash 512-token blocks.
@@ -488,7 +488,7 @@ pub fn to_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report
     // In arrival order: straight to the output when the trace is already, else through an
     // index of (arrival, offset) over a temporary file.
     guard.arm();
-    let mut sink = LineSink::create(&args.output)?;
+    let mut sink = TraceWriter::create_without_meta(&args.output).map_err(trace_err)?;
     let mut temp = None;
     let mut index: Vec<(f64, u64, u32)> = Vec::new();
     let mut temp_writer = None;
@@ -546,7 +546,7 @@ pub fn to_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report
             },
         )?;
         match temp_writer.as_mut() {
-            None => sink.line(&buf)?,
+            None => sink.write_raw_line(&buf).map_err(trace_err)?,
             Some(t) => {
                 buf.push(b'\n');
                 t.write_all(&buf).context("writing the temporary file")?;
@@ -570,7 +570,8 @@ pub fn to_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report
             buf.resize(len as usize, 0);
             file.read_exact_at(&mut buf, at)
                 .with_context(|| format!("reading {}", temp.path.display()))?;
-            sink.line(&buf[..buf.len() - 1])?;
+            sink.write_raw_line(&buf[..buf.len() - 1])
+                .map_err(trace_err)?;
         }
         progress.finish();
         report
@@ -578,7 +579,7 @@ pub fn to_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report
             .push("records were not in arrival order (the tap writes them as requests finish): wrote them sorted by arrival".into());
     }
     drop(temp);
-    sink.finish()?;
+    sink.finish().map_err(trace_err)?;
 
     if ids.fresh > 0 {
         report.notes.push(format!(
