@@ -618,18 +618,27 @@ impl TraceWriter {
     }
 
     fn write_line<T: Serialize>(&mut self, value: &T) -> Result<(), TraceError> {
-        let path = &self.path;
-        let err = |source: io::Error| TraceError::Write {
-            path: path.clone(),
-            cause: source,
-        };
-        let Some(sink) = self.sink.as_mut() else {
-            return Err(err(io::Error::other("trace writer already finished")));
-        };
         self.line.clear();
-        serde_json::to_writer(&mut self.line, value).map_err(|e| err(io::Error::from(e)))?;
+        serde_json::to_writer(&mut self.line, value)
+            .map_err(|e| self.write_error(io::Error::from(e)))?;
         self.line.push(b'\n');
-        sink.writer().write_all(&self.line).map_err(err)
+        self.write_buffered_line()
+    }
+
+    /// One `write_all` per line: many small writes into flate2 cost far more than one.
+    fn write_buffered_line(&mut self) -> Result<(), TraceError> {
+        let Some(sink) = self.sink.as_mut() else {
+            return Err(self.write_error(io::Error::other("trace writer already finished")));
+        };
+        let written = sink.writer().write_all(&self.line);
+        written.map_err(|e| self.write_error(e))
+    }
+
+    fn write_error(&self, cause: io::Error) -> TraceError {
+        TraceError::Write {
+            path: self.path.clone(),
+            cause,
+        }
     }
 
     /// Write a `{"meta": {...}}` line.
@@ -645,18 +654,10 @@ impl TraceWriter {
     /// Write one already-serialised line (`line` without its `\n`), for writers of other
     /// line formats that want the same `.gz`, `-` and error handling.
     pub fn write_raw_line(&mut self, line: &[u8]) -> Result<(), TraceError> {
-        let path = &self.path;
-        let err = |source: io::Error| TraceError::Write {
-            path: path.clone(),
-            cause: source,
-        };
-        let Some(sink) = self.sink.as_mut() else {
-            return Err(err(io::Error::other("trace writer already finished")));
-        };
-        let w = sink.writer();
-        w.write_all(line)
-            .and_then(|()| w.write_all(b"\n"))
-            .map_err(err)
+        self.line.clear();
+        self.line.extend_from_slice(line);
+        self.line.push(b'\n');
+        self.write_buffered_line()
     }
 
     /// Write one record line.
