@@ -27,7 +27,7 @@ fn the_capture_loads_with_its_meta_and_every_request() {
     assert_eq!(meta.vllm_version.as_deref(), Some("0.32.0"));
     assert_eq!(meta.gpu.as_deref(), Some("cpu"));
     assert_eq!(meta.block_size, Some(128));
-    let config = "model=tiny-qwen3-4l-512h;dtype=bfloat16;enforce_eager=true;load_format=dummy;max_model_len=2048;seed=0;kv_cache_space_gib=1;tp=1";
+    let config = "model=tiny-qwen3-4l-512h;dtype=float32;enforce_eager=true;load_format=dummy;max_model_len=2048;seed=0;kv_cache_space_gib=1;tp=1";
     assert_eq!(
         meta.config_hash,
         Some(ConfigFingerprint::new("cpu", "v0.32.0", config).hash())
@@ -53,7 +53,7 @@ fn the_capture_loads_with_its_meta_and_every_request() {
         load.iter().any(|r| r.concurrency == Some(8)),
         "the load reached 8"
     );
-    // Decode steps of a full batch take tens of milliseconds on this machine.
+    // Decode steps of a full batch take about ten milliseconds on the capture machine.
     let mut gaps: Vec<f64> = load.iter().flat_map(|r| r.itl_ms.clone()).collect();
     gaps.sort_by(f64::total_cmp);
     let p50 = gaps[gaps.len() / 2];

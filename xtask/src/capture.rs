@@ -67,7 +67,10 @@ pub fn run(root: &Path, out: &Path, engine_bin: &Path, o: &Options) -> Result<()
     wait_listening(hs_port, listen, &mut [&mut frontend])?;
     let trace = out.join("trace.jsonl.gz");
     let steps = out.join("steps.jsonl.gz");
-    let config = "model=tiny-qwen3-4l-512h;dtype=bfloat16;enforce_eager=true;load_format=dummy;max_model_len=2048;seed=0;kv_cache_space_gib=1;tp=1";
+    let config = format!(
+        "model=tiny-qwen3-4l-512h;dtype={};enforce_eager=true;load_format=dummy;max_model_len=2048;seed=0;kv_cache_space_gib=1;tp=1",
+        frontends::cpu_engine_dtype()
+    );
     let tag = format!("v{}", frontends::CPU_ENGINE_VERSION);
     let mut tap = start_tap(
         engine_bin,
@@ -80,7 +83,7 @@ pub fn run(root: &Path, out: &Path, engine_bin: &Path, o: &Options) -> Result<()
             "--vllm-version",
             &tag,
             "--engine-config",
-            config,
+            &config,
         ],
         &out.join("record.log"),
     )?;

@@ -504,10 +504,13 @@ mod tests {
         assert_eq!(args[0], shim.to_str().unwrap());
         assert_eq!(
             args[1..].join(" "),
-            "serve /models/tiny --served-model-name tiny --headless --data-parallel-size 1 \
-             --data-parallel-size-local 1 --data-parallel-address 127.0.0.1 \
-             --data-parallel-rpc-port 29999 --load-format dummy --enforce-eager --dtype \
-             bfloat16 --max-model-len 2048 --seed 0 --max-num-seqs 4"
+            format!(
+                "serve /models/tiny --served-model-name tiny --headless --data-parallel-size 1 \
+                 --data-parallel-size-local 1 --data-parallel-address 127.0.0.1 \
+                 --data-parallel-rpc-port 29999 --load-format dummy --enforce-eager --dtype \
+                 {} --max-model-len 2048 --seed 0 --max-num-seqs 4",
+                crate::frontends::cpu_engine_dtype()
+            )
         );
         let env = std::fs::read_to_string(venv.join("bin/python.env")).unwrap();
         for var in [
