@@ -2,7 +2,9 @@
 //!
 //! `run_loop` owns the `select!` over frontend inputs, the shutdown signal and the engine's
 //! next deadline; an [`EngineCore`] only reacts. `SimEngine` is the production engine; the
-//! small `ConstantEngine` in the tests proves the loop.
+//! small `ConstantEngine` in the tests proves the loop. The engine never reads a clock:
+//! every call carries `now` (the live loop's wall clock here, a virtual clock in the
+//! offline driver).
 
 use std::time::{Duration, Instant};
 
@@ -113,7 +115,13 @@ pub async fn run_loop<E: EngineCore>(
         tokio::select! {
             biased;
             msg = inputs.recv() => match msg {
-                Some(m) => engine.on_input(m, Instant::now(), &mut out),
+                Some(m) => {
+                    let now = Instant::now();
+                    // Steps that ended before this input was seen end first, so the engine
+                    // sees events in time order (as the offline driver does).
+                    fire_due(engine, now, &mut out);
+                    engine.on_input(m, now, &mut out);
+                }
                 None => {
                     flush(&mut out, outputs);
                     return LoopExit::InputsClosed;
@@ -141,6 +149,19 @@ pub async fn run_loop<E: EngineCore>(
         }
         if !flush(&mut out, outputs) {
             return LoopExit::OutputsClosed;
+        }
+    }
+}
+
+/// Run every deadline that is due at `now`.
+fn fire_due<E: EngineCore>(engine: &mut E, now: Instant, out: &mut Outbox) {
+    while let Some(d) = engine.next_deadline() {
+        if d > now {
+            return;
+        }
+        engine.on_deadline(now, out);
+        if engine.next_deadline() == Some(d) {
+            return; // no progress: leave it to the timer rather than spin
         }
     }
 }

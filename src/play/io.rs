@@ -13,26 +13,23 @@ use sim_protocol::{ENGINE_CORE_DEAD, VllmLine};
 use tokio::sync::{mpsc, watch};
 use zeromq::{SocketRecv, SocketSend, ZmqMessage};
 
+use super::config::PlayConfig;
 use super::engine_core::{EngineInput, LoopControl, LoopExit, Outbound, run_loop};
 use super::sim::SimEngine;
-use super::{PlayArgs, secs};
-use sim_trace::latency;
 
 /// Connect one engine (DP rank `rank`) to the frontend and serve it until shutdown.
 pub async fn run_engine(
-    args: &PlayArgs,
+    cfg: &PlayConfig,
     rank: u16,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    let mut ready = args.ready_response(rank);
+    let mut ready = cfg.ready_response(rank);
     // KV-cache events: the publisher binds before the handshake so the resolved endpoint
     // can be advertised in the ready response, as vLLM does.
-    let kv_publisher = match &args.kv_events_config {
-        Some(json) => {
-            let config =
-                super::kv_events::parse_kv_events_config(json).context("--kv-events-config")?;
+    let kv_publisher = match &cfg.kv_events {
+        Some(config) => {
             let (publisher, advertised) =
-                super::kv_events::KvEventPublisher::start(&config, rank, args.vllm_version)
+                super::kv_events::KvEventPublisher::start(config, rank, cfg.line)
                     .await
                     .context("starting the KV-events publisher")?;
             if let Some(a) = &advertised {
@@ -47,13 +44,13 @@ pub async fn run_engine(
     // frontend's API-server processes import torch first): wait as long as for the
     // handshake itself, as the frontend waits for the engine.
     let opts = ConnectOptions {
-        handshake_timeout: secs(args.handshake_timeout),
-        connect_timeout: secs(args.handshake_timeout),
+        handshake_timeout: cfg.handshake_timeout,
+        connect_timeout: cfg.handshake_timeout,
         ..Default::default()
     };
-    let connect = connect_to_frontend(&args.handshake_address, rank, &ready, &opts);
+    let connect = connect_to_frontend(&cfg.handshake_address, rank, &ready, &opts);
     let sockets = tokio::select! {
-        r = connect => r.with_context(|| format!("handshake with the frontend at {}", args.handshake_address))?,
+        r = connect => r.with_context(|| format!("handshake with the frontend at {}", cfg.handshake_address))?,
         _ = shutdown.wait_for(|v| *v) => {
             tracing::info!(rank, "shutdown before the frontend connected");
             return Ok(());
@@ -63,7 +60,7 @@ pub async fn run_engine(
     tracing::info!(
         rank,
         clients,
-        line = %args.vllm_version,
+        line = %cfg.line,
         "connected to the frontend; serving"
     );
 
@@ -74,22 +71,17 @@ pub async fn run_engine(
         input_tasks.push(tokio::spawn(input_task(i as u32, sock, in_tx.clone())));
     }
     drop(in_tx);
-    let line = args.vllm_version;
+    let line = cfg.line;
     let output_task = tokio::spawn(output_task(line, sockets.outputs, out_rx));
 
-    let mut engine = SimEngine::new(
-        args.engine_config(rank),
-        args.token_source(),
-        latency::from_knobs(args.knobs(), args.seed.wrapping_add(u64::from(rank))),
-        args.scheduling_policy.build(),
-    );
+    let mut engine = cfg.build_engine(rank);
     if let Some(p) = kv_publisher {
         engine.set_kv_publisher(p);
     }
     tracing::info!("{}", engine.describe());
     let ctl = LoopControl {
         shutdown: shutdown.clone(),
-        shutdown_timeout: secs(args.shutdown_timeout),
+        shutdown_timeout: cfg.shutdown_timeout,
     };
     let dead_tx = out_tx.clone();
     let engine_thread = std::thread::Builder::new()
@@ -156,7 +148,7 @@ pub async fn run_engine(
 }
 
 fn report_pacing(rank: u16, engine: &SimEngine) {
-    let s = &engine.lateness_us;
+    let s = engine.lateness_us();
     if s.is_empty() {
         return;
     }

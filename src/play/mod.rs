@@ -1,33 +1,33 @@
 //! `vllm-vcr play`: a simulated vLLM engine-core behind a real frontend.
 
+pub mod batch;
 pub mod block_hash;
+pub mod config;
+pub mod emit;
 pub mod engine_core;
 pub mod failures;
 pub mod io;
 pub mod kv_cache;
 pub mod kv_events;
 pub mod logprobs;
+pub mod offline;
+pub mod queue_policy;
 pub mod request;
-pub mod scheduler;
 pub mod sim;
 pub mod spec_decode;
-pub mod step;
 pub mod timer;
 pub mod tokens;
 pub mod utility;
 
-use std::time::Duration;
-
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use sim_protocol::VllmLine;
 use tokio::sync::watch;
 
-use failures::{FailureInjector, FailureType};
-use scheduler::SchedulingPolicy;
-use sim::EngineConfig;
-use spec_decode::{SpecMetricsLevel, SpecModel};
-use tokens::{EchoTokens, RandomTokens, TokenSource};
+use config::PlayConfig;
+use failures::FailureType;
+use queue_policy::SchedulingPolicy;
+use spec_decode::SpecMetricsLevel;
 
 /// The vLLM line this build speaks by default (stamped from compat.toml by build.rs).
 pub const DEFAULT_LINE: &str = env!("VLLM_VCR_DEFAULT_LINE");
@@ -268,59 +268,7 @@ impl PlayArgs {
         <Wrap as clap::Parser>::parse_from(["play"]).play
     }
 
-    /// KV blocks, from --num-gpu-blocks or --kv-cache-size.
-    pub fn gpu_blocks(&self) -> u64 {
-        match self.kv_cache_size {
-            Some(tokens) => tokens.div_ceil(self.block_size) + 1,
-            None => self.num_gpu_blocks,
-        }
-    }
-
-    pub fn engine_config(&self, rank: u16) -> EngineConfig {
-        EngineConfig {
-            line: self.vllm_version,
-            engine_index: u32::from(rank),
-            max_num_seqs: self.max_num_seqs as usize,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            long_prefill_token_threshold: self.long_prefill_token_threshold,
-            enable_chunked_prefill: !self.no_enable_chunked_prefill,
-            enable_prefix_caching: !self.no_enable_prefix_caching,
-            max_loras: self.max_loras as usize,
-            priority_preemption: self.scheduling_policy == SchedulingPolicy::Priority,
-            max_model_len: self.max_model_len,
-            block_size: self.block_size,
-            num_gpu_blocks: self.gpu_blocks(),
-            output_token_chunk_size: self.output_token_chunk_size,
-            log_requests: self.log_requests,
-            report_finished: self.dp_size() > 1,
-            spec: (self.num_speculative_tokens > 0)
-                .then(|| {
-                    SpecModel::new(
-                        self.num_speculative_tokens,
-                        self.speculative_acceptance_rate,
-                    )
-                    .ok()
-                })
-                .flatten(),
-            spec_metrics: self.per_request_spec_decode_metrics,
-            failures: (self.failure_injection_rate != 0.0)
-                .then(|| {
-                    FailureInjector::new(self.failure_injection_rate, self.failure_types.clone())
-                        .ok()
-                })
-                .flatten(),
-            token_ids: self.min_token_id..self.vocab_size,
-            seed: self.seed,
-        }
-    }
-
-    /// The deployment's data-parallel size.
-    pub fn dp_size(&self) -> u16 {
-        let implied = self.data_parallel_rank.saturating_add(self.engine_count);
-        self.data_parallel_size.unwrap_or(implied).max(implied)
-    }
-
-    /// The latency knobs as flags set them.
+    /// The latency knobs as flags set them (validated by [`PlayConfig::try_from`]).
     pub fn knobs(&self) -> sim_trace::latency::Knobs {
         sim_trace::latency::Knobs {
             ttft_ms: self.time_to_first_token,
@@ -335,96 +283,17 @@ impl PlayArgs {
             time_scale: self.time_scale,
         }
     }
-
-    pub fn token_source(&self) -> Box<dyn TokenSource> {
-        let random = RandomTokens {
-            seed: self.seed,
-            min_id: self.min_token_id,
-            vocab_size: self.vocab_size,
-        };
-        match self.tokens {
-            TokenMode::Random => Box::new(random),
-            TokenMode::Echo => Box::new(EchoTokens {
-                fallback: Some(random),
-            }),
-        }
-    }
-
-    pub fn ready_response(&self, rank: u16) -> sim_protocol::ready::ReadyResponse {
-        let max_loras = if self.disable_lora {
-            0
-        } else if self.max_loras == 0 {
-            self.max_num_seqs
-        } else {
-            u64::from(self.max_loras)
-        };
-        sim_protocol::ready::ReadyResponse {
-            max_model_len: self.max_model_len,
-            num_gpu_blocks: self.gpu_blocks(),
-            block_size: self.block_size,
-            dp_stats_address: None,
-            dtype: self.dtype.clone(),
-            vllm_version: crate::compat::tag_for(self.vllm_version),
-            world_size: 1,
-            data_parallel_size: u64::from(self.dp_size()),
-            tensor_parallel_size: 1,
-            pipeline_parallel_size: 1,
-            decode_context_parallel_size: 1,
-            data_parallel_rank: u64::from(rank),
-            max_num_seqs: self.max_num_seqs,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            instance_id: format!("vllm-vcr-{}-{rank}", std::process::id()),
-            supports_lora: !self.disable_lora,
-            max_loras,
-            kv_cache_size_tokens: Some((self.gpu_blocks() - 1) * self.block_size),
-            ..Default::default()
-        }
-    }
 }
 
 /// Run `play` until shutdown (or until the frontend goes away).
 pub async fn run(args: PlayArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
-    if args.min_token_id >= args.vocab_size {
-        bail!(
-            "--min-token-id ({}) must be below --vocab-size ({})",
-            args.min_token_id,
-            args.vocab_size
-        );
-    }
-    args.knobs().validate().map_err(|e| anyhow::anyhow!(e))?;
-    if let Some(c) = &args.kv_events_config {
-        kv_events::parse_kv_events_config(c).context("--kv-events-config")?;
-    }
-    if args.num_speculative_tokens > 0 {
-        SpecModel::new(
-            args.num_speculative_tokens,
-            args.speculative_acceptance_rate,
-        )
-        .map_err(|e| anyhow::anyhow!("--num-speculative-tokens: {e}"))?;
-    }
-    if args.failure_injection_rate != 0.0 {
-        FailureInjector::new(args.failure_injection_rate, args.failure_types.clone())
-            .map_err(|e| anyhow::anyhow!("--failure-injection-rate: {e}"))?;
-    }
-    if args.output_token_chunk_size == 0 {
-        bail!("--output-token-chunk-size must be at least 1");
-    }
-    if !args.handshake_timeout.is_finite() || args.handshake_timeout <= 0.0 {
-        bail!("--handshake-timeout must be a positive number of seconds");
-    }
-    if !args.shutdown_timeout.is_finite() || args.shutdown_timeout < 0.0 {
-        bail!("--shutdown-timeout must be ≥ 0 seconds");
-    }
+    let cfg = std::sync::Arc::new(PlayConfig::try_from(&args)?);
     let mut tasks = Vec::new();
-    for i in 0..args.engine_count {
-        let rank = args
-            .data_parallel_rank
-            .checked_add(i)
-            .context("data-parallel rank overflows u16")?;
-        let args = args.clone();
+    for rank in cfg.ranks.clone() {
+        let cfg = cfg.clone();
         let shutdown = shutdown.clone();
         tasks.push(tokio::spawn(async move {
-            io::run_engine(&args, rank, shutdown)
+            io::run_engine(&cfg, rank, shutdown)
                 .await
                 .with_context(|| format!("engine {rank}"))
         }));
@@ -446,9 +315,4 @@ pub async fn run(args: PlayArgs, shutdown: watch::Receiver<bool>) -> Result<()> 
         Some(e) => Err(e),
         None => Ok(()),
     }
-}
-
-/// Convert CLI seconds to a Duration (validated by `run`).
-pub(crate) fn secs(v: f64) -> Duration {
-    Duration::from_secs_f64(v.max(0.0))
 }

@@ -15,6 +15,8 @@ pub enum Phase {
 
 pub struct SimRequest {
     pub id: String,
+    /// A stable 64-bit key of the id (for latency models that keep per-request state).
+    pub key: u64,
     pub client: u32,
     pub prompt_len: u64,
     /// `None`: no `max_tokens` limit, only the model length stops it.
@@ -94,6 +96,7 @@ impl SimRequest {
         masked.dedup();
         Self {
             id: req.request_id.clone(),
+            key: super::tokens::request_seed(0, &req.request_id),
             client: req.client_index,
             prompt_len: req.prompt_len() as u64,
             max_tokens: sp.max_tokens.map(u64::from),

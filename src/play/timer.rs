@@ -1,7 +1,7 @@
 //! A sub-millisecond timer for the engine loop.
 //!
 //! tokio's timer wheel has millisecond granularity (sleeps wake 0.7–1.6 ms late at p50,
-//! `shared/spec/crates.md` §5), which is far from the 0.2 ms pacing budget. A Linux
+//! measured on a 2-core VM), which is far from the 0.2 ms pacing budget. A Linux
 //! `timerfd` registered with tokio's reactor wakes within tens of microseconds and keeps the
 //! loop an ordinary `select!` participant.
 

@@ -1,15 +1,16 @@
 //! Utility calls (`EngineCoreRequestType.UTILITY`): the engine methods a frontend invokes by
-//! name, answered with the types and semantics of vLLM's `EngineCore` (protocol.md §4.6).
+//! name, answered with the types and semantics of vLLM's `EngineCore`.
+//!
+//! [`UtilityState`] owns what only utility calls change (pause and sleep state, the LoRA
+//! registry, the weight version). [`UtilityState::dispatch`] parses a call, updates that
+//! state and returns a [`UtilityEffect`]: what the engine must do to its requests (abort
+//! them, reset the prefix cache, resume) and what to answer. It never touches the batch.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rmpv::Value;
-use sim_protocol::{CallId, EngineCoreOutputs, UtilityCall, UtilityOutput};
-
-use super::engine_core::Outbox;
-use super::sim::SimEngine;
-use super::timer::now_monotonic;
+use sim_protocol::{CallId, VllmLine};
 
 /// Which pause API paused the engine: `pause_generation` (0.33) also rejects new requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,13 +84,47 @@ impl UtilityState {
 
 /// How a pause treats in-flight requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PauseMode {
+pub enum PauseMode {
     Abort,
     Wait,
     Keep,
 }
 
-type CallResult = Result<Option<Value>, String>;
+/// What the engine sees of itself when a utility call is made.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineView {
+    pub line: VllmLine,
+    pub block_size: u64,
+    pub num_gpu_blocks: u64,
+    /// Requests in the running batch.
+    pub running: usize,
+    /// Requests in the engine (waiting and running).
+    pub requests: usize,
+}
+
+/// What a utility call asks of the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UtilityEffect {
+    /// Answer with this value; nothing else to do.
+    Reply(Value),
+    /// Reset the prefix cache, preempting the running requests first when asked; answer
+    /// whether the cache was reset.
+    ResetPrefixCache { preempt_running: bool },
+    /// Abort every request (a pause in abort mode), then answer `None`.
+    AbortAllThenReply,
+    /// Scheduling resumes: push the step in flight back by `shift` (the time it was
+    /// paused), release the requests held by the pause, answer the callers of a draining
+    /// pause, then answer this call with `reply`.
+    Resume {
+        shift: Duration,
+        drained: Vec<(u32, CallId)>,
+        reply: Value,
+    },
+    /// The answer goes out later (a pause in wait mode answers once the batch drained).
+    Deferred,
+}
+
+type CallResult = Result<UtilityEffect, String>;
 
 fn arg(args: &[Value], i: usize) -> Option<&Value> {
     args.get(i).filter(|v| !v.is_nil())
@@ -161,61 +196,18 @@ fn lora_arg(args: &[Value]) -> Result<(String, i64, String), String> {
     }
 }
 
-impl SimEngine {
-    /// Send a utility reply on its own (never mixed with request outputs).
-    pub(super) fn reply(
-        &self,
-        out: &mut Outbox,
-        client: u32,
-        call_id: CallId,
-        outcome: Result<Value, String>,
-    ) {
-        out.send(
-            client,
-            EngineCoreOutputs {
-                engine_index: self.cfg.engine_index,
-                timestamp: now_monotonic(),
-                utility_output: Some(UtilityOutput { call_id, outcome }),
-                ..Default::default()
-            },
-        );
-    }
-
-    pub(super) fn handle_utility(&mut self, call: UtilityCall, now: Instant, out: &mut Outbox) {
-        let UtilityCall {
-            client_index,
-            call_id,
-            method,
-            args,
-        } = call;
-        tracing::debug!(method, ?args, client_index, "utility call");
-        let result = self.dispatch(&method, &args, client_index, call_id, now, out);
-        match result {
-            // deferred: the reply goes out when the operation completes
-            Ok(None) => {}
-            Ok(Some(v)) => self.reply(out, client_index, call_id, Ok(v)),
-            Err(e) => {
-                tracing::warn!(method, "utility call failed: {e}");
-                self.reply(
-                    out,
-                    client_index,
-                    call_id,
-                    Err(format!("Call to {method} method failed: {e}")),
-                );
-            }
-        }
-    }
-
-    fn dispatch(
+impl UtilityState {
+    /// Parse and apply one call. `Err` is the failure message vLLM would send.
+    pub fn dispatch(
         &mut self,
         method: &str,
         args: &[Value],
+        view: &EngineView,
         client: u32,
         call_id: CallId,
         now: Instant,
-        out: &mut Outbox,
     ) -> CallResult {
-        let ok = |v: Value| Ok(Some(v));
+        let ok = |v: Value| Ok(UtilityEffect::Reply(v));
         match method {
             "get_supported_tasks" => {
                 max_args(method, args, 0)?;
@@ -232,29 +224,20 @@ impl SimEngine {
                 max_args(method, args, 2)?;
                 let reset_running = arg_bool(args, 0, false, "reset_running_requests")?;
                 arg_bool(args, 1, false, "reset_connector")?;
-                if !self.running.is_empty() && !reset_running {
+                if view.running > 0 && !reset_running {
                     tracing::warn!(
-                        running = self.running.len(),
+                        running = view.running,
                         "reset_prefix_cache refused: requests are running (pass reset_running_requests=True)"
                     );
                     return ok(Value::Boolean(false));
                 }
-                if !self.running.is_empty() {
-                    self.preempt_all_running(now);
-                }
-                // vLLM's `reset_prefix_cache`: every cached hash goes (AllBlocksCleared);
-                // the frontend sees `prefix_cache_stats.reset`
-                let done = self.pool.reset();
-                if done {
-                    self.prefix_delta.reset = true;
-                    self.stats_dirty = true;
-                }
-                self.admit(now);
-                ok(Value::Boolean(done))
+                Ok(UtilityEffect::ResetPrefixCache {
+                    preempt_running: view.running > 0,
+                })
             }
             "is_sleeping" => {
                 max_args(method, args, 0)?;
-                ok(Value::Boolean(self.util.sleep_level.is_some()))
+                ok(Value::Boolean(self.sleep_level.is_some()))
             }
             "sleep" => {
                 max_args(method, args, 2)?;
@@ -263,15 +246,15 @@ impl SimEngine {
                     return Err(format!("sleep level must be 0, 1 or 2, got {level}"));
                 }
                 let mode = pause_mode(args, 1)?;
-                self.pause(
+                Ok(self.pause(
                     PauseKind::Scheduler,
                     mode,
                     Some(level),
+                    view,
                     client,
                     call_id,
                     now,
-                    out,
-                )
+                ))
             }
             "wake_up" => {
                 max_args(method, args, 1)?;
@@ -279,20 +262,20 @@ impl SimEngine {
                     None | Some(Value::Array(_)) => {}
                     Some(v) => return Err(format!("tags must be a list of str or None, got {v}")),
                 }
-                self.util.sleep_level = None;
-                self.resume(now, out);
-                if self.cfg.line.wake_up_returns_bool() {
-                    ok(Value::Boolean(true))
+                self.sleep_level = None;
+                let reply = if view.line.wake_up_returns_bool() {
+                    Value::Boolean(true)
                 } else {
-                    ok(Value::Nil)
-                }
+                    Value::Nil
+                };
+                Ok(self.resume(now, reply))
             }
             "pause_scheduler" | "pause_generation" => {
                 max_args(method, args, 2)?;
-                if method == "pause_generation" && !self.cfg.line.has_pause_generation() {
+                if method == "pause_generation" && !view.line.has_pause_generation() {
                     return Err(format!(
                         "pause_generation does not exist on vLLM {}",
-                        self.cfg.line
+                        view.line
                     ));
                 }
                 let mode = pause_mode(args, 0)?;
@@ -302,42 +285,38 @@ impl SimEngine {
                 } else {
                     PauseKind::Scheduler
                 };
-                self.pause(kind, mode, None, client, call_id, now, out)
+                Ok(self.pause(kind, mode, None, view, client, call_id, now))
             }
             "resume_scheduler" | "resume_generation" => {
                 max_args(method, args, 0)?;
-                self.resume(now, out);
-                ok(Value::Nil)
+                Ok(self.resume(now, Value::Nil))
             }
             "is_scheduler_paused" => {
                 max_args(method, args, 0)?;
-                ok(Value::Boolean(!matches!(
-                    self.util.pause,
-                    PauseState::Running
-                )))
+                ok(Value::Boolean(!matches!(self.pause, PauseState::Running)))
             }
             "add_lora" => {
                 max_args(method, args, 1)?;
                 let (name, id, path) = lora_arg(args)?;
-                self.util.register_lora(id, &name, &path);
+                self.register_lora(id, &name, &path);
                 tracing::info!(lora = %name, id, path = %path, "LoRA adapter added");
                 ok(Value::Boolean(true))
             }
             "remove_lora" => {
                 max_args(method, args, 1)?;
                 let id = arg_int(args, 0, "lora_id")?.ok_or("remove_lora() needs lora_id")?;
-                ok(Value::Boolean(self.util.loras.remove(&id).is_some()))
+                ok(Value::Boolean(self.loras.remove(&id).is_some()))
             }
             "list_loras" => {
                 max_args(method, args, 0)?;
                 ok(Value::Array(
-                    self.util.loras.keys().map(|k| Value::from(*k)).collect(),
+                    self.loras.keys().map(|k| Value::from(*k)).collect(),
                 ))
             }
             "pin_lora" => {
                 max_args(method, args, 1)?;
                 let id = arg_int(args, 0, "lora_id")?.ok_or("pin_lora() needs lora_id")?;
-                match self.util.loras.get_mut(&id) {
+                match self.loras.get_mut(&id) {
                     Some(e) => {
                         e.pinned = true;
                         ok(Value::Boolean(true))
@@ -348,7 +327,7 @@ impl SimEngine {
             "profile" => {
                 max_args(method, args, 5)?;
                 let start = arg_bool(args, 0, true, "is_start")?;
-                self.util.profiling = start;
+                self.profiling = start;
                 tracing::info!(start, "profile (nothing to profile in the simulator)");
                 ok(Value::Nil)
             }
@@ -357,16 +336,15 @@ impl SimEngine {
                 match arg(args, 0) {
                     Some(v) => {
                         let s = v.as_str().ok_or("weight version must be a str")?;
-                        self.util.weight_version = Some(s.to_string());
+                        self.weight_version = Some(s.to_string());
                     }
-                    None => self.util.weight_version = None,
+                    None => self.weight_version = None,
                 }
                 ok(Value::Nil)
             }
             "get_weight_version" => {
                 max_args(method, args, 0)?;
                 ok(self
-                    .util
                     .weight_version
                     .clone()
                     .map(Value::from)
@@ -380,11 +358,8 @@ impl SimEngine {
             "get_kv_cache_group_metadata" => {
                 max_args(method, args, 0)?;
                 ok(Value::Array(vec![Value::Map(vec![
-                    (Value::from("block_size"), Value::from(self.cfg.block_size)),
-                    (
-                        Value::from("num_blocks"),
-                        Value::from(self.cfg.num_gpu_blocks),
-                    ),
+                    (Value::from("block_size"), Value::from(view.block_size)),
+                    (Value::from("num_blocks"), Value::from(view.num_gpu_blocks)),
                 ])]))
             }
             "save_sharded_state" => Err("the simulator has no weights to save".into()),
@@ -403,99 +378,82 @@ impl SimEngine {
         kind: PauseKind,
         mode: PauseMode,
         sleep_level: Option<i64>,
+        view: &EngineView,
         client: u32,
         call_id: CallId,
         now: Instant,
-        out: &mut Outbox,
-    ) -> CallResult {
-        if let PauseState::Paused { since, .. } = self.util.pause {
+    ) -> UtilityEffect {
+        if let PauseState::Paused { since, .. } = self.pause {
             // already paused: upgrade the kind, stay paused
-            self.util.pause = PauseState::Paused { kind, since };
+            self.pause = PauseState::Paused { kind, since };
             if let Some(l) = sleep_level {
-                self.util.sleep_level = Some(l);
+                self.sleep_level = Some(l);
             }
-            return Ok(Some(Value::Nil));
+            return UtilityEffect::Reply(Value::Nil);
         }
         match mode {
-            PauseMode::Abort => {
-                if self.num_requests() > 0 {
+            PauseMode::Abort | PauseMode::Keep => {
+                self.pause = PauseState::Paused { kind, since: now };
+                if sleep_level.is_some() {
+                    self.sleep_level = sleep_level;
+                }
+                if mode == PauseMode::Abort && view.requests > 0 {
                     tracing::info!(
-                        aborted = self.num_requests(),
+                        aborted = view.requests,
                         "pause: aborting in-flight requests"
                     );
-                    self.abort_everything(out);
+                    UtilityEffect::AbortAllThenReply
+                } else {
+                    UtilityEffect::Reply(Value::Nil)
                 }
-                self.util.pause = PauseState::Paused { kind, since: now };
-                if sleep_level.is_some() {
-                    self.util.sleep_level = sleep_level;
-                }
-                Ok(Some(Value::Nil))
-            }
-            PauseMode::Keep => {
-                self.util.pause = PauseState::Paused { kind, since: now };
-                if sleep_level.is_some() {
-                    self.util.sleep_level = sleep_level;
-                }
-                Ok(Some(Value::Nil))
             }
             PauseMode::Wait => {
-                let mut replies = match std::mem::take(&mut self.util.pause) {
+                let mut replies = match std::mem::take(&mut self.pause) {
                     PauseState::Draining { replies, .. } => replies,
                     _ => Vec::new(),
                 };
                 replies.push((client, call_id));
-                self.util.pause = PauseState::Draining {
+                self.pause = PauseState::Draining {
                     kind,
                     sleep_level,
                     replies,
                 };
-                self.after_step(out);
-                Ok(None)
+                UtilityEffect::Deferred
             }
         }
     }
 
-    fn resume(&mut self, now: Instant, out: &mut Outbox) {
-        match std::mem::take(&mut self.util.pause) {
-            PauseState::Running => {}
-            PauseState::Paused { since, .. } => {
-                self.shift_deadlines(now.saturating_duration_since(since));
-            }
-            PauseState::Draining { replies, .. } => {
-                for (client, call_id) in replies {
-                    self.reply(out, client, call_id, Ok(Value::Nil));
-                }
-            }
-        }
-        self.unhold_all();
-        self.admit(now);
-    }
-
-    /// Complete a draining pause once the requests it waits for are gone.
-    pub(super) fn after_step(&mut self, out: &mut Outbox) {
-        let PauseState::Draining { .. } = self.util.pause else {
-            return;
+    fn resume(&mut self, now: Instant, reply: Value) -> UtilityEffect {
+        let (shift, drained) = match std::mem::take(&mut self.pause) {
+            PauseState::Running => (Duration::ZERO, Vec::new()),
+            PauseState::Paused { since, .. } => (now.saturating_duration_since(since), Vec::new()),
+            PauseState::Draining { replies, .. } => (Duration::ZERO, replies),
         };
-        let outstanding = self.requests.values().filter(|r| !r.held).count();
-        if outstanding > 0 {
-            return;
+        UtilityEffect::Resume {
+            shift,
+            drained,
+            reply,
         }
-        if let PauseState::Draining {
+    }
+
+    /// A draining pause completes once no unheld request is left: the engine is paused
+    /// from `now`, and these callers get their answer.
+    pub fn complete_drain(&mut self, outstanding: usize, now: Instant) -> Vec<(u32, CallId)> {
+        if outstanding > 0 || !matches!(self.pause, PauseState::Draining { .. }) {
+            return Vec::new();
+        }
+        let PauseState::Draining {
             kind,
             sleep_level,
             replies,
-        } = std::mem::take(&mut self.util.pause)
-        {
-            self.util.pause = PauseState::Paused {
-                kind,
-                since: Instant::now(),
-            };
-            if sleep_level.is_some() {
-                self.util.sleep_level = sleep_level;
-            }
-            for (client, call_id) in replies {
-                self.reply(out, client, call_id, Ok(Value::Nil));
-            }
+        } = std::mem::take(&mut self.pause)
+        else {
+            return Vec::new();
+        };
+        self.pause = PauseState::Paused { kind, since: now };
+        if sleep_level.is_some() {
+            self.sleep_level = sleep_level;
         }
+        replies
     }
 }

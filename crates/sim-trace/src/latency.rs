@@ -19,11 +19,22 @@ pub struct PrefillChunk {
     pub uncached_prompt: u64,
 }
 
+/// One running request that decodes in a step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeSlot {
+    /// Tokens of the request already in KV cache (prompt and output so far): the context
+    /// this decode attends over.
+    pub context: u64,
+    /// A stable key of the request, for models that keep per-request state (a request
+    /// that drew a slow donor stays slow). Not an index: compare for equality only.
+    pub request_key: u64,
+}
+
 /// What ran in one step.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepShape {
-    /// Running requests that decode in this step.
-    pub decode_requests: u64,
+    /// Running requests that decode in this step, in batch order.
+    pub decodes: Vec<DecodeSlot>,
     /// Prefill chunks in this step.
     pub prefills: Vec<PrefillChunk>,
     /// Tokens whose KV is pulled from a remote (prefill) engine in this step, one entry per
@@ -31,29 +42,70 @@ pub struct StepShape {
     pub kv_transfers: Vec<u64>,
     /// Requests in the running batch after scheduling.
     pub running: u64,
+    /// Requests still waiting after scheduling.
+    pub waiting: u64,
     /// The batch capacity (`--max-num-seqs`), for load-dependent slowdowns.
     pub max_num_seqs: u64,
+    /// The step's token budget (`--max-num-batched-tokens`).
+    pub max_num_batched_tokens: u64,
 }
 
 impl StepShape {
+    /// Running requests that decode in this step.
+    pub fn decode_requests(&self) -> u64 {
+        self.decodes.len() as u64
+    }
+    /// Sum of the decodes' contexts.
+    pub fn decode_context(&self) -> u64 {
+        self.decodes.iter().map(|d| d.context).sum()
+    }
     pub fn prefill_tokens(&self) -> u64 {
         self.prefills.iter().map(|c| c.tokens).sum()
     }
     pub fn is_empty(&self) -> bool {
-        self.decode_requests == 0 && self.prefills.is_empty() && self.kv_transfers.is_empty()
+        self.decodes.is_empty() && self.prefills.is_empty() && self.kv_transfers.is_empty()
     }
 }
 
-/// The pacing contract the engine drives.
+/// How one step plays out: its duration and, for models that deliver several tokens per
+/// decode (speculative or block decoding seen in a capture), each decode's burst.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepTiming {
+    pub duration: Duration,
+    /// Tokens each decode delivers in this step, parallel to [`StepShape::decodes`]; empty
+    /// means the engine's own rule (one token, or its speculative-decoding draw).
+    pub decode_tokens: Vec<u32>,
+}
+
+impl StepTiming {
+    /// A step of `duration` with the engine's own token counts.
+    pub fn of(duration: Duration) -> Self {
+        Self {
+            duration,
+            decode_tokens: Vec::new(),
+        }
+    }
+}
+
+/// The pacing contract the engine drives. The engine calls [`LatencyModel::step`] once per
+/// step, when it composes the step; the result is final (a step's duration is computed
+/// once and every decode in it gets that gap).
 pub trait LatencyModel: Send {
-    /// Duration of a step of this shape.
-    fn step_duration(&mut self, shape: &StepShape) -> Duration;
+    /// Duration (and decode bursts) of a step of this shape.
+    fn step(&mut self, shape: &StepShape) -> StepTiming;
     /// Short description for logs.
     fn describe(&self) -> String;
     /// Whether every step takes no time (nothing to pace).
     fn is_instant(&self) -> bool {
         false
     }
+    /// K of the speculative decoding this model replays (largest burst − 1), so the engine
+    /// can report spec-decode stats from the bursts; `None` for autoregressive models.
+    fn num_spec_tokens(&self) -> Option<u32> {
+        None
+    }
+    /// The request with this key left the engine (finished or aborted): drop its state.
+    fn forget(&mut self, _request_key: u64) {}
 }
 
 /// Everything happens as soon as possible (the default).
@@ -61,8 +113,8 @@ pub trait LatencyModel: Send {
 pub struct InstantLatency;
 
 impl LatencyModel for InstantLatency {
-    fn step_duration(&mut self, _: &StepShape) -> Duration {
-        Duration::ZERO
+    fn step(&mut self, _: &StepShape) -> StepTiming {
+        StepTiming::of(Duration::ZERO)
     }
     fn describe(&self) -> String {
         "instant".to_string()
@@ -201,11 +253,12 @@ impl KnobLatency {
     }
 }
 
-impl LatencyModel for KnobLatency {
-    fn step_duration(&mut self, shape: &StepShape) -> Duration {
+impl KnobLatency {
+    /// Duration of a step of this shape.
+    pub fn step_duration(&mut self, shape: &StepShape) -> Duration {
         let k = self.knobs;
         let mut ms = 0.0;
-        if shape.decode_requests > 0 {
+        if !shape.decodes.is_empty() {
             ms += self.draw(k.itl_ms, k.itl_std_ms);
         }
         if !shape.prefills.is_empty() {
@@ -230,6 +283,12 @@ impl LatencyModel for KnobLatency {
         }
         ms /= k.time_scale;
         Duration::from_secs_f64(ms.max(0.0) / 1e3)
+    }
+}
+
+impl LatencyModel for KnobLatency {
+    fn step(&mut self, shape: &StepShape) -> StepTiming {
+        StepTiming::of(self.step_duration(shape))
     }
 
     fn describe(&self) -> String {
@@ -279,7 +338,7 @@ mod tests {
 
     fn shape(decodes: u64, prefills: &[(u64, u64)]) -> StepShape {
         StepShape {
-            decode_requests: decodes,
+            decodes: vec![DecodeSlot::default(); decodes as usize],
             prefills: prefills
                 .iter()
                 .map(|&(tokens, uncached_prompt)| PrefillChunk {
@@ -290,7 +349,7 @@ mod tests {
                 .collect(),
             running: decodes + prefills.len() as u64,
             max_num_seqs: 8,
-            kv_transfers: vec![],
+            ..Default::default()
         }
     }
 

@@ -6,4 +6,5 @@
 pub mod config_hash;
 pub mod latency;
 pub mod stats;
+pub mod steps;
 pub mod trace;

@@ -41,6 +41,7 @@ use std::path::{Path, PathBuf};
 use flate2::Compression;
 use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// The schema version this crate writes (`meta.version`).
@@ -357,8 +358,8 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 }
 
 /// Lines of a (possibly gzipped) text file, with the numbering and truncation reporting
-/// both readers share.
-struct Lines {
+/// every reader of this crate shares.
+pub(crate) struct Lines {
     path: PathBuf,
     input: Box<dyn BufRead + Send>,
     gz: bool,
@@ -369,7 +370,7 @@ struct Lines {
 }
 
 impl Lines {
-    fn open(path: &Path) -> Result<Self, TraceError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, TraceError> {
         let file = File::open(path).map_err(|source| TraceError::Open {
             path: path.to_path_buf(),
             cause: source,
@@ -444,6 +445,31 @@ impl Lines {
             cause: source,
         }
     }
+
+    /// The next non-blank line deserialised as a `T`; a line that does not parse is a
+    /// [`TraceError::Parse`] naming it, and the reader goes on with the next one.
+    pub(crate) fn next_json<T: DeserializeOwned>(&mut self) -> Option<Result<T, TraceError>> {
+        let parsed = match self.next_line()? {
+            Err(e) => return Some(Err(e)),
+            Ok(text) => serde_json::from_slice(text),
+        };
+        Some(match parsed {
+            Ok(v) => {
+                self.good();
+                Ok(v)
+            }
+            Err(source) => Err(self.parse_error(source)),
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The 1-based number of the last line read (0 before the first).
+    pub(crate) fn line(&self) -> u64 {
+        self.line
+    }
 }
 
 /// Streams a trace line by line (never loading the whole file), gunzipping `.gz` paths.
@@ -510,10 +536,11 @@ impl Iterator for TraceReader {
     }
 }
 
-/// Streams any JSON-lines file (a step-stats sidecar, a Mooncake trace, …) value by value,
-/// gunzipping `.gz` paths, with the same error reporting as [`TraceReader`]: errors name the
-/// file and line, blank lines are skipped, a truncated gzip stream ends with
-/// [`TraceError::Truncated`] after every complete line.
+/// Streams any JSON-lines file (a Mooncake trace, …) value by value, gunzipping `.gz`
+/// paths, with the same error reporting as [`TraceReader`]: errors name the file and line,
+/// blank lines are skipped, a truncated gzip stream ends with [`TraceError::Truncated`]
+/// after every complete line. (The step-stats sidecar has its typed reader,
+/// [`crate::steps::StepStatsReader`].)
 pub struct JsonlReader {
     lines: Lines,
 }
@@ -539,17 +566,7 @@ impl Iterator for JsonlReader {
     type Item = Result<serde_json::Value, TraceError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let parsed = match self.lines.next_line()? {
-            Err(e) => return Some(Err(e)),
-            Ok(text) => serde_json::from_slice(text),
-        };
-        Some(match parsed {
-            Ok(v) => {
-                self.lines.good();
-                Ok(v)
-            }
-            Err(source) => Err(self.lines.parse_error(source)),
-        })
+        self.lines.next_json()
     }
 }
 

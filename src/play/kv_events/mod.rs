@@ -1,5 +1,5 @@
 //! KV-cache event publishing, as vLLM's `ZmqEventPublisher` does it
-//! (`vllm/distributed/kv_events.py`; `shared/spec/protocol.md` §5.6).
+//! (`vllm/distributed/kv_events.py`; the wire format is in `sim_protocol::kv_events`).
 //!
 //! - [`parse_kv_events_config`] (`config.rs`): the `--kv-events-config '<json>'` value,
 //!   accepted the way vLLM's pydantic dataclass accepts it;
@@ -9,7 +9,7 @@
 //!   unbounded channel (publishing never blocks the engine), a replay buffer and the replay
 //!   ROUTER.
 //!
-//! Differences from vLLM forced by the `zeromq` crate (`shared/spec/crates.md` §2.3): no
+//! Differences from vLLM forced by the `zeromq` crate (0.7, pinned in Cargo.toml): no
 //! `hwm` option (each subscriber's queue holds 100 000 messages, then that subscriber drops
 //! messages), no `inproc://` transport, a connecting PUB does not reconnect after its peer
 //! restarts. `max_queue_size` bounds the batches waiting in the channel: vLLM blocks the

@@ -18,7 +18,7 @@ pub struct WaitingKey {
 }
 
 /// Orders the waiting queue: requests are admitted in ascending `sort_key` order.
-pub trait Scheduler: Send {
+pub trait QueuePolicy: Send {
     /// The admission order key of a waiting request (smaller goes first).
     fn sort_key(&self, w: &WaitingKey) -> (i64, i64, i64);
     fn name(&self) -> &'static str;
@@ -45,7 +45,7 @@ pub enum SchedulingPolicy {
 }
 
 impl SchedulingPolicy {
-    pub fn build(self) -> Box<dyn Scheduler> {
+    pub fn build(self) -> Box<dyn QueuePolicy> {
         match self {
             Self::Fcfs => Box::new(Fcfs),
             Self::Priority => Box::new(Priority),
@@ -55,7 +55,7 @@ impl SchedulingPolicy {
 }
 
 pub struct Fcfs;
-impl Scheduler for Fcfs {
+impl QueuePolicy for Fcfs {
     fn sort_key(&self, w: &WaitingKey) -> (i64, i64, i64) {
         (w.seq, 0, 0)
     }
@@ -65,7 +65,7 @@ impl Scheduler for Fcfs {
 }
 
 pub struct Priority;
-impl Scheduler for Priority {
+impl QueuePolicy for Priority {
     fn sort_key(&self, w: &WaitingKey) -> (i64, i64, i64) {
         (w.priority, w.seq, 0)
     }
@@ -75,7 +75,7 @@ impl Scheduler for Priority {
 }
 
 pub struct ShortestPromptFirst;
-impl Scheduler for ShortestPromptFirst {
+impl QueuePolicy for ShortestPromptFirst {
     fn sort_key(&self, w: &WaitingKey) -> (i64, i64, i64) {
         // preempted requests (negative seq) keep their place at the front
         (i64::from(w.seq >= 0), w.prompt_len as i64, w.seq)

@@ -1,0 +1,279 @@
+//! The batch: every request inside one engine, its queues and its KV blocks.
+//!
+//! [`Batch`] owns the request table, the waiting queue, the running batch, the KV block
+//! pool and the prefix-cache counters, and its methods keep them consistent: a request is
+//! in exactly one of `waiting` / `running` (as its `phase` says), holds blocks only while
+//! it runs, and leaves the table together with its blocks. Phase changes (admission,
+//! preemption, removal) happen only here; the step composer (`compose.rs`, vLLM's
+//! scheduler rules) is a method of the batch. The engine (`sim.rs`) asks the batch for a
+//! step plan, advances the requests the step computed, and reads the gauges for stats.
+
+mod compose;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use sim_protocol::{EngineCoreEvent, EventType, PrefixCacheStats};
+
+use super::block_hash::{BlockHash, default_none_hash};
+use super::kv_cache::{BlockPool, PoolEvent};
+use super::request::{Phase, SimRequest};
+use super::timer::instant_to_monotonic;
+
+pub use compose::{ComposeRules, StepPlan};
+
+/// The scheduler gauges of a moment, for `SchedulerStats`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Gauges {
+    pub running: u64,
+    /// Waiting for capacity.
+    pub waiting: u64,
+    /// Waiting, but deferred for another reason (no LoRA slot).
+    pub skipped_waiting: u64,
+    pub kv_cache_usage: f64,
+    /// LoRA adapter → running / waiting requests (empty when no request names one).
+    pub running_lora: Vec<(String, u64)>,
+    pub waiting_lora: Vec<(String, u64)>,
+}
+
+/// Every request of one engine and the KV cache they share.
+pub struct Batch {
+    requests: HashMap<String, SimRequest>,
+    /// Waiting request ids, in arrival order (the queue policy orders admission).
+    waiting: Vec<String>,
+    /// Running request ids, in admission order.
+    running: Vec<String>,
+    /// Waiting requests the last step skipped for lack of a LoRA slot (vLLM reports them
+    /// apart from those waiting for capacity).
+    skipped_waiting: usize,
+    /// Requests that name a LoRA adapter: the per-step adapter maps are only built when
+    /// there are any.
+    lora_requests: usize,
+    pool: BlockPool,
+    none_hash: BlockHash,
+    block_size: u64,
+    /// Admission order of the next arrival.
+    next_seq: i64,
+    /// Admission order of the next preempted request (negative: ahead of every arrival).
+    next_preempt_seq: i64,
+    /// Prefix-cache counters since the last stats.
+    prefix_delta: PrefixCacheStats,
+    /// The gauges changed since the last stats.
+    dirty: bool,
+    log_requests: bool,
+}
+
+impl Batch {
+    pub fn new(num_gpu_blocks: u64, block_size: u64, log_requests: bool) -> Self {
+        Self {
+            requests: HashMap::new(),
+            waiting: Vec::new(),
+            running: Vec::new(),
+            skipped_waiting: 0,
+            lora_requests: 0,
+            pool: BlockPool::new(num_gpu_blocks as usize, false),
+            none_hash: default_none_hash(),
+            block_size: block_size.max(1),
+            next_seq: 0,
+            next_preempt_seq: -1,
+            prefix_delta: PrefixCacheStats::default(),
+            dirty: false,
+            log_requests,
+        }
+    }
+
+    /// Record the pool's cache events (for the KV-events publisher).
+    pub fn record_kv_events(&mut self, on: bool) {
+        self.pool.set_record_events(on);
+    }
+
+    /// The pool's cache events since the last call.
+    pub fn take_kv_events(&mut self) -> Vec<PoolEvent> {
+        self.pool.take_events()
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.requests.contains_key(id)
+    }
+
+    pub fn get(&self, id: &str) -> Option<&SimRequest> {
+        self.requests.get(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Requests not held back by a pause.
+    pub fn num_unheld(&self) -> usize {
+        self.requests.values().filter(|r| !r.held).count()
+    }
+
+    /// Every request, in no particular order.
+    pub fn requests(&self) -> impl Iterator<Item = &SimRequest> {
+        self.requests.values()
+    }
+
+    /// Queue a new request (its QUEUED event is stamped `now`).
+    pub fn insert(&mut self, mut r: SimRequest, now: Instant) {
+        r.seq = self.next_seq;
+        self.next_seq += 1;
+        r.phase = Phase::Waiting;
+        r.pending_events.push(EngineCoreEvent {
+            kind: EventType::Queued,
+            timestamp: instant_to_monotonic(now),
+        });
+        if r.lora_name.is_some() {
+            self.lora_requests += 1;
+        }
+        self.waiting.push(r.id.clone());
+        self.requests.insert(r.id.clone(), r);
+        self.dirty = true;
+    }
+
+    /// Take a request out with its blocks (finished or aborted).
+    pub fn remove(&mut self, id: &str) -> Option<SimRequest> {
+        self.free_blocks(id);
+        let r = self.requests.remove(id)?;
+        if r.lora_name.is_some() {
+            self.lora_requests -= 1;
+        }
+        match r.phase {
+            Phase::Waiting => self.waiting.retain(|w| w != id),
+            Phase::Running => self.running.retain(|w| w != id),
+        }
+        self.dirty = true;
+        Some(r)
+    }
+
+    /// Take every request out, sorted by id.
+    pub fn drain(&mut self) -> Vec<SimRequest> {
+        let mut ids: Vec<String> = self.requests.keys().cloned().collect();
+        ids.sort();
+        ids.iter().filter_map(|id| self.remove(id)).collect()
+    }
+
+    /// Release every request held back by a pause.
+    pub fn unhold_all(&mut self) {
+        for r in self.requests.values_mut() {
+            r.held = false;
+        }
+    }
+
+    /// A step computed `n` tokens of request `id`: returns the request when it is still
+    /// running and its whole prompt (and output so far) is now computed, i.e. it samples
+    /// a token in this step. `None` for a partial prefill, or a request that was aborted
+    /// or preempted while the step ran.
+    pub fn advance(&mut self, id: &str, n: u64) -> Option<&mut SimRequest> {
+        let r = self.requests.get_mut(id)?;
+        if r.phase != Phase::Running {
+            return None;
+        }
+        r.num_computed += n;
+        if r.num_computed < r.tokens.len() as u64 {
+            return None;
+        }
+        Some(r)
+    }
+
+    /// Preempt a running request (vLLM's `_preempt_request`, recompute mode): its blocks
+    /// are freed and it goes back to the front of the queue.
+    pub fn preempt(&mut self, id: &str, now: Instant) {
+        self.free_blocks(id);
+        self.running.retain(|r| r != id);
+        let seq = self.next_preempt_seq;
+        self.next_preempt_seq -= 1;
+        if let Some(r) = self.requests.get_mut(id) {
+            r.phase = Phase::Waiting;
+            r.num_computed = 0;
+            r.seq = seq;
+            r.num_preemptions += 1;
+            r.pending_events.push(EngineCoreEvent {
+                kind: EventType::Preempted,
+                timestamp: instant_to_monotonic(now),
+            });
+            if self.log_requests {
+                tracing::info!(request_id = %id, "request preempted (KV cache full)");
+            }
+        }
+        self.waiting.push(id.to_string());
+        self.dirty = true;
+    }
+
+    /// Preempt every running request, newest first (vLLM's `reset_prefix_cache` with
+    /// `reset_running_requests`).
+    pub fn preempt_all_running(&mut self, now: Instant) {
+        while let Some(id) = self.running.last().cloned() {
+            self.preempt(&id, now);
+        }
+    }
+
+    /// Clear the prefix cache (only possible while no block is in use); the next stats
+    /// carry `prefix_cache_stats.reset`.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        let done = self.pool.reset();
+        if done {
+            self.prefix_delta.reset = true;
+            self.dirty = true;
+        }
+        done
+    }
+
+    /// The gauges changed since the last [`Batch::take_stats`].
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// The gauges now and the prefix-cache counters since the last call.
+    pub fn take_stats(&mut self) -> (Gauges, PrefixCacheStats) {
+        self.dirty = false;
+        let skipped = self.skipped_waiting.min(self.waiting.len());
+        let mut running_lora: BTreeMap<String, u64> = BTreeMap::new();
+        let mut waiting_lora: BTreeMap<String, u64> = BTreeMap::new();
+        if self.lora_requests > 0 {
+            for r in self.requests.values() {
+                if let Some(name) = &r.lora_name {
+                    let map = match r.phase {
+                        Phase::Running => &mut running_lora,
+                        Phase::Waiting => &mut waiting_lora,
+                    };
+                    *map.entry(name.clone()).or_default() += 1;
+                }
+            }
+        }
+        let gauges = Gauges {
+            running: self.running.len() as u64,
+            waiting: (self.waiting.len() - skipped) as u64,
+            skipped_waiting: skipped as u64,
+            kv_cache_usage: self.pool.usage(),
+            running_lora: running_lora.into_iter().collect(),
+            waiting_lora: waiting_lora.into_iter().collect(),
+        };
+        (gauges, std::mem::take(&mut self.prefix_delta))
+    }
+
+    /// Blocks a request needs to hold `tokens` tokens.
+    fn blocks_for(&self, tokens: u64) -> usize {
+        tokens.div_ceil(self.block_size) as usize
+    }
+
+    /// Release a request's KV blocks (its tail blocks become the first to evict).
+    fn free_blocks(&mut self, id: &str) {
+        if let Some(r) = self.requests.get_mut(id) {
+            let blocks = std::mem::take(&mut r.blocks);
+            r.cached_blocks = 0;
+            self.pool.free(blocks.into_iter().rev());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,213 @@
+//! The step composer's rules, checked on a batch directly.
+
+use std::time::Instant;
+
+use sim_protocol::{EngineCoreRequest, EventType, LoRARequest, SamplingParams};
+
+use super::*;
+use crate::play::queue_policy::SchedulingPolicy;
+use crate::play::tokens::{RandomTokens, TokenSource};
+
+struct Bench {
+    batch: Batch,
+    rules: ComposeRules,
+}
+
+fn rules() -> ComposeRules {
+    ComposeRules {
+        max_num_seqs: 16,
+        max_num_batched_tokens: 8192,
+        long_prefill_token_threshold: 0,
+        enable_chunked_prefill: true,
+        enable_prefix_caching: true,
+        max_loras: 0,
+        priority_preemption: false,
+    }
+}
+
+/// A batch of 1000 blocks of 16 tokens, with the rules as `f` leaves them.
+fn engine(f: impl FnOnce(&mut ComposeRules, &mut (u64, u64))) -> Bench {
+    let mut rules = rules();
+    let mut kv = (1000, 16);
+    f(&mut rules, &mut kv);
+    Bench {
+        batch: Batch::new(kv.0, kv.1, false),
+        rules,
+    }
+}
+
+fn add(e: &mut Bench, id: &str, prompt: Vec<u32>, lora: Option<i64>) {
+    let req = EngineCoreRequest {
+        request_id: id.into(),
+        prompt_token_ids: Some(prompt),
+        sampling_params: Some(SamplingParams {
+            max_tokens: Some(100),
+            ..Default::default()
+        }),
+        lora_request: lora.map(|i| LoRARequest {
+            name: format!("l{i}"),
+            int_id: i,
+            path: format!("/l{i}"),
+        }),
+        wire_len: 22,
+        ..Default::default()
+    };
+    let tokens = RandomTokens {
+        seed: 0,
+        min_id: 3,
+        vocab_size: 259,
+    };
+    let r = SimRequest::new(&req, tokens.stream_for(&req), 0);
+    e.batch.insert(r, Instant::now());
+}
+
+fn plan(e: &mut Bench) -> Vec<(String, u64)> {
+    let policy = SchedulingPolicy::Fcfs.build();
+    e.batch
+        .compose(&e.rules, &*policy, Instant::now())
+        .map(|p| p.scheduled)
+        .unwrap_or_default()
+}
+
+/// Run the plan to completion (what the end of the step does).
+fn finish(e: &mut Bench, scheduled: &[(String, u64)]) {
+    for (id, n) in scheduled {
+        if let Some(r) = e.batch.advance(id, *n) {
+            r.started = true;
+            r.generate_one(4096);
+        }
+    }
+}
+
+fn s(v: &[(&str, u64)]) -> Vec<(String, u64)> {
+    v.iter().map(|(a, b)| (a.to_string(), *b)).collect()
+}
+
+#[test]
+fn budget_goes_to_running_requests_first_then_chunks() {
+    let mut e = engine(|c, _| c.max_num_batched_tokens = 100);
+    add(&mut e, "a", vec![5; 60], None);
+    add(&mut e, "b", vec![6; 60], None);
+    add(&mut e, "c", vec![7; 10], None);
+    let p1 = plan(&mut e);
+    assert_eq!(p1, s(&[("a", 60), ("b", 40)]), "b is chunked, c waits");
+    finish(&mut e, &p1);
+    // a decodes (1), b finishes its prompt (20), c gets the rest of the budget
+    let p2 = plan(&mut e);
+    assert_eq!(p2, s(&[("a", 1), ("b", 20), ("c", 10)]));
+}
+
+#[test]
+fn long_prefill_threshold_caps_chunks_when_requests_compete() {
+    let mut e = engine(|c, _| c.long_prefill_token_threshold = 16);
+    add(&mut e, "a", vec![5; 40], None);
+    add(&mut e, "b", vec![6; 40], None);
+    assert_eq!(plan(&mut e), s(&[("a", 16), ("b", 16)]));
+    // alone, a request may use the whole budget
+    let mut e = engine(|c, _| c.long_prefill_token_threshold = 16);
+    add(&mut e, "solo", vec![5; 40], None);
+    assert_eq!(plan(&mut e), s(&[("solo", 40)]));
+}
+
+#[test]
+fn without_chunked_prefill_a_prompt_must_fit_the_budget() {
+    let mut e = engine(|c, _| {
+        c.max_num_batched_tokens = 50;
+        c.enable_chunked_prefill = false;
+    });
+    add(&mut e, "a", vec![5; 30], None);
+    add(&mut e, "b", vec![6; 30], None);
+    assert_eq!(plan(&mut e), s(&[("a", 30)]));
+}
+
+#[test]
+fn max_num_seqs_caps_the_batch() {
+    let mut e = engine(|c, _| c.max_num_seqs = 2);
+    for id in ["a", "b", "c"] {
+        add(&mut e, id, vec![5; 4], None);
+    }
+    assert_eq!(plan(&mut e), s(&[("a", 4), ("b", 4)]));
+}
+
+#[test]
+fn the_newest_running_request_is_preempted_when_kv_runs_out() {
+    // 4 usable blocks of 4 tokens; two 7-token prompts take 2 blocks each
+    let mut e = engine(|_, kv| *kv = (5, 4));
+    add(&mut e, "old", vec![5; 7], None);
+    add(&mut e, "new", vec![6; 7], None);
+    let p1 = plan(&mut e);
+    assert_eq!(p1, s(&[("old", 7), ("new", 7)]));
+    finish(&mut e, &p1); // 8 tokens each, 7 computed
+    let p2 = plan(&mut e);
+    assert_eq!(
+        p2,
+        s(&[("old", 1), ("new", 1)]),
+        "8 tokens still fit 2 blocks"
+    );
+    finish(&mut e, &p2); // 9 tokens each: the 9th needs a third block
+    let p3 = plan(&mut e);
+    assert_eq!(p3, s(&[("old", 1)]), "new was preempted to make room");
+    let new = &e.batch.requests["new"];
+    assert_eq!(new.phase, Phase::Waiting);
+    assert_eq!(new.num_computed, 0);
+    assert_eq!(new.num_preemptions, 1);
+    assert!(
+        new.pending_events
+            .iter()
+            .any(|ev| ev.kind == EventType::Preempted)
+    );
+    assert!(new.seq < 0, "back at the front of the queue");
+    assert_eq!(e.batch.running, vec!["old".to_string()]);
+}
+
+#[test]
+fn a_repeated_prompt_hits_the_prefix_cache() {
+    let mut e = engine(|_, _| {});
+    let prompt: Vec<u32> = (0..40).collect();
+    add(&mut e, "first", prompt.clone(), None);
+    let p = plan(&mut e);
+    assert_eq!(p, s(&[("first", 40)]));
+    assert_eq!(
+        (e.batch.prefix_delta.queries, e.batch.prefix_delta.hits),
+        (40, 0)
+    );
+    finish(&mut e, &p);
+    e.batch.remove("first");
+    e.batch.prefix_delta = Default::default();
+    add(&mut e, "second", prompt, None);
+    // 2 full blocks (32 tokens) are cached; the rest is computed
+    assert_eq!(plan(&mut e), s(&[("second", 8)]));
+    assert_eq!(
+        (e.batch.prefix_delta.queries, e.batch.prefix_delta.hits),
+        (40, 32)
+    );
+    assert_eq!(e.batch.requests["second"].cached_tokens, 32);
+}
+
+#[test]
+fn at_least_one_token_is_always_computed() {
+    let mut e = engine(|_, _| {});
+    let prompt: Vec<u32> = (0..32).collect();
+    add(&mut e, "a", prompt.clone(), None);
+    let p = plan(&mut e);
+    finish(&mut e, &p);
+    e.batch.remove("a");
+    add(&mut e, "b", prompt, None);
+    // a 32-token prompt can hit at most 31 tokens: one block (16)
+    assert_eq!(plan(&mut e), s(&[("b", 16)]));
+}
+
+#[test]
+fn max_loras_limits_distinct_adapters_in_the_batch() {
+    let mut e = engine(|c, _| c.max_loras = 1);
+    add(&mut e, "l1", vec![5; 4], Some(1));
+    add(&mut e, "l2", vec![5; 4], Some(2));
+    add(&mut e, "base", vec![5; 4], None);
+    add(&mut e, "l1b", vec![5; 4], Some(1));
+    assert_eq!(plan(&mut e), s(&[("l1", 4), ("base", 4), ("l1b", 4)]));
+    assert_eq!(e.batch.waiting, vec!["l2".to_string()]);
+    assert_eq!(
+        e.batch.skipped_waiting, 1,
+        "reported as deferred, not waiting for capacity"
+    );
+}

@@ -1,0 +1,278 @@
+//! `play`'s flags, validated once into a [`PlayConfig`] the rest of the program trusts,
+//! and the one builder that makes an engine from it (used by the live loop, the offline
+//! driver and the tests).
+
+use std::ops::Range;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use sim_protocol::VllmLine;
+use sim_protocol::kv_events::KvEventsConfig;
+use sim_trace::latency::{self, Knobs};
+
+use super::batch::ComposeRules;
+use super::failures::FailureInjector;
+use super::queue_policy::SchedulingPolicy;
+use super::sim::SimEngine;
+use super::spec_decode::{SpecMetricsLevel, SpecModel};
+use super::tokens::{EchoTokens, RandomTokens, TokenSource};
+use super::{PlayArgs, TokenMode};
+
+/// Engine settings, validated.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub line: VllmLine,
+    /// Data-parallel rank of this engine (`EngineCoreOutputs.engine_index`).
+    pub engine_index: u32,
+    /// The scheduler rules steps are composed under.
+    pub rules: ComposeRules,
+    pub max_model_len: u64,
+    pub block_size: u64,
+    pub num_gpu_blocks: u64,
+    /// Tokens per output message per request (≥ 1).
+    pub output_token_chunk_size: u32,
+    pub log_requests: bool,
+    /// Speculative decoding: K drafts per decode step and their acceptance model.
+    pub spec: Option<SpecModel>,
+    pub spec_metrics: SpecMetricsLevel,
+    pub failures: Option<FailureInjector>,
+    /// Ids random tokens (and logprob alternatives) come from.
+    pub token_ids: Range<u32>,
+    /// Seed of the per-request randomness.
+    pub seed: u64,
+    /// Tell the frontend which requests finished (`EngineCoreOutputs.finished_requests`);
+    /// vLLM does this with data parallelism, where the frontend balances load with it.
+    pub report_finished: bool,
+}
+
+/// Everything `play` needs, checked.
+#[derive(Debug, Clone)]
+pub struct PlayConfig {
+    pub handshake_address: String,
+    pub line: VllmLine,
+    /// DP ranks served by this process.
+    pub ranks: Range<u16>,
+    /// The deployment's data-parallel size.
+    pub dp_size: u16,
+    pub handshake_timeout: Duration,
+    pub shutdown_timeout: Duration,
+    /// The engine of the first rank (the builder sets `engine_index` per rank).
+    pub engine: EngineConfig,
+    pub tokens: TokenMode,
+    pub random: RandomTokens,
+    pub knobs: Knobs,
+    pub policy: SchedulingPolicy,
+    pub kv_events: Option<KvEventsConfig>,
+    /// Advertised in the ready response.
+    pub dtype: String,
+    pub disable_lora: bool,
+    pub max_loras: u32,
+    pub max_num_seqs: u64,
+    pub max_num_batched_tokens: u64,
+}
+
+fn seconds(v: f64, flag: &str, allow_zero: bool) -> Result<Duration> {
+    let ok = v.is_finite() && (v > 0.0 || (allow_zero && v == 0.0));
+    if !ok {
+        let what = if allow_zero { "≥ 0" } else { "positive" };
+        bail!("{flag} must be a {what} number of seconds, got {v}");
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+impl TryFrom<&PlayArgs> for PlayConfig {
+    type Error = anyhow::Error;
+
+    fn try_from(a: &PlayArgs) -> Result<Self> {
+        if a.min_token_id >= a.vocab_size {
+            bail!(
+                "--min-token-id ({}) must be below --vocab-size ({})",
+                a.min_token_id,
+                a.vocab_size
+            );
+        }
+        let knobs = a.knobs();
+        knobs.validate().map_err(|e| anyhow!(e))?;
+        let kv_events = a
+            .kv_events_config
+            .as_deref()
+            .map(super::kv_events::parse_kv_events_config)
+            .transpose()
+            .context("--kv-events-config")?;
+        let spec = (a.num_speculative_tokens > 0)
+            .then(|| SpecModel::new(a.num_speculative_tokens, a.speculative_acceptance_rate))
+            .transpose()
+            .map_err(|e| anyhow!("--num-speculative-tokens: {e}"))?;
+        let failures = (a.failure_injection_rate != 0.0)
+            .then(|| FailureInjector::new(a.failure_injection_rate, a.failure_types.clone()))
+            .transpose()
+            .map_err(|e| anyhow!("--failure-injection-rate: {e}"))?;
+        if a.output_token_chunk_size == 0 {
+            bail!("--output-token-chunk-size must be at least 1");
+        }
+        let handshake_timeout = seconds(a.handshake_timeout, "--handshake-timeout", false)?;
+        let shutdown_timeout = seconds(a.shutdown_timeout, "--shutdown-timeout", true)?;
+        let last = a
+            .data_parallel_rank
+            .checked_add(a.engine_count)
+            .context("--data-parallel-rank + --engine-count overflows a u16 rank")?;
+        let dp_size = a.data_parallel_size.unwrap_or(last).max(last);
+        let num_gpu_blocks = match a.kv_cache_size {
+            Some(tokens) => tokens.div_ceil(a.block_size) + 1,
+            None => a.num_gpu_blocks,
+        };
+        let engine = EngineConfig {
+            line: a.vllm_version,
+            engine_index: u32::from(a.data_parallel_rank),
+            rules: ComposeRules {
+                max_num_seqs: a.max_num_seqs as usize,
+                max_num_batched_tokens: a.max_num_batched_tokens,
+                long_prefill_token_threshold: a.long_prefill_token_threshold,
+                enable_chunked_prefill: !a.no_enable_chunked_prefill,
+                enable_prefix_caching: !a.no_enable_prefix_caching,
+                max_loras: a.max_loras as usize,
+                priority_preemption: a.scheduling_policy == SchedulingPolicy::Priority,
+            },
+            max_model_len: a.max_model_len,
+            block_size: a.block_size,
+            num_gpu_blocks,
+            output_token_chunk_size: a.output_token_chunk_size,
+            log_requests: a.log_requests,
+            spec,
+            spec_metrics: a.per_request_spec_decode_metrics,
+            failures,
+            token_ids: a.min_token_id..a.vocab_size,
+            seed: a.seed,
+            report_finished: dp_size > 1,
+        };
+        Ok(Self {
+            handshake_address: a.handshake_address.clone(),
+            line: a.vllm_version,
+            ranks: a.data_parallel_rank..last,
+            dp_size,
+            handshake_timeout,
+            shutdown_timeout,
+            engine,
+            tokens: a.tokens,
+            random: RandomTokens {
+                seed: a.seed,
+                min_id: a.min_token_id,
+                vocab_size: a.vocab_size,
+            },
+            knobs,
+            policy: a.scheduling_policy,
+            kv_events,
+            dtype: a.dtype.clone(),
+            disable_lora: a.disable_lora,
+            max_loras: a.max_loras,
+            max_num_seqs: a.max_num_seqs,
+            max_num_batched_tokens: a.max_num_batched_tokens,
+        })
+    }
+}
+
+impl PlayConfig {
+    /// The configuration `play` runs with when no flag is given.
+    pub fn defaults() -> Self {
+        Self::try_from(&PlayArgs::defaults()).expect("the default flags are valid")
+    }
+
+    /// Where output token ids come from.
+    pub fn token_source(&self) -> Box<dyn TokenSource> {
+        match self.tokens {
+            TokenMode::Random => Box::new(self.random.clone()),
+            TokenMode::Echo => Box::new(EchoTokens {
+                fallback: Some(self.random.clone()),
+            }),
+        }
+    }
+
+    /// The engine of DP rank `rank`: the one way an engine is made, for the live loop, the
+    /// offline driver and the tests.
+    pub fn build_engine(&self, rank: u16) -> SimEngine {
+        let mut cfg = self.engine.clone();
+        cfg.engine_index = u32::from(rank);
+        SimEngine::new(
+            cfg,
+            self.token_source(),
+            latency::from_knobs(self.knobs, self.random.seed.wrapping_add(u64::from(rank))),
+            self.policy.build(),
+        )
+    }
+
+    /// The ready response of DP rank `rank` (what the engine advertises at the handshake).
+    pub fn ready_response(&self, rank: u16) -> sim_protocol::ready::ReadyResponse {
+        let max_loras = if self.disable_lora {
+            0
+        } else if self.max_loras == 0 {
+            self.max_num_seqs
+        } else {
+            u64::from(self.max_loras)
+        };
+        let e = &self.engine;
+        sim_protocol::ready::ReadyResponse {
+            max_model_len: e.max_model_len,
+            num_gpu_blocks: e.num_gpu_blocks,
+            block_size: e.block_size,
+            dp_stats_address: None,
+            dtype: self.dtype.clone(),
+            vllm_version: crate::compat::tag_for(self.line),
+            world_size: 1,
+            data_parallel_size: u64::from(self.dp_size),
+            tensor_parallel_size: 1,
+            pipeline_parallel_size: 1,
+            decode_context_parallel_size: 1,
+            data_parallel_rank: u64::from(rank),
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            instance_id: format!("vllm-vcr-{}-{rank}", std::process::id()),
+            supports_lora: !self.disable_lora,
+            max_loras,
+            kv_cache_size_tokens: Some((e.num_gpu_blocks - 1) * e.block_size),
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(f: impl FnOnce(&mut PlayArgs)) -> PlayArgs {
+        let mut a = PlayArgs::defaults();
+        f(&mut a);
+        a
+    }
+
+    #[test]
+    fn bad_values_are_refused_not_dropped() {
+        let e = PlayConfig::try_from(&args(|a| {
+            a.num_speculative_tokens = 3;
+            a.speculative_acceptance_rate = 1.5;
+        }))
+        .unwrap_err();
+        assert!(e.to_string().contains("--num-speculative-tokens"), "{e}");
+        let e = PlayConfig::try_from(&args(|a| a.failure_injection_rate = 2.0)).unwrap_err();
+        assert!(e.to_string().contains("--failure-injection-rate"), "{e}");
+        let e = PlayConfig::try_from(&args(|a| a.min_token_id = 300)).unwrap_err();
+        assert!(e.to_string().contains("--min-token-id"), "{e}");
+        let e = PlayConfig::try_from(&args(|a| a.shutdown_timeout = -1.0)).unwrap_err();
+        assert!(e.to_string().contains("--shutdown-timeout"), "{e}");
+    }
+
+    #[test]
+    fn ranks_and_blocks_are_derived_once() {
+        let c = PlayConfig::try_from(&args(|a| {
+            a.data_parallel_rank = 2;
+            a.engine_count = 2;
+            a.kv_cache_size = Some(100);
+            a.block_size = 16;
+        }))
+        .unwrap();
+        assert_eq!(c.ranks, 2..4);
+        assert_eq!(c.dp_size, 4);
+        assert!(c.engine.report_finished);
+        assert_eq!(c.engine.num_gpu_blocks, 7 + 1);
+        assert_eq!(c.build_engine(3).engine_index(), 3);
+    }
+}

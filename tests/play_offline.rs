@@ -1,0 +1,195 @@
+//! Time is an input: one workload run live over ZMQ, then fed to the offline driver with
+//! the engine-side arrival time of each request, gives the same tokens, the same step
+//! sequence and the same step durations.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sim_protocol::{EngineCoreOutputs, EventType, FinishReason};
+use support::*;
+use vllm_vcr::play::config::PlayConfig;
+use vllm_vcr::play::offline::OfflineDriver;
+use vllm_vcr::play::timer::instant_to_monotonic;
+
+/// One step as the stats show it: (step counter, running, waiting, KV usage ‰, prefix
+/// queries, hits, requests that produced tokens).
+type Step = (u64, u64, u64, u64, u64, u64, Vec<String>);
+
+/// A request of the workload: (id, prompt, max_tokens).
+type Req = (String, Vec<u32>, u32);
+
+/// What a run showed, with times relative to the first request's arrival.
+#[derive(Debug, Default, PartialEq)]
+struct Run {
+    tokens: BTreeMap<String, Vec<u32>>,
+    finished: BTreeMap<String, FinishReason>,
+    steps: Vec<Step>,
+    /// Every SCHEDULED / PREEMPTED event: (µs after the first arrival, request, kind).
+    /// These carry a step's start, which is the previous step's end: the step clock.
+    step_events: Vec<(i64, String, EventType)>,
+    /// Emission time of each step, µs after the first arrival.
+    emitted_us: Vec<i64>,
+}
+
+impl Run {
+    fn absorb(&mut self, env: &EngineCoreOutputs, origin: f64) {
+        let us = |t: f64| ((t - origin) * 1e6).round() as i64;
+        let mut produced = Vec::new();
+        for o in &env.outputs {
+            if !o.new_token_ids.is_empty() {
+                produced.push(o.request_id.clone());
+            }
+            self.tokens
+                .entry(o.request_id.clone())
+                .or_default()
+                .extend(&o.new_token_ids);
+            if let Some(f) = o.finish_reason {
+                self.finished.insert(o.request_id.clone(), f);
+            }
+            for e in &o.events {
+                if e.kind != EventType::Queued {
+                    self.step_events
+                        .push((us(e.timestamp), o.request_id.clone(), e.kind));
+                }
+            }
+        }
+        if let Some(s) = &env.scheduler_stats {
+            produced.sort();
+            self.steps.push((
+                s.step_counter,
+                s.num_running_reqs,
+                s.num_waiting_reqs,
+                (s.kv_cache_usage * 1000.0).round() as u64,
+                s.prefix_cache_stats.queries,
+                s.prefix_cache_stats.hits,
+                produced,
+            ));
+            self.emitted_us.push(us(env.timestamp));
+        }
+    }
+}
+
+fn workload() -> Vec<Req> {
+    (0..64u32)
+        .map(|i| {
+            // prompts of 6..=40 tokens sharing a 12-token prefix every other request
+            let len = 6 + (i * 7) % 35;
+            let prompt: Vec<u32> = (0..len)
+                .map(|j| {
+                    if i % 2 == 0 && j < 12 {
+                        5 + j
+                    } else {
+                        3 + (i * 31 + j * 17) % 250
+                    }
+                })
+                .collect();
+            (format!("r{i:02}"), prompt, 8 + (i * 5) % 17)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_run_and_the_offline_driver_agree_step_for_step() {
+    let mut a = args();
+    a.time_to_first_token = 6.0;
+    a.time_to_first_token_std_dev = 3.0;
+    a.inter_token_latency = 1.5;
+    a.inter_token_latency_std_dev = 0.7;
+    a.prefill_time_per_token = 0.02;
+    a.max_num_seqs = 24;
+    a.block_size = 4;
+    a.num_gpu_blocks = 60; // 236 tokens of KV: the batch outgrows it and preempts
+    a.seed = 11;
+    let cfg = PlayConfig::try_from(&a).unwrap();
+    let line = cfg.line;
+
+    // live, over ZMQ, requests sent ~0.7 ms apart
+    let mut w = Wire::start(a).await;
+    let work = workload();
+    for (i, (id, prompt, max)) in work.iter().enumerate() {
+        w.send(&add(id, prompt, *max)).await;
+        if i % 3 != 2 {
+            tokio::time::sleep(Duration::from_micros(700)).await;
+        }
+    }
+    let ids: Vec<&str> = work.iter().map(|(id, _, _)| id.as_str()).collect();
+    let c = w.collect(&ids).await;
+    w.stop().await.unwrap();
+
+    // engine-side arrivals: each request's QUEUED event
+    let mut arrivals: BTreeMap<String, f64> = BTreeMap::new();
+    for env in &c.envelopes {
+        for o in &env.outputs {
+            for e in &o.events {
+                if e.kind == EventType::Queued {
+                    arrivals.insert(o.request_id.clone(), e.timestamp);
+                }
+            }
+        }
+    }
+    assert_eq!(arrivals.len(), 64, "every request reported its arrival");
+    let first = arrivals.values().copied().fold(f64::INFINITY, f64::min);
+    let mut live = Run::default();
+    for env in &c.envelopes {
+        live.absorb(env, first);
+    }
+    let preemptions = live
+        .step_events
+        .iter()
+        .filter(|e| e.2 == EventType::Preempted)
+        .count();
+    assert!(preemptions > 0, "the workload preempts");
+
+    // offline, on a virtual clock
+    let mut run = OfflineDriver::new(cfg.build_engine(0));
+    let mut order: Vec<(f64, &Req)> = work.iter().map(|r| (arrivals[&r.0], r)).collect();
+    order.sort_by(|x, y| x.0.total_cmp(&y.0));
+    for (t, (id, prompt, max)) in order {
+        let mut req = request(id, prompt, *max);
+        req.wire_len = line.request_len();
+        run.add(Duration::from_secs_f64(t - first), 0, req);
+    }
+    let outputs = run.run_until_idle();
+    let origin = instant_to_monotonic(run.origin());
+    let mut offline = Run::default();
+    for o in &outputs {
+        offline.absorb(&o.outputs, origin);
+    }
+
+    assert_eq!(offline.tokens, live.tokens, "same tokens");
+    assert_eq!(offline.finished, live.finished, "same finishes");
+    assert_eq!(offline.steps, live.steps, "same step sequence");
+    // Step starts (SCHEDULED/PREEMPTED stamps) are the previous steps' deadlines: equal
+    // up to the clock conversion's rounding.
+    assert_eq!(offline.step_events.len(), live.step_events.len());
+    for (o, l) in offline.step_events.iter().zip(&live.step_events) {
+        assert_eq!((&o.1, o.2), (&l.1, l.2));
+        assert!(
+            (o.0 - l.0).abs() <= 2,
+            "step clock: offline {o:?} live {l:?}"
+        );
+    }
+    // Live emissions are late by the loop's wake-up lateness, never early.
+    let mut late: Vec<i64> = live
+        .emitted_us
+        .iter()
+        .zip(&offline.emitted_us)
+        .map(|(l, o)| l - o)
+        .collect();
+    late.sort();
+    assert!(
+        late[0] >= -2,
+        "a live step was emitted before its deadline: {late:?}"
+    );
+    let p50 = late[late.len() / 2];
+    assert!(p50 < 2_000, "median lateness {p50} µs");
+    eprintln!(
+        "{} steps, {} preemptions; live lateness p50 {} µs, max {} µs",
+        live.steps.len(),
+        preemptions,
+        p50,
+        late[late.len() - 1]
+    );
+}
