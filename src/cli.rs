@@ -99,7 +99,8 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 /// The tap relays on one thread: the zeromq crate's round trip is about 3x faster on a
-/// current-thread runtime (shared/spec/crates.md §2.2); the observer has its own thread.
+/// current-thread runtime (DEALER→ROUTER echo over ipc, p50 about 16 µs against 52 µs on
+/// the multi-thread runtime); the observer has its own thread.
 fn current_thread_runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()

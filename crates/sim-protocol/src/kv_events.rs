@@ -1,6 +1,6 @@
 //! KV-cache events, as vLLM's engine publishes them on its optional ZMQ PUB socket
-//! (`vllm/distributed/kv_events.py`; `shared/spec/protocol.md` §5.6), and the
-//! `KVEventsConfig` map the ready response advertises (`vllm/config/kv_events.py`).
+//! (`vllm/distributed/kv_events.py`), and the `KVEventsConfig` map the ready response
+//! advertises (`vllm/config/kv_events.py`).
 //!
 //! - [`KvEvent`]: `BlockStored` / `BlockRemoved` / `AllBlocksCleared`;
 //! - [`encode_kv_event_batch`]: a `KVEventBatch` exactly as msgspec writes it for a line;

@@ -1,9 +1,9 @@
 //! vLLM release lines and the wire layout each one speaks.
 //!
 //! One binary speaks every line in the supported window: the line is picked at start-up and
-//! every array that crosses the wire is laid out from the tables here. The tables are the
-//! field lists of `shared/spec/fields/fields-<version>.txt` (positions = msgpack array
-//! indices, because vLLM's structs are `array_like`).
+//! every array that crosses the wire is laid out from the tables here. The tables follow the
+//! declaration order of the msgspec structs in each release's `vllm/v1/engine/__init__.py`
+//! (positions = msgpack array indices, because vLLM's structs are `array_like`).
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,7 +1,7 @@
 //! ZMQ sockets and the startup handshake, engine side ([`connect_to_frontend`]) and frontend
 //! side ([`FrontendListener`]), on the pure-Rust `zeromq` crate (0.7.0).
 //!
-//! Workarounds for that crate (`shared/spec/crates.md` §2.3):
+//! Workarounds for where that crate differs from libzmq:
 //! - `tcp://*:port` is rejected: [`bind_address`] rewrites `*` to `0.0.0.0`;
 //! - `connect()` awaits the peer (retrying refused endpoints with a backoff that grows to
 //!   30 s): every connect here is wrapped in our own short attempts and an overall deadline,
@@ -316,7 +316,8 @@ pub async fn recv_frames<S: SocketRecv>(sock: &mut S) -> Result<Vec<Bytes>, Tran
         .map_err(zmq_err("receive"))
 }
 
-/// The engine half of the startup handshake (`protocol.md` §3), as DP rank `rank`:
+/// The engine half of the startup handshake (vLLM's `startup_handshake` in
+/// `vllm/v1/engine/core.py`), as DP rank `rank`:
 /// HELLO → INIT → the ready response on every input socket → (coordinator) → READY.
 ///
 /// Keeps trying to reach `handshake_address` for `opts.handshake_timeout`, so the engine may

@@ -1,4 +1,5 @@
-//! Codec behaviour: per-line layouts, leniency, errors, and the examples of protocol.md.
+//! Codec behaviour: per-line layouts, leniency, errors, and known byte sequences of the
+//! handshake and messages (as msgspec encodes them for vLLM).
 
 mod common;
 
@@ -79,7 +80,7 @@ fn output_arrays(frames: &[Bytes]) -> Vec<Vec<Value>> {
 }
 
 // ---------------------------------------------------------------------------------------
-// protocol.md examples
+// known bytes
 
 #[test]
 fn handshake_status_maps_are_the_documented_bytes() {
@@ -94,7 +95,7 @@ fn handshake_status_maps_are_the_documented_bytes() {
 }
 
 #[test]
-fn appendix_a_init_round_trips_byte_for_byte() {
+fn a_captured_vllm_rs_init_round_trips_byte_for_byte() {
     let bytes = hex(
         "82a961646472657373657385a6696e7075747391b57463703a2f2f3132372e302e302e313a3433373639a76f75747075747391b57463703a2f2f3132372e302e302e313a3333333531b1636f6f7264696e61746f725f696e707574c0b2636f6f7264696e61746f725f6f7574707574c0be66726f6e74656e645f73746174735f7075626c6973685f61646472657373c0af706172616c6c656c5f636f6e66696780",
     );

@@ -223,7 +223,7 @@ fn constructors_match_vllm_0_33_block_pool() {
     assert_eq!(extra_keys, &Some(vec![None, None]));
     assert_eq!((*group_idx, medium.as_deref()), (Some(0), Some("GPU")));
     let bytes = encode_kv_event_batch(line(33), 1.0, &[e], Some(0));
-    // 10 keys behind a map16 header, as in protocol.md §5.6's example.
+    // The 10 keys above behind a map16 header (`de 000a`), as msgspec writes them.
     assert_eq!(&bytes[10..13], &[0x91, 0xde, 0x00][..]);
     assert_eq!(bytes[13], 0x0a);
 }
