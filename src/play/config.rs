@@ -43,6 +43,11 @@ pub struct EngineConfig {
     /// Tell the frontend which requests finished (`EngineCoreOutputs.finished_requests`);
     /// vLLM does this with data parallelism, where the frontend balances load with it.
     pub report_finished: bool,
+    /// Recorded times (`--replay-steps`) are divided by this (`--time-scale`).
+    pub time_scale: f64,
+    /// A latency model paces prefills (`--latency-trace`): a scripted request's first
+    /// token comes from the model, not from the recorded TTFT.
+    pub modeled_prefill: bool,
 }
 
 /// Everything `play` needs, checked.
@@ -93,6 +98,55 @@ impl TryFrom<&PlayArgs> for PlayConfig {
         }
         let knobs = a.knobs();
         knobs.validate().map_err(|e| anyhow!(e))?;
+        if !a.latency_trace.is_empty() {
+            let set: Vec<&str> = [
+                (a.time_to_first_token, "--time-to-first-token"),
+                (
+                    a.time_to_first_token_std_dev,
+                    "--time-to-first-token-std-dev",
+                ),
+                (a.inter_token_latency, "--inter-token-latency"),
+                (
+                    a.inter_token_latency_std_dev,
+                    "--inter-token-latency-std-dev",
+                ),
+                (a.prefill_overhead, "--prefill-overhead"),
+                (a.prefill_time_per_token, "--prefill-time-per-token"),
+            ]
+            .into_iter()
+            .filter(|(v, _)| *v > 0.0)
+            .map(|(_, f)| f)
+            .collect();
+            if !set.is_empty() {
+                bail!(
+                    "--latency-trace paces every step with the model fitted to the capture; it does not combine with {} (drop those, or drop --latency-trace)",
+                    set.join(", ")
+                );
+            }
+            if a.time_factor_under_load != 1.0 {
+                bail!(
+                    "--latency-trace already conditions step times on the batch; --time-factor-under-load does not combine with it"
+                );
+            }
+        }
+        if !a.latency_trace.is_empty() || a.replay_tokens.is_some() || a.replay_steps.is_some() {
+            // wired up with the record index and the fitted model (next commits)
+            bail!(
+                "--latency-trace, --replay-tokens and --replay-steps are not available in this build yet"
+            );
+        }
+        if let Some(expected) = &a.expect_config_hash {
+            let mut paths: Vec<&std::path::Path> =
+                a.latency_trace.iter().map(|p| p.as_path()).collect();
+            paths.extend(a.replay_tokens.as_deref());
+            paths.extend(a.replay_steps.as_deref());
+            if paths.is_empty() {
+                bail!(
+                    "--expect-config-hash checks the traces given to --latency-trace, --replay-tokens or --replay-steps, and none was given"
+                );
+            }
+            super::replay::check_config_hash(expected, &paths)?;
+        }
         let kv_events = a
             .kv_events_config
             .as_deref()
@@ -144,6 +198,8 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             token_ids: a.min_token_id..a.vocab_size,
             seed: a.seed,
             report_finished: dp_size > 1,
+            time_scale: knobs.time_scale,
+            modeled_prefill: !a.latency_trace.is_empty(),
         };
         Ok(Self {
             handshake_address: a.handshake_address.clone(),

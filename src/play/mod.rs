@@ -12,7 +12,9 @@ pub mod kv_events;
 pub mod logprobs;
 pub mod offline;
 pub mod queue_policy;
+pub mod replay;
 pub mod request;
+pub mod scripted;
 pub mod sim;
 pub mod spec_decode;
 pub mod timer;
@@ -232,6 +234,45 @@ pub struct PlayArgs {
     /// The resolved config is advertised to the frontend in the ready response.
     #[arg(long)]
     pub kv_events_config: Option<String>,
+
+    /// Pace steps with a latency model fitted to captured traces (`record --trace-out`,
+    /// `.gz` too), or loaded from a model file written by `inspect fit`. Give a trace's
+    /// step-stats sidecar after it as `TRACE:steps=SIDECAR`. Not together with the TTFT /
+    /// ITL / prefill knobs; composes with --time-scale.
+    #[arg(long, num_args = 1.., value_name = "PATH")]
+    pub latency_trace: Vec<std::path::PathBuf>,
+
+    /// Serve recorded output token ids from this trace (captured with
+    /// `record --record-tokens`); --replay-match decides which record a request gets.
+    #[arg(long, value_name = "TRACE")]
+    pub replay_tokens: Option<std::path::PathBuf>,
+
+    /// Replay each matched request's recorded chunk sizes at its recorded gaps (the
+    /// first token after the recorded TTFT, unless --latency-trace models it).
+    #[arg(long, value_name = "TRACE")]
+    pub replay_steps: Option<std::path::PathBuf>,
+
+    /// How requests find their record: `index` (the `replay-<i>` in the request id picks
+    /// the i-th record by arrival) or `prefix` (the prompt's block hashes against the
+    /// records': the longest shared prefix).
+    #[arg(long, value_enum, default_value_t = replay::MatchMode::Index)]
+    pub replay_match: replay::MatchMode,
+
+    /// What a request without a record gets: `random` tokens (logged and counted) or
+    /// `fail` (it finishes with an error saying why).
+    #[arg(long, value_enum, default_value_t = replay::MissPolicy::Random)]
+    pub replay_miss: replay::MissPolicy,
+
+    /// Write the replay counts (served, matched by depth, missed by reason) as JSON to
+    /// this file when the engine stops.
+    #[arg(long, value_name = "PATH")]
+    pub replay_summary: Option<std::path::PathBuf>,
+
+    /// Refuse to start unless every trace given to --latency-trace, --replay-tokens and
+    /// --replay-steps carries this `config_hash` in its meta (a capture of another engine
+    /// configuration is another engine).
+    #[arg(long, value_name = "HEX")]
+    pub expect_config_hash: Option<String>,
 
     /// Log every request's arrival, finish and abort.
     #[arg(long)]

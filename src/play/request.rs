@@ -68,6 +68,12 @@ pub struct SimRequest {
     pub remote_prefill: bool,
     /// Prompt tokens that came from the remote engine.
     pub external_cached_tokens: u64,
+    /// A replayed record's end: after this many output tokens the request finishes with
+    /// the recorded reason (`--replay-tokens`).
+    pub recorded_end: Option<(u64, FinishReason)>,
+    /// Recorded timing to follow once the first token is out (`--replay-steps` with a
+    /// latency model pacing the prefill).
+    pub script: Option<super::replay::Script>,
 }
 
 /// `extra_args.kv_transfer_params.do_remote_prefill == true` (how the NixlConnector marks a
@@ -136,6 +142,8 @@ impl SimRequest {
             failure: None,
             remote_prefill: wants_remote_prefill(sp.extra_args.as_ref()),
             external_cached_tokens: 0,
+            recorded_end: None,
+            script: None,
         }
     }
 
@@ -192,6 +200,14 @@ impl SimRequest {
             if self.stop_token_ids.contains(&last) {
                 return Some((FinishReason::Stop, Some(StopReason::Token(i64::from(last)))));
             }
+        }
+        if let Some((len, reason)) = self.recorded_end
+            && self.num_output >= len
+        {
+            // the record's own end: a stop token says which, an EOS says nothing
+            let why = (reason == FinishReason::Stop && self.stop_token_ids.contains(&last))
+                .then(|| StopReason::Token(i64::from(last)));
+            return Some((reason, why));
         }
         if self.prompt_len + self.num_output >= max_model_len
             || self.max_tokens.is_some_and(|m| self.num_output >= m)

@@ -14,13 +14,14 @@
 //! clock (`offline.rs`) that see the same arrivals compose the same steps.
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rmpv::Value;
 use sim_protocol::kv_events::KvEvent;
 use sim_protocol::{
-    CallId, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason, InputMessage,
-    RequestError, SchedulerStats, UtilityCall, UtilityOutput, VllmLine, describe_lines,
+    CallId, EngineCoreEvent, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EventType,
+    FinishReason, InputMessage, RequestError, SchedulerStats, UtilityCall, UtilityOutput, VllmLine,
+    describe_lines,
 };
 use sim_trace::latency::{LatencyModel, StepTiming};
 use sim_trace::stats::Samples;
@@ -33,7 +34,9 @@ use super::engine_core::{EngineCore, EngineInput, Outbox};
 use super::kv_cache::PoolEvent;
 use super::kv_events::KvEventPublisher;
 use super::queue_policy::QueuePolicy;
+use super::replay::Replay;
 use super::request::SimRequest;
+use super::scripted::Scripts;
 use super::spec_decode::{RequestSpecTracker, SpecStepStats};
 use super::timer::instant_to_monotonic;
 use super::tokens::{SplitMix64, TokenSource, request_seed};
@@ -67,6 +70,10 @@ pub struct SimEngine {
     /// Step emission lateness against the scheduled deadline, microseconds.
     lateness_us: Samples,
     kv_publisher: Option<KvEventPublisher>,
+    /// Recorded content and timing (`--replay-tokens`, `--replay-steps`).
+    replay: Replay,
+    /// Requests following their recorded timing.
+    scripts: Scripts,
 }
 
 impl SimEngine {
@@ -91,6 +98,8 @@ impl SimEngine {
             unreported_finished: BTreeMap::new(),
             lateness_us: Samples::default(),
             kv_publisher: None,
+            replay: Replay::default(),
+            scripts: Scripts::default(),
             cfg,
         }
     }
@@ -102,6 +111,16 @@ impl SimEngine {
     /// Step emission lateness against the scheduled deadlines, microseconds.
     pub fn lateness_us(&self) -> &Samples {
         &self.lateness_us
+    }
+
+    /// Serve recorded content and timing (`--replay-tokens`, `--replay-steps`).
+    pub fn set_replay(&mut self, replay: Replay) {
+        self.replay = replay;
+    }
+
+    /// The replay counts, when replaying.
+    pub fn replay_summary(&self) -> Option<(String, serde_json::Value)> {
+        self.replay.summary()
     }
 
     /// Publish the block pool's cache events (BlockStored / BlockRemoved / AllBlocksCleared).
@@ -297,7 +316,20 @@ impl SimEngine {
             );
         }
         let stream = self.tokens.stream_for(&req);
-        let mut r = SimRequest::new(&req, stream, 0);
+        let served = match self.replay.resolve(&req, stream, self.cfg.log_requests) {
+            Ok(served) => served,
+            Err(msg) => {
+                self.reject_error(out, client, id, "replay_miss", msg, false, now);
+                return;
+            }
+        };
+        let script = served.script;
+        let mut r = SimRequest::new(&req, served.stream, 0);
+        if let Some((len, reason)) = served.recorded_end {
+            // the stream ends where the capture did
+            r.max_tokens = Some(r.max_tokens.map_or(len, |m| m.min(len)));
+            r.recorded_end = Some((len, reason));
+        }
         r.client = client;
         r.rng = SplitMix64(request_seed(self.cfg.seed ^ 0x1f1f, &r.id));
         if let Some(f) = &self.cfg.failures {
@@ -313,7 +345,25 @@ impl SimEngine {
         }
         r.held = self.util.holds_new_requests();
         let id = r.id.clone();
-        self.batch.insert(r, now);
+        match script {
+            Some(s) if !self.cfg.modeled_prefill => {
+                // the recorded TTFT includes the recorded queueing: follow it verbatim
+                for kind in [EventType::Queued, EventType::Scheduled] {
+                    r.pending_events.push(EngineCoreEvent {
+                        kind,
+                        timestamp: instant_to_monotonic(now),
+                    });
+                }
+                let due = now + self.scaled(s.ttft);
+                self.scripts.insert(r, s, 0, due);
+                return;
+            }
+            Some(s) => {
+                r.script = Some(s);
+                self.batch.insert(r, now);
+            }
+            None => self.batch.insert(r, now),
+        }
         if req.abort_immediately {
             // vLLM admits and aborts at once so connector cleanup runs; no output.
             self.finish_silently(&id);
@@ -324,7 +374,7 @@ impl SimEngine {
 
     /// Remove a request without telling the frontend (client aborts, as vLLM does).
     fn finish_silently(&mut self, id: &str) -> bool {
-        let Some(r) = self.batch.remove(id) else {
+        let Some(r) = self.batch.remove(id).or_else(|| self.scripts.remove(id)) else {
             return false;
         };
         self.latency.forget(r.key);
@@ -363,7 +413,9 @@ impl SimEngine {
     /// Finish every request with ABORT outputs (pause in abort mode, shutdown).
     fn abort_everything(&mut self, now: Instant, out: &mut Outbox) {
         let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
-        for r in self.batch.drain() {
+        let mut all = self.batch.drain();
+        all.extend(self.scripts.drain());
+        for r in all {
             self.latency.forget(r.key);
             if self.cfg.report_finished {
                 self.unreported_finished
@@ -420,7 +472,7 @@ impl SimEngine {
         self.step_counter += 1;
         let (g, prefix) = self.batch.take_stats();
         SchedulerStats {
-            num_running_reqs: g.running,
+            num_running_reqs: g.running + self.scripts.len() as u64,
             num_waiting_reqs: g.waiting,
             num_skipped_waiting_reqs: g.skipped_waiting,
             step_counter: self.step_counter,
@@ -447,7 +499,8 @@ impl SimEngine {
             self.lateness_us
                 .push(now.saturating_duration_since(step.end).as_secs_f64() * 1e6);
         }
-        let InFlight { plan, timing, .. } = step;
+        let InFlight { plan, timing, end } = step;
+        let mut to_script: Vec<String> = Vec::new();
         let k = self.latency.num_spec_tokens();
         let bursts: BTreeMap<u64, u32> = plan
             .shape
@@ -470,11 +523,25 @@ impl SimEngine {
             let client = r.client;
             if done {
                 finished.push(id);
+            } else if r.script.is_some() {
+                to_script.push(id);
             }
             by_client.entry(client).or_default().push(o);
         }
         for id in &finished {
             self.finish_silently(id);
+        }
+        // the prefill was modeled; the rest follows the recorded gaps from this step's end
+        for id in to_script {
+            if let Some(mut r) = self.batch.remove(&id)
+                && let Some(s) = r.script.take()
+            {
+                let due = end
+                    + s.chunks
+                        .first()
+                        .map_or(Duration::ZERO, |c| self.scaled(c.0));
+                self.scripts.insert(r, s, 1, due);
+            }
         }
         // every step reports stats, like vLLM's scheduler
         self.send_step(by_client, true, now, out);
@@ -517,7 +584,50 @@ impl SimEngine {
 
     /// Total requests known (waiting + running).
     pub fn num_requests(&self) -> usize {
-        self.batch.len()
+        self.batch.len() + self.scripts.len()
+    }
+
+    /// A recorded duration on this engine's clock (`--time-scale`).
+    fn scaled(&self, d: Duration) -> Duration {
+        d.div_f64(self.cfg.time_scale)
+    }
+
+    /// Emit every scripted chunk that is due: one envelope per client, with stats.
+    fn fire_scripts(&mut self, now: Instant, out: &mut Outbox) {
+        let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
+        let cfg = &self.cfg;
+        let k = self.replay.script_k;
+        let spec_step = &mut self.spec_step;
+        let ended = self.scripts.fire(now, |r, n| {
+            let (o, done) = emit(r, cfg, Burst::Model { n, k }, spec_step);
+            by_client.entry(r.client).or_default().push(o);
+            done
+        });
+        for (r, done) in ended {
+            if !done {
+                // the script ran out before the request's stop rules ended it: end it
+                // where the capture did
+                let reason = r.recorded_end.map_or(FinishReason::Length, |e| e.1);
+                let outputs = by_client.entry(r.client).or_default();
+                match outputs.iter_mut().rev().find(|o| o.request_id == r.id) {
+                    Some(o) => o.finish_reason = Some(reason),
+                    None => outputs.push(EngineCoreOutput {
+                        request_id: r.id.clone(),
+                        finish_reason: Some(reason),
+                        ..Default::default()
+                    }),
+                }
+            }
+            self.latency.forget(r.key);
+            if self.cfg.report_finished {
+                self.unreported_finished
+                    .entry(r.client)
+                    .or_default()
+                    .push(r.id);
+            }
+        }
+        self.send_step(by_client, true, now, out);
+        self.complete_drain(now, out);
     }
 
     /// Send a utility reply on its own (never mixed with request outputs).
@@ -587,6 +697,7 @@ impl SimEngine {
                 if let Some(step) = &mut self.in_flight {
                     step.end += shift;
                 }
+                self.scripts.shift(shift);
                 for (c, id) in drained {
                     self.reply(out, c, id, Ok(Value::Nil), now);
                 }
@@ -609,7 +720,10 @@ impl SimEngine {
         if !matches!(self.util.pause, PauseState::Draining { .. }) {
             return;
         }
-        for (client, call_id) in self.util.complete_drain(self.batch.num_unheld(), now) {
+        for (client, call_id) in self
+            .util
+            .complete_drain(self.batch.num_unheld() + self.scripts.len(), now)
+        {
             self.reply(out, client, call_id, Ok(Value::Nil), now);
         }
     }
@@ -652,6 +766,9 @@ impl EngineCore for SimEngine {
     }
 
     fn on_deadline(&mut self, now: Instant, out: &mut Outbox) {
+        if self.scripts.next_due().is_some_and(|d| d <= now) {
+            self.fire_scripts(now, out);
+        }
         if self.in_flight.as_ref().is_none_or(|s| s.end > now) {
             return;
         }
@@ -682,7 +799,11 @@ impl EngineCore for SimEngine {
         if matches!(self.util.pause, PauseState::Paused { .. }) {
             return None;
         }
-        self.in_flight.as_ref().map(|s| s.end)
+        let step = self.in_flight.as_ref().map(|s| s.end);
+        match (step, self.scripts.next_due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn begin_shutdown(&mut self, _now: Instant, _out: &mut Outbox) {
@@ -694,9 +815,9 @@ impl EngineCore for SimEngine {
     }
 
     fn abort_all(&mut self, now: Instant, out: &mut Outbox) {
-        if !self.batch.is_empty() {
+        if !self.is_idle() {
             tracing::warn!(
-                aborted = self.batch.len(),
+                aborted = self.num_requests(),
                 "shutdown timeout reached: aborting the remaining requests"
             );
             self.abort_everything(now, out);
@@ -704,6 +825,6 @@ impl EngineCore for SimEngine {
     }
 
     fn is_idle(&self) -> bool {
-        self.batch.is_empty()
+        self.batch.is_empty() && self.scripts.is_empty()
     }
 }

@@ -170,6 +170,28 @@ impl TokenStream for EchoStream {
     }
 }
 
+/// Recorded token ids, served in order (`--replay-tokens`). The engine ends the request
+/// at the recorded length; past it (which only a request that outlives its record can
+/// ask for) the stream falls back to `after`.
+pub struct RecordedStream {
+    pub ids: Vec<u32>,
+    pub pos: usize,
+    pub after: Box<dyn TokenStream>,
+}
+
+impl TokenStream for RecordedStream {
+    fn next_token(&mut self, avoid: &[u32]) -> u32 {
+        // the recorded run's sampler already applied the same masks: serve verbatim
+        match self.ids.get(self.pos) {
+            Some(&t) => {
+                self.pos += 1;
+                t
+            }
+            None => self.after.next_token(avoid),
+        }
+    }
+}
+
 /// A per-request seed: the engine seed mixed with the request id (stable across runs).
 pub fn request_seed(seed: u64, request_id: &str) -> u64 {
     let mut h = Fnv::new(seed);
