@@ -18,11 +18,12 @@ use super::engine_core::{EngineInput, LoopControl, LoopExit, Outbound, run_loop}
 use super::sim::SimEngine;
 
 /// Connect one engine (DP rank `rank`) to the frontend and serve it until shutdown.
+/// Returns the engine's replay counts when it replayed a capture.
 pub async fn run_engine(
     cfg: &PlayConfig,
     rank: u16,
     mut shutdown: watch::Receiver<bool>,
-) -> Result<()> {
+) -> Result<Option<serde_json::Value>> {
     let mut ready = cfg.ready_response(rank);
     // KV-cache events: the publisher binds before the handshake so the resolved endpoint
     // can be advertised in the ready response, as vLLM does.
@@ -53,7 +54,7 @@ pub async fn run_engine(
         r = connect => r.with_context(|| format!("handshake with the frontend at {}", cfg.handshake_address))?,
         _ = shutdown.wait_for(|v| *v) => {
             tracing::info!(rank, "shutdown before the frontend connected");
-            return Ok(());
+            return Ok(None);
         }
     };
     let clients = sockets.outputs.len();
@@ -103,17 +104,21 @@ pub async fn run_engine(
     let result = match joined {
         Ok(Ok((exit, mut engine))) => {
             report_pacing(rank, &engine);
+            let replay = engine.replay_summary().map(|(line, json)| {
+                tracing::info!(rank, "replay: {line}");
+                json
+            });
             if let Some(p) = engine.take_kv_publisher() {
                 p.shutdown().await;
             }
             match exit {
                 LoopExit::Drained | LoopExit::DrainTimedOut => {
                     tracing::info!(rank, ?exit, "engine stopped");
-                    Ok(())
+                    Ok(replay)
                 }
                 LoopExit::InputsClosed => {
                     tracing::warn!(rank, "the frontend's input sockets closed; engine stopped");
-                    Ok(())
+                    Ok(replay)
                 }
                 LoopExit::OutputsClosed => Err(anyhow::anyhow!("output socket task ended")),
             }

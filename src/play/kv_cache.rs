@@ -12,7 +12,9 @@
 
 use std::collections::HashMap;
 
-use super::block_hash::BlockHash;
+use sim_protocol::kv_events::KvEvent;
+
+use super::block_hash::{BlockHash, hash_u64};
 
 /// What the pool did to its cache, for KV-cache events.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +29,43 @@ pub enum PoolEvent {
         hashes: Vec<BlockHash>,
     },
     AllCleared,
+}
+
+impl PoolEvent {
+    /// The KV-cache event vLLM publishes for it (64-bit hashes, `block_size` tokens per
+    /// block).
+    pub fn into_kv_event(self, block_size: u32) -> KvEvent {
+        match self {
+            PoolEvent::Stored {
+                hashes,
+                parent,
+                token_ids,
+                lora,
+            } => {
+                let mut ev = KvEvent::block_stored(
+                    hashes.iter().map(hash_u64).collect(),
+                    parent.as_ref().map(hash_u64),
+                    token_ids,
+                    block_size,
+                );
+                if let (
+                    KvEvent::BlockStored {
+                        lora_id, lora_name, ..
+                    },
+                    Some((id, name)),
+                ) = (&mut ev, lora)
+                {
+                    *lora_id = Some(id);
+                    *lora_name = Some(name);
+                }
+                ev
+            }
+            PoolEvent::Removed { hashes } => {
+                KvEvent::block_removed(hashes.iter().map(hash_u64).collect())
+            }
+            PoolEvent::AllCleared => KvEvent::AllBlocksCleared,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]

@@ -340,9 +340,10 @@ pub async fn run(args: PlayArgs, shutdown: watch::Receiver<bool>) -> Result<()> 
         }));
     }
     let mut first_err = None;
-    for t in tasks {
+    let mut summaries = Vec::new();
+    for (rank, t) in cfg.ranks.clone().zip(tasks) {
         match t.await {
-            Ok(Ok(())) => {}
+            Ok(Ok(summary)) => summaries.extend(summary.map(|s| (rank, s))),
             Ok(Err(e)) => {
                 tracing::error!("{e:#}");
                 first_err.get_or_insert(e);
@@ -351,6 +352,15 @@ pub async fn run(args: PlayArgs, shutdown: watch::Receiver<bool>) -> Result<()> 
                 first_err.get_or_insert(anyhow::anyhow!("engine task failed: {e}"));
             }
         }
+    }
+    if let Some(path) = &args.replay_summary {
+        let engines: Vec<serde_json::Value> = summaries
+            .into_iter()
+            .map(|(rank, s)| serde_json::json!({"engine": rank, "counts": s}))
+            .collect();
+        let text = serde_json::to_string_pretty(&serde_json::json!({ "engines": engines }))?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("writing --replay-summary {}", path.display()))?;
     }
     match first_err {
         Some(e) => Err(e),

@@ -27,11 +27,9 @@ use sim_trace::latency::{LatencyModel, StepTiming};
 use sim_trace::stats::Samples;
 
 use super::batch::{Batch, StepPlan};
-use super::block_hash::hash_u64;
 use super::config::EngineConfig;
 use super::emit::{Burst, emit};
 use super::engine_core::{EngineCore, EngineInput, Outbox};
-use super::kv_cache::PoolEvent;
 use super::kv_events::KvEventPublisher;
 use super::queue_policy::QueuePolicy;
 use super::replay::Replay;
@@ -144,36 +142,7 @@ impl SimEngine {
             .batch
             .take_kv_events()
             .into_iter()
-            .map(|e| match e {
-                PoolEvent::Stored {
-                    hashes,
-                    parent,
-                    token_ids,
-                    lora,
-                } => {
-                    let mut ev = KvEvent::block_stored(
-                        hashes.iter().map(hash_u64).collect(),
-                        parent.as_ref().map(hash_u64),
-                        token_ids,
-                        bs,
-                    );
-                    if let (
-                        KvEvent::BlockStored {
-                            lora_id, lora_name, ..
-                        },
-                        Some((id, name)),
-                    ) = (&mut ev, lora)
-                    {
-                        *lora_id = Some(id);
-                        *lora_name = Some(name);
-                    }
-                    ev
-                }
-                PoolEvent::Removed { hashes } => {
-                    KvEvent::block_removed(hashes.iter().map(hash_u64).collect())
-                }
-                PoolEvent::AllCleared => KvEvent::AllBlocksCleared,
-            })
+            .map(|e| e.into_kv_event(bs))
             .collect();
         if !events.is_empty() {
             p.publish(events);
