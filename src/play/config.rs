@@ -13,6 +13,7 @@ use sim_trace::latency::{self, Knobs};
 use super::batch::ComposeRules;
 use super::failures::FailureInjector;
 use super::queue_policy::SchedulingPolicy;
+use super::replay::ReplaySetup;
 use super::sim::SimEngine;
 use super::spec_decode::{SpecMetricsLevel, SpecModel};
 use super::tokens::{EchoTokens, RandomTokens, TokenSource};
@@ -74,6 +75,8 @@ pub struct PlayConfig {
     pub max_loras: u32,
     pub max_num_seqs: u64,
     pub max_num_batched_tokens: u64,
+    /// Recorded content and timing to serve (`--replay-tokens`, `--replay-steps`).
+    pub replay: Option<ReplaySetup>,
 }
 
 fn seconds(v: f64, flag: &str, allow_zero: bool) -> Result<Duration> {
@@ -129,11 +132,9 @@ impl TryFrom<&PlayArgs> for PlayConfig {
                 );
             }
         }
-        if !a.latency_trace.is_empty() || a.replay_tokens.is_some() || a.replay_steps.is_some() {
-            // wired up with the record index and the fitted model (next commits)
-            bail!(
-                "--latency-trace, --replay-tokens and --replay-steps are not available in this build yet"
-            );
+        if !a.latency_trace.is_empty() {
+            // wired up with the fitted model (next commit)
+            bail!("--latency-trace is not available in this build yet");
         }
         if let Some(expected) = &a.expect_config_hash {
             let mut paths: Vec<&std::path::Path> =
@@ -147,6 +148,12 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             }
             super::replay::check_config_hash(expected, &paths)?;
         }
+        let replay = ReplaySetup::load(
+            a.replay_tokens.as_deref(),
+            a.replay_steps.as_deref(),
+            a.replay_match,
+            a.replay_miss,
+        )?;
         let kv_events = a
             .kv_events_config
             .as_deref()
@@ -223,6 +230,7 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             max_loras: a.max_loras,
             max_num_seqs: a.max_num_seqs,
             max_num_batched_tokens: a.max_num_batched_tokens,
+            replay,
         })
     }
 }
@@ -248,12 +256,16 @@ impl PlayConfig {
     pub fn build_engine(&self, rank: u16) -> SimEngine {
         let mut cfg = self.engine.clone();
         cfg.engine_index = u32::from(rank);
-        SimEngine::new(
+        let mut engine = SimEngine::new(
             cfg,
             self.token_source(),
             latency::from_knobs(self.knobs, self.random.seed.wrapping_add(u64::from(rank))),
             self.policy.build(),
-        )
+        );
+        if let Some(r) = &self.replay {
+            engine.set_replay(r.engine_replay());
+        }
+        engine
     }
 
     /// The ready response of DP rank `rank` (what the engine advertises at the handshake).

@@ -353,12 +353,9 @@ pub async fn run(args: PlayArgs, shutdown: watch::Receiver<bool>) -> Result<()> 
             }
         }
     }
-    if let Some(path) = &args.replay_summary {
-        let engines: Vec<serde_json::Value> = summaries
-            .into_iter()
-            .map(|(rank, s)| serde_json::json!({"engine": rank, "counts": s}))
-            .collect();
-        let text = serde_json::to_string_pretty(&serde_json::json!({ "engines": engines }))?;
+    // every engine of the process serves from the same shared index: one set of counts
+    if let (Some(path), Some((_, counts))) = (&args.replay_summary, summaries.pop()) {
+        let text = serde_json::to_string_pretty(&counts)?;
         std::fs::write(path, text + "\n")
             .with_context(|| format!("writing --replay-summary {}", path.display()))?;
     }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use sim_protocol::{EngineCoreRequest, FinishReason};
+use sim_trace::replay::{ReplayIndex, ReplayLoadOptions};
 use sim_trace::trace::TraceReader;
 
 use super::block_hash::{self, ExtraKey};
@@ -250,5 +251,187 @@ struct Empty;
 impl TokenStream for Empty {
     fn next_token(&mut self, _avoid: &[u32]) -> u32 {
         0
+    }
+}
+
+/// A [`RecordSource`] over a record index shared by every engine of the process (a
+/// record is consumed once across DP ranks).
+pub struct IndexSource {
+    index: std::sync::Arc<std::sync::Mutex<ReplayIndex>>,
+    mode: MatchMode,
+}
+
+impl IndexSource {
+    pub fn new(index: std::sync::Arc<std::sync::Mutex<ReplayIndex>>, mode: MatchMode) -> Self {
+        Self { index, mode }
+    }
+}
+
+fn ms(v: f64) -> Duration {
+    Duration::from_secs_f64(v.max(0.0) / 1e3)
+}
+
+impl RecordSource for IndexSource {
+    fn lookup(&mut self, req: &EngineCoreRequest) -> Result<Recorded, Miss> {
+        let mut index = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        let hit = match self.mode {
+            MatchMode::Index => index.lookup_index(&req.request_id),
+            MatchMode::Prefix => {
+                let bs = index.block_size().unwrap_or(0) as usize;
+                let hashes = if bs == 0 {
+                    Vec::new()
+                } else {
+                    prompt_block_hashes(req, bs)
+                };
+                let prompt = u32::try_from(req.prompt_len()).unwrap_or(u32::MAX);
+                index.lookup_prefix(&hashes, prompt)
+            }
+        };
+        let hit = hit.map_err(|m| Miss {
+            kind: m.kind(),
+            message: m.to_string(),
+        })?;
+        let rec = index.record(hit.record);
+        let script = rec.steps().map(|s| Script {
+            ttft: ms(s.ttft_ms),
+            first: s.first_chunk_tokens,
+            chunks: s.chunks().map(|(g, n)| (ms(g), n)).collect(),
+        });
+        Ok(Recorded {
+            record: hit.record,
+            tokens: rec.tokens().map(<[u32]>::to_vec),
+            finish: recorded_finish(rec.finish_reason()),
+            script,
+        })
+    }
+
+    fn summary(&self) -> String {
+        let index = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        index.stats().summary()
+    }
+
+    fn summary_json(&self) -> serde_json::Value {
+        let index = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        serde_json::to_value(index.stats()).unwrap_or_default()
+    }
+}
+
+/// The loaded replay indexes, shared by every engine of the process.
+#[derive(Clone)]
+pub struct ReplaySetup {
+    pub tokens: Option<std::sync::Arc<std::sync::Mutex<ReplayIndex>>>,
+    /// `--replay-steps` from another trace than `--replay-tokens` (with the same trace, the
+    /// tokens index carries the timing).
+    pub steps: Option<std::sync::Arc<std::sync::Mutex<ReplayIndex>>>,
+    pub mode: MatchMode,
+    pub miss: MissPolicy,
+    pub script_k: Option<u32>,
+}
+
+impl std::fmt::Debug for ReplaySetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplaySetup")
+            .field("tokens", &self.tokens.is_some())
+            .field("steps", &self.steps.is_some())
+            .field("mode", &self.mode)
+            .field("miss", &self.miss)
+            .finish()
+    }
+}
+
+impl ReplaySetup {
+    /// Load what --replay-tokens and --replay-steps name; `None` when neither is given.
+    pub fn load(
+        tokens: Option<&Path>,
+        steps: Option<&Path>,
+        mode: MatchMode,
+        miss: MissPolicy,
+    ) -> Result<Option<Self>> {
+        let open = |path: &Path, opts: ReplayLoadOptions, flag: &str| -> Result<ReplayIndex> {
+            let t = std::time::Instant::now();
+            let index = ReplayIndex::load(&[path.to_path_buf()], opts)
+                .with_context(|| format!("{flag} {}", path.display()))?;
+            for w in index.warnings() {
+                tracing::warn!("{flag}: {w}");
+            }
+            if mode == MatchMode::Prefix && index.block_size().is_none() {
+                bail!(
+                    "{flag} {}: prefix matching hashes prompts with the capture's block size, and the trace's meta line does not give one (block_size)",
+                    path.display()
+                );
+            }
+            tracing::info!(
+                records = index.len(),
+                secs = format!("{:.2}", t.elapsed().as_secs_f64()),
+                "{flag} {}: indexed",
+                path.display()
+            );
+            Ok(index)
+        };
+        let shared = |i| std::sync::Arc::new(std::sync::Mutex::new(i));
+        let (tokens_index, steps_index) = match (tokens, steps) {
+            (None, None) => return Ok(None),
+            (Some(t), Some(s)) if t == s => {
+                let opts = ReplayLoadOptions {
+                    tokens: true,
+                    steps: true,
+                };
+                (Some(shared(open(t, opts, "--replay-tokens")?)), None)
+            }
+            (t, s) => {
+                let t = t
+                    .map(|p| {
+                        let opts = ReplayLoadOptions {
+                            tokens: true,
+                            steps: false,
+                        };
+                        open(p, opts, "--replay-tokens")
+                    })
+                    .transpose()?;
+                let s = s
+                    .map(|p| {
+                        let opts = ReplayLoadOptions {
+                            tokens: false,
+                            steps: true,
+                        };
+                        open(p, opts, "--replay-steps")
+                    })
+                    .transpose()?;
+                (t.map(shared), s.map(shared))
+            }
+        };
+        let timing = if steps.is_some() {
+            steps_index.as_ref().or(tokens_index.as_ref())
+        } else {
+            None
+        };
+        let script_k = timing
+            .map(|i| {
+                i.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .max_chunk_tokens()
+            })
+            .filter(|&m| m > 1)
+            .map(|m| m - 1);
+        Ok(Some(Self {
+            tokens: tokens_index,
+            steps: steps_index,
+            mode,
+            miss,
+            script_k,
+        }))
+    }
+
+    /// The engine-side sources over the shared indexes.
+    pub fn engine_replay(&self) -> Replay {
+        let source = |i: &std::sync::Arc<std::sync::Mutex<ReplayIndex>>| -> Box<dyn RecordSource> {
+            Box::new(IndexSource::new(i.clone(), self.mode))
+        };
+        Replay {
+            tokens: self.tokens.as_ref().map(source),
+            steps: self.steps.as_ref().map(source),
+            miss: self.miss,
+            script_k: self.script_k,
+        }
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod config_hash;
 pub mod latency;
+pub mod replay;
 pub mod stats;
 pub mod steps;
 pub mod trace;
