@@ -207,3 +207,91 @@ fn a_trace_of_another_configuration_is_refused_before_the_handshake() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
+    let dir = tmp("steps");
+    let path = dir.join("steps.jsonl");
+    let meta = TraceMeta {
+        block_size: Some(BLOCK as u32),
+        ..TraceMeta::new()
+    };
+    let mut w = TraceWriter::create(&path, &meta).unwrap();
+    let mut recorded = Vec::new();
+    for i in 0..16u32 {
+        // 1 + 3 + 1 + 4 + 2 tokens: a speculative capture with K = 3
+        let gaps: Vec<f64> = (0..4).map(|j| 4.0 + f64::from((i + j) % 5) * 1.5).collect();
+        let sizes = vec![3, 1, 4, 2];
+        recorded.push((20.0 + f64::from(i), gaps.clone(), sizes.clone()));
+        w.write_record(&TraceRecord {
+            request_id: Some(format!("r{i}")),
+            prompt_tokens: 8,
+            output_tokens: 11,
+            arrival_ms: Some(f64::from(i)),
+            ttft_ms: Some(20.0 + f64::from(i)),
+            itl_ms: gaps,
+            itl_tokens: sizes,
+            finish_reason: Some("length".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    w.finish().unwrap();
+    let mut a = args();
+    a.replay_steps = Some(path);
+    let mut wire = Wire::start(a).await;
+    let ids: Vec<String> = (0..16).map(|i| format!("cmpl-replay-{i}-x")).collect();
+    for id in &ids {
+        wire.send(&add(id, &[9; 8], 100)).await;
+    }
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let c = wire.collect(&refs).await;
+    wire.stop().await.unwrap();
+    let mut worst: f64 = 0.0;
+    for (i, id) in ids.iter().enumerate() {
+        let mut queued = None;
+        let mut chunks: Vec<(f64, usize)> = Vec::new();
+        for env in &c.envelopes {
+            for o in env.outputs.iter().filter(|o| &o.request_id == id) {
+                if let Some(q) = o
+                    .events
+                    .iter()
+                    .find(|e| e.kind == sim_protocol::EventType::Queued)
+                {
+                    queued = Some(q.timestamp);
+                }
+                if !o.new_token_ids.is_empty() {
+                    chunks.push((env.timestamp, o.new_token_ids.len()));
+                }
+            }
+        }
+        let (ttft, gaps, sizes) = &recorded[i];
+        let got: Vec<usize> = chunks.iter().map(|c| c.1).collect();
+        let want: Vec<usize> = std::iter::once(1)
+            .chain(sizes.iter().map(|&n| n as usize))
+            .collect();
+        assert_eq!(got, want, "{id}: chunk sizes");
+        assert_eq!(c.finished[id.as_str()].0, FinishReason::Length);
+        // engine-stamped times against the script: TTFT from arrival, then each gap
+        let q = queued.expect("a QUEUED event");
+        let mut planned = q + ttft / 1e3;
+        worst = worst.max((chunks[0].0 - planned).abs());
+        for (k, gap) in gaps.iter().enumerate() {
+            planned += gap / 1e3;
+            worst = worst.max((chunks[k + 1].0 - planned).abs());
+        }
+    }
+    // spec-decode stats re-derived from the bursts: K = 4 − 1, a burst of N = 1 + N−1
+    let (mut drafts, mut accepted, mut k) = (0, 0, 0);
+    for s in c.envelopes.iter().filter_map(|e| e.scheduler_stats.as_ref()) {
+        if let Some(sd) = &s.spec_decoding_stats {
+            drafts += sd.num_drafts;
+            accepted += sd.num_accepted_tokens;
+            k = sd.num_spec_tokens;
+        }
+    }
+    assert_eq!((k, drafts, accepted), (3, 16 * 4, 16 * (2 + 3 + 1)));
+    // every chunk within 2 ms of its scripted time (the loop's lateness on a busy machine)
+    assert!(worst < 0.002, "worst deviation {:.3} ms", worst * 1e3);
+    std::fs::remove_dir_all(dir).ok();
+}
