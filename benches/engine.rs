@@ -8,8 +8,10 @@
 //! 3. Through a real frontend: `vllm-rs` + `play`, loaded by `vllm-rs bench serve`; reports
 //!    frontend-limited throughput and the engine's share of CPU.
 //!
+//! 4. Replay cost: engine CPU per token serving recorded ids against random ones.
+//!
 //! Environment: `BENCH_QUICK=1` shrinks every run (smoke mode); `BENCH_SKIP_FRONTEND=1`
-//! skips part 3.
+//! skips part 3; `BENCH_ONLY=throughput,pacing,soak,replay,frontend` runs only those.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -26,6 +28,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_vllm-vcr");
 
 fn quick() -> bool {
     std::env::var_os("BENCH_QUICK").is_some()
+}
+
+/// Whether to run a part: `BENCH_ONLY=replay,pacing` runs only those (default: all).
+fn part(name: &str) -> bool {
+    match std::env::var("BENCH_ONLY") {
+        Ok(v) if !v.trim().is_empty() => v.split(',').any(|p| p.trim() == name),
+        _ => true,
+    }
 }
 
 /// utime + stime of a process, seconds.
@@ -126,6 +136,9 @@ async fn direct_run(
     log: &Path,
 ) -> (DirectResult, String) {
     let line = VllmLine::new(0, 33);
+    // `replay-<i>` names the i-th record of a --replay-tokens trace
+    let replaying = extra.contains(&"--replay-tokens");
+    let prefix = if replaying { "replay-" } else { "b" };
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
     let seqs = concurrency.to_string();
     let mut args = vec!["--max-num-seqs", &seqs, "--max-model-len", "1000000"];
@@ -149,13 +162,13 @@ async fn direct_run(
         let mut frames = vec![identity.clone()];
         frames.extend(encode_request(
             line,
-            &request(format!("b{i}"), 32, max_tokens),
+            &request(format!("{prefix}{i}"), 32, max_tokens),
         ));
         frames
     };
     while sent < concurrency.min(total) {
         send_frames(&mut input, send(sent)).await.unwrap();
-        in_flight.insert(format!("b{sent}"));
+        in_flight.insert(format!("{prefix}{sent}"));
         sent += 1;
     }
     while done < total {
@@ -179,7 +192,7 @@ async fn direct_run(
         for _ in 0..refill {
             if sent < total {
                 send_frames(&mut input, send(sent)).await.unwrap();
-                in_flight.insert(format!("b{sent}"));
+                in_flight.insert(format!("{prefix}{sent}"));
                 sent += 1;
             }
         }
@@ -200,6 +213,30 @@ async fn direct_run(
         },
         log,
     )
+}
+
+/// A capture of `n` requests with `tokens` recorded ids each, for `--replay-tokens`.
+fn write_replay_trace(path: &Path, n: usize, tokens: u32) {
+    use sim_trace::trace::{TraceMeta, TraceRecord, TraceWriter};
+    let meta = TraceMeta {
+        block_size: Some(16),
+        ..TraceMeta::new()
+    };
+    let mut w = TraceWriter::create(path, &meta).unwrap();
+    for i in 0..n {
+        w.write_record(&TraceRecord {
+            request_id: Some(format!("cap-{i}")),
+            prompt_tokens: 32,
+            output_tokens: tokens,
+            arrival_ms: Some(i as f64),
+            ttft_ms: Some(1.0),
+            output_token_ids: Some((0..tokens).map(|t| 3 + (t + i as u32) % 250).collect()),
+            finish_reason: Some("length".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    w.finish().unwrap();
 }
 
 fn log_field(log: &str, key: &str) -> Option<f64> {
@@ -393,71 +430,118 @@ fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let q = quick();
 
-    println!("## Engine throughput (direct ZMQ client, instant latency, 256 tokens per request)\n");
-    println!(
-        "| concurrency | requests | output tokens | wall s | tokens/s | engine CPU s | engine CPU s per 1M tokens |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for &(c, total) in &[(1usize, 200usize), (64, 2000), (1024, 8192), (4096, 16384)] {
-        let total = if q { total / 10 } else { total }.max(c);
-        let (r, _) = rt.block_on(direct_run(
-            c,
-            total,
-            256,
-            &[],
-            &dir.join(format!("engine-{c}.log")),
-        ));
+    if part("throughput") {
         println!(
-            "| {} | {} | {} | {:.2} | {:.0} | {:.2} | {:.2} |",
-            r.concurrency,
-            total,
-            r.tokens,
-            r.wall,
-            r.tokens as f64 / r.wall,
-            r.engine_cpu,
-            r.engine_cpu / (r.tokens as f64 / 1e6)
+            "## Engine throughput (direct ZMQ client, instant latency, 256 tokens per request)\n"
+        );
+        println!(
+            "| concurrency | requests | output tokens | wall s | tokens/s | engine CPU s | engine CPU s per 1M tokens |"
+        );
+        println!("|---:|---:|---:|---:|---:|---:|---:|");
+        for &(c, total) in &[(1usize, 200usize), (64, 2000), (1024, 8192), (4096, 16384)] {
+            let total = if q { total / 10 } else { total }.max(c);
+            let (r, _) = rt.block_on(direct_run(
+                c,
+                total,
+                256,
+                &[],
+                &dir.join(format!("engine-{c}.log")),
+            ));
+            println!(
+                "| {} | {} | {} | {:.2} | {:.0} | {:.2} | {:.2} |",
+                r.concurrency,
+                total,
+                r.tokens,
+                r.wall,
+                r.tokens as f64 / r.wall,
+                r.engine_cpu,
+                r.engine_cpu / (r.tokens as f64 / 1e6)
+            );
+        }
+    }
+    if part("pacing") {
+        println!("\n## Pacing precision (fixed 10 ms inter-token latency)\n");
+        println!(
+            "| concurrent streams | steps | lateness p50 µs | lateness p99 µs | lateness max µs |"
+        );
+        println!("|---:|---:|---:|---:|---:|");
+        for &streams in &[100usize, 1000] {
+            let tokens = if q { 50 } else { 200 };
+            let (_, log) = rt.block_on(direct_run(
+                streams,
+                streams,
+                tokens,
+                &["--inter-token-latency", "10", "--time-to-first-token", "10"],
+                &dir.join(format!("pacing-{streams}.log")),
+            ));
+            println!(
+                "| {} | {} | {:.0} | {:.0} | {:.0} |",
+                streams,
+                log_field(&log, "steps").unwrap_or(f64::NAN),
+                log_field(&log, "lateness_p50_us").unwrap_or(f64::NAN),
+                log_field(&log, "lateness_p99_us").unwrap_or(f64::NAN),
+                log_field(&log, "lateness_max_us").unwrap_or(f64::NAN),
+            );
+        }
+    }
+    if part("soak") {
+        println!(
+            "\n## Memory over a soak (concurrency 64, 64 tokens per request, instant latency)\n"
+        );
+        println!("| requests | engine RSS after 1/4 | after 1/2 | at the end | growth 1/4 → end |");
+        println!("|---:|---:|---:|---:|---:|");
+        let soak = if q { 4000 } else { 40_000 };
+        let (r, _) = rt.block_on(direct_run(64, soak, 64, &[], &dir.join("soak.log")));
+        let [a, b, c] = r.rss_kib;
+        println!(
+            "| {soak} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:+.1} % |",
+            a as f64 / 1024.0,
+            b as f64 / 1024.0,
+            c as f64 / 1024.0,
+            100.0 * (c as f64 - a as f64) / a.max(1) as f64
         );
     }
-
-    println!("\n## Pacing precision (fixed 10 ms inter-token latency)\n");
-    println!(
-        "| concurrent streams | steps | lateness p50 µs | lateness p99 µs | lateness max µs |"
-    );
-    println!("|---:|---:|---:|---:|---:|");
-    for &streams in &[100usize, 1000] {
-        let tokens = if q { 50 } else { 200 };
-        let (_, log) = rt.block_on(direct_run(
-            streams,
-            streams,
-            tokens,
-            &["--inter-token-latency", "10", "--time-to-first-token", "10"],
-            &dir.join(format!("pacing-{streams}.log")),
-        ));
+    if part("replay") {
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} |",
-            streams,
-            log_field(&log, "steps").unwrap_or(f64::NAN),
-            log_field(&log, "lateness_p50_us").unwrap_or(f64::NAN),
-            log_field(&log, "lateness_p99_us").unwrap_or(f64::NAN),
-            log_field(&log, "lateness_max_us").unwrap_or(f64::NAN),
+            "\n## Replay cost (concurrency 64, 256 tokens per request, instant latency; engine CPU s per 1M tokens)\n"
         );
+        println!(
+            "| tokens | requests | output tokens | engine CPU s | per 1M tokens | vs random |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|");
+        let n = if q { 1000 } else { 8000 };
+        let trace = dir.join("replay.jsonl.gz");
+        write_replay_trace(&trace, n, 256);
+        let trace_arg = trace.to_str().unwrap();
+        let mut base = f64::NAN;
+        for (label, extra) in [
+            ("random", vec![]),
+            (
+                "--replay-tokens (index)",
+                vec!["--replay-tokens", trace_arg],
+            ),
+        ] {
+            let (r, _) = rt.block_on(direct_run(
+                64,
+                n,
+                256,
+                &extra,
+                &dir.join(format!("replay-{}.log", extra.len())),
+            ));
+            let per_m = r.engine_cpu / (r.tokens as f64 / 1e6);
+            if extra.is_empty() {
+                base = per_m;
+            }
+            println!(
+                "| {label} | {n} | {} | {:.2} | {:.2} | {:.2}× |",
+                r.tokens,
+                r.engine_cpu,
+                per_m,
+                per_m / base
+            );
+        }
     }
-
-    println!("\n## Memory over a soak (concurrency 64, 64 tokens per request, instant latency)\n");
-    println!("| requests | engine RSS after 1/4 | after 1/2 | at the end | growth 1/4 → end |");
-    println!("|---:|---:|---:|---:|---:|");
-    let soak = if q { 4000 } else { 40_000 };
-    let (r, _) = rt.block_on(direct_run(64, soak, 64, &[], &dir.join("soak.log")));
-    let [a, b, c] = r.rss_kib;
-    println!(
-        "| {soak} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:+.1} % |",
-        a as f64 / 1024.0,
-        b as f64 / 1024.0,
-        c as f64 / 1024.0,
-        100.0 * (c as f64 - a as f64) / a.max(1) as f64
-    );
-
-    if std::env::var_os("BENCH_SKIP_FRONTEND").is_none() {
+    if part("frontend") && std::env::var_os("BENCH_SKIP_FRONTEND").is_none() {
         println!(
             "\n## Through vllm-rs 0.33 (`vllm-rs bench serve`, random dataset, 64 in / 256 out)\n"
         );

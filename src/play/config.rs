@@ -154,6 +154,10 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             a.replay_match,
             a.replay_miss,
         )?;
+        if let (Some(expected), Some(r)) = (&a.expect_config_hash, &replay) {
+            // concatenated captures carry several meta lines: every one must agree
+            r.check_config_hashes(expected)?;
+        }
         let kv_events = a
             .kv_events_config
             .as_deref()

@@ -422,6 +422,27 @@ impl ReplaySetup {
         }))
     }
 
+    /// Every meta line of every replayed file must carry `expected` as its config hash.
+    pub fn check_config_hashes(&self, expected: &str) -> Result<()> {
+        let expected = expected.trim().to_ascii_lowercase();
+        for index in self.tokens.iter().chain(self.steps.iter()) {
+            let index = index.lock().unwrap_or_else(|p| p.into_inner());
+            for f in index.files() {
+                if let Some(other) = f
+                    .config_hashes
+                    .iter()
+                    .find(|h| h.to_ascii_lowercase() != expected)
+                {
+                    bail!(
+                        "{} holds a capture with config_hash {other}, not the expected {expected} (concatenated captures of different configurations)",
+                        f.path.display()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The engine-side sources over the shared indexes.
     pub fn engine_replay(&self) -> Replay {
         let source = |i: &std::sync::Arc<std::sync::Mutex<ReplayIndex>>| -> Box<dyn RecordSource> {
