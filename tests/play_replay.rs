@@ -283,7 +283,11 @@ async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
     }
     // spec-decode stats re-derived from the bursts: K = 4 − 1, a burst of N = 1 + N−1
     let (mut drafts, mut accepted, mut k) = (0, 0, 0);
-    for s in c.envelopes.iter().filter_map(|e| e.scheduler_stats.as_ref()) {
+    for s in c
+        .envelopes
+        .iter()
+        .filter_map(|e| e.scheduler_stats.as_ref())
+    {
         if let Some(sd) = &s.spec_decoding_stats {
             drafts += sd.num_drafts;
             accepted += sd.num_accepted_tokens;
