@@ -3,6 +3,7 @@
 //! `--json`, and reports progress on stderr for long work.
 
 pub mod convert;
+pub mod fit;
 pub mod gen_demo;
 pub mod perfetto;
 pub mod progress;
@@ -33,6 +34,8 @@ pub enum InspectCommand {
     /// Write a synthetic trace with heavy-tailed (log-normal) TTFT and ITL, for demos and
     /// calibration tests.
     GenDemo(gen_demo::GenDemoArgs),
+    /// Fit the step latency model to captures and save it (`play --latency-trace`).
+    Fit(fit::FitArgs),
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
@@ -41,6 +44,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         InspectCommand::Perfetto(a) => perfetto::run(&a),
         InspectCommand::Convert(a) => convert::run(&a),
         InspectCommand::GenDemo(a) => gen_demo::run(&a),
+        InspectCommand::Fit(a) => fit::run(&a),
     };
     match r {
         // `inspect … | head` closed our stdout: not an error.

@@ -3,12 +3,14 @@
 //! driver and the tests).
 
 use std::ops::Range;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use sim_protocol::VllmLine;
 use sim_protocol::kv_events::KvEventsConfig;
-use sim_trace::latency::{self, Knobs};
+use sim_trace::fitted::{FitInput, FittedModel};
+use sim_trace::latency::{self, Knobs, LatencyModel};
 
 use super::batch::ComposeRules;
 use super::failures::FailureInjector;
@@ -77,6 +79,8 @@ pub struct PlayConfig {
     pub max_num_batched_tokens: u64,
     /// Recorded content and timing to serve (`--replay-tokens`, `--replay-steps`).
     pub replay: Option<ReplaySetup>,
+    /// The latency model fitted to a capture (`--latency-trace`); the knobs otherwise.
+    pub model: Option<FittedModel>,
 }
 
 fn seconds(v: f64, flag: &str, allow_zero: bool) -> Result<Duration> {
@@ -132,13 +136,27 @@ impl TryFrom<&PlayArgs> for PlayConfig {
                 );
             }
         }
-        if !a.latency_trace.is_empty() {
-            // wired up with the fitted model (next commit)
-            bail!("--latency-trace is not available in this build yet");
+        let model = load_latency_model(&a.latency_trace, &a.latency_steps)?;
+        if let (Some(expected), Some(m)) = (&a.expect_config_hash, &model) {
+            let expected = expected.trim().to_ascii_lowercase();
+            for src in &m.sources {
+                match &src.config_hash {
+                    Some(h) if h.to_ascii_lowercase() == expected => {}
+                    other => bail!(
+                        "the latency model was fitted to {} (config_hash {}), not to a capture with the expected {expected}",
+                        src.trace,
+                        other.as_deref().unwrap_or("none")
+                    ),
+                }
+            }
         }
         if let Some(expected) = &a.expect_config_hash {
-            let mut paths: Vec<&std::path::Path> =
-                a.latency_trace.iter().map(|p| p.as_path()).collect();
+            let mut paths: Vec<&std::path::Path> = a
+                .latency_trace
+                .iter()
+                .map(|p| p.as_path())
+                .filter(|p| !FittedModel::is_model_file(p))
+                .collect();
             paths.extend(a.replay_tokens.as_deref());
             paths.extend(a.replay_steps.as_deref());
             if paths.is_empty() {
@@ -235,8 +253,53 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             max_num_seqs: a.max_num_seqs,
             max_num_batched_tokens: a.max_num_batched_tokens,
             replay,
+            model,
         })
     }
+}
+
+/// `--latency-trace` / `--latency-steps`: a saved model file, or traces (with their
+/// sidecars, in order) to fit now.
+fn load_latency_model(traces: &[PathBuf], steps: &[PathBuf]) -> Result<Option<FittedModel>> {
+    if traces.is_empty() {
+        return Ok(None);
+    }
+    let models = traces
+        .iter()
+        .filter(|p| FittedModel::is_model_file(p))
+        .count();
+    if models > 0 {
+        if traces.len() > 1 || !steps.is_empty() {
+            bail!(
+                "--latency-trace takes one model file (from `inspect fit`) or traces to fit, not both; fit several captures into one model with `vllm-vcr inspect fit A B -o model.json`"
+            );
+        }
+        let m = FittedModel::load(&traces[0]).context("--latency-trace")?;
+        return Ok(Some(m));
+    }
+    if steps.len() > traces.len() {
+        bail!(
+            "--latency-steps gives {} sidecars for {} traces: they pair with the --latency-trace traces in order",
+            steps.len(),
+            traces.len()
+        );
+    }
+    let inputs: Vec<FitInput> = traces
+        .iter()
+        .enumerate()
+        .map(|(i, t)| FitInput {
+            trace: t.clone(),
+            steps: steps.get(i).cloned(),
+        })
+        .collect();
+    let t = std::time::Instant::now();
+    let m = sim_trace::fitted::fit(&inputs).context("--latency-trace: fitting the capture")?;
+    tracing::info!(
+        secs = format!("{:.2}", t.elapsed().as_secs_f64()),
+        "--latency-trace: fitted {} capture(s)",
+        inputs.len()
+    );
+    Ok(Some(m))
 }
 
 impl PlayConfig {
@@ -260,12 +323,12 @@ impl PlayConfig {
     pub fn build_engine(&self, rank: u16) -> SimEngine {
         let mut cfg = self.engine.clone();
         cfg.engine_index = u32::from(rank);
-        let mut engine = SimEngine::new(
-            cfg,
-            self.token_source(),
-            latency::from_knobs(self.knobs, self.random.seed.wrapping_add(u64::from(rank))),
-            self.policy.build(),
-        );
+        let seed = self.random.seed.wrapping_add(u64::from(rank));
+        let latency: Box<dyn LatencyModel> = match &self.model {
+            Some(m) => Box::new(m.clone().latency(seed, self.knobs.time_scale)),
+            None => latency::from_knobs(self.knobs, seed),
+        };
+        let mut engine = SimEngine::new(cfg, self.token_source(), latency, self.policy.build());
         if let Some(r) = &self.replay {
             engine.set_replay(r.engine_replay());
         }

@@ -236,11 +236,15 @@ pub struct PlayArgs {
     pub kv_events_config: Option<String>,
 
     /// Pace steps with a latency model fitted to captured traces (`record --trace-out`,
-    /// `.gz` too), or loaded from a model file written by `inspect fit`. Give a trace's
-    /// step-stats sidecar after it as `TRACE:steps=SIDECAR`. Not together with the TTFT /
-    /// ITL / prefill knobs; composes with --time-scale.
+    /// `.gz` too), or loaded from a model file written by `inspect fit`. Not together
+    /// with the TTFT / ITL / prefill knobs; composes with --time-scale.
     #[arg(long, num_args = 1.., value_name = "PATH")]
     pub latency_trace: Vec<std::path::PathBuf>,
+
+    /// The step-stats sidecars (`record --step-stats-out`) of the --latency-trace traces,
+    /// in the same order: they give the fit every step, not only those that emitted.
+    #[arg(long, num_args = 1.., value_name = "PATH", requires = "latency_trace")]
+    pub latency_steps: Vec<std::path::PathBuf>,
 
     /// Serve recorded output token ids from this trace (captured with
     /// `record --record-tokens`); --replay-match decides which record a request gets.
