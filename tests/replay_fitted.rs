@@ -1,0 +1,122 @@
+//! The fitted latency model behind a real frontend: fit the real CPU-engine capture, pace
+//! `play --latency-trace` with it behind `vllm-rs`, load it the way the capture was loaded
+//! (`vllm-rs bench serve`, random 128/64 tokens, concurrency 8) and compare what the client
+//! measures with what it measured against the real engine. In-sample (the same workload the
+//! model was fitted to): TTFT and ITL p50/p90 within 10 %.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/cpu-engine-capture")
+        .join(name)
+}
+
+/// `Median TTFT (ms): 391.68` → 391.68
+fn stat(report: &str, name: &str) -> f64 {
+    report
+        .lines()
+        .find(|l| l.trim_start().starts_with(name))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no `{name}` in the report:\n{report}"))
+}
+
+fn healthy(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut r = String::new();
+    let _ = s.read_to_string(&mut r);
+    r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200")
+}
+
+#[test]
+fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
+    let rs = vllm_vcr::frontends::ensure_vllm_rs("0.33.0")
+        .unwrap_or_else(|e| panic!("cannot obtain vllm-rs: {e:#}"));
+    let dir = std::env::temp_dir().join(format!("vllm-vcr-fitted-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("model.json");
+    let bin = env!("CARGO_BIN_EXE_vllm-vcr");
+    let fit = Command::new(bin)
+        .args(["inspect", "fit"])
+        .arg(fixture("trace.jsonl.gz"))
+        .arg("--steps")
+        .arg(fixture("steps.jsonl.gz"))
+        .arg("-o")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        fit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fit.stderr)
+    );
+    let tokenizer = dir.join("model-dir");
+    vllm_vcr::tiny_model::write_to(&tokenizer).unwrap();
+
+    let ports = vllm_vcr::child::free_ports(2).unwrap();
+    let (port, hs) = (ports[0], ports[1]);
+    // the capture's engine: block size 128, 128 sequences, context 2048
+    let mut serve = Command::new(bin)
+        .args(["serve", "--port", &port.to_string()])
+        .args(["--handshake-port", &hs.to_string()])
+        .arg("--latency-trace")
+        .arg(&model)
+        .args(["--block-size", "128", "--max-num-seqs", "128"])
+        .args(["--max-model-len", "2048"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !healthy(port) {
+        assert!(Instant::now() < deadline, "serve did not become healthy");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let bench = Command::new(&rs)
+        .args(["bench", "serve", "--port", &port.to_string()])
+        .args(["--model", "tiny", "--tokenizer"])
+        .arg(&tokenizer)
+        .args(["--dataset-name", "random", "--random-input-len", "128"])
+        .args(["--random-output-len", "64", "--num-prompts", "200"])
+        .args([
+            "--max-concurrency",
+            "8",
+            "--prompt-token-ids",
+            "--disable-tqdm",
+        ])
+        .args(["--ignore-eos", "--seed", "0"])
+        .output()
+        .unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(serve.id() as i32, libc::SIGINT) };
+    let _ = serve.wait();
+    let report = String::from_utf8_lossy(&bench.stdout).to_string();
+    assert!(
+        bench.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    let captured = std::fs::read_to_string(fixture("bench-serve.txt")).unwrap();
+    let mut lines = Vec::new();
+    for name in ["Median TTFT", "P90 TTFT", "Median ITL", "P90 ITL"] {
+        let (sim, real) = (stat(&report, name), stat(&captured, name));
+        let err = (sim - real).abs() / real;
+        lines.push(format!(
+            "{name}: {sim:.2} vs {real:.2} ms ({:+.1} %)",
+            100.0 * (sim - real) / real
+        ));
+        assert!(err < 0.10, "{}", lines.join("\n"));
+    }
+    eprintln!("{}", lines.join("\n"));
+    std::fs::remove_dir_all(dir).ok();
+}
