@@ -152,6 +152,45 @@ struct Obs {
     ms: f64,
 }
 
+/// What the fit collects while it streams the captures: decode-only step durations per
+/// batch size (`f32`: 0.1 µs at one second, half the memory), the prefill steps (few), and
+/// per batch size a bounded uniform sample of the captured (gap, tokens) pairs.
+#[derive(Default)]
+struct Collected {
+    decode: BTreeMap<u32, Vec<f32>>,
+    prefill: Vec<Obs>,
+    pairs: BTreeMap<u32, (u64, Vec<(f64, u32)>)>,
+    rng: u64,
+}
+
+impl Collected {
+    fn step(&mut self, o: Obs) {
+        if o.prefill_tokens > 0 {
+            self.prefill.push(o);
+        } else if o.decodes > 0 {
+            self.decode.entry(o.decodes).or_default().push(o.ms as f32);
+        }
+    }
+
+    /// Reservoir sampling: every pair seen has the same chance to be kept.
+    fn pair(&mut self, b: u32, gap: f64, tokens: u32) {
+        let (seen, kept) = self.pairs.entry(b).or_default();
+        *seen += 1;
+        if kept.len() < MAX_PAIRS {
+            kept.push((gap, tokens));
+            return;
+        }
+        self.rng = self
+            .rng
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let j = (self.rng >> 33) % *seen;
+        if (j as usize) < MAX_PAIRS {
+            kept[j as usize] = (gap, tokens);
+        }
+    }
+}
+
 /// Milliseconds kept to 0.1 µs: the file stays readable and nothing measurable is lost.
 fn round_ms(v: f64) -> f64 {
     (v * 1e4).round() / 1e4
@@ -187,12 +226,11 @@ fn line(points: &[(f64, f64, f64)]) -> (f64, f64) {
 
 /// Fit a model to captures.
 pub fn fit(inputs: &[FitInput]) -> Result<FittedModel, FitError> {
-    let mut obs: Vec<Obs> = Vec::new();
-    let mut pairs: BTreeMap<u32, Vec<(f64, u32)>> = BTreeMap::new();
+    let mut c = Collected::default();
     let mut sources = Vec::new();
     let mut max_burst = 1u32;
     for input in inputs {
-        let mut reader = TraceReader::open(&input.trace)?;
+        let reader = TraceReader::open(&input.trace)?;
         let mut src = ModelSource {
             trace: input.trace.display().to_string(),
             steps: input.steps.as_ref().map(|p| p.display().to_string()),
@@ -202,7 +240,7 @@ pub fn fit(inputs: &[FitInput]) -> Result<FittedModel, FitError> {
             steps_used: 0,
         };
         let from_records = input.steps.is_none();
-        for item in reader.by_ref() {
+        for item in reader {
             match item? {
                 TraceItem::Meta(m) => {
                     src.config_hash = src.config_hash.or(m.config_hash);
@@ -210,20 +248,19 @@ pub fn fit(inputs: &[FitInput]) -> Result<FittedModel, FitError> {
                 }
                 TraceItem::Record(r) => {
                     src.records += 1;
-                    let tokens = r.chunk_tokens();
                     for (i, &gap) in r.itl_ms.iter().enumerate() {
                         let running = r.itl_ctx.num_running.get(i).copied();
                         let prefill = r.itl_ctx.prefill_tokens.get(i).copied().unwrap_or(0);
                         let b = running.or(r.concurrency).unwrap_or(1).max(1);
-                        let n = tokens.get(i).copied().unwrap_or(1);
+                        let n = r.itl_tokens.get(i).copied().unwrap_or(1);
                         max_burst = max_burst.max(n);
                         if prefill == 0 {
-                            pairs.entry(b).or_default().push((gap, n));
+                            c.pair(b, gap, n);
                         }
                         if from_records {
                             // a gap with a prefill in its step: b − 1 decodes besides it
                             let decodes = if prefill > 0 { b.saturating_sub(1) } else { b };
-                            obs.push(Obs {
+                            c.step(Obs {
                                 decodes,
                                 prefill_tokens: u64::from(prefill),
                                 ms: gap,
@@ -249,7 +286,7 @@ pub fn fit(inputs: &[FitInput]) -> Result<FittedModel, FitError> {
                     s.num_running_reqs
                 };
                 let decodes = produced.saturating_sub(u64::from(s.prefill_requests)) as u32;
-                obs.push(Obs {
+                c.step(Obs {
                     decodes,
                     prefill_tokens: s.prefill_tokens,
                     ms,
@@ -259,37 +296,22 @@ pub fn fit(inputs: &[FitInput]) -> Result<FittedModel, FitError> {
         }
         sources.push(src);
     }
-    let mut by_batch: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
-    for o in obs
-        .iter()
-        .filter(|o| o.prefill_tokens == 0 && o.decodes > 0)
-    {
-        by_batch.entry(o.decodes).or_default().push(o.ms);
-    }
-    if by_batch.is_empty() {
+    if c.decode.is_empty() {
         return Err(FitError::NoSteps);
     }
     let spec = max_burst > 1;
-    let decode: Vec<DecodeBin> = by_batch
+    let mut pairs = std::mem::take(&mut c.pairs);
+    let decode: Vec<DecodeBin> = std::mem::take(&mut c.decode)
         .into_iter()
-        .map(|(batch, v)| {
-            let mut bursts = if spec {
-                pairs.remove(&batch).unwrap_or_default()
+        .map(|(batch, v)| DecodeBin {
+            batch,
+            n: v.len() as u64,
+            quantiles_ms: quantiles(v.into_iter().map(f64::from).collect()),
+            bursts: if spec {
+                pairs.remove(&batch).map(|p| p.1).unwrap_or_default()
             } else {
                 Vec::new()
-            };
-            if bursts.len() > MAX_PAIRS {
-                let step = bursts.len() as f64 / MAX_PAIRS as f64;
-                bursts = (0..MAX_PAIRS)
-                    .map(|i| bursts[(i as f64 * step) as usize])
-                    .collect();
-            }
-            DecodeBin {
-                batch,
-                n: v.len() as u64,
-                quantiles_ms: quantiles(v),
-                bursts,
-            }
+            },
         })
         .collect();
     let medians: Vec<(f64, f64, f64)> = decode
@@ -319,9 +341,9 @@ pub fn fit(inputs: &[FitInput]) -> Result<FittedModel, FitError> {
         num_spec_tokens: spec.then_some(max_burst - 1),
     };
     // prefill: what a prefill step costs beyond its decodes' median, against its tokens
-    let excess: Vec<(f64, f64, f64)> = obs
+    let excess: Vec<(f64, f64, f64)> = c
+        .prefill
         .iter()
-        .filter(|o| o.prefill_tokens > 0)
         .map(|o| {
             let base = if o.decodes > 0 {
                 model.decode_median(o.decodes)
