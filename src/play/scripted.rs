@@ -250,3 +250,85 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod modeled_prefill {
+    use std::time::Duration;
+
+    use sim_protocol::{EngineCoreRequest, FinishReason, SamplingParams};
+
+    use crate::play::config::PlayConfig;
+    use crate::play::offline::OfflineDriver;
+    use crate::play::replay::{Miss, MissPolicy, RecordSource, Recorded, Replay, Script};
+
+    /// Every request's record: a recorded TTFT of 1 s (ignored: the model paces the
+    /// prefill), then chunks of 2 tokens 7 ms apart.
+    struct Source;
+
+    impl RecordSource for Source {
+        fn lookup(&mut self, _req: &EngineCoreRequest) -> Result<Recorded, Miss> {
+            Ok(Recorded {
+                record: 0,
+                tokens: None,
+                finish: FinishReason::Length,
+                script: Some(Script {
+                    ttft: Duration::from_secs(1),
+                    first: 1,
+                    chunks: vec![(Duration::from_millis(7), 2); 3],
+                }),
+            })
+        }
+        fn summary(&self) -> String {
+            String::new()
+        }
+        fn summary_json(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+    }
+
+    #[test]
+    fn with_a_model_the_first_token_is_modeled_and_the_rest_follows_the_record() {
+        let mut args = crate::play::PlayArgs::defaults();
+        args.time_to_first_token = 40.0; // the "model": a 40 ms prefill step
+        let mut cfg = PlayConfig::try_from(&args).unwrap();
+        cfg.engine.modeled_prefill = true;
+        let mut engine = cfg.build_engine(0);
+        engine.set_replay(Replay {
+            tokens: Some(Box::new(Source)),
+            miss: MissPolicy::Fail,
+            ..Default::default()
+        });
+        let mut run = OfflineDriver::new(engine);
+        run.add(
+            Duration::from_millis(5),
+            0,
+            EngineCoreRequest {
+                request_id: "r".into(),
+                prompt_token_ids: Some(vec![7; 16]),
+                sampling_params: Some(SamplingParams {
+                    max_tokens: Some(100),
+                    ..Default::default()
+                }),
+                wire_len: cfg.line.request_len(),
+                ..Default::default()
+            },
+        );
+        let got: Vec<(Duration, usize)> = run
+            .run_until_idle()
+            .iter()
+            .flat_map(|o| {
+                o.outputs
+                    .outputs
+                    .iter()
+                    .filter(|x| !x.new_token_ids.is_empty())
+                    .map(move |x| (o.at, x.new_token_ids.len()))
+            })
+            .collect();
+        let ms = Duration::from_millis;
+        assert_eq!(
+            got,
+            vec![(ms(45), 1), (ms(52), 2), (ms(59), 2), (ms(66), 2)],
+            "prefill modeled (40 ms), then the recorded 7 ms gaps and 2-token chunks"
+        );
+    }
+}
