@@ -242,76 +242,12 @@ fn write_replay_trace(path: &Path, n: usize, tokens: u32) {
 /// The model `inspect fit` makes of the real CPU-engine capture fixture.
 fn write_model(path: &Path) {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cpu-engine-capture");
-    let model = sim_trace::fitted::fit(&[sim_trace::fitted::FitInput {
+    let model = sim_trace::fit::fit(&[sim_trace::fit::FitInput {
         trace: fixture.join("trace.jsonl.gz"),
         steps: Some(fixture.join("steps.jsonl.gz")),
     }])
     .unwrap();
     model.save(path).unwrap();
-}
-
-/// VmHWM of this process, KiB.
-fn own_hwm_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// Fit time, model size and load time at `n` records of 64 tokens (63 gaps each, with
-/// per-gap context), and this process's peak memory.
-fn fit_at_scale(dir: &Path, n: usize) {
-    use sim_trace::trace::{ItlCtx, TraceMeta, TraceRecord, TraceWriter};
-    let path = dir.join("fit-scale.jsonl.gz");
-    let mut w = TraceWriter::create(&path, &TraceMeta::new()).unwrap();
-    for i in 0..n {
-        let b = 1 + (i % 16) as u32;
-        let itl: Vec<f64> = (0..63)
-            .map(|g| 8.0 + f64::from(b) * 0.6 + ((i + g) % 7) as f64 * 0.1)
-            .collect();
-        let prefill: Vec<u32> = (0..63).map(|g| if g == 10 { 128 } else { 0 }).collect();
-        w.write_record(&TraceRecord {
-            prompt_tokens: 128,
-            output_tokens: 64,
-            arrival_ms: Some(i as f64),
-            ttft_ms: Some(50.0),
-            itl_ms: itl,
-            itl_ctx: ItlCtx {
-                num_running: vec![b; 63],
-                prefill_tokens: prefill,
-            },
-            ..Default::default()
-        })
-        .unwrap();
-    }
-    w.finish().unwrap();
-    let before = own_hwm_kib();
-    let t = Instant::now();
-    let model = sim_trace::fitted::fit(&[sim_trace::fitted::FitInput {
-        trace: path.clone(),
-        steps: None,
-    }])
-    .unwrap();
-    let fit_s = t.elapsed().as_secs_f64();
-    let hwm = own_hwm_kib();
-    let out = dir.join("fit-scale-model.json");
-    model.save(&out).unwrap();
-    let t = Instant::now();
-    let _ = sim_trace::fitted::FittedModel::load(&out).unwrap();
-    let load_ms = t.elapsed().as_secs_f64() * 1e3;
-    println!("\n## Fitting at scale ({n} records, 63 gaps each, records only)\n");
-    println!("| fit s | model size | model load ms | peak RSS before → after fit |");
-    println!("|---:|---:|---:|---:|");
-    println!(
-        "| {fit_s:.2} | {:.1} KB | {load_ms:.2} | {:.0} → {:.0} MiB |",
-        std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0) as f64 / 1e3,
-        before as f64 / 1024.0,
-        hwm as f64 / 1024.0
-    );
 }
 
 fn log_field(log: &str, key: &str) -> Option<f64> {
@@ -626,7 +562,6 @@ fn main() {
                 per_m / base
             );
         }
-        fit_at_scale(&dir, if q { 10_000 } else { 100_000 });
     }
     if part("frontend") && std::env::var_os("BENCH_SKIP_FRONTEND").is_none() {
         println!(

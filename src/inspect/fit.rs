@@ -1,21 +1,29 @@
 //! `inspect fit`: fit the step latency model to captures and save it, so `play
 //! --latency-trace model.json` starts without refitting (`docs/latency-model.md`).
+//!
+//! Sidecars are paired explicitly (`--steps`, in the traces' order), never picked up from
+//! the trace's folder: a capture rig writes `steps.jsonl.gz` next to every trace, and a
+//! stale one from another run would fit silently wrong (the fit refuses a sidecar whose
+//! steps do not line up with the trace, but one that partly does would pass). A trace
+//! fitted without a sidecar that has one beside it gets a note saying so.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use sim_trace::fitted::{FitInput, fit};
+use serde_json::json;
+use sim_trace::fit::{FitInput, FittedModel, InputKind, fit, sniff};
 
 #[derive(Debug, Clone, Args)]
 pub struct FitArgs {
-    /// Captures to fit (`record --trace-out`; `.gz` too).
+    /// Captures to fit (`record --trace-out`; `.gz` read transparently). Several captures
+    /// of the same engine fit one model.
     #[arg(required = true, value_name = "TRACE")]
     pub traces: Vec<PathBuf>,
 
-    /// The step-stats sidecars (`record --step-stats-out`) of the traces, in the same
-    /// order (the first sidecar goes with the first trace, …); a trace without one is fitted
-    /// from its records' per-gap context.
+    /// The step-stats sidecar (`record --step-stats-out`) of a trace. Give one per trace,
+    /// in the traces' order (the first goes with the first trace, …); traces after the last
+    /// sidecar are fitted from their records alone.
     #[arg(long = "steps", value_name = "SIDECAR")]
     pub steps: Vec<PathBuf>,
 
@@ -23,21 +31,32 @@ pub struct FitArgs {
     #[arg(short, long, value_name = "PATH")]
     pub output: PathBuf,
 
-    /// Print a JSON summary of the fit on stdout.
+    /// Print a JSON summary of the fit on standard output.
     #[arg(long)]
     pub json: bool,
 }
 
+/// What the capture rig names a sidecar next to its trace.
+const RIG_SIDECARS: [&str; 2] = ["steps.jsonl.gz", "steps.jsonl"];
+
 pub fn run(a: &FitArgs) -> Result<()> {
     if a.steps.len() > a.traces.len() {
         bail!(
-            "{} sidecars for {} traces: --steps pairs with the traces in order",
+            "{} sidecars for {} traces: --steps pairs with the traces in order, one each",
             a.steps.len(),
             a.traces.len()
         );
     }
     if a.json && a.output.as_os_str() == "-" {
         bail!("--json and `-o -` both write to standard output: pick one");
+    }
+    for t in &a.traces {
+        if sniff(t).with_context(|| format!("reading {}", t.display()))? == InputKind::Model {
+            bail!(
+                "{} is a latency model file, not a trace: `inspect fit` fits traces (`play --latency-trace` takes the model as it is)",
+                t.display()
+            );
+        }
     }
     let inputs: Vec<FitInput> = a
         .traces
@@ -48,45 +67,143 @@ pub fn run(a: &FitArgs) -> Result<()> {
             steps: a.steps.get(i).cloned(),
         })
         .collect();
+    for input in inputs.iter().filter(|i| i.steps.is_none()) {
+        if let Some(beside) = rig_sidecar(&input.trace) {
+            eprintln!(
+                "note: {} is fitted from its records alone; {} is not used (pass it with --steps if it is this capture's sidecar)",
+                input.trace.display(),
+                beside.display()
+            );
+        }
+    }
     let t = std::time::Instant::now();
     let model = fit(&inputs).context("fitting the latency model")?;
     let secs = t.elapsed().as_secs_f64();
     model
         .save(&a.output)
         .with_context(|| format!("writing {}", a.output.display()))?;
-    let steps: u64 = model.sources.iter().map(|s| s.steps_used).sum();
-    let records: u64 = model.sources.iter().map(|s| s.records).sum();
+    let bytes = model.to_text().map(|t| t.len()).unwrap_or(0);
     if a.json {
-        let summary = serde_json::json!({
-            "output": a.output,
-            "records": records,
-            "steps": steps,
-            "seconds": secs,
-            "decode_batches": model.decode.iter().map(|d| d.batch).collect::<Vec<_>>(),
-            "decode_trend_ms": model.decode_trend_ms,
-            "prefill": model.prefill,
-            "num_spec_tokens": model.num_spec_tokens,
-        });
-        println!("{summary}");
+        println!("{}", summary(&model, &a.output, bytes, secs));
     } else {
-        let batches: Vec<String> = model
-            .decode
-            .iter()
-            .map(|d| format!("{} ({} steps)", d.batch, d.n))
-            .collect();
-        eprintln!(
-            "fitted {records} records and {steps} steps in {secs:.2} s → {}\n  decode batches: {}\n  decode median ≈ {:.2} + {:.3}·b ms; prefill {:.2} ms + {:.4} ms/token{}",
-            a.output.display(),
-            batches.join(", "),
-            model.decode_trend_ms.0,
-            model.decode_trend_ms.1,
-            model.prefill.overhead_ms,
-            model.prefill.per_token_ms,
-            model
-                .num_spec_tokens
-                .map(|k| format!("; bursts up to {} tokens", k + 1))
-                .unwrap_or_default()
-        );
+        eprint!("{}", report(&model, &a.output, bytes, secs));
     }
     Ok(())
+}
+
+/// A sidecar named as the capture rig names it, next to `trace`.
+fn rig_sidecar(trace: &Path) -> Option<PathBuf> {
+    let dir = trace.parent()?;
+    RIG_SIDECARS
+        .iter()
+        .map(|n| dir.join(n))
+        .find(|p| p.is_file() && p.as_path() != trace)
+}
+
+fn totals(m: &FittedModel) -> (u64, u64, u64) {
+    let s = &m.meta.sources;
+    (
+        s.iter().map(|s| s.records).sum(),
+        s.iter().map(|s| s.observations).sum(),
+        s.iter().map(|s| s.sidecar_steps).sum(),
+    )
+}
+
+/// The `--json` summary.
+fn summary(m: &FittedModel, output: &Path, bytes: usize, secs: f64) -> serde_json::Value {
+    let (records, observations, sidecar_steps) = totals(m);
+    json!({
+        "output": output,
+        "bytes": bytes,
+        "seconds": secs,
+        "records": records,
+        "observations": observations,
+        "sidecar_steps": sidecar_steps,
+        "sources": m.meta.sources,
+        "law": m.law,
+        "decode": m.decode.iter().map(|b| json!({
+            "decodes": b.decodes, "steps": b.steps, "median_ms": b.median_ms,
+        })).collect::<Vec<_>>(),
+        "prefill": m.prefill.iter().map(|c| json!({
+            "tokens": c.tokens, "steps": c.steps, "median_ms": c.median_ms,
+        })).collect::<Vec<_>>(),
+        "num_spec_tokens": m.num_spec_tokens(),
+    })
+}
+
+fn range(r: [u32; 2]) -> String {
+    if r[0] == r[1] {
+        r[0].to_string()
+    } else {
+        format!("{}–{}", r[0], r[1])
+    }
+}
+
+/// The human report (stderr).
+fn report(m: &FittedModel, output: &Path, bytes: usize, secs: f64) -> String {
+    let (records, observations, sidecar_steps) = totals(m);
+    let l = &m.law;
+    let mut law = format!("{}", l.step_ms);
+    for (c, what) in [
+        (l.per_decode_ms, "decodes"),
+        (l.per_prefill_token_ms, "prefill tokens"),
+        (l.prefill_step_ms, "[prefill]"),
+        (l.per_context_token_ms, "Σ decode context"),
+        (l.per_burst_token_ms, "extra burst tokens"),
+        (l.per_prefill_depth_ms, "Σ (d1² − d0²)/2"),
+    ] {
+        if c != 0.0 {
+            law += &format!(" + {c}·{what}");
+        }
+    }
+    let mut out = format!(
+        "fitted {records} records → {observations} observations{} in {secs:.2} s → {} ({bytes} bytes)\n  law: {law} ms (floor {} ms)\n",
+        if sidecar_steps > 0 {
+            format!(" ({sidecar_steps} sidecar steps)")
+        } else {
+            String::new()
+        },
+        if output.as_os_str() == "-" {
+            "standard output".into()
+        } else {
+            output.display().to_string()
+        },
+        l.floor_ms,
+    );
+    for t in l.terms.iter().filter(|t| !t.kept) {
+        out += &format!("  dropped {}: {}\n", t.term, t.why);
+    }
+    for n in &l.notes {
+        out += &format!("  note: {n}\n");
+    }
+    let bins: Vec<String> = m
+        .decode
+        .iter()
+        .map(|b| {
+            format!(
+                "{} ({} steps, p50 {} ms)",
+                range(b.decodes),
+                b.steps,
+                b.median_ms
+            )
+        })
+        .collect();
+    out += &format!("  decode batches: {}\n", bins.join(", "));
+    let classes: Vec<String> = m
+        .prefill
+        .iter()
+        .map(|c| {
+            format!(
+                "{} tokens ({} steps, p50 {} ms)",
+                range(c.tokens),
+                c.steps,
+                c.median_ms
+            )
+        })
+        .collect();
+    out += &format!("  prefill classes: {}\n", classes.join(", "));
+    if let Some(k) = m.num_spec_tokens() {
+        out += &format!("  bursts up to {} tokens (K = {k})\n", k + 1);
+    }
+    out
 }

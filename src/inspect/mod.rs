@@ -1,6 +1,7 @@
 //! `vllm-vcr inspect`: trace tools. Every subcommand streams its input (memory does not
-//! grow with the trace), reads `.gz` transparently, prints a machine-readable result with
-//! `--json`, and reports progress on stderr for long work.
+//! grow with the trace; `fit` keeps one small entry per engine step), reads `.gz`
+//! transparently, prints a machine-readable result with `--json`, and reports progress on
+//! stderr for long work.
 
 pub mod convert;
 pub mod fit;

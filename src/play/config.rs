@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use sim_protocol::VllmLine;
 use sim_protocol::kv_events::KvEventsConfig;
-use sim_trace::fitted::{FitInput, FittedModel};
+use sim_trace::fit::{FitInput, FittedModel};
 use sim_trace::latency::{self, Knobs, LatencyModel};
 
 use super::batch::ComposeRules;
@@ -139,7 +139,7 @@ impl TryFrom<&PlayArgs> for PlayConfig {
         let model = load_latency_model(&a.latency_trace, &a.latency_steps)?;
         if let (Some(expected), Some(m)) = (&a.expect_config_hash, &model) {
             let expected = expected.trim().to_ascii_lowercase();
-            for src in &m.sources {
+            for src in &m.meta.sources {
                 match &src.config_hash {
                     Some(h) if h.to_ascii_lowercase() == expected => {}
                     other => bail!(
@@ -293,7 +293,7 @@ fn load_latency_model(traces: &[PathBuf], steps: &[PathBuf]) -> Result<Option<Fi
         })
         .collect();
     let t = std::time::Instant::now();
-    let m = sim_trace::fitted::fit(&inputs).context("--latency-trace: fitting the capture")?;
+    let m = sim_trace::fit::fit(&inputs).context("--latency-trace: fitting the capture")?;
     tracing::info!(
         secs = format!("{:.2}", t.elapsed().as_secs_f64()),
         "--latency-trace: fitted {} capture(s)",

@@ -4,7 +4,7 @@
 //! without the protocol stack.
 
 pub mod config_hash;
-pub mod fitted;
+pub mod fit;
 pub mod latency;
 pub mod replay;
 pub mod stats;

@@ -1,0 +1,235 @@
+//! Pacing an engine with a fitted model.
+//!
+//! Each step: draw each decode's burst (multi-token captures), evaluate the law for the
+//! step's shape, draw a ratio from the nearest captured state and divide by the time scale.
+//! The nearest state of a decode step is the batch-size bin containing its decodes, else
+//! the closest bin (a larger batch than any captured takes the largest bin's ratios, and
+//! the law's per-decode term carries the trend), then the closest mean burst within the
+//! bin. The nearest state of a step with prefill work is the prefill class of its
+//! prefilled tokens, else the closest class by ratio of sizes.
+
+use std::time::Duration;
+
+use super::model::{DecodeBin, FittedModel, PrefillClass};
+use super::observe::{NF, mean_burst};
+use super::residual;
+use crate::latency::{LatencyModel, StepShape, StepTiming};
+
+/// A [`FittedModel`] pacing an engine (`play --latency-trace`).
+#[derive(Debug, Clone)]
+pub struct FittedLatency {
+    model: FittedModel,
+    rng: u64,
+    time_scale: f64,
+    /// Cumulative burst distribution: `burst_cdf[n − 1]` = P(burst ≤ n).
+    burst_cdf: Vec<f64>,
+}
+
+impl FittedModel {
+    /// The model as the engine drives it: draws seeded by `seed`, every duration divided by
+    /// `time_scale` (a non-positive or non-finite scale counts as 1).
+    pub fn latency(self, seed: u64, time_scale: f64) -> FittedLatency {
+        let burst_cdf = match &self.bursts {
+            Some(b) => {
+                let total: u64 = b.counts.iter().sum();
+                let mut acc = 0;
+                b.counts
+                    .iter()
+                    .map(|&c| {
+                        acc += c;
+                        acc as f64 / total.max(1) as f64
+                    })
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        FittedLatency {
+            model: self,
+            rng: seed ^ 0x6669_7474_6564_0002,
+            time_scale: if time_scale.is_finite() && time_scale > 0.0 {
+                time_scale
+            } else {
+                1.0
+            },
+            burst_cdf,
+        }
+    }
+
+    /// The law's value for a step of this shape, ms, when its decodes deliver one token
+    /// each (before the ratio is drawn).
+    pub fn law_ms(&self, shape: &StepShape) -> f64 {
+        self.law.ms(&features(shape, None))
+    }
+
+    /// The median duration of a step of this shape, ms, when its decodes deliver one token
+    /// each: the law times the median ratio of the step's state.
+    pub fn expected_ms(&self, shape: &StepShape) -> f64 {
+        self.law.ms(&features(shape, None)) * self.ratio(shape, None, 0.5)
+    }
+
+    fn decode_bin(&self, decodes: u32) -> Option<&DecodeBin> {
+        self.decode.iter().min_by_key(|b| {
+            (
+                residual::distance(decodes, b.decodes[0], b.decodes[1]),
+                std::cmp::Reverse(b.decodes[0]),
+            )
+        })
+    }
+
+    fn prefill_class(&self, tokens: u64) -> Option<&PrefillClass> {
+        let t = tokens.min(u64::from(u32::MAX)) as u32;
+        self.prefill.iter().min_by(|a, b| {
+            residual::log_distance(t, a.tokens[0], a.tokens[1]).total_cmp(&residual::log_distance(
+                t,
+                b.tokens[0],
+                b.tokens[1],
+            ))
+        })
+    }
+
+    /// The ratio at `u` of the state nearest to this step, whose decodes deliver `tokens`
+    /// (`None`: one each); 1 when the model has no state of either kind.
+    fn ratio(&self, shape: &StepShape, tokens: Option<&[u32]>, u: f64) -> f64 {
+        let decodes = shape.decodes.len() as u32;
+        let prefill: u64 = shape.prefills.iter().map(|c| c.tokens).sum();
+        let from_class = |c: &PrefillClass| residual::inverse(&self.levels, &c.ratio, u);
+        let from_bin = |b: &DecodeBin| {
+            let m = tokens.map_or(1, |t| mean_burst(t.iter().sum(), decodes));
+            let cell = b
+                .cells
+                .iter()
+                .min_by_key(|c| (c.burst.abs_diff(m), c.burst))
+                .expect("a bin has cells");
+            residual::inverse(&self.levels, &cell.ratio, u)
+        };
+        if prefill > 0 {
+            if let Some(c) = self.prefill_class(prefill) {
+                return from_class(c);
+            }
+        } else if let Some(b) = self.decode_bin(decodes) {
+            return from_bin(b);
+        }
+        // the other kind's nearest state, rather than no spread at all
+        match (
+            self.decode_bin(decodes.max(1)),
+            self.prefill_class(prefill.max(1)),
+        ) {
+            (Some(b), _) => from_bin(b),
+            (None, Some(c)) => from_class(c),
+            (None, None) => 1.0,
+        }
+    }
+}
+
+/// The law's features for a step of this shape whose decodes deliver `tokens` (`None`:
+/// one each).
+fn features(shape: &StepShape, tokens: Option<&[u32]>) -> [f64; NF] {
+    let decodes = shape.decodes.len() as f64;
+    let delivered: f64 = tokens.map_or(decodes, |t| t.iter().map(|&n| f64::from(n)).sum());
+    let ctx: f64 = shape.decodes.iter().map(|d| d.context as f64).sum();
+    let prefill: f64 = shape.prefills.iter().map(|c| c.tokens as f64).sum();
+    let depth: f64 = shape
+        .prefills
+        .iter()
+        .map(|c| {
+            let (d0, d1) = (c.context as f64, (c.context + c.tokens) as f64);
+            (d1 * d1 - d0 * d0) / 2.0
+        })
+        .sum();
+    let prefill_step = if shape.prefills.is_empty() { 0.0 } else { 1.0 };
+    [
+        1.0,
+        decodes,
+        prefill,
+        prefill_step,
+        ctx,
+        (delivered - decodes).max(0.0),
+        depth,
+    ]
+}
+
+impl FittedLatency {
+    /// The model this pacer draws from.
+    pub fn model(&self) -> &FittedModel {
+        &self.model
+    }
+
+    /// A uniform draw in [0, 1) (SplitMix64).
+    fn unit(&mut self) -> f64 {
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn burst(&mut self) -> u32 {
+        let u = self.unit();
+        self.burst_cdf
+            .partition_point(|&c| c <= u)
+            .min(self.burst_cdf.len() - 1) as u32
+            + 1
+    }
+}
+
+impl LatencyModel for FittedLatency {
+    fn step(&mut self, shape: &StepShape) -> StepTiming {
+        let decode_tokens: Vec<u32> = if self.burst_cdf.is_empty() {
+            Vec::new()
+        } else {
+            (0..shape.decodes.len()).map(|_| self.burst()).collect()
+        };
+        let tokens = (!decode_tokens.is_empty()).then_some(decode_tokens.as_slice());
+        let u = self.unit();
+        let m = &self.model;
+        let ms = m.law.ms(&features(shape, tokens)) * m.ratio(shape, tokens, u);
+        StepTiming {
+            duration: Duration::from_secs_f64((ms / self.time_scale).max(0.0) / 1e3),
+            decode_tokens,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let m = &self.model;
+        let l = &m.law;
+        let mut law = format!("{:.3}", l.step_ms);
+        for (c, what) in [
+            (l.per_decode_ms, "decode"),
+            (l.per_prefill_token_ms, "prefill token"),
+            (l.prefill_step_ms, "prefill step"),
+            (l.per_context_token_ms, "context token"),
+            (l.per_burst_token_ms, "burst token"),
+            (l.per_prefill_depth_ms, "prefill token·depth"),
+        ] {
+            if c != 0.0 {
+                law += &format!(" + {c:.4e}/{what}");
+            }
+        }
+        let bins: Vec<String> = m
+            .decode
+            .iter()
+            .map(|b| match b.decodes {
+                [lo, hi] if lo == hi => lo.to_string(),
+                [lo, hi] => format!("{lo}-{hi}"),
+            })
+            .collect();
+        format!(
+            "fitted (step {law} ms; decode batches {} seen; {} prefill classes{}{})",
+            bins.join(","),
+            m.prefill.len(),
+            m.num_spec_tokens()
+                .map(|k| format!("; bursts up to {}", k + 1))
+                .unwrap_or_default(),
+            if self.time_scale != 1.0 {
+                format!("; time scale {}", self.time_scale)
+            } else {
+                String::new()
+            }
+        )
+    }
+
+    fn num_spec_tokens(&self) -> Option<u32> {
+        self.model.num_spec_tokens()
+    }
+}

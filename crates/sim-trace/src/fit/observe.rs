@@ -1,0 +1,194 @@
+//! Captured steps as observations of the law: a duration and the step's features.
+//!
+//! * A step's duration is the time since the engine's previous step — unless the engine
+//!   sat idle in between: a step cannot start before the requests it prefills arrived, so
+//!   its duration is at most the time since the earliest of them arrived. (On the fixture
+//!   this turns a 116 ms "prefill" after an idle second into the 79.6 ms it took.)
+//! * A step that computed prefill chunks without finishing them shows no first token: the
+//!   engine reports the request as running, yet it emitted nothing. Such steps and the step
+//!   that finishes their prefills form one observation, summed over its steps: the law is
+//!   linear, and the depth term telescopes over chunks (`Σ (d1² − d0²)/2` over a prompt's
+//!   chunks is `((cached + U)² − cached²)/2` however it was chunked), so the sum is exact
+//!   without knowing where the chunks were cut.
+//! * A step that emitted nothing at all (after the last request finished), or that
+//!   recomputed a preempted request (prefill work and no first token), is skipped: its
+//!   work is not attributable.
+
+use super::capture::{Capture, Step, UNKNOWN};
+
+/// Features of the law, in selection order: when the captures vary two terms only
+/// together, the later one is dropped.
+pub(crate) const NF: usize = 7;
+/// Names of the features, as the model file calls their coefficients.
+pub(crate) const TERMS: [&str; NF] = [
+    "step_ms",
+    "per_decode_ms",
+    "per_prefill_token_ms",
+    "prefill_step_ms",
+    "per_context_token_ms",
+    "per_burst_token_ms",
+    "per_prefill_depth_ms",
+];
+
+/// Which residual distribution an observation belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A step with decodes only: `decodes` of them, `burst` tokens each on average.
+    Decode { decodes: u32, burst: u32 },
+    /// One or more steps with prefill work, `per_step` prefilled tokens per step.
+    Prefill { per_step: u32 },
+}
+
+/// One observation: a step, or the steps of one chunked prefill.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Obs {
+    /// Features, in [`TERMS`] order (summed over the steps of the observation).
+    pub x: [f32; NF],
+    /// Duration, ms.
+    pub y: f32,
+    /// Weight: 1, or `1/decodes` for a gap seen from one of the step's decodes (a step of
+    /// `D` decodes is seen `D` times).
+    pub weight: f32,
+    pub kind: Kind,
+}
+
+impl Obs {
+    /// The features as f64, for the sums.
+    pub fn xf(&self) -> [f64; NF] {
+        self.x.map(f64::from)
+    }
+}
+
+/// The features of one step.
+fn features(s: &Step, prefill_work: bool) -> [f32; NF] {
+    let decodes = s.decodes as f32;
+    [
+        1.0,
+        decodes,
+        s.prefill as f32,
+        if prefill_work { 1.0 } else { 0.0 },
+        s.ctx,
+        (s.tokens.saturating_sub(s.decodes)) as f32,
+        s.depth,
+    ]
+}
+
+/// The step's duration, ms, or `None` when the capture cannot tell it.
+fn duration(s: &Step) -> Option<f32> {
+    if s.idle_before {
+        return None;
+    }
+    let d = if s.step_ms.is_nan() {
+        s.since_arrival
+    } else {
+        s.step_ms.min(s.since_arrival)
+    };
+    (d.is_finite() && d > 0.0).then_some(d)
+}
+
+/// The steps of a chunked prefill, being summed.
+struct Episode {
+    x: [f32; NF],
+    y: f32,
+    steps: u32,
+    firsts: u32,
+    prefill: u32,
+    valid: bool,
+}
+
+/// Append the observations of a capture to `out`.
+pub(crate) fn observations(cap: &Capture, out: &mut Vec<Obs>) {
+    let mut open: Option<Episode> = None;
+    let mut engine = None;
+    for s in &cap.steps {
+        if engine != Some(s.engine) {
+            // another engine's steps: an episode does not span engines
+            open = None;
+            engine = Some(s.engine);
+        }
+        let outputs = s.decodes + s.firsts;
+        let partial = if s.running == UNKNOWN {
+            0
+        } else {
+            (s.running + s.finished).saturating_sub(outputs)
+        };
+        let work = s.firsts > 0 || partial > 0;
+        let dur = duration(s);
+        if !work {
+            // an open episode that ends without a first token recomputed a preempted
+            // request, or lost track: drop it
+            open = None;
+            if let (Some(y), true) = (dur, s.decodes > 0) {
+                out.push(Obs {
+                    x: features(s, false),
+                    y,
+                    weight: 1.0,
+                    kind: Kind::Decode {
+                        decodes: s.decodes,
+                        burst: mean_burst(s.tokens, s.decodes),
+                    },
+                });
+            }
+            continue;
+        }
+        let ep = open.get_or_insert(Episode {
+            x: [0.0; NF],
+            y: 0.0,
+            steps: 0,
+            firsts: 0,
+            prefill: 0,
+            valid: true,
+        });
+        for (a, b) in ep.x.iter_mut().zip(features(s, true)) {
+            *a += b;
+        }
+        ep.y += dur.unwrap_or(f32::NAN);
+        ep.valid &= dur.is_some();
+        ep.steps += 1;
+        ep.firsts += s.firsts;
+        ep.prefill = ep.prefill.saturating_add(s.prefill);
+        if partial == 0 {
+            let ep = open.take().expect("inserted above");
+            if ep.valid && ep.firsts > 0 && ep.prefill > 0 {
+                out.push(Obs {
+                    x: ep.x,
+                    y: ep.y,
+                    weight: 1.0,
+                    kind: Kind::Prefill {
+                        per_step: ep.prefill / ep.steps,
+                    },
+                });
+            }
+        }
+    }
+    for g in &cap.gaps {
+        let d = g.decodes as f32;
+        let burst = g.tokens.max(1);
+        out.push(Obs {
+            // the step's other decodes are taken to be like this one
+            x: [
+                1.0,
+                d,
+                0.0,
+                0.0,
+                d * g.ctx as f32,
+                d * (burst - 1) as f32,
+                0.0,
+            ],
+            y: g.ms,
+            weight: 1.0 / d,
+            kind: Kind::Decode {
+                decodes: g.decodes,
+                burst,
+            },
+        });
+    }
+}
+
+/// Tokens per decode, rounded: the burst state of a step.
+pub(crate) fn mean_burst(tokens: u32, decodes: u32) -> u32 {
+    if decodes == 0 {
+        return 1;
+    }
+    ((f64::from(tokens) / f64::from(decodes)).round() as u32).max(1)
+}

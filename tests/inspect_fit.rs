@@ -1,0 +1,155 @@
+//! `inspect fit`, through the binary, on the real CPU-engine capture.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use sim_trace::fit::FittedModel;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/cpu-engine-capture")
+        .join(name)
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vllm-vcr-inspect-fit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn fit(args: &[&str]) -> Output {
+    bin().args(["inspect", "fit"]).args(args).output().unwrap()
+}
+
+fn ok(out: &Output) -> (String, String) {
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    );
+    assert!(out.status.success(), "stdout:\n{o}\nstderr:\n{e}");
+    (o, e)
+}
+
+fn failed(out: &Output) -> String {
+    assert!(!out.status.success(), "expected a failure");
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn fits_the_capture_and_saves_a_loadable_model() {
+    let (trace, steps) = (fixture("trace.jsonl.gz"), fixture("steps.jsonl.gz"));
+    let model = tmp("model.json");
+    let (_, err) = ok(&fit(&[s(&trace), "--steps", s(&steps), "-o", s(&model)]));
+    assert!(
+        err.contains("fitted 301 records → 2474 observations (2476 sidecar steps)"),
+        "{err}"
+    );
+    assert!(err.contains("decode batches: 4 (62 steps"), "{err}");
+    assert!(
+        err.contains("dropped per_prefill_depth_ms: not identifiable"),
+        "{err}"
+    );
+    // the file is what the library loads, small and readable
+    let m = FittedModel::load(&model).unwrap();
+    assert_eq!(m.meta.sources.len(), 1);
+    let src = &m.meta.sources[0];
+    assert_eq!(src.records, 301);
+    assert_eq!(src.block_size, Some(128));
+    assert_eq!(src.steps.as_deref(), Some(s(&steps)));
+    assert!(src.config_hash.as_deref().unwrap().starts_with("727153f7"));
+    let text = std::fs::read_to_string(&model).unwrap();
+    assert!(text.len() < 8000 && text.lines().count() < 120, "{text}");
+    assert!(FittedModel::is_model_file(&model));
+
+    // --json: the same fit, summarised on stdout
+    let (out, _) = ok(&fit(&[
+        s(&trace),
+        "--steps",
+        s(&steps),
+        "-o",
+        s(&tmp("model2.json")),
+        "--json",
+    ]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["records"], 301);
+    assert_eq!(v["observations"], 2474);
+    assert_eq!(v["sidecar_steps"], 2476);
+    assert_eq!(v["num_spec_tokens"], Value::Null);
+    let p = v["law"]["per_prefill_token_ms"].as_f64().unwrap();
+    assert!((0.3..0.45).contains(&p), "{p}");
+    let bins: Vec<&Value> = v["decode"].as_array().unwrap().iter().collect();
+    assert!(
+        bins.iter()
+            .any(|b| b["decodes"] == serde_json::json!([8, 8]))
+    );
+    assert!(v["bytes"].as_u64().unwrap() > 1000);
+
+    // -o -: the model itself on stdout
+    let (out, _) = ok(&fit(&[s(&trace), "--steps", s(&steps), "-o", "-"]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["format"], "vllm-vcr-latency-model");
+    assert_eq!(v["version"], 2);
+}
+
+#[test]
+fn a_sidecar_beside_the_trace_is_not_used_unless_given() {
+    let model = tmp("records-only.json");
+    let (_, err) = ok(&fit(&[s(&fixture("trace.jsonl.gz")), "-o", s(&model)]));
+    assert!(
+        err.contains("is fitted from its records alone")
+            && err.contains("steps.jsonl.gz is not used"),
+        "{err}"
+    );
+    let m = FittedModel::load(&model).unwrap();
+    assert_eq!(m.meta.sources[0].steps, None);
+    assert_eq!(m.meta.sources[0].sidecar_steps, 0);
+}
+
+#[test]
+fn bad_invocations_say_what_is_wrong() {
+    let trace = fixture("trace.jsonl.gz");
+    let steps = fixture("steps.jsonl.gz");
+    let out = s(&tmp("never.json")).to_string();
+    let e = failed(&fit(&[
+        s(&trace),
+        "--steps",
+        s(&steps),
+        "--steps",
+        s(&steps),
+        "-o",
+        &out,
+    ]));
+    assert!(e.contains("2 sidecars for 1 traces"), "{e}");
+    let e = failed(&fit(&[s(&trace), "-o", "-", "--json"]));
+    assert!(e.contains("pick one"), "{e}");
+    let e = failed(&fit(&["/nonexistent/trace.jsonl", "-o", &out]));
+    assert!(e.contains("/nonexistent/trace.jsonl"), "{e}");
+    // a model is not a trace
+    let model = tmp("m.json");
+    ok(&fit(&[s(&trace), "-o", s(&model)]));
+    let e = failed(&fit(&[s(&model), "-o", &out]));
+    assert!(e.contains("is a latency model file, not a trace"), "{e}");
+    // a sidecar of another capture
+    let other = tmp("other-steps.jsonl");
+    let lines: String = (0..200)
+        .map(|i| {
+            format!(
+                "{{\"ts_ms\":{},\"step_ms\":7.0,\"num_running_reqs\":8}}\n",
+                3.3 + 7.0 * f64::from(i)
+            )
+        })
+        .collect();
+    std::fs::write(&other, lines).unwrap();
+    let e = failed(&fit(&[s(&trace), "--steps", s(&other), "-o", &out]));
+    assert!(e.contains("is not that trace's step-stats sidecar"), "{e}");
+    assert!(!Path::new(&out).exists(), "nothing written on failure");
+}
