@@ -2,7 +2,8 @@
 //! `vllm-rs`, or the Python `vllm serve`) and `vllm-vcr play --tokens echo` behind it, runs
 //! its checks over HTTP, and stops both. After them come the scheduler legs
 //! ([`crate::scheduler`]): vllm-rs of the default line and the Python frontend, each with
-//! an engine configured small and loaded (random tokens).
+//! an engine configured small and loaded (random tokens); then the record legs
+//! ([`crate::record_e2e`]) and the replay legs ([`crate::replay_e2e`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,6 +17,7 @@ use crate::frontends;
 use crate::http::Client;
 use crate::proc::{ChildGuard, free_ports, tail, wait_listening};
 use crate::record_e2e;
+use crate::replay_e2e;
 use crate::scheduler;
 
 /// Engine pacing of the basic legs (the TTFT check compares against it).
@@ -44,7 +46,10 @@ pub struct Options {
     pub scheduler: SchedulerLegs,
     /// Which record legs run (frontend → `record` → engine).
     pub record: SchedulerLegs,
-    /// Also the record legs with a real vLLM engine-core on CPU (`fetch --cpu-engine`).
+    /// Which replay legs run (`play --replay-tokens`, `--replay-steps`, `--latency-trace`).
+    pub replay: SchedulerLegs,
+    /// Also the record and replay legs with a real vLLM engine-core on CPU (`fetch
+    /// --cpu-engine`).
     pub cpu_engine: bool,
 }
 
@@ -131,9 +136,13 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     let compat = Compat::load(root)?;
     let cache = frontends::cache_root()?;
     let record_only = opts.record == SchedulerLegs::Only;
-    let basic = opts.scheduler != SchedulerLegs::Only && !record_only;
-    let with_scheduler = opts.scheduler != SchedulerLegs::Skip && !record_only;
-    let with_record = opts.record != SchedulerLegs::Skip && opts.scheduler != SchedulerLegs::Only;
+    let replay_only = opts.replay == SchedulerLegs::Only;
+    let basic = opts.scheduler != SchedulerLegs::Only && !record_only && !replay_only;
+    let with_scheduler = opts.scheduler != SchedulerLegs::Skip && !record_only && !replay_only;
+    let with_record =
+        opts.record != SchedulerLegs::Skip && opts.scheduler != SchedulerLegs::Only && !replay_only;
+    let with_replay =
+        opts.replay != SchedulerLegs::Skip && opts.scheduler != SchedulerLegs::Only && !record_only;
     let rs_lines = if opts.python_only {
         Vec::new()
     } else {
@@ -213,7 +222,40 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     } else {
         Vec::new()
     };
-    if legs.is_empty() && rs_sched.is_none() && !py_sched && record_legs.is_empty() {
+    let replay_legs = if with_replay {
+        let cpu = if opts.cpu_engine {
+            let cpu = frontends::python_venv(
+                &cache,
+                frontends::CPU_ENGINE_PACKAGE,
+                frontends::CPU_ENGINE_VERSION,
+            );
+            if !cpu.join(".installed").is_file() {
+                bail!(
+                    "the real CPU engine is not installed ({}); run `cargo xtask fetch --cpu-engine` first",
+                    cpu.display()
+                );
+            }
+            Some(cpu)
+        } else {
+            None
+        };
+        replay_e2e::legs(
+            rs_lines
+                .iter()
+                .find(|l| l.default)
+                .map(|l| (frontends::vllm_rs_path(&cache, &l.tag), l.line.clone())),
+            python.then(|| (venv.clone(), py_line.clone())),
+            cpu,
+        )
+    } else {
+        Vec::new()
+    };
+    if legs.is_empty()
+        && rs_sched.is_none()
+        && !py_sched
+        && record_legs.is_empty()
+        && replay_legs.is_empty()
+    {
         bail!(
             "nothing selected (the scheduler legs run vllm-rs of the default line and the Python frontend)"
         );
@@ -369,6 +411,31 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         all.push(res);
     }
 
+    let env = replay_e2e::Env {
+        root,
+        engine_bin: &engine,
+        model: &model,
+        real_model: &real_model,
+    };
+    for leg in &replay_legs {
+        let dir = work.join(leg.name.replace([' ', '/', '>', ':', ','], "_"));
+        std::fs::create_dir_all(&dir)?;
+        eprintln!("\n=== {}", leg.name);
+        let res = LegResult {
+            name: leg.name.clone(),
+            results: replay_e2e::run_leg(leg, &env, &dir),
+        };
+        print_leg(&res);
+        if res.results.iter().any(|r| !r.pass) {
+            for path in logs_under(&dir) {
+                println!("--- last 30 lines of {}:", path.display());
+                println!("{}", tail(&path, 30));
+            }
+            println!("--- end of logs");
+        }
+        all.push(res);
+    }
+
     let passed: usize = all
         .iter()
         .map(|l| l.results.iter().filter(|r| r.pass).count())
@@ -477,6 +544,26 @@ fn record_legs(
         }
     }
     Ok(legs)
+}
+
+/// The `*.log` files in `dir` and its subdirectories (one level), sorted.
+fn logs_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        dirs.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    }
+    for d in dirs {
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            out.extend(
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "log")),
+            );
+        }
+    }
+    out.sort();
+    out
 }
 
 /// `cargo build` the engine binary and return its path.

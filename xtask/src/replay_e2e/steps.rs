@@ -1,0 +1,248 @@
+//! Verbatim steps: a speculative-decoding capture replayed with `--replay-steps`.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use serde_json::json;
+
+use super::*;
+
+// ------------------------------------------------------------------ 4. verbatim steps
+
+pub(super) const STEPS_REQUESTS: usize = 64;
+
+pub(super) fn steps(env: &Env, rs: &Path, line: &str, dir: &Path, out: &mut Checks) -> Result<()> {
+    let frontend = Frontend::Rs {
+        bin: rs.to_path_buf(),
+    };
+    // The capture: speculative decoding makes multi-token chunks (1 + accepted drafts).
+    let t = Instant::now();
+    let trace = dir.join("capture").join("trace.jsonl.gz");
+    let stack = start_stack(
+        env,
+        &frontend,
+        &[],
+        env.model,
+        Some(&trace),
+        Backend::Play {
+            line,
+            args: play_args(&[
+                "--num-speculative-tokens",
+                "3",
+                "--inter-token-latency",
+                "8",
+                "--time-to-first-token",
+                "30",
+            ]),
+        },
+        &dir.join("capture"),
+    )?;
+    let sent = run_pool(STEPS_REQUESTS, 8, |i| {
+        let body = json!({"model": "tiny", "prompt": prompt_of(&format!("steps {i:02} "), 24 + i),
+                          "max_tokens": 16 + (i % 4) * 8, "ignore_eos": true});
+        let r = stack.http.post("/v1/completions", &body)?;
+        ensure!(r.status == 200, "HTTP {} {}", r.status, snippet(&r.text()));
+        Ok(())
+    });
+    let tap = stack.stop();
+    all_ok("capture requests", sent)?;
+    ensure!(
+        tap.contains("exit status: 0"),
+        "the capture tap ended: {tap}"
+    );
+    let (_, captured) = read_by_arrival(&trace)?;
+    ensure!(
+        captured.len() == STEPS_REQUESTS,
+        "{} records captured for {STEPS_REQUESTS} requests",
+        captured.len()
+    );
+    let multi = captured
+        .iter()
+        .flat_map(TraceRecord::chunk_tokens)
+        .filter(|&n| n > 1)
+        .count();
+    let chunks: usize = captured.iter().map(|r| r.itl_ms.len()).sum();
+    out.push(
+        "capture with multi-token chunks",
+        t,
+        if multi > 0 {
+            Ok(format!(
+                "{} records, {chunks} chunks after the first, {multi} of them multi-token",
+                captured.len()
+            ))
+        } else {
+            Err(anyhow::anyhow!("no multi-token chunk in {chunks} chunks"))
+        },
+    );
+
+    // The replay, recorded by a second tap; rounds at concurrency 1, 16 and 64, their
+    // requests named `c<C>-replay-<i>` (the replay index reads the `replay-<i>`).
+    let t = Instant::now();
+    let replay_trace = dir.join("replay").join("trace.jsonl.gz");
+    let summary = dir.join("replay").join("summary.json");
+    let stack = start_stack(
+        env,
+        &frontend,
+        &[],
+        env.model,
+        Some(&replay_trace),
+        Backend::Play {
+            line,
+            args: vec![
+                "--replay-steps".into(),
+                trace.display().to_string(),
+                "--replay-tokens".into(),
+                trace.display().to_string(),
+                "--replay-miss".into(),
+                "fail".into(),
+                "--replay-summary".into(),
+                summary.display().to_string(),
+            ],
+        },
+        &dir.join("replay"),
+    )?;
+    let rounds: [(usize, usize); 3] = [(1, 16), (16, STEPS_REQUESTS), (64, STEPS_REQUESTS)];
+    let mut sent_total = 0;
+    let mut round_secs = Vec::new();
+    for (c, n) in rounds {
+        let tr = Instant::now();
+        let res = run_pool(n, c, |i| {
+            let r = &captured[i];
+            let body = json!({"model": "tiny", "prompt": prompt_of(&format!("steps {i:02} "), r.prompt_tokens as usize),
+                              "max_tokens": r.output_tokens, "ignore_eos": true});
+            let resp = stack.http.request_with(
+                "POST",
+                "/v1/completions",
+                Some(&body),
+                &[("X-Request-Id", &format!("c{c}-replay-{i}"))],
+            )?;
+            ensure!(
+                resp.status == 200,
+                "c{c}-replay-{i}: HTTP {} {}",
+                resp.status,
+                snippet(&resp.text())
+            );
+            Ok(())
+        });
+        if let Err(e) = all_ok(&format!("requests at concurrency {c}"), res) {
+            stack.stop();
+            return Err(e);
+        }
+        sent_total += n;
+        round_secs.push(format!("c{c}: {n} in {:.1} s", tr.elapsed().as_secs_f64()));
+    }
+    let tap = stack.stop();
+    ensure!(
+        tap.contains("exit status: 0"),
+        "the replay tap ended: {tap}"
+    );
+    let (_, replayed) = read_by_arrival(&replay_trace)?;
+    out.push(
+        "replay rounds at concurrency 1, 16, 64",
+        t,
+        read_summary(&summary).and_then(|s| {
+            let Counts { served, reserved, missed } = summary_counts(&s, "tokens")?;
+            ensure!(
+                served == sent_total as u64 && missed.is_empty() && replayed.len() == sent_total,
+                "served {served}, missed {missed:?}, {} replay records; want {sent_total} served, none missed",
+                replayed.len()
+            );
+            Ok(format!(
+                "{} ; served {served} ({reserved} re-served), missed 0",
+                round_secs.join(", ")
+            ))
+        }),
+    );
+    for (c, n) in rounds {
+        let t = Instant::now();
+        out.push(
+            &format!(
+                "concurrency {c}: chunks and ids identical, gaps and drift p95 within {STEP_P95_MS} ms, p99 within {STEP_P99_MS} ms"
+            ),
+            t,
+            compare_steps(&captured, &replayed, c, n),
+        );
+    }
+    Ok(())
+}
+
+/// The replayed records of round `c` against the captured ones: chunk sizes and ids equal;
+/// the p95 and p99 of the gap deviation and of the drift within the tolerances. The detail also gives the
+/// worst gap and the TTFT deviation (informational: the first chunk is due the recorded TTFT
+/// after the request reached the engine, and the tap sees the request arrive a hop earlier).
+pub(super) fn compare_steps(
+    captured: &[TraceRecord],
+    replayed: &[TraceRecord],
+    c: usize,
+    n: usize,
+) -> Result<String> {
+    let tag = format!("c{c}-replay-");
+    let mut seen = vec![false; n];
+    let mut gap_dev = Vec::new();
+    let mut drift = Vec::new();
+    let mut ttft_dev = Vec::new();
+    let mut worst = (0.0f64, String::new());
+    for r in replayed {
+        let id = r.request_id.as_deref().unwrap_or_default();
+        if !id.contains(&tag) {
+            continue;
+        }
+        let i =
+            parse_replay_index(id).with_context(|| format!("no replay index in {id}"))? as usize;
+        ensure!(i < n && !seen[i], "unexpected replay record {id}");
+        seen[i] = true;
+        let want = &captured[i];
+        ensure!(
+            r.output_token_ids == want.output_token_ids,
+            "{id}: token ids {:?}, captured {:?}",
+            r.output_token_ids,
+            want.output_token_ids
+        );
+        ensure!(
+            r.chunk_tokens() == want.chunk_tokens()
+                && r.first_chunk_tokens() == want.first_chunk_tokens(),
+            "{id}: chunks {}+{:?}, captured {}+{:?}",
+            r.first_chunk_tokens(),
+            r.chunk_tokens(),
+            want.first_chunk_tokens(),
+            want.chunk_tokens()
+        );
+        let (mut at_r, mut at_c) = (0.0, 0.0);
+        for (k, (a, b)) in r.itl_ms.iter().zip(&want.itl_ms).enumerate() {
+            let d = (a - b).abs();
+            gap_dev.push(d);
+            (at_r, at_c) = (at_r + a, at_c + b);
+            drift.push((at_r - at_c).abs());
+            if d > worst.0 {
+                worst = (
+                    d,
+                    format!("{id} gap {k}: {a:.3} ms replayed, {b:.3} ms captured"),
+                );
+            }
+        }
+        if let (Some(a), Some(b)) = (r.ttft_ms, want.ttft_ms) {
+            ttft_dev.push((a - b).abs());
+        }
+    }
+    let missing: Vec<usize> = (0..n).filter(|&i| !seen[i]).collect();
+    ensure!(missing.is_empty(), "no replay record for {tag}{missing:?}");
+    let q = |v: &[f64]| (quantile(v, 0.95), quantile(v, 0.99));
+    let ((gap_p95, gap_p99), (drift_p95, drift_p99)) = (q(&gap_dev), q(&drift));
+    let stats = format!(
+        "{n} requests, {} gaps: deviation p50 {:.3} / p95 {gap_p95:.3} / p99 {gap_p99:.3} / max {:.3} ms; drift p95 {drift_p95:.3} / p99 {drift_p99:.3} / max {:.3} ms; TTFT deviation p50 {:.3} / p99 {:.3} ms",
+        gap_dev.len(),
+        quantile(&gap_dev, 0.5),
+        worst.0,
+        quantile(&drift, 1.0),
+        quantile(&ttft_dev, 0.5),
+        quantile(&ttft_dev, 0.99)
+    );
+    eprintln!("  concurrency {c}: {stats}");
+    ensure!(
+        gap_p95.max(drift_p95) <= STEP_P95_MS && gap_p99.max(drift_p99) <= STEP_P99_MS,
+        "{stats}; worst gap: {}",
+        worst.1
+    );
+    Ok(stats)
+}
