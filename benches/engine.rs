@@ -9,9 +9,11 @@
 //!    frontend-limited throughput and the engine's share of CPU.
 //!
 //! 4. Replay cost: engine CPU per token serving recorded ids against random ones.
+//! 5. Offline simulation: `inspect simulate` on the CPU-engine capture and on synthetic
+//!    workloads; simulated seconds per wall second (must be ≥ 100).
 //!
 //! Environment: `BENCH_QUICK=1` shrinks every run (smoke mode); `BENCH_SKIP_FRONTEND=1`
-//! skips part 3; `BENCH_ONLY=throughput,pacing,soak,replay,frontend` runs only those.
+//! skips part 3; `BENCH_ONLY=throughput,pacing,soak,replay,simulate,frontend` runs only those.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -248,6 +250,82 @@ fn write_model(path: &Path) {
     }])
     .unwrap();
     model.save(path).unwrap();
+}
+
+/// A synthetic workload for `inspect simulate`: Poisson arrivals at `rate` per second,
+/// prompts of 512 tokens (block size 16) opening with one of 8 shared 256-token system
+/// prompts, 128 output tokens each, with recorded timings. With `turns > 1` the requests
+/// are sessions: each turn's prompt extends the previous turn's (prompt + answer + a new
+/// 64-token message) and arrives 2 s after it ended.
+fn write_workload(path: &Path, n: usize, rate: f64, turns: usize) {
+    use sim_trace::trace::{BlockHash, TraceMeta, TraceRecord, TraceWriter};
+    let meta = TraceMeta {
+        block_size: Some(16),
+        ..TraceMeta::new()
+    };
+    let mut w = TraceWriter::create(path, &meta).unwrap();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let (ttft, itl, out) = (120.0, 20.0, 128u32);
+    let e2e = ttft + itl * f64::from(out - 1);
+    let mut fresh = 1u64 << 40;
+    let mut t = 0.0;
+    let mut written = 0;
+    while written < n {
+        t += -(1.0 - next()).ln() / rate * 1000.0;
+        let system = (next() * 8.0) as u64;
+        let mut hashes: Vec<u64> = (0..16).map(|k| system * 1000 + k).collect();
+        let mut arrival = t;
+        for _ in 0..turns.min(n - written) {
+            // this turn's own blocks: 256 tokens on the first turn, 64 + the answer later
+            let own = if hashes.len() == 16 {
+                16
+            } else {
+                (64 + out as usize) / 16
+            };
+            for _ in 0..own {
+                fresh += 1;
+                hashes.push(fresh);
+            }
+            w.write_record(&TraceRecord {
+                prompt_tokens: (hashes.len() * 16) as u32,
+                output_tokens: out,
+                arrival_ms: Some(arrival),
+                ttft_ms: Some(ttft),
+                itl_ms: vec![itl; out as usize - 1],
+                block_hashes: hashes.iter().map(|&h| BlockHash::Int(h)).collect(),
+                finish_reason: Some("length".into()),
+                ..Default::default()
+            })
+            .unwrap();
+            written += 1;
+            arrival += e2e + 2000.0;
+        }
+    }
+    w.finish().unwrap();
+}
+
+/// One `inspect simulate` run: (simulated s, wall s, requests, output tokens, its JSON).
+fn simulate_run(args: &[&str]) -> (f64, f64, u64, f64, serde_json::Value) {
+    let t = Instant::now();
+    let out = Command::new(BIN)
+        .args(["inspect", "simulate", "--json"])
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .expect("run vllm-vcr inspect simulate");
+    let wall = t.elapsed().as_secs_f64();
+    assert!(out.status.success(), "inspect simulate {args:?} failed");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sim = v["simulated_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0;
+    let s = &v["summary"]["output_tokens"];
+    let tokens = s["mean"].as_f64().unwrap_or(0.0) * s["count"].as_f64().unwrap_or(0.0);
+    (sim, wall, v["requests"].as_u64().unwrap_or(0), tokens, v)
 }
 
 fn log_field(log: &str, key: &str) -> Option<f64> {
@@ -560,6 +638,72 @@ fn main() {
                 r.engine_cpu,
                 per_m,
                 per_m / base
+            );
+        }
+    }
+    if part("simulate") {
+        println!("\n## Offline simulation (`inspect simulate`, wall time of the whole command)\n");
+        println!(
+            "| workload | requests | output tokens | preemptions | simulated s | wall s | simulated s per wall s |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        let model = dir.join("sim-model.json");
+        write_model(&model);
+        let m = model.to_str().unwrap();
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/cpu-engine-capture/trace.jsonl.gz");
+        let n = if q { 2000 } else { 20_000 };
+        let busy = dir.join("sim-busy.jsonl.gz");
+        write_workload(&busy, n, 20.0, 1);
+        let calm = dir.join("sim-calm.jsonl.gz");
+        write_workload(&calm, n, 1.0, 1);
+        let sessions = dir.join("sim-sessions.jsonl.gz");
+        write_workload(&sessions, n, 1.0, 10);
+        let (f, b, c, se) = (
+            fixture.to_str().unwrap(),
+            busy.to_str().unwrap(),
+            calm.to_str().unwrap(),
+            sessions.to_str().unwrap(),
+        );
+        let knobs = [
+            "--time-to-first-token",
+            "120",
+            "--inter-token-latency",
+            "20",
+        ];
+        let runs: [(String, Vec<&str>); 5] = [
+            (
+                "the CPU-engine capture (301 requests), its fitted model".into(),
+                vec![f, "--latency-trace", m, "--max-num-seqs", "128"],
+            ),
+            (
+                format!("{n} requests at 20/s, knobs (TTFT 120, ITL 20 ms)"),
+                [&[b][..], &knobs].concat(),
+            ),
+            (
+                "the same, what-if 64 seqs and 1,024 blocks".into(),
+                [
+                    &[b][..],
+                    &knobs,
+                    &["--max-num-seqs", "64", "--num-gpu-blocks", "1024"],
+                ]
+                .concat(),
+            ),
+            (
+                format!("{n} requests at 1/s, the fixture's fitted model"),
+                vec![c, "--latency-trace", m],
+            ),
+            (
+                format!("{} sessions of 10 turns, --replay-sessions, knobs", n / 10),
+                [&[se, "--replay-sessions"][..], &knobs].concat(),
+            ),
+        ];
+        for (label, args) in runs {
+            let (sim, wall, reqs, tokens, v) = simulate_run(&args);
+            println!(
+                "| {label} | {reqs} | {tokens:.0} | {} | {sim:.1} | {wall:.2} | {:.0} |",
+                v["preemptions"],
+                sim / wall
             );
         }
     }

@@ -42,7 +42,8 @@ pub enum Command {
     /// Tap the wire between a real vLLM frontend and a real engine-core: relay every frame
     /// unchanged and write a trace of every request.
     Record(Box<RecordArgs>),
-    /// Trace tools: summaries, Perfetto timelines, conversions, demo traces.
+    /// Trace tools: summaries, Perfetto timelines, conversions, demo traces, latency-model
+    /// fits, offline simulation.
     Inspect(Box<InspectArgs>),
     /// Print a shell completion script for this binary to stdout.
     Completions {

@@ -28,7 +28,7 @@ async fn a_real_subscriber_matches_stored_and_removed_blocks_to_the_prompts() {
     let python = venv_python();
     let port = vllm_vcr::child::free_ports(1).unwrap()[0];
     let mut a = args();
-    a.block_size = 16;
+    a.block_size = Some(16);
     a.num_gpu_blocks = 9; // 8 usable blocks: the third prompt evicts the first
     a.kv_events_config = Some(format!(
         r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{port}"}}"#

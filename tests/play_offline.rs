@@ -99,7 +99,7 @@ async fn a_live_run_and_the_offline_driver_agree_step_for_step() {
     a.inter_token_latency_std_dev = 0.7;
     a.prefill_time_per_token = 0.02;
     a.max_num_seqs = 24;
-    a.block_size = 4;
+    a.block_size = Some(4);
     a.num_gpu_blocks = 60; // 236 tokens of KV: the batch outgrows it and preempts
     a.seed = 11;
     let cfg = PlayConfig::try_from(&a).unwrap();
@@ -115,7 +115,11 @@ async fn a_live_run_and_the_offline_driver_agree_step_for_step() {
         }
     }
     let ids: Vec<&str> = work.iter().map(|(id, _, _)| id.as_str()).collect();
-    let c = w.collect(&ids).await;
+    let mut c = w.collect(&ids).await;
+    // the stats-only message of the empty step that follows the last finish
+    while let Some(env) = w.try_recv(Duration::from_millis(200)).await {
+        c.envelopes.push(env);
+    }
     w.stop().await.unwrap();
 
     // engine-side arrivals: each request's QUEUED event

@@ -50,7 +50,7 @@ async fn a_long_prompt_is_prefilled_in_chunks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn running_out_of_kv_blocks_preempts_and_everything_completes() {
     let mut a = args();
-    a.block_size = 4;
+    a.block_size = Some(4);
     a.num_gpu_blocks = 9; // 8 usable blocks = 32 tokens
     a.inter_token_latency = 1.0;
     let mut w = Wire::start(a).await;

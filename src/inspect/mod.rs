@@ -1,5 +1,6 @@
 //! `vllm-vcr inspect`: trace tools. Every subcommand streams its input (memory does not
-//! grow with the trace; `fit` keeps one small entry per engine step), reads `.gz`
+//! grow with the trace; `fit` keeps one small entry per engine step, `simulate` one per
+//! request and a word per block hash, to order the workload by arrival), reads `.gz`
 //! transparently, prints a machine-readable result with `--json`, and reports progress on
 //! stderr for long work.
 
@@ -8,12 +9,14 @@ pub mod fit;
 pub mod gen_demo;
 pub mod perfetto;
 pub mod progress;
+pub mod simulate;
 pub mod summarize;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
-/// Look at traces, convert other tools' formats, make demo traces.
+/// Look at traces, convert other tools' formats, make demo traces, fit latency models,
+/// simulate workloads offline.
 #[derive(Debug, Clone, Args)]
 pub struct InspectArgs {
     #[command(subcommand)]
@@ -37,6 +40,10 @@ pub enum InspectCommand {
     GenDemo(gen_demo::GenDemoArgs),
     /// Fit the step latency model to captures and save it (`play --latency-trace`).
     Fit(fit::FitArgs),
+    /// Run a trace's requests through the simulated engine offline, on a virtual clock:
+    /// replay a capture, or predict TTFT / ITL / throughput / cache hits of a workload
+    /// under any engine flags and latency model; write the simulated trace and a summary.
+    Simulate(Box<simulate::SimulateArgs>),
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
@@ -46,6 +53,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         InspectCommand::Convert(a) => convert::run(&a),
         InspectCommand::GenDemo(a) => gen_demo::run(&a),
         InspectCommand::Fit(a) => fit::run(&a),
+        InspectCommand::Simulate(a) => simulate::run(&a),
     };
     match r {
         // `inspect … | head` closed our stdout: not an error.

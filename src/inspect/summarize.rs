@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{Value, json};
 use sim_trace::stats::Histogram;
-use sim_trace::trace::{TraceItem, TraceMeta, TraceReader};
+use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
 
 use super::progress::Progress;
 
@@ -55,9 +55,9 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Read `path` to the end. A bad line is an error naming the file and line.
-    pub fn of(path: &std::path::Path) -> Result<Summary> {
-        let mut s = Summary {
+    /// An empty summary, to [`add`](Self::add) records to.
+    pub fn new() -> Summary {
+        Summary {
             ttft_ms: Histogram::new(),
             itl_ms: Histogram::new(),
             total_ms: Histogram::new(),
@@ -65,7 +65,12 @@ impl Summary {
             prompt_tokens: Histogram::for_integers(),
             concurrency: Histogram::for_integers(),
             ..Summary::default()
-        };
+        }
+    }
+
+    /// Read `path` to the end. A bad line is an error naming the file and line.
+    pub fn of(path: &std::path::Path) -> Result<Summary> {
+        let mut s = Summary::new();
         let mut progress = Progress::new("summarize: records");
         for item in TraceReader::open(path)? {
             match item? {
@@ -76,60 +81,63 @@ impl Summary {
                 }
                 TraceItem::Record(r) => {
                     progress.tick();
-                    s.records += 1;
-                    if r.incomplete {
-                        s.incomplete += 1;
-                    }
-                    *s.finish_reasons
-                        .entry(
-                            r.finish_reason
-                                .clone()
-                                .unwrap_or_else(|| "(none)".to_string()),
-                        )
-                        .or_default() += 1;
-                    s.prompt_tokens.push(f64::from(r.prompt_tokens));
-                    s.output_tokens.push(f64::from(r.output_tokens));
-                    if let Some(c) = r.cached_tokens {
-                        s.prompt_tokens_with_cache_info += u64::from(r.prompt_tokens);
-                        s.cached_tokens += u64::from(c.min(r.prompt_tokens));
-                    }
-                    if let Some(c) = r.concurrency {
-                        s.concurrency.push(f64::from(c));
-                    }
-                    let gaps: f64 = r.itl_ms.iter().sum();
-                    for g in &r.itl_ms {
-                        s.itl_ms.push(*g);
-                    }
-                    if r.output_tokens > 0 {
-                        *s.chunk_sizes.entry(r.first_chunk_tokens()).or_default() += 1;
-                        for n in r.chunk_tokens() {
-                            *s.chunk_sizes.entry(n).or_default() += 1;
-                        }
-                    }
-                    let total = r.ttft_ms.map(|t| t + gaps);
-                    if let Some(t) = r.ttft_ms {
-                        s.ttft_ms.push(t);
-                    }
-                    if let Some(total) = total {
-                        s.total_ms.push(total);
-                    }
-                    match r.arrival_ms {
-                        None => s.without_arrival += 1,
-                        Some(a) => {
-                            s.first_arrival_ms =
-                                Some(s.first_arrival_ms.map_or(a, |f: f64| f.min(a)));
-                            s.last_arrival_ms =
-                                Some(s.last_arrival_ms.map_or(a, |l: f64| l.max(a)));
-                            let end = a + total.unwrap_or(0.0);
-                            s.last_end_ms = Some(s.last_end_ms.map_or(end, |e: f64| e.max(end)));
-                            s.busy_ms += total.unwrap_or(0.0);
-                        }
-                    }
+                    s.add(&r);
                 }
             }
         }
         progress.finish();
         Ok(s)
+    }
+
+    /// Count one record.
+    pub fn add(&mut self, r: &TraceRecord) {
+        self.records += 1;
+        if r.incomplete {
+            self.incomplete += 1;
+        }
+        let reason = r.finish_reason.as_deref().unwrap_or("(none)");
+        match self.finish_reasons.get_mut(reason) {
+            Some(n) => *n += 1,
+            None => {
+                self.finish_reasons.insert(reason.to_string(), 1);
+            }
+        }
+        self.prompt_tokens.push(f64::from(r.prompt_tokens));
+        self.output_tokens.push(f64::from(r.output_tokens));
+        if let Some(c) = r.cached_tokens {
+            self.prompt_tokens_with_cache_info += u64::from(r.prompt_tokens);
+            self.cached_tokens += u64::from(c.min(r.prompt_tokens));
+        }
+        if let Some(c) = r.concurrency {
+            self.concurrency.push(f64::from(c));
+        }
+        let gaps: f64 = r.itl_ms.iter().sum();
+        for g in &r.itl_ms {
+            self.itl_ms.push(*g);
+        }
+        if r.output_tokens > 0 {
+            *self.chunk_sizes.entry(r.first_chunk_tokens()).or_default() += 1;
+            for n in r.chunk_tokens() {
+                *self.chunk_sizes.entry(n).or_default() += 1;
+            }
+        }
+        let total = r.ttft_ms.map(|t| t + gaps);
+        if let Some(t) = r.ttft_ms {
+            self.ttft_ms.push(t);
+        }
+        if let Some(total) = total {
+            self.total_ms.push(total);
+        }
+        match r.arrival_ms {
+            None => self.without_arrival += 1,
+            Some(a) => {
+                self.first_arrival_ms = Some(self.first_arrival_ms.map_or(a, |f: f64| f.min(a)));
+                self.last_arrival_ms = Some(self.last_arrival_ms.map_or(a, |l: f64| l.max(a)));
+                let end = a + total.unwrap_or(0.0);
+                self.last_end_ms = Some(self.last_end_ms.map_or(end, |e: f64| e.max(end)));
+                self.busy_ms += total.unwrap_or(0.0);
+            }
+        }
     }
 
     /// From the first arrival to the last end, ms.
@@ -208,75 +216,83 @@ pub fn run(args: &SummarizeArgs) -> Result<()> {
         return Ok(());
     }
     writeln!(out, "trace: {}", args.trace.display())?;
-    if let Some(m) = &s.meta {
-        let field = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-        writeln!(
-            out,
-            "meta: model {}, gpu {}, vllm {}, block size {}, config hash {}",
-            field(&m.model),
-            field(&m.gpu),
-            field(&m.vllm_version),
-            m.block_size.map_or("-".into(), |b| b.to_string()),
-            field(&m.config_hash)
-        )?;
-    }
-    writeln!(
-        out,
-        "requests: {} ({} incomplete, {} without arrival time)",
-        s.records, s.incomplete, s.without_arrival
-    )?;
-    writeln!(
-        out,
-        "duration: {} ms; arrival rate {} req/s; mean concurrency {}",
-        fmt(s.duration_ms()),
-        fmt(s.arrival_rate()),
-        fmt(s.mean_concurrency())
-    )?;
-    writeln!(
-        out,
-        "\n{:<24} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "", "count", "mean", "p50", "p90", "p99", "max"
-    )?;
-    for (name, h) in [
-        ("ttft (ms)", &s.ttft_ms),
-        ("itl (ms)", &s.itl_ms),
-        ("request total (ms)", &s.total_ms),
-        ("output tokens", &s.output_tokens),
-        ("prompt tokens", &s.prompt_tokens),
-        ("concurrency at arrival", &s.concurrency),
-    ] {
-        writeln!(
-            out,
-            "{:<24} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            name,
-            h.count(),
-            fmt(h.mean()),
-            fmt(h.quantile(0.5)),
-            fmt(h.quantile(0.9)),
-            fmt(h.quantile(0.99)),
-            fmt(h.max())
-        )?;
-    }
-    let reasons: Vec<String> = s
-        .finish_reasons
-        .iter()
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect();
-    writeln!(out, "\nfinish reasons: {}", reasons.join(", "))?;
-    writeln!(
-        out,
-        "prefix-cache hit ratio: {}",
-        s.prefix_cache_hit_ratio()
-            .map_or("- (no cached_tokens in the trace)".into(), |r| format!(
-                "{:.1} % of prompt tokens",
-                r * 100.0
-            ))
-    )?;
-    let chunks: Vec<String> = s
-        .chunk_sizes
-        .iter()
-        .map(|(k, v)| format!("{k} token{}: {v}", if *k == 1 { "" } else { "s" }))
-        .collect();
-    writeln!(out, "output chunks: {}", chunks.join(", "))?;
+    s.write_text(&mut out)?;
     Ok(())
+}
+
+impl Summary {
+    /// The human-readable report (what `inspect summarize` prints after the trace's name).
+    pub fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let s = self;
+        if let Some(m) = &s.meta {
+            let field = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+            writeln!(
+                out,
+                "meta: model {}, gpu {}, vllm {}, block size {}, config hash {}",
+                field(&m.model),
+                field(&m.gpu),
+                field(&m.vllm_version),
+                m.block_size.map_or("-".into(), |b| b.to_string()),
+                field(&m.config_hash)
+            )?;
+        }
+        writeln!(
+            out,
+            "requests: {} ({} incomplete, {} without arrival time)",
+            s.records, s.incomplete, s.without_arrival
+        )?;
+        writeln!(
+            out,
+            "duration: {} ms; arrival rate {} req/s; mean concurrency {}",
+            fmt(s.duration_ms()),
+            fmt(s.arrival_rate()),
+            fmt(s.mean_concurrency())
+        )?;
+        writeln!(
+            out,
+            "\n{:<24} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "", "count", "mean", "p50", "p90", "p99", "max"
+        )?;
+        for (name, h) in [
+            ("ttft (ms)", &s.ttft_ms),
+            ("itl (ms)", &s.itl_ms),
+            ("request total (ms)", &s.total_ms),
+            ("output tokens", &s.output_tokens),
+            ("prompt tokens", &s.prompt_tokens),
+            ("concurrency at arrival", &s.concurrency),
+        ] {
+            writeln!(
+                out,
+                "{:<24} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                name,
+                h.count(),
+                fmt(h.mean()),
+                fmt(h.quantile(0.5)),
+                fmt(h.quantile(0.9)),
+                fmt(h.quantile(0.99)),
+                fmt(h.max())
+            )?;
+        }
+        let reasons: Vec<String> = s
+            .finish_reasons
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        writeln!(out, "\nfinish reasons: {}", reasons.join(", "))?;
+        writeln!(
+            out,
+            "prefix-cache hit ratio: {}",
+            s.prefix_cache_hit_ratio().map_or(
+                "- (no cached_tokens in the trace)".into(),
+                |r| format!("{:.1} % of prompt tokens", r * 100.0)
+            )
+        )?;
+        let chunks: Vec<String> = s
+            .chunk_sizes
+            .iter()
+            .map(|(k, v)| format!("{k} token{}: {v}", if *k == 1 { "" } else { "s" }))
+            .collect();
+        writeln!(out, "output chunks: {}", chunks.join(", "))?;
+        Ok(())
+    }
 }

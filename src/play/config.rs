@@ -19,7 +19,7 @@ use super::replay::ReplaySetup;
 use super::sim::SimEngine;
 use super::spec_decode::{SpecMetricsLevel, SpecModel};
 use super::tokens::{EchoTokens, RandomTokens, TokenSource};
-use super::{PlayArgs, TokenMode};
+use super::{EngineArgs, PlayArgs, TokenMode};
 
 /// Engine settings, validated.
 #[derive(Debug, Clone)]
@@ -201,7 +201,7 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             .context("--data-parallel-rank + --engine-count overflows a u16 rank")?;
         let dp_size = a.data_parallel_size.unwrap_or(last).max(last);
         let num_gpu_blocks = match a.kv_cache_size {
-            Some(tokens) => tokens.div_ceil(a.block_size) + 1,
+            Some(tokens) => tokens.div_ceil(a.block_size_or_default()) + 1,
             None => a.num_gpu_blocks,
         };
         let engine = EngineConfig {
@@ -217,7 +217,7 @@ impl TryFrom<&PlayArgs> for PlayConfig {
                 priority_preemption: a.scheduling_policy == SchedulingPolicy::Priority,
             },
             max_model_len: a.max_model_len,
-            block_size: a.block_size,
+            block_size: a.block_size_or_default(),
             num_gpu_blocks,
             output_token_chunk_size: a.output_token_chunk_size,
             log_requests: a.log_requests,
@@ -306,6 +306,15 @@ impl PlayConfig {
     /// The configuration `play` runs with when no flag is given.
     pub fn defaults() -> Self {
         Self::try_from(&PlayArgs::defaults()).expect("the default flags are valid")
+    }
+
+    /// The configuration of an engine driven offline (`inspect simulate`): these engine
+    /// flags, and play's defaults for everything around the engine (one engine of rank 0,
+    /// no sockets, no KV-event publisher).
+    pub fn offline(engine: &EngineArgs) -> Result<Self> {
+        let mut a = PlayArgs::defaults();
+        a.engine = engine.clone();
+        Self::try_from(&a)
     }
 
     /// Where output token ids come from.
@@ -401,7 +410,7 @@ mod tests {
             a.data_parallel_rank = 2;
             a.engine_count = 2;
             a.kv_cache_size = Some(100);
-            a.block_size = 16;
+            a.block_size = Some(16);
         }))
         .unwrap();
         assert_eq!(c.ranks, 2..4);

@@ -99,21 +99,32 @@ impl<E: EngineCore> OfflineDriver<E> {
         self.push(at, EngineInput::Message { client, msg });
     }
 
+    /// The engine's next deadline, on the virtual clock (never before the current time).
+    fn deadline(&self) -> Option<Duration> {
+        self.engine
+            .next_deadline()
+            .map(|d| d.saturating_duration_since(self.origin).max(self.now))
+    }
+
+    /// When the next event happens: the engine's next deadline or the next input,
+    /// whichever comes first; `None` when nothing is left to do. A caller that reacts to
+    /// outputs with new inputs (a closed loop) runs to each event in turn.
+    pub fn next_event(&self) -> Option<Duration> {
+        let input = self.pending.front().map(|(t, _)| *t);
+        match (self.deadline(), input) {
+            (Some(d), Some(i)) => Some(d.min(i)),
+            (d, i) => d.or(i),
+        }
+    }
+
     /// Process every event up to and including virtual time `until`.
     pub fn run_until(&mut self, until: Duration) -> Vec<TimedOutput> {
         let mut got = Vec::new();
         let mut out = Outbox::default();
         loop {
-            let deadline = self
-                .engine
-                .next_deadline()
-                .map(|d| d.saturating_duration_since(self.origin).max(self.now));
-            let input = self.pending.front().map(|(t, _)| *t);
-            let next = match (deadline, input) {
-                (Some(d), Some(i)) => d.min(i),
-                (Some(d), None) => d,
-                (None, Some(i)) => i,
-                (None, None) => break,
+            let deadline = self.deadline();
+            let Some(next) = self.next_event() else {
+                break;
             };
             if next > until {
                 break;

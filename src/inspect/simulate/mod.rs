@@ -1,0 +1,569 @@
+//! `inspect simulate`: a trace's workload through the engine, offline, on the virtual
+//! clock — no frontend, no sockets, no sleeping. The same `SimEngine` `play` runs (built
+//! by the same `PlayConfig` from the same engine flags) is driven by the offline driver;
+//! requests are synthesized from the trace's records (`workload.rs`) and sent at their
+//! recorded offsets (open loop) or as session turns after their parents finished (closed
+//! loop); every finished request becomes a record of the simulated trace (`follow.rs`).
+//! It replays a capture, and answers what-if questions about a public workload under other
+//! engine settings or another latency model.
+
+mod follow;
+mod workload;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+use sim_protocol::{EngineCoreRequest, SamplingParams, VllmLine};
+use sim_trace::trace::{TraceMeta, TraceWriter};
+
+use super::progress::Progress;
+use super::summarize::Summary;
+use crate::play::EngineArgs;
+use crate::play::config::PlayConfig;
+use crate::play::offline::OfflineDriver;
+use follow::{Finished, Follower};
+use workload::{Children, Turn, Workload, duration_ms};
+
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// The trace whose requests to simulate: a capture (`record --trace-out`), or a public
+    /// workload converted with `inspect convert` (`.gz` read transparently).
+    pub trace: PathBuf,
+
+    /// Open loop (the default): every request arrives at its recorded `arrival_ms`
+    /// offset, whatever the engine does. Records without one arrive at 0.
+    #[arg(long, conflicts_with = "replay_sessions")]
+    pub replay_arrivals: bool,
+
+    /// Closed loop over sessions inferred from the block-hash chains: a record continues
+    /// the latest earlier record whose complete blocks are a prefix of its prompt (the
+    /// longest such), and arrives when that parent finished in the simulation plus the
+    /// recorded think gap (its arrival − the parent's recorded arrival, TTFT and gaps;
+    /// ≥ 0). Records that continue none arrive at their recorded offset.
+    #[arg(long)]
+    pub replay_sessions: bool,
+
+    /// No prefix reuse between requests: every block of every prompt is unique to its
+    /// request (the workload without its shared prefixes).
+    #[arg(long)]
+    pub cold_prompts: bool,
+
+    /// Simulate only the first N requests (in arrival order).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub requests: Option<u64>,
+
+    /// Write the simulated trace here (the capture schema: a meta line with the engine's
+    /// configuration, then one record per request, in finish order; `.gz` compresses, `-`
+    /// is standard output and sends the summary to standard error).
+    #[arg(long, value_name = "PATH")]
+    pub dump_trace: Option<PathBuf>,
+
+    /// Write every request's output token ids into the --dump-trace records (like
+    /// `record --record-tokens`).
+    #[arg(long, requires = "dump_trace")]
+    pub record_tokens: bool,
+
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten, next_help_heading = "Engine (the flags of `play`)")]
+    pub engine: EngineArgs,
+}
+
+/// What a run counted, beyond the records' own summary.
+struct Counts {
+    requests: usize,
+    sessions: Option<(usize, usize, usize)>,
+    preemptions: u64,
+    not_finished: u64,
+    never_sent: u64,
+    /// Refused before the engine ([`Limits`]).
+    rejected: u64,
+    /// The engine's own description (its latency model, queue, …).
+    describe: String,
+    /// The replay counts, when replaying (`--replay-tokens`, `--replay-steps`).
+    replay: Option<(String, Value)>,
+}
+
+pub fn run(a: &SimulateArgs) -> Result<()> {
+    let started = Instant::now();
+    let to_stdout = a.dump_trace.as_ref().is_some_and(|p| p.as_os_str() == "-");
+    if to_stdout && a.json {
+        bail!("--json and `--dump-trace -` both write to standard output: pick one");
+    }
+    if let Some(out) = &a.dump_trace
+        && !to_stdout
+        && same_file(out, &a.trace)
+    {
+        bail!(
+            "--dump-trace {} is the input trace: write the simulation elsewhere",
+            out.display()
+        );
+    }
+    let work = Workload::load(&a.trace, a.engine.block_size, a.requests)
+        .with_context(|| format!("reading {}", a.trace.display()))?;
+    let mut engine = a.engine.clone();
+    let block_size = *engine
+        .block_size
+        .get_or_insert(work.trace_block_size as u64);
+    notes(a, &work, &engine);
+    let cfg = PlayConfig::offline(&engine)?;
+    let mut sink = Sink::open(a, &work.meta, &cfg)?;
+
+    let (summary, counts) = simulate(a, &work, &cfg, block_size, &mut sink)?;
+    sink.finish()?;
+    let wall = started.elapsed().as_secs_f64();
+
+    let report = Report {
+        args: a,
+        work: &work,
+        summary: &summary,
+        counts: &counts,
+        block_size,
+        wall,
+    };
+    if a.json {
+        // one write, so a closed pipe is an io error (`inspect … | head` ends quietly)
+        let text = serde_json::to_string_pretty(&report.json())?;
+        writeln!(std::io::stdout().lock(), "{text}")?;
+    } else if to_stdout {
+        report.write_text(&mut std::io::stderr().lock())?;
+    } else {
+        report.write_text(&mut std::io::stdout().lock())?;
+    }
+    Ok(())
+}
+
+/// The run itself: send every request when it is due, drive the engine from event to
+/// event, record what finishes.
+fn simulate(
+    a: &SimulateArgs,
+    work: &Workload,
+    cfg: &PlayConfig,
+    block_size: u64,
+    sink: &mut Sink,
+) -> Result<(Summary, Counts)> {
+    let n = work.reqs.len();
+    let line = cfg.line;
+    let ids = cfg.engine.token_ids.clone();
+    let turns = if a.replay_sessions {
+        work.sessions()
+    } else {
+        vec![Turn::Root; n]
+    };
+    let children = Children::of(&turns);
+    // recorded offsets, shifted so that none is negative; untimed records at 0
+    let shift = work
+        .reqs
+        .iter()
+        .filter_map(|p| p.arrival_ms)
+        .fold(0.0, f64::min);
+    let recorded = |i: usize| duration_ms(work.reqs[i].arrival_ms.map_or(0.0, |t| t - shift));
+    // (due, arrival-order index): the heap pops the earliest, ties in arrival order
+    let mut due: BinaryHeap<Reverse<(Duration, usize)>> = turns
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t == Turn::Root)
+        .map(|(i, _)| Reverse((recorded(i), i)))
+        .collect();
+
+    let mut driver = OfflineDriver::new(cfg.build_engine(0));
+    let hash_blocks = a.dump_trace.is_some().then_some(block_size as usize);
+    let mut follower = Follower::new(hash_blocks, a.record_tokens);
+    let mut summary = Summary::new();
+    summary.meta = Some(sink.meta.clone());
+    let mut finished = Vec::new();
+    let mut progress = Progress::new("simulate:");
+    let mut done = 0usize;
+    let mut rejected = 0u64;
+    let limits = Limits {
+        max_model_len: cfg.engine.max_model_len,
+        kv_tokens: cfg.engine.num_gpu_blocks.saturating_sub(1) * cfg.engine.block_size,
+    };
+    let mut record = |f: Finished,
+                      summary: &mut Summary,
+                      due: &mut BinaryHeap<Reverse<(Duration, usize)>>|
+     -> Result<()> {
+        for c in children.of_request(f.index) {
+            let at = match turns[c] {
+                Turn::After { gap, .. } => f.at.saturating_add(gap),
+                _ => f.at.max(recorded(c)),
+            };
+            due.push(Reverse((at, c)));
+        }
+        summary.add(&f.record);
+        sink.write(&f.record)
+    };
+    loop {
+        let next = match (due.peek().map(|r| r.0.0), driver.next_event()) {
+            (Some(x), Some(y)) => x.min(y),
+            (x, y) => match x.or(y) {
+                Some(t) => t,
+                None => break,
+            },
+        };
+        while let Some(&Reverse((at, i))) = due.peek()
+            && at <= next
+        {
+            due.pop();
+            let p = &work.reqs[i];
+            if let Some(why) = limits.refuse(p.prompt_tokens.max(1), p.output_tokens.max(1)) {
+                rejected += 1;
+                done += 1;
+                let f = follow::rejected(i, at, p.prompt_tokens.max(1), why);
+                record(f, &mut summary, &mut due)?;
+                continue;
+            }
+            let prompt = work.prompt(i, ids.clone(), a.cold_prompts);
+            let req = request(i, prompt, work.reqs[i].output_tokens, line, at);
+            follower.arrive(i, at, &req);
+            driver.add(at, 0, req);
+        }
+        for out in driver.run_until(next) {
+            follower.absorb(&out, &mut finished);
+        }
+        for f in finished.drain(..) {
+            done += 1;
+            record(f, &mut summary, &mut due)?;
+        }
+        progress.status(|| {
+            format!(
+                "{done}/{n} requests, {} in flight, {:.1} s simulated",
+                follower.in_flight(),
+                driver.now().as_secs_f64()
+            )
+        });
+    }
+    // Requests the engine could not finish (nothing left to happen, yet they are still
+    // in flight): written incomplete; turns that continue them are never sent.
+    let not_finished = follower.in_flight() as u64;
+    if not_finished > 0 {
+        let why = "the engine could not finish it";
+        follower.abandon_all(driver.now(), why, &mut finished);
+        for f in finished.drain(..) {
+            done += 1;
+            summary.add(&f.record);
+            sink.write(&f.record)?;
+        }
+        eprintln!("warning: {not_finished} request(s) never finished; they are written incomplete");
+    }
+    if rejected > 0 {
+        eprintln!(
+            "warning: {rejected} request(s) refused before the engine (longer than --max-model-len, or than the KV cache); they are written incomplete with the reason"
+        );
+    }
+    progress.finish_status(&format!("{done}/{n} requests"));
+    let sessions = a.replay_sessions.then(|| {
+        let roots = turns.iter().filter(|t| **t == Turn::Root).count();
+        let untimed = turns
+            .iter()
+            .filter(|t| matches!(t, Turn::NotBefore { .. }))
+            .count();
+        (roots, n - roots, untimed)
+    });
+    let engine = driver.into_engine();
+    let counts = Counts {
+        requests: n,
+        sessions,
+        preemptions: follower.preemptions,
+        not_finished,
+        never_sent: (n - done) as u64,
+        rejected,
+        describe: engine.describe(),
+        replay: engine.replay_summary(),
+    };
+    Ok((summary, counts))
+}
+
+/// What a request may ask for. A frontend refuses a request longer than the model's
+/// context (`--max-model-len`, prompt plus `max_tokens`), and vLLM does not start with a
+/// context longer than its KV cache, so no request it serves is longer than that either:
+/// the engine would queue it forever (first come, first served: with everything behind
+/// it).
+struct Limits {
+    max_model_len: u64,
+    kv_tokens: u64,
+}
+
+impl Limits {
+    fn refuse(&self, prompt: u32, output: u32) -> Option<String> {
+        let total = u64::from(prompt) + u64::from(output);
+        if total > self.max_model_len {
+            return Some(format!(
+                "refused as a frontend would: {prompt} prompt + {output} output tokens exceed --max-model-len {}",
+                self.max_model_len
+            ));
+        }
+        (total > self.kv_tokens).then(|| {
+            format!(
+                "refused: {prompt} prompt + {output} output tokens do not fit the KV cache of {} tokens ((--num-gpu-blocks − 1) × --block-size; vLLM does not start with a --max-model-len above it)",
+                self.kv_tokens
+            )
+        })
+    }
+}
+
+/// The engine-side request a record becomes: named `replay-<i>` (its arrival-order
+/// index, what `--replay-match index` looks up), generating exactly the recorded number
+/// of tokens (`ignore_eos`; at least one, as vLLM requires).
+fn request(
+    i: usize,
+    prompt: Vec<u32>,
+    output_tokens: u32,
+    line: VllmLine,
+    at: Duration,
+) -> EngineCoreRequest {
+    let id = format!("replay-{i}");
+    EngineCoreRequest {
+        request_id: id.clone(),
+        prompt_token_ids: Some(prompt),
+        sampling_params: Some(SamplingParams {
+            max_tokens: Some(output_tokens.max(1)),
+            ignore_eos: true,
+            output_kind: 1,
+            ..Default::default()
+        }),
+        arrival_time: at.as_secs_f64(),
+        external_req_id: Some(id),
+        wire_len: line.request_len(),
+        ..Default::default()
+    }
+}
+
+/// Notes on stderr about what the run assumes.
+fn notes(a: &SimulateArgs, work: &Workload, engine: &EngineArgs) {
+    let note = |s: &str| eprintln!("note: {s}");
+    let bs = engine.block_size_or_default();
+    if work.trace_block_size as u64 != bs {
+        note(&format!(
+            "the trace's block hashes are per {} tokens and the engine's blocks {bs}: prompts share what they shared in the trace, and the engine reuses the whole {bs}-token blocks inside it",
+            work.trace_block_size
+        ));
+    }
+    if let Some(m) = work.meta.max_num_seqs
+        && u64::from(m) != engine.max_num_seqs
+    {
+        note(&format!(
+            "the trace was captured with max_num_seqs {m}; simulating with --max-num-seqs {}",
+            engine.max_num_seqs
+        ));
+    }
+    if work.without_arrival > 0 {
+        note(&format!(
+            "{} of {} records have no arrival_ms: they arrive at 0, after every timed request in the naming order{}",
+            work.without_arrival,
+            work.reqs.len(),
+            if a.replay_sessions {
+                " (as session roots; as turns, when their parent finished)"
+            } else {
+                ""
+            }
+        ));
+    }
+    let knobs = engine.knobs();
+    let paced = !engine.latency_trace.is_empty()
+        || engine.replay_steps.is_some()
+        || knobs.ttft_ms > 0.0
+        || knobs.itl_ms > 0.0
+        || knobs.prefill_overhead_ms > 0.0
+        || knobs.prefill_per_token_ms > 0.0;
+    if !paced {
+        note(
+            "no latency model: every step is instant (pass --latency-trace MODEL, or --time-to-first-token / --inter-token-latency)",
+        );
+    }
+}
+
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// Where simulated records go: the `--dump-trace` file, if any.
+struct Sink {
+    meta: TraceMeta,
+    writer: Option<TraceWriter>,
+    path: Option<PathBuf>,
+}
+
+impl Sink {
+    fn open(a: &SimulateArgs, source: &TraceMeta, cfg: &PlayConfig) -> Result<Self> {
+        let e = &cfg.engine;
+        let mut meta = TraceMeta::new();
+        meta.model = source.model.clone();
+        meta.gpu = Some("simulated".to_string());
+        meta.block_size = u32::try_from(e.block_size).ok();
+        meta.max_num_seqs = u32::try_from(cfg.max_num_seqs).ok();
+        meta.vllm_version = Some(
+            crate::compat::tag_for(cfg.line)
+                .trim_start_matches('v')
+                .to_string(),
+        );
+        meta.ready_response_hex = Some(hex(&cfg.ready_response(0).encode()));
+        let writer = match &a.dump_trace {
+            Some(p) => Some(
+                TraceWriter::create(p, &meta)
+                    .with_context(|| format!("creating --dump-trace {}", p.display()))?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            meta,
+            writer,
+            path: a.dump_trace.clone().filter(|p| p.as_os_str() != "-"),
+        })
+    }
+
+    fn write(&mut self, r: &sim_trace::trace::TraceRecord) -> Result<()> {
+        if let Some(w) = self.writer.as_mut() {
+            w.write_record(r)?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if let Some(w) = self.writer.take() {
+            w.finish()?;
+        }
+        self.path = None;
+        Ok(())
+    }
+}
+
+impl Drop for Sink {
+    /// A run that failed leaves no half-written trace behind.
+    fn drop(&mut self) {
+        if let Some(p) = self.path.take() {
+            drop(self.writer.take());
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Everything the summary shows.
+struct Report<'a> {
+    args: &'a SimulateArgs,
+    work: &'a Workload,
+    summary: &'a Summary,
+    counts: &'a Counts,
+    block_size: u64,
+    wall: f64,
+}
+
+impl Report<'_> {
+    fn simulated_ms(&self) -> Option<f64> {
+        self.summary.duration_ms()
+    }
+
+    fn output_tokens_per_s(&self) -> Option<f64> {
+        let d = self.simulated_ms()?;
+        (d > 0.0).then(|| self.summary.output_tokens.sum() / (d / 1000.0))
+    }
+
+    fn speedup(&self) -> Option<f64> {
+        let d = self.simulated_ms()?;
+        (self.wall > 0.0).then(|| d / 1000.0 / self.wall)
+    }
+
+    fn arrivals(&self) -> &'static str {
+        if self.args.replay_sessions {
+            "sessions"
+        } else {
+            "recorded"
+        }
+    }
+
+    fn json(&self) -> Value {
+        let c = self.counts;
+        json!({
+            "trace": self.args.trace,
+            "records_in_trace": self.work.records_in_trace,
+            "requests": c.requests,
+            "arrivals": self.arrivals(),
+            "sessions": c.sessions.map(|(roots, turns, untimed)| json!({
+                "roots": roots, "turns": turns, "turns_without_recorded_gap": untimed,
+            })),
+            "cold_prompts": self.args.cold_prompts,
+            "engine": c.describe,
+            "block_size": self.block_size,
+            "trace_block_size": self.work.trace_block_size,
+            "simulated_ms": self.simulated_ms(),
+            "wall_s": self.wall,
+            "speedup": self.speedup(),
+            "output_tokens_per_s": self.output_tokens_per_s(),
+            "preemptions": c.preemptions,
+            "prefix_cache_hit_ratio": self.summary.prefix_cache_hit_ratio(),
+            "rejected": c.rejected,
+            "not_finished": c.not_finished,
+            "never_sent": c.never_sent,
+            "replay": c.replay.as_ref().map(|r| &r.1),
+            "dump_trace": self.args.dump_trace,
+            "summary": self.summary.to_json(),
+        })
+    }
+
+    fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let c = self.counts;
+        let mut how = match c.sessions {
+            Some((roots, turns, untimed)) => format!(
+                "sessions: {roots} root(s), {turns} turn(s) after their parent{}",
+                if untimed > 0 {
+                    format!(" ({untimed} without a recorded think gap)")
+                } else {
+                    String::new()
+                }
+            ),
+            None => "arrivals at their recorded offsets".to_string(),
+        };
+        if self.args.cold_prompts {
+            how += "; cold prompts";
+        }
+        writeln!(
+            out,
+            "simulated: {} ({} of {} records; {how})",
+            self.args.trace.display(),
+            c.requests,
+            self.work.records_in_trace
+        )?;
+        writeln!(out, "{}", c.describe)?;
+        self.summary.write_text(out)?;
+        let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |x| format!("{x:.d$}"));
+        writeln!(
+            out,
+            "throughput: {} output tok/s; preemptions: {}",
+            f(self.output_tokens_per_s(), 1),
+            c.preemptions
+        )?;
+        if c.rejected > 0 || c.not_finished > 0 || c.never_sent > 0 {
+            writeln!(
+                out,
+                "refused before the engine: {}; not finished: {}; never sent: {} (their parent never finished)",
+                c.rejected, c.not_finished, c.never_sent
+            )?;
+        }
+        if let Some((line, _)) = &c.replay {
+            writeln!(out, "replay: {line}")?;
+        }
+        writeln!(
+            out,
+            "wall: {:.2} s for {} s simulated ({}× real time)",
+            self.wall,
+            f(self.simulated_ms().map(|d| d / 1000.0), 1),
+            f(self.speedup(), 0)
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,384 @@
+//! The workload a trace describes, ready to drive the engine: its requests in arrival
+//! order, the prompt each one sends, and — for `--replay-sessions` — which earlier request
+//! each one continues.
+//!
+//! **Arrival order** is the replay index's: `arrival_ms` ascending, ties in file order,
+//! records without an arrival after every timed one. Request `i` is named `replay-<i>`,
+//! which is what `--replay-tokens`/`--replay-steps` (`--replay-match index`) look up.
+//!
+//! **Prompts.** A trace keeps no prompt text, only each record's chained block hashes
+//! (one per block of the trace's block size; an id names its block *and everything before
+//! it*, so two records share a prefix exactly as far as their hashes agree). Every distinct
+//! hash becomes one deterministic block of token ids (a generator seeded with the hash),
+//! and every block without a hash — the trailing partial block of a capture, all of a
+//! record without hashes, or every block under `--cold-prompts` — gets ids unique to its
+//! request. The engine's prefix cache then sees exactly the captured sharing. Blocks are
+//! cut at the *trace's* block size whatever the engine's: two prompts share the same
+//! tokens as far as their hashes agree, and an engine with another `--block-size` reuses
+//! what its own blocks cover of that shared prefix (all of it for a divisor of the trace's
+//! size, the whole engine blocks inside it otherwise), as a real engine would.
+//!
+//! **Sessions.** A record's *chain* is the hashes of its complete blocks (a converted
+//! Mooncake line also names its partial last block, which the next turn completes with
+//! other tokens, so that id is not part of the chain). A record's parent is the latest
+//! earlier record whose chain is a prefix of this record's hashes, the longest such; a
+//! record without one is a root. The think gap is the record's arrival minus its parent's
+//! recorded end (arrival + TTFT + inter-token gaps), at least 0.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use sim_trace::trace::{BlockHash, TraceItem, TraceMeta, TraceReader};
+
+use crate::inspect::progress::Progress;
+use crate::play::tokens::{SplitMix64, request_seed};
+
+/// `u32::MAX`: no request.
+const NONE: u32 = u32::MAX;
+
+/// Seeds of hashed (shared) blocks and of blocks unique to a request never meet.
+const SHARED_SALT: u64 = 0x5eed_b10c_0000_0001;
+const UNIQUE_SALT: u64 = 0x5eed_b10c_0000_0002;
+
+/// One request of the workload.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    /// Recorded arrival, ms from the trace's zero.
+    pub arrival_ms: Option<f64>,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    /// Recorded end to end: TTFT plus every inter-token gap (records with a TTFT).
+    pub e2e_ms: Option<f64>,
+    /// Where its hashes are in [`Workload::hashes`].
+    hashes: (u32, u32),
+}
+
+/// How a session turn arrives (`--replay-sessions`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Turn {
+    /// A root: at its recorded arrival.
+    Root,
+    /// This long after its parent finished.
+    After { parent: u32, gap: Duration },
+    /// The parent has no recorded end (no TTFT, or no arrival on either side): the gap
+    /// cannot be told from the parent's own time, so the turn arrives at its recorded
+    /// arrival, or when its parent finished if that is later.
+    NotBefore { parent: u32 },
+}
+
+/// The trace, read and ordered.
+pub struct Workload {
+    /// The trace's first meta line.
+    pub meta: TraceMeta,
+    /// The block size of the trace's hashes (`meta.block_size`, else the engine's).
+    pub trace_block_size: usize,
+    /// In arrival order.
+    pub reqs: Vec<Planned>,
+    /// Every record's block hashes, as 64-bit values (string hashes are hashed).
+    hashes: Vec<u64>,
+    /// Records in the trace (before `--requests`).
+    pub records_in_trace: u64,
+    /// Records without `arrival_ms`.
+    pub without_arrival: u64,
+}
+
+impl Workload {
+    /// Read `path`: every record's shape, arrival, recorded end and hashes (8 bytes a
+    /// block), then sort by arrival and keep the first `limit`. `engine_block_size` is
+    /// the user's `--block-size`, used for the hashes of a trace whose meta has none.
+    pub fn load(path: &Path, engine_block_size: Option<u64>, limit: Option<u64>) -> Result<Self> {
+        let mut meta = None;
+        let mut staged: Vec<Planned> = Vec::new();
+        let mut hashes: Vec<u64> = Vec::new();
+        let mut progress = Progress::new("simulate: reading records");
+        for item in TraceReader::open(path)? {
+            match item? {
+                TraceItem::Meta(m) => {
+                    meta.get_or_insert(m);
+                }
+                TraceItem::Record(r) => {
+                    progress.tick();
+                    let start = hashes.len();
+                    hashes.extend(r.block_hashes.iter().map(hash_value));
+                    let gaps: f64 = r.itl_ms.iter().sum();
+                    staged.push(Planned {
+                        arrival_ms: r.arrival_ms.filter(|a| a.is_finite()),
+                        prompt_tokens: r.prompt_tokens,
+                        output_tokens: r.output_tokens,
+                        e2e_ms: r.ttft_ms.map(|t| t + gaps),
+                        hashes: (
+                            u32::try_from(start).context("more than 2^32 block hashes")?,
+                            u32::try_from(r.block_hashes.len()).unwrap_or(u32::MAX),
+                        ),
+                    });
+                }
+            }
+        }
+        progress.finish();
+        let Some(meta) = meta else {
+            bail!(
+                "{} has no meta line: it is not a trace written by vllm-vcr (`record`, `inspect convert`, `inspect gen-demo`); convert other formats first (`vllm-vcr inspect convert --from mooncake …`)",
+                path.display()
+            );
+        };
+        let records_in_trace = staged.len() as u64;
+        if staged.is_empty() {
+            bail!("{} has no records to simulate", path.display());
+        }
+        let has_hashes = !hashes.is_empty();
+        let trace_block_size = match (meta.block_size, engine_block_size) {
+            (Some(b), _) if b > 0 => b as usize,
+            (_, Some(b)) => b as usize,
+            _ if !has_hashes => crate::play::engine_args::DEFAULT_BLOCK_SIZE as usize,
+            _ => bail!(
+                "{} has block hashes but no block_size in its meta line: pass --block-size with the block size they were computed with",
+                path.display()
+            ),
+        };
+        // stable: equal arrivals keep file order; untimed records after every timed one
+        staged.sort_by(|a, b| {
+            let key = |p: &Planned| p.arrival_ms.unwrap_or(f64::INFINITY);
+            key(a).total_cmp(&key(b))
+        });
+        if let Some(n) = limit {
+            staged.truncate(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        let without_arrival = staged.iter().filter(|p| p.arrival_ms.is_none()).count() as u64;
+        Ok(Self {
+            meta,
+            trace_block_size,
+            reqs: staged,
+            hashes,
+            records_in_trace,
+            without_arrival,
+        })
+    }
+
+    /// Request `i`'s block hashes.
+    pub fn hashes(&self, i: usize) -> &[u64] {
+        let (start, len) = self.reqs[i].hashes;
+        let start = start as usize;
+        &self.hashes[start..start + len as usize]
+    }
+
+    /// The length of request `i`'s chain: the hashes of its complete blocks.
+    fn chain_len(&self, i: usize) -> usize {
+        let full = self.reqs[i].prompt_tokens as usize / self.trace_block_size;
+        self.hashes(i).len().min(full)
+    }
+
+    /// Request `i`'s synthesized prompt (see the module docs). `ids` is the vocabulary
+    /// range the ids come from; `cold` gives every block ids unique to the request.
+    pub fn prompt(&self, i: usize, ids: std::ops::Range<u32>, cold: bool) -> Vec<u32> {
+        let p = &self.reqs[i];
+        let len = p.prompt_tokens.max(1) as usize;
+        let bs = self.trace_block_size;
+        let hashes = self.hashes(i);
+        let span = u64::from(ids.end - ids.start);
+        let mut out = Vec::with_capacity(len);
+        for (k, lo) in (0..len).step_by(bs).enumerate() {
+            let seed = match hashes.get(k) {
+                Some(h) if !cold => mix(*h ^ SHARED_SALT),
+                _ => mix(mix(i as u64 ^ UNIQUE_SALT) ^ k as u64),
+            };
+            let mut rng = SplitMix64(seed);
+            let n = bs.min(len - lo);
+            out.extend((0..n).map(|_| ids.start + rng.below(span) as u32));
+        }
+        out
+    }
+
+    /// Every request's turn (`--replay-sessions`), in arrival order.
+    pub fn sessions(&self) -> Vec<Turn> {
+        // the latest request whose chain ends with a hash: (chain length, request)
+        let mut ends: HashMap<u64, (u32, u32)> = HashMap::new();
+        let mut turns = Vec::with_capacity(self.reqs.len());
+        for i in 0..self.reqs.len() {
+            let mine = self.hashes(i);
+            let parent = (1..=mine.len()).rev().find_map(|k| {
+                let &(len, j) = ends.get(&mine[k - 1])?;
+                (len as usize == k && self.hashes(j as usize)[..k] == mine[..k]).then_some(j)
+            });
+            turns.push(match parent {
+                None => Turn::Root,
+                Some(j) => {
+                    let (parent, child) = (&self.reqs[j as usize], &self.reqs[i]);
+                    match (parent.arrival_ms, parent.e2e_ms, child.arrival_ms) {
+                        (Some(pa), Some(e2e), Some(ca)) => Turn::After {
+                            parent: j,
+                            gap: duration_ms(ca - pa - e2e),
+                        },
+                        _ => Turn::NotBefore { parent: j },
+                    }
+                }
+            });
+            let chain = self.chain_len(i);
+            if chain > 0 {
+                ends.insert(mine[chain - 1], (chain as u32, i as u32));
+            }
+        }
+        turns
+    }
+}
+
+/// Children of every request, as linked lists (first child, next sibling), so releasing a
+/// finished request's turns costs nothing per request that has none.
+pub struct Children {
+    first: Vec<u32>,
+    next: Vec<u32>,
+}
+
+impl Children {
+    pub fn of(turns: &[Turn]) -> Self {
+        let mut first = vec![NONE; turns.len()];
+        let mut next = vec![NONE; turns.len()];
+        // built backwards, so each list runs in arrival order
+        for (i, t) in turns.iter().enumerate().rev() {
+            if let Turn::After { parent, .. } | Turn::NotBefore { parent } = *t {
+                next[i] = first[parent as usize];
+                first[parent as usize] = i as u32;
+            }
+        }
+        Self { first, next }
+    }
+
+    /// The turns that continue request `i`, in arrival order.
+    pub fn of_request(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
+        fn some(c: u32) -> Option<usize> {
+            (c != NONE).then_some(c as usize)
+        }
+        std::iter::successors(some(self.first[i]), |&c| some(self.next[c]))
+    }
+}
+
+/// A block hash as 64 bits: integer hashes as they are, strings hashed.
+fn hash_value(h: &BlockHash) -> u64 {
+    match h {
+        BlockHash::Int(v) => *v,
+        BlockHash::Str(s) => request_seed(SHARED_SALT, s),
+    }
+}
+
+/// `ms` milliseconds as a duration: negative (and NaN) is 0, and absurd values stop at
+/// about 30,000 years instead of overflowing.
+pub fn duration_ms(ms: f64) -> Duration {
+    Duration::from_secs_f64((ms / 1000.0).clamp(0.0, 1e12))
+}
+
+/// SplitMix64's finaliser: spreads nearby seeds (consecutive hashes, request indexes).
+fn mix(x: u64) -> u64 {
+    SplitMix64(x).next_u64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(records: &[(f64, u32, &[u64], Option<f64>)], bs: usize) -> Workload {
+        let mut hashes = Vec::new();
+        let reqs = records
+            .iter()
+            .map(|(a, p, h, e2e)| {
+                let start = hashes.len() as u32;
+                hashes.extend_from_slice(h);
+                Planned {
+                    arrival_ms: Some(*a),
+                    prompt_tokens: *p,
+                    output_tokens: 4,
+                    e2e_ms: *e2e,
+                    hashes: (start, h.len() as u32),
+                }
+            })
+            .collect();
+        Workload {
+            meta: TraceMeta::default(),
+            trace_block_size: bs,
+            reqs,
+            hashes,
+            records_in_trace: records.len() as u64,
+            without_arrival: 0,
+        }
+    }
+
+    #[test]
+    fn shared_hashes_give_shared_blocks_and_the_rest_is_unique() {
+        let w = workload(
+            &[
+                (0.0, 10, &[7, 8], None),
+                (1.0, 9, &[7, 9], None),
+                (2.0, 10, &[7, 8], None),
+            ],
+            4,
+        );
+        let p: Vec<Vec<u32>> = (0..3).map(|i| w.prompt(i, 3..259, false)).collect();
+        assert_eq!(p[0].len(), 10);
+        assert_eq!(p[0][..4], p[1][..4], "hash 7 is one block");
+        assert_ne!(p[0][4..8], p[1][4..8], "hashes 8 and 9 differ");
+        assert_eq!(p[0][..8], p[2][..8], "the same chain");
+        assert_ne!(
+            p[0][8..],
+            p[2][8..],
+            "the partial tail is the request's own"
+        );
+        assert!(p.iter().flatten().all(|t| (3..259).contains(t)));
+        let cold: Vec<Vec<u32>> = (0..3).map(|i| w.prompt(i, 3..259, true)).collect();
+        assert_ne!(cold[0][..4], cold[1][..4]);
+        assert_ne!(cold[0][..4], cold[2][..4]);
+        assert_eq!(w.prompt(1, 3..259, false), p[1], "deterministic");
+    }
+
+    #[test]
+    fn a_turn_continues_the_longest_latest_chain_it_extends() {
+        // block size 4: a record's chain is the hashes of its complete blocks
+        let w = workload(
+            &[
+                (0.0, 8, &[1, 2], Some(100.0)),         // 0: chain [1,2]
+                (50.0, 8, &[1, 3], Some(10.0)),         // 1: shares block 1 only: a root
+                (300.0, 14, &[1, 2, 4, 5], Some(40.0)), // 2: chain [1,2,4] (5 is partial)
+                (400.0, 9, &[1, 2, 4], None),           // 3: chain [1,2] (4 is partial)
+                (500.0, 16, &[1, 2, 4, 6], Some(1.0)),  // 4: chain [1,2,4,6]
+                (600.0, 3, &[], None),                  // 5: no hashes
+                (700.0, 8, &[1, 2], None),              // 6: chain [1,2], like 0 and 3
+            ],
+            4,
+        );
+        let t = w.sessions();
+        let ms = |x: f64| Duration::from_secs_f64(x / 1000.0);
+        assert_eq!(t[0], Turn::Root);
+        assert_eq!(t[1], Turn::Root);
+        // 300 − (0 + 100)
+        assert_eq!(
+            t[2],
+            Turn::After {
+                parent: 0,
+                gap: ms(200.0)
+            }
+        );
+        // 2's chain [1,2,4] is all of 3's hashes: the longest; 400 − (300 + 40)
+        assert_eq!(
+            t[3],
+            Turn::After {
+                parent: 2,
+                gap: ms(60.0)
+            }
+        );
+        // [1,2,4] (request 2) beats [1,2] (requests 0 and 3)
+        assert_eq!(
+            t[4],
+            Turn::After {
+                parent: 2,
+                gap: ms(160.0)
+            }
+        );
+        assert_eq!(t[5], Turn::Root);
+        // the latest with chain [1,2] is 3, which has no recorded end
+        assert_eq!(t[6], Turn::NotBefore { parent: 3 });
+        let c = Children::of(&t);
+        assert_eq!(c.of_request(0).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(c.of_request(2).collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(c.of_request(3).collect::<Vec<_>>(), vec![6]);
+        assert_eq!(c.of_request(1).count(), 0);
+    }
+}

@@ -1,0 +1,243 @@
+//! The engine's flags: everything that decides what the simulated engine does with a
+//! request (tokens, latency, scheduler, KV cache, speculative decoding, failures, replay).
+//! `play` flattens them next to its socket and handshake flags; `inspect simulate` takes
+//! the same struct to drive the engine offline, so both accept the same engine flags from
+//! one definition.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::TokenMode;
+use super::failures::FailureType;
+use super::queue_policy::SchedulingPolicy;
+use super::replay::{MatchMode, MissPolicy};
+use super::spec_decode::SpecMetricsLevel;
+
+/// The KV-cache block size when `--block-size` is not given.
+pub const DEFAULT_BLOCK_SIZE: u64 = 16;
+
+/// The engine's flags (validated by `PlayConfig`).
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Where output token ids come from.
+    #[arg(long, value_enum, default_value_t = TokenMode::Random)]
+    pub tokens: TokenMode,
+
+    /// Seed for random tokens (same seed and same requests give the same tokens).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Random token ids are drawn from [--min-token-id, vocab-size). Only ids the
+    /// frontend's tokenizer knows may be emitted; the default fits the embedded tiny model
+    /// (259 tokens).
+    #[arg(long, default_value_t = 259, value_parser = clap::value_parser!(u32).range(1..))]
+    pub vocab_size: u32,
+
+    /// Lowest random token id (ids below it are often special tokens).
+    #[arg(long, default_value_t = 3)]
+    pub min_token_id: u32,
+
+    /// Mean time to first token in milliseconds: what prefilling a request's whole
+    /// uncached prompt adds to a step (split over its chunks). 0 = instant.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub time_to_first_token: f64,
+
+    /// Standard deviation of the time to first token, ms (log-normal, never negative).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub time_to_first_token_std_dev: f64,
+
+    /// Mean duration of a decode step in milliseconds: the inter-token latency. 0 = instant.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub inter_token_latency: f64,
+
+    /// Standard deviation of the inter-token latency, ms (log-normal, never negative).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub inter_token_latency_std_dev: f64,
+
+    /// Fixed cost of a step that prefills, ms.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub prefill_overhead: f64,
+
+    /// Cost per prefilled (uncached) prompt token, ms.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub prefill_time_per_token: f64,
+
+    /// Fixed cost, ms, of a step that pulls a decode request's prompt KV from the prefill
+    /// engine (P/D: requests with `kv_transfer_params.do_remote_prefill`).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub kv_transfer_latency: f64,
+
+    /// Cost per pulled KV token, ms.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
+    pub kv_transfer_time_per_token: f64,
+
+    /// Slow-down factor at full load (running = --max-num-seqs), linear in between; 1 = none.
+    #[arg(long, default_value_t = 1.0)]
+    pub time_factor_under_load: f64,
+
+    /// Divide every duration by this (100 = a hundred times faster than configured).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+
+    /// Tokens per request per output message (vLLM emits one per step; more models
+    /// speculative or multi-token steps).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub output_token_chunk_size: u32,
+
+    /// Maximum number of requests in the running batch; the rest wait.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_num_seqs: u64,
+
+    /// Token budget of one step: decodes take one token each, prefill chunks the rest.
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_num_batched_tokens: u64,
+
+    /// Largest prefill chunk of one request when several compete for a step (0 = no cap).
+    #[arg(long, default_value_t = 0)]
+    pub long_prefill_token_threshold: u64,
+
+    /// Prefill a prompt only when it fits one step's budget whole (vLLM's
+    /// --no-enable-chunked-prefill).
+    #[arg(long)]
+    pub no_enable_chunked_prefill: bool,
+
+    /// Turn the prefix cache off (vLLM's --no-enable-prefix-caching).
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+
+    /// Model context length: requests stop with `length` when prompt plus output reach it.
+    /// The frontend uses the smaller of this and its model's own limit.
+    #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(2..))]
+    pub max_model_len: u64,
+
+    /// Tokens per KV-cache block [default: 16; `inspect simulate`: the trace's block
+    /// size].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub block_size: Option<u64>,
+
+    /// KV-cache blocks (advertised to the frontend): admission needs free blocks, and a
+    /// running request that cannot grow preempts the newest one, as in vLLM.
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(2..))]
+    pub num_gpu_blocks: u64,
+
+    /// KV-cache capacity in tokens instead of blocks (sets --num-gpu-blocks to hold this
+    /// many tokens, plus vLLM's reserved null block).
+    #[arg(long, conflicts_with = "num_gpu_blocks", value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_cache_size: Option<u64>,
+
+    /// Waiting-queue order.
+    #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
+    pub scheduling_policy: SchedulingPolicy,
+
+    /// Distinct LoRA adapters allowed in the running batch (advertised as max_loras;
+    /// 0 = no cap).
+    #[arg(long, default_value_t = 0)]
+    pub max_loras: u32,
+
+    /// Speculative decoding: draft tokens verified per decode step (0 = off). A step then
+    /// delivers 1 + accepted tokens, and the stats carry vLLM's spec-decode counters.
+    #[arg(long, default_value_t = 0)]
+    pub num_speculative_tokens: u32,
+
+    /// Probability that a draft token is accepted (each position only if all earlier ones
+    /// were).
+    #[arg(long, default_value_t = 0.7)]
+    pub speculative_acceptance_rate: f64,
+
+    /// Per-request spec-decode metrics on final outputs (vLLM's
+    /// --per-request-spec-decode-metrics).
+    #[arg(long, value_enum, default_value_t = SpecMetricsLevel::Summary)]
+    pub per_request_spec_decode_metrics: SpecMetricsLevel,
+
+    /// Fraction of requests (0–1) that fail on purpose, for testing clients.
+    #[arg(long, default_value_t = 0.0)]
+    pub failure_injection_rate: f64,
+
+    /// How injected failures end a request: `error` (finish_reason error), `length` (cut
+    /// short) or `repetition` (vLLM's repetition detection); comma-separated, picked at
+    /// random.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "error")]
+    pub failure_types: Vec<FailureType>,
+
+    /// Pace steps with a latency model fitted to captured traces (`record --trace-out`,
+    /// `.gz` too), or loaded from a model file written by `inspect fit`. Not together
+    /// with the TTFT / ITL / prefill knobs; composes with --time-scale.
+    #[arg(long, num_args = 1.., value_name = "PATH")]
+    pub latency_trace: Vec<PathBuf>,
+
+    /// The step-stats sidecars (`record --step-stats-out`) of the --latency-trace traces,
+    /// in the same order: they give the fit every step, not only those that emitted.
+    #[arg(long, num_args = 1.., value_name = "PATH", requires = "latency_trace")]
+    pub latency_steps: Vec<PathBuf>,
+
+    /// Serve recorded output token ids from this trace (captured with
+    /// `record --record-tokens`); --replay-match decides which record a request gets.
+    #[arg(long, value_name = "TRACE")]
+    pub replay_tokens: Option<PathBuf>,
+
+    /// Replay each matched request's recorded chunk sizes at its recorded gaps (the
+    /// first token after the recorded TTFT, unless --latency-trace models it).
+    #[arg(long, value_name = "TRACE")]
+    pub replay_steps: Option<PathBuf>,
+
+    /// How requests find their record: `index` (the `replay-<i>` in the request id picks
+    /// the i-th record by arrival) or `prefix` (the prompt's block hashes against the
+    /// records': the longest shared prefix).
+    #[arg(long, value_enum, default_value_t = MatchMode::Index)]
+    pub replay_match: MatchMode,
+
+    /// What a request without a record gets: `random` tokens (logged and counted) or
+    /// `fail` (it finishes with an error saying why).
+    #[arg(long, value_enum, default_value_t = MissPolicy::Random)]
+    pub replay_miss: MissPolicy,
+
+    /// Refuse to start unless every trace given to --latency-trace, --replay-tokens and
+    /// --replay-steps carries this `config_hash` in its meta (a capture of another engine
+    /// configuration is another engine).
+    #[arg(long, value_name = "HEX")]
+    pub expect_config_hash: Option<String>,
+}
+
+fn parse_ms(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of milliseconds"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("milliseconds must be ≥ 0, got {s}"));
+    }
+    Ok(v)
+}
+
+impl EngineArgs {
+    /// Default arguments (as if no flag was given).
+    pub fn defaults() -> Self {
+        #[derive(clap::Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            engine: EngineArgs,
+        }
+        <Wrap as clap::Parser>::parse_from(["engine"]).engine
+    }
+
+    /// Tokens per KV-cache block: `--block-size`, else [`DEFAULT_BLOCK_SIZE`].
+    pub fn block_size_or_default(&self) -> u64 {
+        self.block_size.unwrap_or(DEFAULT_BLOCK_SIZE)
+    }
+
+    /// The latency knobs as flags set them (validated by `PlayConfig::try_from`).
+    pub fn knobs(&self) -> sim_trace::latency::Knobs {
+        sim_trace::latency::Knobs {
+            ttft_ms: self.time_to_first_token,
+            ttft_std_ms: self.time_to_first_token_std_dev,
+            itl_ms: self.inter_token_latency,
+            itl_std_ms: self.inter_token_latency_std_dev,
+            prefill_overhead_ms: self.prefill_overhead,
+            prefill_per_token_ms: self.prefill_time_per_token,
+            kv_transfer_ms: self.kv_transfer_latency,
+            kv_transfer_per_token_ms: self.kv_transfer_time_per_token,
+            time_factor_under_load: self.time_factor_under_load,
+            time_scale: self.time_scale,
+        }
+    }
+}
