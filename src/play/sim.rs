@@ -454,8 +454,14 @@ impl SimEngine {
         }
     }
 
-    /// Send a stats-only envelope if the gauges changed outside a step (aborts, pauses).
+    /// Send a stats-only envelope if the gauges changed outside a step (aborts, pauses) and
+    /// no step is in flight: vLLM reports such a change from the next step it runs (a
+    /// finished or aborted request alone makes it step), so a step in flight reports it
+    /// when it ends — with the requests that step admitted, not before them.
     fn flush_stats(&mut self, now: Instant, out: &mut Outbox) {
+        if self.in_flight.is_some() {
+            return;
+        }
         if self.batch.is_dirty() || !self.unreported_finished.is_empty() {
             self.send_step(BTreeMap::new(), true, now, out);
         }
@@ -514,6 +520,11 @@ impl SimEngine {
         }
         // every step reports stats, like vLLM's scheduler
         self.send_step(by_client, true, now, out);
+        if !finished.is_empty() && self.is_idle() {
+            // vLLM steps once more to hand the finished ids to its workers: an empty step
+            // whose stats (nothing running or waiting) close the burst
+            self.send_step(BTreeMap::new(), true, now, out);
+        }
         self.publish_kv_events();
         self.complete_drain(now, out);
     }

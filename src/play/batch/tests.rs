@@ -161,6 +161,32 @@ fn the_newest_running_request_is_preempted_when_kv_runs_out() {
 }
 
 #[test]
+fn a_request_is_admitted_only_when_its_whole_sequence_fits() {
+    // 6 usable blocks of 4 tokens, budget 8: a 20-token prompt needs 5 blocks, though its
+    // first chunk needs only 2 (vLLM's `scheduler_reserve_full_isl`)
+    let mut e = engine(|c, kv| {
+        *kv = (7, 4);
+        c.max_num_batched_tokens = 8;
+    });
+    add(&mut e, "a", vec![5; 8], None);
+    let p1 = plan(&mut e);
+    assert_eq!(p1, s(&[("a", 8)]));
+    finish(&mut e, &p1); // a holds 3 blocks (9 tokens): 3 are free
+    add(&mut e, "long", vec![6; 20], None);
+    let p2 = plan(&mut e);
+    assert_eq!(
+        p2,
+        s(&[("a", 1)]),
+        "long's first chunk would fit, its whole prompt does not"
+    );
+    assert_eq!(e.batch.requests["long"].phase, Phase::Waiting);
+    // a short request behind it waits too: the head of the queue blocks the rest (FCFS)
+    add(&mut e, "short", vec![7; 4], None);
+    finish(&mut e, &p2);
+    assert_eq!(plan(&mut e), s(&[("a", 1)]));
+}
+
+#[test]
 fn a_repeated_prompt_hits_the_prefix_cache() {
     let mut e = engine(|_, _| {});
     let prompt: Vec<u32> = (0..40).collect();

@@ -97,12 +97,15 @@ pub(super) fn agent(
     let t = Instant::now();
     let trace = dir.join("record").join("trace.jsonl.gz");
     let stack = start_stack(
-        env,
+        env.engine_bin,
         &frontend,
         &[],
         env.real_model,
         Some(&trace),
-        Backend::Cpu { venv: cpu },
+        Backend::Cpu {
+            venv: cpu,
+            args: Vec::new(),
+        },
         &dir.join("record"),
     )?;
     let boot = t.elapsed().as_secs_f64();
@@ -146,7 +149,7 @@ pub(super) fn agent(
         let run = dir.join(name);
         let summary = run.join("summary.json");
         let stack = start_stack(
-            env,
+            env.engine_bin,
             &frontend,
             &[],
             env.real_model,

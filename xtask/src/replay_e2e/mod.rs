@@ -13,27 +13,25 @@
 //!    that turn only.
 //! 4. **verbatim steps**: a speculative-decoding capture replayed with `--replay-steps` at
 //!    concurrency 1, 16 and 64, itself recorded by a second tap: the same chunk sizes, and
-//!    gaps and drift within [`STEP_P95_MS`] (p95) and [`STEP_P99_MS`] (p99).
+//!    gaps and drift within [`STEP_P50_MS`], [`STEP_P95_MS`] and [`STEP_P99_MS`] (p50, p95,
+//!    p99).
 //!
 //! The fitted-model smoke (`inspect fit` on the committed capture, then its load behind
 //! vllm-rs with `--latency-trace`) is `tests/replay_fitted.rs`, in the test stage.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde_json::Value;
 use sim_trace::replay::parse_replay_index;
 use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
 
-use crate::e2e::{CheckResult, Frontend, start_frontend, wait_health};
+use crate::e2e::{CheckResult, Frontend};
 use crate::http::{Client, snippet};
 use crate::load::prompt_of;
-use crate::proc::{ChildGuard, free_ports, read_log, wait_listening};
-use crate::record_e2e::{self, start_tap};
-use crate::tiny_model::{MAX_MODEL_LEN, TOKENIZER_VOCAB};
+use crate::proc::read_log;
+use crate::stack::{Backend, Checks, play_args, run_pool, start_stack};
 
 mod agent;
 mod client;
@@ -52,12 +50,16 @@ pub(super) const RECORD_ITL_MS: u32 = 2;
 /// The verbatim-steps leg: replayed gaps against recorded ones, and the chunks' drift (the
 /// distance of each chunk's offset from the request's first chunk, replayed against
 /// recorded: lateness that would accumulate). Measured at a second tap, so the figures
-/// include the tap's and the frontend's wake-ups on a shared 2-core machine: the p95 must
-/// stay within [`STEP_P95_MS`] (the engine's pacing), and the p99 within [`STEP_P99_MS`] (a
-/// lone late wake-up — a chunk late by d shows as +d, then −d on the next gap — is what a
-/// busy machine adds; seen up to ~4 ms with two compilers running beside the test).
-pub const STEP_P95_MS: f64 = 1.0;
-pub const STEP_P99_MS: f64 = 5.0;
+/// include the tap's, the frontend's and 64 client threads' wake-ups on a shared 2-core
+/// machine. Seen: p50 0.02–0.1 ms, p95 0.1–0.3 ms on a quiet machine and up to 1.6 ms with
+/// two compilers running beside the test, p99 up to 8 ms (a lone late wake-up: a chunk late
+/// by d shows as +d, then −d on the next gap). What the bounds catch: chunks put on a step
+/// grid (every gap off by up to a step: the p50 moves) and lateness that accumulates (the
+/// drift grows with every chunk: the p99 moves by tens of milliseconds). The engine's own
+/// pacing precision is a benchmark (docs/performance.md), not this.
+pub const STEP_P50_MS: f64 = 0.5;
+pub const STEP_P95_MS: f64 = 2.5;
+pub const STEP_P99_MS: f64 = 10.0;
 
 /// Where the committed real-engine capture lives, from the workspace root.
 pub(super) const FIXTURE: &str = "tests/fixtures/cpu-engine-capture";
@@ -126,6 +128,7 @@ pub(crate) fn legs(
                 frontend: Frontend::Python {
                     venv: venv.clone(),
                     api_servers: 1,
+                    dev_mode: false,
                 },
                 line: line.clone(),
             },
@@ -180,150 +183,10 @@ pub(crate) fn run_leg(leg: &ReplayLeg, env: &Env, dir: &Path) -> Vec<CheckResult
         started,
         Ok(format!("{secs:.1} s for the whole leg")),
     );
-    out.0
+    out.into_results()
 }
 
 // ------------------------------------------------------------------ plumbing
-
-#[derive(Default)]
-pub(super) struct Checks(Vec<CheckResult>);
-
-impl Checks {
-    pub(super) fn push(&mut self, name: &str, t: Instant, r: Result<String>) {
-        let (pass, detail) = match r {
-            Ok(d) => (true, d),
-            Err(e) => (false, format!("{e:#}")),
-        };
-        let secs = t.elapsed().as_secs_f64();
-        eprintln!(
-            "  [{}] {name} ({secs:.2} s)",
-            if pass { "PASS" } else { "FAIL" }
-        );
-        self.0.push(CheckResult {
-            name: name.to_string(),
-            pass,
-            detail,
-            secs,
-        });
-    }
-}
-
-/// The engine of a stack.
-pub(super) enum Backend<'a> {
-    /// `vllm-vcr play` speaking `line` with these flags after the standard ones.
-    Play { line: &'a str, args: Vec<String> },
-    /// A real vLLM engine-core on CPU from this venv.
-    Cpu { venv: &'a Path },
-}
-
-/// Frontend → (tap) → engine, up and healthy.
-pub(super) struct Stack {
-    pub(super) frontend: ChildGuard,
-    pub(super) tap: Option<ChildGuard>,
-    pub(super) engine: ChildGuard,
-    pub(super) http: Client,
-    pub(super) engine_log: PathBuf,
-}
-
-/// Start a stack in `dir` (`frontend.log`, `record.log`, `engine.log`). With `tap`,
-/// `record --record-tokens` sits between frontend and engine, writing the trace `tap`
-/// and the step-stats sidecar `steps.jsonl.gz` beside it.
-pub(super) fn start_stack(
-    env: &Env,
-    frontend: &Frontend,
-    frontend_args: &[String],
-    model: &Path,
-    tap: Option<&Path>,
-    backend: Backend,
-    dir: &Path,
-) -> Result<Stack> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let ports = free_ports(3)?;
-    let (http_port, hs_port, tap_port) = (ports[0], ports[1], ports[2]);
-    let (mut frontend, listen_timeout, health_timeout, _) = start_frontend(
-        frontend,
-        frontend_args,
-        model,
-        http_port,
-        hs_port,
-        &dir.join("frontend.log"),
-    )?;
-    wait_listening(hs_port, listen_timeout, &mut [&mut frontend])
-        .context("waiting for the frontend's handshake socket")?;
-    let mut tap = match tap {
-        Some(trace) => Some(start_tap(
-            env.engine_bin,
-            hs_port,
-            tap_port,
-            trace,
-            &dir.join("steps.jsonl.gz"),
-            &["--record-tokens"],
-            &dir.join("record.log"),
-        )?),
-        None => None,
-    };
-    let port = if tap.is_some() { tap_port } else { hs_port };
-    let engine_log = dir.join("engine.log");
-    let (mut engine, engine_wait) = match backend {
-        Backend::Play { line, args } => {
-            let mut cmd = Command::new(env.engine_bin);
-            cmd.env("NO_COLOR", "1")
-                .arg("play")
-                .arg("--handshake-address")
-                .arg(format!("tcp://127.0.0.1:{port}"))
-                .args(["--vllm-version", line])
-                .args(["--vocab-size", &TOKENIZER_VOCAB.to_string()])
-                .args(["--max-model-len", &MAX_MODEL_LEN.to_string()])
-                .arg("--log-requests")
-                .args(&args);
-            (
-                ChildGuard::spawn("engine", cmd, &engine_log, Duration::from_secs(5))?,
-                Duration::from_secs(60),
-            )
-        }
-        Backend::Cpu { venv } => record_e2e::start_engine(
-            &record_e2e::Engine::Cpu {
-                venv: venv.to_path_buf(),
-            },
-            env.engine_bin,
-            model,
-            port,
-            dir,
-        )?,
-    };
-    let http = Client::new(http_port, Duration::from_secs(120));
-    {
-        let mut watch: Vec<&mut ChildGuard> = vec![&mut frontend, &mut engine];
-        if let Some(t) = tap.as_mut() {
-            watch.push(t);
-        }
-        wait_health(&http, health_timeout.max(engine_wait), &mut watch)
-            .context("waiting for GET /health 200")?;
-    }
-    Ok(Stack {
-        frontend,
-        tap,
-        engine,
-        http,
-        engine_log,
-    })
-}
-
-impl Stack {
-    /// Stop the tap first (SIGTERM closes its trace while both sides are up), then the
-    /// frontend, then the engine (`play` writes its replay summary as it exits). Returns
-    /// how the tap ended.
-    pub(super) fn stop(mut self) -> String {
-        let tap = self.tap.as_mut().map(ChildGuard::stop).unwrap_or_default();
-        self.frontend.stop();
-        self.engine.stop();
-        tap
-    }
-}
-
-pub(super) fn play_args(args: &[&str]) -> Vec<String> {
-    args.iter().map(|s| s.to_string()).collect()
-}
 
 /// A trace's meta and its records in arrival order (the order `replay-<i>` counts in:
 /// `arrival_ms`, ties and records without one keeping file order, the latter last).
@@ -378,35 +241,6 @@ pub(super) fn summary_counts(summary: &Value, source: &str) -> Result<Counts> {
         reserved: s["reserved"].as_u64().unwrap_or(0),
         missed,
     })
-}
-
-/// Run `f(0..n)` on `workers` threads (each takes the next index); results in index order.
-pub(super) fn run_pool<T: Send>(
-    n: usize,
-    workers: usize,
-    f: impl Fn(usize) -> Result<T> + Sync,
-) -> Vec<Result<T>> {
-    let next = AtomicUsize::new(0);
-    let mut slots: Vec<Option<Result<T>>> = (0..n).map(|_| None).collect();
-    let done = std::sync::Mutex::new(&mut slots);
-    std::thread::scope(|s| {
-        for _ in 0..workers.max(1).min(n.max(1)) {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= n {
-                        break;
-                    }
-                    let r = f(i);
-                    done.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(r);
-                }
-            });
-        }
-    });
-    slots
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a client thread panicked"))))
-        .collect()
 }
 
 pub(super) fn all_ok<T>(what: &str, results: Vec<Result<T>>) -> Result<Vec<T>> {

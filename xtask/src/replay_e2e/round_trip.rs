@@ -139,7 +139,7 @@ pub(super) fn round_trip(
     let t = Instant::now();
     let trace = dir.join("record").join("trace.jsonl.gz");
     let stack = start_stack(
-        env,
+        env.engine_bin,
         frontend,
         &[],
         env.model,
@@ -173,7 +173,7 @@ pub(super) fn round_trip(
         let run = dir.join(format!("replay-{mode}"));
         let summary = run.join("summary.json");
         let stack = start_stack(
-            env,
+            env.engine_bin,
             frontend,
             &[],
             env.model,
@@ -325,7 +325,7 @@ pub(super) fn fixture_ids(
     let (_, records) = read_by_arrival(&trace)?;
     let summary = dir.join("summary.json");
     let stack = start_stack(
-        env,
+        env.engine_bin,
         &Frontend::Rs {
             bin: rs.to_path_buf(),
         },

