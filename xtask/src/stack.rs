@@ -148,12 +148,41 @@ pub(crate) fn start_stack(
 impl Stack {
     /// Stop the tap first (SIGTERM closes its trace while both sides are up), then the
     /// frontend, then the engine (`play` writes its replay summary as it exits). Returns
-    /// how the tap ended.
+    /// how the tap ended. With a tap, first wait (up to 5 s) until the engine reports
+    /// nothing running or waiting: a frontend answers a stop-string match before its ABORT
+    /// reaches the engine, and a tap stopped in between would close that request's record
+    /// without a finish.
     pub(crate) fn stop(mut self) -> String {
+        if self.tap.is_some() {
+            self.settle(Duration::from_secs(5));
+        }
         let tap = self.tap.as_mut().map(ChildGuard::stop).unwrap_or_default();
         self.frontend.stop();
         self.engine.stop();
         tap
+    }
+}
+
+impl Stack {
+    /// Wait until `vllm:num_requests_running` and `…_waiting` are 0, or `limit` passed.
+    fn settle(&self, limit: Duration) {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            let busy = self.http.get("/metrics").ok().map(|r| {
+                crate::http::parse_metrics(&r.text())
+                    .iter()
+                    .filter(|s| {
+                        s.name == "vllm:num_requests_running"
+                            || s.name == "vllm:num_requests_waiting"
+                    })
+                    .map(|s| s.value)
+                    .sum::<f64>()
+            });
+            if busy == Some(0.0) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 

@@ -300,6 +300,10 @@ pub(super) fn recorded_in_order(seen: &[Seen], trace: &Path, tap: &str) -> Resul
             r.output_token_ids.is_some(),
             "record {i} has no output_token_ids"
         );
+        ensure!(
+            r.finish_reason.is_some(),
+            "record {i} ({rid}) has no finish reason: the capture closed it unfinished"
+        );
         *finishes
             .entry(r.finish_reason.clone().unwrap_or_default())
             .or_default() += 1;
