@@ -1,9 +1,11 @@
 //! `vllm-vcr inspect`: trace tools. Every subcommand streams its input (memory does not
 //! grow with the trace; `fit` keeps one small entry per engine step, `simulate` one per
-//! request and a word per block hash, to order the workload by arrival), reads `.gz`
+//! request and a word per block hash, to order the workload by arrival, `calibrate` every
+//! request's latencies for exact quantiles), reads `.gz`
 //! transparently, prints a machine-readable result with `--json`, and reports progress on
 //! stderr for long work.
 
+pub mod calibrate;
 pub mod convert;
 pub mod fit;
 pub mod gen_demo;
@@ -16,7 +18,7 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 
 /// Look at traces, convert other tools' formats, make demo traces, fit latency models,
-/// simulate workloads offline.
+/// simulate workloads offline, calibrate a model against a capture.
 #[derive(Debug, Clone, Args)]
 pub struct InspectArgs {
     #[command(subcommand)]
@@ -44,6 +46,11 @@ pub enum InspectCommand {
     /// replay a capture, or predict TTFT / ITL / throughput / cache hits of a workload
     /// under any engine flags and latency model; write the simulated trace and a summary.
     Simulate(Box<simulate::SimulateArgs>),
+    /// Compare a capture with a latency model, via `simulate`: captured vs modelled TTFT,
+    /// ITL and request-total p50 / p90 / p99, pooled and per concurrency cohort, beside
+    /// the best-fit latency knobs; gate on a tolerance (exit 1 when out), dump the
+    /// samples, draw SVG figures.
+    Calibrate(Box<calibrate::CalibrateArgs>),
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
@@ -54,6 +61,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         InspectCommand::GenDemo(a) => gen_demo::run(&a),
         InspectCommand::Fit(a) => fit::run(&a),
         InspectCommand::Simulate(a) => simulate::run(&a),
+        InspectCommand::Calibrate(a) => calibrate::run(&a),
     };
     match r {
         // `inspect … | head` closed our stdout: not an error.

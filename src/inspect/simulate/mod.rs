@@ -8,7 +8,7 @@
 //! engine settings or another latency model.
 
 mod follow;
-mod workload;
+pub mod workload;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -20,14 +20,15 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Value, json};
 use sim_protocol::{EngineCoreRequest, SamplingParams, VllmLine};
-use sim_trace::trace::{TraceMeta, TraceWriter};
+use sim_trace::trace::{TraceMeta, TraceRecord, TraceWriter};
 
 use super::progress::Progress;
 use super::summarize::Summary;
 use crate::play::EngineArgs;
 use crate::play::config::PlayConfig;
 use crate::play::offline::OfflineDriver;
-use follow::{Finished, Follower};
+pub use follow::Finished;
+use follow::Follower;
 use workload::{Children, Turn, Workload, duration_ms};
 
 #[derive(Debug, Clone, Args)]
@@ -78,18 +79,80 @@ pub struct SimulateArgs {
 }
 
 /// What a run counted, beyond the records' own summary.
-struct Counts {
-    requests: usize,
-    sessions: Option<(usize, usize, usize)>,
-    preemptions: u64,
-    not_finished: u64,
-    never_sent: u64,
+pub struct Counts {
+    pub requests: usize,
+    /// `--replay-sessions`: (roots, turns, turns without a recorded gap).
+    pub sessions: Option<(usize, usize, usize)>,
+    pub preemptions: u64,
+    pub not_finished: u64,
+    pub never_sent: u64,
     /// Refused before the engine ([`Limits`]).
-    rejected: u64,
+    pub rejected: u64,
     /// The engine's own description (its latency model, queue, …).
-    describe: String,
+    pub describe: String,
     /// The replay counts, when replaying (`--replay-tokens`, `--replay-steps`).
-    replay: Option<(String, Value)>,
+    pub replay: Option<(String, Value)>,
+}
+
+/// How a run sends the workload, and what its records carry.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Closed loop over sessions (`--replay-sessions`) instead of the recorded arrivals.
+    pub replay_sessions: bool,
+    /// No prefix reuse between requests (`--cold-prompts`).
+    pub cold_prompts: bool,
+    /// Write each prompt's vLLM block hashes into its record, at this block size (a
+    /// SHA-256 per block: only when the records are written out).
+    pub hash_blocks: Option<usize>,
+    /// Write each request's output token ids into its record.
+    pub record_tokens: bool,
+}
+
+/// The engine flags a run of `work` uses: `engine`, with the trace's block size unless
+/// `--block-size` says otherwise.
+pub fn engine_for(work: &Workload, engine: &EngineArgs) -> EngineArgs {
+    let mut engine = engine.clone();
+    engine
+        .block_size
+        .get_or_insert(work.trace_block_size as u64);
+    engine
+}
+
+/// A simulated run held in memory: what each request's record became, by arrival-order
+/// index (`None` for a request never sent: a turn whose parent never finished).
+pub struct Simulated<T = TraceRecord> {
+    pub records: Vec<Option<T>>,
+    pub counts: Counts,
+}
+
+/// Run `work` through an engine built from `engine` (see [`engine_for`]) and keep the
+/// records in memory, indexed by arrival order. What `inspect simulate` does without
+/// writing anything.
+pub fn simulate_records(
+    work: &Workload,
+    engine: &EngineArgs,
+    opts: &RunOptions,
+) -> Result<Simulated> {
+    simulate_map(work, engine, opts, |r| r)
+}
+
+/// [`simulate_records`], keeping only what `keep` makes of each record as its request
+/// finishes (`inspect calibrate` keeps its latencies, not the whole record).
+pub fn simulate_map<T>(
+    work: &Workload,
+    engine: &EngineArgs,
+    opts: &RunOptions,
+    mut keep: impl FnMut(TraceRecord) -> T,
+) -> Result<Simulated<T>> {
+    let cfg = PlayConfig::offline(engine)?;
+    let mut records: Vec<Option<T>> = std::iter::repeat_with(|| None)
+        .take(work.reqs.len())
+        .collect();
+    let counts = run_workload(work, &cfg, opts, |f| {
+        records[f.index] = Some(keep(f.record));
+        Ok(())
+    })?;
+    Ok(Simulated { records, counts })
 }
 
 pub fn run(a: &SimulateArgs) -> Result<()> {
@@ -109,15 +172,24 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     }
     let work = Workload::load(&a.trace, a.engine.block_size, a.requests)
         .with_context(|| format!("reading {}", a.trace.display()))?;
-    let mut engine = a.engine.clone();
-    let block_size = *engine
-        .block_size
-        .get_or_insert(work.trace_block_size as u64);
-    notes(a, &work, &engine);
+    let engine = engine_for(&work, &a.engine);
+    let block_size = engine.block_size_or_default();
+    notes(a.replay_sessions, &work, &engine);
     let cfg = PlayConfig::offline(&engine)?;
     let mut sink = Sink::open(a, &work.meta, &cfg)?;
 
-    let (summary, counts) = simulate(a, &work, &cfg, block_size, &mut sink)?;
+    let opts = RunOptions {
+        replay_sessions: a.replay_sessions,
+        cold_prompts: a.cold_prompts,
+        hash_blocks: a.dump_trace.is_some().then_some(block_size as usize),
+        record_tokens: a.record_tokens,
+    };
+    let mut summary = Summary::new();
+    summary.meta = Some(sink.meta.clone());
+    let counts = run_workload(&work, &cfg, &opts, |f| {
+        summary.add(&f.record);
+        sink.write(&f.record)
+    })?;
     sink.finish()?;
     let wall = started.elapsed().as_secs_f64();
 
@@ -142,18 +214,18 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
 }
 
 /// The run itself: send every request when it is due, drive the engine from event to
-/// event, record what finishes.
-fn simulate(
-    a: &SimulateArgs,
+/// event, and hand every record to `on_record` as its request finishes (refused and
+/// abandoned requests too, as incomplete records).
+pub fn run_workload(
     work: &Workload,
     cfg: &PlayConfig,
-    block_size: u64,
-    sink: &mut Sink,
-) -> Result<(Summary, Counts)> {
+    opts: &RunOptions,
+    mut on_record: impl FnMut(Finished) -> Result<()>,
+) -> Result<Counts> {
     let n = work.reqs.len();
     let line = cfg.line;
     let ids = cfg.engine.token_ids.clone();
-    let turns = if a.replay_sessions {
+    let turns = if opts.replay_sessions {
         work.sessions()
     } else {
         vec![Turn::Root; n]
@@ -175,10 +247,7 @@ fn simulate(
         .collect();
 
     let mut driver = OfflineDriver::new(cfg.build_engine(0));
-    let hash_blocks = a.dump_trace.is_some().then_some(block_size as usize);
-    let mut follower = Follower::new(hash_blocks, a.record_tokens);
-    let mut summary = Summary::new();
-    summary.meta = Some(sink.meta.clone());
+    let mut follower = Follower::new(opts.hash_blocks, opts.record_tokens);
     let mut finished = Vec::new();
     let mut progress = Progress::new("simulate:");
     let mut done = 0usize;
@@ -187,20 +256,17 @@ fn simulate(
         max_model_len: cfg.engine.max_model_len,
         kv_tokens: cfg.engine.num_gpu_blocks.saturating_sub(1) * cfg.engine.block_size,
     };
-    let mut record = |f: Finished,
-                      summary: &mut Summary,
-                      due: &mut BinaryHeap<Reverse<(Duration, usize)>>|
-     -> Result<()> {
-        for c in children.of_request(f.index) {
-            let at = match turns[c] {
-                Turn::After { gap, .. } => f.at.saturating_add(gap),
-                _ => f.at.max(recorded(c)),
-            };
-            due.push(Reverse((at, c)));
-        }
-        summary.add(&f.record);
-        sink.write(&f.record)
-    };
+    let mut record =
+        |f: Finished, due: &mut BinaryHeap<Reverse<(Duration, usize)>>| -> Result<()> {
+            for c in children.of_request(f.index) {
+                let at = match turns[c] {
+                    Turn::After { gap, .. } => f.at.saturating_add(gap),
+                    _ => f.at.max(recorded(c)),
+                };
+                due.push(Reverse((at, c)));
+            }
+            on_record(f)
+        };
     loop {
         let next = match (due.peek().map(|r| r.0.0), driver.next_event()) {
             (Some(x), Some(y)) => x.min(y),
@@ -218,10 +284,10 @@ fn simulate(
                 rejected += 1;
                 done += 1;
                 let f = follow::rejected(i, at, p.prompt_tokens.max(1), why);
-                record(f, &mut summary, &mut due)?;
+                record(f, &mut due)?;
                 continue;
             }
-            let prompt = work.prompt(i, ids.clone(), a.cold_prompts);
+            let prompt = work.prompt(i, ids.clone(), opts.cold_prompts);
             let req = request(i, prompt, work.reqs[i].output_tokens, line, at);
             follower.arrive(i, at, &req);
             driver.add(at, 0, req);
@@ -231,7 +297,7 @@ fn simulate(
         }
         for f in finished.drain(..) {
             done += 1;
-            record(f, &mut summary, &mut due)?;
+            record(f, &mut due)?;
         }
         progress.status(|| {
             format!(
@@ -249,8 +315,7 @@ fn simulate(
         follower.abandon_all(driver.now(), why, &mut finished);
         for f in finished.drain(..) {
             done += 1;
-            summary.add(&f.record);
-            sink.write(&f.record)?;
+            on_record(f)?;
         }
         eprintln!("warning: {not_finished} request(s) never finished; they are written incomplete");
     }
@@ -260,7 +325,7 @@ fn simulate(
         );
     }
     progress.finish_status(&format!("{done}/{n} requests"));
-    let sessions = a.replay_sessions.then(|| {
+    let sessions = opts.replay_sessions.then(|| {
         let roots = turns.iter().filter(|t| **t == Turn::Root).count();
         let untimed = turns
             .iter()
@@ -279,7 +344,7 @@ fn simulate(
         describe: engine.describe(),
         replay: engine.replay_summary(),
     };
-    Ok((summary, counts))
+    Ok(counts)
 }
 
 /// What a request may ask for. A frontend refuses a request longer than the model's
@@ -337,8 +402,8 @@ fn request(
     }
 }
 
-/// Notes on stderr about what the run assumes.
-fn notes(a: &SimulateArgs, work: &Workload, engine: &EngineArgs) {
+/// Notes on stderr about what a run of `work` on `engine` assumes.
+pub fn notes(replay_sessions: bool, work: &Workload, engine: &EngineArgs) {
     let note = |s: &str| eprintln!("note: {s}");
     let bs = engine.block_size_or_default();
     if work.trace_block_size as u64 != bs {
@@ -360,7 +425,7 @@ fn notes(a: &SimulateArgs, work: &Workload, engine: &EngineArgs) {
             "{} of {} records have no arrival_ms: they arrive at 0, after every timed request in the naming order{}",
             work.without_arrival,
             work.reqs.len(),
-            if a.replay_sessions {
+            if replay_sessions {
                 " (as session roots; as turns, when their parent finished)"
             } else {
                 ""

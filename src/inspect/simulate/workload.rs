@@ -30,7 +30,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use sim_trace::trace::{BlockHash, TraceItem, TraceMeta, TraceReader};
+use sim_trace::trace::{BlockHash, TraceItem, TraceMeta, TraceReader, TraceRecord};
 
 use crate::inspect::progress::Progress;
 use crate::play::tokens::{SplitMix64, request_seed};
@@ -51,6 +51,8 @@ pub struct Planned {
     pub output_tokens: u32,
     /// Recorded end to end: TTFT plus every inter-token gap (records with a TTFT).
     pub e2e_ms: Option<f64>,
+    /// Its record's position in the trace file (0 for the first record).
+    pub source: u32,
     /// Where its hashes are in [`Workload::hashes`].
     hashes: (u32, u32),
 }
@@ -89,6 +91,17 @@ impl Workload {
     /// block), then sort by arrival and keep the first `limit`. `engine_block_size` is
     /// the user's `--block-size`, used for the hashes of a trace whose meta has none.
     pub fn load(path: &Path, engine_block_size: Option<u64>, limit: Option<u64>) -> Result<Self> {
+        Self::load_with(path, engine_block_size, limit, |_, _| {})
+    }
+
+    /// [`load`](Self::load), handing every record to `observe` as it is read, with its
+    /// position in the file (what [`Planned::source`] names).
+    pub fn load_with(
+        path: &Path,
+        engine_block_size: Option<u64>,
+        limit: Option<u64>,
+        mut observe: impl FnMut(u32, &TraceRecord),
+    ) -> Result<Self> {
         let mut meta = None;
         let mut staged: Vec<Planned> = Vec::new();
         let mut hashes: Vec<u64> = Vec::new();
@@ -100,6 +113,8 @@ impl Workload {
                 }
                 TraceItem::Record(r) => {
                     progress.tick();
+                    let source = u32::try_from(staged.len()).context("more than 2^32 records")?;
+                    observe(source, &r);
                     let start = hashes.len();
                     hashes.extend(r.block_hashes.iter().map(hash_value));
                     let gaps: f64 = r.itl_ms.iter().sum();
@@ -108,6 +123,7 @@ impl Workload {
                         prompt_tokens: r.prompt_tokens,
                         output_tokens: r.output_tokens,
                         e2e_ms: r.ttft_ms.map(|t| t + gaps),
+                        source,
                         hashes: (
                             u32::try_from(start).context("more than 2^32 block hashes")?,
                             u32::try_from(r.block_hashes.len()).unwrap_or(u32::MAX),
@@ -288,6 +304,7 @@ mod tests {
                     prompt_tokens: *p,
                     output_tokens: 4,
                     e2e_ms: *e2e,
+                    source: 0,
                     hashes: (start, h.len() as u32),
                 }
             })

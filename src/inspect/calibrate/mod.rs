@@ -1,0 +1,1086 @@
+//! `inspect calibrate`: how well a latency model reproduces a capture, at the model level.
+//!
+//! The capture's workload is simulated twice through `inspect simulate`'s engine (the same
+//! requests, arrivals and engine flags): once paced by the model under test
+//! (`--latency-trace FIT…`), once by the best-fit latency knobs (TTFT and ITL with their
+//! log-normal spread). Every request's TTFT, inter-token gaps and request total are then
+//! compared with what was captured for it, pooled and per concurrency cohort (the requests
+//! in flight when it arrived), at p50 / p90 / p99 — exact nearest-rank quantiles over the
+//! samples, which are held in memory (one entry per request plus 8 bytes per gap).
+//!
+//! **The knob model** is fitted to the capture, not chosen: each knob's log-normal median
+//! starts at the captured median and its σ is the captured values' robust spread (1.4826 ×
+//! the median absolute deviation of their logs); then the workload is simulated and both
+//! medians rescaled by captured p50 / simulated p50 until the simulated TTFT and ITL p50
+//! match the captured ones (within 0.25 %, at most six rounds): the simulated TTFT
+//! includes queueing and the decode step it shares, which the knob does not. So its p50s
+//! agree by construction, and its p90 / p99 errors show how far a constant-plus-log-normal
+//! model's spread reaches.
+//!
+//! **The gate** covers the modelled column only: the pooled cohort, and every cohort with
+//! at least `--min-requests` requests; a cell is out when |Δ %| exceeds the quantile's
+//! tolerance. Out of tolerance, the report is printed and the command fails (exit 1)
+//! naming the cells.
+
+mod compare;
+mod plot;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+use sim_trace::fit::FittedModel;
+use sim_trace::stats::quantile_of;
+
+use super::simulate::workload::Workload;
+use super::simulate::{Counts, RunOptions, engine_for, notes, simulate_map};
+use crate::play::EngineArgs;
+use compare::{BUCKETS, Cohort, Metric, QUANTILES, SOURCES, Sample, Tolerance};
+
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "\
+The model under test is --latency-trace (a model file from `inspect fit`, or traces to fit \
+now, with --latency-steps sidecars); it is required. Every other engine flag applies to \
+both simulated runs. Exit status: 0 when every gated cell is within tolerance, 1 when one \
+is not (the report is printed first, and the error names the cells) or on bad input.")]
+pub struct CalibrateArgs {
+    /// The capture to calibrate against (`record --trace-out`, or a trace written by
+    /// `inspect simulate --dump-trace`): its records need captured timing (`ttft_ms`,
+    /// `itl_ms`) and arrivals (`arrival_ms`).
+    pub trace: PathBuf,
+
+    /// Open loop (the default): every request arrives at its recorded `arrival_ms`,
+    /// whatever the engine does (as `inspect simulate`).
+    #[arg(long, conflicts_with = "replay_sessions")]
+    pub replay_arrivals: bool,
+
+    /// Closed loop over sessions inferred from the block-hash chains: a turn arrives when
+    /// its parent finished in the simulation plus the recorded think gap (as `inspect
+    /// simulate`).
+    #[arg(long)]
+    pub replay_sessions: bool,
+
+    /// No prefix reuse between requests: every block of every prompt is unique to its
+    /// request (as `inspect simulate`).
+    #[arg(long)]
+    pub cold_prompts: bool,
+
+    /// The largest |Δ %| of a gated cell, modelled against captured: `PCT` for every
+    /// quantile, or per quantile `p50=PCT,p90=PCT,p99=PCT` (items apply in order over the
+    /// default; a trailing `%` is allowed).
+    #[arg(
+        long,
+        value_name = "PCT[,pQ=PCT]",
+        default_value = "p50=2,p90=2,p99=5",
+        value_parser = compare::parse_tolerance
+    )]
+    pub tolerance: Tolerance,
+
+    /// Concurrency cohorts with fewer compared requests than this are shown but not gated
+    /// (the pooled row is always gated).
+    #[arg(long, value_name = "N", default_value_t = 30)]
+    pub min_requests: usize,
+
+    /// Print the comparison as one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Write every request's captured, modelled and knob samples (TTFT, request total,
+    /// inter-token gaps) here, one row per request in arrival order: JSON lines, or CSV
+    /// when the name ends in `.csv` (gaps space-separated).
+    #[arg(long, value_name = "PATH")]
+    pub dump_samples: Option<PathBuf>,
+
+    /// Write SVG figures into this directory (created if missing): survival curves and
+    /// Q-Q plots of TTFT and ITL, pooled and per gated cohort, and the output chunk-size
+    /// distribution when the capture has multi-token chunks.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+
+    #[command(flatten, next_help_heading = "Engine (the flags of `play`)")]
+    pub engine: EngineArgs,
+}
+
+/// What the capture says about one request.
+struct Captured {
+    request_id: Option<String>,
+    arrival_ms: Option<f64>,
+    concurrency: Option<u32>,
+    sample: Option<Sample>,
+}
+
+/// The model under test, and whether the calibrated trace is among what it was fitted to.
+struct FitSet {
+    paths: Vec<PathBuf>,
+    in_sample: bool,
+    why: String,
+}
+
+/// The fitted knobs and their run.
+struct KnobFit {
+    ttft_ms: f64,
+    ttft_std_ms: f64,
+    itl_ms: f64,
+    itl_std_ms: f64,
+    /// Simulations the fit ran (the kept one, the closest, may be an earlier one).
+    rounds: usize,
+    /// The simulated median of each knob's metric (TTFT, ITL) over the captured one,
+    /// minus 1, largest in absolute value: how far the fit is from matching.
+    miss: f64,
+    samples: Vec<Option<Sample>>,
+    counts: Counts,
+}
+
+impl KnobFit {
+    fn converged(&self) -> bool {
+        self.miss <= KNOB_CONVERGED
+    }
+
+    fn flags(&self) -> String {
+        format!(
+            "--time-to-first-token {} --time-to-first-token-std-dev {} --inter-token-latency {} --inter-token-latency-std-dev {}",
+            self.ttft_ms, self.ttft_std_ms, self.itl_ms, self.itl_std_ms
+        )
+    }
+}
+
+/// The largest number of knob-fitting simulations.
+const KNOB_ROUNDS: usize = 8;
+/// The knob fit stops once both simulated medians are within this fraction of the
+/// captured ones.
+const KNOB_MATCH: f64 = 0.0025;
+/// The knobs' spread is fitted once the medians are this close (or half-way through).
+const SPREAD_AFTER: f64 = 0.005;
+/// Full steps for the medians in the first rounds, half steps after.
+const DAMP_AFTER: usize = 3;
+/// A knob fit whose medians are further than this from the captured ones is reported as
+/// not converged.
+const KNOB_CONVERGED: f64 = 0.01;
+
+pub fn run(a: &CalibrateArgs) -> Result<()> {
+    let started = Instant::now();
+    if a.engine.latency_trace.is_empty() {
+        bail!(
+            "calibrate compares a capture with a latency model: pass --latency-trace MODEL (from `inspect fit`) or --latency-trace TRACE… to fit"
+        );
+    }
+    if let Some(p) = &a.dump_samples
+        && same_file(p, &a.trace)
+    {
+        bail!(
+            "--dump-samples {} is the input trace: write the samples elsewhere",
+            p.display()
+        );
+    }
+    let mut captured: Vec<Captured> = Vec::new();
+    let mut captured_chunks: BTreeMap<u32, u64> = BTreeMap::new();
+    let work = Workload::load_with(&a.trace, a.engine.block_size, None, |_, r| {
+        for (k, v) in compare::chunk_sizes(std::iter::once(r)) {
+            *captured_chunks.entry(k).or_default() += v;
+        }
+        captured.push(Captured {
+            request_id: r.request_id.clone(),
+            arrival_ms: r.arrival_ms.filter(|t| t.is_finite()),
+            concurrency: r.concurrency,
+            sample: Sample::of(r),
+        });
+    })
+    .with_context(|| format!("reading {}", a.trace.display()))?;
+    // in arrival order, as the simulated records are
+    let cap: Vec<&Captured> = work
+        .reqs
+        .iter()
+        .map(|p| &captured[p.source as usize])
+        .collect();
+    let timed = cap.iter().filter(|c| c.sample.is_some()).count();
+    if timed == 0 {
+        bail!(
+            "{}: no complete record has captured timing (ttft_ms): calibrate compares a capture's latencies with a model's, and this trace has none to compare (a converted workload such as a Mooncake trace records only arrivals and lengths; `inspect simulate` runs it under a model)",
+            a.trace.display()
+        );
+    }
+    if cap.iter().all(|c| c.arrival_ms.is_none()) {
+        bail!(
+            "{}: no record has an arrival_ms: calibrate replays the captured arrivals, and without them every request would arrive at once",
+            a.trace.display()
+        );
+    }
+    let engine = engine_for(&work, &a.engine);
+    notes(a.replay_sessions, &work, &engine);
+    let fit_set = FitSet::of(&a.trace, &work, &engine.latency_trace)?;
+    let opts = RunOptions {
+        replay_sessions: a.replay_sessions,
+        cold_prompts: a.cold_prompts,
+        hash_blocks: None,
+        record_tokens: false,
+    };
+    // records become samples as they finish: memory holds latencies, not records
+    let mut model_chunks: BTreeMap<u32, u64> = BTreeMap::new();
+    let modelled = simulate_map(&work, &engine, &opts, |r| {
+        for (k, v) in compare::chunk_sizes(std::iter::once(&r)) {
+            *model_chunks.entry(k).or_default() += v;
+        }
+        Sample::of(&r)
+    })
+    .context("simulating under the latency model")?;
+    let model_counts = modelled.counts;
+    let mod_samples: Vec<Option<Sample>> =
+        modelled.records.into_iter().map(Option::flatten).collect();
+    let cap_samples: Vec<Option<&Sample>> = cap.iter().map(|c| c.sample.as_ref()).collect();
+    let knobs = fit_knobs(&work, &engine, &opts, &cap_samples)?;
+    let knob_samples = &knobs.samples;
+
+    // concurrency at arrival: the records' own, else from the captured arrivals and ends
+    let from_records = cap
+        .iter()
+        .filter(|c| c.arrival_ms.is_some())
+        .all(|c| c.concurrency.is_some());
+    let concurrency: Vec<Option<u32>> = if from_records {
+        cap.iter().map(|c| c.concurrency).collect()
+    } else {
+        let spans: Vec<Option<(f64, f64)>> = cap
+            .iter()
+            .map(|c| {
+                let a = c.arrival_ms?;
+                Some((a, c.sample.as_ref().map_or(0.0, |s| s.total_ms)))
+            })
+            .collect();
+        compare::concurrency_from_timing(&spans)
+    };
+
+    let mut compared: Vec<usize> = Vec::new();
+    let mut triples: Vec<[&Sample; 3]> = Vec::new();
+    for i in 0..cap.len() {
+        if let (Some(c), Some(m), Some(k)) = (&cap[i].sample, &mod_samples[i], &knob_samples[i]) {
+            compared.push(i);
+            triples.push([c, m, k]);
+        }
+    }
+    if triples.is_empty() {
+        bail!(
+            "no request finished in both simulations among the {timed} captured with timing: nothing to compare"
+        );
+    }
+    let all: Vec<usize> = (0..triples.len()).collect();
+    let mut cohorts = vec![compare::cohort("all", &all, &triples, true, &a.tolerance)];
+    let mut by_bucket: Vec<Vec<usize>> = vec![Vec::new(); BUCKETS.len()];
+    let mut unbucketed = 0usize;
+    for (k, &i) in compared.iter().enumerate() {
+        match concurrency[i] {
+            Some(c) => by_bucket[compare::bucket(c)].push(k),
+            None => unbucketed += 1,
+        }
+    }
+    for (b, members) in by_bucket.iter().enumerate() {
+        if !members.is_empty() {
+            let gated = members.len() >= a.min_requests;
+            cohorts.push(compare::cohort(
+                BUCKETS[b].2,
+                members,
+                &triples,
+                gated,
+                &a.tolerance,
+            ));
+        }
+    }
+
+    let mut plots = Vec::new();
+    if let Some(dir) = &a.plot {
+        plots = write_plots(
+            dir,
+            &a.trace,
+            &cohorts,
+            &all,
+            &by_bucket,
+            &triples,
+            &captured_chunks,
+            &model_chunks,
+        )?;
+    }
+    if let Some(path) = &a.dump_samples {
+        let rows = Rows {
+            cap: &cap,
+            concurrency: &concurrency,
+            runs: [&mod_samples, knob_samples],
+        };
+        rows.write(path)
+            .with_context(|| format!("writing --dump-samples {}", path.display()))?;
+    }
+
+    let report = Report {
+        args: a,
+        records: cap.len(),
+        timed,
+        compared: triples.len(),
+        unbucketed,
+        concurrency_from_records: from_records,
+        fit_set: &fit_set,
+        modelled: &model_counts,
+        knobs: &knobs,
+        cohorts: &cohorts,
+        plots: &plots,
+        wall: started.elapsed().as_secs_f64(),
+    };
+    if a.json {
+        let text = serde_json::to_string_pretty(&report.json())?;
+        writeln!(std::io::stdout().lock(), "{text}")?;
+    } else {
+        report.write_text(&mut std::io::stdout().lock())?;
+    }
+    let failures = report.failures();
+    if !failures.is_empty() {
+        const NAMED: usize = 6;
+        let mut names: Vec<String> = failures.iter().take(NAMED).map(|f| f.describe()).collect();
+        if failures.len() > NAMED {
+            names.push(format!(
+                "and {} more (marked ! in the table; `failures` in --json)",
+                failures.len() - NAMED
+            ));
+        }
+        bail!(
+            "{} of {} gated cells out of tolerance: {}",
+            failures.len(),
+            report.gated_cells(),
+            names.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// Fit the TTFT and ITL knobs (with their spread) to the capture by simulation; see the
+/// module docs.
+fn fit_knobs(
+    work: &Workload,
+    engine: &EngineArgs,
+    opts: &RunOptions,
+    captured: &[Option<&Sample>],
+) -> Result<KnobFit> {
+    let (mut t, mut g) = (Vec::new(), Vec::new());
+    for s in captured.iter().flatten() {
+        t.push(s.ttft_ms);
+        g.extend_from_slice(&s.itl_ms);
+    }
+    let target = [Shape::of(&mut t), Shape::of(&mut g)];
+    let Some(ttft) = target[0] else {
+        bail!("the capture has no positive TTFT to fit the knobs to");
+    };
+    // (median, σ) of each knob's log-normal: TTFT, ITL (none without gaps)
+    let mut knob = [
+        (ttft.p50, 0.0),
+        target[1].map_or((0.0, 0.0), |s| (s.p50, 0.0)),
+    ];
+    let mut best: Option<(f64, KnobFit)> = None;
+    let mut ran = 0;
+    let mut spread_fitted = false;
+    for round in 1..=KNOB_ROUNDS {
+        ran = round;
+        // this run's knobs already carry the fitted spread
+        let spread_final = spread_fitted;
+        let (ttft_ms, ttft_std_ms) = compare::knob_of(knob[0].0, knob[0].1);
+        let (itl_ms, itl_std_ms) = compare::knob_of(knob[1].0, knob[1].1);
+        let mut e = engine.clone();
+        e.latency_trace.clear();
+        e.latency_steps.clear();
+        e.time_to_first_token = round_sig(ttft_ms);
+        e.time_to_first_token_std_dev = round_sig(ttft_std_ms);
+        e.inter_token_latency = round_sig(itl_ms);
+        e.inter_token_latency_std_dev = round_sig(itl_std_ms);
+        let run = simulate_map(work, &e, opts, |r| Sample::of(&r))
+            .context("simulating under the knobs")?;
+        let samples: Vec<Option<Sample>> = run.records.into_iter().map(Option::flatten).collect();
+        let (mut t, mut g) = (Vec::new(), Vec::new());
+        for s in samples.iter().flatten() {
+            t.push(s.ttft_ms);
+            g.extend_from_slice(&s.itl_ms);
+        }
+        let got = [Shape::of(&mut t), Shape::of(&mut g)];
+        let pairs: Vec<(usize, Shape, Shape)> = (0..2)
+            .filter_map(|k| Some((k, target[k]?, got[k]?)))
+            .collect();
+        let miss = pairs
+            .iter()
+            .map(|(_, want, sim)| (want.p50 / sim.p50 - 1.0).abs())
+            .fold(0.0, f64::max);
+        // the spread, once, when the medians are close (the queue's share of the spread
+        // depends on them): what the queue already adds is taken off in variance
+        let fit_spread = !spread_fitted && (miss <= SPREAD_AFTER || round == KNOB_ROUNDS / 2);
+        let mut spread_moved = false;
+        for &(k, want, sim) in &pairs {
+            // at most ×2 or ÷2 a round, and half steps (in logs) after the first rounds:
+            // under load TTFT and ITL pull on each other through the queue
+            let step = (want.p50 / sim.p50).clamp(0.5, 2.0);
+            knob[k].0 *= if round > DAMP_AFTER {
+                step.sqrt()
+            } else {
+                step
+            };
+            if fit_spread {
+                let s = (knob[k].1.powi(2) + want.sigma.powi(2) - sim.sigma.powi(2))
+                    .max(0.0)
+                    .sqrt();
+                spread_moved |= (s - knob[k].1).abs() > 1e-3;
+                knob[k].1 = s;
+            }
+        }
+        spread_fitted |= fit_spread;
+        let fit = KnobFit {
+            ttft_ms: e.time_to_first_token,
+            ttft_std_ms: e.time_to_first_token_std_dev,
+            itl_ms: e.inter_token_latency,
+            itl_std_ms: e.inter_token_latency_std_dev,
+            rounds: round,
+            miss,
+            samples,
+            counts: run.counts,
+        };
+        // keep the closest run whose knobs have the final spread (the last one if none)
+        let eligible = spread_final || (fit_spread && !spread_moved);
+        let done = eligible && miss <= KNOB_MATCH;
+        if eligible && best.as_ref().is_none_or(|(m, _)| miss < *m)
+            || round == KNOB_ROUNDS && best.is_none()
+        {
+            best = Some((miss, fit));
+        }
+        if done {
+            break;
+        }
+    }
+    let (_, mut fit) = best.expect("the last round at least");
+    fit.rounds = ran;
+    Ok(fit)
+}
+
+/// What the knob fit matches: the p50 (nearest rank, as the table's) and the robust σ of
+/// the logs.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    p50: f64,
+    sigma: f64,
+}
+
+impl Shape {
+    fn of(v: &mut [f64]) -> Option<Shape> {
+        let p50 = quantile_of(v, 0.5).filter(|m| *m > 0.0)?;
+        let (_, sigma) = compare::lognormal(v.iter().copied())?;
+        Some(Shape { p50, sigma })
+    }
+}
+
+/// Four significant digits: the knobs print as flags that reproduce the run.
+fn round_sig(v: f64) -> f64 {
+    if v <= 0.0 || !v.is_finite() {
+        return 0.0;
+    }
+    let scale = 10f64.powi(3 - v.log10().floor() as i32);
+    let r = (v * scale).round() / scale;
+    // drop float noise (12.950000000000001)
+    format!("{r:.6}").parse().unwrap_or(r)
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// Two files with the same bytes (a copy of the trace counts as the trace).
+fn same_content(a: &Path, b: &Path) -> bool {
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).ok();
+    if len(a).is_none() || len(a) != len(b) {
+        return false;
+    }
+    match (std::fs::read(a), std::fs::read(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+impl FitSet {
+    /// Which fit set `paths` is, and whether `trace` is in it: a trace given as itself
+    /// (or a byte-identical copy), or a model whose sources name it (by path, or by the
+    /// same `config_hash` and record count).
+    fn of(trace: &Path, work: &Workload, paths: &[PathBuf]) -> Result<FitSet> {
+        let mut why = None;
+        for p in paths {
+            if FittedModel::is_model_file(p) {
+                let m = FittedModel::load(p)
+                    .with_context(|| format!("--latency-trace {}", p.display()))?;
+                for s in &m.meta.sources {
+                    let src = Path::new(&s.trace);
+                    if same_file(src, trace) || same_content(src, trace) {
+                        why = Some(format!(
+                            "the model {} was fitted to this trace",
+                            p.display()
+                        ));
+                    } else if let (Some(h), Some(mine)) = (&s.config_hash, &work.meta.config_hash)
+                        && h == mine
+                        && s.records == work.records_in_trace
+                    {
+                        why = Some(format!(
+                            "the model {} was fitted to {}, with this trace's config_hash and record count",
+                            p.display(),
+                            s.trace
+                        ));
+                    }
+                }
+            } else if same_file(p, trace) || same_content(p, trace) {
+                why = Some(format!("{} is in the fit set", p.display()));
+            }
+            if why.is_some() {
+                break;
+            }
+        }
+        Ok(FitSet {
+            paths: paths.to_vec(),
+            in_sample: why.is_some(),
+            why: why.unwrap_or_else(|| {
+                "the trace is not in the fit set: an out-of-sample check".to_string()
+            }),
+        })
+    }
+
+    fn relation(&self) -> &'static str {
+        if self.in_sample {
+            "in-sample"
+        } else {
+            "counterfactual"
+        }
+    }
+}
+
+/// A gated cell out of tolerance.
+struct Failure<'a> {
+    metric: Metric,
+    cohort: &'a str,
+    qi: usize,
+    captured: Option<f64>,
+    modelled: Option<f64>,
+    delta: Option<f64>,
+    tolerance: f64,
+}
+
+impl Failure<'_> {
+    fn describe(&self) -> String {
+        format!(
+            "{} {} {} {} ({} vs captured {}, tolerance {} %)",
+            self.metric.name(),
+            QUANTILES[self.qi].1,
+            cohort_name(self.cohort),
+            pct(self.delta),
+            num(self.modelled),
+            num(self.captured),
+            self.tolerance
+        )
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "metric": self.metric.key(),
+            "cohort": self.cohort,
+            "quantile": QUANTILES[self.qi].1,
+            "captured": self.captured,
+            "modelled": self.modelled,
+            "delta_pct": self.delta,
+            "tolerance_pct": self.tolerance,
+        })
+    }
+}
+
+fn cohort_name(label: &str) -> String {
+    if label == "all" {
+        "all".into()
+    } else {
+        format!("c={label}")
+    }
+}
+
+fn num(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(x) if x.abs() >= 100.0 => format!("{x:.1}"),
+        Some(x) => format!("{x:.2}"),
+    }
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or("-".into(), |d| format!("{d:+.1} %"))
+}
+
+/// Everything the report shows.
+struct Report<'a> {
+    args: &'a CalibrateArgs,
+    records: usize,
+    timed: usize,
+    compared: usize,
+    unbucketed: usize,
+    concurrency_from_records: bool,
+    fit_set: &'a FitSet,
+    modelled: &'a Counts,
+    knobs: &'a KnobFit,
+    cohorts: &'a [Cohort],
+    plots: &'a [PathBuf],
+    wall: f64,
+}
+
+impl Report<'_> {
+    fn failures(&self) -> Vec<Failure<'_>> {
+        let mut out = Vec::new();
+        for c in self.cohorts {
+            for cell in &c.cells {
+                for &qi in &cell.out {
+                    out.push(Failure {
+                        metric: cell.metric,
+                        cohort: &c.label,
+                        qi,
+                        captured: cell.q[0][qi],
+                        modelled: cell.q[1][qi],
+                        delta: cell.delta(1, qi),
+                        tolerance: self.args.tolerance.pct[qi],
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Gated cells with a value on both sides.
+    fn gated_cells(&self) -> usize {
+        self.cohorts
+            .iter()
+            .filter(|c| c.gated)
+            .flat_map(|c| &c.cells)
+            .map(|cell| (0..3).filter(|&qi| cell.delta(1, qi).is_some()).count())
+            .sum()
+    }
+
+    fn simulations(&self) -> usize {
+        1 + self.knobs.rounds
+    }
+
+    fn arrivals(&self) -> &'static str {
+        if self.args.replay_sessions {
+            "sessions"
+        } else {
+            "recorded"
+        }
+    }
+
+    fn json(&self) -> Value {
+        let k = self.knobs;
+        let failures: Vec<Value> = self.failures().iter().map(Failure::json).collect();
+        let cohorts: Vec<Value> = self.cohorts.iter().map(cohort_json).collect();
+        json!({
+            "trace": self.args.trace,
+            "records": self.records,
+            "timed": self.timed,
+            "compared": self.compared,
+            "arrivals": self.arrivals(),
+            "cold_prompts": self.args.cold_prompts,
+            "fit_set": {
+                "paths": self.fit_set.paths,
+                "relation": self.fit_set.relation(),
+                "in_sample": self.fit_set.in_sample,
+                "why": self.fit_set.why,
+            },
+            "engine": self.modelled.describe,
+            "knobs": {
+                "time_to_first_token": k.ttft_ms,
+                "time_to_first_token_std_dev": k.ttft_std_ms,
+                "inter_token_latency": k.itl_ms,
+                "inter_token_latency_std_dev": k.itl_std_ms,
+                "flags": k.flags(),
+                "rounds": k.rounds,
+                "converged": k.converged(),
+                "median_miss_pct": k.miss * 100.0,
+                "method": "log-normal, fitted by simulation: medians matched to the captured p50, sigma to 1.4826 x the MAD of the captured logs (the spread the queue already adds taken off in variance)",
+            },
+            "concurrency": if self.concurrency_from_records { "records" } else { "computed" },
+            "without_cohort": self.unbucketed,
+            "tolerance_pct": self.args.tolerance.to_json(),
+            "min_requests": self.args.min_requests,
+            "cohorts": cohorts,
+            "gated_cells": self.gated_cells(),
+            "failures": failures,
+            "pass": failures.is_empty(),
+            "plots": self.plots,
+            "dump_samples": self.args.dump_samples,
+            "preemptions": {
+                "modelled": self.modelled.preemptions,
+                "knobs": k.counts.preemptions,
+            },
+            "simulations": self.simulations(),
+            "wall_s": self.wall,
+        })
+    }
+
+    fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let a = self.args;
+        let how = if a.replay_sessions {
+            "session turns after their parents"
+        } else {
+            "arrivals at their recorded offsets"
+        };
+        writeln!(
+            out,
+            "calibrate: {} ({} records, {} with captured timing, {} compared; {how}{})",
+            a.trace.display(),
+            self.records,
+            self.timed,
+            self.compared,
+            if a.cold_prompts { "; cold prompts" } else { "" }
+        )?;
+        let paths: Vec<String> = self
+            .fit_set
+            .paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        writeln!(
+            out,
+            "fit set: {} — {}: {}",
+            paths.join(" "),
+            self.fit_set.relation(),
+            self.fit_set.why
+        )?;
+        writeln!(out, "modelled: {}", self.modelled.describe)?;
+        let k = self.knobs;
+        writeln!(out, "knobs: {}", k.flags())?;
+        if k.converged() {
+            writeln!(
+                out,
+                "       (log-normal, fitted by simulation in {} rounds: medians matched to the captured p50, spread to the captured MAD of the logs)",
+                k.rounds
+            )?;
+        } else {
+            writeln!(
+                out,
+                "       (log-normal, fitted by simulation: did NOT converge in {} rounds — the closest run's TTFT or ITL p50 is {:.1} % off the captured one; under heavy load no knob setting may match)",
+                k.rounds,
+                k.miss * 100.0
+            )?;
+        }
+        writeln!(
+            out,
+            "cohorts: concurrency at arrival ({}), itself included{}",
+            if self.concurrency_from_records {
+                "the records' `concurrency`"
+            } else {
+                "computed from the captured arrivals and ends"
+            },
+            if self.unbucketed > 0 {
+                format!(
+                    "; {} request(s) without an arrival are pooled only",
+                    self.unbucketed
+                )
+            } else {
+                String::new()
+            }
+        )?;
+        let t = a.tolerance.pct;
+        for metric in Metric::ALL {
+            writeln!(
+                out,
+                "\n{:<32} {:>10} {:>10} {:>9} {:>10} {:>9}",
+                format!("{} (ms)", metric.name()),
+                "captured",
+                "modelled",
+                "Δ %",
+                "knobs",
+                "Δ %"
+            )?;
+            for c in self.cohorts {
+                let cell = c.cells.iter().find(|x| x.metric == metric).expect("cell");
+                let mut label = format!("{:<6} n={}", cohort_name(&c.label), c.requests);
+                if metric == Metric::Itl {
+                    label += &format!(" ({} gaps)", cell.samples[0]);
+                }
+                if !c.gated {
+                    label += " *";
+                }
+                for (qi, (_, q)) in QUANTILES.iter().enumerate() {
+                    let mark = if cell.out.contains(&qi) { " !" } else { "  " };
+                    writeln!(
+                        out,
+                        "{:<28} {:<3} {:>10} {:>10} {:>7}{mark} {:>10} {:>7}",
+                        if qi == 0 { label.as_str() } else { "" },
+                        q,
+                        num(cell.q[0][qi]),
+                        num(cell.q[1][qi]),
+                        cell.delta(1, qi).map_or("-".into(), |d| format!("{d:+.1}")),
+                        num(cell.q[2][qi]),
+                        cell.delta(2, qi).map_or("-".into(), |d| format!("{d:+.1}")),
+                    )?;
+                }
+            }
+        }
+        writeln!(
+            out,
+            "\n* not gated (fewer than {} requests); ! out of tolerance: |Δ| > {} % at p50, {} % at p90, {} % at p99 (modelled against captured; the knobs are for reference)",
+            a.min_requests, t[0], t[1], t[2]
+        )?;
+        let failures = self.failures();
+        if failures.is_empty() {
+            writeln!(
+                out,
+                "result: pass ({} gated cells within tolerance)",
+                self.gated_cells()
+            )?;
+        } else {
+            writeln!(
+                out,
+                "result: FAIL — {} of {} gated cells out of tolerance",
+                failures.len(),
+                self.gated_cells()
+            )?;
+        }
+        if !self.plots.is_empty() {
+            writeln!(
+                out,
+                "plots: {} SVG files in {}",
+                self.plots.len(),
+                a.plot
+                    .as_ref()
+                    .map_or(String::new(), |p| p.display().to_string())
+            )?;
+        }
+        if let Some(p) = &a.dump_samples {
+            writeln!(out, "samples: {}", p.display())?;
+        }
+        writeln!(
+            out,
+            "wall: {:.2} s ({} simulations)",
+            self.wall,
+            self.simulations()
+        )?;
+        Ok(())
+    }
+}
+
+fn cohort_json(c: &Cohort) -> Value {
+    let mut m = serde_json::Map::new();
+    m.insert("cohort".into(), json!(c.label));
+    m.insert("requests".into(), json!(c.requests));
+    m.insert("gated".into(), json!(c.gated));
+    for cell in &c.cells {
+        let qs = |src: usize| -> Value {
+            let mut o = serde_json::Map::new();
+            for (qi, (_, q)) in QUANTILES.iter().enumerate() {
+                o.insert((*q).into(), json!(cell.q[src][qi]));
+            }
+            Value::Object(o)
+        };
+        let ds = |src: usize| -> Value {
+            let mut o = serde_json::Map::new();
+            for (qi, (_, q)) in QUANTILES.iter().enumerate() {
+                o.insert((*q).into(), json!(cell.delta(src, qi)));
+            }
+            Value::Object(o)
+        };
+        let out: Vec<&str> = cell.out.iter().map(|&qi| QUANTILES[qi].1).collect();
+        m.insert(
+            cell.metric.key().into(),
+            json!({
+                "samples": {
+                    "captured": cell.samples[0],
+                    "modelled": cell.samples[1],
+                    "knobs": cell.samples[2],
+                },
+                "captured": qs(0),
+                "modelled": qs(1),
+                "modelled_delta_pct": ds(1),
+                "knobs": qs(2),
+                "knobs_delta_pct": ds(2),
+                "out_of_tolerance": out,
+            }),
+        );
+    }
+    Value::Object(m)
+}
+
+/// `--plot DIR`: the figures, pooled and per gated cohort.
+#[allow(clippy::too_many_arguments)]
+fn write_plots(
+    dir: &Path,
+    trace: &Path,
+    cohorts: &[Cohort],
+    all: &[usize],
+    by_bucket: &[Vec<usize>],
+    triples: &[[&Sample; 3]],
+    captured_chunks: &BTreeMap<u32, u64>,
+    model_chunks: &BTreeMap<u32, u64>,
+) -> Result<Vec<PathBuf>> {
+    let name = trace.file_name().map_or_else(
+        || trace.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let mut written = Vec::new();
+    for c in cohorts.iter().filter(|c| c.gated) {
+        let members: &[usize] = if c.label == "all" {
+            all
+        } else {
+            let b = BUCKETS
+                .iter()
+                .position(|x| x.2 == c.label)
+                .expect("a bucket");
+            &by_bucket[b]
+        };
+        let who = if c.label == "all" {
+            format!("all requests (n = {})", c.requests)
+        } else {
+            format!("{} in flight at arrival (n = {})", c.label, c.requests)
+        };
+        for metric in [Metric::Ttft, Metric::Itl] {
+            let per: Vec<Vec<f64>> = (0..SOURCES.len())
+                .map(|src| {
+                    let mut v = Vec::new();
+                    for &i in members {
+                        metric.extend(triples[i][src], &mut v);
+                    }
+                    v
+                })
+                .collect();
+            let samples = [per[0].as_slice(), per[1].as_slice(), per[2].as_slice()];
+            let stem = format!(
+                "{}-{{}}-{}.svg",
+                metric.name().to_ascii_lowercase(),
+                compare::slug(&c.label)
+            );
+            let path = plot::file(dir, &stem.replace("{}", "survival"))?;
+            plot::survival(
+                &path,
+                &format!("{} survival — {name}, {who}", metric.name()),
+                metric.name(),
+                samples,
+            )
+            .with_context(|| format!("writing {}", path.display()))?;
+            written.push(path);
+            let path = plot::file(dir, &stem.replace("{}", "qq"))?;
+            plot::qq(
+                &path,
+                &format!("{} Q-Q — {name}, {who}", metric.name()),
+                metric.name(),
+                samples,
+            )
+            .with_context(|| format!("writing {}", path.display()))?;
+            written.push(path);
+        }
+    }
+    if captured_chunks.keys().any(|&k| k > 1) {
+        let path = plot::file(dir, "chunk-sizes.svg")?;
+        plot::chunk_sizes(
+            &path,
+            &format!("output chunk sizes — {name}"),
+            [("captured", captured_chunks), ("modelled", model_chunks)],
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// `--dump-samples`: one row per request, in arrival order.
+struct Rows<'a> {
+    cap: &'a [&'a Captured],
+    concurrency: &'a [Option<u32>],
+    runs: [&'a [Option<Sample>]; 2],
+}
+
+impl Rows<'_> {
+    fn write(&self, path: &Path) -> Result<()> {
+        let csv = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+        let file = std::fs::File::create(path)?;
+        let mut w = std::io::BufWriter::new(file);
+        if csv {
+            let mut head = vec![
+                "index",
+                "request_id",
+                "arrival_ms",
+                "concurrency",
+                "cohort",
+                "compared",
+            ];
+            let cols: Vec<String> = ["ttft_ms", "total_ms", "itl_ms"]
+                .iter()
+                .flat_map(|m| SOURCES.iter().map(move |s| format!("{s}_{m}")))
+                .collect();
+            head.extend(cols.iter().map(String::as_str));
+            writeln!(w, "{}", head.join(","))?;
+        }
+        for (i, c) in self.cap.iter().enumerate() {
+            let srcs = [
+                c.sample.as_ref(),
+                self.runs[0][i].as_ref(),
+                self.runs[1][i].as_ref(),
+            ];
+            let compared = srcs.iter().all(Option::is_some);
+            let cohort = self.concurrency[i].map(|x| BUCKETS[compare::bucket(x)].2);
+            if csv {
+                let opt = |v: Option<f64>| v.map_or(String::new(), |x| x.to_string());
+                let mut row = vec![
+                    i.to_string(),
+                    csv_field(c.request_id.as_deref().unwrap_or("")),
+                    opt(c.arrival_ms),
+                    self.concurrency[i].map_or(String::new(), |x| x.to_string()),
+                    cohort.unwrap_or("").to_string(),
+                    compared.to_string(),
+                ];
+                row.extend(srcs.iter().map(|s| opt(s.map(|s| s.ttft_ms))));
+                row.extend(srcs.iter().map(|s| opt(s.map(|s| s.total_ms))));
+                row.extend(srcs.iter().map(|s| {
+                    s.map_or(String::new(), |s| {
+                        let g: Vec<String> = s.itl_ms.iter().map(f64::to_string).collect();
+                        g.join(" ")
+                    })
+                }));
+                writeln!(w, "{}", row.join(","))?;
+            } else {
+                let sample = |s: Option<&Sample>| {
+                    s.map(|s| json!({"ttft_ms": s.ttft_ms, "total_ms": s.total_ms, "itl_ms": s.itl_ms}))
+                };
+                let row = json!({
+                    "index": i,
+                    "request_id": c.request_id,
+                    "arrival_ms": c.arrival_ms,
+                    "concurrency": self.concurrency[i],
+                    "cohort": cohort,
+                    "compared": compared,
+                    "captured": sample(srcs[0]),
+                    "modelled": sample(srcs[1]),
+                    "knobs": sample(srcs[2]),
+                });
+                writeln!(w, "{row}")?;
+            }
+        }
+        w.flush()?;
+        Ok(())
+    }
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knobs_round_to_four_significant_digits() {
+        assert_eq!(round_sig(331.2345), 331.2);
+        assert_eq!(round_sig(12.95049), 12.95);
+        assert_eq!(round_sig(0.093_456), 0.09346);
+        assert_eq!(round_sig(0.0), 0.0);
+        assert_eq!(round_sig(50.0), 50.0);
+    }
+}
