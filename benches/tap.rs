@@ -95,6 +95,8 @@ async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
             force: true,
             model: None,
             gpu: None,
+            host_cpu: "auto".into(),
+            note: Vec::new(),
             tp: None,
             block_size: None,
             max_num_seqs: None,

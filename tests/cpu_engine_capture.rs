@@ -28,9 +28,11 @@ fn the_capture_loads_with_its_meta_and_every_request() {
     assert_eq!(meta.gpu.as_deref(), Some("cpu"));
     assert_eq!(meta.block_size, Some(128));
     let config = "model=tiny-qwen3-4l-512h;dtype=float32;enforce_eager=true;load_format=dummy;max_model_len=2048;seed=0;kv_cache_space_gib=1;tp=1";
+    // captured before the host CPU was recorded: stamped under config-fingerprint-v3
+    assert_eq!(meta.host_cpu, None);
     assert_eq!(
         meta.config_hash,
-        Some(ConfigFingerprint::new("cpu", "v0.32.0", config).hash())
+        Some(ConfigFingerprint::new("cpu", "v0.32.0", config).hash_v3())
     );
     assert!(meta.ready_response_hex.is_some_and(|h| h.len() > 100));
 

@@ -28,6 +28,13 @@ use vllm_vcr::child::free_ports;
 const LINE: VllmLine = VllmLine::new(0, 33);
 const WAIT: Duration = Duration::from_secs(20);
 
+/// One processor of a Sapphire Rapids host (flags trimmed to the x86 basics and the vector
+/// extensions), for `--host-cpu FILE`.
+const OTHER_HOST_CPUINFO: &str = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n\
+model\t\t: 143\nmodel name\t: Intel(R) Xeon(R) Platinum 8488C\nstepping\t: 8\n\
+flags\t\t: fpu sse sse2 lm avx f16c fma avx2 avx512f avx512dq avx512bw avx512vl avx512_vnni \
+avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8\n\n";
+
 struct Tap {
     child: Child,
     engine_handshake: String,
@@ -148,6 +155,9 @@ async fn collect(fl: &mut FrontendListener, ids: &[&str]) -> Collected {
 async fn every_frame_crosses_unchanged_in_both_directions() {
     let mut fl = FrontendListener::bind("127.0.0.1", 2).await.unwrap();
     let trace = tmp("bytes.jsonl");
+    // the engine host's CPU, from a copy of its /proc/cpuinfo
+    let cpuinfo = tmp("bytes.cpuinfo");
+    std::fs::write(&cpuinfo, OTHER_HOST_CPUINFO).unwrap();
     let mut tap = Tap::start(
         fl.handshake_address(),
         &trace,
@@ -158,6 +168,12 @@ async fn every_frame_crosses_unchanged_in_both_directions() {
             "v0.33.0",
             "--engine-config",
             "model=tiny",
+            "--host-cpu",
+            cpuinfo.to_str().unwrap(),
+            "--note",
+            "rig=tcmalloc; engine on CPU 1",
+            "--note",
+            "operator=ci",
         ],
     );
 
@@ -274,8 +290,17 @@ async fn every_frame_crosses_unchanged_in_both_directions() {
     assert!(tap.wait_exit(WAIT).success(), "{}", tap.log_text());
     let (meta, records) = read_trace(&trace);
     assert_eq!(meta.gpu.as_deref(), Some("cpu"));
-    let hash =
-        sim_trace::config_hash::ConfigFingerprint::new("cpu", "v0.33.0", "model=tiny").hash();
+    let cpu = sim_trace::host::parse_cpuinfo(OTHER_HOST_CPUINFO).unwrap();
+    assert_eq!(meta.host_cpu.as_deref(), Some(&cpu));
+    assert_eq!(cpu.model, "Intel(R) Xeon(R) Platinum 8488C");
+    assert_eq!(
+        meta.notes.get("rig").map(String::as_str),
+        Some("tcmalloc; engine on CPU 1")
+    );
+    assert_eq!(meta.notes.get("operator").map(String::as_str), Some("ci"));
+    let hash = sim_trace::config_hash::ConfigFingerprint::new("cpu", "v0.33.0", "model=tiny")
+        .with_host_cpu(Some(&cpu))
+        .hash();
     assert_eq!(meta.config_hash.as_deref(), Some(hash.as_str()));
     assert_eq!(meta.vllm_version.as_deref(), Some("0.33.0"));
     assert_eq!(meta.block_size, Some(4));
@@ -341,6 +366,11 @@ async fn sigterm_mid_run(trace_name: &str) {
 
     let (meta, records) = read_trace(&trace);
     assert_eq!(meta.block_size, Some(16));
+    // --host-cpu auto (the default): this host's CPU
+    assert_eq!(
+        meta.host_cpu.as_deref(),
+        sim_trace::host::HostCpu::detect().as_ref()
+    );
     assert_eq!(records.len(), 5, "{records:?}");
     // Engine-side first-token and arrival (QUEUED) times, from the frames the frontend got.
     for rid in ["a", "b", "c"] {
@@ -416,7 +446,7 @@ async fn sigterm_mid_run_leaves_a_valid_gzip_trace() {
 async fn engine_killed(trace_name: &str) {
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
     let trace = tmp(trace_name);
-    let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
+    let mut tap = Tap::start(fl.handshake_address(), &trace, &["--host-cpu", "none"]);
     let mut engine = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
         .args(["play", "--handshake-address", &tap.engine_handshake])
         .args(["--inter-token-latency", "5"])
@@ -437,7 +467,8 @@ async fn engine_killed(trace_name: &str) {
     let status = tap.wait_exit(WAIT);
     assert_eq!(status.code(), Some(1), "{}", tap.log_text());
     assert!(tap.log_text().contains("engine disconnected"));
-    let (_, records) = read_trace(&tap.trace);
+    let (meta, records) = read_trace(&tap.trace);
+    assert_eq!(meta.host_cpu, None, "--host-cpu none");
     assert_eq!(records.len(), 3);
     for rid in ["done1", "done2"] {
         assert!(!record(&records, rid).incomplete);
@@ -632,4 +663,20 @@ fn refuses_to_overwrite_and_checks_hash_flags() {
         err.contains("--gpu") && err.contains("--vllm-version"),
         "{err}"
     );
+
+    for (bad, says) in [
+        (&["--note", "no-equals-sign"][..], "KEY=VALUE"),
+        (&["--host-cpu", "/nonexistent/cpuinfo"][..], "--host-cpu"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+            .args(["record", "--frontend-handshake", "tcp://127.0.0.1:1"])
+            .args(["--engine-handshake", "tcp://127.0.0.1:0", "--trace-out"])
+            .arg(tmp("bad-flag.jsonl"))
+            .args(bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{bad:?}: {err}");
+    }
 }

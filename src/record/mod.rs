@@ -12,13 +12,14 @@
 pub mod observe;
 pub mod relay;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use sim_trace::config_hash::ConfigFingerprint;
+use sim_trace::host::{HostCpu, parse_cpuinfo};
 use tokio::sync::{mpsc, watch};
 
 use observe::{MetaOverrides, Observer, ObserverConfig, Summary};
@@ -69,9 +70,25 @@ pub struct RecordArgs {
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
 
-    /// Hardware label for the trace meta and the config hash (e.g. `H200`, `cpu`).
+    /// Accelerator label for the trace meta and the config hash (e.g. `H200`). For an
+    /// engine that computes on the CPU (vLLM's CPU backend) pass `cpu`: the hardware is
+    /// then the host CPU, which `--host-cpu` identifies.
     #[arg(long, value_name = "GPU")]
     pub gpu: Option<String>,
+
+    /// Which host CPU to stamp into the meta (`host_cpu`: model name, vendor family/model,
+    /// vector flags such as avx2/avx512_bf16/amx_bf16, logical CPU count) and into the
+    /// config hash (a capture from another CPU is another configuration). `auto`: this
+    /// host's /proc/cpuinfo (nothing where there is none); `none`: record no CPU (e.g. the
+    /// engine runs on another host whose CPU you do not know); a file path: a copy of the
+    /// engine host's /proc/cpuinfo, for an engine on another host.
+    #[arg(long, value_name = "auto|none|CPUINFO", default_value = "auto")]
+    pub host_cpu: String,
+
+    /// A note for the meta's `notes` map, `KEY=VALUE` (repeatable): how the capture was
+    /// made, e.g. `--note rig="tcmalloc preloaded; engine pinned to CPU 1"`. Not hashed.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub note: Vec<String>,
 
     /// Tensor-parallel size for the meta (default: what the engine's ready response says).
     #[arg(long, value_name = "N")]
@@ -93,7 +110,8 @@ pub struct RecordArgs {
 
     /// The canonical engine-config string (the deployed behavioural engine flags), an
     /// input of the config hash. With `--gpu` and `--vllm-version` the tap computes
-    /// `config_hash` (sha256, scheme `config-fingerprint-v3`) and stamps it in the meta.
+    /// `config_hash` (sha256, scheme `config-fingerprint-v4`, with the `--host-cpu`
+    /// identity) and stamps it in the meta.
     #[arg(long, value_name = "CANONICAL")]
     pub engine_config: Option<String>,
 
@@ -124,15 +142,53 @@ On the wire the tap changes exactly one thing: the input/output addresses in INI
 engine connects its data sockets to the tap. Every other frame is relayed byte for byte.";
 
 impl RecordArgs {
+    /// The host CPU to stamp (`--host-cpu`).
+    fn resolve_host_cpu(&self) -> Result<Option<HostCpu>> {
+        match self.host_cpu.as_str() {
+            "none" => Ok(None),
+            "auto" => {
+                let cpu = HostCpu::detect();
+                if cpu.is_none() {
+                    tracing::info!("no /proc/cpuinfo here: the trace records no host CPU");
+                }
+                Ok(cpu)
+            }
+            path => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--host-cpu: reading {path}"))?;
+                match parse_cpuinfo(&text) {
+                    Some(cpu) => Ok(Some(cpu)),
+                    None => bail!(
+                        "--host-cpu: {path} names no CPU (expected a copy of a /proc/cpuinfo; \
+                         or pass auto or none)"
+                    ),
+                }
+            }
+        }
+    }
+
+    /// The `--note KEY=VALUE` pairs.
+    fn resolve_notes(&self) -> Result<BTreeMap<String, String>> {
+        self.note
+            .iter()
+            .map(|n| match n.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+                _ => bail!("--note {n:?}: expected KEY=VALUE"),
+            })
+            .collect()
+    }
+
     /// The config hash to stamp: given, computed, or none.
-    fn resolve_config_hash(&self) -> Result<Option<String>> {
+    fn resolve_config_hash(&self, host_cpu: Option<&HostCpu>) -> Result<Option<String>> {
         if let Some(h) = &self.config_hash {
             return Ok(Some(h.clone()));
         }
         match (&self.gpu, &self.vllm_version, &self.engine_config) {
-            (Some(gpu), Some(tag), Some(cfg)) => {
-                Ok(Some(ConfigFingerprint::new(gpu, tag, cfg).hash()))
-            }
+            (Some(gpu), Some(tag), Some(cfg)) => Ok(Some(
+                ConfigFingerprint::new(gpu, tag, cfg)
+                    .with_host_cpu(host_cpu)
+                    .hash(),
+            )),
             (_, None, None) => Ok(None),
             _ => bail!(
                 "computing config_hash needs all of --gpu, --vllm-version and --engine-config \
@@ -188,8 +244,13 @@ impl Outcome {
 
 /// Run the tap until a signal, or until either side goes away.
 pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Result<()> {
-    let config_hash = args.resolve_config_hash()?;
+    let host_cpu = args.resolve_host_cpu()?;
+    let notes = args.resolve_notes()?;
+    let config_hash = args.resolve_config_hash(host_cpu.as_ref())?;
     args.check_outputs()?;
+    if let Some(cpu) = &host_cpu {
+        tracing::info!("host CPU: {}", cpu.describe());
+    }
     let observer = Observer::create(ObserverConfig {
         trace_out: args.trace_out.clone(),
         step_stats_out: args.step_stats_out.clone(),
@@ -201,6 +262,8 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
             block_size: args.block_size,
             max_num_seqs: args.max_num_seqs,
             config_hash,
+            host_cpu,
+            notes,
         },
     })?;
     let (seen_tx, seen_rx) = std::sync::mpsc::channel::<Seen>();

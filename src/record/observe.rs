@@ -44,6 +44,8 @@ pub struct MetaOverrides {
     pub block_size: Option<u32>,
     pub max_num_seqs: Option<u32>,
     pub config_hash: Option<String>,
+    pub host_cpu: Option<sim_trace::host::HostCpu>,
+    pub notes: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone)]
@@ -145,6 +147,8 @@ impl Observer {
         meta.block_size = o.block_size;
         meta.max_num_seqs = o.max_num_seqs;
         meta.config_hash = o.config_hash.clone();
+        meta.host_cpu = o.host_cpu.clone().map(Box::new);
+        meta.notes = Box::new(o.notes.clone());
         let block_size = o.block_size.unwrap_or(16) as usize;
         Ok(Self {
             cfg,

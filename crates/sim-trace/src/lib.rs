@@ -5,6 +5,7 @@
 
 pub mod config_hash;
 pub mod fit;
+pub mod host;
 pub mod latency;
 pub mod replay;
 pub mod stats;

@@ -33,6 +33,7 @@
 //! measured from the capture's zero (the same zero as the step-stats sidecar's `ts_ms`);
 //! `meta.created_unix_ms` records that zero's wall-clock time when known.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
@@ -49,6 +50,11 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 /// The tool name written to `meta.tool`.
 pub const TOOL_NAME: &str = "vllm-vcr";
+
+#[allow(clippy::borrowed_box)] // serde's skip_serializing_if passes `&field`
+fn no_notes(n: &Box<BTreeMap<String, String>>) -> bool {
+    n.is_empty()
+}
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -69,9 +75,16 @@ pub struct TraceMeta {
     /// Served model name, e.g. `Qwen/Qwen3-8B`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// Hardware, e.g. `H200`.
+    /// Accelerator, e.g. `H200`; `cpu` for an engine on the host CPU (then `host_cpu` is
+    /// the hardware).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<String>,
+    /// The CPU of the host the capture ran on (model, vendor numbers, vector flags,
+    /// logical CPUs); an input of `config_hash`. Absent in traces that predate it, from
+    /// hosts without `/proc/cpuinfo`, and with `record --host-cpu none`.
+    /// (Boxed, like `notes`, to keep `TraceMeta` small in enums that hold one.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cpu: Option<Box<crate::host::HostCpu>>,
     /// Tensor-parallel size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tp: Option<u32>,
@@ -99,6 +112,10 @@ pub struct TraceMeta {
     /// Wall-clock time of the capture's zero (Unix epoch milliseconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_unix_ms: Option<u64>,
+    /// Free-form notes of the capture driver (`record --note KEY=VALUE`), e.g. how the
+    /// engine was run (`rig`: allocator preloads, thread binding, CPU pinning). Not hashed.
+    #[serde(default, skip_serializing_if = "no_notes")]
+    pub notes: Box<BTreeMap<String, String>>,
 }
 
 impl TraceMeta {

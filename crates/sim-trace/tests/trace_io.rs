@@ -23,6 +23,14 @@ fn sample_meta() -> TraceMeta {
         vllm_version: Some("0.23.0".into()),
         config_hash: Some("ab".repeat(32)),
         ready_response_hex: Some("82a1".into()),
+        host_cpu: Some(Box::new(sim_trace::host::HostCpu {
+            arch: "x86_64".into(),
+            model: "AMD EPYC".into(),
+            signature: "AuthenticAMD family 25 model 17".into(),
+            flags: vec!["avx2".into(), "fma".into()],
+            logical_cpus: Some(2),
+        })),
+        notes: Box::new([("rig".to_string(), "tcmalloc; engine on cpu 1".to_string())].into()),
         ..TraceMeta::new()
     }
 }
@@ -148,6 +156,8 @@ fn product_docs_fixture_loads() {
     assert_eq!(meta.vllm_version.as_deref(), Some("0.23.0.dev1+g0123abc"));
     assert_eq!(meta.config_hash.as_deref().map(str::len), Some(64));
     assert!(meta.ready_response_hex.is_some());
+    assert_eq!(meta.host_cpu, None, "a trace without host_cpu loads");
+    assert!(meta.notes.is_empty());
 
     let records: Vec<TraceRecord> = reader.records().collect::<Result<_, _>>().unwrap();
     assert_eq!(records.len(), 3);
