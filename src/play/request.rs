@@ -30,6 +30,8 @@ pub struct SimRequest {
     pub num_output: u64,
     /// Queue order (see `WaitingKey::seq`).
     pub seq: i64,
+    /// Its place in the waiting queue while it waits (the batch sets it).
+    pub wait_key: (i64, i64, i64),
     pub priority: i64,
     pub phase: Phase,
     /// Arrived while the scheduler was pausing/paused: not admitted until resumed.
@@ -113,6 +115,7 @@ impl SimRequest {
             stream,
             num_output: 0,
             seq,
+            wait_key: (0, 0, 0),
             priority: req.priority,
             phase: Phase::Waiting,
             held: false,

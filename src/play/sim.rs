@@ -54,7 +54,6 @@ pub struct SimEngine {
     cfg: EngineConfig,
     tokens: Box<dyn TokenSource>,
     latency: Box<dyn LatencyModel>,
-    policy: Box<dyn QueuePolicy>,
     batch: Batch,
     in_flight: Option<InFlight>,
     step_counter: u64,
@@ -85,8 +84,7 @@ impl SimEngine {
         Self {
             tokens,
             latency,
-            policy,
-            batch: Batch::new(cfg.num_gpu_blocks, cfg.block_size, cfg.log_requests),
+            batch: Batch::new(cfg.num_gpu_blocks, cfg.block_size, cfg.log_requests, policy),
             in_flight: None,
             step_counter: 0,
             spec_step: None,
@@ -156,7 +154,7 @@ impl SimEngine {
             self.cfg.line,
             self.tokens.describe(),
             self.latency.describe(),
-            self.policy.name(),
+            self.batch.policy_name(),
             self.cfg.rules.max_num_seqs
         )
     }
@@ -369,7 +367,7 @@ impl SimEngine {
         if !self.util.scheduling_enabled() {
             return;
         }
-        if let Some(plan) = self.batch.compose(&self.cfg.rules, &*self.policy, start) {
+        if let Some(plan) = self.batch.compose(&self.cfg.rules, start) {
             let timing = self.latency.step(&plan.shape);
             self.in_flight = Some(InFlight {
                 end: start + timing.duration,

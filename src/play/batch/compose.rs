@@ -20,14 +20,15 @@
 //!    cache cannot take its whole sequence, not only the first chunk (vLLM's
 //!    `scheduler_reserve_full_isl`, on by default in every line) (FCFS).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
+use std::ops::Bound::{Excluded, Unbounded};
 use std::time::Instant;
 
 use sim_protocol::{EngineCoreEvent, EventType};
 use sim_trace::latency::{DecodeSlot, PrefillChunk, StepShape};
 
 use super::Batch;
-use crate::play::queue_policy::{QueuePolicy, WaitingKey};
+use super::WaitKey;
 use crate::play::request::Phase;
 use crate::play::timer::instant_to_monotonic;
 
@@ -121,14 +122,10 @@ impl Batch {
         }
     }
 
-    /// Compose the next step under `rules`, admitting waiting requests in `policy` order;
+    /// Compose the next step under `rules`, admitting waiting requests in the queue
+    /// policy's order;
     /// `None` when nothing can run.
-    pub fn compose(
-        &mut self,
-        rules: &ComposeRules,
-        policy: &dyn QueuePolicy,
-        now: Instant,
-    ) -> Option<StepPlan> {
+    pub fn compose(&mut self, rules: &ComposeRules, now: Instant) -> Option<StepPlan> {
         let mut budget = rules.max_num_batched_tokens;
         let eligible = self.running.len() + self.waiting.len();
         let threshold = if eligible > 1 {
@@ -198,26 +195,23 @@ impl Batch {
                 .iter()
                 .filter_map(|id| self.requests.get(id)?.lora_id)
                 .collect();
-            let keys: Vec<((i64, i64, i64), usize)> = self
-                .waiting
-                .iter()
-                .enumerate()
-                .filter_map(|(i, id)| {
-                    let r = self.requests.get(id)?;
-                    let key = WaitingKey {
-                        seq: r.seq,
-                        priority: r.priority,
-                        prompt_len: r.prompt_len,
-                    };
-                    (!r.held).then(|| (policy.sort_key(&key), i))
-                })
-                .collect();
-            // a step admits a handful: sort only the head of a long queue
-            let free_seqs = rules.max_num_seqs.saturating_sub(self.running.len());
-            let mut admitted: HashSet<String> = HashSet::new();
+            // the queue is kept in policy order: walk it from the head, so a step costs
+            // what it admits, not the length of the queue
+            let mut admitted: Vec<WaitKey> = Vec::new();
             let mut skipped = 0usize;
-            for i in InOrder::new(keys, free_seqs + 8) {
-                let id = self.waiting[i].clone();
+            let mut cursor: Option<WaitKey> = None;
+            loop {
+                let next = match cursor {
+                    None => self.waiting.iter().next(),
+                    Some(k) => self.waiting.range((Excluded(k), Unbounded)).next(),
+                };
+                let Some((key, id)) = next.map(|(k, id)| (*k, id.clone())) else {
+                    break;
+                };
+                cursor = Some(key);
+                if self.requests.get(&id).is_some_and(|r| r.held) {
+                    continue; // held back by a pause
+                }
                 if budget == 0 || self.running.len() >= rules.max_num_seqs {
                     break;
                 }
@@ -321,13 +315,13 @@ impl Batch {
                     shape.kv_transfers.push(external);
                 }
                 self.running.push(id.clone());
-                admitted.insert(id.clone());
+                admitted.push(key);
                 budget -= n;
                 scheduled.push((id, n));
                 self.dirty = true;
             }
-            if !admitted.is_empty() {
-                self.waiting.retain(|id| !admitted.contains(id));
+            for key in &admitted {
+                self.waiting.remove(key);
             }
             if self.skipped_waiting != skipped {
                 self.skipped_waiting = skipped;
@@ -365,69 +359,5 @@ impl Batch {
         shape.running = self.running.len() as u64;
         shape.waiting = self.waiting.len() as u64;
         Some(StepPlan { scheduled, shape })
-    }
-}
-
-/// Indices of the waiting queue in ascending key order, sorted `chunk` at a time: each
-/// chunk is selected from the rest in linear time and only it is sorted, so a step over a
-/// queue of thousands costs one pass, not a sort of the whole queue.
-struct InOrder {
-    keys: Vec<((i64, i64, i64), usize)>,
-    sorted: usize,
-    next: usize,
-    chunk: usize,
-}
-
-impl InOrder {
-    fn new(keys: Vec<((i64, i64, i64), usize)>, chunk: usize) -> Self {
-        InOrder {
-            keys,
-            sorted: 0,
-            next: 0,
-            chunk: chunk.max(1),
-        }
-    }
-}
-
-impl Iterator for InOrder {
-    type Item = usize;
-
-    fn next(&mut self) -> Option<usize> {
-        if self.next == self.sorted {
-            if self.sorted == self.keys.len() {
-                return None;
-            }
-            let rest = &mut self.keys[self.sorted..];
-            let n = self.chunk.min(rest.len());
-            if n < rest.len() {
-                rest.select_nth_unstable(n - 1);
-            }
-            rest[..n].sort_unstable();
-            self.sorted += n;
-        }
-        self.next += 1;
-        Some(self.keys[self.next - 1].1)
-    }
-}
-
-#[cfg(test)]
-mod in_order_tests {
-    use super::InOrder;
-
-    #[test]
-    fn yields_every_index_in_key_order_whatever_the_chunk() {
-        let keys: Vec<((i64, i64, i64), usize)> = [7, -3, 5, 0, 12, 9, -8, 1, 4, 2]
-            .iter()
-            .enumerate()
-            .map(|(i, &k)| ((k, 0, 0), i))
-            .collect();
-        let mut want = keys.clone();
-        want.sort_unstable();
-        let want: Vec<usize> = want.into_iter().map(|k| k.1).collect();
-        for chunk in [1, 2, 3, 9, 10, 50] {
-            let got: Vec<usize> = InOrder::new(keys.clone(), chunk).collect();
-            assert_eq!(got, want, "chunk {chunk}");
-        }
-        assert_eq!(InOrder::new(Vec::new(), 4).count(), 0);
     }
 }

@@ -17,6 +17,7 @@ use sim_protocol::{EngineCoreEvent, EventType, PrefixCacheStats};
 
 use super::block_hash::{BlockHash, default_none_hash};
 use super::kv_cache::{BlockPool, PoolEvent};
+use super::queue_policy::{QueuePolicy, WaitingKey};
 use super::request::{Phase, SimRequest};
 use super::timer::instant_to_monotonic;
 
@@ -39,8 +40,11 @@ pub struct Gauges {
 /// Every request of one engine and the KV cache they share.
 pub struct Batch {
     requests: HashMap<String, SimRequest>,
-    /// Waiting request ids, in arrival order (the queue policy orders admission).
-    waiting: Vec<String>,
+    /// Waiting request ids by admission order: the queue policy's key of each (unique:
+    /// every key ends in the request's `seq`), so a step reads the head of the queue
+    /// without looking at the rest.
+    waiting: BTreeMap<WaitKey, String>,
+    policy: Box<dyn QueuePolicy>,
     /// Running request ids, in admission order.
     running: Vec<String>,
     /// Waiting requests the last step skipped for lack of a LoRA slot (vLLM reports them
@@ -63,11 +67,20 @@ pub struct Batch {
     log_requests: bool,
 }
 
+/// A waiting request's place in the queue ([`QueuePolicy::sort_key`]).
+pub(crate) type WaitKey = (i64, i64, i64);
+
 impl Batch {
-    pub fn new(num_gpu_blocks: u64, block_size: u64, log_requests: bool) -> Self {
+    pub fn new(
+        num_gpu_blocks: u64,
+        block_size: u64,
+        log_requests: bool,
+        policy: Box<dyn QueuePolicy>,
+    ) -> Self {
         Self {
             requests: HashMap::new(),
-            waiting: Vec::new(),
+            waiting: BTreeMap::new(),
+            policy,
             running: Vec::new(),
             skipped_waiting: 0,
             lora_requests: 0,
@@ -112,6 +125,25 @@ impl Batch {
         self.running.len()
     }
 
+    /// The queue policy's name.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Put `r` (phase already Waiting, `seq` set) in the waiting queue at its policy place.
+    fn enqueue(&mut self, id: &str) {
+        let Some(r) = self.requests.get_mut(id) else {
+            return;
+        };
+        let key = self.policy.sort_key(&WaitingKey {
+            seq: r.seq,
+            priority: r.priority,
+            prompt_len: r.prompt_len,
+        });
+        r.wait_key = key;
+        self.waiting.insert(key, id.to_string());
+    }
+
     /// Requests not held back by a pause.
     pub fn num_unheld(&self) -> usize {
         self.requests.values().filter(|r| !r.held).count()
@@ -134,8 +166,9 @@ impl Batch {
         if r.lora_name.is_some() {
             self.lora_requests += 1;
         }
-        self.waiting.push(r.id.clone());
-        self.requests.insert(r.id.clone(), r);
+        let id = r.id.clone();
+        self.requests.insert(id.clone(), r);
+        self.enqueue(&id);
         self.dirty = true;
     }
 
@@ -147,7 +180,9 @@ impl Batch {
             self.lora_requests -= 1;
         }
         match r.phase {
-            Phase::Waiting => self.waiting.retain(|w| w != id),
+            Phase::Waiting => {
+                self.waiting.remove(&r.wait_key);
+            }
             Phase::Running => self.running.retain(|w| w != id),
         }
         self.dirty = true;
@@ -204,7 +239,7 @@ impl Batch {
                 tracing::info!(request_id = %id, "request preempted (KV cache full)");
             }
         }
-        self.waiting.push(id.to_string());
+        self.enqueue(id);
         self.dirty = true;
     }
 

@@ -31,7 +31,7 @@ fn engine(f: impl FnOnce(&mut ComposeRules, &mut (u64, u64))) -> Bench {
     let mut kv = (1000, 16);
     f(&mut rules, &mut kv);
     Bench {
-        batch: Batch::new(kv.0, kv.1, false),
+        batch: Batch::new(kv.0, kv.1, false, SchedulingPolicy::Fcfs.build()),
         rules,
     }
 }
@@ -62,9 +62,8 @@ fn add(e: &mut Bench, id: &str, prompt: Vec<u32>, lora: Option<i64>) {
 }
 
 fn plan(e: &mut Bench) -> Vec<(String, u64)> {
-    let policy = SchedulingPolicy::Fcfs.build();
     e.batch
-        .compose(&e.rules, &*policy, Instant::now())
+        .compose(&e.rules, Instant::now())
         .map(|p| p.scheduled)
         .unwrap_or_default()
 }
@@ -231,7 +230,7 @@ fn max_loras_limits_distinct_adapters_in_the_batch() {
     add(&mut e, "base", vec![5; 4], None);
     add(&mut e, "l1b", vec![5; 4], Some(1));
     assert_eq!(plan(&mut e), s(&[("l1", 4), ("base", 4), ("l1b", 4)]));
-    assert_eq!(e.batch.waiting, vec!["l2".to_string()]);
+    assert_eq!(e.batch.waiting.values().collect::<Vec<_>>(), ["l2"]);
     assert_eq!(
         e.batch.skipped_waiting, 1,
         "reported as deferred, not waiting for capacity"
