@@ -478,6 +478,8 @@ fn help_explains_every_flag() {
     for flag in [
         "--replay-arrivals",
         "--replay-sessions",
+        "--replay-concurrency",
+        "--replay-think-ms",
         "--cold-prompts",
         "--requests",
         "--dump-trace",
@@ -515,4 +517,71 @@ fn help_explains_every_flag() {
     ] {
         assert!(!help.contains(flag), "{flag} in:\n{help}");
     }
+}
+
+#[test]
+fn replay_concurrency_keeps_n_requests_in_flight_and_starts_each_next_at_a_finish() {
+    // 12 requests, all recorded within 5 ms (an open loop would run them all at once),
+    // of a few lengths so that they finish at different times
+    let recorded: Vec<Value> = (0..12)
+        .map(|i| {
+            json!({
+                "request_id": format!("r{i}"),
+                "prompt_tokens": 16 + 8 * (i % 3),
+                "output_tokens": 2 + (i % 4),
+                "arrival_ms": 0.4 * i as f64,
+            })
+        })
+        .collect();
+    let trace = write_trace("closed-loop.jsonl", json!({"block_size": 16}), &recorded);
+    let dump = tmp("closed-loop-sim.jsonl");
+    let v = simulate_json(&[
+        s(&trace),
+        "--replay-concurrency",
+        "2",
+        "--time-to-first-token",
+        "30",
+        "--inter-token-latency",
+        "7",
+        "--dump-trace",
+        s(&dump),
+    ]);
+    assert_eq!(v["arrivals"], "concurrency");
+    assert_eq!(v["replay_concurrency"], 2);
+    let recs = records(&dump);
+    assert_eq!(recs.len(), 12);
+    let spans: Vec<(f64, f64, u64)> = (0..12)
+        .map(|i| {
+            let r = &recs[&format!("replay-{i}")];
+            (
+                f(&r["arrival_ms"]),
+                end_ms(r),
+                r["concurrency"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    // never more than 2 in flight: by the records' own count, and by the spans
+    for (i, &(a, _, c)) in spans.iter().enumerate() {
+        assert!(c <= 2, "replay-{i} arrived with {c} in flight");
+        let in_flight = spans.iter().filter(|(x, e, _)| *x <= a && *e > a).count();
+        assert!(in_flight <= 2, "{in_flight} in flight at {a} ms: {spans:?}");
+    }
+    // the first two at their recorded offsets; every later one when an earlier one
+    // finished (µs-rounded values: within 1 µs per rounded term)
+    assert_eq!(spans[0].0, 0.0);
+    assert_eq!(spans[1].0, 0.4);
+    for i in 2..12 {
+        let a = spans[i].0;
+        let slack = 0.001 * (recorded[i]["output_tokens"].as_u64().unwrap() as f64 + 3.0);
+        assert!(
+            spans[..i].iter().any(|(_, e, _)| (e - a).abs() <= slack),
+            "replay-{i} arrived at {a} ms, at no earlier finish: {spans:?}"
+        );
+        assert!(a >= spans[i - 1].0, "arrival order is kept");
+    }
+    // auto: the trace has no `concurrency` nor timings to tell it from
+    let err = failed(&simulate(&[s(&trace), "--replay-concurrency", "auto"]));
+    assert!(err.contains("--replay-concurrency auto"), "{err}");
+    let err = failed(&simulate(&[s(&trace), "--replay-concurrency", "0"]));
+    assert!(err.contains("not a number of requests in flight"), "{err}");
 }

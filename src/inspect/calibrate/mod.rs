@@ -37,7 +37,7 @@ use sim_trace::fit::FittedModel;
 use sim_trace::stats::quantile_of;
 
 use super::simulate::workload::Workload;
-use super::simulate::{Counts, RunOptions, engine_for, notes, simulate_map};
+use super::simulate::{ClosedLoopArgs, Counts, RunOptions, engine_for, notes, simulate_map};
 use crate::play::EngineArgs;
 use compare::{BUCKETS, Cohort, Metric, QUANTILES, SOURCES, Sample, Tolerance};
 
@@ -57,6 +57,9 @@ pub struct CalibrateArgs {
     /// whatever the engine does (as `inspect simulate`).
     #[arg(long, conflicts_with = "replay_sessions")]
     pub replay_arrivals: bool,
+
+    #[command(flatten)]
+    pub closed_loop: ClosedLoopArgs,
 
     /// Closed loop over sessions inferred from the block-hash chains: a turn arrives when
     /// its parent finished in the simulation plus the recorded think gap (as `inspect
@@ -210,10 +213,17 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
         );
     }
     let engine = engine_for(&work, &a.engine);
+    let replay_concurrency = a.closed_loop.resolve(&work)?;
     notes(a.replay_sessions, &work, &engine);
+    if let Some(c) = replay_concurrency {
+        a.closed_loop.note(&work, c);
+    }
     let fit_set = FitSet::of(&a.trace, &work, &engine.latency_trace)?;
+    // the model's run and every knob-fitting run use the same arrivals
     let opts = RunOptions {
         replay_sessions: a.replay_sessions,
+        concurrency: replay_concurrency,
+        think: a.closed_loop.think(),
         cold_prompts: a.cold_prompts,
         hash_blocks: None,
         record_tokens: false,
@@ -313,6 +323,7 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
 
     let report = Report {
         args: a,
+        concurrency: replay_concurrency,
         records: cap.len(),
         timed,
         compared: triples.len(),
@@ -614,6 +625,8 @@ fn pct(v: Option<f64>) -> String {
 /// Everything the report shows.
 struct Report<'a> {
     args: &'a CalibrateArgs,
+    /// `--replay-concurrency`, resolved.
+    concurrency: Option<usize>,
     records: usize,
     timed: usize,
     compared: usize,
@@ -665,6 +678,8 @@ impl Report<'_> {
     fn arrivals(&self) -> &'static str {
         if self.args.replay_sessions {
             "sessions"
+        } else if self.concurrency.is_some() {
+            "concurrency"
         } else {
             "recorded"
         }
@@ -680,6 +695,7 @@ impl Report<'_> {
             "timed": self.timed,
             "compared": self.compared,
             "arrivals": self.arrivals(),
+            "replay_concurrency": self.concurrency,
             "cold_prompts": self.args.cold_prompts,
             "fit_set": {
                 "paths": self.fit_set.paths,
@@ -721,9 +737,11 @@ impl Report<'_> {
     fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
         let a = self.args;
         let how = if a.replay_sessions {
-            "session turns after their parents"
+            "session turns after their parents".to_string()
+        } else if let Some(c) = self.concurrency {
+            a.closed_loop.describe(c)
         } else {
-            "arrivals at their recorded offsets"
+            "arrivals at their recorded offsets".to_string()
         };
         writeln!(
             out,

@@ -42,6 +42,9 @@ pub struct SimulateArgs {
     #[arg(long, conflicts_with = "replay_sessions")]
     pub replay_arrivals: bool,
 
+    #[command(flatten)]
+    pub closed_loop: ClosedLoopArgs,
+
     /// Closed loop over sessions inferred from the block-hash chains: a record continues
     /// the latest earlier record whose complete blocks are a prefix of its prompt (the
     /// longest such), and arrives when that parent finished in the simulation plus the
@@ -78,6 +81,100 @@ pub struct SimulateArgs {
     pub engine: EngineArgs,
 }
 
+/// `--replay-concurrency`, shared by `inspect simulate` and `inspect calibrate`.
+#[derive(Debug, Clone, Args)]
+pub struct ClosedLoopArgs {
+    /// Closed loop at N requests in flight, as a load generator with a concurrency cap
+    /// (`bench serve --max-concurrency N`) sends them: in arrival order, the first N (and
+    /// any before the capture first had N in flight) at their recorded offsets, or when
+    /// a slot frees if later; then each next one the moment a request finishes in the
+    /// simulation (plus --replay-think-ms; the recorded arrivals of the later requests
+    /// are not used). `auto`: N is the capture's concurrency — the largest of the
+    /// records' `concurrency`, else the most requests in flight at once by the recorded
+    /// arrivals and ends.
+    #[arg(
+        long,
+        value_name = "N|auto",
+        value_parser = parse_replay_concurrency,
+        conflicts_with_all = ["replay_sessions", "replay_arrivals"]
+    )]
+    pub replay_concurrency: Option<ReplayConcurrency>,
+
+    /// With --replay-concurrency: the time from a finish to the next request's arrival
+    /// (default 0). A note gives the capture's median gap from the latest recorded finish
+    /// to each later arrival.
+    #[arg(long, value_name = "MS", requires = "replay_concurrency", value_parser = parse_think_ms)]
+    pub replay_think_ms: Option<f64>,
+}
+
+fn parse_think_ms(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a time in ms (0 or more)")),
+    }
+}
+
+/// `--replay-concurrency`: a number of requests in flight, or the capture's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ReplayConcurrency {
+    Fixed(usize),
+    Auto,
+}
+
+fn parse_replay_concurrency(s: &str) -> std::result::Result<ReplayConcurrency, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(ReplayConcurrency::Auto);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(ReplayConcurrency::Fixed(n)),
+        _ => Err(format!(
+            "`{s}` is not a number of requests in flight (1 or more) or `auto`"
+        )),
+    }
+}
+
+impl ClosedLoopArgs {
+    /// The number of requests in flight for `work`, when closed loop.
+    pub fn resolve(&self, work: &Workload) -> Result<Option<usize>> {
+        Ok(match self.replay_concurrency {
+            None => None,
+            Some(ReplayConcurrency::Fixed(n)) => Some(n),
+            Some(ReplayConcurrency::Auto) => Some(work.captured_concurrency().context(
+                "--replay-concurrency auto: the trace tells no concurrency (no record has `concurrency`, nor both an arrival_ms and a ttft_ms): pass a number",
+            )?),
+        })
+    }
+
+    /// The time from a finish to the next arrival.
+    pub fn think(&self) -> Duration {
+        duration_ms(self.replay_think_ms.unwrap_or(0.0))
+    }
+
+    /// The report's words for the arrivals: `closed loop, N in flight (…)`.
+    pub fn describe(&self, n: usize) -> String {
+        let how = match self.replay_concurrency {
+            Some(ReplayConcurrency::Auto) => " (auto: the capture's)",
+            _ => "",
+        };
+        let when = match self.replay_think_ms {
+            Some(t) if t > 0.0 => format!("{t} ms after one finishes"),
+            _ => "when one finishes".to_string(),
+        };
+        format!("closed loop, {n} in flight{how}, each next request {when}")
+    }
+
+    /// A note on the capture's own gap from a finish to the next arrival.
+    pub fn note(&self, work: &Workload, n: usize) {
+        if let Some(gap) = work.median_gap_after_finish(work.ramp(n)) {
+            eprintln!(
+                "note: closed loop at {n} in flight, with {} ms from a finish to the next arrival; in the capture, requests after the first {} arrived a median {gap:.1} ms after the latest recorded finish before them",
+                self.replay_think_ms.unwrap_or(0.0),
+                work.ramp(n)
+            );
+        }
+    }
+}
+
 /// What a run counted, beyond the records' own summary.
 pub struct Counts {
     pub requests: usize,
@@ -99,6 +196,11 @@ pub struct Counts {
 pub struct RunOptions {
     /// Closed loop over sessions (`--replay-sessions`) instead of the recorded arrivals.
     pub replay_sessions: bool,
+    /// Closed loop at this many requests in flight (`--replay-concurrency`): the first
+    /// ones at their recorded offsets, each next one when a request finishes.
+    pub concurrency: Option<usize>,
+    /// With `concurrency`: from a finish to the next request's arrival.
+    pub think: Duration,
     /// No prefix reuse between requests (`--cold-prompts`).
     pub cold_prompts: bool,
     /// Write each prompt's vLLM block hashes into its record, at this block size (a
@@ -174,12 +276,18 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         .with_context(|| format!("reading {}", a.trace.display()))?;
     let engine = engine_for(&work, &a.engine);
     let block_size = engine.block_size_or_default();
+    let concurrency = a.closed_loop.resolve(&work)?;
     notes(a.replay_sessions, &work, &engine);
+    if let Some(c) = concurrency {
+        a.closed_loop.note(&work, c);
+    }
     let cfg = PlayConfig::offline(&engine)?;
     let mut sink = Sink::open(a, &work.meta, &cfg)?;
 
     let opts = RunOptions {
         replay_sessions: a.replay_sessions,
+        concurrency,
+        think: a.closed_loop.think(),
         cold_prompts: a.cold_prompts,
         hash_blocks: a.dump_trace.is_some().then_some(block_size as usize),
         record_tokens: a.record_tokens,
@@ -195,6 +303,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
 
     let report = Report {
         args: a,
+        concurrency,
         work: &work,
         summary: &summary,
         counts: &counts,
@@ -230,6 +339,14 @@ pub fn run_workload(
     } else {
         vec![Turn::Root; n]
     };
+    // closed loop at `--replay-concurrency`: requests take a slot in arrival order
+    // (`waiting` is the next one), the ramp's not before their recorded offsets
+    let (cap, ramp) = match opts.concurrency {
+        Some(c) => (c, work.ramp(c)),
+        None => (usize::MAX, n),
+    };
+    let mut waiting = 0usize;
+    let mut slots_taken = 0usize;
     let children = Children::of(&turns);
     // recorded offsets, shifted so that none is negative; untimed records at 0
     let shift = work
@@ -242,9 +359,28 @@ pub fn run_workload(
     let mut due: BinaryHeap<Reverse<(Duration, usize)>> = turns
         .iter()
         .enumerate()
-        .filter(|(_, t)| **t == Turn::Root)
+        .filter(|(_, t)| opts.concurrency.is_none() && **t == Turn::Root)
         .map(|(i, _)| Reverse((recorded(i), i)))
         .collect();
+    // give free slots to the next waiting requests, at `now`
+    let mut release =
+        |now: Duration, freed: usize, due: &mut BinaryHeap<Reverse<(Duration, usize)>>| {
+            if opts.concurrency.is_none() {
+                return;
+            }
+            slots_taken -= freed;
+            while waiting < n && slots_taken < cap {
+                let at = if waiting < ramp {
+                    now.max(recorded(waiting))
+                } else {
+                    now.saturating_add(opts.think)
+                };
+                due.push(Reverse((at, waiting)));
+                waiting += 1;
+                slots_taken += 1;
+            }
+        };
+    release(Duration::ZERO, 0, &mut due);
 
     let mut driver = OfflineDriver::new(cfg.build_engine(0));
     let mut follower = Follower::new(opts.hash_blocks, opts.record_tokens);
@@ -265,6 +401,7 @@ pub fn run_workload(
                 };
                 due.push(Reverse((at, c)));
             }
+            release(f.at, 1, due);
             on_record(f)
         };
     loop {
@@ -521,6 +658,8 @@ fn hex(b: &[u8]) -> String {
 /// Everything the summary shows.
 struct Report<'a> {
     args: &'a SimulateArgs,
+    /// `--replay-concurrency`, resolved.
+    concurrency: Option<usize>,
     work: &'a Workload,
     summary: &'a Summary,
     counts: &'a Counts,
@@ -546,6 +685,8 @@ impl Report<'_> {
     fn arrivals(&self) -> &'static str {
         if self.args.replay_sessions {
             "sessions"
+        } else if self.concurrency.is_some() {
+            "concurrency"
         } else {
             "recorded"
         }
@@ -558,6 +699,7 @@ impl Report<'_> {
             "records_in_trace": self.work.records_in_trace,
             "requests": c.requests,
             "arrivals": self.arrivals(),
+            "replay_concurrency": self.concurrency,
             "sessions": c.sessions.map(|(roots, turns, untimed)| json!({
                 "roots": roots, "turns": turns, "turns_without_recorded_gap": untimed,
             })),
@@ -591,7 +733,10 @@ impl Report<'_> {
                     String::new()
                 }
             ),
-            None => "arrivals at their recorded offsets".to_string(),
+            None => match self.concurrency {
+                Some(c) => self.args.closed_loop.describe(c),
+                None => "arrivals at their recorded offsets".to_string(),
+            },
         };
         if self.args.cold_prompts {
             how += "; cold prompts";

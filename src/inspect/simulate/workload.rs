@@ -25,7 +25,8 @@
 //! record without one is a root. The think gap is the record's arrival minus its parent's
 //! recorded end (arrival + TTFT + inter-token gaps), at least 0.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
@@ -51,6 +52,8 @@ pub struct Planned {
     pub output_tokens: u32,
     /// Recorded end to end: TTFT plus every inter-token gap (records with a TTFT).
     pub e2e_ms: Option<f64>,
+    /// The record's `concurrency` (requests in flight when it arrived, itself included).
+    pub concurrency: Option<u32>,
     /// Its record's position in the trace file (0 for the first record).
     pub source: u32,
     /// Where its hashes are in [`Workload::hashes`].
@@ -123,6 +126,7 @@ impl Workload {
                         prompt_tokens: r.prompt_tokens,
                         output_tokens: r.output_tokens,
                         e2e_ms: r.ttft_ms.map(|t| t + gaps),
+                        concurrency: r.concurrency,
                         source,
                         hashes: (
                             u32::try_from(start).context("more than 2^32 block hashes")?,
@@ -170,6 +174,87 @@ impl Workload {
             records_in_trace,
             without_arrival,
         })
+    }
+
+    /// The concurrency the workload was captured at (`--replay-concurrency auto`): the
+    /// largest of the records' `concurrency` when every timed record has one, else the
+    /// most requests in flight at once by the recorded arrivals and ends (records with
+    /// both). `None` when neither can be told.
+    pub fn captured_concurrency(&self) -> Option<usize> {
+        let timed = || self.reqs.iter().filter(|p| p.arrival_ms.is_some());
+        if timed().next().is_some() && timed().all(|p| p.concurrency.is_some()) {
+            return timed()
+                .filter_map(|p| p.concurrency)
+                .max()
+                .map(|c| c.max(1) as usize);
+        }
+        // a sweep over (time, +1 at an arrival / −1 at an end); an end at the same time
+        // as an arrival comes first (that slot was free)
+        let mut events: Vec<(f64, i32)> = Vec::new();
+        for p in &self.reqs {
+            if let (Some(a), Some(e2e)) = (p.arrival_ms, p.e2e_ms) {
+                events.push((a, 1));
+                events.push((a + e2e.max(0.0), -1));
+            }
+        }
+        events.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        let (mut now, mut most) = (0i32, 0i32);
+        for (_, d) in events {
+            now += d;
+            most = most.max(now);
+        }
+        (most > 0).then_some(most as usize)
+    }
+
+    /// How many leading requests of a closed-loop replay at `n` in flight are the ramp
+    /// (`--replay-concurrency`): every request up to the one whose recorded arrival first
+    /// found `n` requests in flight (itself included; by the recorded arrivals and ends),
+    /// and at least the first `n`. A load generator with a concurrency cap starts its
+    /// first requests as fast as it can, and requests before the cap was reached (a
+    /// warm-up that finished before the run began) were not waiting for a slot.
+    pub fn ramp(&self, n: usize) -> usize {
+        // the ends of the requests in flight, in µs (the earliest on top)
+        let mut ends: BinaryHeap<Reverse<i64>> = BinaryHeap::new();
+        let us = |ms: f64| (ms * 1000.0).round() as i64;
+        for (i, p) in self.reqs.iter().enumerate() {
+            let Some(a) = p.arrival_ms else {
+                break;
+            };
+            while ends.peek().is_some_and(|e| e.0 <= us(a)) {
+                ends.pop();
+            }
+            // a request without a recorded end stays in flight
+            ends.push(Reverse(p.e2e_ms.map_or(i64::MAX, |e| us(a + e.max(0.0)))));
+            if ends.len() >= n {
+                return (i + 1).max(n).min(self.reqs.len());
+            }
+        }
+        n.min(self.reqs.len())
+    }
+
+    /// The median of the recorded gaps from the latest recorded finish (arrival + TTFT +
+    /// gaps) to each arrival of the requests from `from` on (those with a finish before
+    /// them).
+    pub fn median_gap_after_finish(&self, from: usize) -> Option<f64> {
+        let mut ends: Vec<f64> = self
+            .reqs
+            .iter()
+            .filter_map(|p| Some(p.arrival_ms? + p.e2e_ms?.max(0.0)))
+            .collect();
+        ends.sort_by(f64::total_cmp);
+        let mut gaps: Vec<f64> = self.reqs[from.min(self.reqs.len())..]
+            .iter()
+            .filter_map(|p| {
+                let a = p.arrival_ms?;
+                let k = ends.partition_point(|e| *e <= a);
+                (k > 0).then(|| a - ends[k - 1])
+            })
+            .collect();
+        if gaps.is_empty() {
+            return None;
+        }
+        gaps.sort_by(f64::total_cmp);
+        Some(gaps[gaps.len() / 2])
     }
 
     /// Request `i`'s block hashes.
@@ -304,6 +389,7 @@ mod tests {
                     prompt_tokens: *p,
                     output_tokens: 4,
                     e2e_ms: *e2e,
+                    concurrency: None,
                     source: 0,
                     hashes: (start, h.len() as u32),
                 }
