@@ -15,7 +15,7 @@
 //! capture prints (and writes to `OUT_DIR/capture-summary.json`) the step times and
 //! latencies it measured.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -38,49 +38,140 @@ pub struct Options {
 }
 
 pub fn run(root: &Path, out: &Path, engine_bin: &Path, o: &Options) -> Result<()> {
-    let compat = Compat::load(root)?;
-    let cache = frontends::cache_root()?;
-    let line = compat
-        .select(&[])?
-        .into_iter()
-        .find(|l| l.default)
-        .context("no default line in compat.toml")?;
-    let rs = frontends::vllm_rs_path(&cache, &line.tag);
-    if !frontends::vllm_rs_cached(&cache, &line.tag) {
-        bail!(
-            "vllm-rs {} is not cached; run `cargo xtask fetch`",
-            line.tag
-        );
-    }
-    let venv = frontends::python_venv(
-        &cache,
-        frontends::CPU_ENGINE_PACKAGE,
-        frontends::CPU_ENGINE_VERSION,
-    );
-    if !venv.join(".installed").is_file() {
-        bail!("the real CPU engine is not installed; run `cargo xtask fetch --cpu-engine`");
-    }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let model = out.join("model");
-    crate::tiny_model::write_real_engine_model_to(&model)?;
-    let rig = Rig::get(&venv);
+    let setup = Setup::prepare(root, &out.join("model"))?;
     // the frontend, the tap and the load generator start from this thread: they inherit
     // the CPUs the rig leaves to everything but the model
-    let pinned = rig.pin_current_thread();
-    let result = capture(out, engine_bin, o, &rs, &venv, &model, &rig);
+    let pinned = setup.rig.pin_current_thread();
+    eprintln!(
+        "capture: {} requests, concurrency {}, input {} / output {} tokens",
+        o.requests, o.concurrency, o.input_len, o.output_len
+    );
+    let job = Job {
+        dir: out,
+        trace: out.join("trace.jsonl.gz"),
+        steps: out.join("steps.jsonl.gz"),
+        engine_args: Vec::new(),
+        notes: Vec::new(),
+        bench_args: random_load(o.input_len, o.output_len, o.requests, 0)
+            .into_iter()
+            .chain(["--max-concurrency".to_string(), o.concurrency.to_string()])
+            .collect(),
+        full_batch: Some(o.concurrency),
+        input_len: Some(o.input_len),
+    };
+    let result = capture(&setup, engine_bin, &job);
     Rig::restore_current_thread(pinned);
-    result
+    result.map(|_| ())
 }
 
-fn capture(
-    out: &Path,
-    engine_bin: &Path,
-    o: &Options,
-    rs: &Path,
-    venv: &Path,
-    model: &Path,
-    rig: &Rig,
-) -> Result<()> {
+/// What every capture needs, found once: vllm-rs of the default line, the CPU engine's
+/// venv, the real-engine model directory, the rig.
+pub struct Setup {
+    /// The default line's tag (e.g. `0.33.0`): the frontend's version.
+    pub tag: String,
+    pub rs: PathBuf,
+    pub venv: PathBuf,
+    pub model: PathBuf,
+    pub rig: Rig,
+}
+
+impl Setup {
+    /// Find vllm-rs of the default line and the real CPU engine (both must be fetched) and
+    /// write the real-engine model to `model`.
+    pub fn prepare(root: &Path, model: &Path) -> Result<Setup> {
+        let compat = Compat::load(root)?;
+        let cache = frontends::cache_root()?;
+        let line = compat
+            .select(&[])?
+            .into_iter()
+            .find(|l| l.default)
+            .context("no default line in compat.toml")?;
+        let rs = frontends::vllm_rs_path(&cache, &line.tag);
+        if !frontends::vllm_rs_cached(&cache, &line.tag) {
+            bail!(
+                "vllm-rs {} is not cached; run `cargo xtask fetch`",
+                line.tag
+            );
+        }
+        let venv = frontends::python_venv(
+            &cache,
+            frontends::CPU_ENGINE_PACKAGE,
+            frontends::CPU_ENGINE_VERSION,
+        );
+        if !venv.join(".installed").is_file() {
+            bail!("the real CPU engine is not installed; run `cargo xtask fetch --cpu-engine`");
+        }
+        crate::tiny_model::write_real_engine_model_to(model)?;
+        let rig = Rig::get(&venv);
+        Ok(Setup {
+            tag: line.tag.clone(),
+            rs,
+            venv,
+            model: model.to_path_buf(),
+            rig,
+        })
+    }
+}
+
+/// One capture: where it goes, the engine's extra flags and the load.
+pub struct Job<'a> {
+    /// Logs, the bench result and `capture-summary.json`.
+    pub dir: &'a Path,
+    pub trace: PathBuf,
+    pub steps: PathBuf,
+    /// Extra engine flags (after the rig's standard ones); they are appended to the
+    /// engine-config string (`;engine_args=…`), so they are part of `config_hash`.
+    pub engine_args: Vec<String>,
+    /// More `--note key=value` for the tap.
+    pub notes: Vec<String>,
+    /// `vllm-rs bench serve` arguments after `--port P --model tiny --tokenizer MODEL`
+    /// (dataset, lengths, arrivals, seed).
+    pub bench_args: Vec<String>,
+    /// For the summary: the batch size whose decode steps are "full batch" …
+    pub full_batch: Option<u32>,
+    /// … and the prompt length of the load requests (`None`: every request).
+    pub input_len: Option<u32>,
+}
+
+/// The `bench serve` arguments of a random-dataset load with exact lengths and token-id
+/// prompts (no arrival settings: add `--max-concurrency` or `--request-rate`).
+pub fn random_load(input_len: u32, output_len: u32, requests: u32, seed: u64) -> Vec<String> {
+    [
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        &input_len.to_string(),
+        "--random-output-len",
+        &output_len.to_string(),
+        "--num-prompts",
+        &requests.to_string(),
+        "--prompt-token-ids",
+        "--ignore-eos",
+        "--seed",
+        &seed.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// What [`capture`] measured.
+pub struct Captured {
+    pub summary: serde_json::Value,
+    /// How long the load ran (warm-up and engine start left out).
+    pub load_secs: f64,
+    /// How long the whole capture took, engine start included.
+    pub total_secs: f64,
+}
+
+/// Run one capture: frontend, tap and engine up, one warm-up request, the load, all down.
+/// The caller pins its thread ([`Rig::pin_current_thread`]) first.
+pub fn capture(setup: &Setup, engine_bin: &Path, job: &Job) -> Result<Captured> {
+    let started = Instant::now();
+    let out = job.dir;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let (rs, venv, model, rig) = (&setup.rs, &setup.venv, &setup.model, &setup.rig);
     let ports = free_ports(3)?;
     let (http_port, hs_port, tap_port) = (ports[0], ports[1], ports[2]);
     let (mut frontend, listen, _, _) = start_frontend(
@@ -94,33 +185,39 @@ fn capture(
         &out.join("frontend.log"),
     )?;
     wait_listening(hs_port, listen, &mut [&mut frontend])?;
-    let trace = out.join("trace.jsonl.gz");
-    let steps = out.join("steps.jsonl.gz");
-    let config = format!(
+    let (trace, steps) = (&job.trace, &job.steps);
+    let mut config = format!(
         "model=tiny-qwen3-4l-512h;dtype={};enforce_eager=true;load_format=dummy;max_model_len=2048;seed=0;kv_cache_space_gib=1;tp=1;rig={}",
         frontends::cpu_engine_dtype(),
         rig.tag()
     );
+    if !job.engine_args.is_empty() {
+        config.push_str(&format!(";engine_args={}", job.engine_args.join(" ")));
+    }
     let tag = format!("v{}", frontends::CPU_ENGINE_VERSION);
     let rig_note = format!("rig={}", rig.describe());
     let load_note = format!("loadavg_at_start={}", loadavg());
+    let mut tap_args: Vec<&str> = vec![
+        "--record-tokens",
+        "--vllm-version",
+        &tag,
+        "--engine-config",
+        &config,
+        "--note",
+        &rig_note,
+        "--note",
+        &load_note,
+    ];
+    for n in &job.notes {
+        tap_args.extend(["--note", n.as_str()]);
+    }
     let mut tap = start_tap(
         engine_bin,
         hs_port,
         tap_port,
-        &trace,
-        &steps,
-        &[
-            "--record-tokens",
-            "--vllm-version",
-            &tag,
-            "--engine-config",
-            &config,
-            "--note",
-            &rig_note,
-            "--note",
-            &load_note,
-        ],
+        trace,
+        steps,
+        &tap_args,
         &out.join("record.log"),
     )?;
     let mut engine = CpuEngine::start(
@@ -128,7 +225,7 @@ fn capture(
         model,
         "127.0.0.1",
         tap_port,
-        &[],
+        &job.engine_args,
         &out.join("engine.log"),
     )?;
     let http = Client::new(http_port, Duration::from_secs(120));
@@ -145,33 +242,19 @@ fn capture(
     if r.status != 200 {
         bail!("warm-up request: HTTP {}", r.status);
     }
-    eprintln!(
-        "capture: {} requests, concurrency {}, input {} / output {} tokens",
-        o.requests, o.concurrency, o.input_len, o.output_len
-    );
     let t = Instant::now();
     let bench = Command::new(rs)
         .args(["bench", "serve", "--port", &http_port.to_string()])
         .args(["--model", "tiny", "--tokenizer"])
         .arg(model)
-        .args(["--dataset-name", "random"])
-        .args(["--random-input-len", &o.input_len.to_string()])
-        .args(["--random-output-len", &o.output_len.to_string()])
-        .args(["--num-prompts", &o.requests.to_string()])
-        .args(["--max-concurrency", &o.concurrency.to_string()])
-        .args([
-            "--prompt-token-ids",
-            "--disable-tqdm",
-            "--ignore-eos",
-            "--seed",
-            "0",
-        ])
-        .args(["--save-result", "--result-dir"])
+        .args(&job.bench_args)
+        .args(["--disable-tqdm", "--save-result", "--result-dir"])
         .arg(out)
         .output()
         .context("running vllm-rs bench serve")?;
     let text = String::from_utf8_lossy(&bench.stdout).to_string();
     std::fs::write(out.join("bench-serve.txt"), &text)?;
+    std::fs::write(out.join("bench-serve.stderr"), &bench.stderr)?;
     if !bench.status.success() {
         bail!(
             "vllm-rs bench serve failed:\n{text}\n{}",
@@ -179,7 +262,8 @@ fn capture(
         );
     }
     eprintln!("{text}");
-    eprintln!("capture: load ran {:.1} s", t.elapsed().as_secs_f64());
+    let load_secs = t.elapsed().as_secs_f64();
+    eprintln!("capture: load ran {load_secs:.1} s");
     let how = tap.stop();
     eprintln!("  stopped the tap: {how}");
     frontend.stop();
@@ -192,13 +276,17 @@ fn capture(
         trace.display(),
         steps.display()
     );
-    let summary = summarize(&trace, &steps, o)?;
+    let summary = summarize(trace, steps, job.full_batch, job.input_len)?;
     eprintln!("capture: {}", summary_line(&summary));
     std::fs::write(
         out.join("capture-summary.json"),
         serde_json::to_string_pretty(&summary)? + "\n",
     )?;
-    Ok(())
+    Ok(Captured {
+        summary,
+        load_secs,
+        total_secs: started.elapsed().as_secs_f64(),
+    })
 }
 
 /// `/proc/loadavg`'s three load averages (other work on the host), or `unknown`.
@@ -212,7 +300,12 @@ fn loadavg() -> String {
 /// What the capture measured, engine side: decode step times at full batch (steps with
 /// `concurrency` requests running and no prefill), every step, and the load requests'
 /// TTFT and inter-token gaps (the warm-up request left out), p50/p90 in ms.
-fn summarize(trace: &Path, steps: &Path, o: &Options) -> Result<serde_json::Value> {
+fn summarize(
+    trace: &Path,
+    steps: &Path,
+    full_batch: Option<u32>,
+    input_len: Option<u32>,
+) -> Result<serde_json::Value> {
     use sim_trace::stats::quantile_of;
     use sim_trace::steps::StepStatsReader;
     use sim_trace::trace::{TraceItem, TraceReader};
@@ -222,7 +315,7 @@ fn summarize(trace: &Path, steps: &Path, o: &Options) -> Result<serde_json::Valu
         let s = s?;
         let Some(ms) = s.step_ms else { continue };
         all.push(ms);
-        if s.num_running_reqs == u64::from(o.concurrency) && s.prefill_tokens == 0 {
+        if full_batch.is_some_and(|c| s.num_running_reqs == u64::from(c)) && s.prefill_tokens == 0 {
             full.push(ms);
         }
     }
@@ -235,7 +328,9 @@ fn summarize(trace: &Path, steps: &Path, o: &Options) -> Result<serde_json::Valu
                 host_cpu = m.host_cpu.map(|c| c.describe());
                 notes = Some(*m.notes);
             }
-            TraceItem::Record(r) if r.prompt_tokens == o.input_len && !r.incomplete => {
+            TraceItem::Record(r)
+                if input_len.is_none_or(|n| r.prompt_tokens == n) && !r.incomplete =>
+            {
                 ttft.extend(r.ttft_ms);
                 itl.extend(r.itl_ms);
             }

@@ -10,12 +10,14 @@
 //! cargo xtask cpu-engine [--line L | --python] [--engine-arg A]... [--keep-logs DIR] [--hold]
 //!                   [--crash]
 //! cargo xtask model-dir [--real-engine] DIR
+//! cargo xtask corpus [--out DIR] [--only NAME,...] [--seeds N] [--requests N] [--list]
 //! ```
 
 mod capture;
 mod checks;
 mod ci;
 mod compat;
+mod corpus;
 mod e2e;
 mod http;
 mod load;
@@ -91,6 +93,16 @@ commands:
                --requests N    requests (default 300)
                --concurrency C max concurrency (default 8)
                --engine-bin P  the vllm-vcr binary (default: cargo build)
+  corpus     capture the conformance corpus (conformance/README.md): each declared workload
+             (load + engine flags; --list shows them) for each seed through the capture rig,
+             into DIR/<line>/<workload>-s<seed>.{trace,steps}.jsonl.gz, and rewrite
+             DIR/manifest.toml (entries of workloads not re-run are kept)
+               --out DIR       the corpus directory (default: conformance)
+               --only A,B      only these workloads (comma list; repeatable)
+               --seeds N       seeds 0..N per workload (default 2: one fit, one gate)
+               --requests N    requests per capture instead of each workload's own
+               --engine-bin P  the vllm-vcr binary (default: cargo build)
+               --list          print the workloads and exit
   cpu-engine start one real frontend in external-engine mode with the real vLLM engine-core
              for CPU behind it (installing it if needed), time engine start -> /health 200,
              send a greedy 16-token completion three times, report RSS, stop both and check
@@ -135,6 +147,10 @@ struct Args {
     hold: bool,
     crash: bool,
     real_engine: bool,
+    out: Option<PathBuf>,
+    only: Vec<String>,
+    seeds: Option<u64>,
+    list: bool,
     positional: Vec<String>,
 }
 
@@ -169,6 +185,14 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--crash",
         ],
         "model-dir" => &["--real-engine"],
+        "corpus" => &[
+            "--out",
+            "--only",
+            "--seeds",
+            "--requests",
+            "--engine-bin",
+            "--list",
+        ],
         _ => &[],
     };
     while let Some(arg) = it.next() {
@@ -209,6 +233,15 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--hold" => a.hold = true,
             "--crash" => a.crash = true,
             "--real-engine" => a.real_engine = true,
+            "--out" => a.out = Some(value("--out")?.into()),
+            "--only" => a.only.extend(
+                value("--only")?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string),
+            ),
+            "--seeds" => a.seeds = Some(value("--seeds")?.parse()?),
+            "--list" => a.list = true,
             _ => a.positional.push(arg.clone()),
         }
     }
@@ -365,6 +398,22 @@ fn real_main() -> Result<bool> {
                 output_len: 64,
             };
             capture::run(&root, Path::new(out), &engine, &opts)?;
+            Ok(true)
+        }
+        "corpus" => {
+            let opts = corpus::Options {
+                out: args.out.clone().unwrap_or_else(|| root.join("conformance")),
+                only: args.only.clone(),
+                seeds: args.seeds.unwrap_or(2),
+                requests: args.requests,
+                list: args.list,
+            };
+            let engine = match (&args.engine_bin, args.list) {
+                (_, true) => PathBuf::new(),
+                (Some(p), false) => p.clone(),
+                (None, false) => e2e::build_engine(&root)?,
+            };
+            corpus::run(&root, &engine, &opts)?;
             Ok(true)
         }
         "cpu-engine" => cpu_engine_cmd(&root, &args),
