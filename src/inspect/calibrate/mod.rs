@@ -218,7 +218,7 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
     if let Some(c) = replay_concurrency {
         a.closed_loop.note(&work, c);
     }
-    let fit_set = FitSet::of(&a.trace, &work, &engine.latency_trace)?;
+    let fit_set = FitSet::of(&a.trace, &engine.latency_trace)?;
     // the model's run and every knob-fitting run use the same arrivals
     let opts = RunOptions {
         replay_sessions: a.replay_sessions,
@@ -513,9 +513,10 @@ fn same_content(a: &Path, b: &Path) -> bool {
 
 impl FitSet {
     /// Which fit set `paths` is, and whether `trace` is in it: a trace given as itself
-    /// (or a byte-identical copy), or a model whose sources name it (by path, or by the
-    /// same `config_hash` and record count).
-    fn of(trace: &Path, work: &Workload, paths: &[PathBuf]) -> Result<FitSet> {
+    /// (or a byte-identical copy), or a model whose sources are this trace (the same file or
+    /// the same bytes). The captures of a corpus share their `config_hash` and often their
+    /// record count, so neither says which trace a model saw.
+    fn of(trace: &Path, paths: &[PathBuf]) -> Result<FitSet> {
         let mut why = None;
         for p in paths {
             if FittedModel::is_model_file(p) {
@@ -527,15 +528,6 @@ impl FitSet {
                         why = Some(format!(
                             "the model {} was fitted to this trace",
                             p.display()
-                        ));
-                    } else if let (Some(h), Some(mine)) = (&s.config_hash, &work.meta.config_hash)
-                        && h == mine
-                        && s.records == work.records_in_trace
-                    {
-                        why = Some(format!(
-                            "the model {} was fitted to {}, with this trace's config_hash and record count",
-                            p.display(),
-                            s.trace
                         ));
                     }
                 }
