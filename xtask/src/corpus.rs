@@ -483,6 +483,16 @@ fn capture_all(
     Ok((entries, timings))
 }
 
+/// The traces of a role (`fit`, `gate`, `noise`) in the corpus under `out`, as paths.
+pub fn traces_of_role(out: &Path, role: &str) -> Result<Vec<PathBuf>> {
+    let m = read_manifest(&out.join("manifest.toml"))?;
+    Ok(m.capture
+        .iter()
+        .filter(|e| e.role == role)
+        .map(|e| out.join(&e.file))
+        .collect())
+}
+
 fn read_manifest(path: &Path) -> Result<Manifest> {
     match std::fs::read_to_string(path) {
         Ok(text) => toml::from_str(&text).with_context(|| format!("parsing {}", path.display())),

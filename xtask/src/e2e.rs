@@ -263,13 +263,14 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     };
     let replay_legs = if with_replay {
         replay_e2e::legs(
+            root,
             rs_lines
                 .iter()
                 .find(|l| l.default)
                 .map(|l| (frontends::vllm_rs_path(&cache, &l.tag), l.line.clone())),
             python.then(|| (venv.clone(), py_line.clone())),
             cpu.clone(),
-        )
+        )?
     } else {
         Vec::new()
     };
@@ -437,7 +438,6 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     }
 
     let env = replay_e2e::Env {
-        root,
         engine_bin: &engine,
         model: &model,
         real_model: &real_model,

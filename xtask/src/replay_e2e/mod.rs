@@ -73,9 +73,12 @@ pub(crate) enum LegKind {
         frontend: Frontend,
         line: String,
     },
+    /// Recorded ids back through the frontend: the committed fixture, then every `gate`
+    /// capture of the conformance corpus.
     FixtureIds {
         rs: PathBuf,
         line: String,
+        traces: Vec<PathBuf>,
     },
     Agent {
         rs: PathBuf,
@@ -95,7 +98,6 @@ pub(crate) struct ReplayLeg {
 
 /// What every leg gets from the e2e runner.
 pub(crate) struct Env<'a> {
-    pub root: &'a Path,
     pub engine_bin: &'a Path,
     /// The simulator's tiny model directory.
     pub model: &'a Path,
@@ -107,10 +109,11 @@ pub(crate) struct Env<'a> {
 /// `python`, behind the Python frontend; the fixture and steps legs behind vllm-rs; with
 /// `cpu_engine` the agent leg (recorded against a real engine from `cpu_venv`).
 pub(crate) fn legs(
+    root: &Path,
     rs: Option<(PathBuf, String)>,
     python: Option<(PathBuf, String)>,
     cpu_venv: Option<PathBuf>,
-) -> Vec<ReplayLeg> {
+) -> Result<Vec<ReplayLeg>> {
     let mut legs = Vec::new();
     if let Some((bin, line)) = &rs {
         legs.push(ReplayLeg {
@@ -140,6 +143,7 @@ pub(crate) fn legs(
             kind: LegKind::FixtureIds {
                 rs: bin.clone(),
                 line: line.clone(),
+                traces: id_traces(root)?,
             },
         });
         if let Some(cpu) = &cpu_venv {
@@ -160,7 +164,25 @@ pub(crate) fn legs(
             },
         });
     }
-    legs
+    Ok(legs)
+}
+
+/// The captures whose ids the fixture leg replays: the committed fixture, then every `gate`
+/// capture of the conformance corpus (their content, byte for byte, through a frontend).
+fn id_traces(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut traces = vec![root.join(FIXTURE).join("trace.jsonl.gz")];
+    traces.extend(crate::corpus::traces_of_role(
+        &root.join("conformance"),
+        "gate",
+    )?);
+    Ok(traces)
+}
+
+fn stem_dir(p: &Path) -> String {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("capture")
+        .to_string()
 }
 
 /// Run one leg in `dir`; its checks.
@@ -169,7 +191,24 @@ pub(crate) fn run_leg(leg: &ReplayLeg, env: &Env, dir: &Path) -> Vec<CheckResult
     let mut out = Checks::default();
     let r = match &leg.kind {
         LegKind::RoundTrip { frontend, line } => round_trip(env, frontend, line, dir, &mut out),
-        LegKind::FixtureIds { rs, line } => fixture_ids(env, rs, line, dir, &mut out),
+        LegKind::FixtureIds { rs, line, traces } => traces.iter().try_for_each(|t| {
+            // `conformance/0.32/bursts-s1.trace.jsonl.gz` → `bursts-s1`; a capture directory's
+            // `trace.jsonl.gz` → the directory's name
+            let stem = |p: &Path| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default()
+                    .trim_end_matches(".jsonl.gz")
+                    .trim_end_matches("trace")
+                    .trim_end_matches('.')
+                    .to_string()
+            };
+            let name = match stem(t) {
+                s if s.is_empty() => t.parent().map(stem_dir).unwrap_or_default(),
+                s => s,
+            };
+            fixture_ids(env, rs, line, t, &name, &dir.join(&name), &mut out)
+        }),
         LegKind::Agent { rs, line, cpu } => agent(env, rs, line, cpu, dir, &mut out),
         LegKind::Steps { rs, line } => steps(env, rs, line, dir, &mut out),
     };

@@ -321,12 +321,13 @@ pub(super) fn fixture_ids(
     env: &Env,
     rs: &Path,
     line: &str,
+    trace: &Path,
+    name: &str,
     dir: &Path,
     out: &mut Checks,
 ) -> Result<()> {
-    let trace = env.root.join(FIXTURE).join("trace.jsonl.gz");
     let t = Instant::now();
-    let (_, records) = read_by_arrival(&trace)?;
+    let (_, records) = read_by_arrival(trace)?;
     let summary = dir.join("summary.json");
     let stack = start_stack(
         env.engine_bin,
@@ -398,7 +399,7 @@ pub(super) fn fixture_ids(
     let secs = t.elapsed().as_secs_f64();
     stack.stop();
     out.push(
-        "the client gets the recorded token ids back (return_token_ids)",
+        &format!("{name}: the client gets the recorded token ids back (return_token_ids)"),
         t,
         results.map(|n| {
             format!(
@@ -411,7 +412,7 @@ pub(super) fn fixture_ids(
     );
     let t = Instant::now();
     out.push(
-        "summary: every record served once, nothing missed",
+        &format!("{name}: summary: every record served once, nothing missed"),
         t,
         read_summary(&summary).and_then(|s| {
             let Counts {
