@@ -48,7 +48,7 @@ pub(super) const RECORD_TTFT_MS: u32 = 20;
 pub(super) const RECORD_ITL_MS: u32 = 2;
 
 /// The verbatim-steps leg: replayed gaps against recorded ones, and the chunks' drift (the
-/// distance of each chunk's offset from the request's first chunk, replayed against
+/// distance of each chunk's offset from the request's arrival at the tap, replayed against
 /// recorded: lateness that would accumulate). Measured at a second tap, so the figures
 /// include the tap's, the frontend's and 64 client threads' wake-ups on a shared 2-core
 /// machine. Seen: p50 0.02–0.1 ms, p95 0.1–0.3 ms on a quiet machine and up to 1.6 ms with

@@ -208,7 +208,10 @@ pub(super) fn compare_steps(
             want.first_chunk_tokens(),
             want.chunk_tokens()
         );
-        let (mut at_r, mut at_c) = (0.0, 0.0);
+        // offsets from the request's arrival: a late first chunk followed by chunks on time
+        // (each is due a recorded gap after the previous one's due time) is one late chunk,
+        // not a shift of all the rest
+        let (mut at_r, mut at_c) = (r.ttft_ms.unwrap_or(0.0), want.ttft_ms.unwrap_or(0.0));
         for (k, (a, b)) in r.itl_ms.iter().zip(&want.itl_ms).enumerate() {
             let d = (a - b).abs();
             gap_dev.push(d);
