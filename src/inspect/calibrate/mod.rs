@@ -37,7 +37,7 @@ use sim_trace::fit::FittedModel;
 use sim_trace::stats::quantile_of;
 
 use super::simulate::workload::Workload;
-use super::simulate::{ClosedLoopArgs, Counts, RunOptions, engine_for, notes, simulate_map};
+use super::simulate::{ArrivalArgs, Counts, RunOptions, engine_for, simulate_map};
 use crate::play::EngineArgs;
 use compare::{BUCKETS, Cohort, Metric, QUANTILES, SOURCES, Sample, Tolerance};
 
@@ -53,24 +53,8 @@ pub struct CalibrateArgs {
     /// `itl_ms`) and arrivals (`arrival_ms`).
     pub trace: PathBuf,
 
-    /// Open loop (the default): every request arrives at its recorded `arrival_ms`,
-    /// whatever the engine does (as `inspect simulate`).
-    #[arg(long, conflicts_with = "replay_sessions")]
-    pub replay_arrivals: bool,
-
     #[command(flatten)]
-    pub closed_loop: ClosedLoopArgs,
-
-    /// Closed loop over sessions inferred from the block-hash chains: a turn arrives when
-    /// its parent finished in the simulation plus the recorded think gap (as `inspect
-    /// simulate`).
-    #[arg(long)]
-    pub replay_sessions: bool,
-
-    /// No prefix reuse between requests: every block of every prompt is unique to its
-    /// request (as `inspect simulate`).
-    #[arg(long)]
-    pub cold_prompts: bool,
+    pub arrivals: ArrivalArgs,
 
     /// The largest |Δ %| of a gated cell, modelled against captured: `PCT` for every
     /// quantile, or per quantile `p50=PCT,p90=PCT,p99=PCT` (items apply in order over the
@@ -213,21 +197,10 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
         );
     }
     let engine = engine_for(&work, &a.engine);
-    let replay_concurrency = a.closed_loop.resolve(&work)?;
-    notes(a.replay_sessions, &work, &engine);
-    if let Some(c) = replay_concurrency {
-        a.closed_loop.note(&work, c);
-    }
-    let fit_set = FitSet::of(&a.trace, &engine.latency_trace)?;
     // the model's run and every knob-fitting run use the same arrivals
-    let opts = RunOptions {
-        replay_sessions: a.replay_sessions,
-        concurrency: replay_concurrency,
-        think: a.closed_loop.think(),
-        cold_prompts: a.cold_prompts,
-        hash_blocks: None,
-        record_tokens: false,
-    };
+    let opts = a.arrivals.options(&work, &engine)?;
+    let replay_concurrency = opts.concurrency;
+    let fit_set = FitSet::of(&a.trace, &engine.latency_trace)?;
     // records become samples as they finish: memory holds latencies, not records
     let mut model_chunks: BTreeMap<u32, u64> = BTreeMap::new();
     let modelled = simulate_map(&work, &engine, &opts, |r| {
@@ -667,16 +640,6 @@ impl Report<'_> {
         1 + self.knobs.rounds
     }
 
-    fn arrivals(&self) -> &'static str {
-        if self.args.replay_sessions {
-            "sessions"
-        } else if self.concurrency.is_some() {
-            "concurrency"
-        } else {
-            "recorded"
-        }
-    }
-
     fn json(&self) -> Value {
         let k = self.knobs;
         let failures: Vec<Value> = self.failures().iter().map(Failure::json).collect();
@@ -686,9 +649,9 @@ impl Report<'_> {
             "records": self.records,
             "timed": self.timed,
             "compared": self.compared,
-            "arrivals": self.arrivals(),
+            "arrivals": self.args.arrivals.mode(self.concurrency),
             "replay_concurrency": self.concurrency,
-            "cold_prompts": self.args.cold_prompts,
+            "cold_prompts": self.args.arrivals.cold_prompts,
             "fit_set": {
                 "paths": self.fit_set.paths,
                 "relation": self.fit_set.relation(),
@@ -728,10 +691,10 @@ impl Report<'_> {
 
     fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
         let a = self.args;
-        let how = if a.replay_sessions {
+        let how = if a.arrivals.replay_sessions {
             "session turns after their parents".to_string()
         } else if let Some(c) = self.concurrency {
-            a.closed_loop.describe(c)
+            a.arrivals.describe(c)
         } else {
             "arrivals at their recorded offsets".to_string()
         };
@@ -742,7 +705,11 @@ impl Report<'_> {
             self.records,
             self.timed,
             self.compared,
-            if a.cold_prompts { "; cold prompts" } else { "" }
+            if a.arrivals.cold_prompts {
+                "; cold prompts"
+            } else {
+                ""
+            }
         )?;
         let paths: Vec<String> = self
             .fit_set

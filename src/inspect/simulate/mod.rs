@@ -37,26 +37,8 @@ pub struct SimulateArgs {
     /// workload converted with `inspect convert` (`.gz` read transparently).
     pub trace: PathBuf,
 
-    /// Open loop (the default): every request arrives at its recorded `arrival_ms`
-    /// offset, whatever the engine does. Records without one arrive at 0.
-    #[arg(long, conflicts_with = "replay_sessions")]
-    pub replay_arrivals: bool,
-
     #[command(flatten)]
-    pub closed_loop: ClosedLoopArgs,
-
-    /// Closed loop over sessions inferred from the block-hash chains: a record continues
-    /// the latest earlier record whose complete blocks are a prefix of its prompt (the
-    /// longest such), and arrives when that parent finished in the simulation plus the
-    /// recorded think gap (its arrival − the parent's recorded arrival, TTFT and gaps;
-    /// ≥ 0). Records that continue none arrive at their recorded offset.
-    #[arg(long)]
-    pub replay_sessions: bool,
-
-    /// No prefix reuse between requests: every block of every prompt is unique to its
-    /// request (the workload without its shared prefixes).
-    #[arg(long)]
-    pub cold_prompts: bool,
+    pub arrivals: ArrivalArgs,
 
     /// Simulate only the first N requests (in arrival order).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -81,9 +63,28 @@ pub struct SimulateArgs {
     pub engine: EngineArgs,
 }
 
-/// `--replay-concurrency`, shared by `inspect simulate` and `inspect calibrate`.
+/// How the workload arrives, and whether prompts share their prefixes: shared by `inspect
+/// simulate` and `inspect calibrate`.
 #[derive(Debug, Clone, Args)]
-pub struct ClosedLoopArgs {
+pub struct ArrivalArgs {
+    /// Open loop (the default): every request arrives at its recorded `arrival_ms`
+    /// offset, whatever the engine does. Records without one arrive at 0.
+    #[arg(long, conflicts_with = "replay_sessions")]
+    pub replay_arrivals: bool,
+
+    /// Closed loop over sessions inferred from the block-hash chains: a record continues
+    /// the latest earlier record whose complete blocks are a prefix of its prompt (the
+    /// longest such), and arrives when that parent finished in the simulation plus the
+    /// recorded think gap (its arrival − the parent's recorded arrival, TTFT and gaps;
+    /// ≥ 0). Records that continue none arrive at their recorded offset.
+    #[arg(long)]
+    pub replay_sessions: bool,
+
+    /// No prefix reuse between requests: every block of every prompt is unique to its
+    /// request (the workload without its shared prefixes).
+    #[arg(long)]
+    pub cold_prompts: bool,
+
     /// Closed loop at N requests in flight, as a load generator with a concurrency cap
     /// (`bench serve --max-concurrency N`) sends them: in arrival order, the first N (and
     /// any before the capture first had N in flight) at their recorded offsets, or when
@@ -133,7 +134,35 @@ fn parse_replay_concurrency(s: &str) -> std::result::Result<ReplayConcurrency, S
     }
 }
 
-impl ClosedLoopArgs {
+impl ArrivalArgs {
+    /// Resolve the arrival mode for `work` (printing notes on it) into run options.
+    pub fn options(&self, work: &Workload, engine: &EngineArgs) -> Result<RunOptions> {
+        let concurrency = self.resolve(work)?;
+        notes(self.replay_sessions, work, engine);
+        if let Some(c) = concurrency {
+            self.note(work, c);
+        }
+        Ok(RunOptions {
+            replay_sessions: self.replay_sessions,
+            concurrency,
+            think: self.think(),
+            cold_prompts: self.cold_prompts,
+            hash_blocks: None,
+            record_tokens: false,
+        })
+    }
+
+    /// The arrival mode, for `--json`: `sessions`, `concurrency` or `recorded`.
+    pub fn mode(&self, concurrency: Option<usize>) -> &'static str {
+        if self.replay_sessions {
+            "sessions"
+        } else if concurrency.is_some() {
+            "concurrency"
+        } else {
+            "recorded"
+        }
+    }
+
     /// The number of requests in flight for `work`, when closed loop.
     pub fn resolve(&self, work: &Workload) -> Result<Option<usize>> {
         Ok(match self.replay_concurrency {
@@ -276,22 +305,15 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         .with_context(|| format!("reading {}", a.trace.display()))?;
     let engine = engine_for(&work, &a.engine);
     let block_size = engine.block_size_or_default();
-    let concurrency = a.closed_loop.resolve(&work)?;
-    notes(a.replay_sessions, &work, &engine);
-    if let Some(c) = concurrency {
-        a.closed_loop.note(&work, c);
-    }
+    let opts = RunOptions {
+        hash_blocks: a.dump_trace.is_some().then_some(block_size as usize),
+        record_tokens: a.record_tokens,
+        ..a.arrivals.options(&work, &engine)?
+    };
+    let concurrency = opts.concurrency;
     let cfg = PlayConfig::offline(&engine)?;
     let mut sink = Sink::open(a, &work.meta, &cfg)?;
 
-    let opts = RunOptions {
-        replay_sessions: a.replay_sessions,
-        concurrency,
-        think: a.closed_loop.think(),
-        cold_prompts: a.cold_prompts,
-        hash_blocks: a.dump_trace.is_some().then_some(block_size as usize),
-        record_tokens: a.record_tokens,
-    };
     let mut summary = Summary::new();
     summary.meta = Some(sink.meta.clone());
     let counts = run_workload(&work, &cfg, &opts, |f| {
@@ -682,28 +704,18 @@ impl Report<'_> {
         (self.wall > 0.0).then(|| d / 1000.0 / self.wall)
     }
 
-    fn arrivals(&self) -> &'static str {
-        if self.args.replay_sessions {
-            "sessions"
-        } else if self.concurrency.is_some() {
-            "concurrency"
-        } else {
-            "recorded"
-        }
-    }
-
     fn json(&self) -> Value {
         let c = self.counts;
         json!({
             "trace": self.args.trace,
             "records_in_trace": self.work.records_in_trace,
             "requests": c.requests,
-            "arrivals": self.arrivals(),
+            "arrivals": self.args.arrivals.mode(self.concurrency),
             "replay_concurrency": self.concurrency,
             "sessions": c.sessions.map(|(roots, turns, untimed)| json!({
                 "roots": roots, "turns": turns, "turns_without_recorded_gap": untimed,
             })),
-            "cold_prompts": self.args.cold_prompts,
+            "cold_prompts": self.args.arrivals.cold_prompts,
             "engine": c.describe,
             "block_size": self.block_size,
             "trace_block_size": self.work.trace_block_size,
@@ -734,11 +746,11 @@ impl Report<'_> {
                 }
             ),
             None => match self.concurrency {
-                Some(c) => self.args.closed_loop.describe(c),
+                Some(c) => self.args.arrivals.describe(c),
                 None => "arrivals at their recorded offsets".to_string(),
             },
         };
-        if self.args.cold_prompts {
+        if self.args.arrivals.cold_prompts {
             how += "; cold prompts";
         }
         writeln!(
