@@ -1,28 +1,52 @@
-//! Timing fidelity against the real engine, gated: the latency model fitted on the
-//! corpus's `fit` captures (`conformance/`, seed 0), then each gated `gate` capture (seed 1)
-//! simulated under it by `inspect calibrate` — counterfactual: the model never saw the trace.
+//! Timing fidelity against the real engine, gated. For every `gate` capture of the corpus
+//! (`conformance/manifest.toml`, seed 1), a latency model is fitted on the `fit` captures
+//! (seed 0) *of the same configuration* (`config_hash`: same engine flags, same host CPU),
+//! and `inspect calibrate` simulates the gate capture under it, its arrivals replayed as the
+//! manifest's `calibrate_args` say (closed loop for the concurrency sweep and the
+//! multi-turn loads, the recorded arrivals for the open-loop ones) — counterfactual: the
+//! model never saw the trace.
 //!
-//! Tolerances come from the engine itself: the corpus captures concurrency 8 twice with the
-//! same seed (`concurrency-8-s0` and its `noise` repeat), and the distance between the two
-//! runs is how well the real engine reproduces itself on this machine class. A modelled cell
-//! passes within 1.5 × that distance for its metric and quantile (at least 2 %, the goal where
-//! the engine is steadier than that). Gated: TTFT and ITL at p50 and p90 of the closed-loop
-//! concurrency captures the model reproduces today (8 and 16). What is not gated yet, and
-//! why, is in docs/fidelity.md ("First counterfactual numbers").
+//! Tolerances come from the engine itself. The corpus captures concurrency 8 twice with the
+//! same seed (`concurrency-8-s0` and its `noise` repeat): the distance between the two runs
+//! is how well the real engine reproduces itself on this machine class. For the
+//! concurrency sweep the two seeds are repeats too: every request has the same prompt and
+//! output length whatever the seed (random 128/64 tokens, `ignore_eos`) and the seed
+//! changes only token ids, which do not change what a dense model with random weights
+//! computes — so the distance between a sweep workload's `fit` and `gate` captures is that
+//! workload's own run-to-run distance. A gated cell passes within 1.5 × the larger of the
+//! two distances for its metric and quantile (at least the goal: 2 % at p50/p90, 5 % at
+//! p99). Which cells are gated, and why the others are not, is [`GATED`]'s table and
+//! docs/fidelity.md. Every cell is printed, gated or not.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use serde::Deserialize;
 use serde_json::Value;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
 }
 
-fn corpus(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("conformance/0.32")
-        .join(name)
+fn conformance() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("conformance")
+}
+
+#[derive(Debug, Deserialize)]
+struct Manifest {
+    capture: Vec<Entry>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Entry {
+    file: String,
+    steps: String,
+    config_hash: String,
+    workload: String,
+    role: String,
+    #[serde(default)]
+    calibrate_args: String,
 }
 
 fn json_of(args: &[&str]) -> Value {
@@ -36,92 +60,243 @@ fn json_of(args: &[&str]) -> Value {
     })
 }
 
-const METRICS: [&str; 2] = ["ttft_ms", "itl_ms"];
-const QUANTILES: [&str; 2] = ["p50", "p90"];
+const METRICS: [&str; 3] = ["ttft_ms", "itl_ms", "request_total_ms"];
+const QUANTILES: [&str; 3] = ["p50", "p90", "p99"];
 
-/// |a − b| / b in %, per gated metric and quantile, of two `inspect summarize --json`.
-fn distance(a: &Value, b: &Value) -> Vec<(&'static str, &'static str, f64)> {
-    let mut out = Vec::new();
+/// The gated cells per workload: (metric, quantiles) — a ratchet: every cell the models
+/// reproduce today within tolerance, where the engine reproduces itself within
+/// [`JUDGED`] % (a cell the engine itself does not repeat cannot judge a model). A change
+/// that moves one past its tolerance fails; a cell that comes within tolerance is added.
+/// Not gated today (docs/fidelity.md has the table and the reasons): every ITL p99 (the
+/// engine's own ITL p99 moved 12 % between two identical runs); concurrency 16's TTFT
+/// p50/p90 and total p50 (its two runs differ by 37 % and 10 %) and TTFT p99 (−6.6 %);
+/// concurrency 1's TTFT and total p99 (−8.6 %, −14.7 %: 97 requests); poisson's total p90
+/// (−7.7 %); bursts' TTFT p50/p90, ITL p90, total p90 (−5.6 … −11.4 %); the ITL p50 of
+/// sessions (+8.3 %: its two captures' own ITL medians differ by 9 %);
+/// sessions-no-prefix-cache's TTFT p50/p99 and totals (−15 %, −7 %, +7 %, −16 %); and
+/// spec-ngram's TTFT p50/p90 and total p90/p99 (−29 %, −6 %, −11 %, −11 %: one capture
+/// of its configuration to fit).
+/// A metric and its gated quantiles.
+type Cells = &'static [(&'static str, &'static [&'static str])];
+
+const GATED: &[(&str, Cells)] = &[
+    (
+        "concurrency-1",
+        &[
+            ("ttft_ms", &["p50", "p90"]),
+            ("itl_ms", &["p50", "p90"]),
+            ("request_total_ms", &["p50", "p90"]),
+        ],
+    ),
+    (
+        "concurrency-2",
+        &[
+            ("ttft_ms", &["p50", "p90", "p99"]),
+            ("itl_ms", &["p50", "p90"]),
+            ("request_total_ms", &["p50", "p90", "p99"]),
+        ],
+    ),
+    (
+        "concurrency-4",
+        &[
+            ("ttft_ms", &["p50", "p90", "p99"]),
+            ("itl_ms", &["p50", "p90"]),
+            ("request_total_ms", &["p50", "p90", "p99"]),
+        ],
+    ),
+    (
+        "concurrency-8",
+        &[
+            ("ttft_ms", &["p50", "p90", "p99"]),
+            ("itl_ms", &["p50", "p90"]),
+            ("request_total_ms", &["p50", "p90", "p99"]),
+        ],
+    ),
+    (
+        "concurrency-16",
+        &[
+            ("itl_ms", &["p50", "p90"]),
+            ("request_total_ms", &["p90", "p99"]),
+        ],
+    ),
+    (
+        "poisson",
+        &[
+            ("ttft_ms", &["p50", "p90", "p99"]),
+            ("itl_ms", &["p50", "p90"]),
+            ("request_total_ms", &["p50", "p99"]),
+        ],
+    ),
+    (
+        "bursts",
+        &[
+            ("ttft_ms", &["p99"]),
+            ("itl_ms", &["p50"]),
+            ("request_total_ms", &["p50", "p99"]),
+        ],
+    ),
+    (
+        "sessions",
+        &[
+            ("ttft_ms", &["p50", "p90", "p99"]),
+            ("itl_ms", &["p90"]),
+            ("request_total_ms", &["p50", "p90", "p99"]),
+        ],
+    ),
+    (
+        "sessions-no-prefix-cache",
+        &[
+            ("ttft_ms", &["p90"]),
+            ("itl_ms", &["p50", "p90"]),
+            ("request_total_ms", &["p99"]),
+        ],
+    ),
+    (
+        "spec-ngram",
+        &[
+            ("ttft_ms", &["p99"]),
+            ("itl_ms", &["p50", "p90"]),
+            ("request_total_ms", &["p50"]),
+        ],
+    ),
+];
+
+/// The largest run-to-run distance, %, at which a cell is judged at all.
+const JUDGED: f64 = 10.0;
+
+/// Workloads whose two seeds are repeats of one another (module docs).
+const REPEAT_SEEDS: &[&str] = &[
+    "concurrency-1",
+    "concurrency-2",
+    "concurrency-4",
+    "concurrency-8",
+    "concurrency-16",
+];
+
+fn gated(workload: &str, metric: &str, q: &str) -> bool {
+    GATED.iter().any(|(w, cells)| {
+        *w == workload && cells.iter().any(|(m, qs)| *m == metric && qs.contains(&q))
+    })
+}
+
+/// |a − b| / b in %, per metric and quantile, of two `inspect summarize --json`.
+fn distance(a: &Value, b: &Value) -> BTreeMap<(&'static str, &'static str), f64> {
+    let mut out = BTreeMap::new();
     for m in METRICS {
         for q in QUANTILES {
             let (x, y) = (a[m][q].as_f64().unwrap(), b[m][q].as_f64().unwrap());
-            out.push((m, q, ((x - y) / y * 100.0).abs()));
+            out.insert((m, q), ((x - y) / y * 100.0).abs());
         }
     }
     out
 }
 
 #[test]
-fn the_fitted_model_reproduces_unseen_captures_within_the_engines_own_noise() {
+fn the_fitted_models_reproduce_unseen_captures_within_the_engines_own_noise() {
     let dir = std::env::temp_dir().join(format!("vllm-vcr-gates-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    let root = conformance();
+    let manifest: Manifest =
+        toml::from_str(&std::fs::read_to_string(root.join("manifest.toml")).unwrap()).unwrap();
+    let path = |f: &str| root.join(f).to_str().unwrap().to_string();
 
     // the noise floor
-    let summarize = |name: &str| {
-        json_of(&[
-            "inspect",
-            "summarize",
-            corpus(name).to_str().unwrap(),
-            "--json",
-        ])
-    };
+    let summarize = |file: &str| json_of(&["inspect", "summarize", &path(file), "--json"]);
+    let noise_pair: Vec<&Entry> = ["concurrency-8-s0-repeat", "concurrency-8-s0"]
+        .iter()
+        .map(|stem| {
+            manifest
+                .capture
+                .iter()
+                .find(|e| e.file.ends_with(&format!("/{stem}.trace.jsonl.gz")))
+                .unwrap_or_else(|| panic!("the manifest lists no {stem}"))
+        })
+        .collect();
     let noise = distance(
-        &summarize("concurrency-8-s0-repeat.trace.jsonl.gz"),
-        &summarize("concurrency-8-s0.trace.jsonl.gz"),
+        &summarize(&noise_pair[0].file),
+        &summarize(&noise_pair[1].file),
     );
-    let tolerance = |m: &str, q: &str| {
-        let d = noise.iter().find(|(a, b, _)| *a == m && *b == q).unwrap().2;
-        (1.5 * d).max(2.0)
+    // per workload: the sweep's seeds are repeats (module docs)
+    let mut seeds: BTreeMap<String, BTreeMap<(&str, &str), f64>> = BTreeMap::new();
+    for w in REPEAT_SEEDS {
+        let of = |role: &str| {
+            manifest
+                .capture
+                .iter()
+                .find(|e| e.workload == *w && e.role == role)
+                .unwrap_or_else(|| panic!("no {role} capture of {w}"))
+        };
+        let d = distance(&summarize(&of("gate").file), &summarize(&of("fit").file));
+        seeds.insert(w.to_string(), d);
+    }
+    let tolerance = |w: &str, m: &str, q: &str| {
+        let own = seeds.get(w).map_or(0.0, |d| d[&(m, q)]);
+        let goal = if q == "p99" { 5.0 } else { 2.0 };
+        (1.5 * noise[&(m, q)].max(own)).max(goal)
     };
 
-    // the fit set: every `fit` capture (seed 0) with its step-stats sidecar
-    let mut fit: Vec<String> = Vec::new();
-    let mut steps: Vec<String> = Vec::new();
-    for e in std::fs::read_dir(corpus("")).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_str().unwrap().to_string();
-        if name.ends_with("-s0.trace.jsonl.gz") {
-            fit.push(p.to_str().unwrap().to_string());
-            steps.push(
-                p.to_str()
-                    .unwrap()
-                    .replace(".trace.jsonl.gz", ".steps.jsonl.gz"),
-            );
+    // one model per configuration, fitted on its `fit` captures
+    let mut models: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let gates: Vec<&Entry> = manifest
+        .capture
+        .iter()
+        .filter(|e| e.role == "gate")
+        .collect();
+    for g in &gates {
+        if models.contains_key(&g.config_hash) {
+            continue;
         }
+        let fit: Vec<&Entry> = manifest
+            .capture
+            .iter()
+            .filter(|e| e.role == "fit" && e.config_hash == g.config_hash)
+            .collect();
+        assert!(
+            !fit.is_empty(),
+            "no fit capture shares {}'s configuration",
+            g.file
+        );
+        let model = dir.join(format!("fit-{}.json", &g.config_hash[..12]));
+        let mut cmd = bin();
+        cmd.args(["inspect", "fit"]);
+        for e in &fit {
+            cmd.arg(path(&e.file));
+        }
+        cmd.arg("--steps");
+        for e in &fit {
+            cmd.arg(path(&e.steps));
+        }
+        let out = cmd.arg("-o").arg(&model).output().unwrap();
+        assert!(
+            out.status.success(),
+            "inspect fit: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        models.insert(g.config_hash.clone(), model);
     }
-    fit.sort();
-    steps.sort();
-    assert!(fit.len() >= 5, "the fit set is too small: {fit:?}");
-    let model = dir.join("corpus-fit.json");
-    let mut cmd = bin();
-    cmd.args(["inspect", "fit"])
-        .args(&fit)
-        .arg("--steps")
-        .args(&steps);
-    let out = cmd.arg("-o").arg(&model).output().unwrap();
-    assert!(
-        out.status.success(),
-        "inspect fit: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for (w, _) in GATED {
+        assert!(
+            gates.iter().any(|g| g.workload == *w),
+            "the gated workload {w} has no gate capture"
+        );
+    }
 
     let mut report = Vec::new();
     let mut failed = Vec::new();
-    for c in [8, 16] {
-        let gate = corpus(&format!("concurrency-{c}-s1.trace.jsonl.gz"));
-        let n = c.to_string();
-        let v = json_of(&[
+    let mut gated_cells = 0;
+    for g in &gates {
+        let model = models[&g.config_hash].to_str().unwrap().to_string();
+        let trace = path(&g.file);
+        let mut args = vec![
             "inspect",
             "calibrate",
-            gate.to_str().unwrap(),
+            trace.as_str(),
             "--latency-trace",
-            model.to_str().unwrap(),
-            "--max-num-seqs",
-            "128",
-            "--replay-concurrency",
-            &n,
+            model.as_str(),
             "--json",
-        ]);
+        ];
+        args.extend(g.calibrate_args.split_whitespace());
+        let v = json_of(&args);
         assert_eq!(
             v["fit_set"]["in_sample"], false,
             "the gate trace must not be in the fit set: {}",
@@ -133,20 +308,60 @@ fn the_fitted_model_reproduces_unseen_captures_within_the_engines_own_noise() {
             .iter()
             .find(|c| c["cohort"] == "all")
             .unwrap();
+        let mut line = format!("{:<26} n={:<4}", g.workload, all["requests"]);
         for m in METRICS {
+            line.push_str(&format!("  {m}"));
             for q in QUANTILES {
                 let d = all[m]["modelled_delta_pct"][q].as_f64().unwrap();
-                let tol = tolerance(m, q);
-                let cell = format!("c={c} {m} {q}: {d:+.1} % (tolerance ±{tol:.1} %)");
-                if d.abs() > tol {
-                    failed.push(cell.clone());
+                let gate = gated(&g.workload, m, q);
+                let tol = tolerance(&g.workload, m, q);
+                assert!(
+                    !gate || tol <= 1.5 * JUDGED,
+                    "{} {m} {q} is gated, but the engine repeats itself there only within {:.1} %",
+                    g.workload,
+                    tol / 1.5
+                );
+                let out = gate && d.abs() > tol;
+                line.push_str(&format!(
+                    " {d:+.1}{}",
+                    match (gate, out) {
+                        (true, true) => format!("!(±{tol:.1})"),
+                        (true, false) => format!("*(±{tol:.1})"),
+                        _ => String::new(),
+                    }
+                ));
+                if gate {
+                    gated_cells += 1;
                 }
-                report.push(cell);
+                if out {
+                    failed.push(format!(
+                        "{} {m} {q}: {d:+.1} % (tolerance ±{tol:.1} %)",
+                        g.workload
+                    ));
+                }
             }
         }
+        report.push(line);
     }
-    eprintln!("noise floor (c=8 run against its repeat): {noise:?}");
-    eprintln!("{}", report.join("\n"));
+    let show = |d: &BTreeMap<(&str, &str), f64>| -> String {
+        d.iter()
+            .map(|((m, q), x)| format!("{m} {q} {x:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    eprintln!(
+        "noise floor, % (c=8 run against its repeat): {}",
+        show(&noise)
+    );
+    for (w, d) in &seeds {
+        eprintln!("noise floor, % ({w}: seed 0 against seed 1): {}", show(d));
+    }
+    eprintln!(
+        "Δ % modelled against captured, p50 p90 p99 (* gated and within tolerance, ! gated and out):\n{}",
+        report.join("\n")
+    );
+    assert!(gated_cells >= 60, "only {gated_cells} cells gated");
+    eprintln!("{gated_cells} cells gated");
     assert!(
         failed.is_empty(),
         "out of tolerance:\n  {}\nall cells:\n  {}",

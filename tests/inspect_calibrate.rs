@@ -180,11 +180,11 @@ fn in_sample_on_the_cpu_engine_capture() {
         "{out}"
     );
     assert!(
-        out.contains("+2.7 !"),
+        out.contains("+0.9 !"),
         "the failing cells are marked:\n{out}"
     );
     assert!(
-        err.contains("error: 36 of 36 gated cells out of tolerance: TTFT p50 all +2.7 % (345.9 vs captured 336.7, tolerance 0.01 %)"),
+        err.contains("error: 36 of 36 gated cells out of tolerance: TTFT p50 all +0.9 % (339.6 vs captured 336.7, tolerance 0.01 %)"),
         "{err}"
     );
     assert!(err.contains("and 30 more"), "{err}");
@@ -392,14 +392,17 @@ fn json_has_the_numbers_of_the_table() {
         .filter(|l| l.contains(" ! ") && !l.starts_with('*'))
         .count();
     assert_eq!(v["failures"].as_array().unwrap().len(), marked);
+    // failures come in the table's order: the pooled TTFT's first failing quantile first
     let f0 = &v["failures"][0];
+    let first = &cohort(&v, "all")["ttft_ms"]["out_of_tolerance"][0];
+    assert!(first.is_string(), "{}", cohort(&v, "all")["ttft_ms"]);
     assert_eq!(
         (
             f0["metric"].as_str(),
             f0["cohort"].as_str(),
             f0["quantile"].as_str()
         ),
-        (Some("ttft_ms"), Some("all"), Some("p50"))
+        (Some("ttft_ms"), Some("all"), first.as_str())
     );
 }
 
@@ -718,21 +721,25 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
     );
     assert!(pooled_delta(&open, "ttft_ms", 0).abs() < 5.0);
 
-    // closed loop at the load generator's 8 (what `auto` infers): TTFT and the ITL body
-    // follow the capture (TTFT +2.4 / −0.5 / −4.4 %, ITL p50 / p90 −0.0 / +0.6 % at
-    // this seed), the request totals' tails too (p90 −2.4 % where open loop is +28.6 %)
+    // closed loop at the load generator's 8 (what `auto` infers): the first 8 sent
+    // together, the engine queueing what arrives during a step when the step ends (as
+    // vLLM's engine-core does), so the engine falls into the capture's rhythm — one
+    // request prefilled alone, the other seven in the next step — and TTFT and the whole
+    // ITL distribution follow the capture (TTFT −0.2 / −3.4 / −7.1 %, ITL −0.2 / −0.2 /
+    // −0.3 %, request total +0.4 / −5.1 / −10.1 % at this seed)
     let closed = json(&["--replay-concurrency", "auto"]);
     assert_eq!(closed["arrivals"], "concurrency");
     assert_eq!(closed["replay_concurrency"], 8);
     for (metric, q, within) in [
-        ("ttft_ms", 0, 5.0),
-        ("ttft_ms", 1, 4.0),
+        ("ttft_ms", 0, 2.0),
+        ("ttft_ms", 1, 5.0),
         ("ttft_ms", 2, 10.0),
         ("itl_ms", 0, 2.0),
-        ("itl_ms", 1, 3.0),
-        ("request_total_ms", 0, 8.0),
-        ("request_total_ms", 1, 6.0),
-        ("request_total_ms", 2, 10.0),
+        ("itl_ms", 1, 2.0),
+        ("itl_ms", 2, 3.0),
+        ("request_total_ms", 0, 2.0),
+        ("request_total_ms", 1, 7.0),
+        ("request_total_ms", 2, 12.0),
     ] {
         let d = pooled_delta(&closed, metric, q);
         assert!(
@@ -746,17 +753,6 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
             < pooled_delta(&open, "request_total_ms", 1).abs() / 4.0
     );
 
-    // …and with the capture's gap from a finish to the next arrival (55 ms: on the
-    // 2-core VM a client's next request reached the engine about one step after the
-    // finish), prefills stop landing among the decodes: ITL p99 −0.4 % at this seed
-    // (TTFT, which now starts later, +11.8 %)
-    let think = json(&["--replay-concurrency", "8", "--replay-think-ms", "55"]);
-    assert_eq!(think["replay_concurrency"], 8);
-    for (q, within) in [(0, 2.0), (1, 3.0), (2, 25.0)] {
-        let d = pooled_delta(&think, "itl_ms", q);
-        assert!(d.abs() < within, "itl [{q}] {d} %: {}", think["cohorts"]);
-    }
-
     // the header says how the requests arrived
     let out = calibrate_fixture(&["--replay-concurrency", "8", "--tolerance", "1000"]);
     let (out, err) = ok(&out);
@@ -767,10 +763,20 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
         "{out}"
     );
     assert!(
-        err.contains("a median 54.8 ms after the latest recorded finish"),
+        err.contains("note: the capture's scheduler settings"),
         "{err}"
     );
-    // it is a closed loop of its own, not sessions
-    let out = calibrate_fixture(&["--replay-concurrency", "8", "--replay-sessions"]);
-    assert!(!out.status.success());
+    // over sessions, the cap counts sessions (every request of this capture is one)
+    let out = calibrate_fixture(&[
+        "--replay-concurrency",
+        "8",
+        "--replay-sessions",
+        "--tolerance",
+        "1000",
+    ]);
+    let (out, _) = ok(&out);
+    assert!(
+        out.contains("closed loop over sessions, 8 in flight, each next session when one finishes"),
+        "{out}"
+    );
 }

@@ -98,7 +98,7 @@ async fn a_live_run_and_the_offline_driver_agree_step_for_step() {
     a.inter_token_latency = 1.5;
     a.inter_token_latency_std_dev = 0.7;
     a.prefill_time_per_token = 0.02;
-    a.max_num_seqs = 24;
+    a.max_num_seqs = Some(24);
     a.block_size = Some(4);
     a.num_gpu_blocks = 60; // 236 tokens of KV: the batch outgrows it and preempts
     a.seed = 11;
@@ -196,4 +196,49 @@ async fn a_live_run_and_the_offline_driver_agree_step_for_step() {
         p50,
         late[late.len() - 1]
     );
+}
+
+/// vLLM's engine-core takes in new requests between steps: a request that arrives while a
+/// step runs is QUEUED when that step ends (and joins the next one), one that finds the
+/// engine idle is queued at once and starts a step of its own.
+#[test]
+fn a_request_arriving_during_a_step_is_queued_when_the_step_ends() {
+    let mut a = args();
+    a.time_to_first_token = 20.0;
+    a.inter_token_latency = 5.0;
+    let cfg = PlayConfig::try_from(&a).unwrap();
+    let line = cfg.line;
+    let mut run = OfflineDriver::new(cfg.build_engine(0));
+    let ms = |x: f64| Duration::from_secs_f64(x / 1000.0);
+    for (id, at) in [("early", 0.0), ("during", 3.0), ("alone", 500.0)] {
+        let mut req = request(id, &[5, 6, 7, 8], 3);
+        req.wire_len = line.request_len();
+        run.add(ms(at), 0, req);
+    }
+    let outputs = run.run_until_idle();
+    let origin = instant_to_monotonic(run.origin());
+    let mut queued: BTreeMap<String, f64> = BTreeMap::new();
+    let mut first_token: BTreeMap<String, f64> = BTreeMap::new();
+    for o in &outputs {
+        for x in &o.outputs.outputs {
+            for e in &x.events {
+                if e.kind == EventType::Queued {
+                    queued.insert(x.request_id.clone(), (e.timestamp - origin) * 1000.0);
+                }
+            }
+            if !x.new_token_ids.is_empty() {
+                first_token
+                    .entry(x.request_id.clone())
+                    .or_insert(o.at.as_secs_f64() * 1000.0);
+            }
+        }
+    }
+    let near = |x: f64, y: f64| (x - y).abs() < 0.01;
+    assert!(near(queued["early"], 0.0), "{queued:?}");
+    // "early" prefills alone from 0 to 20 ms; "during" came at 3 ms and waits for it
+    assert!(near(first_token["early"], 20.0), "{first_token:?}");
+    assert!(near(queued["during"], 20.0), "{queued:?}");
+    assert!(first_token["during"] > 20.0, "{first_token:?}");
+    // the engine was idle at 500 ms
+    assert!(near(queued["alone"], 500.0), "{queued:?}");
 }

@@ -31,7 +31,7 @@ async fn a_repeated_prompt_is_served_from_the_prefix_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_prompt_is_prefilled_in_chunks() {
     let mut a = args();
-    a.max_num_batched_tokens = 64;
+    a.max_num_batched_tokens = Some(64);
     let mut w = Wire::start(a).await;
     w.send(&add("long", &vec![7; 200], 2)).await;
     let c = w.collect(&["long"]).await;

@@ -19,7 +19,7 @@ async fn handshake_advertises_the_engine() {
     let mut a = args();
     a.max_model_len = 4096;
     a.num_gpu_blocks = 1234;
-    a.max_num_seqs = 17;
+    a.max_num_seqs = Some(17);
     let w = Wire::start(a).await;
     let e = &w.engines[0];
     assert_eq!(e.rank, Some(0));
@@ -160,7 +160,7 @@ async fn abort_frees_the_request_without_output() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_num_seqs_queues_the_rest() {
     let mut a = args();
-    a.max_num_seqs = 2;
+    a.max_num_seqs = Some(2);
     a.inter_token_latency = 2.0;
     let mut w = Wire::start(a).await;
     let ids: Vec<String> = (0..6).map(|i| format!("q{i}")).collect();

@@ -208,8 +208,8 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             line: a.vllm_version,
             engine_index: u32::from(a.data_parallel_rank),
             rules: ComposeRules {
-                max_num_seqs: a.max_num_seqs as usize,
-                max_num_batched_tokens: a.max_num_batched_tokens,
+                max_num_seqs: a.max_num_seqs_or_default() as usize,
+                max_num_batched_tokens: a.max_num_batched_tokens_or_default(),
                 long_prefill_token_threshold: a.long_prefill_token_threshold,
                 enable_chunked_prefill: !a.no_enable_chunked_prefill,
                 enable_prefix_caching: !a.no_enable_prefix_caching,
@@ -250,8 +250,8 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             dtype: a.dtype.clone(),
             disable_lora: a.disable_lora,
             max_loras: a.max_loras,
-            max_num_seqs: a.max_num_seqs,
-            max_num_batched_tokens: a.max_num_batched_tokens,
+            max_num_seqs: a.max_num_seqs_or_default(),
+            max_num_batched_tokens: a.max_num_batched_tokens_or_default(),
             replay,
             model,
         })

@@ -16,6 +16,10 @@ use super::spec_decode::SpecMetricsLevel;
 
 /// The KV-cache block size when `--block-size` is not given.
 pub const DEFAULT_BLOCK_SIZE: u64 = 16;
+/// `--max-num-seqs` when not given (vLLM's default on GPUs).
+pub const DEFAULT_MAX_NUM_SEQS: u64 = 256;
+/// `--max-num-batched-tokens` when not given.
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: u64 = 8192;
 
 /// The engine's flags (validated by `PlayConfig`).
 #[derive(Debug, Clone, Args)]
@@ -85,13 +89,15 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub output_token_chunk_size: u32,
 
-    /// Maximum number of requests in the running batch; the rest wait.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_num_seqs: u64,
+    /// Maximum number of requests in the running batch; the rest wait [default: 256;
+    /// `inspect simulate`/`calibrate`: the capture's, from its engine's ready response].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_num_seqs: Option<u64>,
 
-    /// Token budget of one step: decodes take one token each, prefill chunks the rest.
-    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_num_batched_tokens: u64,
+    /// Token budget of one step: decodes take one token each, prefill chunks the rest
+    /// [default: 8192; `inspect simulate`/`calibrate`: the capture's].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_num_batched_tokens: Option<u64>,
 
     /// Largest prefill chunk of one request when several compete for a step (0 = no cap).
     #[arg(long, default_value_t = 0)]
@@ -223,6 +229,18 @@ impl EngineArgs {
     /// Tokens per KV-cache block: `--block-size`, else [`DEFAULT_BLOCK_SIZE`].
     pub fn block_size_or_default(&self) -> u64 {
         self.block_size.unwrap_or(DEFAULT_BLOCK_SIZE)
+    }
+
+    /// The running-batch cap: `--max-num-seqs`, else [`DEFAULT_MAX_NUM_SEQS`].
+    pub fn max_num_seqs_or_default(&self) -> u64 {
+        self.max_num_seqs.unwrap_or(DEFAULT_MAX_NUM_SEQS)
+    }
+
+    /// The step's token budget: `--max-num-batched-tokens`, else
+    /// [`DEFAULT_MAX_NUM_BATCHED_TOKENS`].
+    pub fn max_num_batched_tokens_or_default(&self) -> u64 {
+        self.max_num_batched_tokens
+            .unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS)
     }
 
     /// The latency knobs as flags set them (validated by `PlayConfig::try_from`).

@@ -131,10 +131,16 @@ impl<E: EngineCore> OfflineDriver<E> {
             }
             self.now = next;
             let now = self.origin + next;
-            if deadline.is_some_and(|d| d <= next) {
+            // An input due at a step's deadline is taken first: it reached the engine
+            // while that step ran, so it is queued at the step's end and can join the next
+            // step, as in a live run where it arrived a moment before the deadline.
+            let input_due = self.pending.front().is_some_and(|(t, _)| *t <= next);
+            if input_due {
+                if let Some((_, input)) = self.pending.pop_front() {
+                    self.engine.on_input(input, now, &mut out);
+                }
+            } else if deadline.is_some_and(|d| d <= next) {
                 self.engine.on_deadline(now, &mut out);
-            } else if let Some((_, input)) = self.pending.pop_front() {
-                self.engine.on_input(input, now, &mut out);
             }
             self.collect(&mut out, &mut got);
         }

@@ -327,9 +327,9 @@ impl SimEngine {
             }
             Some(s) => {
                 r.script = Some(s);
-                self.batch.insert(r, now);
+                self.batch.insert(r, self.input_taken_at(now));
             }
-            None => self.batch.insert(r, now),
+            None => self.batch.insert(r, self.input_taken_at(now)),
         }
         if req.abort_immediately {
             // vLLM admits and aborts at once so connector cleanup runs; no output.
@@ -352,6 +352,14 @@ impl SimEngine {
                 .push(r.id);
         }
         true
+    }
+
+    /// When the engine takes in what arrives at `now`: at once when it is idle, else when
+    /// the step in flight ends. vLLM's engine-core reads its input queue between steps, so
+    /// the QUEUED event of a request that arrives during a step carries the step's end (and
+    /// a capture's TTFT, measured from QUEUED, leaves that wait out).
+    fn input_taken_at(&self, now: Instant) -> Instant {
+        self.in_flight.as_ref().map_or(now, |s| s.end.max(now))
     }
 
     /// Start a step if none is running and there is work (after arrivals, aborts,

@@ -205,6 +205,14 @@ impl Workload {
         }
     }
 
+    /// [`Entry::calibrate_args`].
+    fn calibrate_args(&self) -> &'static str {
+        match self.load {
+            Load::Concurrency(_) | Load::Sessions => "--replay-concurrency auto",
+            Load::Rate { .. } => "",
+        }
+    }
+
     fn describe_load(&self) -> String {
         match self.load {
             Load::Concurrency(c) => {
@@ -258,6 +266,12 @@ pub struct Entry {
     pub role: String,
     pub requests: u32,
     pub load: String,
+    /// How `inspect calibrate` replays this capture's arrivals: `--replay-concurrency
+    /// auto` for a closed-loop load (a concurrency cap, or multi-turn conversations, which
+    /// `bench serve` sends as a closed loop over requests), nothing (the recorded
+    /// arrivals) for an open-loop one.
+    #[serde(default)]
+    pub calibrate_args: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -474,6 +488,7 @@ fn capture_all(
             role: role(*seed, *repeat).to_string(),
             requests: w.sent(requests),
             load: w.describe_load(),
+            calibrate_args: w.calibrate_args().to_string(),
         });
         eprintln!(
             "corpus: {stem}: load {:.1} s, capture {:.1} s; {}",
@@ -484,12 +499,12 @@ fn capture_all(
 }
 
 /// The traces of a role (`fit`, `gate`, `noise`) in the corpus under `out`, as paths.
-pub fn traces_of_role(out: &Path, role: &str) -> Result<Vec<PathBuf>> {
+pub fn traces_of_role(out: &Path, role: &str) -> Result<Vec<(PathBuf, String)>> {
     let m = read_manifest(&out.join("manifest.toml"))?;
     Ok(m.capture
         .iter()
         .filter(|e| e.role == role)
-        .map(|e| out.join(&e.file))
+        .map(|e| (out.join(&e.file), e.config_hash.clone()))
         .collect())
 }
 
@@ -545,12 +560,13 @@ fn render_manifest(entries: &[Entry]) -> String {
          # Written by `cargo xtask corpus` (xtask/src/corpus.rs); do not edit by hand:\n\
          # tests/conformance_manifest.rs checks every file's sha256, config_hash and host.\n\
          # role: `fit` (even seeds) to fit timing models, `gate` (odd seeds) to judge them, `noise`\n\
-         # (a seed-0 repeat) for the engine's own run-to-run noise. Never fit and gate on one trace.\n",
+         # (a seed-0 repeat) for the engine's own run-to-run noise. Never fit and gate on one trace.\n\
+         # calibrate_args: how `inspect calibrate` replays the capture's arrivals (closed loop or not).\n",
     );
     for e in entries {
         s.push_str(&format!(
             "\n[[capture]]\nline = {}\nfile = {}\nsteps = {}\nsha256 = {}\nsteps_sha256 = {}\n\
-             config_hash = {}\nworkload = {}\nseed = {}\nrole = {}\nrequests = {}\nload = {}\n",
+             config_hash = {}\nworkload = {}\nseed = {}\nrole = {}\nrequests = {}\nload = {}\ncalibrate_args = {}\n",
             q(&e.line),
             q(&e.file),
             q(&e.steps),
@@ -562,6 +578,7 @@ fn render_manifest(entries: &[Entry]) -> String {
             q(&e.role),
             e.requests,
             q(&e.load),
+            q(&e.calibrate_args),
         ));
     }
     s
@@ -610,11 +627,13 @@ mod tests {
             role: "gate".into(),
             requests: 128,
             load: "random 128/64 tokens, \"poisson\" 12 req/s".into(),
+            calibrate_args: "--replay-concurrency auto".into(),
         };
         let m: Manifest = toml::from_str(&render_manifest(std::slice::from_ref(&e))).unwrap();
         assert_eq!(m.capture.len(), 1);
         assert_eq!(m.capture[0].load, e.load);
         assert_eq!(m.capture[0].seed, 1);
+        assert_eq!(m.capture[0].calibrate_args, e.calibrate_args);
     }
 
     #[test]

@@ -516,10 +516,10 @@ impl Report<'_> {
 
     fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
         let a = self.args;
-        let how = if a.arrivals.replay_sessions {
-            "session turns after their parents".to_string()
-        } else if let Some(c) = self.concurrency {
+        let how = if let Some(c) = self.concurrency {
             a.arrivals.describe(c)
+        } else if a.arrivals.replay_sessions {
+            "session turns after their parents".to_string()
         } else {
             "arrivals at their recorded offsets".to_string()
         };

@@ -16,7 +16,9 @@ use crate::play::replay::prompt_block_hashes;
 /// A request in flight.
 struct Flight {
     index: usize,
+    /// When it was sent, then (once its QUEUED event is seen) when the engine queued it.
     arrival: Duration,
+    queued: bool,
     prompt_tokens: u32,
     cached_tokens: Option<u32>,
     output_tokens: u32,
@@ -51,6 +53,8 @@ pub struct Follower {
     running: u32,
     /// PREEMPTED events seen.
     pub preemptions: u64,
+    /// The virtual clock's zero on the engine's event clock (monotonic seconds).
+    origin: f64,
 }
 
 /// Milliseconds, rounded to the microsecond (as the tap writes them).
@@ -62,13 +66,16 @@ impl Follower {
     /// `hash_blocks`: the engine's block size, to write every prompt's block hashes into
     /// its record (`None`: no hashes, when no trace is written — they cost a SHA-256 per
     /// block).
-    pub fn new(hash_blocks: Option<usize>, record_tokens: bool) -> Self {
+    /// `origin`: the virtual clock's zero as the engine stamps events
+    /// (`instant_to_monotonic` of the driver's origin).
+    pub fn new(hash_blocks: Option<usize>, record_tokens: bool, origin: f64) -> Self {
         Self {
             flights: HashMap::new(),
             hash_blocks,
             record_tokens,
             running: 0,
             preemptions: 0,
+            origin,
         }
     }
 
@@ -77,7 +84,8 @@ impl Follower {
         self.flights.len()
     }
 
-    /// Request `index` is sent at `at`.
+    /// Request `index` is sent at `at`. Its record's arrival is when the engine queued it
+    /// (its QUEUED event: the end of the step in flight when it came), as a capture's is.
     pub fn arrive(&mut self, index: usize, at: Duration, req: &EngineCoreRequest) {
         let block_hashes = match self.hash_blocks {
             Some(bs) => prompt_block_hashes(req, bs)
@@ -92,6 +100,7 @@ impl Follower {
             Flight {
                 index,
                 arrival: at,
+                queued: false,
                 prompt_tokens: req.prompt_len() as u32,
                 cached_tokens: None,
                 output_tokens: 0,
@@ -136,6 +145,12 @@ impl Follower {
             let Some(f) = self.flights.get_mut(&x.request_id) else {
                 continue;
             };
+            if !f.queued
+                && let Some(e) = x.events.iter().find(|e| e.kind == EventType::Queued)
+            {
+                f.queued = true;
+                f.arrival = Duration::from_secs_f64((e.timestamp - self.origin).max(0.0));
+            }
             if f.cached_tokens.is_none()
                 && let Some(p) = x.prefill_stats
             {

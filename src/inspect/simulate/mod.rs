@@ -29,7 +29,7 @@ use crate::play::config::PlayConfig;
 use crate::play::offline::OfflineDriver;
 pub use follow::Finished;
 use follow::Follower;
-use workload::{Children, Turn, Workload, duration_ms};
+use workload::{Children, Sessions, Turn, Workload, duration_ms};
 
 #[derive(Debug, Clone, Args)]
 pub struct SimulateArgs {
@@ -92,18 +92,23 @@ pub struct ArrivalArgs {
     /// simulation (plus --replay-think-ms; the recorded arrivals of the later requests
     /// are not used). `auto`: N is the capture's concurrency — the largest of the
     /// records' `concurrency`, else the most requests in flight at once by the recorded
-    /// arrivals and ends.
+    /// arrivals and ends. With --replay-sessions, N counts sessions, as a multi-turn load
+    /// generator keeps N conversations going: the first N sessions start at their
+    /// recorded offsets, each next one when a session's last turn finishes (plus
+    /// --replay-think-ms); `auto` is then the most sessions in flight at once in the
+    /// capture (a session spans its first arrival to its last recorded end).
     #[arg(
         long,
         value_name = "N|auto",
         value_parser = parse_replay_concurrency,
-        conflicts_with_all = ["replay_sessions", "replay_arrivals"]
+        conflicts_with = "replay_arrivals"
     )]
     pub replay_concurrency: Option<ReplayConcurrency>,
 
-    /// With --replay-concurrency: the time from a finish to the next request's arrival
-    /// (default 0). A note gives the capture's median gap from the latest recorded finish
-    /// to each later arrival.
+    /// With --replay-concurrency: the time from a finish to the next request's (or
+    /// session's) arrival (default 0: a load generator on the same host answers within
+    /// a step, and the engine queues what arrives during a step when the step ends, so a
+    /// capture's arrivals — its engine's QUEUED times — already include that wait).
     #[arg(long, value_name = "MS", requires = "replay_concurrency", value_parser = parse_think_ms)]
     pub replay_think_ms: Option<f64>,
 }
@@ -139,9 +144,6 @@ impl ArrivalArgs {
     pub fn options(&self, work: &Workload, engine: &EngineArgs) -> Result<RunOptions> {
         let concurrency = self.resolve(work)?;
         notes(self.replay_sessions, work, engine);
-        if let Some(c) = concurrency {
-            self.note(work, c);
-        }
         Ok(RunOptions {
             replay_sessions: self.replay_sessions,
             concurrency,
@@ -155,7 +157,11 @@ impl ArrivalArgs {
     /// The arrival mode, for `--json`: `sessions`, `concurrency` or `recorded`.
     pub fn mode(&self, concurrency: Option<usize>) -> &'static str {
         if self.replay_sessions {
-            "sessions"
+            if concurrency.is_some() {
+                "sessions-concurrency"
+            } else {
+                "sessions"
+            }
         } else if concurrency.is_some() {
             "concurrency"
         } else {
@@ -168,6 +174,13 @@ impl ArrivalArgs {
         Ok(match self.replay_concurrency {
             None => None,
             Some(ReplayConcurrency::Fixed(n)) => Some(n),
+            Some(ReplayConcurrency::Auto) if self.replay_sessions => Some(
+                Sessions::of(&work.sessions())
+                    .captured_concurrency(work)
+                    .context(
+                        "--replay-concurrency auto: the trace tells no session concurrency (no record has both an arrival_ms and a ttft_ms): pass a number",
+                    )?,
+            ),
             Some(ReplayConcurrency::Auto) => Some(work.captured_concurrency().context(
                 "--replay-concurrency auto: the trace tells no concurrency (no record has `concurrency`, nor both an arrival_ms and a ttft_ms): pass a number",
             )?),
@@ -189,18 +202,12 @@ impl ArrivalArgs {
             Some(t) if t > 0.0 => format!("{t} ms after one finishes"),
             _ => "when one finishes".to_string(),
         };
-        format!("closed loop, {n} in flight{how}, each next request {when}")
-    }
-
-    /// A note on the capture's own gap from a finish to the next arrival.
-    pub fn note(&self, work: &Workload, n: usize) {
-        if let Some(gap) = work.median_gap_after_finish(work.ramp(n)) {
-            eprintln!(
-                "note: closed loop at {n} in flight, with {} ms from a finish to the next arrival; in the capture, requests after the first {} arrived a median {gap:.1} ms after the latest recorded finish before them",
-                self.replay_think_ms.unwrap_or(0.0),
-                work.ramp(n)
+        if self.replay_sessions {
+            return format!(
+                "closed loop over sessions, {n} in flight{how}, each next session {when}"
             );
         }
+        format!("closed loop, {n} in flight{how}, each next request {when}")
     }
 }
 
@@ -239,13 +246,49 @@ pub struct RunOptions {
     pub record_tokens: bool,
 }
 
-/// The engine flags a run of `work` uses: `engine`, with the trace's block size unless
-/// `--block-size` says otherwise.
+/// The engine flags a run of `work` uses: `engine`, with the trace's block size, and its
+/// engine's `max_num_seqs` and `max_num_batched_tokens` (from the ready response a capture
+/// keeps in its meta), unless the flags say otherwise; and without prefix caching when the
+/// capture shows its engine had none ([`Workload::captured_without_prefix_caching`]).
 pub fn engine_for(work: &Workload, engine: &EngineArgs) -> EngineArgs {
     let mut engine = engine.clone();
     engine
         .block_size
         .get_or_insert(work.trace_block_size as u64);
+    let captured = work.captured_engine();
+    let mut taken = Vec::new();
+    if engine.max_num_seqs.is_none()
+        && let Some(n) = captured
+            .as_ref()
+            .map(|r| r.max_num_seqs)
+            .or(work.meta.max_num_seqs.map(u64::from))
+            .filter(|&n| n > 0)
+    {
+        engine.max_num_seqs = Some(n);
+        taken.push(format!("--max-num-seqs {n}"));
+    }
+    if engine.max_num_batched_tokens.is_none()
+        && let Some(n) = captured
+            .as_ref()
+            .map(|r| r.max_num_batched_tokens)
+            .filter(|&n| n > 0)
+    {
+        engine.max_num_batched_tokens = Some(n);
+        taken.push(format!("--max-num-batched-tokens {n}"));
+    }
+    if !taken.is_empty() {
+        eprintln!(
+            "note: the capture's scheduler settings: {} (give the flags to override)",
+            taken.join(" ")
+        );
+    }
+    if !engine.no_enable_prefix_caching && work.captured_without_prefix_caching() {
+        eprintln!(
+            "note: the capture's engine ran without prefix caching (no prompt token came from its cache, though {} requests began with a block an earlier one had): simulating with --no-enable-prefix-caching",
+            work.sharing_requests()
+        );
+        engine.no_enable_prefix_caching = true;
+    }
     engine
 }
 
@@ -361,11 +404,28 @@ pub fn run_workload(
     } else {
         vec![Turn::Root; n]
     };
-    // closed loop at `--replay-concurrency`: requests take a slot in arrival order
-    // (`waiting` is the next one), the ramp's not before their recorded offsets
+    // closed loop at `--replay-concurrency`: requests (with --replay-sessions: sessions,
+    // by their roots) take a slot in arrival order (`queue[waiting]` is the next one),
+    // the ramp's not before their recorded offsets; a session frees its slot when its
+    // last request is done
+    let sessions = Sessions::of(&turns);
+    let mut left_in_session = sessions.size.clone();
+    let queue: Vec<usize> = if opts.replay_sessions {
+        sessions.roots.clone()
+    } else {
+        (0..n).collect()
+    };
     let (cap, ramp) = match opts.concurrency {
+        Some(c) if opts.replay_sessions => (c, c),
         Some(c) => (c, work.ramp(c)),
         None => (usize::MAX, n),
+    };
+    // the ramp's requests are sent when the load generator sent them, not when the engine
+    // queued them (what a record's arrival is)
+    let ramp_sends = if opts.concurrency.is_some() && !opts.replay_sessions {
+        work.ramp_sends(ramp)
+    } else {
+        Vec::new()
     };
     let mut waiting = 0usize;
     let mut slots_taken = 0usize;
@@ -391,13 +451,19 @@ pub fn run_workload(
                 return;
             }
             slots_taken -= freed;
-            while waiting < n && slots_taken < cap {
+            while waiting < queue.len() && slots_taken < cap {
+                let i = queue[waiting];
                 let at = if waiting < ramp {
-                    now.max(recorded(waiting))
+                    let sent = ramp_sends
+                        .get(waiting)
+                        .copied()
+                        .flatten()
+                        .map_or_else(|| recorded(i), |t| duration_ms(t - shift));
+                    now.max(sent)
                 } else {
                     now.saturating_add(opts.think)
                 };
-                due.push(Reverse((at, waiting)));
+                due.push(Reverse((at, i)));
                 waiting += 1;
                 slots_taken += 1;
             }
@@ -405,7 +471,11 @@ pub fn run_workload(
     release(Duration::ZERO, 0, &mut due);
 
     let mut driver = OfflineDriver::new(cfg.build_engine(0));
-    let mut follower = Follower::new(opts.hash_blocks, opts.record_tokens);
+    let mut follower = Follower::new(
+        opts.hash_blocks,
+        opts.record_tokens,
+        crate::play::timer::instant_to_monotonic(driver.origin()),
+    );
     let mut finished = Vec::new();
     let mut progress = Progress::new("simulate:");
     let mut done = 0usize;
@@ -423,7 +493,14 @@ pub fn run_workload(
                 };
                 due.push(Reverse((at, c)));
             }
-            release(f.at, 1, due);
+            let root = sessions.root_of[f.index] as usize;
+            left_in_session[root] -= 1;
+            let freed = if opts.replay_sessions {
+                usize::from(left_in_session[root] == 0)
+            } else {
+                1
+            };
+            release(f.at, freed, due);
             on_record(f)
         };
     loop {
@@ -572,11 +649,11 @@ pub fn notes(replay_sessions: bool, work: &Workload, engine: &EngineArgs) {
         ));
     }
     if let Some(m) = work.meta.max_num_seqs
-        && u64::from(m) != engine.max_num_seqs
+        && u64::from(m) != engine.max_num_seqs_or_default()
     {
         note(&format!(
             "the trace was captured with max_num_seqs {m}; simulating with --max-num-seqs {}",
-            engine.max_num_seqs
+            engine.max_num_seqs_or_default()
         ));
     }
     if work.without_arrival > 0 {

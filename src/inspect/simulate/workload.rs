@@ -31,6 +31,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use sim_protocol::ReadyResponse;
 use sim_trace::trace::{BlockHash, TraceItem, TraceMeta, TraceReader, TraceRecord};
 
 use crate::inspect::progress::Progress;
@@ -52,6 +53,8 @@ pub struct Planned {
     pub output_tokens: u32,
     /// Recorded end to end: TTFT plus every inter-token gap (records with a TTFT).
     pub e2e_ms: Option<f64>,
+    /// Recorded TTFT, ms.
+    pub ttft_ms: Option<f64>,
     /// The record's `concurrency` (requests in flight when it arrived, itself included).
     pub concurrency: Option<u32>,
     /// Its record's position in the trace file (0 for the first record).
@@ -87,6 +90,8 @@ pub struct Workload {
     pub records_in_trace: u64,
     /// Records without `arrival_ms`.
     pub without_arrival: u64,
+    /// The records' `cached_tokens` summed, when any record has the field.
+    pub cached_tokens: Option<u64>,
 }
 
 impl Workload {
@@ -108,6 +113,7 @@ impl Workload {
         let mut meta = None;
         let mut staged: Vec<Planned> = Vec::new();
         let mut hashes: Vec<u64> = Vec::new();
+        let mut cached_tokens: Option<u64> = None;
         let mut progress = Progress::new("simulate: reading records");
         for item in TraceReader::open(path)? {
             match item? {
@@ -118,6 +124,9 @@ impl Workload {
                     progress.tick();
                     let source = u32::try_from(staged.len()).context("more than 2^32 records")?;
                     observe(source, &r);
+                    if let Some(c) = r.cached_tokens {
+                        *cached_tokens.get_or_insert(0) += u64::from(c);
+                    }
                     let start = hashes.len();
                     hashes.extend(r.block_hashes.iter().map(hash_value));
                     let gaps: f64 = r.itl_ms.iter().sum();
@@ -126,6 +135,7 @@ impl Workload {
                         prompt_tokens: r.prompt_tokens,
                         output_tokens: r.output_tokens,
                         e2e_ms: r.ttft_ms.map(|t| t + gaps),
+                        ttft_ms: r.ttft_ms,
                         concurrency: r.concurrency,
                         source,
                         hashes: (
@@ -173,7 +183,45 @@ impl Workload {
             hashes,
             records_in_trace,
             without_arrival,
+            cached_tokens,
         })
+    }
+
+    /// The capture's engine as it described itself to the frontend (the ready response
+    /// `record` keeps in the meta line), when the trace has it and it decodes.
+    pub fn captured_engine(&self) -> Option<ReadyResponse> {
+        let hex = self.meta.ready_response_hex.as_deref()?;
+        let bytes: Option<Vec<u8>> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect();
+        ReadyResponse::decode(&bytes?).ok()
+    }
+
+    /// How many requests start with a complete block an earlier request had, and hold at
+    /// least one more token: the ones an engine with prefix caching would have served
+    /// from its cache (vLLM computes at least a prompt's last token, so a prompt of
+    /// exactly one shared block gets no hit).
+    pub fn sharing_requests(&self) -> usize {
+        let mut seen = std::collections::HashSet::new();
+        let mut sharing = 0;
+        for i in 0..self.reqs.len() {
+            let chain = &self.hashes(i)[..self.chain_len(i)];
+            let cacheable = self.reqs[i].prompt_tokens.saturating_sub(1) as usize
+                / self.trace_block_size.max(1);
+            if cacheable > 0 && chain.first().is_some_and(|h| seen.contains(h)) {
+                sharing += 1;
+            }
+            seen.extend(chain.iter().copied());
+        }
+        sharing
+    }
+
+    /// Whether the capture says its engine ran without prefix caching: its records report
+    /// `cached_tokens`, none was served from the cache, yet at least 5 requests began with
+    /// a block an earlier request had.
+    pub fn captured_without_prefix_caching(&self) -> bool {
+        self.cached_tokens == Some(0) && self.sharing_requests() >= 5
     }
 
     /// The concurrency the workload was captured at (`--replay-concurrency auto`): the
@@ -232,29 +280,27 @@ impl Workload {
         n.min(self.reqs.len())
     }
 
-    /// The median of the recorded gaps from the latest recorded finish (arrival + TTFT +
-    /// gaps) to each arrival of the requests from `from` on (those with a finish before
-    /// them).
-    pub fn median_gap_after_finish(&self, from: usize) -> Option<f64> {
-        let mut ends: Vec<f64> = self
-            .reqs
-            .iter()
-            .filter_map(|p| Some(p.arrival_ms? + p.e2e_ms?.max(0.0)))
-            .collect();
-        ends.sort_by(f64::total_cmp);
-        let mut gaps: Vec<f64> = self.reqs[from.min(self.reqs.len())..]
-            .iter()
-            .filter_map(|p| {
-                let a = p.arrival_ms?;
-                let k = ends.partition_point(|e| *e <= a);
-                (k > 0).then(|| a - ends[k - 1])
-            })
-            .collect();
-        if gaps.is_empty() {
-            return None;
+    /// When the load generator sent each of the first `ramp` requests of a closed loop,
+    /// ms. A record's arrival is when the engine *queued* it, and vLLM's engine-core takes
+    /// in new requests only between steps: of a burst sent at once, the first one starts a
+    /// step of its own and the rest are queued when that step ends — as its first token
+    /// comes out. So a ramp request queued no later than 1 ms after an earlier ramp
+    /// request's first token was sent with it (transitively); any other at its recorded
+    /// arrival.
+    pub fn ramp_sends(&self, ramp: usize) -> Vec<Option<f64>> {
+        let mut sent: Vec<Option<f64>> = Vec::with_capacity(ramp);
+        for i in 0..ramp.min(self.reqs.len()) {
+            let p = &self.reqs[i];
+            let with = p.arrival_ms.and_then(|a| {
+                (0..i).find_map(|j| {
+                    let q = &self.reqs[j];
+                    let (qa, t) = (q.arrival_ms?, q.ttft_ms?);
+                    (qa <= a && a <= qa + t + 1.0).then_some(sent[j])?
+                })
+            });
+            sent.push(with.or(p.arrival_ms));
         }
-        gaps.sort_by(f64::total_cmp);
-        Some(gaps[gaps.len() / 2])
+        sent
     }
 
     /// Request `i`'s block hashes.
@@ -324,6 +370,73 @@ impl Workload {
     }
 }
 
+/// The sessions of a `--replay-sessions` run, for a closed loop over sessions
+/// (`--replay-sessions --replay-concurrency`): which session each request belongs to (the
+/// root of its chain of turns), and how many requests each session holds.
+pub struct Sessions {
+    /// Per request: the arrival-order index of its session's root.
+    pub root_of: Vec<u32>,
+    /// Per request: the number of requests in the session it roots (0 for a turn).
+    pub size: Vec<u32>,
+    /// The roots, in arrival order.
+    pub roots: Vec<usize>,
+}
+
+impl Sessions {
+    /// Group `turns` (from [`Workload::sessions`]: a parent comes before its turns).
+    pub fn of(turns: &[Turn]) -> Self {
+        let mut root_of = Vec::with_capacity(turns.len());
+        let mut size = vec![0u32; turns.len()];
+        let mut roots = Vec::new();
+        for (i, t) in turns.iter().enumerate() {
+            let root = match *t {
+                Turn::Root => {
+                    roots.push(i);
+                    i as u32
+                }
+                Turn::After { parent, .. } | Turn::NotBefore { parent } => root_of[parent as usize],
+            };
+            root_of.push(root);
+            size[root as usize] += 1;
+        }
+        Self {
+            root_of,
+            size,
+            roots,
+        }
+    }
+
+    /// The most sessions in flight at once in the capture, a session lasting from its
+    /// root's recorded arrival to the latest recorded end among its requests (sessions
+    /// with both); `None` when no session has them.
+    pub fn captured_concurrency(&self, work: &Workload) -> Option<usize> {
+        let mut span: Vec<Option<(f64, f64)>> = vec![None; work.reqs.len()];
+        for (i, p) in work.reqs.iter().enumerate() {
+            let (Some(a), Some(e2e)) = (p.arrival_ms, p.e2e_ms) else {
+                continue;
+            };
+            let r = self.root_of[i] as usize;
+            let end = a + e2e.max(0.0);
+            span[r] = Some(match span[r] {
+                Some((s, e)) => (s.min(a), e.max(end)),
+                None => (a, end),
+            });
+        }
+        let mut events: Vec<(f64, i32)> = span
+            .iter()
+            .flatten()
+            .flat_map(|&(s, e)| [(s, 1), (e, -1)])
+            .collect();
+        events.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        let (mut now, mut most) = (0i32, 0i32);
+        for (_, d) in events {
+            now += d;
+            most = most.max(now);
+        }
+        (most > 0).then_some(most as usize)
+    }
+}
+
 /// Children of every request, as linked lists (first child, next sibling), so releasing a
 /// finished request's turns costs nothing per request that has none.
 pub struct Children {
@@ -389,6 +502,7 @@ mod tests {
                     prompt_tokens: *p,
                     output_tokens: 4,
                     e2e_ms: *e2e,
+                    ttft_ms: None,
                     concurrency: None,
                     source: 0,
                     hashes: (start, h.len() as u32),
@@ -402,6 +516,7 @@ mod tests {
             hashes,
             records_in_trace: records.len() as u64,
             without_arrival: 0,
+            cached_tokens: None,
         }
     }
 
@@ -483,5 +598,51 @@ mod tests {
         assert_eq!(c.of_request(2).collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(c.of_request(3).collect::<Vec<_>>(), vec![6]);
         assert_eq!(c.of_request(1).count(), 0);
+
+        // sessions: 0 → 2 → {3 → 6, 4}; 1 and 5 alone
+        let g = Sessions::of(&t);
+        assert_eq!(g.roots, vec![0, 1, 5]);
+        assert_eq!(g.root_of, vec![0, 1, 0, 0, 0, 5, 0]);
+        assert_eq!((g.size[0], g.size[1], g.size[5], g.size[2]), (5, 1, 1, 0));
+        // session 0 spans 0..501 (request 4 ends at 501, 2 at 340, 3 and 6 untimed),
+        // session 1 50..60: two at once
+        assert_eq!(g.captured_concurrency(&w), Some(2));
+    }
+
+    #[test]
+    fn a_capture_without_cache_hits_despite_shared_blocks_had_no_prefix_caching() {
+        let shared: Vec<(f64, u32, &[u64], Option<f64>)> = (0..6)
+            .map(|i| (f64::from(i), 8, &[1u64, 2][..], Some(1.0)))
+            .collect();
+        let mut w = workload(&shared, 4);
+        assert_eq!(w.sharing_requests(), 5);
+        assert!(
+            !w.captured_without_prefix_caching(),
+            "no cached_tokens field"
+        );
+        w.cached_tokens = Some(0);
+        assert!(w.captured_without_prefix_caching());
+        w.cached_tokens = Some(640);
+        assert!(
+            !w.captured_without_prefix_caching(),
+            "the cache served some"
+        );
+        let firsts = [[1u64], [2], [3], [4], [5], [6]];
+        let distinct: Vec<(f64, u32, &[u64], Option<f64>)> = firsts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (i as f64, 8, &h[..], Some(1.0)))
+            .collect();
+        let mut w = workload(&distinct, 4);
+        w.cached_tokens = Some(0);
+        assert!(!w.captured_without_prefix_caching(), "nothing to share");
+        // prompts of exactly one shared block: vLLM computes the last token, no hit
+        let whole: Vec<(f64, u32, &[u64], Option<f64>)> = (0..6)
+            .map(|i| (f64::from(i), 4, &[1u64][..], Some(1.0)))
+            .collect();
+        let mut w = workload(&whole, 4);
+        w.cached_tokens = Some(0);
+        assert_eq!(w.sharing_requests(), 0);
+        assert!(!w.captured_without_prefix_caching());
     }
 }

@@ -74,11 +74,12 @@ pub(crate) enum LegKind {
         line: String,
     },
     /// Recorded ids back through the frontend: the committed fixture, then every `gate`
-    /// capture of the conformance corpus.
+    /// capture of the conformance corpus (with the manifest's `config_hash`, which `play
+    /// --expect-config-hash` checks against the trace).
     FixtureIds {
         rs: PathBuf,
         line: String,
-        traces: Vec<PathBuf>,
+        traces: Vec<(PathBuf, Option<String>)>,
     },
     Agent {
         rs: PathBuf,
@@ -169,12 +170,13 @@ pub(crate) fn legs(
 
 /// The captures whose ids the fixture leg replays: the committed fixture, then every `gate`
 /// capture of the conformance corpus (their content, byte for byte, through a frontend).
-fn id_traces(root: &Path) -> Result<Vec<PathBuf>> {
-    let mut traces = vec![root.join(FIXTURE).join("trace.jsonl.gz")];
-    traces.extend(crate::corpus::traces_of_role(
-        &root.join("conformance"),
-        "gate",
-    )?);
+fn id_traces(root: &Path) -> Result<Vec<(PathBuf, Option<String>)>> {
+    let mut traces = vec![(root.join(FIXTURE).join("trace.jsonl.gz"), None)];
+    traces.extend(
+        crate::corpus::traces_of_role(&root.join("conformance"), "gate")?
+            .into_iter()
+            .map(|(t, hash)| (t, Some(hash))),
+    );
     Ok(traces)
 }
 
@@ -191,7 +193,7 @@ pub(crate) fn run_leg(leg: &ReplayLeg, env: &Env, dir: &Path) -> Vec<CheckResult
     let mut out = Checks::default();
     let r = match &leg.kind {
         LegKind::RoundTrip { frontend, line } => round_trip(env, frontend, line, dir, &mut out),
-        LegKind::FixtureIds { rs, line, traces } => traces.iter().try_for_each(|t| {
+        LegKind::FixtureIds { rs, line, traces } => traces.iter().try_for_each(|(t, hash)| {
             // `conformance/0.32/bursts-s1.trace.jsonl.gz` → `bursts-s1`; a capture directory's
             // `trace.jsonl.gz` → the directory's name
             let stem = |p: &Path| {
@@ -207,7 +209,8 @@ pub(crate) fn run_leg(leg: &ReplayLeg, env: &Env, dir: &Path) -> Vec<CheckResult
                 s if s.is_empty() => t.parent().map(stem_dir).unwrap_or_default(),
                 s => s,
             };
-            fixture_ids(env, rs, line, t, &name, &dir.join(&name), &mut out)
+            let dir = dir.join(&name);
+            fixture_ids(env, rs, line, (t, hash.as_deref()), &name, &dir, &mut out)
         }),
         LegKind::Agent { rs, line, cpu } => agent(env, rs, line, cpu, dir, &mut out),
         LegKind::Steps { rs, line } => steps(env, rs, line, dir, &mut out),

@@ -317,11 +317,13 @@ pub(super) fn recorded_in_order(seen: &[Seen], trace: &Path, tap: &str) -> Resul
 
 // ------------------------------------------------------------------ 2. fixture ids
 
+/// `trace` with the `config_hash` its provenance promises (the corpus manifest's), which
+/// `play --expect-config-hash` holds the trace to.
 pub(super) fn fixture_ids(
     env: &Env,
     rs: &Path,
     line: &str,
-    trace: &Path,
+    (trace, expect_hash): (&Path, Option<&str>),
     name: &str,
     dir: &Path,
     out: &mut Checks,
@@ -329,6 +331,19 @@ pub(super) fn fixture_ids(
     let t = Instant::now();
     let (_, records) = read_by_arrival(trace)?;
     let summary = dir.join("summary.json");
+    let mut args: Vec<String> = vec![
+        "--replay-tokens".into(),
+        trace.display().to_string(),
+        "--replay-match".into(),
+        "index".into(),
+        "--replay-miss".into(),
+        "fail".into(),
+        "--replay-summary".into(),
+        summary.display().to_string(),
+    ];
+    if let Some(h) = expect_hash {
+        args.extend(["--expect-config-hash".into(), h.to_string()]);
+    }
     let stack = start_stack(
         env.engine_bin,
         &Frontend::Rs {
@@ -337,19 +352,7 @@ pub(super) fn fixture_ids(
         &[],
         env.real_model,
         None,
-        Backend::Play {
-            line,
-            args: vec![
-                "--replay-tokens".into(),
-                trace.display().to_string(),
-                "--replay-match".into(),
-                "index".into(),
-                "--replay-miss".into(),
-                "fail".into(),
-                "--replay-summary".into(),
-                summary.display().to_string(),
-            ],
-        },
+        Backend::Play { line, args },
         dir,
     )?;
     eprintln!("  stack up after {:.1} s", t.elapsed().as_secs_f64());
