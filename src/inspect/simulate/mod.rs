@@ -87,10 +87,11 @@ pub struct ArrivalArgs {
 
     /// Closed loop at N requests in flight, as a load generator with a concurrency cap
     /// (`bench serve --max-concurrency N`) sends them: in arrival order, the first N (and
-    /// any before the capture first had N in flight) at their recorded offsets, or when
-    /// a slot frees if later; then each next one the moment a request finishes in the
-    /// simulation (plus --replay-think-ms; the recorded arrivals of the later requests
-    /// are not used). `auto`: N is the capture's concurrency — the largest of the
+    /// any before the capture first had N in flight) when the load generator sent them
+    /// (a record's arrival is its engine's QUEUED time; one queued within 1 ms of an
+    /// earlier one's first token was sent with that one), or when a slot frees if later;
+    /// then each next one the moment a request finishes in the simulation (plus
+    /// --replay-think-ms; the recorded arrivals of the later requests are not used). `auto`: N is the capture's concurrency — the largest of the
     /// records' `concurrency`, else the most requests in flight at once by the recorded
     /// arrivals and ends. With --replay-sessions, N counts sessions, as a multi-turn load
     /// generator keeps N conversations going: the first N sessions start at their
