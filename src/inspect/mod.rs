@@ -6,10 +6,12 @@
 //! stderr for long work.
 
 pub mod calibrate;
+pub mod compare;
 pub mod convert;
 pub mod fit;
 pub mod gen_demo;
 pub mod perfetto;
+pub mod plot;
 pub mod progress;
 pub mod simulate;
 pub mod summarize;
@@ -51,6 +53,10 @@ pub enum InspectCommand {
     /// the best-fit latency knobs; gate on a tolerance (exit 1 when out), dump the
     /// samples, draw SVG figures.
     Calibrate(Box<calibrate::CalibrateArgs>),
+    /// Compare the latencies of several traces: TTFT, ITL and request-total p50 / p90 /
+    /// p99 per concurrency cohort and each trace's Δ % against the first (two captures of
+    /// one workload, a capture and its simulation, two configurations); draw SVG figures.
+    Compare(compare::CompareArgs),
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
@@ -62,6 +68,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         InspectCommand::Fit(a) => fit::run(&a),
         InspectCommand::Simulate(a) => simulate::run(&a),
         InspectCommand::Calibrate(a) => calibrate::run(&a),
+        InspectCommand::Compare(a) => compare::run(&a),
     };
     match r {
         // `inspect … | head` closed our stdout: not an error.

@@ -16,6 +16,8 @@ use sim_protocol::{
 use tokio::sync::watch;
 use vllm_vcr::play::PlayArgs;
 
+pub mod svg;
+
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct Wire {

@@ -508,6 +508,11 @@ pub fn traces_of_role(out: &Path, role: &str) -> Result<Vec<(PathBuf, String)>> 
         .collect())
 }
 
+/// Every capture of the manifest in `out` (the corpus directory), in the manifest's order.
+pub fn captures(out: &Path) -> Result<Vec<Entry>> {
+    Ok(read_manifest(&out.join("manifest.toml"))?.capture)
+}
+
 fn read_manifest(path: &Path) -> Result<Manifest> {
     match std::fs::read_to_string(path) {
         Ok(text) => toml::from_str(&text).with_context(|| format!("parsing {}", path.display())),

@@ -19,6 +19,7 @@ mod ci;
 mod compat;
 mod corpus;
 mod e2e;
+mod figures;
 mod http;
 mod load;
 mod parity;
@@ -103,6 +104,11 @@ commands:
                --requests N    requests per capture instead of each workload's own
                --engine-bin P  the vllm-vcr binary (default: cargo build)
                --list          print the workloads and exit
+  figures    regenerate docs/fidelity-table.md and docs/figures/ from the conformance corpus:
+             a model per configuration fitted on its fit captures, every gate capture
+             calibrated against it, the engine's own run-to-run distance and prefix caching
+             on/off compared (deterministic: the simulation runs on a virtual clock)
+               --engine-bin P  the vllm-vcr binary (default: cargo build)
   cpu-engine start one real frontend in external-engine mode with the real vLLM engine-core
              for CPU behind it (installing it if needed), time engine start -> /health 200,
              send a greedy 16-token completion three times, report RSS, stop both and check
@@ -176,6 +182,7 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--cpu-engine",
         ],
         "capture" => &["--requests", "--concurrency", "--engine-bin"],
+        "figures" => &["--engine-bin"],
         "cpu-engine" => &[
             "--line",
             "--python",
@@ -414,6 +421,14 @@ fn real_main() -> Result<bool> {
                 (None, false) => e2e::build_engine(&root)?,
             };
             corpus::run(&root, &engine, &opts)?;
+            Ok(true)
+        }
+        "figures" => {
+            let engine = match &args.engine_bin {
+                Some(p) => p.clone(),
+                None => e2e::build_engine(&root)?,
+            };
+            figures::run(&root, &engine)?;
             Ok(true)
         }
         "cpu-engine" => cpu_engine_cmd(&root, &args),

@@ -305,6 +305,25 @@ pub fn chunk_sizes<'a>(records: impl Iterator<Item = &'a TraceRecord>) -> BTreeM
     m
 }
 
+/// (turn, p50, p90) of `values` grouped by session turn (`(turn, value)` pairs), for the
+/// turns with at least `min` values; empty when no turn after the first has them.
+pub fn per_turn(values: impl Iterator<Item = (u32, f64)>, min: usize) -> Vec<(u32, f64, f64)> {
+    let mut by: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+    for (t, v) in values {
+        by.entry(t).or_default().push(v);
+    }
+    let out: Vec<(u32, f64, f64)> = by
+        .into_iter()
+        .filter(|(_, v)| v.len() >= min)
+        .filter_map(|(t, mut v)| Some((t, quantile_of(&mut v, 0.5)?, quantile_of(&mut v, 0.9)?)))
+        .collect();
+    if out.iter().any(|&(t, _, _)| t > 1) {
+        out
+    } else {
+        Vec::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

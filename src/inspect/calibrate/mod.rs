@@ -17,9 +17,8 @@
 //! tolerance. Out of tolerance, the report is printed and the command fails (exit 1)
 //! naming the cells.
 
-mod compare;
+pub mod compare;
 mod knobs;
-mod plot;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -31,6 +30,7 @@ use clap::Args;
 use serde_json::{Value, json};
 use sim_trace::fit::FittedModel;
 
+use super::plot;
 use super::simulate::workload::Workload;
 use super::simulate::{ArrivalArgs, Counts, engine_for, simulate_map};
 use crate::play::EngineArgs;
@@ -238,6 +238,30 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
             &captured_chunks,
             &model_chunks,
         )?;
+        // TTFT per session turn, when the hash chains show conversations
+        let turn = work.turn_numbers(&work.sessions());
+        let of = |src: usize| {
+            compare::per_turn(
+                compared
+                    .iter()
+                    .zip(&triples)
+                    .map(|(&i, t)| (turn[i], t[src].ttft_ms)),
+                a.min_requests.min(10),
+            )
+        };
+        let (cap_turns, mod_turns) = (of(0), of(1));
+        if !cap_turns.is_empty() {
+            let path = plot::file(dir, "ttft-per-turn.svg")?;
+            let name = a.trace.file_name().unwrap_or_default().to_string_lossy();
+            plot::per_turn(
+                &path,
+                &format!("TTFT per session turn — {name}"),
+                "TTFT",
+                &[("captured", &cap_turns), ("modelled", &mod_turns)],
+            )
+            .with_context(|| format!("writing {}", path.display()))?;
+            plots.push(path);
+        }
     }
     if let Some(path) = &a.dump_samples {
         let rows = Rows {
@@ -746,7 +770,11 @@ fn write_plots(
                     v
                 })
                 .collect();
-            let samples = [per[0].as_slice(), per[1].as_slice(), per[2].as_slice()];
+            let samples: Vec<(&str, &[f64])> = SOURCES
+                .iter()
+                .zip(&per)
+                .map(|(s, v)| (*s, v.as_slice()))
+                .collect();
             let stem = format!(
                 "{}-{{}}-{}.svg",
                 metric.name().to_ascii_lowercase(),
@@ -757,7 +785,7 @@ fn write_plots(
                 &path,
                 &format!("{} survival — {name}, {who}", metric.name()),
                 metric.name(),
-                samples,
+                &samples,
             )
             .with_context(|| format!("writing {}", path.display()))?;
             written.push(path);
@@ -766,7 +794,8 @@ fn write_plots(
                 &path,
                 &format!("{} Q-Q — {name}, {who}", metric.name()),
                 metric.name(),
-                samples,
+                ("captured", "simulated"),
+                &samples,
             )
             .with_context(|| format!("writing {}", path.display()))?;
             written.push(path);
@@ -777,7 +806,7 @@ fn write_plots(
         plot::chunk_sizes(
             &path,
             &format!("output chunk sizes — {name}"),
-            [("captured", captured_chunks), ("modelled", model_chunks)],
+            &[("captured", captured_chunks), ("modelled", model_chunks)],
         )
         .with_context(|| format!("writing {}", path.display()))?;
         written.push(path);

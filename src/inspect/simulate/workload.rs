@@ -198,6 +198,25 @@ impl Workload {
         ReadyResponse::decode(&bytes?).ok()
     }
 
+    /// Each request's turn in its conversation, from `turns` ([`Self::sessions`]): 1 for a
+    /// root; a turn whose prompt extends its parent's by a complete block is one more than
+    /// its parent, one that repeats its parent's blocks (the same prompt again, or the same
+    /// opening message in two conversations) the same.
+    pub fn turn_numbers(&self, turns: &[Turn]) -> Vec<u32> {
+        let mut n: Vec<u32> = Vec::with_capacity(turns.len());
+        for (i, t) in turns.iter().enumerate() {
+            let k = match *t {
+                Turn::Root => 1,
+                Turn::After { parent, .. } | Turn::NotBefore { parent } => {
+                    let p = parent as usize;
+                    n[p] + u32::from(self.chain_len(i) > self.chain_len(p))
+                }
+            };
+            n.push(k);
+        }
+        n
+    }
+
     /// How many requests start with a complete block an earlier request had, and hold at
     /// least one more token: the ones an engine with prefix caching would have served
     /// from its cache (vLLM computes at least a prompt's last token, so a prompt of
@@ -599,6 +618,8 @@ mod tests {
         assert_eq!(c.of_request(3).collect::<Vec<_>>(), vec![6]);
         assert_eq!(c.of_request(1).count(), 0);
 
+        // 6 repeats 0's chain [1,2] under 3 (whose chain is [1,2] too): no new turn
+        assert_eq!(w.turn_numbers(&t), vec![1, 1, 2, 2, 3, 1, 2]);
         // sessions: 0 → 2 → {3 → 6, 4}; 1 and 5 alone
         let g = Sessions::of(&t);
         assert_eq!(g.roots, vec![0, 1, 5]);

@@ -1,6 +1,7 @@
-//! `inspect calibrate --plot DIR`: plain SVG figures written by the binary (plotters, its
-//! SVG backend only): survival curves and Q-Q plots of TTFT and ITL per cohort, and the
-//! output chunk-size distribution of multi-token captures.
+//! Plain SVG figures written by the binary (plotters, its SVG backend only), for `inspect
+//! calibrate --plot` and `inspect compare --plot`: survival curves and Q-Q plots of
+//! latency samples, output chunk-size distributions and per-turn TTFT lines, each over any
+//! number of named series (the first is the reference, drawn in black).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,13 +13,29 @@ use plotters::prelude::*;
 use sim_trace::stats::quantile_of;
 
 const SIZE: (u32, u32) = (760, 520);
-const CAPTURED: RGBColor = RGBColor(0, 0, 0);
-const MODELLED: RGBColor = RGBColor(31, 119, 180);
-const KNOBS: RGBColor = RGBColor(230, 120, 0);
 const GRID: RGBColor = RGBColor(150, 150, 150);
 
-/// The colour of each source, in [`super::compare::SOURCES`] order.
-pub const COLORS: [RGBColor; 3] = [CAPTURED, MODELLED, KNOBS];
+/// Series colours in order: the reference black, then a qualitative palette.
+const PALETTE: [RGBColor; 7] = [
+    RGBColor(0, 0, 0),
+    RGBColor(31, 119, 180),
+    RGBColor(230, 120, 0),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+/// The colour of series `i`.
+fn color(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
+
+/// One named sample: what a series is drawn from.
+pub type Named<'a, T> = (&'a str, T);
+
+/// A quantity per session turn: (turn, p50, p90).
+pub type PerTurn = (u32, f64, f64);
 
 /// How a series is drawn.
 #[derive(Clone, Copy, PartialEq)]
@@ -82,6 +99,8 @@ struct Frame<'a> {
     legend: SeriesLabelPosition,
     /// A `y = x` reference line over this span (Q-Q plots).
     diagonal: Option<(f64, f64)>,
+    /// Label only the whole numbers of the x axis (turns, counts).
+    whole_x: bool,
 }
 
 /// One chart on `root` with the given axes and series, a legend and axis labels.
@@ -107,10 +126,17 @@ where
         .build_cartesian_2d(x, y)
         .map_err(err)?;
     let fmt = |log: bool| -> &dyn Fn(&f64) -> String { if log { &log_tick } else { &tick } };
+    let whole = |v: &f64| {
+        if (v - v.round()).abs() < 1e-9 {
+            format!("{v:.0}")
+        } else {
+            String::new()
+        }
+    };
     c.configure_mesh()
         .x_desc(f.x_desc)
         .y_desc(f.y_desc)
-        .x_label_formatter(fmt(f.log.0))
+        .x_label_formatter(if f.whole_x { &whole } else { fmt(f.log.0) })
         .y_label_formatter(fmt(f.log.1))
         .light_line_style(WHITE)
         .bold_line_style(GRID.mix(0.25))
@@ -126,6 +152,7 @@ where
     }
     for s in series {
         let color = s.color;
+        let dashed = s.mark == Mark::Dashed;
         match s.mark {
             Mark::Line => c
                 .draw_series(LineSeries::new(
@@ -146,7 +173,13 @@ where
                 .map_err(err)?,
         }
         .label(s.name.as_str())
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 22, y)], color.stroke_width(3)));
+        .legend(move |(x, y)| {
+            // a dashed series gets a gap in its legend line
+            let gap = if dashed { 6 } else { 0 };
+            EmptyElement::at((x, y))
+                + PathElement::new([(0, 0), (8, 0)], color.stroke_width(3))
+                + PathElement::new([(8 + gap, 0), (22, 0)], color.stroke_width(3))
+        });
     }
     c.configure_series_labels()
         .position(f.legend.clone())
@@ -209,15 +242,15 @@ fn survival_points(values: &[f64]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// A survival figure (1 − CDF on a log axis) of one metric for one cohort.
-pub fn survival(path: &Path, title: &str, what: &str, samples: [&[f64]; 3]) -> Result<()> {
-    let series: Vec<Series> = super::compare::SOURCES
+/// A survival figure (1 − CDF on a log axis) of one metric, one curve per sample (a
+/// sample named `knobs` is dashed).
+pub fn survival(path: &Path, title: &str, what: &str, samples: &[Named<&[f64]>]) -> Result<()> {
+    let series: Vec<Series> = samples
         .iter()
-        .zip(samples)
-        .zip(COLORS)
-        .map(|((name, v), color)| Series {
+        .enumerate()
+        .map(|(i, (name, v))| Series {
             name: format!("{name} (n = {})", v.len()),
-            color,
+            color: color(i),
             mark: if *name == "knobs" {
                 Mark::Dashed
             } else {
@@ -240,6 +273,7 @@ pub fn survival(path: &Path, title: &str, what: &str, samples: [&[f64]; 3]) -> R
         log: (log, true),
         legend: SeriesLabelPosition::LowerLeft,
         diagonal: None,
+        whole_x: false,
     };
     let (a, b) = padded(xlo, xhi, log);
     if log {
@@ -261,29 +295,38 @@ fn qq_levels(n: usize) -> Vec<f64> {
     l
 }
 
-/// A Q-Q figure: the simulated runs' quantiles against the captured ones.
-pub fn qq(path: &Path, title: &str, what: &str, samples: [&[f64]; 3]) -> Result<()> {
-    let mut captured = samples[0].to_vec();
-    let levels = qq_levels(samples.iter().map(|s| s.len()).min().unwrap_or(0));
-    let cq: Vec<Option<f64>> = levels
+/// A Q-Q figure: the quantiles of every other sample against the first one's.
+/// `axes`: what the x and y quantiles are (`captured`, `simulated`).
+pub fn qq(
+    path: &Path,
+    title: &str,
+    what: &str,
+    axes: (&str, &str),
+    samples: &[Named<&[f64]>],
+) -> Result<()> {
+    let Some(((_, reference), others)) = samples.split_first() else {
+        return Err(anyhow!("a Q-Q plot needs a reference sample"));
+    };
+    let mut reference = reference.to_vec();
+    let levels = qq_levels(samples.iter().map(|s| s.1.len()).min().unwrap_or(0));
+    let rq: Vec<Option<f64>> = levels
         .iter()
-        .map(|&q| quantile_of(&mut captured, q))
+        .map(|&q| quantile_of(&mut reference, q))
         .collect();
-    let series: Vec<Series> = (1..3)
-        .map(|src| {
-            let mut v = samples[src].to_vec();
+    let series: Vec<Series> = others
+        .iter()
+        .enumerate()
+        .map(|(k, (name, v))| {
+            let mut v = v.to_vec();
+            let n = v.len();
             let points = levels
                 .iter()
-                .zip(&cq)
-                .filter_map(|(&q, c)| Some(((*c)?, quantile_of(&mut v, q)?)))
+                .zip(&rq)
+                .filter_map(|(&q, r)| Some(((*r)?, quantile_of(&mut v, q)?)))
                 .collect();
             Series {
-                name: format!(
-                    "{} (n = {})",
-                    super::compare::SOURCES[src],
-                    samples[src].len()
-                ),
-                color: COLORS[src],
+                name: format!("{name} (n = {n})"),
+                color: color(k + 1),
                 mark: Mark::Dots,
                 points,
             }
@@ -295,8 +338,8 @@ pub fn qq(path: &Path, title: &str, what: &str, samples: [&[f64]; 3]) -> Result<
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     let log = wide(lo, hi);
     let scale = if log { ", log scale" } else { "" };
-    let x_desc = format!("captured {what} quantile (ms{scale})");
-    let y_desc = format!("simulated {what} quantile (ms{scale})");
+    let x_desc = format!("{} {what} quantile (ms{scale})", axes.0);
+    let y_desc = format!("{} {what} quantile (ms{scale})", axes.1);
     let (a, b) = padded(lo, hi, log);
     let frame = Frame {
         title,
@@ -305,6 +348,7 @@ pub fn qq(path: &Path, title: &str, what: &str, samples: [&[f64]; 3]) -> Result<
         log: (log, log),
         legend: SeriesLabelPosition::LowerRight,
         diagonal: Some((a, b)),
+        whole_x: false,
     };
     if log {
         chart(
@@ -319,8 +363,8 @@ pub fn qq(path: &Path, title: &str, what: &str, samples: [&[f64]; 3]) -> Result<
     }
 }
 
-/// Grouped bars: the fraction of output chunks of each size, captured against modelled.
-pub fn chunk_sizes(path: &Path, title: &str, runs: [(&str, &BTreeMap<u32, u64>); 2]) -> Result<()> {
+/// Grouped bars: the fraction of output chunks of each size, one bar per run.
+pub fn chunk_sizes(path: &Path, title: &str, runs: &[Named<&BTreeMap<u32, u64>>]) -> Result<()> {
     let max = runs
         .iter()
         .filter_map(|(_, m)| m.keys().next_back().copied())
@@ -347,14 +391,15 @@ pub fn chunk_sizes(path: &Path, title: &str, runs: [(&str, &BTreeMap<u32, u64>);
         .axis_desc_style(("sans-serif", 14))
         .draw()
         .map_err(err)?;
+    let width = 0.8 / runs.len().max(1) as f64;
     for (k, (name, m)) in runs.iter().enumerate() {
         let total: u64 = m.values().sum();
-        let color = COLORS[k];
-        let off = if k == 0 { -0.4 } else { 0.0 };
+        let color = color(k);
+        let off = -0.4 + width * k as f64;
         c.draw_series(m.iter().map(|(&size, &n)| {
             let x = f64::from(size) + off;
             let y = n as f64 / total.max(1) as f64;
-            Rectangle::new([(x, 0.0), (x + 0.4, y)], color.mix(0.8).filled())
+            Rectangle::new([(x, 0.0), (x + width, y)], color.mix(0.8).filled())
         }))
         .map_err(err)?
         .label(format!("{name} ({total} chunks)"))
@@ -369,6 +414,45 @@ pub fn chunk_sizes(path: &Path, title: &str, runs: [(&str, &BTreeMap<u32, u64>);
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
+}
+
+/// TTFT per session turn: for each run, its p50 (solid) and p90 (dashed) at turn 1, 2, …
+/// (`turns[k]` = (turn, p50, p90)).
+pub fn per_turn(
+    path: &Path,
+    title: &str,
+    what: &str,
+    runs: &[Named<&[PerTurn]>],
+) -> Result<()> {
+    let mut series = Vec::new();
+    for (k, (name, turns)) in runs.iter().enumerate() {
+        for (label, mark, pick) in [("p50", Mark::Line, 0usize), ("p90", Mark::Dashed, 1usize)] {
+            series.push(Series {
+                name: format!("{name} {label}"),
+                color: color(k),
+                mark,
+                points: turns
+                    .iter()
+                    .map(|&(t, p50, p90)| (f64::from(t), if pick == 0 { p50 } else { p90 }))
+                    .collect(),
+            });
+        }
+    }
+    let (xlo, xhi) = span(&series, |p| p.0, false);
+    let (ylo, yhi) = span(&series, |p| p.1, false);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    let y_desc = format!("{what} (ms)");
+    let frame = Frame {
+        title,
+        x_desc: "session turn (1 = a conversation's first request)",
+        y_desc: &y_desc,
+        log: (false, false),
+        legend: SeriesLabelPosition::UpperLeft,
+        diagonal: None,
+        whole_x: true,
+    };
+    let (a, b) = padded(ylo, yhi, false);
+    chart(&root, &frame, (xlo - 0.2)..(xhi + 0.2), a..b, &series)
 }
 
 /// `dir/name`, creating `dir`.
