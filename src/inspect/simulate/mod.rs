@@ -7,11 +7,10 @@
 //! It replays a capture, and answers what-if questions about a public workload under other
 //! engine settings or another latency model.
 
+pub mod arrivals;
 mod follow;
 pub mod workload;
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -29,7 +28,8 @@ use crate::play::config::PlayConfig;
 use crate::play::offline::OfflineDriver;
 pub use follow::Finished;
 use follow::Follower;
-use workload::{Children, Sessions, Turn, Workload, duration_ms};
+use arrivals::Arrivals;
+use workload::{Sessions, Turn, Workload, duration_ms};
 
 #[derive(Debug, Clone, Args)]
 pub struct SimulateArgs {
@@ -400,76 +400,7 @@ pub fn run_workload(
     let n = work.reqs.len();
     let line = cfg.line;
     let ids = cfg.engine.token_ids.clone();
-    let turns = if opts.replay_sessions {
-        work.sessions()
-    } else {
-        vec![Turn::Root; n]
-    };
-    // closed loop at `--replay-concurrency`: requests (with --replay-sessions: sessions,
-    // by their roots) take a slot in arrival order (`queue[waiting]` is the next one),
-    // the ramp's not before their recorded offsets; a session frees its slot when its
-    // last request is done
-    let sessions = Sessions::of(&turns);
-    let mut left_in_session = sessions.size.clone();
-    let queue: Vec<usize> = if opts.replay_sessions {
-        sessions.roots.clone()
-    } else {
-        (0..n).collect()
-    };
-    let (cap, ramp) = match opts.concurrency {
-        Some(c) if opts.replay_sessions => (c, c),
-        Some(c) => (c, work.ramp(c)),
-        None => (usize::MAX, n),
-    };
-    // the ramp's requests are sent when the load generator sent them, not when the engine
-    // queued them (what a record's arrival is)
-    let ramp_sends = if opts.concurrency.is_some() && !opts.replay_sessions {
-        work.ramp_sends(ramp)
-    } else {
-        Vec::new()
-    };
-    let mut waiting = 0usize;
-    let mut slots_taken = 0usize;
-    let children = Children::of(&turns);
-    // recorded offsets, shifted so that none is negative; untimed records at 0
-    let shift = work
-        .reqs
-        .iter()
-        .filter_map(|p| p.arrival_ms)
-        .fold(0.0, f64::min);
-    let recorded = |i: usize| duration_ms(work.reqs[i].arrival_ms.map_or(0.0, |t| t - shift));
-    // (due, arrival-order index): the heap pops the earliest, ties in arrival order
-    let mut due: BinaryHeap<Reverse<(Duration, usize)>> = turns
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| opts.concurrency.is_none() && **t == Turn::Root)
-        .map(|(i, _)| Reverse((recorded(i), i)))
-        .collect();
-    // give free slots to the next waiting requests, at `now`
-    let mut release =
-        |now: Duration, freed: usize, due: &mut BinaryHeap<Reverse<(Duration, usize)>>| {
-            if opts.concurrency.is_none() {
-                return;
-            }
-            slots_taken -= freed;
-            while waiting < queue.len() && slots_taken < cap {
-                let i = queue[waiting];
-                let at = if waiting < ramp {
-                    let sent = ramp_sends
-                        .get(waiting)
-                        .copied()
-                        .flatten()
-                        .map_or_else(|| recorded(i), |t| duration_ms(t - shift));
-                    now.max(sent)
-                } else {
-                    now.saturating_add(opts.think)
-                };
-                due.push(Reverse((at, i)));
-                waiting += 1;
-                slots_taken += 1;
-            }
-        };
-    release(Duration::ZERO, 0, &mut due);
+    let mut arrivals = Arrivals::new(work, opts);
 
     let mut driver = OfflineDriver::new(cfg.build_engine(0));
     let mut follower = Follower::new(
@@ -485,43 +416,25 @@ pub fn run_workload(
         max_model_len: cfg.engine.max_model_len,
         kv_tokens: cfg.engine.num_gpu_blocks.saturating_sub(1) * cfg.engine.block_size,
     };
-    let mut record =
-        |f: Finished, due: &mut BinaryHeap<Reverse<(Duration, usize)>>| -> Result<()> {
-            for c in children.of_request(f.index) {
-                let at = match turns[c] {
-                    Turn::After { gap, .. } => f.at.saturating_add(gap),
-                    _ => f.at.max(recorded(c)),
-                };
-                due.push(Reverse((at, c)));
-            }
-            let root = sessions.root_of[f.index] as usize;
-            left_in_session[root] -= 1;
-            let freed = if opts.replay_sessions {
-                usize::from(left_in_session[root] == 0)
-            } else {
-                1
-            };
-            release(f.at, freed, due);
-            on_record(f)
-        };
+    let mut record = |f: Finished, arrivals: &mut Arrivals| -> Result<()> {
+        arrivals.finished(f.index, f.at);
+        on_record(f)
+    };
     loop {
-        let next = match (due.peek().map(|r| r.0.0), driver.next_event()) {
+        let next = match (arrivals.next_due(), driver.next_event()) {
             (Some(x), Some(y)) => x.min(y),
             (x, y) => match x.or(y) {
                 Some(t) => t,
                 None => break,
             },
         };
-        while let Some(&Reverse((at, i))) = due.peek()
-            && at <= next
-        {
-            due.pop();
+        while let Some((at, i)) = arrivals.pop_due(next) {
             let p = &work.reqs[i];
             if let Some(why) = limits.refuse(p.prompt_tokens.max(1), p.output_tokens.max(1)) {
                 rejected += 1;
                 done += 1;
                 let f = follow::rejected(i, at, p.prompt_tokens.max(1), why);
-                record(f, &mut due)?;
+                record(f, &mut arrivals)?;
                 continue;
             }
             let prompt = work.prompt(i, ids.clone(), opts.cold_prompts);
@@ -534,7 +447,7 @@ pub fn run_workload(
         }
         for f in finished.drain(..) {
             done += 1;
-            record(f, &mut due)?;
+            record(f, &mut arrivals)?;
         }
         progress.status(|| {
             format!(
@@ -562,6 +475,7 @@ pub fn run_workload(
         );
     }
     progress.finish_status(&format!("{done}/{n} requests"));
+    let turns = arrivals.turns();
     let sessions = opts.replay_sessions.then(|| {
         let roots = turns.iter().filter(|t| **t == Turn::Root).count();
         let untimed = turns
