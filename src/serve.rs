@@ -80,7 +80,7 @@ pub struct ServeArgs {
 
 /// The line a `vllm-rs` binary belongs to: its `--version` (0.29+ print `vllm-rs 0.29.0`),
 /// else where it sits (the cache's `<tag>/vllm-rs`, or a venv next to a dist-info).
-fn line_of_vllm_rs(bin: &Path) -> Option<VllmLine> {
+pub(crate) fn line_of_vllm_rs(bin: &Path) -> Option<VllmLine> {
     let from_flag = version_output(bin).and_then(|text| {
         let mut words = text.split_whitespace();
         (words.next() == Some("vllm-rs"))
@@ -123,7 +123,7 @@ fn version_output(bin: &Path) -> Option<String> {
 }
 
 /// The end of the frontend's log, for error messages.
-fn log_tail(log: &Path) -> String {
+pub(crate) fn log_tail(log: &Path) -> String {
     let text = tail(log, 30);
     if text.trim().is_empty() {
         "(the log is empty)".to_string()
@@ -215,7 +215,7 @@ pub fn vocab_size_of(model_dir: &Path) -> Result<u32> {
 }
 
 /// `max_position_embeddings` of the model's config.json, if any.
-fn model_max_len(model_dir: &Path) -> Option<u64> {
+pub(crate) fn model_max_len(model_dir: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(model_dir.join("config.json")).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     v.get("max_position_embeddings")?.as_u64()
@@ -241,7 +241,7 @@ async fn health_ok(host: &str, port: u16) -> bool {
 }
 
 /// Write the embedded model into the cache (or, if that is not writable, a temp dir).
-fn write_embedded_model(cache: &Path) -> Result<PathBuf> {
+pub(crate) fn write_embedded_model(cache: &Path) -> Result<PathBuf> {
     let name = format!("tiny-{}", env!("CARGO_PKG_VERSION"));
     let dir = cache.join("model").join(&name);
     match crate::tiny_model::write_to(&dir) {
@@ -317,7 +317,7 @@ fn url_host(host: &str) -> String {
 /// once, SIGKILL, a crash): it runs in its own process group, so nothing else would stop
 /// it. The signal fires when the *spawning thread* exits; `run` is driven by `block_on` on
 /// the main thread, which lives as long as the process.
-fn die_with_parent(cmd: &mut Command) {
+pub(crate) fn die_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };

@@ -6,6 +6,7 @@
 //! stderr for long work.
 
 pub mod calibrate;
+pub mod calibrate_e2e;
 pub mod compare;
 pub mod convert;
 pub mod fit;
@@ -53,6 +54,11 @@ pub enum InspectCommand {
     /// the best-fit latency knobs; gate on a tolerance (exit 1 when out), dump the
     /// samples, draw SVG figures.
     Calibrate(Box<calibrate::CalibrateArgs>),
+    /// `calibrate` through the wire: a real frontend (`vllm-rs` of the trace's line, or
+    /// the Python one), a `record` tap and `play` under the model; the trace's requests
+    /// sent over HTTP on the wall clock, the tap's trace compared with the capture.
+    #[command(name = "calibrate-e2e")]
+    CalibrateE2e(Box<calibrate_e2e::CalibrateE2eArgs>),
     /// Compare the latencies of several traces: TTFT, ITL and request-total p50 / p90 /
     /// p99 per concurrency cohort and each trace's Δ % against the first (two captures of
     /// one workload, a capture and its simulation, two configurations); draw SVG figures.
@@ -68,6 +74,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         InspectCommand::Fit(a) => fit::run(&a),
         InspectCommand::Simulate(a) => simulate::run(&a),
         InspectCommand::Calibrate(a) => calibrate::run(&a),
+        InspectCommand::CalibrateE2e(a) => calibrate_e2e::run(&a),
         InspectCommand::Compare(a) => compare::run(&a),
     };
     match r {

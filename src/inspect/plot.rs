@@ -418,12 +418,7 @@ pub fn chunk_sizes(path: &Path, title: &str, runs: &[Named<&BTreeMap<u32, u64>>]
 
 /// TTFT per session turn: for each run, its p50 (solid) and p90 (dashed) at turn 1, 2, …
 /// (`turns[k]` = (turn, p50, p90)).
-pub fn per_turn(
-    path: &Path,
-    title: &str,
-    what: &str,
-    runs: &[Named<&[PerTurn]>],
-) -> Result<()> {
+pub fn per_turn(path: &Path, title: &str, what: &str, runs: &[Named<&[PerTurn]>]) -> Result<()> {
     let mut series = Vec::new();
     for (k, (name, turns)) in runs.iter().enumerate() {
         for (label, mark, pick) in [("p50", Mark::Line, 0usize), ("p90", Mark::Dashed, 1usize)] {

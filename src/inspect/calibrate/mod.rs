@@ -32,7 +32,7 @@ use sim_trace::fit::FittedModel;
 
 use super::plot;
 use super::simulate::workload::Workload;
-use super::simulate::{ArrivalArgs, Counts, engine_for, simulate_map};
+use super::simulate::{ArrivalArgs, Counts, RunOptions, engine_for, simulate_map};
 use crate::play::EngineArgs;
 use compare::{BUCKETS, Cohort, Metric, QUANTILES, SOURCES, Sample, Tolerance};
 use knobs::{KnobFit, fit_knobs};
@@ -51,6 +51,10 @@ pub struct CalibrateArgs {
 
     #[command(flatten)]
     pub arrivals: ArrivalArgs,
+
+    /// Calibrate only the first N requests (in arrival order).
+    #[arg(long, value_name = "N")]
+    pub requests: Option<u64>,
 
     /// The largest |Δ %| of a gated cell, modelled against captured: `PCT` for every
     /// quantile, or per quantile `p50=PCT,p90=PCT,p99=PCT` (items apply in order over the
@@ -103,7 +107,44 @@ struct FitSet {
     why: String,
 }
 
+/// What a run under the model under test gives: every request's sample by arrival-order
+/// index (`None`: not finished), the output chunk sizes, and the run's counts.
+pub struct ModelRun {
+    pub samples: Vec<Option<Sample>>,
+    pub chunks: BTreeMap<u32, u64>,
+    pub counts: Counts,
+    /// Requests that failed (HTTP errors of a run through a frontend): the calibration
+    /// is reported, then fails.
+    pub failed: Vec<String>,
+}
+
 pub fn run(a: &CalibrateArgs) -> Result<()> {
+    run_with(a, |work, engine, opts| {
+        // records become samples as they finish: memory holds latencies, not records
+        let mut chunks: BTreeMap<u32, u64> = BTreeMap::new();
+        let modelled = simulate_map(work, engine, opts, |r| {
+            for (k, v) in compare::chunk_sizes(std::iter::once(&r)) {
+                *chunks.entry(k).or_default() += v;
+            }
+            Sample::of(&r)
+        })
+        .context("simulating under the latency model")?;
+        Ok(ModelRun {
+            samples: modelled.records.into_iter().map(Option::flatten).collect(),
+            chunks,
+            counts: modelled.counts,
+            failed: Vec::new(),
+        })
+    })
+}
+
+/// Calibrate the first `a.requests` requests of `a.trace` against the samples `model`
+/// produces for them — the offline simulation (`calibrate`) or a run through a
+/// real frontend (`calibrate-e2e`) — with the same knob model, report, gate and files.
+pub fn run_with(
+    a: &CalibrateArgs,
+    model: impl FnOnce(&Workload, &EngineArgs, &RunOptions) -> Result<ModelRun>,
+) -> Result<()> {
     let started = Instant::now();
     if a.engine.latency_trace.is_empty() {
         bail!(
@@ -120,7 +161,7 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
     }
     let mut captured: Vec<Captured> = Vec::new();
     let mut captured_chunks: BTreeMap<u32, u64> = BTreeMap::new();
-    let work = Workload::load_with(&a.trace, a.engine.block_size, None, |_, r| {
+    let work = Workload::load_with(&a.trace, a.engine.block_size, a.requests, |_, r| {
         for (k, v) in compare::chunk_sizes(std::iter::once(r)) {
             *captured_chunks.entry(k).or_default() += v;
         }
@@ -156,18 +197,12 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
     let opts = a.arrivals.options(&work, &engine)?;
     let replay_concurrency = opts.concurrency;
     let fit_set = FitSet::of(&a.trace, &engine.latency_trace)?;
-    // records become samples as they finish: memory holds latencies, not records
-    let mut model_chunks: BTreeMap<u32, u64> = BTreeMap::new();
-    let modelled = simulate_map(&work, &engine, &opts, |r| {
-        for (k, v) in compare::chunk_sizes(std::iter::once(&r)) {
-            *model_chunks.entry(k).or_default() += v;
-        }
-        Sample::of(&r)
-    })
-    .context("simulating under the latency model")?;
-    let model_counts = modelled.counts;
-    let mod_samples: Vec<Option<Sample>> =
-        modelled.records.into_iter().map(Option::flatten).collect();
+    let ModelRun {
+        samples: mod_samples,
+        chunks: model_chunks,
+        counts: model_counts,
+        failed,
+    } = model(&work, &engine, &opts)?;
     let cap_samples: Vec<Option<&Sample>> = cap.iter().map(|c| c.sample.as_ref()).collect();
     let knobs = fit_knobs(&work, &engine, &opts, &cap_samples)?;
     let knob_samples = &knobs.samples;
@@ -293,6 +328,19 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
         writeln!(std::io::stdout().lock(), "{text}")?;
     } else {
         report.write_text(&mut std::io::stdout().lock())?;
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} requests failed, so the run does not speak for the model: {}",
+            failed.len(),
+            cap.len(),
+            failed
+                .iter()
+                .take(3)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
     }
     let failures = report.failures();
     if !failures.is_empty() {

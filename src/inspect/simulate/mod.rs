@@ -26,9 +26,9 @@ use super::summarize::Summary;
 use crate::play::EngineArgs;
 use crate::play::config::PlayConfig;
 use crate::play::offline::OfflineDriver;
+use arrivals::Arrivals;
 pub use follow::Finished;
 use follow::Follower;
-use arrivals::Arrivals;
 use workload::{Sessions, Turn, Workload, duration_ms};
 
 #[derive(Debug, Clone, Args)]
