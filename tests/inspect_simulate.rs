@@ -380,8 +380,9 @@ fn requests_limits_the_run_to_the_first_arrivals() {
 
 #[test]
 fn requests_no_engine_could_serve_are_refused_and_do_not_block_the_rest() {
-    // replay-0 needs more KV than 9 blocks of 16 hold: a real frontend and engine never
-    // let it in; FCFS behind it, the others would wait forever
+    // replay-0 needs more KV than 9 blocks of 16 hold: the engine caps its maximum model
+    // length at 144 tokens, so a real frontend never lets it in; FCFS behind it, the
+    // others would wait forever
     let recs = [
         json!({"prompt_tokens": 2000, "output_tokens": 4, "arrival_ms": 0}),
         json!({"prompt_tokens": 20, "output_tokens": 4, "arrival_ms": 5}),
@@ -409,7 +410,7 @@ fn requests_no_engine_could_serve_are_refused_and_do_not_block_the_rest() {
         r["replay-0"]["error"]
             .as_str()
             .unwrap()
-            .contains("do not fit the KV cache of 144 tokens"),
+            .contains("exceed the maximum model length 144 (--max-model-len, capped at what the KV cache holds)"),
         "{}",
         r["replay-0"]
     );

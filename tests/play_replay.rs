@@ -295,7 +295,9 @@ async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
         }
     }
     assert_eq!((k, drafts, accepted), (3, 16 * 4, 16 * (2 + 3 + 1)));
-    // every chunk within 2 ms of its scripted time (the loop's lateness on a busy machine)
-    assert!(worst < 0.002, "worst deviation {:.3} ms", worst * 1e3);
+    // every chunk within 5 ms of its scripted time: the loop's lateness on a busy machine
+    // (typically under 0.5 ms; 3.7 ms seen once with the whole test suite running in
+    // parallel on 2 cores)
+    assert!(worst < 0.005, "worst deviation {:.3} ms", worst * 1e3);
     std::fs::remove_dir_all(dir).ok();
 }

@@ -592,3 +592,40 @@ async fn shutdown_aborts_in_flight_requests() {
         .unwrap()
         .unwrap();
 }
+
+/// Issue: `--num-gpu-blocks 48 --block-size 16` with the default `--max-model-len`, and a
+/// 1,080-token prompt waited forever. The advertised length is what the KV cache holds, and
+/// a prompt that long is refused at once with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_the_kv_cache_cannot_hold_is_refused_not_left_waiting() {
+    let mut a = args();
+    a.num_gpu_blocks = 48;
+    a.block_size = Some(16);
+    let mut w = Wire::start(a).await;
+    // block 0 is the null block: 47 × 16 tokens
+    assert_eq!(w.engines[0].ready.max_model_len, 752);
+    let long: Vec<u32> = (0..1080).map(|i| 3 + i % 200).collect();
+    let started = std::time::Instant::now();
+    w.send(&add("too-long", &long, 16)).await;
+    w.send(&add("fits", &long[..700], 16)).await;
+    let c = w.collect(&["too-long", "fits"]).await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    assert_eq!(c.finished["too-long"].0, FinishReason::Error);
+    assert!(c.tokens.get("too-long").is_none_or(|t| t.is_empty()));
+    let err = c
+        .envelopes
+        .iter()
+        .flat_map(|e| &e.outputs)
+        .find(|o| o.request_id == "too-long")
+        .and_then(|o| o.error.clone())
+        .expect("the refusal carries vLLM's RequestError");
+    assert!(
+        err.message.contains("1080 tokens") && err.message.contains("752"),
+        "{}",
+        err.message
+    );
+    // the one that fits runs as usual
+    assert_eq!(c.finished["fits"].0, FinishReason::Length);
+    assert_eq!(c.tokens["fits"].len(), 16);
+    w.stop().await.unwrap();
+}

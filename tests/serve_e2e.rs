@@ -321,3 +321,43 @@ fn a_busy_port_is_a_clear_error_before_anything_starts() {
     );
     assert!(!err.contains("starting the frontend"), "{err}");
 }
+
+#[test]
+fn a_prompt_longer_than_the_kv_cache_is_refused_at_once_not_left_waiting() {
+    // 47 usable blocks of 16 tokens: the engine tells the frontend a maximum length of
+    // 752, so a 1,080-token prompt is the frontend's own 400, in milliseconds (it used to
+    // wait forever in the engine's queue)
+    let mut serve = Serve::start(&["--num-gpu-blocks", "48", "--block-size", "16"]);
+    let (_, frontend_pid) = serve.wait_ready();
+    let long: Vec<String> = (0..1080).map(|i| (3 + i % 200).to_string()).collect();
+    let started = Instant::now();
+    let (status, body) = post(
+        serve.port,
+        "/v1/completions",
+        &format!(
+            r#"{{"model":"tiny","prompt":[{}],"max_tokens":8}}"#,
+            long.join(",")
+        ),
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(status, 400, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("752") && msg.contains("1080"), "{msg}");
+    assert!(
+        serve.stderr().contains("--max-model-len 2048 does not fit the KV cache"),
+        "{}",
+        serve.stderr()
+    );
+    // one that fits is served
+    let (status, body) = post(
+        serve.port,
+        "/v1/completions",
+        &format!(
+            r#"{{"model":"tiny","prompt":[{}],"max_tokens":8}}"#,
+            long[..700].join(",")
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 8);
+    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+}

@@ -204,6 +204,20 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             Some(tokens) => tokens.div_ceil(a.block_size_or_default()) + 1,
             None => a.num_gpu_blocks,
         };
+        // one request of max_model_len tokens must fit the KV cache (block 0 is vLLM's
+        // null block), or a request that long would wait forever
+        let kv_tokens = num_gpu_blocks.saturating_sub(1) * a.block_size_or_default();
+        let max_model_len = if a.max_model_len > kv_tokens {
+            tracing::warn!(
+                "--max-model-len {} does not fit the KV cache ({} blocks of {} tokens hold {kv_tokens}): serving at most {kv_tokens} tokens per request (the frontend refuses longer ones); raise --num-gpu-blocks (or --kv-cache-size) to serve longer contexts",
+                a.max_model_len,
+                num_gpu_blocks.saturating_sub(1),
+                a.block_size_or_default()
+            );
+            kv_tokens.max(1)
+        } else {
+            a.max_model_len
+        };
         let engine = EngineConfig {
             line: a.vllm_version,
             engine_index: u32::from(a.data_parallel_rank),
@@ -216,7 +230,7 @@ impl TryFrom<&PlayArgs> for PlayConfig {
                 max_loras: a.max_loras as usize,
                 priority_preemption: a.scheduling_policy == SchedulingPolicy::Priority,
             },
-            max_model_len: a.max_model_len,
+            max_model_len,
             block_size: a.block_size_or_default(),
             num_gpu_blocks,
             output_token_chunk_size: a.output_token_chunk_size,
@@ -418,5 +432,41 @@ mod tests {
         assert!(c.engine.report_finished);
         assert_eq!(c.engine.num_gpu_blocks, 7 + 1);
         assert_eq!(c.build_engine(3).engine_index(), 3);
+        // 100 tokens of KV (7 blocks of 16 = 112) cannot hold the default 32,768
+        assert_eq!(c.engine.max_model_len, 112);
+        assert_eq!(c.ready_response(2).max_model_len, 112);
+    }
+
+    #[test]
+    fn vllm_flag_forms_the_later_wins() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            play: PlayArgs,
+        }
+        let parse = |flags: &[&str]| {
+            let mut argv = vec!["play"];
+            argv.extend_from_slice(flags);
+            let c = PlayConfig::try_from(&Cli::try_parse_from(argv).unwrap().play).unwrap();
+            (
+                c.engine.rules.enable_prefix_caching,
+                c.engine.rules.enable_chunked_prefill,
+            )
+        };
+        assert_eq!(parse(&[]), (true, true));
+        assert_eq!(parse(&["--enable-prefix-caching"]), (true, true));
+        assert_eq!(
+            parse(&["--no-enable-prefix-caching", "--no-enable-chunked-prefill"]),
+            (false, false)
+        );
+        assert_eq!(
+            parse(&["--no-enable-prefix-caching", "--enable-prefix-caching"]),
+            (true, true)
+        );
+        assert_eq!(
+            parse(&["--enable-chunked-prefill", "--no-enable-chunked-prefill"]),
+            (true, false)
+        );
     }
 }

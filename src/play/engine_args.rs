@@ -103,17 +103,30 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 0)]
     pub long_prefill_token_threshold: u64,
 
+    /// Chunked prefill on (vLLM's --enable-chunked-prefill; the default). The later of
+    /// this and --no-enable-chunked-prefill wins, as in vLLM.
+    #[arg(long, overrides_with = "no_enable_chunked_prefill")]
+    pub enable_chunked_prefill: bool,
+
     /// Prefill a prompt only when it fits one step's budget whole (vLLM's
     /// --no-enable-chunked-prefill).
-    #[arg(long)]
+    #[arg(long, overrides_with = "enable_chunked_prefill")]
     pub no_enable_chunked_prefill: bool,
 
+    /// The prefix cache on (vLLM's --enable-prefix-caching; the default, and it keeps
+    /// `inspect simulate`/`calibrate` from turning it off for a capture that shows none).
+    /// The later of this and --no-enable-prefix-caching wins, as in vLLM.
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+
     /// Turn the prefix cache off (vLLM's --no-enable-prefix-caching).
-    #[arg(long)]
+    #[arg(long, overrides_with = "enable_prefix_caching")]
     pub no_enable_prefix_caching: bool,
 
     /// Model context length: requests stop with `length` when prompt plus output reach it.
-    /// The frontend uses the smaller of this and its model's own limit.
+    /// The frontend uses the smaller of this and its model's own limit. Capped at what the
+    /// KV cache holds ((--num-gpu-blocks − 1) × --block-size), with a warning: one request
+    /// of this length must fit, or it would wait forever (vLLM refuses to start instead).
     #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(2..))]
     pub max_model_len: u64,
 

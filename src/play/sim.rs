@@ -268,6 +268,18 @@ impl SimEngine {
             tracing::warn!(request_id = %id, "duplicate request id ignored");
             return;
         }
+        if req.prompt_len() as u64 >= self.cfg.max_model_len {
+            // vLLM's frontends refuse these; a client that does not would otherwise wait
+            // forever for a request no KV cache of this size can hold
+            let msg = format!(
+                "the prompt has {} tokens, and this engine's maximum model length is {} (the most its KV cache holds): at least one token must be left to generate",
+                req.prompt_len(),
+                self.cfg.max_model_len
+            );
+            tracing::warn!(request_id = %id, "{msg}");
+            self.reject_error(out, client, id, "validation_error", msg, false, now);
+            return;
+        }
         if let Some(lora) = &req.lora_request {
             // vLLM loads an adapter the first time a request names it.
             self.util.register_lora(lora.int_id, &lora.name, &lora.path);

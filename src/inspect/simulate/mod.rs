@@ -283,7 +283,10 @@ pub fn engine_for(work: &Workload, engine: &EngineArgs) -> EngineArgs {
             taken.join(" ")
         );
     }
-    if !engine.no_enable_prefix_caching && work.captured_without_prefix_caching() {
+    if !engine.no_enable_prefix_caching
+        && !engine.enable_prefix_caching
+        && work.captured_without_prefix_caching()
+    {
         eprintln!(
             "note: the capture's engine ran without prefix caching (no prompt token came from its cache, though {} requests began with a block an earlier one had): simulating with --no-enable-prefix-caching",
             work.sharing_requests()
@@ -513,7 +516,7 @@ impl Limits {
         let total = u64::from(prompt) + u64::from(output);
         if total > self.max_model_len {
             return Some(format!(
-                "refused as a frontend would: {prompt} prompt + {output} output tokens exceed --max-model-len {}",
+                "refused as a frontend would: {prompt} prompt + {output} output tokens exceed the maximum model length {} (--max-model-len, capped at what the KV cache holds)",
                 self.max_model_len
             ));
         }
