@@ -42,9 +42,10 @@ pub struct ServeArgs {
     pub python_venv: Option<PathBuf>,
 
     /// A model directory (config, tokenizer, chat template; no weights needed). Default:
-    /// the tiny model embedded in this binary (a 259-token byte-level tokenizer). The
-    /// engine emits only token ids its tokenizer.json has, and caps --max-model-len at the
-    /// config's max_position_embeddings.
+    /// the tiny model embedded in this binary (a 259-token byte-level tokenizer), written
+    /// with a context of --max-model-len tokens so that the frontend allows it. The engine
+    /// emits only token ids its tokenizer.json has, and caps --max-model-len at a given
+    /// model's max_position_embeddings.
     #[arg(long)]
     pub model: Option<PathBuf>,
 
@@ -76,6 +77,12 @@ pub struct ServeArgs {
     /// The engine's settings (`serve` sets --handshake-address itself).
     #[command(flatten)]
     pub play: PlayArgs,
+
+    /// Arguments after `--` go to the frontend as they are, after the ones `serve` sets
+    /// (e.g. `serve -- --enable-auto-tool-choice --tool-call-parser hermes`, or
+    /// `--lora-modules`).
+    #[arg(last = true, value_name = "FRONTEND_ARGS")]
+    pub frontend_args: Vec<String>,
 }
 
 /// The line a `vllm-rs` binary belongs to: its `--version` (0.29+ print `vllm-rs 0.29.0`),
@@ -240,11 +247,17 @@ async fn health_ok(host: &str, port: u16) -> bool {
     }
 }
 
-/// Write the embedded model into the cache (or, if that is not writable, a temp dir).
-pub(crate) fn write_embedded_model(cache: &Path) -> Result<PathBuf> {
-    let name = format!("tiny-{}", env!("CARGO_PKG_VERSION"));
+/// Write the embedded model, with a context of `max_model_len` tokens (its config's
+/// `max_position_embeddings`, which the frontends enforce), into the cache (or, if that is
+/// not writable, a temp dir).
+pub(crate) fn write_embedded_model(cache: &Path, max_model_len: u64) -> Result<PathBuf> {
+    let name = if max_model_len == u64::from(crate::tiny_model::MAX_MODEL_LEN) {
+        format!("tiny-{}", env!("CARGO_PKG_VERSION"))
+    } else {
+        format!("tiny-{}-ctx{max_model_len}", env!("CARGO_PKG_VERSION"))
+    };
     let dir = cache.join("model").join(&name);
-    match crate::tiny_model::write_to(&dir) {
+    match crate::tiny_model::write_with_context_to(&dir, max_model_len) {
         Ok(()) => Ok(dir),
         Err(e) => {
             // SAFETY: getuid has no preconditions.
@@ -255,7 +268,7 @@ pub(crate) fn write_embedded_model(cache: &Path) -> Result<PathBuf> {
                 dir.display(),
                 tmp.display()
             );
-            crate::tiny_model::write_to(&tmp)
+            crate::tiny_model::write_with_context_to(&tmp, max_model_len)
                 .with_context(|| format!("writing the embedded model to {}", tmp.display()))?;
             Ok(tmp)
         }
@@ -368,7 +381,8 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             (dir, name)
         }
         None => {
-            let dir = write_embedded_model(&cache)?;
+            // the model's context is the engine's: --max-model-len reaches the frontend
+            let dir = write_embedded_model(&cache, play.max_model_len)?;
             let defaults = PlayArgs::defaults();
             if play.vocab_size == defaults.vocab_size && play.min_token_id == defaults.min_token_id
             {
@@ -434,6 +448,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                     "--engine-ready-timeout-secs",
                     &format!("{}", timeout.ceil() as u64),
                 ]);
+            cmd.args(&args.frontend_args);
             (cmd, Duration::from_secs(3))
         }
         Frontend::Python => {
@@ -475,6 +490,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                     "VLLM_ENGINE_READY_TIMEOUT_S",
                     format!("{}", timeout.ceil() as u64),
                 );
+            cmd.args(&args.frontend_args);
             (cmd, Duration::from_secs(5))
         }
     };

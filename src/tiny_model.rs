@@ -224,6 +224,16 @@ pub fn write_to(dir: &Path) -> std::io::Result<()> {
     write_files(dir, files())
 }
 
+/// [`write_to`] with `max_position_embeddings` set to `max_model_len`: the context the
+/// frontends allow for this model (`serve --max-model-len`).
+pub fn write_with_context_to(dir: &Path, max_model_len: u64) -> std::io::Result<()> {
+    let mut f = files();
+    let mut c = config_json();
+    c["max_position_embeddings"] = json!(max_model_len);
+    f[0].1 = pretty(&c);
+    write_files(dir, f)
+}
+
 /// [`write_to`] for the real-engine variant ([`real_engine_files`]).
 pub fn write_real_engine_model_to(dir: &Path) -> std::io::Result<()> {
     write_files(dir, real_engine_files())

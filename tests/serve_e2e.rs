@@ -344,7 +344,9 @@ fn a_prompt_longer_than_the_kv_cache_is_refused_at_once_not_left_waiting() {
     let msg = body["error"]["message"].as_str().unwrap_or_default();
     assert!(msg.contains("752") && msg.contains("1080"), "{msg}");
     assert!(
-        serve.stderr().contains("--max-model-len 2048 does not fit the KV cache"),
+        serve
+            .stderr()
+            .contains("--max-model-len 32768 does not fit the KV cache"),
         "{}",
         serve.stderr()
     );
@@ -359,5 +361,43 @@ fn a_prompt_longer_than_the_kv_cache_is_refused_at_once_not_left_waiting() {
     );
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 8);
+    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+}
+
+#[test]
+fn max_model_len_reaches_the_frontend_for_long_contexts() {
+    // a Mooncake-style long prompt: 20,000 tokens under --max-model-len 131072 (the
+    // embedded model used to cap every context at 2,048)
+    // (and `--` passes the rest to the frontend: here a served name of its own)
+    let mut serve = Serve::start(&[
+        "--max-model-len",
+        "131072",
+        "--",
+        "--served-model-name",
+        "long",
+    ]);
+    let (_, frontend_pid) = serve.wait_ready();
+    let long: Vec<String> = (0..20_000).map(|i| (3 + i % 200).to_string()).collect();
+    let (status, body) = post(
+        serve.port,
+        "/v1/completions",
+        &format!(
+            r#"{{"model":"long","prompt":[{}],"max_tokens":4}}"#,
+            long.join(",")
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["prompt_tokens"], 20_000);
+    assert_eq!(body["usage"]["completion_tokens"], 4);
+    // and past it, the frontend's own refusal
+    let (status, body) = post(
+        serve.port,
+        "/v1/completions",
+        &format!(
+            r#"{{"model":"long","prompt":[{}],"max_tokens":4}}"#,
+            vec!["5"; 131_072].join(",")
+        ),
+    );
+    assert_eq!(status, 400, "{body}");
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
 }

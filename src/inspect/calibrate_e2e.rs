@@ -193,7 +193,7 @@ fn start(
     rt: &tokio::runtime::Runtime,
 ) -> Result<Stack> {
     let cache = frontends::cache_root()?;
-    let model = serve::write_embedded_model(&cache)?;
+    let model = serve::write_embedded_model(&cache, engine.max_model_len)?;
     let ports = free_ports(3)?;
     let (http_port, hs_port, tap_port) = (ports[0], ports[1], ports[2]);
     let timeout = a.startup_timeout.max(1.0);
