@@ -275,6 +275,63 @@ pub(crate) fn write_embedded_model(cache: &Path, max_model_len: u64) -> Result<P
     }
 }
 
+/// What a frontend serves and where it listens, in external-engine mode (the engines
+/// join its handshake socket).
+pub(crate) struct FrontendSpec<'a> {
+    pub model: &'a Path,
+    pub name: &'a str,
+    pub host: &'a str,
+    pub port: u16,
+    pub handshake_port: u16,
+    pub engines: u16,
+    pub ready_timeout_s: u64,
+}
+
+/// `vllm-rs serve` for `s`.
+pub(crate) fn vllm_rs_command(bin: &Path, s: &FrontendSpec) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.arg("serve")
+        .arg(s.model)
+        .args(["--data-parallel-size", &s.engines.to_string()])
+        .args(["--data-parallel-size-local", "0"])
+        .args(["--handshake-host", "127.0.0.1"])
+        .args(["--handshake-port", &s.handshake_port.to_string()])
+        .args(["--host", s.host, "--port", &s.port.to_string()])
+        .args(["--served-model-name", s.name, "--reasoning-parser", "none"])
+        .args([
+            "--engine-ready-timeout-secs",
+            &s.ready_timeout_s.to_string(),
+        ]);
+    cmd
+}
+
+/// The Python frontend (`vllm serve` from `venv`, on CPU, offline) for `s`.
+pub(crate) fn python_command(venv: &Path, s: &FrontendSpec) -> Result<Command> {
+    let vllm = venv.join("bin").join("vllm");
+    if !vllm.is_file() {
+        bail!(
+            "{} not found: is vllm installed in that venv?",
+            vllm.display()
+        );
+    }
+    let mut cmd = Command::new(vllm);
+    cmd.arg("serve")
+        .arg(s.model)
+        .args(["--served-model-name", s.name])
+        .args(["--host", s.host, "--port", &s.port.to_string()])
+        .args(["--data-parallel-size", &s.engines.to_string()])
+        .args(["--data-parallel-size-local", "0"])
+        .args(["--data-parallel-address", "127.0.0.1"])
+        .args(["--data-parallel-rpc-port", &s.handshake_port.to_string()])
+        .env("VLLM_TARGET_DEVICE", "cpu")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .env("VLLM_NO_USAGE_STATS", "1")
+        .env("DO_NOT_TRACK", "1")
+        .env("VLLM_ENGINE_READY_TIMEOUT_S", s.ready_timeout_s.to_string());
+    Ok(cmd)
+}
+
 /// Where the frontend's log goes by default: the cache's logs/, else the temp dir.
 fn default_log(cache: &Path, port: u16) -> PathBuf {
     let file = format!("frontend-{port}.log");
@@ -416,9 +473,17 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         None => default_log(&cache, args.port),
     };
     let _ = std::fs::remove_file(&log);
-    let dp = play.engine_count.to_string();
     let timeout = args.startup_timeout.max(1.0);
 
+    let spec = FrontendSpec {
+        model: &model,
+        name: &name,
+        host: &args.host,
+        port: args.port,
+        handshake_port: hs_port,
+        engines: play.engine_count,
+        ready_timeout_s: timeout.ceil() as u64,
+    };
     let (cmd, grace) = match args.frontend {
         Frontend::Rs => {
             let bin = frontends::find_vllm_rs(
@@ -431,23 +496,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 play.vllm_version,
                 line_explicit,
             );
-            let mut cmd = Command::new(&bin);
-            cmd.arg("serve")
-                .arg(&model)
-                .args([
-                    "--data-parallel-size",
-                    &dp,
-                    "--data-parallel-size-local",
-                    "0",
-                ])
-                .args(["--handshake-host", "127.0.0.1"])
-                .args(["--handshake-port", &hs_port.to_string()])
-                .args(["--host", &args.host, "--port", &args.port.to_string()])
-                .args(["--served-model-name", &name, "--reasoning-parser", "none"])
-                .args([
-                    "--engine-ready-timeout-secs",
-                    &format!("{}", timeout.ceil() as u64),
-                ]);
+            let mut cmd = vllm_rs_command(&bin, &spec);
             cmd.args(&args.frontend_args);
             (cmd, Duration::from_secs(3))
         }
@@ -455,41 +504,13 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             let venv = args.python_venv.clone().context(
                 "--frontend python needs --python-venv DIR (a venv with vllm installed)",
             )?;
-            let vllm = venv.join("bin").join("vllm");
-            if !vllm.is_file() {
-                bail!(
-                    "{} not found: is vllm installed in that venv?",
-                    vllm.display()
-                );
-            }
+            let mut cmd = python_command(&venv, &spec)?;
             play.vllm_version = pick_line(
                 &format!("the vllm in {}", venv.display()),
                 line_of_venv(&venv),
                 play.vllm_version,
                 line_explicit,
             );
-            let mut cmd = Command::new(vllm);
-            cmd.arg("serve")
-                .arg(&model)
-                .args(["--served-model-name", &name])
-                .args(["--host", &args.host, "--port", &args.port.to_string()])
-                .args([
-                    "--data-parallel-size",
-                    &dp,
-                    "--data-parallel-size-local",
-                    "0",
-                ])
-                .args(["--data-parallel-address", "127.0.0.1"])
-                .args(["--data-parallel-rpc-port", &hs_port.to_string()])
-                .env("VLLM_TARGET_DEVICE", "cpu")
-                .env("HF_HUB_OFFLINE", "1")
-                .env("TRANSFORMERS_OFFLINE", "1")
-                .env("VLLM_NO_USAGE_STATS", "1")
-                .env("DO_NOT_TRACK", "1")
-                .env(
-                    "VLLM_ENGINE_READY_TIMEOUT_S",
-                    format!("{}", timeout.ceil() as u64),
-                );
             cmd.args(&args.frontend_args);
             (cmd, Duration::from_secs(5))
         }

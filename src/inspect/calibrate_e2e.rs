@@ -142,7 +142,7 @@ fn wire_run(
             return Err(e);
         }
     };
-    let (samples, chunks, preemptions) = read_tapped(&trace, work.reqs.len())?;
+    let (samples, chunks) = read_tapped(&trace, work.reqs.len())?;
     let got = samples.iter().filter(|s| s.is_some()).count();
     if let Some(p) = &a.dump_trace {
         std::fs::copy(&trace, p).with_context(|| format!("writing {}", p.display()))?;
@@ -164,7 +164,8 @@ fn wire_run(
         counts: Counts {
             requests: work.reqs.len(),
             sessions: None,
-            preemptions,
+            // a trace records no preemptions; the engine's count stays in play's log
+            preemptions: 0,
             not_finished: (work.reqs.len() - got) as u64,
             never_sent: 0,
             rejected: 0,
@@ -198,6 +199,15 @@ fn start(
     let (http_port, hs_port, tap_port) = (ports[0], ports[1], ports[2]);
     let timeout = a.startup_timeout.max(1.0);
     let mut line = trace_line(work);
+    let spec = serve::FrontendSpec {
+        model: &model,
+        name: "tiny",
+        host: "127.0.0.1",
+        port: http_port,
+        handshake_port: hs_port,
+        engines: 1,
+        ready_timeout_s: timeout.ceil() as u64,
+    };
     let (mut cmd, grace, name) = match a.frontend {
         Frontend::Rs => {
             let bin = frontends::find_vllm_rs(a.frontend_bin.as_deref(), &compat::tag_for(line))
@@ -205,58 +215,14 @@ fn start(
             if let Some(l) = serve::line_of_vllm_rs(&bin) {
                 line = l;
             }
-            let mut cmd = Command::new(&bin);
-            cmd.arg("serve")
-                .arg(&model)
-                .args([
-                    "--data-parallel-size",
-                    "1",
-                    "--data-parallel-size-local",
-                    "0",
-                ])
-                .args(["--handshake-host", "127.0.0.1"])
-                .args(["--handshake-port", &hs_port.to_string()])
-                .args(["--host", "127.0.0.1", "--port", &http_port.to_string()])
-                .args(["--served-model-name", "tiny", "--reasoning-parser", "none"])
-                .args([
-                    "--engine-ready-timeout-secs",
-                    &format!("{}", timeout.ceil() as u64),
-                ]);
+            let cmd = serve::vllm_rs_command(&bin, &spec);
             (cmd, Duration::from_secs(3), "vllm-rs")
         }
         Frontend::Python => {
             let venv = a.python_venv.clone().context(
                 "--frontend python needs --python-venv DIR (a venv with vllm installed)",
             )?;
-            let vllm = venv.join("bin").join("vllm");
-            if !vllm.is_file() {
-                bail!(
-                    "{} not found: is vllm installed in that venv?",
-                    vllm.display()
-                );
-            }
-            let mut cmd = Command::new(vllm);
-            cmd.arg("serve")
-                .arg(&model)
-                .args(["--served-model-name", "tiny"])
-                .args(["--host", "127.0.0.1", "--port", &http_port.to_string()])
-                .args([
-                    "--data-parallel-size",
-                    "1",
-                    "--data-parallel-size-local",
-                    "0",
-                ])
-                .args(["--data-parallel-address", "127.0.0.1"])
-                .args(["--data-parallel-rpc-port", &hs_port.to_string()])
-                .env("VLLM_TARGET_DEVICE", "cpu")
-                .env("HF_HUB_OFFLINE", "1")
-                .env("TRANSFORMERS_OFFLINE", "1")
-                .env("VLLM_NO_USAGE_STATS", "1")
-                .env("DO_NOT_TRACK", "1")
-                .env(
-                    "VLLM_ENGINE_READY_TIMEOUT_S",
-                    format!("{}", timeout.ceil() as u64),
-                );
+            let cmd = serve::python_command(&venv, &spec)?;
             (cmd, Duration::from_secs(5), "the Python frontend")
         }
     };
@@ -551,8 +517,8 @@ fn dechunk(mut b: &[u8]) -> Result<Vec<u8>> {
 }
 
 /// The tap's records, as samples by the capture's arrival-order index (from the
-/// `replay-<i>` in their request ids), with the output chunk sizes and preemptions.
-type Tapped = (Vec<Option<Sample>>, BTreeMap<u32, u64>, u64);
+/// `replay-<i>` in their request ids), with the output chunk sizes.
+type Tapped = (Vec<Option<Sample>>, BTreeMap<u32, u64>);
 
 fn read_tapped(trace: &Path, n: usize) -> Result<Tapped> {
     let mut samples: Vec<Option<Sample>> = vec![None; n];
@@ -573,7 +539,7 @@ fn read_tapped(trace: &Path, n: usize) -> Result<Tapped> {
             samples[i] = Sample::of(&r);
         }
     }
-    Ok((samples, chunks, 0))
+    Ok((samples, chunks))
 }
 
 /// `i` of the first `replay-<i>` in a request id (frontends add prefixes and suffixes).

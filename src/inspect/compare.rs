@@ -356,15 +356,17 @@ impl Report<'_> {
             .cohorts
             .iter()
             .map(|&c| {
+                // every trace's stats, once per metric
+                let rows: Vec<Vec<(usize, Stat)>> =
+                    Metric::ALL.iter().map(|&m| self.row(c, m)).collect();
                 let per_trace: Vec<Value> = (0..self.traces.len())
                     .map(|k| {
                         let mut m = serde_json::Map::new();
                         m.insert("label".into(), json!(self.traces[k].label));
-                        let requests = self.traces[k].members(c).len();
+                        let requests = rows[0][k].0;
                         m.insert("requests".into(), json!(requests));
                         m.insert("small".into(), json!(c.is_some() && requests < self.min));
-                        for metric in Metric::ALL {
-                            let row = self.row(c, metric);
+                        for (metric, row) in Metric::ALL.iter().zip(&rows) {
                             let (r, s) = (&row[0].1, &row[k].1);
                             let q: serde_json::Map<String, Value> = QUANTILES
                                 .iter()

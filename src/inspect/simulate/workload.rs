@@ -257,20 +257,11 @@ impl Workload {
         }
         // a sweep over (time, +1 at an arrival / −1 at an end); an end at the same time
         // as an arrival comes first (that slot was free)
-        let mut events: Vec<(f64, i32)> = Vec::new();
-        for p in &self.reqs {
-            if let (Some(a), Some(e2e)) = (p.arrival_ms, p.e2e_ms) {
-                events.push((a, 1));
-                events.push((a + e2e.max(0.0), -1));
-            }
-        }
-        events.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
-        let (mut now, mut most) = (0i32, 0i32);
-        for (_, d) in events {
-            now += d;
-            most = most.max(now);
-        }
-        (most > 0).then_some(most as usize)
+        most_at_once(
+            self.reqs
+                .iter()
+                .filter_map(|p| Some((p.arrival_ms?, p.arrival_ms? + p.e2e_ms?.max(0.0)))),
+        )
     }
 
     /// How many leading requests of a closed-loop replay at `n` in flight are the ramp
@@ -441,19 +432,21 @@ impl Sessions {
                 None => (a, end),
             });
         }
-        let mut events: Vec<(f64, i32)> = span
-            .iter()
-            .flatten()
-            .flat_map(|&(s, e)| [(s, 1), (e, -1)])
-            .collect();
-        events.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
-        let (mut now, mut most) = (0i32, 0i32);
-        for (_, d) in events {
-            now += d;
-            most = most.max(now);
-        }
-        (most > 0).then_some(most as usize)
+        most_at_once(span.into_iter().flatten())
     }
+}
+
+/// The most spans (start, end) open at once; an end at the same time as a start comes
+/// first (that slot was free). `None` when there are none.
+fn most_at_once(spans: impl Iterator<Item = (f64, f64)>) -> Option<usize> {
+    let mut events: Vec<(f64, i32)> = spans.flat_map(|(s, e)| [(s, 1), (e, -1)]).collect();
+    events.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in events {
+        now += d;
+        most = most.max(now);
+    }
+    (most > 0).then_some(most as usize)
 }
 
 /// Children of every request, as linked lists (first child, next sibling), so releasing a
