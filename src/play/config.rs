@@ -4,6 +4,7 @@
 
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -13,12 +14,15 @@ use sim_trace::fit::{FitInput, FittedModel};
 use sim_trace::latency::{self, Knobs, LatencyModel};
 
 use super::batch::ComposeRules;
+use super::constrained::{Shaping, ToolCalls};
 use super::failures::FailureInjector;
 use super::queue_policy::SchedulingPolicy;
 use super::replay::ReplaySetup;
 use super::sim::SimEngine;
 use super::spec_decode::{SpecMetricsLevel, SpecModel};
+use super::text::TextTokens;
 use super::tokens::{EchoTokens, RandomTokens, TokenSource};
+use super::vocab::{self, Vocabulary};
 use super::{EngineArgs, PlayArgs, TokenMode};
 
 /// Engine settings, validated.
@@ -51,6 +55,8 @@ pub struct EngineConfig {
     /// A latency model paces prefills (`--latency-trace`): a scripted request's first
     /// token comes from the model, not from the recorded TTFT.
     pub modeled_prefill: bool,
+    /// Structured outputs and tool calls, in the model's vocabulary.
+    pub shaping: Shaping,
 }
 
 /// Everything `play` needs, checked.
@@ -67,6 +73,8 @@ pub struct PlayConfig {
     /// The engine of the first rank (the builder sets `engine_index` per rank).
     pub engine: EngineConfig,
     pub tokens: TokenMode,
+    /// The model's vocabulary (`--tokenizer`, else the embedded tiny model's).
+    pub vocab: Arc<Vocabulary>,
     pub random: RandomTokens,
     pub knobs: Knobs,
     pub policy: SchedulingPolicy,
@@ -218,6 +226,24 @@ impl TryFrom<&PlayArgs> for PlayConfig {
         } else {
             a.max_model_len
         };
+        if !(0.0..=1.0).contains(&a.tool_call_rate) {
+            bail!(
+                "--tool-call-rate must be between 0 and 1, got {}",
+                a.tool_call_rate
+            );
+        }
+        let vocab = match &a.tokenizer {
+            Some(p) => Arc::new(Vocabulary::load(&vocab::model_dir_of(p))?),
+            None => Vocabulary::embedded(),
+        };
+        if a.tokenizer.is_some() && a.vocab_size > vocab.size() {
+            bail!(
+                "--vocab-size {} is larger than the {} tokens of --tokenizer {}",
+                a.vocab_size,
+                vocab.size(),
+                vocab.source
+            );
+        }
         let engine = EngineConfig {
             line: a.vllm_version,
             engine_index: u32::from(a.data_parallel_rank),
@@ -243,6 +269,12 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             report_finished: dp_size > 1,
             time_scale: knobs.time_scale,
             modeled_prefill: !a.latency_trace.is_empty(),
+            shaping: Shaping {
+                vocab: vocab.clone(),
+                tool_calls: ToolCalls {
+                    rate: a.tool_call_rate,
+                },
+            },
         };
         Ok(Self {
             handshake_address: a.handshake_address.clone(),
@@ -252,7 +284,8 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             handshake_timeout,
             shutdown_timeout,
             engine,
-            tokens: a.tokens,
+            tokens: a.tokens.unwrap_or_default(),
+            vocab,
             random: RandomTokens {
                 seed: a.seed,
                 min_id: a.min_token_id,
@@ -337,6 +370,10 @@ impl PlayConfig {
             TokenMode::Random => Box::new(self.random.clone()),
             TokenMode::Echo => Box::new(EchoTokens {
                 fallback: Some(self.random.clone()),
+            }),
+            TokenMode::Text => Box::new(TextTokens {
+                seed: self.random.seed,
+                vocab: self.vocab.clone(),
             }),
         }
     }

@@ -24,13 +24,27 @@ pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: u64 = 8192;
 /// The engine's flags (validated by `PlayConfig`).
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
-    /// Where output token ids come from.
-    #[arg(long, value_enum, default_value_t = TokenMode::Random)]
-    pub tokens: TokenMode,
+    /// Where output token ids come from. Default: `random` under `play`, `text` under
+    /// `serve`. Structured outputs and tool calls follow their grammar whatever this says.
+    #[arg(long, value_enum)]
+    pub tokens: Option<TokenMode>,
 
     /// Seed for random tokens (same seed and same requests give the same tokens).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+
+    /// The model the frontend serves: a directory with its tokenizer.json (or the file).
+    /// `--tokens text`, structured outputs and tool calls are written in its tokens.
+    /// Default: the tiny model embedded in this binary (what `serve` serves by default).
+    #[arg(long, value_name = "DIR")]
+    pub tokenizer: Option<PathBuf>,
+
+    /// Under `tool_choice: auto`, the share of requests whose prompt shows tools (a
+    /// `<tools>` block, as hermes-style chat templates render them) that are answered with
+    /// a `<tool_call>` to one of them, with arguments valid for its schema; the others get
+    /// text. A request whose last message is a tool result is always answered with text.
+    #[arg(long, default_value_t = 0.5)]
+    pub tool_call_rate: f64,
 
     /// Random token ids are drawn from [--min-token-id, vocab-size). Only ids the
     /// frontend's tokenizer knows may be emitted; the default fits the embedded tiny model

@@ -3,6 +3,7 @@
 pub mod batch;
 pub mod block_hash;
 pub mod config;
+pub mod constrained;
 pub mod emit;
 pub mod engine_args;
 pub mod engine_core;
@@ -18,9 +19,11 @@ pub mod request;
 pub mod scripted;
 pub mod sim;
 pub mod spec_decode;
+pub mod text;
 pub mod timer;
 pub mod tokens;
 pub mod utility;
+pub mod vocab;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
@@ -41,6 +44,9 @@ pub enum TokenMode {
     Random,
     /// The prompt's own ids back, then EOS (wraps around under ignore_eos).
     Echo,
+    /// Readable sentences of ordinary words in the model's tokens (--tokenizer), seeded
+    /// like random ones; runs to max_tokens like random ones.
+    Text,
 }
 
 /// `play`'s flags: the engine's ([`EngineArgs`], also reachable as `args.<flag>` through

@@ -294,7 +294,23 @@ impl SimEngine {
                 "request added"
             );
         }
-        let stream = self.tokens.stream_for(&req);
+        let stream = match self.cfg.shaping.stream_for(&req, self.cfg.seed) {
+            Ok(Some(s)) => s,
+            Ok(None) => self.tokens.stream_for(&req),
+            Err(msg) => {
+                tracing::warn!(request_id = %id, "{msg}");
+                self.reject_error(
+                    out,
+                    client,
+                    id,
+                    "structured_output_unsupported",
+                    msg,
+                    false,
+                    now,
+                );
+                return;
+            }
+        };
         let served = match self.replay.resolve(&req, stream, self.cfg.log_requests) {
             Ok(served) => served,
             Err(msg) => {

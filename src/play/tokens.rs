@@ -34,23 +34,9 @@ pub struct RandomTokens {
 
 impl TokenSource for RandomTokens {
     fn stream_for(&self, req: &EngineCoreRequest) -> Box<dyn TokenStream> {
-        // A client-supplied sampling seed makes the stream depend on the prompt and that
-        // seed only (reproducible across runs, like vLLM's per-request seed); otherwise the
-        // request id decides.
-        let sp_seed = req.sampling_params.as_ref().and_then(|s| s.seed);
-        let mut h = Fnv::new(self.seed);
-        match sp_seed {
-            Some(s) => {
-                h.write_u64(s as u64);
-                for t in req.prompt_token_ids.iter().flatten() {
-                    h.write_u64(u64::from(*t));
-                }
-            }
-            None => h.write(req.request_id.as_bytes()),
-        }
         let stops = stop_ids(req);
         Box::new(RandomStream {
-            rng: SplitMix64(h.finish()),
+            rng: SplitMix64(stream_seed(self.seed, req)),
             lo: self.min_id.min(self.vocab_size.saturating_sub(1)),
             hi: self.vocab_size.max(1),
             stops,
@@ -63,6 +49,24 @@ impl TokenSource for RandomTokens {
             self.seed, self.min_id, self.vocab_size
         )
     }
+}
+
+/// The seed of one request's token stream. A client-supplied sampling seed makes the stream
+/// depend on the prompt and that seed only (reproducible across runs, like vLLM's
+/// per-request seed); otherwise the request id decides.
+pub fn stream_seed(seed: u64, req: &EngineCoreRequest) -> u64 {
+    let sp_seed = req.sampling_params.as_ref().and_then(|s| s.seed);
+    let mut h = Fnv::new(seed);
+    match sp_seed {
+        Some(s) => {
+            h.write_u64(s as u64);
+            for t in req.prompt_token_ids.iter().flatten() {
+                h.write_u64(u64::from(*t));
+            }
+        }
+        None => h.write(req.request_id.as_bytes()),
+    }
+    h.finish()
 }
 
 fn stop_ids(req: &EngineCoreRequest) -> Vec<u32> {

@@ -110,6 +110,9 @@ pub struct SamplingParams {
     pub all_stop_token_ids: Vec<u32>,
     /// `extra_args` (P/D puts `kv_transfer_params` here), opaque.
     pub extra_args: Option<Value>,
+    /// `structured_outputs` (`StructuredOutputsParams`), as sent; [`StructuredOutputs::parse`]
+    /// reads it.
+    pub structured_outputs: Option<Value>,
 }
 
 impl Default for SamplingParams {
@@ -130,8 +133,201 @@ impl Default for SamplingParams {
             eos_token_id: None,
             all_stop_token_ids: Vec::new(),
             extra_args: None,
+            structured_outputs: None,
         }
     }
+}
+
+/// The constraint of a `StructuredOutputsParams`: exactly one kind is set (vLLM's
+/// `__post_init__` refuses zero or several).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// A JSON schema, as JSON text (the wire carries a string or a map).
+    JsonSchema(String),
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    Regex(String),
+    Choice(Vec<String>),
+    /// A grammar (Lark / EBNF text).
+    Grammar(String),
+    /// A structural tag (JSON text: triggers and tagged structures).
+    StructuralTag(String),
+}
+
+impl Constraint {
+    /// The name vLLM's `StructuredOutputOptions` gives this kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::JsonSchema(_) => "json",
+            Self::JsonObject => "json_object",
+            Self::Regex(_) => "regex",
+            Self::Choice(_) => "choice",
+            Self::Grammar(_) => "grammar",
+            Self::StructuralTag(_) => "structural_tag",
+        }
+    }
+}
+
+/// `StructuredOutputsParams` (a msgspec dataclass map; the same keys on every line 0.25–0.33).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StructuredOutputs {
+    pub constraint: Constraint,
+    pub disable_any_whitespace: bool,
+    pub disable_additional_properties: bool,
+    pub whitespace_pattern: Option<String>,
+    /// `_backend`, as the frontend chose it (`xgrammar`, `guidance`, …).
+    pub backend: Option<String>,
+}
+
+impl StructuredOutputs {
+    /// Reads the `structured_outputs` map. `Err` names what is wrong with it.
+    pub fn parse(value: &Value) -> Result<Self, String> {
+        let Value::Map(m) = value else {
+            return Err(format!(
+                "structured_outputs is not a map but {}",
+                crate::decode::value::kind(value)
+            ));
+        };
+        let mut kinds = Vec::new();
+        let mut out = StructuredOutputs {
+            constraint: Constraint::JsonObject,
+            disable_any_whitespace: false,
+            disable_additional_properties: false,
+            whitespace_pattern: None,
+            backend: None,
+        };
+        let text = |k: &str, x: &Value| -> Result<String, String> {
+            x.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| format!("structured_outputs.{k} is not a string"))
+        };
+        for (k, x) in m {
+            let (Some(k), false) = (k.as_str(), x.is_nil()) else {
+                continue;
+            };
+            match k {
+                "json" => kinds.push(Constraint::JsonSchema(match x {
+                    Value::String(_) => text(k, x)?,
+                    other => value_to_json(other),
+                })),
+                "json_object" => {
+                    if x.as_bool() == Some(true) {
+                        kinds.push(Constraint::JsonObject)
+                    }
+                }
+                "regex" => kinds.push(Constraint::Regex(text(k, x)?)),
+                "grammar" => kinds.push(Constraint::Grammar(text(k, x)?)),
+                "structural_tag" => kinds.push(Constraint::StructuralTag(match x {
+                    Value::String(_) => text(k, x)?,
+                    other => value_to_json(other),
+                })),
+                "choice" => {
+                    let Value::Array(a) = x else {
+                        return Err("structured_outputs.choice is not a list".into());
+                    };
+                    let c = a
+                        .iter()
+                        .map(|c| text(k, c))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    kinds.push(Constraint::Choice(c));
+                }
+                "disable_any_whitespace" => out.disable_any_whitespace = x.as_bool() == Some(true),
+                "disable_additional_properties" => {
+                    out.disable_additional_properties = x.as_bool() == Some(true)
+                }
+                "whitespace_pattern" => out.whitespace_pattern = Some(text(k, x)?),
+                "_backend" => out.backend = Some(text(k, x)?),
+                _ => {}
+            }
+        }
+        match kinds.len() {
+            1 => {
+                out.constraint = kinds.pop().expect("one kind");
+                Ok(out)
+            }
+            0 => Err("structured_outputs names no constraint (json, json_object, regex, choice, grammar or structural_tag)".into()),
+            n => Err(format!("structured_outputs names {n} constraints; vLLM allows one")),
+        }
+    }
+}
+
+/// A msgpack value as JSON text (binary as an array of bytes, non-string keys stringified).
+pub fn value_to_json(v: &Value) -> String {
+    let mut s = String::new();
+    write_json(v, &mut s);
+    s
+}
+
+fn write_json(v: &Value, s: &mut String) {
+    use std::fmt::Write;
+    match v {
+        Value::Nil => s.push_str("null"),
+        Value::Boolean(b) => s.push_str(if *b { "true" } else { "false" }),
+        Value::Integer(i) => {
+            let _ = write!(s, "{i}");
+        }
+        Value::F32(f) => write_float(f64::from(*f), s),
+        Value::F64(f) => write_float(*f, s),
+        Value::String(t) => write_json_str(t.as_str().unwrap_or_default(), s),
+        Value::Binary(b) => write_json(
+            &Value::Array(b.iter().map(|x| Value::from(*x)).collect()),
+            s,
+        ),
+        Value::Array(a) => {
+            s.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                write_json(x, s);
+            }
+            s.push(']');
+        }
+        Value::Map(m) => {
+            s.push('{');
+            for (i, (k, x)) in m.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                match k.as_str() {
+                    Some(k) => write_json_str(k, s),
+                    None => write_json_str(&value_to_json(k), s),
+                }
+                s.push(':');
+                write_json(x, s);
+            }
+            s.push('}');
+        }
+        Value::Ext(_, b) => write_json(&Value::Binary(b.clone()), s),
+    }
+}
+
+fn write_float(f: f64, s: &mut String) {
+    use std::fmt::Write;
+    if f.is_finite() {
+        let _ = write!(s, "{f:?}");
+    } else {
+        s.push_str("null");
+    }
+}
+
+fn write_json_str(t: &str, s: &mut String) {
+    use std::fmt::Write;
+    s.push('"');
+    for c in t.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            '\r' => s.push_str("\\r"),
+            '\t' => s.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(s, "\\u{:04x}", c as u32);
+            }
+            c => s.push(c),
+        }
+    }
+    s.push('"');
 }
 
 /// `LoRARequest`: 6 (0.32+) or 7 (≤0.31, and what vllm-rs 0.32 sends) elements; only the

@@ -233,6 +233,7 @@ pub(crate) fn decode_sampling_params(value: &Value) -> R<SamplingParams> {
                 }
             }
             "extra_args" => sp.extra_args = v::opaque(x.clone()),
+            "structured_outputs" => sp.structured_outputs = v::opaque(x.clone()),
             _ => {}
         }
     }

@@ -148,7 +148,8 @@ fn write_sampling_params(w: &mut Writer, line: VllmLine, sp: &SamplingParams) {
         + usize::from(sp.logprobs.is_some())
         + usize::from(sp.prompt_logprobs.is_some())
         + usize::from(sp.output_kind != 0)
-        + usize::from(sp.extra_args.is_some());
+        + usize::from(sp.extra_args.is_some())
+        + usize::from(sp.structured_outputs.is_some());
     w.map(n);
     if sp.n != 1 {
         w.str("n");
@@ -208,6 +209,10 @@ fn write_sampling_params(w: &mut Writer, line: VllmLine, sp: &SamplingParams) {
     if let Some(extra) = &sp.extra_args {
         w.str("extra_args");
         w.value(extra);
+    }
+    if let Some(so) = &sp.structured_outputs {
+        w.str("structured_outputs");
+        w.value(so);
     }
     if routed {
         w.str("routed_experts_prompt_start");

@@ -1,0 +1,231 @@
+//! The model's vocabulary: what the engine needs to write readable text, structured outputs
+//! and tool calls in the token ids of the model the frontend serves.
+//!
+//! A [`Vocabulary`] is loaded once per process from a model directory's `tokenizer.json`
+//! (`play --tokenizer DIR`; `serve` passes its model directory), or from the tiny model
+//! embedded in this binary when no directory is given. It holds Hugging Face's own tokenizer
+//! (to encode text the way the frontend would), the bytes of every token, and the
+//! [`ParserFactory`] that turns a structured-output constraint into allowed-token masks.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+
+use anyhow::{Context, Result, anyhow};
+use llguidance::ParserFactory;
+use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+
+/// A model's tokens, and what they spell.
+pub struct Vocabulary {
+    env: TokEnv,
+    factory: ParserFactory,
+    /// The model's end-of-sequence id (generation_config.json, else tokenizer_config.json).
+    pub eos: u32,
+    /// Where it came from, for logs.
+    pub source: String,
+}
+
+impl std::fmt::Debug for Vocabulary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vocabulary")
+            .field("source", &self.source)
+            .field("size", &self.size())
+            .field("eos", &self.eos)
+            .finish()
+    }
+}
+
+/// The tokenizer as llguidance sees it: the token trie, and the frontend's tokenization.
+struct Env {
+    trie: TokTrie,
+    tokenizer: tokenizers::Tokenizer,
+}
+
+impl TokenizerEnv for Env {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        match std::str::from_utf8(s) {
+            Ok(text) => match self.tokenizer.encode_fast(text, false) {
+                Ok(enc) => enc.get_ids().to_vec(),
+                Err(_) => self.trie.greedy_tokenize(s),
+            },
+            Err(_) => self.trie.greedy_tokenize(s),
+        }
+    }
+}
+
+impl Vocabulary {
+    /// The vocabulary of the tiny model embedded in this binary (what `serve` serves by
+    /// default), built once per process.
+    pub fn embedded() -> Arc<Vocabulary> {
+        static EMBEDDED: OnceLock<Arc<Vocabulary>> = OnceLock::new();
+        EMBEDDED
+            .get_or_init(|| {
+                let json = crate::tiny_model::tokenizer_json_text();
+                Arc::new(
+                    Self::from_json(
+                        &json,
+                        crate::tiny_model::EOS_TOKEN_ID,
+                        "the embedded tiny model",
+                    )
+                    .expect("the embedded tokenizer loads"),
+                )
+            })
+            .clone()
+    }
+
+    /// Load `dir/tokenizer.json`; the EOS id comes from `generation_config.json` (its first
+    /// `eos_token_id`) or `tokenizer_config.json` (`eos_token`).
+    pub fn load(dir: &Path) -> Result<Vocabulary> {
+        let path = dir.join("tokenizer.json");
+        let json = std::fs::read_to_string(&path)
+            .with_context(|| format!("--tokenizer: cannot read {}", path.display()))?;
+        let probe = tokenizers::Tokenizer::from_str(&json).map_err(|e| {
+            anyhow!(
+                "--tokenizer: {} is not a tokenizer.json: {e}",
+                path.display()
+            )
+        })?;
+        let eos = eos_of(dir, &probe).ok_or_else(|| {
+            anyhow!(
+                "--tokenizer: {} names no EOS token (generation_config.json eos_token_id, or tokenizer_config.json eos_token)",
+                dir.display()
+            )
+        })?;
+        Self::from_json(&json, eos, &dir.display().to_string())
+    }
+
+    fn from_json(json: &str, eos: u32, source: &str) -> Result<Vocabulary> {
+        let tokenizer = tokenizers::Tokenizer::from_str(json)
+            .map_err(|e| anyhow!("{source}: tokenizer.json: {e}"))?;
+        let value: serde_json::Value = serde_json::from_str(json)?;
+        let mut words = llguidance::token_bytes_from_tokenizer_json(&value)
+            .map_err(|e| anyhow!("{source}: cannot read the bytes of its tokens: {e}"))?;
+        let size = tokenizer.get_vocab_size(true).max(words.len());
+        words.resize(size, Vec::new());
+        let info = TokRxInfo::new(size as u32, eos);
+        let trie = TokTrie::from(&info, &words);
+        let env: TokEnv = Arc::new(Env { trie, tokenizer });
+        let mut factory = ParserFactory::new(
+            &env,
+            InferenceCapabilities {
+                ff_tokens: true,
+                ..Default::default()
+            },
+            &[],
+        )
+        .map_err(|e| anyhow!("{source}: {e}"))?;
+        factory.quiet();
+        Ok(Vocabulary {
+            env,
+            factory,
+            eos,
+            source: source.to_string(),
+        })
+    }
+
+    /// Number of token ids.
+    pub fn size(&self) -> u32 {
+        self.env.tok_trie().vocab_size() as u32
+    }
+
+    /// The bytes token `id` stands for (special tokens start with 0xFF).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.env.tok_trie().token(id)
+    }
+
+    /// Whether `id` is a special token (`<|im_end|>` and friends).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.env.tok_trie().is_special_token(id)
+    }
+
+    /// Text as the frontend's tokenizer encodes it (no special tokens added).
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        self.env.tokenize_bytes(text.as_bytes())
+    }
+
+    /// Ids back to text, special tokens included (what a prompt looked like to the model).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            if id < self.size() {
+                let b = self.token_bytes(id);
+                bytes.extend_from_slice(
+                    b.strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+                        .unwrap_or(b),
+                );
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    pub(crate) fn factory(&self) -> &ParserFactory {
+        &self.factory
+    }
+}
+
+fn eos_of(dir: &Path, tok: &tokenizers::Tokenizer) -> Option<u32> {
+    let read = |name: &str| -> Option<serde_json::Value> {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(name)).ok()?).ok()
+    };
+    if let Some(g) = read("generation_config.json") {
+        match &g["eos_token_id"] {
+            serde_json::Value::Number(n) => return n.as_u64().map(|n| n as u32),
+            serde_json::Value::Array(a) => {
+                if let Some(n) = a.first().and_then(|n| n.as_u64()) {
+                    return Some(n as u32);
+                }
+            }
+            _ => {}
+        }
+    }
+    let c = read("tokenizer_config.json")?;
+    let name = match &c["eos_token"] {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Object(o) => o.get("content")?.as_str()?.to_string(),
+        _ => return None,
+    };
+    tok.token_to_id(&name)
+}
+
+/// `--tokenizer`: a model directory, or the `tokenizer.json` in one.
+pub fn model_dir_of(path: &Path) -> PathBuf {
+    if path.is_file() {
+        path.parent().map(Path::to_path_buf).unwrap_or_default()
+    } else {
+        path.to_path_buf()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_vocabulary_round_trips_text() {
+        let v = Vocabulary::embedded();
+        assert_eq!(v.size(), crate::tiny_model::TOKENIZER_VOCAB);
+        assert_eq!(v.eos, crate::tiny_model::EOS_TOKEN_ID);
+        let text = "Héllo, 東京 {\"a\": 1}";
+        let ids = v.encode(text);
+        assert_eq!(ids, crate::tiny_model::encode_text(text));
+        assert_eq!(v.decode(&ids), text);
+        assert!(v.is_special(crate::tiny_model::EOS_TOKEN_ID));
+        assert_eq!(v.decode(&[1]), "<|im_start|>");
+    }
+
+    #[test]
+    fn a_model_directory_loads_with_its_eos() {
+        let dir = std::env::temp_dir().join(format!("vcr-vocab-{}", std::process::id()));
+        crate::tiny_model::write_to(&dir).unwrap();
+        let v = Vocabulary::load(&dir).unwrap();
+        assert_eq!(v.eos, crate::tiny_model::EOS_TOKEN_ID);
+        assert_eq!(v.encode("ab"), vec![3 + 97, 3 + 98]);
+        let e = Vocabulary::load(&dir.join("nope")).unwrap_err().to_string();
+        assert!(e.contains("cannot read"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

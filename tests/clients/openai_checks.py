@@ -1,0 +1,351 @@
+"""What an OpenAI client sees from `vllm-vcr serve`: readable text, structured outputs,
+tool calls, logprobs and many concurrent streams, checked with the OpenAI Python SDK and
+jsonschema.
+
+Usage: python openai_checks.py BASE_URL MODEL [--frontend rs|python]
+Prints one line per check and exits 1 if any failed.
+"""
+
+import asyncio
+import json
+import random
+import re
+import sys
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+
+BASE, MODEL = sys.argv[1], sys.argv[2]
+FRONTEND = sys.argv[sys.argv.index("--frontend") + 1] if "--frontend" in sys.argv else "rs"
+client = openai.OpenAI(base_url=BASE, api_key="none", timeout=120, max_retries=0)
+failures = []
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "days"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string"}},
+            "required": ["zone"],
+        },
+    },
+}
+TOOLS = [WEATHER, TIME]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def check(name):
+    def wrap(f):
+        try:
+            detail = f()
+            print(f"PASS {name}" + (f": {detail}" if detail else ""), flush=True)
+        except Exception as e:  # noqa: BLE001 - every failure is reported
+            failures.append(name)
+            print(f"FAIL {name}: {e!r}", flush=True)
+            traceback.print_exc()
+        return f
+
+    return wrap
+
+
+def readable(text):
+    """Mostly letters, spaces and sentence punctuation: words a UI can show."""
+    ok = sum(c.isalpha() or c in " ,." for c in text)
+    assert text and ok / len(text) > 0.95, f"not readable text: {text!r}"
+    words = text.split()
+    assert len(words) >= 5, f"too few words: {text!r}"
+
+
+def user(text="What is the weather like?"):
+    return [{"role": "user", "content": text}]
+
+
+@check("chat: readable text, length finish, usage")
+def _():
+    r = client.chat.completions.create(model=MODEL, messages=user(), max_tokens=40)
+    c = r.choices[0]
+    readable(c.message.content)
+    assert c.finish_reason == "length", c.finish_reason
+    assert r.usage.completion_tokens == 40, r.usage
+    return repr(c.message.content[:60])
+
+
+@check("chat stream: deltas add up, usage in the last chunk")
+def _():
+    s = client.chat.completions.create(
+        model=MODEL, messages=user(), max_tokens=30, stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, usage, finish = "", None, None
+    for chunk in s:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    readable(text)
+    assert finish == "length" and usage.completion_tokens == 30, (finish, usage)
+
+
+@check("completions: text, streaming and not")
+def _():
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=60)
+    readable(r.choices[0].text)
+    s = client.completions.create(model=MODEL, prompt="Once", max_tokens=60, stream=True)
+    readable("".join(c.choices[0].text for c in s if c.choices))
+
+
+@check("chat: same seed, same text")
+def _():
+    a, b = (
+        client.chat.completions.create(model=MODEL, messages=user(), max_tokens=20, seed=11)
+        .choices[0].message.content
+        for _ in range(2)
+    )
+    assert a == b, (a, b)
+
+
+@check("response_format json_object")
+def _():
+    for i in range(5):
+        r = client.chat.completions.create(
+            model=MODEL, messages=user(f"json please {i}"), max_tokens=400,
+            response_format={"type": "json_object"},
+        )
+        c = r.choices[0]
+        assert c.finish_reason == "stop", (c.finish_reason, c.message.content)
+        assert isinstance(json.loads(c.message.content), dict), c.message.content
+
+
+def random_schema(rng, depth=0):
+    """Nested objects, arrays, enums, bounded numbers, required and optional keys."""
+    kinds = ["string", "integer", "number", "boolean", "enum"]
+    if depth < 2:
+        kinds += ["object", "array"]
+    k = rng.choice(kinds)
+    if k == "string":
+        s = {"type": "string"}
+        if rng.random() < 0.3:
+            s["maxLength"] = rng.randint(3, 20)
+        return s
+    if k == "integer":
+        lo = rng.randint(-50, 50)
+        return {"type": "integer", "minimum": lo, "maximum": lo + rng.randint(0, 500)}
+    if k == "number":
+        return {"type": "number", "minimum": 0, "maximum": rng.choice([1, 10, 1000])}
+    if k == "boolean":
+        return {"type": "boolean"}
+    if k == "enum":
+        return {"enum": rng.sample(["red", "green", "blue", "amber", "north", "south"], rng.randint(1, 4))}
+    if k == "array":
+        a = {"type": "array", "items": random_schema(rng, depth + 1)}
+        if rng.random() < 0.5:
+            a["minItems"] = rng.randint(0, 2)
+            a["maxItems"] = a["minItems"] + rng.randint(0, 3)
+        return a
+    props = {f"k{j}_{rng.choice(['name', 'size', 'kind', 'note'])}": random_schema(rng, depth + 1)
+             for j in range(rng.randint(1, 4))}
+    req = [p for p in props if rng.random() < 0.6]
+    s = {"type": "object", "properties": props, "required": req}
+    if rng.random() < 0.5:
+        s["additionalProperties"] = False
+    return s
+
+
+@check("response_format json_schema: 50 random schemas parse and validate")
+def _():
+    rng = random.Random(1234)
+    schemas = []
+    while len(schemas) < 50:
+        s = random_schema(rng)
+        if s.get("type") == "object":
+            schemas.append(s)
+
+    def one(i):
+        s = schemas[i]
+        r = client.chat.completions.create(
+            model=MODEL, messages=user(f"schema {i}"), max_tokens=1500,
+            response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": s}},
+        )
+        c = r.choices[0]
+        assert c.finish_reason == "stop", (i, c.finish_reason, c.message.content)
+        jsonschema.validate(json.loads(c.message.content), s)
+        return len(c.message.content)
+
+    with ThreadPoolExecutor(8) as pool:
+        sizes = list(pool.map(one, range(len(schemas))))
+    return f"{len(sizes)} instances, {min(sizes)}-{max(sizes)} chars"
+
+
+@check("json_schema cut by max_tokens: finish length, cut JSON")
+def _():
+    s = {"type": "object", "properties": {"story": {"type": "string", "minLength": 200}},
+         "required": ["story"]}
+    r = client.chat.completions.create(
+        model=MODEL, messages=user(), max_tokens=20,
+        response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": s}},
+    )
+    c = r.choices[0]
+    assert c.finish_reason == "length", c.finish_reason
+    assert c.message.content.startswith('{"story": "'), c.message.content
+    try:
+        json.loads(c.message.content)
+        raise AssertionError(f"a cut instance parsed: {c.message.content!r}")
+    except json.JSONDecodeError:
+        pass
+
+
+@check("regex and choice through structured_outputs")
+def _():
+    rx = r"[a-z]{2,8}@[a-z]{2,8}\.(com|org)"
+    for i in range(3):
+        r = client.chat.completions.create(
+            model=MODEL, messages=user(f"mail {i}"), max_tokens=60,
+            extra_body={"structured_outputs": {"regex": rx}},
+        )
+        assert re.fullmatch(rx, r.choices[0].message.content), r.choices[0].message.content
+        r = client.chat.completions.create(
+            model=MODEL, messages=user(f"pick {i}"), max_tokens=20,
+            extra_body={"structured_outputs": {"choice": ["left", "right", "straight on"]}},
+        )
+        assert r.choices[0].message.content in ("left", "right", "straight on"), r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop"
+
+
+def valid_calls(calls, only=None):
+    assert calls, "no tool calls"
+    for call in calls:
+        name = call.function.name
+        assert name in SCHEMAS, name
+        if only:
+            assert name == only, (name, only)
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[name])
+    return [(c.function.name, c.function.arguments) for c in calls]
+
+
+@check("tool_choice required: a valid call")
+def _():
+    r = client.chat.completions.create(
+        model=MODEL, messages=user(), max_tokens=300, tools=TOOLS, tool_choice="required",
+    )
+    return valid_calls(r.choices[0].message.tool_calls)[0]
+
+
+@check("tool_choice named: a valid call to that function")
+def _():
+    r = client.chat.completions.create(
+        model=MODEL, messages=user(), max_tokens=300, tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+    )
+    return valid_calls(r.choices[0].message.tool_calls, only="get_time")[0]
+
+
+@check("tool_choice auto: calls and text both occur (--tool-call-rate 0.5)")
+def _():
+    calls = texts = 0
+    for i in range(12):
+        r = client.chat.completions.create(
+            model=MODEL, messages=user(f"question {i}"), max_tokens=300, tools=TOOLS, seed=i,
+        )
+        m = r.choices[0]
+        if m.message.tool_calls:
+            valid_calls(m.message.tool_calls)
+            assert m.finish_reason == "tool_calls", m.finish_reason
+            calls += 1
+        else:
+            readable(m.message.content)
+            texts += 1
+    assert calls >= 2 and texts >= 2, (calls, texts)
+    return f"{calls} calls, {texts} text answers"
+
+
+@check("streamed tool call: the deltas add up to a valid call")
+def _():
+    s = client.chat.completions.create(
+        model=MODEL, messages=user(), max_tokens=300, tools=TOOLS, tool_choice="required",
+        stream=True,
+    )
+    name, args = None, ""
+    for chunk in s:
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                if tc.index == 0:
+                    name = tc.function.name or name
+                    args += tc.function.arguments or ""
+    assert name in SCHEMAS, name
+    jsonschema.validate(json.loads(args), SCHEMAS[name])
+
+
+@check("three-turn tool loop: call, tool result, answer")
+def _():
+    msgs = user("Weather in Paris for 2 days?")
+    r = client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=300, tools=TOOLS, tool_choice="required",
+    )
+    call = r.choices[0].message.tool_calls[0]
+    valid_calls([call])
+    msgs.append({"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function",
+         "function": {"name": call.function.name, "arguments": call.function.arguments}}]})
+    msgs.append({"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'})
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=30, tools=TOOLS)
+    m = r.choices[0].message
+    assert not m.tool_calls, m.tool_calls
+    readable(m.content)
+    return repr(m.content[:50])
+
+
+@check("logprobs: one entry per token, top_logprobs alternatives")
+def _():
+    r = client.chat.completions.create(
+        model=MODEL, messages=user(), max_tokens=12, logprobs=True, top_logprobs=2,
+    )
+    lp = r.choices[0].logprobs.content
+    assert len(lp) == 12, len(lp)
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in lp), lp[0]
+
+
+@check("200 concurrent streams")
+def _():
+    aclient = openai.AsyncOpenAI(base_url=BASE, api_key="none", timeout=120, max_retries=0)
+
+    async def one(i):
+        s = await aclient.chat.completions.create(
+            model=MODEL, messages=user(f"stream {i}"), max_tokens=16, stream=True,
+            stream_options={"include_usage": True},
+        )
+        usage = None
+        async for chunk in s:
+            usage = chunk.usage or usage
+        return usage.completion_tokens
+
+    async def main():
+        got = await asyncio.gather(*(one(i) for i in range(200)))
+        await aclient.close()
+        return got
+
+    got = asyncio.run(main())
+    assert got == [16] * 200, sorted(set(got))
+
+
+print(f"{FRONTEND}: {len(failures)} failed" + (f": {failures}" if failures else ""), flush=True)
+sys.exit(1 if failures else 0)
