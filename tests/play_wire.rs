@@ -75,7 +75,7 @@ async fn same_seed_same_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_stops_at_eos_and_stop_token_ids() {
     let mut a = args();
-    a.tokens = TokenMode::Echo;
+    a.tokens = Some(TokenMode::Echo);
     let mut w = Wire::start(a).await;
     w.send(&add("eos", &[40, 41, 42], 10)).await;
     let mut stop = request("stopid", &[40, 41, 42], 10);
@@ -101,7 +101,7 @@ async fn echo_stops_at_eos_and_stop_token_ids() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_length_and_min_tokens() {
     let mut a = args();
-    a.tokens = TokenMode::Echo;
+    a.tokens = Some(TokenMode::Echo);
     a.max_model_len = 8;
     let mut w = Wire::start(a).await;
     w.send(&add("long", &[40, 41, 42, 43, 44, 45], 100)).await;

@@ -259,7 +259,7 @@ impl Prose {
         self.words_left -= 1;
         if self.words_left == 0 {
             s.push('.');
-        } else if self.words_left > 2 && self.rng.next_u64() % 9 == 0 {
+        } else if self.words_left > 2 && self.rng.next_u64().is_multiple_of(9) {
             s.push(',');
         }
         s

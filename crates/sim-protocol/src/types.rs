@@ -210,11 +210,7 @@ impl StructuredOutputs {
                     Value::String(_) => text(k, x)?,
                     other => value_to_json(other),
                 })),
-                "json_object" => {
-                    if x.as_bool() == Some(true) {
-                        kinds.push(Constraint::JsonObject)
-                    }
-                }
+                "json_object" if x.as_bool() == Some(true) => kinds.push(Constraint::JsonObject),
                 "regex" => kinds.push(Constraint::Regex(text(k, x)?)),
                 "grammar" => kinds.push(Constraint::Grammar(text(k, x)?)),
                 "structural_tag" => kinds.push(Constraint::StructuralTag(match x {
