@@ -80,11 +80,17 @@ impl PromptTools {
         out
     }
 
-    fn parameters_of(&self, name: &str) -> Option<&Value> {
-        self.tools
+    /// A tool's parameter schema, closed to its declared keys: a model that follows the
+    /// signature it was shown writes only those.
+    fn parameters_of(&self, name: &str) -> Option<Value> {
+        let mut p = self
+            .tools
             .iter()
-            .find(|t| t.name == name)
-            .map(|t| &t.parameters)
+            .find(|t| t.name == name)?
+            .parameters
+            .clone();
+        close_objects(&mut p);
+        Some(p)
     }
 }
 
@@ -115,7 +121,7 @@ impl ToolCalls {
             "start: {} args {}\nargs: %json {}\n",
             lark_str(&begin),
             lark_str("}\n</tool_call>"),
-            schema_text(&tool.parameters)
+            schema_text(&tools.parameters_of(&tool.name).unwrap_or_else(|| json!({})))
         );
         Some(TopLevelGrammar::from_lark(lark))
     }
@@ -321,7 +327,7 @@ fn format_rule(
             }
             let schema = f.get("json_schema").cloned().unwrap_or(Value::Bool(true));
             let schema = match (&schema, tool.and_then(|t| tools.parameters_of(t))) {
-                (Value::Bool(true), Some(p)) => p.clone(),
+                (Value::Bool(true), Some(p)) => p,
                 _ => schema,
             };
             new_rule(format!("%json {}", schema_text(&schema)), rules)

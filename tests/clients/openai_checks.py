@@ -72,7 +72,7 @@ def readable(text):
     ok = sum(c.isalpha() or c in " ,." for c in text)
     assert text and ok / len(text) > 0.95, f"not readable text: {text!r}"
     words = text.split()
-    assert len(words) >= 5, f"too few words: {text!r}"
+    assert len(words) >= 3, f"too few words: {text!r}"
 
 
 def user(text="What is the weather like?"):
@@ -307,7 +307,7 @@ def _():
         {"id": call.id, "type": "function",
          "function": {"name": call.function.name, "arguments": call.function.arguments}}]})
     msgs.append({"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'})
-    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=30, tools=TOOLS)
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=60, tools=TOOLS)
     m = r.choices[0].message
     assert not m.tool_calls, m.tool_calls
     readable(m.content)

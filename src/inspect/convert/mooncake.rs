@@ -82,6 +82,14 @@ fn uint(path: &Path, line: u64, obj: &Map<String, Value>, key: &str) -> Result<u
     u32::try_from(n).map_err(|_| line_error(path, line, format!("`{key}` {n} is too large")))
 }
 
+/// The keys in alphabetical order, whether or not serde_json keeps insertion order (it does
+/// in this build: llguidance turns on `preserve_order`).
+fn sorted(m: Map<String, Value>) -> Map<String, Value> {
+    let mut v: Vec<(String, Value)> = m.into_iter().collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v.into_iter().collect()
+}
+
 /// A record line with the Mooncake keys the schema has no field for.
 #[derive(Serialize)]
 struct RecordLine<'a> {
@@ -188,7 +196,7 @@ pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Repo
         };
         w.write_json(&RecordLine {
             record: &record,
-            extra: obj,
+            extra: sorted(obj),
         })
         .map_err(trace_err)?;
         index += 1;
@@ -288,10 +296,12 @@ fn parse(value: Value) -> std::result::Result<Line, serde_json::Error> {
         Some(Value::Object(m)) => m,
         _ => Map::new(),
     };
-    let extra = extra
-        .into_iter()
-        .filter(|(k, _)| !KEYS.contains(&k.as_str()))
-        .collect();
+    let extra = sorted(
+        extra
+            .into_iter()
+            .filter(|(k, _)| !KEYS.contains(&k.as_str()))
+            .collect(),
+    );
     let record = serde_json::from_value(Value::Object(obj))?;
     Ok(Line::Record(Box::new(record), extra))
 }
