@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 use crate::child::{ChildGuard, free_ports, tail};
 use crate::frontends;
+use crate::play::pooling::Runner;
 use crate::play::{PlayArgs, TokenMode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -354,6 +355,15 @@ pub(crate) fn python_command(venv: &Path, s: &FrontendSpec) -> Result<Command> {
     Ok(cmd)
 }
 
+/// The frontend flags of the engine's kind of model: an embedding model's
+/// (`--runner pooling`), or tool calling for a generating one.
+fn runner_args(args: &ServeArgs, play: &PlayArgs) -> Vec<&'static str> {
+    match play.runner {
+        Runner::Pooling => vec!["--runner", "pooling"],
+        Runner::Generate => tool_calling(args, &args.frontend_args),
+    }
+}
+
 /// The frontend flags that turn tool calling on for the embedded model (its chat template
 /// renders hermes-style `<tool_call>` blocks), unless the user's own frontend arguments
 /// choose a parser or another model is served.
@@ -537,7 +547,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 line_explicit,
             );
             let mut cmd = vllm_rs_command(&bin, &spec);
-            cmd.args(tool_calling(&args, &args.frontend_args));
+            cmd.args(runner_args(&args, &play));
             cmd.args(&args.frontend_args);
             (cmd, Duration::from_secs(3))
         }
@@ -552,7 +562,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 play.vllm_version,
                 line_explicit,
             );
-            cmd.args(tool_calling(&args, &args.frontend_args));
+            cmd.args(runner_args(&args, &play));
             cmd.args(&args.frontend_args);
             (cmd, Duration::from_secs(5))
         }

@@ -157,6 +157,7 @@ fn config_json() -> Value {
         "eos_token_id": EOS_TOKEN_ID,
         "pad_token_id": ENDOFTEXT_TOKEN_ID,
         "tie_word_embeddings": true,
+        "is_matryoshka": true,
         "rms_norm_eps": 1e-06,
         "hidden_act": "silu",
         "attention_bias": false,

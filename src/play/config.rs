@@ -16,6 +16,7 @@ use sim_trace::latency::{self, Knobs, LatencyModel};
 use super::batch::ComposeRules;
 use super::constrained::{Shaping, ToolCalls};
 use super::failures::FailureInjector;
+use super::pooling::Runner;
 use super::queue_policy::SchedulingPolicy;
 use super::replay::ReplaySetup;
 use super::sim::SimEngine;
@@ -57,6 +58,9 @@ pub struct EngineConfig {
     pub modeled_prefill: bool,
     /// Structured outputs and tool calls, in the model's vocabulary.
     pub shaping: Shaping,
+    /// Generation or pooling (`--runner`), and the embedding length of the latter.
+    pub runner: Runner,
+    pub embedding_dim: u32,
 }
 
 /// Everything `play` needs, checked.
@@ -269,6 +273,8 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             report_finished: dp_size > 1,
             time_scale: knobs.time_scale,
             modeled_prefill: !a.latency_trace.is_empty(),
+            runner: a.runner,
+            embedding_dim: a.embedding_dim,
             shaping: Shaping {
                 vocab: vocab.clone(),
                 tool_calls: ToolCalls {

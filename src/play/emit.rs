@@ -57,6 +57,14 @@ pub fn emit(
             .as_ref()
             .map_or((FinishReason::Error, None, None), |inj| inj.finish(f))
     };
+    if let Some(p) = r.pooling {
+        // a pooling request's output is its vector, sent when its prefill is done
+        let prompt = &r.tokens[..r.prompt_len as usize];
+        let v = super::pooling::embed(prompt, cfg.embedding_dim, p, cfg.seed);
+        o.pooling_output = Some(super::pooling::tensor_value(&v));
+        stop = Some((FinishReason::Stop, None));
+        count = 0;
+    }
     for _ in 0..count {
         if let Some(f) = failed(r) {
             let (reason, why, err) = failure_finish(f);

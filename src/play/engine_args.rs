@@ -10,6 +10,7 @@ use clap::Args;
 
 use super::TokenMode;
 use super::failures::FailureType;
+use super::pooling::Runner;
 use super::queue_policy::SchedulingPolicy;
 use super::replay::{MatchMode, MissPolicy};
 use super::spec_decode::SpecMetricsLevel;
@@ -38,6 +39,17 @@ pub struct EngineArgs {
     /// Default: the tiny model embedded in this binary (what `serve` serves by default).
     #[arg(long, value_name = "DIR")]
     pub tokenizer: Option<PathBuf>,
+
+    /// What kind of model the engine is (vLLM's --runner): `generate`, or `pooling` for an
+    /// embedding model whose requests get a vector of --embedding-dim (start the Python
+    /// frontend with `--runner pooling` too; `serve --runner pooling` does).
+    #[arg(long, value_enum, default_value_t = Runner::Generate)]
+    pub runner: Runner,
+
+    /// With --runner pooling: the length of the embeddings (the model's hidden size; the
+    /// embedded tiny model's is 64). A request's `dimensions` truncates it.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub embedding_dim: u32,
 
     /// Under `tool_choice: auto`, the share of requests whose prompt shows tools (a
     /// `<tools>` block, as hermes-style chat templates render them) that are answered with

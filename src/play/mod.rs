@@ -13,6 +13,7 @@ pub mod kv_cache;
 pub mod kv_events;
 pub mod logprobs;
 pub mod offline;
+pub mod pooling;
 pub mod queue_policy;
 pub mod replay;
 pub mod request;

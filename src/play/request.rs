@@ -76,6 +76,8 @@ pub struct SimRequest {
     /// Recorded timing to follow once the first token is out (`--replay-steps` with a
     /// latency model pacing the prefill).
     pub script: Option<super::replay::Script>,
+    /// A pooling request (`--runner pooling`): it ends with its embedding after the prefill.
+    pub pooling: Option<super::pooling::PoolingRequest>,
 }
 
 /// `extra_args.kv_transfer_params.do_remote_prefill == true` (how the NixlConnector marks a
@@ -147,6 +149,7 @@ impl SimRequest {
             external_cached_tokens: 0,
             recorded_end: None,
             script: None,
+            pooling: None,
         }
     }
 

@@ -31,6 +31,7 @@ use super::config::EngineConfig;
 use super::emit::{Burst, emit};
 use super::engine_core::{EngineCore, EngineInput, Outbox};
 use super::kv_events::KvEventPublisher;
+use super::pooling::{PoolingRequest, Runner};
 use super::queue_policy::QueuePolicy;
 use super::replay::Replay;
 use super::request::SimRequest;
@@ -259,10 +260,19 @@ impl SimEngine {
             self.reject_error(out, client, id, "engine_paused", msg, true, now);
             return;
         }
-        if req.sampling_params.is_none() {
-            let msg = "pooling requests are not supported: the engine's only task is generate";
-            self.reject_error(out, client, id, "validation_error", msg, false, now);
-            return;
+        let pooling = self.cfg.runner == Runner::Pooling;
+        match (&req.sampling_params, pooling) {
+            (None, false) => {
+                let msg = "a pooling request reached a generating engine: start play with --runner pooling (and the frontend with --runner pooling) to serve embeddings";
+                self.reject_error(out, client, id, "validation_error", msg, false, now);
+                return;
+            }
+            (Some(_), true) => {
+                let msg = "a generation request reached a pooling engine (--runner pooling): it only serves embeddings";
+                self.reject_error(out, client, id, "validation_error", msg, false, now);
+                return;
+            }
+            _ => {}
         }
         if self.batch.contains(id) {
             tracing::warn!(request_id = %id, "duplicate request id ignored");
@@ -294,7 +304,12 @@ impl SimEngine {
                 "request added"
             );
         }
-        let stream = match self.cfg.shaping.stream_for(&req, self.cfg.seed) {
+        let shaped = if pooling {
+            Ok(None)
+        } else {
+            self.cfg.shaping.stream_for(&req, self.cfg.seed)
+        };
+        let stream = match shaped {
             Ok(Some(s)) => s,
             Ok(None) => self.tokens.stream_for(&req),
             Err(msg) => {
@@ -326,6 +341,9 @@ impl SimEngine {
             r.recorded_end = Some((len, reason));
         }
         r.client = client;
+        if pooling {
+            r.pooling = Some(PoolingRequest::from_params(req.pooling_params.as_ref()));
+        }
         r.rng = SplitMix64(request_seed(self.cfg.seed ^ 0x1f1f, &r.id));
         if let Some(f) = &self.cfg.failures {
             r.failure = f.decide_bounded(&mut r.rng, r.min_tokens, r.max_tokens);
@@ -678,6 +696,7 @@ impl SimEngine {
             num_gpu_blocks: self.cfg.num_gpu_blocks,
             running: self.batch.num_running(),
             requests: self.batch.len(),
+            tasks: self.cfg.runner.tasks(),
         };
         let effect = self
             .util

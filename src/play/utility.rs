@@ -100,6 +100,8 @@ pub struct EngineView {
     pub running: usize,
     /// Requests in the engine (waiting and running).
     pub requests: usize,
+    /// What `get_supported_tasks` answers (`--runner`).
+    pub tasks: &'static [&'static str],
 }
 
 /// What a utility call asks of the engine.
@@ -211,7 +213,9 @@ impl UtilityState {
         match method {
             "get_supported_tasks" => {
                 max_args(method, args, 0)?;
-                ok(Value::Array(vec![Value::from("generate")]))
+                ok(Value::Array(
+                    view.tasks.iter().map(|t| Value::from(*t)).collect(),
+                ))
             }
             "reset_mm_cache"
             | "reset_encoder_cache"

@@ -18,6 +18,7 @@ import jsonschema
 import openai
 
 BASE, MODEL = sys.argv[1], sys.argv[2]
+EMBEDDINGS = "--embeddings" in sys.argv
 FRONTEND = sys.argv[sys.argv.index("--frontend") + 1] if "--frontend" in sys.argv else "rs"
 client = openai.OpenAI(base_url=BASE, api_key="none", timeout=120, max_retries=0)
 failures = []
@@ -77,6 +78,53 @@ def readable(text):
 
 def user(text="What is the weather like?"):
     return [{"role": "user", "content": text}]
+
+
+def embedding_checks():
+    @check("embeddings: unit vectors of the model's size, same text same vector")
+    def _():
+        r = client.embeddings.create(model=MODEL, input=["hello world", "hello world", "goodbye moon"])
+        a, b, c = (d.embedding for d in r.data)
+        assert len(a) == 64, len(a)
+        assert a == b
+        dot = lambda x, y: sum(p * q for p, q in zip(x, y))
+        assert abs(dot(a, a) - 1) < 1e-4, dot(a, a)
+        assert dot(a, c) < 0.99, dot(a, c)
+        assert r.usage.prompt_tokens > 0, r.usage
+        return f"cos(same)={dot(a, b):.3f}, cos(other)={dot(a, c):.3f}"
+
+    @check("embeddings: dimensions truncates (Matryoshka)")
+    def _():
+        r = client.embeddings.create(model=MODEL, input="hello world", dimensions=8)
+        v = r.data[0].embedding
+        assert len(v) == 8 and abs(sum(x * x for x in v) - 1) < 1e-4, v
+
+    @check("embeddings: float and base64 encodings agree")
+    def _():
+        import base64
+        import struct
+        f = client.embeddings.create(model=MODEL, input="abc", encoding_format="float").data[0].embedding
+        raw = client.with_raw_response.embeddings.create(model=MODEL, input="abc", encoding_format="base64")
+        b = json.loads(raw.text)["data"][0]["embedding"]
+        g = struct.unpack(f"<{len(f)}f", base64.b64decode(b))
+        assert max(abs(x - y) for x, y in zip(f, g)) < 1e-6
+
+    @check("score: a text scores 1 against itself, less against another")
+    def _():
+        import urllib.request
+        body = json.dumps({"model": MODEL, "text_1": "the river", "text_2": ["the river", "a stone bridge"]})
+        req = urllib.request.Request(BASE.removesuffix("/v1") + "/v1/score", body.encode(), {"Content-Type": "application/json"})
+        data = json.load(urllib.request.urlopen(req, timeout=60))["data"]
+        s = [d["score"] for d in data]
+        assert abs(s[0] - 1) < 1e-4 and s[1] < s[0], s
+        return f"scores {s[0]:.3f}, {s[1]:.3f}"
+
+    print(f"{FRONTEND}: {len(failures)} failed" + (f": {failures}" if failures else ""), flush=True)
+    sys.exit(1 if failures else 0)
+
+
+if EMBEDDINGS:
+    embedding_checks()
 
 
 @check("chat: readable text, length finish, usage")
