@@ -723,3 +723,89 @@ fn vllm_rs_bench_serve_replays_exported_timed_traces() {
         );
     }
 }
+
+/// A public-trace-shaped Mooncake file of long contexts (20k–60k-token prompts, 512-token
+/// blocks with shared prefixes) replayed by `vllm-rs bench serve --dataset-name
+/// timed_trace` against `serve --max-model-len 131072`: every request succeeds (the
+/// embedded model once capped the context at 2,048 and 236 of 300 such requests failed).
+#[test]
+fn a_long_context_mooncake_trace_replays_against_serve_with_no_failures() {
+    let rs = vllm_vcr::frontends::ensure_vllm_rs("0.33.0").unwrap_or_else(|e| {
+        panic!("vllm-rs 0.33.0 is not available (run `cargo xtask fetch` first): {e:#}")
+    });
+    let src = tmp("long.jsonl");
+    let mut lines = String::new();
+    let (mut total_in, mut total_out) = (0u64, 0u64);
+    let n: usize = 10;
+    for i in 0..n {
+        let input = 20_000 + (i * 4_441) % 40_001;
+        let output = 8 + (i * 5) % 24;
+        let blocks = input.div_ceil(512);
+        // half the requests share a 16-block (8k-token) system prefix
+        let ids: Vec<String> = (0..blocks)
+            .map(|k| {
+                if i % 2 == 0 && k < 16 {
+                    k
+                } else {
+                    1_000 + i * 200 + k
+                }
+            })
+            .map(|k| k.to_string())
+            .collect();
+        lines.push_str(&format!(
+            "{{\"timestamp\": {}, \"input_length\": {input}, \"output_length\": {output}, \"hash_ids\": [{}]}}\n",
+            i * 150,
+            ids.join(", ")
+        ));
+        total_in += input as u64;
+        total_out += output as u64;
+    }
+    std::fs::write(&src, lines).unwrap();
+    let ports = vllm_vcr::child::free_ports(2).unwrap();
+    let model = tmp("long-model");
+    vllm_vcr::tiny_model::write_to(&model).unwrap();
+    let _serve = Serve(
+        bin()
+            .args(["serve", "--port", &ports[0].to_string()])
+            .args(["--handshake-port", &ports[1].to_string()])
+            .args(["--max-model-len", "131072"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !http_get_ok(ports[0], "/health") {
+        assert!(Instant::now() < deadline, "vllm-vcr serve did not come up");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let bench = Command::new(&rs)
+        .args(["bench", "serve", "--port", &ports[0].to_string()])
+        .args(["--model", "tiny", "--tokenizer"])
+        .arg(&model)
+        .args(["--dataset-name", "timed_trace", "--dataset-path"])
+        .arg(&src)
+        .args(["--timed-trace-chunk-hash-size", "512"])
+        .args(["--timed-trace-sec-multiplier", "0.001"])
+        .args(["--num-prompts", &n.to_string()])
+        .args(["--disable-tqdm", "--ignore-eos"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&bench.stdout);
+    assert!(
+        bench.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    let field = |name: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no `{name}` in:\n{text}"))
+    };
+    assert_eq!(field("Successful requests:"), n as u64, "{text}");
+    assert_eq!(field("Failed requests:"), 0, "{text}");
+    assert_eq!(field("Total input tokens:"), total_in, "{text}");
+    assert_eq!(field("Total generated tokens:"), total_out, "{text}");
+}
