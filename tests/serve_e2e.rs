@@ -427,6 +427,8 @@ fn openai_checks(extra: &[&str], label: &str) {
     );
     let mode = if extra.contains(&"pooling") {
         "--embeddings"
+    } else if extra.contains(&"--enable-lora") {
+        "--routes"
     } else {
         "--generation"
     };
@@ -499,4 +501,39 @@ fn embeddings_through_the_python_frontend_with_runner_pooling() {
         ],
         "python 0.33 pooling",
     );
+}
+
+/// An adapter directory the frontends accept for `--lora-modules` (no weights: the engine
+/// never loads them).
+fn lora_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vllm-vcr-lora-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("adapter_config.json"),
+        r#"{"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "peft_type": "LORA", "base_model_name_or_path": "tiny"}"#,
+    )
+    .unwrap();
+    dir
+}
+
+/// The frontends' other routes: a LoRA adapter passed through `serve -- --lora-modules`,
+/// token-in/token-out generation, and (Python) `/v1/responses` with store and retrieval.
+#[test]
+fn lora_token_in_token_out_and_responses_routes_through_both_frontends() {
+    let lora = format!("sql={}", lora_dir().display());
+    let venv = cached_venv("vllm", "0.33.0");
+    let common = ["--inter-token-latency", "5"];
+    let passthrough = ["--", "--enable-lora", "--lora-modules", &lora, "--enable-scale-out"];
+    let rs: Vec<&str> = common.iter().chain(passthrough.iter()).copied().collect();
+    openai_checks(&rs, "vllm-rs 0.33 routes");
+    let py: Vec<&str> = ["--frontend", "python", "--python-venv", venv.to_str().unwrap()]
+        .iter()
+        .chain(common.iter())
+        .chain(passthrough.iter())
+        .copied()
+        .collect();
+    // SAFETY: set before serve starts; the child inherits it (the Python frontend keeps
+    // stored responses only with it)
+    unsafe { std::env::set_var("VLLM_ENABLE_RESPONSES_API_STORE", "1") };
+    openai_checks(&py, "python 0.33 routes");
 }

@@ -19,6 +19,7 @@ import openai
 
 BASE, MODEL = sys.argv[1], sys.argv[2]
 EMBEDDINGS = "--embeddings" in sys.argv
+ROUTES = "--routes" in sys.argv
 FRONTEND = sys.argv[sys.argv.index("--frontend") + 1] if "--frontend" in sys.argv else "rs"
 client = openai.OpenAI(base_url=BASE, api_key="none", timeout=120, max_retries=0)
 failures = []
@@ -125,6 +126,72 @@ def embedding_checks():
 
 if EMBEDDINGS:
     embedding_checks()
+
+
+def http(method, path, body=None):
+    import urllib.request
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(BASE.removesuffix("/v1") + path, data, {"Content-Type": "application/json"}, method=method)
+    with urllib.request.urlopen(req, timeout=60) as r:
+        raw = r.read().decode()
+    return json.loads(raw) if raw.startswith(("{", "[")) else raw
+
+
+def route_checks():
+    """The frontends' other routes, against a serve started with an `sql` LoRA adapter
+    (--enable-lora --lora-modules), --enable-scale-out and an inter-token latency."""
+
+    @check("LoRA: the adapter is a model, and vllm:lora_requests_info names it while it runs")
+    def _():
+        models = {m.id: m for m in client.models.list().data}
+        assert "sql" in models, list(models)
+        import threading
+        done = {}
+
+        def run():
+            s = client.completions.create(model="sql", prompt="select", max_tokens=80, stream=True)
+            done["text"] = "".join(c.choices[0].text for c in s if c.choices)
+
+        t = threading.Thread(target=run)
+        t.start()
+        seen = None
+        for _ in range(200):
+            metrics = http("GET", "/metrics")
+            seen = next((l for l in metrics.splitlines()
+                         if l.startswith("vllm:lora_requests_info") and 'running_lora_adapters="sql"' in l), None)
+            if seen or not t.is_alive():
+                break
+            import time
+            time.sleep(0.02)
+        t.join()
+        assert seen, "vllm:lora_requests_info never named the running adapter"
+        readable(done["text"])
+        return seen
+
+    @check("token-in/token-out: /inference/v1/generate")
+    def _():
+        r = http("POST", "/inference/v1/generate",
+                 {"model": MODEL, "token_ids": list(range(40, 60)), "sampling_params": {"max_tokens": 6}})
+        c = r["choices"][0]
+        assert len(c["token_ids"]) == 6 and c["finish_reason"] == "length", r
+        return f"{len(c['token_ids'])} token ids back"
+
+    if FRONTEND.startswith("python"):
+        @check("/v1/responses with store, then retrieval by id")
+        def _():
+            r = client.responses.create(model=MODEL, input="Tell me a story", max_output_tokens=24, store=True)
+            assert r.status in ("completed", "incomplete"), r.status
+            readable(r.output_text)
+            back = client.responses.retrieve(r.id)
+            assert back.id == r.id and back.output_text == r.output_text, (back.id, back.output_text)
+            return repr(r.output_text[:40])
+
+    print(f"{FRONTEND}: {len(failures)} failed" + (f": {failures}" if failures else ""), flush=True)
+    sys.exit(1 if failures else 0)
+
+
+if ROUTES:
+    route_checks()
 
 
 @check("chat: readable text, length finish, usage")
