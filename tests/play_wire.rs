@@ -629,3 +629,101 @@ async fn a_prompt_the_kv_cache_cannot_hold_is_refused_not_left_waiting() {
     assert_eq!(c.tokens["fits"].len(), 16);
     w.stop().await.unwrap();
 }
+
+/// The `structured_outputs` map as the frontends send it (`_backend` included).
+fn structured(key: &str, value: Value) -> Value {
+    Value::Map(vec![
+        (Value::from(key), value),
+        (Value::from("_backend"), Value::from("xgrammar")),
+    ])
+}
+
+/// Structured outputs at the wire: a JSON schema is answered with a valid instance and
+/// EOS (in the embedded tokenizer's ids: one byte a token), a choice with one of its
+/// strings; a structural-tag format the engine cannot generate finishes at once with an
+/// error naming it, never with unconstrained text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_outputs_are_valid_instances_or_a_named_error() {
+    let mut w = Wire::start(args()).await;
+    let schema = r#"{"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 99}, "tag": {"enum": ["a", "b"]}}, "required": ["n", "tag"]}"#;
+    let mut j = request("json", &[40, 41, 42], 200);
+    j.sampling_params.as_mut().unwrap().structured_outputs =
+        Some(structured("json", Value::from(schema)));
+    w.send(&InputMessage::Add(Box::new(j))).await;
+    let mut c = request("choice", &[40, 41, 43], 50);
+    c.sampling_params.as_mut().unwrap().structured_outputs = Some(structured(
+        "choice",
+        Value::Array(vec![Value::from("yes"), Value::from("no")]),
+    ));
+    w.send(&InputMessage::Add(Box::new(c))).await;
+    let mut bad = request("bad", &[40, 41, 44], 50);
+    bad.sampling_params.as_mut().unwrap().structured_outputs = Some(structured(
+        "structural_tag",
+        Value::from(r#"{"type": "structural_tag", "format": {"type": "any_text"}}"#),
+    ));
+    w.send(&InputMessage::Add(Box::new(bad))).await;
+    let got = w.collect(&["json", "choice", "bad"]).await;
+    let text = |id: &str| -> String {
+        let ids = &got.tokens[id];
+        assert_eq!(ids.last(), Some(&2), "{id} ends with EOS: {ids:?}");
+        ids[..ids.len() - 1]
+            .iter()
+            .map(|t| char::from((t - 3) as u8))
+            .collect()
+    };
+    let v: serde_json::Value = serde_json::from_str(&text("json")).unwrap();
+    assert!((1..=99).contains(&v["n"].as_i64().unwrap()), "{v}");
+    assert!(v["tag"] == "a" || v["tag"] == "b", "{v}");
+    assert_eq!(got.finished["json"], (FinishReason::Stop, None));
+    assert!(["yes", "no"].contains(&text("choice").as_str()));
+    assert_eq!(got.finished["bad"].0, FinishReason::Error);
+    assert!(got.tokens.get("bad").is_none_or(|t| t.is_empty()));
+    let err = got
+        .envelopes
+        .iter()
+        .flat_map(|e| &e.outputs)
+        .find_map(|o| (o.request_id == "bad").then(|| o.error.clone()).flatten())
+        .expect("an error on the bad request's output");
+    assert!(
+        err.message.contains("structural_tag") && err.message.contains("any_text"),
+        "{}",
+        err.message
+    );
+    w.stop().await.unwrap();
+}
+
+/// `--runner pooling` at the wire: `get_supported_tasks` says embed, and a pooling request
+/// (no sampling parameters) ends after its prefill with a float32 vector and no tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooling_engine_answers_with_vectors() {
+    let mut a = args();
+    a.runner = vllm_vcr::play::pooling::Runner::Pooling;
+    a.embedding_dim = 16;
+    let mut w = Wire::start(a).await;
+    let mut p = request("emb", &[40, 41, 42, 43], 1);
+    p.sampling_params = None;
+    p.pooling_params = Some(Value::Array(vec![Value::from(true)]));
+    w.send(&InputMessage::Add(Box::new(p))).await;
+    let got = w.collect(&["emb"]).await;
+    assert_eq!(got.finished["emb"].0, FinishReason::Stop);
+    assert!(got.tokens.get("emb").is_none_or(|t| t.is_empty()));
+    let out = got
+        .envelopes
+        .iter()
+        .flat_map(|e| &e.outputs)
+        .find(|o| o.request_id == "emb" && o.pooling_output.is_some())
+        .expect("a pooling output");
+    let t = out.pooling_output.as_ref().unwrap();
+    assert_eq!(t[0], Value::from("float32"));
+    assert_eq!(t[1], Value::Array(vec![Value::from(16u64)]));
+    let Value::Ext(3, bytes) = &t[2] else {
+        panic!("raw tensor bytes, got {t}")
+    };
+    let v: Vec<f32> = bytes
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let norm: f32 = v.iter().map(|x| x * x).sum();
+    assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    w.stop().await.unwrap();
+}

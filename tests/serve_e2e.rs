@@ -523,15 +523,26 @@ fn lora_token_in_token_out_and_responses_routes_through_both_frontends() {
     let lora = format!("sql={}", lora_dir().display());
     let venv = cached_venv("vllm", "0.33.0");
     let common = ["--inter-token-latency", "5"];
-    let passthrough = ["--", "--enable-lora", "--lora-modules", &lora, "--enable-scale-out"];
+    let passthrough = [
+        "--",
+        "--enable-lora",
+        "--lora-modules",
+        &lora,
+        "--enable-scale-out",
+    ];
     let rs: Vec<&str> = common.iter().chain(passthrough.iter()).copied().collect();
     openai_checks(&rs, "vllm-rs 0.33 routes");
-    let py: Vec<&str> = ["--frontend", "python", "--python-venv", venv.to_str().unwrap()]
-        .iter()
-        .chain(common.iter())
-        .chain(passthrough.iter())
-        .copied()
-        .collect();
+    let py: Vec<&str> = [
+        "--frontend",
+        "python",
+        "--python-venv",
+        venv.to_str().unwrap(),
+    ]
+    .iter()
+    .chain(common.iter())
+    .chain(passthrough.iter())
+    .copied()
+    .collect();
     // SAFETY: set before serve starts; the child inherits it (the Python frontend keeps
     // stored responses only with it)
     unsafe { std::env::set_var("VLLM_ENABLE_RESPONSES_API_STORE", "1") };

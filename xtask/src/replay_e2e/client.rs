@@ -48,7 +48,17 @@ pub(super) fn send(http: &Client, req: &Req, request_id: Option<&str>) -> Result
                 view: r.text(),
             });
         }
-        let v = r.json()?;
+        let mut v = r.json()?;
+        // tool-call ids are drawn by the frontend for each response
+        for c in v["choices"].as_array_mut().into_iter().flatten() {
+            for call in c["message"]["tool_calls"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+            {
+                call["id"] = Value::Null;
+            }
+        }
         return Ok(Seen {
             label: req.label.clone(),
             id: v["id"].as_str().unwrap_or_default().to_string(),
@@ -74,6 +84,7 @@ pub(super) fn send(http: &Client, req: &Req, request_id: Option<&str>) -> Result
         Value::Null,
     );
     let mut errors = Vec::new();
+    let mut calls: Vec<(String, String)> = Vec::new();
     while let Some(data) = s.next_data()? {
         if data.trim() == "[DONE]" {
             continue;
@@ -94,6 +105,18 @@ pub(super) fn send(http: &Client, req: &Req, request_id: Option<&str>) -> Result
                 c["text"].as_str()
             };
             text.push_str(piece.unwrap_or(""));
+            for tc in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                let i = tc["index"].as_u64().unwrap_or(0) as usize;
+                if calls.len() <= i {
+                    calls.resize(i + 1, (String::new(), String::new()));
+                }
+                calls[i]
+                    .0
+                    .push_str(tc["function"]["name"].as_str().unwrap_or(""));
+                calls[i]
+                    .1
+                    .push_str(tc["function"]["arguments"].as_str().unwrap_or(""));
+            }
             if !c["finish_reason"].is_null() {
                 finish = c["finish_reason"].clone();
             }
@@ -109,6 +132,9 @@ pub(super) fn send(http: &Client, req: &Req, request_id: Option<&str>) -> Result
         json!({"text": text, "finish_reason": finish, "stop_reason": stop, "usage": usage});
     if !errors.is_empty() {
         view["errors"] = json!(errors);
+    }
+    if !calls.is_empty() {
+        view["tool_calls"] = json!(calls);
     }
     Ok(Seen {
         label: req.label.clone(),

@@ -124,7 +124,70 @@ pub(super) fn round_trip_workload() -> Vec<Req> {
             "Round trip 12: chat stop string here.",
             json!({"max_tokens": 64, "stop": ["string"]}),
         ),
+        // tool calls: the recorded ids come back as the same parsed calls
+        chat(
+            "chat, tool call (required)",
+            false,
+            "Round trip 13: what is the weather in Oslo?",
+            json!({"max_tokens": 200, "tools": tools(), "tool_choice": "required"}),
+        ),
+        chat(
+            "chat stream, tool call (named)",
+            true,
+            "Round trip 14: and the time there?",
+            json!({"max_tokens": 200, "tools": tools(),
+                   "tool_choice": {"type": "function", "function": {"name": "get_time"}}}),
+        ),
     ]
+}
+
+/// Every "tool call" request of the recorded run got a call the frontend parsed (so the
+/// replay comparison compares calls, not two empty answers).
+fn tool_calls_seen(recorded: &[Seen]) -> Result<String> {
+    let mut n = 0;
+    for s in recorded.iter().filter(|s| s.label.contains("tool call")) {
+        let v: Value = serde_json::from_str(&s.view)?;
+        let names: Vec<String> = match v["choices"][0]["message"]["tool_calls"].as_array() {
+            Some(calls) => calls
+                .iter()
+                .map(|c| c["function"]["name"].as_str().unwrap_or("").to_string())
+                .collect(),
+            None => v["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| c[0].as_str().unwrap_or("").to_string())
+                .collect(),
+        };
+        ensure!(
+            !names.is_empty() && names.iter().all(|n| n.starts_with("get_")),
+            "{}: no parsed tool call in {}",
+            s.label,
+            s.view
+        );
+        n += 1;
+    }
+    ensure!(n > 0, "no tool-call request in the workload");
+    Ok(format!("{n} requests answered with tool calls"))
+}
+
+/// Two tools, for the tool-call requests of the round trip.
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+    ])
+}
+
+/// The frontend flags that parse hermes-style tool calls (the tiny model's chat template
+/// renders tools and calls that way).
+fn tool_call_args() -> Vec<String> {
+    ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+        .map(String::from)
+        .to_vec()
 }
 
 pub(super) fn round_trip(
@@ -141,7 +204,7 @@ pub(super) fn round_trip(
     let stack = start_stack(
         env.engine_bin,
         frontend,
-        &[],
+        &tool_call_args(),
         env.model,
         Some(&trace),
         Backend::Play {
@@ -167,6 +230,11 @@ pub(super) fn round_trip(
         t,
         recorded_in_order(&recorded, &trace, &tap),
     );
+    out.push(
+        "record run: the tool-call requests were answered with parsed tool calls",
+        t,
+        tool_calls_seen(&recorded),
+    );
 
     for mode in ["index", "prefix"] {
         let t = Instant::now();
@@ -175,7 +243,7 @@ pub(super) fn round_trip(
         let stack = start_stack(
             env.engine_bin,
             frontend,
-            &[],
+            &tool_call_args(),
             env.model,
             None,
             Backend::Play {
