@@ -45,6 +45,9 @@ pub enum Command {
     /// Trace tools: summaries, Perfetto timelines, conversions, demo traces, latency-model
     /// fits, offline simulation.
     Inspect(Box<InspectArgs>),
+    /// A prefill/decode proxy: each completion is prefilled on one frontend (max_tokens 1,
+    /// do_remote_decode) and decoded on another with the KV location it returned.
+    PdProxy(Box<crate::pd_proxy::PdProxyArgs>),
     /// Print a shell completion script for this binary to stdout.
     Completions {
         /// The shell to generate for.
@@ -76,6 +79,12 @@ pub fn main() -> i32 {
             })
         }),
         Command::Inspect(args) => crate::inspect::run(*args),
+        Command::PdProxy(args) => runtime().and_then(|rt| {
+            rt.block_on(async move {
+                let shutdown = shutdown_on_signals();
+                crate::pd_proxy::run(*args, shutdown).await
+            })
+        }),
         Command::Play(args) => runtime().and_then(|rt| {
             rt.block_on(async move {
                 let shutdown = shutdown_on_signals();

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod compat;
 pub mod frontends;
 pub mod inspect;
+pub mod pd_proxy;
 pub mod play;
 pub mod record;
 pub mod serve;

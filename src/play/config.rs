@@ -16,6 +16,7 @@ use sim_trace::latency::{self, Knobs, LatencyModel};
 use super::batch::ComposeRules;
 use super::constrained::{Shaping, ToolCalls};
 use super::failures::FailureInjector;
+use super::pd::PdConfig;
 use super::pooling::Runner;
 use super::queue_policy::SchedulingPolicy;
 use super::replay::ReplaySetup;
@@ -61,6 +62,8 @@ pub struct EngineConfig {
     /// Generation or pooling (`--runner`), and the embedding length of the latter.
     pub runner: Runner,
     pub embedding_dim: u32,
+    /// Prefill/decode disaggregation.
+    pub pd: PdConfig,
 }
 
 /// Everything `play` needs, checked.
@@ -230,6 +233,12 @@ impl TryFrom<&PlayArgs> for PlayConfig {
         } else {
             a.max_model_len
         };
+        if !(a.kv_lease_duration.is_finite() && a.kv_lease_duration > 0.0) {
+            bail!(
+                "--kv-lease-duration must be a positive number of seconds, got {}",
+                a.kv_lease_duration
+            );
+        }
         if !(0.0..=1.0).contains(&a.tool_call_rate) {
             bail!(
                 "--tool-call-rate must be between 0 and 1, got {}",
@@ -275,6 +284,18 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             modeled_prefill: !a.latency_trace.is_empty(),
             runner: a.runner,
             embedding_dim: a.embedding_dim,
+            pd: PdConfig {
+                role: a.pd_role,
+                engine_id: a
+                    .engine_id
+                    .clone()
+                    .unwrap_or_else(|| format!("vcr-{:x}-{:x}", std::process::id(), a.seed)),
+                side_channel_host: a.side_channel_host.clone(),
+                side_channel_port: a.side_channel_port,
+                lease_s: a.kv_lease_duration,
+                failure_policy: a.kv_load_failure_policy,
+                registration_generation: a.vllm_version >= VllmLine::new(0, 33),
+            },
             shaping: Shaping {
                 vocab: vocab.clone(),
                 tool_calls: ToolCalls {

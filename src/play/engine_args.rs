@@ -10,6 +10,7 @@ use clap::Args;
 
 use super::TokenMode;
 use super::failures::FailureType;
+use super::pd::{LoadFailurePolicy, PdRole};
 use super::pooling::Runner;
 use super::queue_policy::SchedulingPolicy;
 use super::replay::{MatchMode, MissPolicy};
@@ -101,6 +102,38 @@ pub struct EngineArgs {
     /// Cost per pulled KV token, ms.
     #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
     pub kv_transfer_time_per_token: f64,
+
+    /// Prefill/decode role (vLLM's NixlConnector, pull mode): `prefill` keeps the KV of
+    /// `do_remote_decode` requests for a decode engine and returns where it is in
+    /// `kv_transfer_params`; `decode` pulls the KV of `do_remote_prefill` requests from
+    /// their prefill engine before decoding; `both` does either (as a single engine).
+    #[arg(long, value_enum, default_value_t = PdRole::Both)]
+    pub pd_role: PdRole,
+
+    /// This engine's id in `kv_transfer_params` (vLLM's kv_transfer_config.engine_id).
+    /// Default: a fresh one per process.
+    #[arg(long)]
+    pub engine_id: Option<String>,
+
+    /// The host decode engines reach this engine's side channel at (vLLM's
+    /// VLLM_NIXL_SIDE_CHANNEL_HOST).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub side_channel_host: String,
+
+    /// The side-channel port of DP rank 0; rank r listens on this + r (vLLM's
+    /// VLLM_NIXL_SIDE_CHANNEL_PORT). A prefill engine listens there.
+    #[arg(long, default_value_t = 5600)]
+    pub side_channel_port: u16,
+
+    /// Seconds a prefill engine keeps a finished request's KV for its decode engine before
+    /// freeing it unread (vLLM's kv_lease_duration).
+    #[arg(long, default_value_t = 30.0)]
+    pub kv_lease_duration: f64,
+
+    /// What a decode engine does when a KV pull fails (vLLM's kv_load_failure_policy):
+    /// `fail` the request with `error`, or `recompute` the prompt locally.
+    #[arg(long, value_enum, default_value_t = LoadFailurePolicy::Fail)]
+    pub kv_load_failure_policy: LoadFailurePolicy,
 
     /// Slow-down factor at full load (running = --max-num-seqs), linear in between; 1 = none.
     #[arg(long, default_value_t = 1.0)]

@@ -21,6 +21,8 @@ pub enum EngineInput {
     Message { client: u32, msg: InputMessage },
     /// A frame that could not be decoded.
     Bad { client: u32, error: DecodeError },
+    /// Prefill/decode: the side channel or a KV pull reports.
+    Pd(super::pd::PdEvent),
 }
 
 /// Something the engine wants sent.
@@ -33,6 +35,9 @@ pub enum Outbound {
     },
     /// A fatal error: send `ENGINE_CORE_DEAD` on every output socket.
     Dead,
+    /// Prefill/decode: pull a decode request's KV from its prefill engine; the answer
+    /// comes back as [`EngineInput::Pd`].
+    Pull(super::pd::Pull),
 }
 
 /// Collects what one engine callback wants sent.
@@ -44,6 +49,10 @@ pub struct Outbox {
 impl Outbox {
     pub fn send(&mut self, client: u32, outputs: EngineCoreOutputs) {
         self.items.push(Outbound::Outputs { client, outputs });
+    }
+
+    pub fn pull(&mut self, pull: super::pd::Pull) {
+        self.items.push(Outbound::Pull(pull));
     }
 }
 
@@ -81,6 +90,9 @@ pub struct LoopControl {
     pub shutdown: watch::Receiver<bool>,
     /// How long to keep serving admitted requests after shutdown was requested.
     pub shutdown_timeout: Duration,
+    /// Inputs that are not the frontend's (the P/D side channel and KV pulls): they keep
+    /// coming while the engine runs, so they do not count for "the frontend is gone".
+    pub side: Option<mpsc::UnboundedReceiver<EngineInput>>,
 }
 
 /// Drive `engine` until shutdown or until the frontend goes away.
@@ -127,6 +139,11 @@ pub async fn run_loop<E: EngineCore>(
                     return LoopExit::InputsClosed;
                 }
             },
+            Some(m) = recv_side(&mut ctl.side) => {
+                let now = Instant::now();
+                fire_due(engine, now, &mut out);
+                engine.on_input(m, now, &mut out);
+            }
             changed = ctl.shutdown.changed(), if !shutdown_seen => {
                 if changed.is_err() || *ctl.shutdown.borrow() {
                     shutdown_seen = true;
@@ -150,6 +167,13 @@ pub async fn run_loop<E: EngineCore>(
         if !flush(&mut out, outputs) {
             return LoopExit::OutputsClosed;
         }
+    }
+}
+
+async fn recv_side(side: &mut Option<mpsc::UnboundedReceiver<EngineInput>>) -> Option<EngineInput> {
+    match side {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -323,6 +347,7 @@ mod tests {
                 &out_tx,
                 LoopControl {
                     shutdown: sd_rx,
+                    side: None,
                     shutdown_timeout: Duration::from_secs(5),
                 },
             )
@@ -358,6 +383,7 @@ mod tests {
                 &out_tx,
                 LoopControl {
                     shutdown: sd_rx,
+                    side: None,
                     shutdown_timeout: Duration::from_millis(20),
                 },
             )
@@ -389,6 +415,7 @@ mod tests {
             &out_tx,
             LoopControl {
                 shutdown: sd_rx,
+                side: None,
                 shutdown_timeout: Duration::ZERO,
             },
         )

@@ -49,6 +49,27 @@ pub async fn run_engine(
         connect_timeout: cfg.handshake_timeout,
         ..Default::default()
     };
+    // P/D: the side channel and the KV pulls talk to the engine on their own channel; a
+    // prefill engine's side channel is bound before the handshake, so a taken port fails
+    // the start
+    let (side_tx, side_rx) = mpsc::unbounded_channel::<EngineInput>();
+    let side_router = if cfg.engine.pd.role == super::pd::PdRole::Prefill {
+        let pd = &cfg.engine.pd;
+        let address = format!(
+            "tcp://{}:{}",
+            pd.side_channel_host,
+            u32::from(pd.side_channel_port) + u32::from(rank)
+        );
+        let (router, endpoint) = sim_protocol::transport::bind_router(&address)
+            .await
+            .with_context(|| {
+                format!("--side-channel-port: the P/D side channel cannot listen on {address}")
+            })?;
+        tracing::info!(%endpoint, engine_id = %pd.engine_id, "P/D side channel listening (prefill role)");
+        Some(router)
+    } else {
+        None
+    };
     let connect = connect_to_frontend(&cfg.handshake_address, rank, &ready, &opts);
     let sockets = tokio::select! {
         r = connect => r.with_context(|| format!("handshake with the frontend at {}", cfg.handshake_address))?,
@@ -72,8 +93,15 @@ pub async fn run_engine(
         input_tasks.push(tokio::spawn(input_task(i as u32, sock, in_tx.clone())));
     }
     drop(in_tx);
+    let side_task = side_router.map(|router| {
+        tokio::spawn(super::side_channel::serve(
+            router,
+            side_tx.clone(),
+            shutdown.clone(),
+        ))
+    });
     let line = cfg.line;
-    let output_task = tokio::spawn(output_task(line, sockets.outputs, out_rx));
+    let output_task = tokio::spawn(output_task(line, sockets.outputs, out_rx, side_tx));
 
     let mut engine = cfg.build_engine(rank);
     if let Some(p) = kv_publisher {
@@ -83,6 +111,7 @@ pub async fn run_engine(
     let ctl = LoopControl {
         shutdown: shutdown.clone(),
         shutdown_timeout: cfg.shutdown_timeout,
+        side: Some(side_rx),
     };
     let dead_tx = out_tx.clone();
     let engine_thread = std::thread::Builder::new()
@@ -149,6 +178,13 @@ pub async fn run_engine(
     for t in input_tasks {
         t.abort();
     }
+    if let Some(t) = side_task {
+        match tokio::time::timeout(Duration::from_millis(200), t).await {
+            Ok(Ok(Err(e))) => tracing::warn!("{e:#}"),
+            Ok(_) => {}
+            Err(_) => {}
+        }
+    }
     result
 }
 
@@ -195,6 +231,7 @@ async fn output_task<S: SocketSend>(
     line: VllmLine,
     mut outputs: Vec<S>,
     mut rx: mpsc::UnboundedReceiver<Outbound>,
+    side: mpsc::UnboundedSender<EngineInput>,
 ) -> Result<()> {
     while let Some(item) = rx.recv().await {
         match item {
@@ -228,6 +265,9 @@ async fn output_task<S: SocketSend>(
             Outbound::Dead => {
                 send_dead(&mut outputs).await;
             }
+            Outbound::Pull(p) => {
+                tokio::spawn(super::side_channel::pull(p, side.clone()));
+            }
         }
     }
     Ok(())
@@ -259,7 +299,8 @@ mod tests {
         let mut push = PushSocket::new();
         push.connect(&ep.to_string()).await.unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(output_task(VllmLine::new(0, 33), vec![push], rx));
+        let (side, _side_rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(output_task(VllmLine::new(0, 33), vec![push], rx, side));
         tx.send(Outbound::Outputs {
             client: 0,
             outputs: EngineCoreOutputs {

@@ -171,6 +171,7 @@ impl<E: EngineCore> OfflineDriver<E> {
     }
 
     fn collect(&mut self, out: &mut Outbox, got: &mut Vec<TimedOutput>) {
+        let mut pulled = Vec::new();
         for item in out.items.drain(..) {
             match item {
                 Outbound::Outputs { client, outputs } => got.push(TimedOutput {
@@ -179,7 +180,18 @@ impl<E: EngineCore> OfflineDriver<E> {
                     outputs,
                 }),
                 Outbound::Dead => self.dead = true,
+                // offline there is no prefill engine to read from: the pull succeeds at
+                // once (its time is the latency model's KV-transfer cost)
+                Outbound::Pull(p) => pulled.push(p),
             }
+        }
+        for p in pulled {
+            let n = p.remote.block_ids.len();
+            let ev = super::pd::PdEvent::Pulled {
+                request_id: p.request_id,
+                result: Ok(n),
+            };
+            self.push(self.now, EngineInput::Pd(ev));
         }
     }
 }

@@ -78,22 +78,12 @@ pub struct SimRequest {
     pub script: Option<super::replay::Script>,
     /// A pooling request (`--runner pooling`): it ends with its embedding after the prefill.
     pub pooling: Option<super::pooling::PoolingRequest>,
-}
-
-/// `extra_args.kv_transfer_params.do_remote_prefill == true` (how the NixlConnector marks a
-/// decode-side request; `vllm/v1/request.py` reads `kv_transfer_params` there).
-fn wants_remote_prefill(extra: Option<&rmpv::Value>) -> bool {
-    let get = |m: &rmpv::Value, key: &str| -> Option<rmpv::Value> {
-        m.as_map()?
-            .iter()
-            .find(|(k, _)| k.as_str() == Some(key))
-            .map(|(_, v)| v.clone())
-    };
-    extra
-        .and_then(|e| get(e, "kv_transfer_params"))
-        .and_then(|p| get(&p, "do_remote_prefill"))
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false)
+    /// P/D prefill side: `kv_transfer_params.do_remote_decode`; its KV is kept for a
+    /// decode engine when it stops.
+    pub remote_decode: bool,
+    /// P/D decode side: the pull of its KV is under way (vLLM's WAITING_FOR_REMOTE_KVS);
+    /// the request is not scheduled until it ends.
+    pub awaiting_kv: bool,
 }
 
 impl SimRequest {
@@ -145,11 +135,17 @@ impl SimRequest {
             prompt_logprobs: sp.prompt_logprobs,
             spec: None,
             failure: None,
-            remote_prefill: wants_remote_prefill(sp.extra_args.as_ref()),
+            remote_prefill: super::pd::wants_remote_prefill(super::pd::transfer_params(
+                sp.extra_args.as_ref(),
+            )),
             external_cached_tokens: 0,
             recorded_end: None,
             script: None,
             pooling: None,
+            remote_decode: super::pd::wants_remote_decode(super::pd::transfer_params(
+                sp.extra_args.as_ref(),
+            )),
+            awaiting_kv: false,
         }
     }
 

@@ -218,6 +218,11 @@ impl Batch {
                 let Some(r) = self.requests.get(&id) else {
                     continue;
                 };
+                if r.awaiting_kv {
+                    // WAITING_FOR_REMOTE_KVS: counted as deferred, not scheduled
+                    skipped += 1;
+                    continue;
+                }
                 if let Some(l) = r.lora_id
                     && rules.max_loras > 0
                     && !loras.contains(&l)
@@ -286,8 +291,11 @@ impl Batch {
                     r.cached_blocks = hits.len();
                     r.num_computed = computed;
                     if !preempted_before && !r.started {
-                        r.cached_tokens = computed;
-                        r.external_cached_tokens = external;
+                        // a pulled prompt counts whole as external (vLLM's connector
+                        // matches every prompt token, then recomputes the last one)
+                        let whole = u64::from(remote && external > 0);
+                        r.cached_tokens = computed + whole;
+                        r.external_cached_tokens = external + whole;
                     }
                     r.phase = Phase::Running;
                     r.pending_events.push(EngineCoreEvent {

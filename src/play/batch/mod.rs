@@ -65,6 +65,9 @@ pub struct Batch {
     /// The gauges changed since the last stats.
     dirty: bool,
     log_requests: bool,
+    /// Blocks of finished prefill-instance requests (P/D), kept for the decode instance
+    /// to read: request id → (block ids, when they are freed unread).
+    held: HashMap<String, (Vec<usize>, Instant)>,
 }
 
 /// A waiting request's place in the queue ([`QueuePolicy::sort_key`]).
@@ -92,6 +95,7 @@ impl Batch {
             prefix_delta: PrefixCacheStats::default(),
             dirty: false,
             log_requests,
+            held: HashMap::new(),
         }
     }
 
@@ -187,6 +191,66 @@ impl Batch {
         }
         self.dirty = true;
         Some(r)
+    }
+
+    /// A request, to change what the composer reads of it (P/D pull state).
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut SimRequest> {
+        self.dirty = true;
+        self.requests.get_mut(id)
+    }
+
+    /// Take a finished request out but keep its blocks allocated until
+    /// [`Batch::release_held`] (the decode instance read them) or `until` passes
+    /// ([`Batch::expire_held`]): a P/D prefill instance's `delay_free_blocks`. Returns the
+    /// request and its block ids.
+    pub fn remove_keeping_blocks(
+        &mut self,
+        id: &str,
+        until: Instant,
+    ) -> Option<(SimRequest, Vec<usize>)> {
+        let blocks = std::mem::take(&mut self.requests.get_mut(id)?.blocks);
+        let r = self.remove(id)?;
+        self.held.insert(id.to_string(), (blocks.clone(), until));
+        Some((r, blocks))
+    }
+
+    /// The blocks a finished request still holds for a reader.
+    pub fn held_blocks(&self, id: &str) -> Option<&[usize]> {
+        self.held.get(id).map(|(b, _)| b.as_slice())
+    }
+
+    /// Free the blocks kept for `id` (the reader is done); how many there were.
+    pub fn release_held(&mut self, id: &str) -> Option<usize> {
+        let (blocks, _) = self.held.remove(id)?;
+        let n = blocks.len();
+        self.pool.free(blocks.into_iter().rev());
+        self.dirty = true;
+        Some(n)
+    }
+
+    /// Free kept blocks whose reader did not come by `now`; their request ids.
+    pub fn expire_held(&mut self, now: Instant) -> Vec<String> {
+        let mut gone: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(_, (_, until))| *until <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        gone.sort();
+        for id in &gone {
+            self.release_held(id);
+        }
+        gone
+    }
+
+    /// When the next kept blocks expire.
+    pub fn next_held_expiry(&self) -> Option<Instant> {
+        self.held.values().map(|(_, until)| *until).min()
+    }
+
+    /// Requests whose blocks are kept for a reader.
+    pub fn num_held(&self) -> usize {
+        self.held.len()
     }
 
     /// Take every request out, sorted by id.
