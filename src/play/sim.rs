@@ -384,10 +384,15 @@ impl SimEngine {
             self.finish_silently(&id);
             return;
         }
+        let pulling = pull.is_some();
         if let Some(p) = pull {
             out.pull(p);
         }
         self.start_step_if_idle(now);
+        if pulling {
+            // vLLM keeps stepping while a request waits for its KV: its stats show it
+            self.flush_stats(now, out);
+        }
     }
 
     /// P/D on admission: which side of a transfer the request is on for this engine's

@@ -1,0 +1,401 @@
+//! Prefill/decode disaggregation end to end, control plane (no NIXL): a prefill `serve`
+//! (`--pd-role prefill`), a decode `serve` (`--pd-role decode`), each a real vllm-rs
+//! frontend with `play` behind, and `vllm-vcr pd-proxy` in front. What a P/D user checks:
+//! the client gets the whole answer (streamed and not); the decode pulled exactly the
+//! prompt's blocks and the prefill freed them after the read; unread KV is freed when its
+//! lease ends; a pull that fails follows --kv-load-failure-policy; a client that leaves
+//! mid-pull leaves nothing behind.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn start(args: &[String], name: &str) -> Proc {
+        let log = std::env::temp_dir().join(format!("vcr-pd-{}-{name}.log", std::process::id()));
+        let child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+            .args(args)
+            .env("NO_COLOR", "1")
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
+            .spawn()
+            .unwrap();
+        Proc { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log.with_extension("err")).unwrap_or_default()
+            + &std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ports(n: usize) -> Vec<u16> {
+    vllm_vcr::child::free_ports(n).expect("free ports")
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+/// A `serve` with vllm-rs 0.33 and these engine flags, up and answering /health.
+fn serve(port: u16, extra: &[String], name: &str) -> Proc {
+    let mut args = s(&["serve", "--port"]);
+    args.push(port.to_string());
+    args.extend(s(&["--log-requests"]));
+    args.extend_from_slice(extra);
+    let p = Proc::start(&args, name);
+    wait_health(port, &p);
+    p
+}
+
+fn wait_health(port: u16, p: &Proc) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if get(port, "/health").0 == 200 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{port} never came up:\n{}",
+            p.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let _ = write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    let Some((head, body)) = raw.split_once("\r\n\r\n") else {
+        return (0, raw);
+    };
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut b: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = b.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        b = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn get(port: u16, path: &str) -> (u16, String) {
+    request(port, "GET", path, "")
+}
+
+fn post(port: u16, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let (status, text) = request(port, "POST", path, &body.to_string());
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+/// A gauge of the frontend's /metrics.
+fn metric(port: u16, name: &str) -> f64 {
+    let (_, text) = get(port, "/metrics");
+    text.lines()
+        .find(|l| {
+            l.starts_with(name)
+                && (l.len() == name.len() || l[name.len()..].starts_with(['{', ' ']))
+        })
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics of {port}"))
+}
+
+/// `key=value` of the first log line containing `what` (tracing's field format).
+fn log_field(log: &str, what: &str, key: &str) -> Option<String> {
+    let line = log.lines().find(|l| l.contains(what))?;
+    let rest = line.split(&format!("{key}=")).nth(1)?;
+    Some(rest.split_whitespace().next()?.to_string())
+}
+
+fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    done()
+}
+
+#[test]
+fn a_prefill_decode_pair_behind_the_proxy_serves_whole_answers_and_frees_the_kv() {
+    let p = ports(4);
+    let (pf_port, dec_port, proxy_port, side) = (p[0], p[1], p[2], p[3]);
+    let prefill = serve(
+        pf_port,
+        &s(&[
+            "--pd-role",
+            "prefill",
+            "--engine-id",
+            "prefill-0",
+            "--side-channel-port",
+            &side.to_string(),
+            "--kv-lease-duration",
+            "2",
+        ]),
+        "prefill",
+    );
+    let decode = serve(
+        dec_port,
+        &s(&["--pd-role", "decode", "--engine-id", "decode-0"]),
+        "decode",
+    );
+    let proxy = Proc::start(
+        &s(&[
+            "pd-proxy",
+            "--prefill",
+            &format!("http://127.0.0.1:{pf_port}"),
+            "--decode",
+            &format!("http://127.0.0.1:{dec_port}"),
+            "--port",
+            &proxy_port.to_string(),
+        ]),
+        "proxy",
+    );
+    wait_health(proxy_port, &proxy);
+
+    // non-streamed: the whole answer, and exactly the prompt's blocks moved
+    let prompt = "A prefill/decode pair answers this prompt: 68 bytes, so five blocks.";
+    assert_eq!(prompt.len(), 68);
+    let (status, body) = post(
+        proxy_port,
+        "/v1/completions",
+        &serde_json::json!({"model": "tiny", "prompt": prompt, "max_tokens": 12}),
+    );
+    assert_eq!(status, 200, "{body}\n{}", decode.log());
+    assert_eq!(body["usage"]["completion_tokens"], 12, "{body}");
+    assert_eq!(body["usage"]["prompt_tokens"], 68, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    let blocks = 68usize.div_ceil(16).to_string(); // a partial last block is sent too
+    assert!(
+        wait_until(Duration::from_secs(5), || log_field(
+            &decode.log(),
+            "remote KV pulled",
+            "blocks"
+        )
+        .is_some()),
+        "{}",
+        decode.log()
+    );
+    let plog = prefill.log();
+    assert_eq!(
+        log_field(&plog, "prefill done: KV kept", "blocks").as_deref(),
+        Some(blocks.as_str()),
+        "{plog}"
+    );
+    assert_eq!(
+        log_field(&plog, "KV read by the decode engine", "blocks").as_deref(),
+        Some(blocks.as_str()),
+        "{plog}"
+    );
+    assert_eq!(
+        log_field(&plog, "KV read by the decode engine", "reader").as_deref(),
+        Some("decode-0")
+    );
+    assert_eq!(
+        log_field(&decode.log(), "remote KV pulled", "blocks").as_deref(),
+        Some(blocks.as_str())
+    );
+    // the read freed the prefill's blocks at once, long before the 2 s lease
+    assert!(
+        wait_until(Duration::from_millis(1500), || metric(
+            pf_port,
+            "vllm:kv_cache_usage_perc"
+        ) == 0.0),
+        "prefill KV still in use after the read"
+    );
+    // the decode saw the prompt as pulled (external) cache: the frontend counts the prompt
+    // as prefilled once on each side
+    assert_eq!(metric(dec_port, "vllm:prompt_tokens_total"), 68.0);
+    assert_eq!(metric(pf_port, "vllm:prompt_tokens_total"), 68.0);
+    assert_eq!(metric(pf_port, "vllm:generation_tokens_total"), 1.0);
+    assert_eq!(metric(dec_port, "vllm:generation_tokens_total"), 12.0);
+
+    // streamed chat through the proxy
+    let body = serde_json::json!({"model": "tiny", "max_tokens": 9, "stream": true,
+        "messages": [{"role": "user", "content": "Stream this answer through the pair."}]});
+    let (status, sse) = request(
+        proxy_port,
+        "POST",
+        "/v1/chat/completions",
+        &body.to_string(),
+    );
+    assert_eq!(status, 200, "{sse}");
+    let mut text = String::new();
+    let mut finish = String::new();
+    for line in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if line.trim() == "[DONE]" {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+        if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    assert!(sse.contains("[DONE]"), "{sse}");
+    assert_eq!(finish, "length");
+    assert!(!text.is_empty());
+
+    // a prefill whose decode never comes: the KV is held, then freed when the lease ends
+    let (status, body) = post(
+        pf_port,
+        "/v1/completions",
+        &serde_json::json!({"model": "tiny", "prompt": "Nobody reads this KV; the lease frees it.",
+            "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": true}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let params = &body["kv_transfer_params"];
+    assert_eq!(params["do_remote_prefill"], true, "{body}");
+    assert_eq!(params["remote_engine_id"], "prefill-0");
+    assert_eq!(params["remote_port"], side);
+    assert_eq!(params["transfer_mode"], "pull");
+    assert_eq!(params["remote_num_tokens"], 41);
+    assert_eq!(params["remote_block_ids"][0].as_array().unwrap().len(), 3);
+    assert!(
+        metric(pf_port, "vllm:kv_cache_usage_perc") > 0.0,
+        "held blocks count as used"
+    );
+    assert!(
+        wait_until(Duration::from_secs(4), || metric(
+            pf_port,
+            "vllm:kv_cache_usage_perc"
+        ) == 0.0),
+        "the lease did not free the unread blocks:\n{}",
+        prefill.log()
+    );
+    assert!(prefill.log().contains("before its lease expired"));
+}
+
+/// A decode request whose prefill engine is gone: `fail` answers HTTP 500 (vLLM's
+/// default), `recompute` prefills locally and answers in full. A client that leaves while
+/// the pull is pending leaves the engine empty.
+#[test]
+fn a_failed_pull_follows_the_load_failure_policy_and_an_abort_mid_pull_cleans_up() {
+    let p = ports(3);
+    let dead = p[2]; // nothing listens there
+    let params = serde_json::json!({"do_remote_prefill": true, "do_remote_decode": false,
+        "remote_engine_id": "gone", "remote_request_id": "cmpl-gone-0", "remote_host": "127.0.0.1",
+        "remote_port": dead, "remote_block_ids": [[1, 2, 3]], "remote_num_tokens": 40});
+    let fail = serve(p[0], &s(&["--pd-role", "decode"]), "fail");
+    let recompute = serve(
+        p[1],
+        &s(&[
+            "--pd-role",
+            "decode",
+            "--kv-load-failure-policy",
+            "recompute",
+        ]),
+        "recompute",
+    );
+    let body = serde_json::json!({"model": "tiny", "prompt": "The prefill engine of this request is gone.",
+        "max_tokens": 6, "kv_transfer_params": params});
+    let t = Instant::now();
+    let (status, got) = post(p[0], "/v1/completions", &body);
+    assert_eq!(status, 500, "{got}");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "a failed pull must end in bounded time"
+    );
+    assert!(fail.log().contains("KV load failed"), "{}", fail.log());
+    let (status, got) = post(p[1], "/v1/completions", &body);
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["usage"]["completion_tokens"], 6);
+    assert!(recompute.log().contains("recomputing the prompt locally"));
+
+    // a client that gives up while the pull is pending
+    let mut stream = TcpStream::connect(("127.0.0.1", p[0])).unwrap();
+    let mut streamed = body.clone();
+    streamed["stream"] = serde_json::json!(true);
+    let text = streamed.to_string();
+    write!(
+        stream,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}",
+        text.len()
+    )
+    .unwrap();
+    let mut first = String::new();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let _ = BufReader::new(&stream).read_line(&mut first);
+    assert!(
+        wait_until(Duration::from_secs(3), || metric(
+            p[0],
+            "vllm:num_requests_waiting"
+        ) >= 1.0),
+        "the pending pull is a waiting request"
+    );
+    drop(stream);
+    assert!(
+        wait_until(Duration::from_secs(10), || metric(
+            p[0],
+            "vllm:num_requests_waiting"
+        ) == 0.0
+            && metric(p[0], "vllm:num_requests_running") == 0.0),
+        "the aborted request stayed:\n{}",
+        fail.log()
+    );
+    // and the engine still serves
+    let (status, got) = post(
+        p[0],
+        "/v1/completions",
+        &serde_json::json!({"model": "tiny", "prompt": "still here", "max_tokens": 3}),
+    );
+    assert_eq!(status, 200, "{got}");
+}
