@@ -9,7 +9,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 struct Proc {
@@ -398,4 +398,32 @@ fn a_failed_pull_follows_the_load_failure_policy_and_an_abort_mid_pull_cleans_up
         &serde_json::json!({"model": "tiny", "prompt": "still here", "max_tokens": 3}),
     );
     assert_eq!(status, 200, "{got}");
+}
+
+/// `scripts/pd_control.sh`, the smoke users run: it passes, and prints the handoff cost.
+#[test]
+fn the_pd_control_script_passes() {
+    // five consecutive free ports
+    let base = (0..200)
+        .map(|i| 20_000 + (std::process::id() as u16 % 97) * 50 + i * 7)
+        .find(|b| (0..5).all(|k| std::net::TcpListener::bind(("127.0.0.1", b + k)).is_ok()))
+        .expect("five free consecutive ports");
+    let out = Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/pd_control.sh"
+        ))
+        .arg("10")
+        .env("VCR_BIN", env!("CARGO_BIN_EXE_vllm-vcr"))
+        .env("VCR_PD_BASE_PORT", base.to_string())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    eprintln!("{text}");
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("pd_control: PASS") && text.contains("handoff overhead"),
+        "{text}"
+    );
 }

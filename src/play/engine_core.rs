@@ -324,6 +324,7 @@ mod tests {
                 )
             }
             Outbound::Dead => panic!("dead"),
+            Outbound::Pull(p) => panic!("unexpected pull {p:?}"),
         }
     }
 
