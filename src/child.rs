@@ -78,7 +78,7 @@ impl ChildGuard {
             .stdout(out)
             .stderr(err)
             .process_group(0);
-        eprintln!("  $ {}", describe(&cmd));
+        crate::errln!("  $ {}", describe(&cmd));
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {name}: {}", describe(&cmd)))?;
@@ -159,7 +159,7 @@ impl Drop for ChildGuard {
         if self.child.is_some() {
             let name = self.name.clone();
             let how = self.stop();
-            eprintln!("  stopped {name}: {how}");
+            crate::errln!("  stopped {name}: {how}");
         }
     }
 }

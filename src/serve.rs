@@ -464,17 +464,15 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 .canonicalize()
                 .with_context(|| format!("model directory {}", dir.display()))?;
             let vocab = vocab_size_of(&dir)?;
-            if play.vocab_size > vocab {
-                if play.vocab_size != PlayArgs::defaults().vocab_size {
-                    tracing::warn!(
-                        "--vocab-size {} is larger than the {vocab} ids of {}/tokenizer.json: using {vocab}",
-                        play.vocab_size,
-                        dir.display()
-                    );
-                }
+            if play.vocab_size == PlayArgs::defaults().vocab_size {
                 play.vocab_size = vocab;
-            } else if play.vocab_size == PlayArgs::defaults().vocab_size {
-                play.vocab_size = vocab;
+            } else if play.vocab_size > vocab {
+                bail!(
+                    "--vocab-size {} is larger than the {vocab} ids of {}/tokenizer.json: the frontend cannot decode ids past {}",
+                    play.vocab_size,
+                    dir.display(),
+                    vocab - 1
+                );
             }
             let name = dir
                 .file_name()
@@ -492,7 +490,13 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 play.min_token_id = crate::tiny_model::byte_token_id(b' ');
                 play.vocab_size = crate::tiny_model::byte_token_id(b'~') + 1;
             }
-            play.vocab_size = play.vocab_size.min(crate::tiny_model::TOKENIZER_VOCAB);
+            if play.vocab_size > crate::tiny_model::TOKENIZER_VOCAB {
+                bail!(
+                    "--vocab-size {} is larger than the embedded model's {} token ids (pass --model DIR to serve a bigger vocabulary)",
+                    play.vocab_size,
+                    crate::tiny_model::TOKENIZER_VOCAB
+                );
+            }
             (dir, "tiny".to_string())
         }
     };
@@ -505,10 +509,9 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     if let Some(m) = model_max_len(&model) {
         play.max_model_len = play.max_model_len.min(m);
     }
-    if play.min_token_id >= play.vocab_size {
-        play.min_token_id = 0;
-    }
 
+    // the engine's flags are checked before anything starts
+    crate::play::config::PlayConfig::try_from(&play)?;
     ensure_free(&args.host, args.port, "--port")?;
     let hs_port = match args.handshake_port {
         0 => free_ports(1)?[0],
@@ -568,7 +571,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         }
     };
 
-    eprintln!("starting the frontend (log: {})", log.display());
+    crate::errln!("starting the frontend (log: {})", log.display());
     let line = play.vllm_version;
     let mut cmd = cmd;
     die_with_parent(&mut cmd);
@@ -582,7 +585,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         let how = tokio::task::spawn_blocking(move || frontend.stop())
             .await
             .unwrap_or_else(|e| format!("stop task failed: {e}"));
-        eprintln!("frontend {how}");
+        crate::errln!("frontend {how}");
     };
 
     // wait for /health, watching both processes and the user
@@ -632,7 +635,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         Frontend::Rs => "vllm-rs",
         Frontend::Python => "vllm serve",
     };
-    println!(
+    crate::outln!(
         "vllm-vcr serve: a real vLLM frontend with a simulated engine is ready\n\
          \n  OpenAI base URL  {base}\n  model            {name}\n  \
          frontend         {kind} (vLLM {line}, pid {frontend_pid})\n  frontend log     {}\n\
@@ -666,7 +669,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             }
         }
     };
-    eprintln!("stopping");
+    crate::errln!("stopping");
     stop_all(frontend).await;
     let _ = engine_stop.send(true);
     match tokio::time::timeout(Duration::from_secs(10), engine).await {

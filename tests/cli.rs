@@ -58,6 +58,25 @@ fn bad_flag_values_get_clear_errors() {
         ),
         (vec!["play", "--inter-token-latency=-3"], "≥ 0"),
         (vec!["play", "--dtype", "int8"], "bfloat16"),
+        // token ranges are refused, never silently changed (one used to emit EOS, the
+        // other only empty tokens)
+        (
+            vec!["serve", "--min-token-id", "300"],
+            "--min-token-id (300) must be below --vocab-size (259)",
+        ),
+        (
+            vec!["serve", "--vocab-size", "1000"],
+            "larger than the embedded model's 259 token ids",
+        ),
+        (
+            vec!["play", "--vocab-size", "3", "--min-token-id", "0"],
+            "only special tokens",
+        ),
+        (vec!["play", "--tool-call-rate", "2"], "between 0 and 1"),
+        (
+            vec!["play", "--kv-lease-duration", "0"],
+            "--kv-lease-duration",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
             .args(&args)
@@ -67,4 +86,66 @@ fn bad_flag_values_get_clear_errors() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+/// `… --json | head`: the reader left before anything was written; the command ends
+/// quietly with 0, not "error: Broken pipe".
+#[test]
+fn a_closed_stdout_is_not_an_error() {
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/cpu-engine-capture/trace.jsonl.gz"
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["inspect", "summarize", "--json", trace])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before the first write
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(
+        !err.contains("Broken pipe") && !err.contains("panicked"),
+        "{err}"
+    );
+}
+
+/// `serve … 2>&1 | tee log`, then Ctrl-C: tee is gone, so is serve's stderr; serve still
+/// stops cleanly (it used to abort with SIGABRT on the failed print).
+#[test]
+fn serve_stops_cleanly_when_its_output_pipes_are_closed() {
+    let port = vllm_vcr::child::free_ports(1).unwrap()[0];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["serve", "--port", &port.to_string()])
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let ready = lines.any(|l| l.is_ok_and(|l| l.contains("http://")));
+    assert!(ready, "serve never printed its URL");
+    drop(lines);
+    drop(child.stderr.take());
+    // one Ctrl-C as a forwarding wrapper delivers it: twice within a millisecond
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "serve did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{status:?} (130 = taken as a second Ctrl-C, 134 = abort)"
+    );
 }

@@ -135,7 +135,7 @@ fn wire_run(
     let failed = match outcome {
         Ok(f) => f,
         Err(e) => {
-            eprintln!(
+            crate::errln!(
                 "calibrate-e2e: logs kept in {} (tap {tap_how}; frontend {fe_how})",
                 dir.display()
             );
@@ -150,9 +150,9 @@ fn wire_run(
     if !keep_dir && failed.is_empty() {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
-        eprintln!("calibrate-e2e: logs in {}", dir.display());
+        crate::errln!("calibrate-e2e: logs in {}", dir.display());
     }
-    eprintln!(
+    crate::errln!(
         "calibrate-e2e: {} requests through {} in {:.1} s, {got} recorded by the tap",
         work.reqs.len(),
         stack.name,
@@ -327,7 +327,7 @@ fn start(
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    eprintln!(
+    crate::errln!(
         "calibrate-e2e: {name} (vLLM {line}) > record > play ready after {:.1} s",
         t.elapsed().as_secs_f64()
     );

@@ -199,7 +199,7 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
         writeln!(out, "{summary}").context("writing the summary to stdout")?;
     } else {
         let skipped = report.skipped_total();
-        eprintln!(
+        crate::errln!(
             "convert: wrote {} ({} records{})",
             args.output.display(),
             report.written,
@@ -210,13 +210,13 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
             }
         );
         for (reason, n) in &report.skipped {
-            eprintln!("  skipped {n}: {reason}");
+            crate::errln!("  skipped {n}: {reason}");
         }
         for s in report.skipped_examples.iter().take(5) {
-            eprintln!("    e.g. {s}");
+            crate::errln!("    e.g. {s}");
         }
         for n in &report.notes {
-            eprintln!("  note: {n}");
+            crate::errln!("  note: {n}");
         }
     }
     Ok(())

@@ -69,7 +69,7 @@ pub fn run(a: &FitArgs) -> Result<()> {
         .collect();
     for input in inputs.iter().filter(|i| i.steps.is_none()) {
         if let Some(beside) = rig_sidecar(&input.trace) {
-            eprintln!(
+            crate::errln!(
                 "note: {} is fitted from its records alone; {} is not used (pass it with --steps if it is this capture's sidecar)",
                 input.trace.display(),
                 beside.display()
@@ -84,9 +84,9 @@ pub fn run(a: &FitArgs) -> Result<()> {
         .with_context(|| format!("writing {}", a.output.display()))?;
     let bytes = model.to_text().map(|t| t.len()).unwrap_or(0);
     if a.json {
-        println!("{}", summary(&model, &a.output, bytes, secs));
+        crate::outln!("{}", summary(&model, &a.output, bytes, secs));
     } else {
-        eprint!("{}", report(&model, &a.output, bytes, secs));
+        crate::errp!("{}", report(&model, &a.output, bytes, secs));
     }
     Ok(())
 }

@@ -160,7 +160,7 @@ pub fn run(args: &GenDemoArgs) -> Result<()> {
     progress.finish();
     w.finish()?;
     if args.json {
-        println!(
+        crate::outln!(
             "{}",
             json!({
                 "output": args.output,
@@ -172,7 +172,7 @@ pub fn run(args: &GenDemoArgs) -> Result<()> {
             })
         );
     } else {
-        eprintln!(
+        crate::errln!(
             "gen-demo: wrote {} ({} records, {} output tokens, seed {})",
             args.output.display(),
             args.records,

@@ -849,20 +849,20 @@ pub fn run(args: &PerfettoArgs) -> Result<()> {
     let summary = convert(args, out, shown.as_deref().is_some_and(gz))
         .with_context(|| format!("converting {}", args.trace.display()))?;
     if summary.without_arrival > 0 {
-        eprintln!(
+        crate::errln!(
             "perfetto: {} record(s) have no arrival_ms and cannot be placed on the timeline",
             summary.without_arrival
         );
     }
     if summary.late_samples > 0 {
-        eprintln!(
+        crate::errln!(
             "perfetto: {} step counter sample(s) were out of time order and were drawn at the \
              previous sample's time",
             summary.late_samples
         );
     }
     if let Some(p) = &shown {
-        eprintln!(
+        crate::errln!(
             "perfetto: wrote {} ({} events, {} requests in {} {}{})",
             if temp {
                 "a temporary file".to_string()
@@ -937,7 +937,7 @@ fn serve(file: File, name: &str, port: u16) -> Result<()> {
     let port = listener.local_addr()?.port();
     let url = format!("http://127.0.0.1:{port}/{name}");
     if port != PERFETTO_UI_PORT {
-        eprintln!(
+        crate::errln!(
             "perfetto: note: ui.perfetto.dev may only fetch from 127.0.0.1:{PERFETTO_UI_PORT} \
              (its Content-Security-Policy); from port {port} the link suits a self-hosted UI"
         );
@@ -955,7 +955,7 @@ fn serve(file: File, name: &str, port: u16) -> Result<()> {
         let (file, name) = (Arc::clone(&file), Arc::clone(&name));
         std::thread::spawn(move || {
             if let Err(e) = answer(stream, &file, &name) {
-                eprintln!("perfetto: a request failed: {e}");
+                crate::errln!("perfetto: a request failed: {e}");
             }
         });
     }

@@ -257,6 +257,21 @@ impl TryFrom<&PlayArgs> for PlayConfig {
                 vocab.source
             );
         }
+        if a.tokenizer.is_some() || a.vocab_size <= vocab.size() {
+            // ids the tokenizer knows: the random range must hold one that is text
+            let end = a.vocab_size.min(vocab.size());
+            let specials: Vec<u32> = (a.min_token_id..end)
+                .filter(|t| vocab.is_special(*t))
+                .collect();
+            if specials.len() as u32 == end.saturating_sub(a.min_token_id) {
+                bail!(
+                    "--min-token-id {} and --vocab-size {} leave random tokens only special tokens of {} (ids {specials:?}), which decode to nothing: raise --vocab-size",
+                    a.min_token_id,
+                    a.vocab_size,
+                    vocab.source
+                );
+            }
+        }
         let engine = EngineConfig {
             line: a.vllm_version,
             engine_index: u32::from(a.data_parallel_rank),

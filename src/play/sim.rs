@@ -236,12 +236,17 @@ impl SimEngine {
         let expected = self.cfg.line.request_len();
         if req.wire_len != expected {
             let likely = VllmLine::lines_with_request_len(req.wire_len);
+            let guess = if likely.is_empty() {
+                "its line is none of the supported ones (vllm-vcr speaks 0.25–0.33)".to_string()
+            } else {
+                format!(
+                    "the frontend looks like vLLM {}. Restart vllm-vcr (play or serve) with --vllm-version set to the frontend's line",
+                    describe_lines(&likely)
+                )
+            };
             let msg = format!(
-                "the frontend sent a {}-element EngineCoreRequest, but vLLM {} sends {}: the frontend looks like vLLM {}. Restart vllm-vcr (play or serve) with --vllm-version set to the frontend's line",
-                req.wire_len,
-                self.cfg.line,
-                expected,
-                describe_lines(&likely)
+                "the frontend sent a {}-element EngineCoreRequest, but vLLM {} sends {}: {guess}",
+                req.wire_len, self.cfg.line, expected,
             );
             if self.warned_request_lens.insert(req.wire_len) {
                 tracing::error!(request_id = %id, "wire version mismatch: {msg}");

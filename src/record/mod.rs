@@ -373,5 +373,5 @@ fn report(args: &RecordArgs, s: &Summary) {
             s.undecodable
         ));
     }
-    eprintln!("{line}");
+    crate::errln!("{line}");
 }

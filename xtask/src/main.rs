@@ -35,7 +35,10 @@ mod stack;
 #[path = "../../src/tiny_model.rs"]
 mod tiny_model;
 
-// Shared with `vllm-vcr serve` the same way.
+// Shared with `vllm-vcr serve` the same way (the print macros first: they use them).
+#[path = "../../src/print.rs"]
+#[macro_use]
+mod print;
 #[allow(dead_code)]
 #[path = "../../src/frontends.rs"]
 mod frontends;

@@ -278,7 +278,7 @@ pub fn engine_for(work: &Workload, engine: &EngineArgs) -> EngineArgs {
         taken.push(format!("--max-num-batched-tokens {n}"));
     }
     if !taken.is_empty() {
-        eprintln!(
+        crate::errln!(
             "note: the capture's scheduler settings: {} (give the flags to override)",
             taken.join(" ")
         );
@@ -287,7 +287,7 @@ pub fn engine_for(work: &Workload, engine: &EngineArgs) -> EngineArgs {
         && !engine.enable_prefix_caching
         && work.captured_without_prefix_caching()
     {
-        eprintln!(
+        crate::errln!(
             "note: the capture's engine ran without prefix caching (no prompt token came from its cache, though {} requests began with a block an earlier one had): simulating with --no-enable-prefix-caching",
             work.sharing_requests()
         );
@@ -470,10 +470,12 @@ pub fn run_workload(
             done += 1;
             on_record(f)?;
         }
-        eprintln!("warning: {not_finished} request(s) never finished; they are written incomplete");
+        crate::errln!(
+            "warning: {not_finished} request(s) never finished; they are written incomplete"
+        );
     }
     if rejected > 0 {
-        eprintln!(
+        crate::errln!(
             "warning: {rejected} request(s) refused before the engine (longer than --max-model-len, or than the KV cache); they are written incomplete with the reason"
         );
     }
@@ -558,7 +560,7 @@ fn request(
 
 /// Notes on stderr about what a run of `work` on `engine` assumes.
 pub fn notes(replay_sessions: bool, work: &Workload, engine: &EngineArgs) {
-    let note = |s: &str| eprintln!("note: {s}");
+    let note = |s: &str| crate::errln!("note: {s}");
     let bs = engine.block_size_or_default();
     if work.trace_block_size as u64 != bs {
         note(&format!(
