@@ -660,3 +660,78 @@ fn a_2500_request_trace() {
             .len()
     );
 }
+
+/// `-o` naming an input (the trace, a hard link to it, the step stats) is refused before
+/// anything is written, and a run that fails removes its partial output.
+#[test]
+fn the_output_never_overwrites_an_input_and_a_failure_leaves_nothing() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/cpu-engine-capture"
+    );
+    let trace = tmp("own-trace.jsonl.gz");
+    let steps = tmp("own-steps.jsonl.gz");
+    std::fs::copy(format!("{fixture}/trace.jsonl.gz"), &trace).unwrap();
+    std::fs::copy(format!("{fixture}/steps.jsonl.gz"), &steps).unwrap();
+    let link = tmp("own-link.jsonl.gz");
+    let _ = std::fs::remove_file(&link);
+    std::fs::hard_link(&trace, &link).unwrap();
+    let before = std::fs::read(&trace).unwrap();
+    let before_steps = std::fs::read(&steps).unwrap();
+    for (out, what) in [
+        (&trace, "the trace"),
+        (&link, "the trace"),
+        (&steps, "--step-stats"),
+    ] {
+        let o = bin()
+            .args(["inspect", "perfetto"])
+            .arg(&trace)
+            .arg("--step-stats")
+            .arg(&steps)
+            .arg("-o")
+            .arg(out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{}: {err}", out.display());
+        assert!(
+            err.contains("would destroy the input") && err.contains(what),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(&trace).unwrap(),
+        before,
+        "the trace is intact"
+    );
+    assert_eq!(
+        std::fs::read(&steps).unwrap(),
+        before_steps,
+        "the step stats are intact"
+    );
+
+    // a trace that fails mid-way (not gzip at all): no output is left
+    let bad = tmp("own-bad.jsonl.gz");
+    std::fs::write(&bad, b"this is not gzip").unwrap();
+    let out = tmp("own-bad-out.json");
+    let _ = std::fs::remove_file(&out);
+    let o = bin()
+        .args(["inspect", "perfetto"])
+        .arg(&bad)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(!out.exists(), "a failed run left {}", out.display());
+    // a missing input: no output either
+    let o = bin()
+        .args(["inspect", "perfetto"])
+        .arg(tmp("own-missing.jsonl"))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(!out.exists());
+}

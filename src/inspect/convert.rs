@@ -13,7 +13,7 @@ mod mooncake;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
@@ -107,46 +107,8 @@ impl Report {
     }
 }
 
-/// Deletes a half-written output unless disarmed. Armed only once the converter has
-/// created the file, so a pre-existing file is never touched by an early error; only a
-/// regular file is removed (never a symlink such as `/dev/stdout`, nor a device).
-pub struct OutputGuard<'a> {
-    path: &'a Path,
-    armed: bool,
-}
-
-impl<'a> OutputGuard<'a> {
-    fn new(path: &'a Path) -> Self {
-        Self { path, armed: false }
-    }
-
-    /// The output is about to be created: remove it if the conversion fails from now on.
-    pub fn arm(&mut self) {
-        self.armed = true;
-    }
-
-    fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for OutputGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed && std::fs::symlink_metadata(self.path).is_ok_and(|m| m.file_type().is_file())
-        {
-            let _ = std::fs::remove_file(self.path);
-        }
-    }
-}
-
-/// Whether `a` and `b` are the same existing file.
-fn same_file(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
-        _ => false,
-    }
-}
+pub use super::output::OutputGuard;
+use super::output::same_file;
 
 fn check_args(args: &ConvertArgs) -> Result<()> {
     let format = match (args.from, args.to) {

@@ -11,6 +11,7 @@ pub mod compare;
 pub mod convert;
 pub mod fit;
 pub mod gen_demo;
+pub mod output;
 pub mod perfetto;
 pub mod plot;
 pub mod progress;

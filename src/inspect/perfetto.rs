@@ -817,6 +817,24 @@ fn write_steps(sink: &mut Sink, path: &Path, summary: &mut Summary) -> Result<()
 
 pub fn run(args: &PerfettoArgs) -> Result<()> {
     let gz = |p: &Path| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz"));
+    // inputs are checked before the output is created: a missing trace must not leave an
+    // empty output behind, and the output must never be one of the inputs
+    for (p, what) in std::iter::once((&args.trace, "the trace")).chain(
+        args.step_stats
+            .as_ref()
+            .map(|s| (s, "the --step-stats file")),
+    ) {
+        std::fs::metadata(p).with_context(|| format!("{what} {}", p.display()))?;
+    }
+    let mut guard = None;
+    if let Some(out) = &args.output {
+        let mut inputs = vec![(args.trace.as_path(), "the trace")];
+        if let Some(s) = &args.step_stats {
+            inputs.push((s.as_path(), "the --step-stats file"));
+        }
+        super::output::refuse_overwriting(out, "-o", &inputs)?;
+        guard = Some(super::output::OutputGuard::new(out));
+    }
     // With --open and no -o: a temporary file, unlinked once open (served from the
     // handle), so nothing is left behind when Ctrl-C ends the process.
     let (out, shown, temp): (Option<File>, Option<PathBuf>, bool) = match (&args.output, args.open)
@@ -837,6 +855,10 @@ pub fn run(args: &PerfettoArgs) -> Result<()> {
         }
         (None, false) => (None, None, false),
     };
+    // the output exists now: a failure from here on removes it
+    if let Some(g) = &mut guard {
+        g.arm();
+    }
     let served = match &shown {
         Some(p) if args.open => {
             Some(File::open(p).with_context(|| format!("opening {}", p.display()))?)
@@ -890,6 +912,9 @@ pub fn run(args: &PerfettoArgs) -> Result<()> {
             }
             writeln!(std::io::stdout(), "{v}")?;
         }
+    }
+    if let Some(g) = &mut guard {
+        g.disarm();
     }
     if let (Some(file), Some(p)) = (served, &shown) {
         serve(file, &url_name(p), args.port)?;

@@ -362,12 +362,7 @@ pub fn run_with(
     Ok(())
 }
 
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    }
-}
+use crate::inspect::output::same_file;
 
 /// Two files with the same bytes (a copy of the trace counts as the trace).
 fn same_content(a: &Path, b: &Path) -> bool {

@@ -602,12 +602,7 @@ pub fn notes(replay_sessions: bool, work: &Workload, engine: &EngineArgs) {
     }
 }
 
-fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    }
-}
+use crate::inspect::output::same_file;
 
 /// Where simulated records go: the `--dump-trace` file, if any.
 struct Sink {
