@@ -233,6 +233,9 @@ async fn output_task<S: SocketSend>(
     mut rx: mpsc::UnboundedReceiver<Outbound>,
     side: mpsc::UnboundedSender<EngineInput>,
 ) -> Result<()> {
+    // failed sends per client: the first is logged, the rest counted (a frontend that is
+    // gone would otherwise get one warning per message)
+    let mut failed: Vec<u64> = vec![0; outputs.len()];
     while let Some(item) = rx.recv().await {
         match item {
             Outbound::Outputs {
@@ -258,8 +261,22 @@ async fn output_task<S: SocketSend>(
                 };
                 let msg =
                     ZmqMessage::try_from(frames).map_err(|_| anyhow::anyhow!("empty message"))?;
-                if let Err(e) = sock.send(msg).await {
-                    tracing::warn!(client, "output socket send failed (frontend gone?): {e}");
+                let fails = &mut failed[client as usize];
+                match sock.send(msg).await {
+                    Err(e) => {
+                        if *fails == 0 {
+                            tracing::warn!(
+                                client,
+                                "output socket send failed (frontend gone?): {e}; further failures on this socket are counted, not logged"
+                            );
+                        }
+                        *fails += 1;
+                    }
+                    Ok(()) if *fails > 0 => {
+                        tracing::info!(client, failed = *fails, "output socket works again");
+                        *fails = 0;
+                    }
+                    Ok(()) => {}
                 }
             }
             Outbound::Dead => {
@@ -269,6 +286,9 @@ async fn output_task<S: SocketSend>(
                 tokio::spawn(super::side_channel::pull(p, side.clone()));
             }
         }
+    }
+    for (client, n) in failed.iter().enumerate().filter(|(_, n)| **n > 1) {
+        tracing::warn!(client, "{n} outputs could not be sent to this client");
     }
     Ok(())
 }

@@ -73,6 +73,51 @@ pub struct SimEngine {
     replay: Replay,
     /// Requests following their recorded timing.
     scripts: Scripts,
+    /// Undecodable frames: the first few are logged, then a count once a second.
+    bad_frames: BadFrames,
+}
+
+/// Keeps a flood of undecodable frames from flooding the log.
+#[derive(Debug, Default)]
+struct BadFrames {
+    total: u64,
+    unreported: u64,
+    last_report: Option<Instant>,
+}
+
+impl BadFrames {
+    /// Logged one by one, up to this many.
+    const LOUD: u64 = 10;
+
+    /// Count a bad frame at `now`; `true` when it should be logged in full. Past the first
+    /// [`Self::LOUD`], a summary line comes at most once a second.
+    fn note(&mut self, now: Instant) -> bool {
+        self.total += 1;
+        if self.total <= Self::LOUD {
+            if self.total == Self::LOUD {
+                tracing::warn!(
+                    "{} undecodable frames so far: from now on they are counted, and reported once a second",
+                    self.total
+                );
+                self.last_report = Some(now);
+            }
+            return true;
+        }
+        self.unreported += 1;
+        if self
+            .last_report
+            .is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(1))
+        {
+            tracing::error!(
+                total = self.total,
+                "{} more undecodable frames dropped or rejected since the last report",
+                self.unreported
+            );
+            self.unreported = 0;
+            self.last_report = Some(now);
+        }
+        false
+    }
 }
 
 impl SimEngine {
@@ -98,6 +143,7 @@ impl SimEngine {
             kv_publisher: None,
             replay: Replay::default(),
             scripts: Scripts::default(),
+            bad_frames: BadFrames::default(),
             cfg,
         }
     }
@@ -748,9 +794,12 @@ impl SimEngine {
         out: &mut Outbox,
     ) {
         let ctx = &error.context;
+        let loud = self.bad_frames.note(now);
         match (ctx.request_type, &ctx.request_id, ctx.call_id) {
             (Some(sim_protocol::RequestType::Add), Some(id), _) => {
-                tracing::error!(request_id = %id, client, "rejecting an undecodable ADD: {error}");
+                if loud {
+                    tracing::error!(request_id = %id, client, "rejecting an undecodable ADD: {error}");
+                }
                 let client = ctx.client_index.unwrap_or(client);
                 let id = id.clone();
                 let msg = error.to_string();
@@ -758,18 +807,21 @@ impl SimEngine {
             }
             (Some(sim_protocol::RequestType::Utility), _, Some(call_id)) => {
                 let method = ctx.method.clone().unwrap_or_else(|| "<unknown>".into());
-                tracing::error!(
-                    client,
-                    method,
-                    "failing an undecodable utility call: {error}"
-                );
+                if loud {
+                    tracing::error!(
+                        client,
+                        method,
+                        "failing an undecodable utility call: {error}"
+                    );
+                }
                 let client = ctx.client_index.unwrap_or(client);
                 let msg = format!("Call to {method} method failed: {error}");
                 self.reply(out, client, call_id, Err(msg), now);
             }
-            _ => {
+            _ if loud => {
                 tracing::error!(client, "dropping an undecodable frame: {error}");
             }
+            _ => {}
         }
     }
 
@@ -1025,5 +1077,25 @@ impl EngineCore for SimEngine {
 
     fn is_idle(&self) -> bool {
         self.batch.is_empty() && self.scripts.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod bad_frame_tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_of_bad_frames_logs_ten_then_a_count_a_second() {
+        let mut b = BadFrames::default();
+        let t0 = Instant::now();
+        // 20,000 garbage frames within half a second: ten logged in full
+        let loud = (0..20_000u64)
+            .filter(|i| b.note(t0 + Duration::from_micros(i * 25)))
+            .count();
+        assert_eq!(loud, BadFrames::LOUD as usize);
+        assert_eq!(b.total, 20_000);
+        // the summary of the rest comes once the second is over
+        assert!(!b.note(t0 + Duration::from_millis(1500)));
+        assert_eq!(b.unreported, 0, "reported and reset");
     }
 }
