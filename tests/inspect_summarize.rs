@@ -237,3 +237,104 @@ fn gen_demo_fast_and_arrivals() {
     let rate = s["arrival_rate_per_s"].as_f64().unwrap();
     assert!((40.0..60.0).contains(&rate), "{rate}");
 }
+
+/// What a killed or disk-full capture leaves: a gzip cut short. Every complete record is
+/// summarized, with a warning; an empty file gets a warning too; records without timing (a
+/// converted Mooncake trace) feed no chunk histogram and no mean concurrency.
+#[test]
+fn a_cut_trace_an_empty_one_and_one_without_timing_are_summarized_honestly() {
+    let full = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/cpu-engine-capture/trace.jsonl.gz"
+    ))
+    .unwrap();
+    let cut = tmp("cut.jsonl.gz");
+    std::fs::write(&cut, &full[..full.len() / 2]).unwrap();
+    let out = bin()
+        .args(["inspect", "summarize", "--json"])
+        .arg(&cut)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("ends early"), "{err}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let n = v["records"].as_u64().unwrap();
+    assert!(n > 10, "the complete records are summarized: {n}");
+    assert!(
+        v["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("truncated gzip"),
+        "{v}"
+    );
+
+    let empty = tmp("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let out = bin()
+        .args(["inspect", "summarize"])
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the trace is empty"));
+
+    // a Mooncake trace converted to ours: lengths and arrivals, no timing
+    let mc = tmp("mc.jsonl");
+    let lines: String = (0..300)
+        .map(|i| format!("{{\"timestamp\": {}, \"input_length\": 100, \"output_length\": {}, \"hash_ids\": [{i}]}}\n", i * 10, 1 + i))
+        .collect();
+    std::fs::write(&mc, lines).unwrap();
+    let conv = tmp("mc-trace.jsonl");
+    let _ = std::fs::remove_file(&conv);
+    let o = bin()
+        .args(["inspect", "convert", "--from", "mooncake"])
+        .arg(&mc)
+        .arg("-o")
+        .arg(&conv)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = bin()
+        .args(["inspect", "summarize"])
+        .arg(&conv)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("output chunks: - (no timing in the trace)"),
+        "{text}"
+    );
+    assert!(text.contains("mean concurrency -"), "{text}");
+    let v = summarize_json(&conv);
+    assert!(v["mean_concurrency"].is_null());
+}
+
+/// Many distinct chunk sizes are bucketed in power-of-two ranges.
+#[test]
+fn long_chunk_histograms_are_bucketed() {
+    let trace = tmp("chunks.jsonl");
+    let mut s = String::from("{\"type\":\"meta\",\"format_version\":1}\n");
+    for i in 1..40u32 {
+        s.push_str(&format!(
+            "{{\"request_id\":\"r{i}\",\"arrival_ms\":{i},\"prompt_tokens\":4,\"output_tokens\":{},\"ttft_ms\":5.0,\"itl_ms\":[1.0],\"itl_tokens\":[{i}]}}\n",
+            i + 1
+        ));
+    }
+    std::fs::write(&trace, s).unwrap();
+    let out = bin()
+        .args(["inspect", "summarize"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("output chunks:"))
+        .unwrap();
+    assert!(
+        line.contains("2-3 tokens") && line.contains("32-63 tokens"),
+        "{line}"
+    );
+    assert!(line.len() < 200, "{line}");
+}

@@ -50,8 +50,12 @@ pub struct Summary {
     pub finish_reasons: BTreeMap<String, u64>,
     pub prompt_tokens_with_cache_info: u64,
     pub cached_tokens: u64,
-    /// Output chunks by size (tokens per chunk, first chunks included).
+    /// Output chunks by size (tokens per chunk, first chunks included), of records with
+    /// timing.
     pub chunk_sizes: BTreeMap<u32, u64>,
+    /// What the reader warned about: a trace that ends early (a killed or disk-full
+    /// capture), no meta line.
+    pub warnings: Vec<String>,
 }
 
 impl Summary {
@@ -68,12 +72,25 @@ impl Summary {
         }
     }
 
-    /// Read `path` to the end. A bad line is an error naming the file and line.
+    /// Read `path` to the end. A gzip trace cut short (a killed or disk-full capture) is
+    /// summarized up to its last complete record, with a warning; a bad line is an error
+    /// naming the file and line.
     pub fn of(path: &std::path::Path) -> Result<Summary> {
         let mut s = Summary::new();
         let mut progress = Progress::new("summarize: records");
         for item in TraceReader::open(path)? {
-            match item? {
+            let item = match item {
+                Ok(item) => item,
+                Err(e @ sim_trace::trace::TraceError::Truncated { .. }) => {
+                    s.warnings.push(format!(
+                        "the trace ends early ({e}): summarizing its {} complete record(s)",
+                        s.records
+                    ));
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match item {
                 TraceItem::Meta(m) => {
                     if s.meta.is_none() {
                         s.meta = Some(m);
@@ -86,6 +103,14 @@ impl Summary {
             }
         }
         progress.finish();
+        if s.meta.is_none() {
+            s.warnings.push(if s.records == 0 {
+                "the trace is empty: no meta line and no record".to_string()
+            } else {
+                "the trace has no meta line (not written by vllm-vcr, or its start was lost)"
+                    .to_string()
+            });
+        }
         Ok(s)
     }
 
@@ -115,7 +140,8 @@ impl Summary {
         for g in &r.itl_ms {
             self.itl_ms.push(*g);
         }
-        if r.output_tokens > 0 {
+        // a record without timing (a converted Mooncake line) has no chunks to count
+        if r.output_tokens > 0 && r.ttft_ms.is_some() {
             *self.chunk_sizes.entry(r.first_chunk_tokens()).or_default() += 1;
             for n in r.chunk_tokens() {
                 *self.chunk_sizes.entry(n).or_default() += 1;
@@ -155,7 +181,41 @@ impl Summary {
     /// Mean requests in flight over the trace's span (Little's law).
     pub fn mean_concurrency(&self) -> Option<f64> {
         let d = self.duration_ms()?;
-        (d > 0.0).then(|| self.busy_ms / d)
+        // records without timing have no busy time: no concurrency to tell
+        (d > 0.0 && self.busy_ms > 0.0).then(|| self.busy_ms / d)
+    }
+
+    /// Chunk sizes for the report: as they are when there are a few, else in power-of-two
+    /// ranges (`1`, `2-3`, `4-7`, …).
+    pub fn chunk_size_buckets(&self) -> Vec<(String, u64)> {
+        if self.chunk_sizes.len() <= 12 {
+            return self
+                .chunk_sizes
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect();
+        }
+        let mut buckets: BTreeMap<u32, u64> = BTreeMap::new();
+        for (k, v) in &self.chunk_sizes {
+            let lo = if *k == 0 {
+                0
+            } else {
+                1 << (31 - k.leading_zeros())
+            };
+            *buckets.entry(lo).or_default() += v;
+        }
+        buckets
+            .into_iter()
+            .map(|(lo, v)| {
+                let hi = if lo <= 1 { lo } else { lo * 2 - 1 };
+                let label = if lo == hi {
+                    lo.to_string()
+                } else {
+                    format!("{lo}-{hi}")
+                };
+                (label, v)
+            })
+            .collect()
     }
 
     pub fn prefix_cache_hit_ratio(&self) -> Option<f64> {
@@ -194,6 +254,7 @@ impl Summary {
             "finish_reasons": self.finish_reasons,
             "prefix_cache_hit_ratio": self.prefix_cache_hit_ratio(),
             "chunk_sizes": self.chunk_sizes.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            "warnings": self.warnings,
         })
     }
 }
@@ -209,6 +270,9 @@ fn fmt(v: Option<f64>) -> String {
 pub fn run(args: &SummarizeArgs) -> Result<()> {
     let s = Summary::of(&args.trace)
         .with_context(|| format!("summarizing {}", args.trace.display()))?;
+    for w in &s.warnings {
+        crate::errln!("warning: {}: {w}", args.trace.display());
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &s.to_json())?;
@@ -288,11 +352,15 @@ impl Summary {
             )
         )?;
         let chunks: Vec<String> = s
-            .chunk_sizes
+            .chunk_size_buckets()
             .iter()
-            .map(|(k, v)| format!("{k} token{}: {v}", if *k == 1 { "" } else { "s" }))
+            .map(|(k, v)| format!("{k} token{}: {v}", if k == "1" { "" } else { "s" }))
             .collect();
-        writeln!(out, "output chunks: {}", chunks.join(", "))?;
+        if chunks.is_empty() {
+            writeln!(out, "output chunks: - (no timing in the trace)")?;
+        } else {
+            writeln!(out, "output chunks: {}", chunks.join(", "))?;
+        }
         Ok(())
     }
 }
