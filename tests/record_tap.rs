@@ -475,6 +475,19 @@ async fn engine_killed(trace_name: &str) {
     let status = tap.wait_exit(WAIT);
     assert_eq!(status.code(), Some(1), "{}", tap.log_text());
     assert!(tap.log_text().contains("engine disconnected"));
+    // the frontend is told, as a dying vLLM engine tells it: its clients do not hang
+    let mut told = false;
+    while let Ok(Ok(frames)) = tokio::time::timeout(WAIT, fl.recv_output(0)).await {
+        if frames == vec![Bytes::from_static(ENGINE_CORE_DEAD)] {
+            told = true;
+            break;
+        }
+    }
+    assert!(
+        told,
+        "the frontend never got ENGINE_CORE_DEAD:\n{}",
+        tap.log_text()
+    );
     let (meta, records) = read_trace(&tap.trace);
     assert_eq!(meta.host_cpu, None, "--host-cpu none");
     assert_eq!(records.len(), 3);

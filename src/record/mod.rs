@@ -288,7 +288,12 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
                 "record: waiting for the engine and the frontend"
             );
             let outcome = supervise(&mut ev_rx, &mut shutdown).await;
-            if matches!(outcome, Outcome::EngineDead) {
+            if matches!(outcome, Outcome::EngineGone) {
+                // the engine vanished without a word: say it for it, so the frontend
+                // fails its requests instead of leaving its clients waiting
+                tap.tell_frontend_engine_dead();
+            }
+            if matches!(outcome, Outcome::EngineDead | Outcome::EngineGone) {
                 // Let the relayed ENGINE_CORE_DEAD reach the frontend before the sockets
                 // close (the zeromq crate has no LINGER).
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -313,7 +318,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
             Ok(())
         }
         Outcome::EngineGone => Err(anyhow!(
-            "the engine disconnected; the trace was closed with every finished request"
+            "the engine disconnected; the frontend was sent ENGINE_CORE_DEAD and the trace was closed with every finished request"
         )),
         Outcome::EngineDead => Err(anyhow!(
             "the engine sent ENGINE_CORE_DEAD (relayed to the frontend); the trace was closed"

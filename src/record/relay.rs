@@ -106,6 +106,9 @@ struct Ctx {
     seen: StdSender<Seen>,
     events: mpsc::UnboundedSender<Event>,
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    /// Turns true when every engine is gone: the output relays tell the frontend with
+    /// `ENGINE_CORE_DEAD`, as an engine that dies does, so its clients do not hang.
+    engines_gone: tokio::sync::watch::Sender<bool>,
 }
 
 impl Ctx {
@@ -140,6 +143,13 @@ impl Tap {
     /// The resolved address engines connect to.
     pub fn engine_handshake(&self) -> &str {
         &self.engine_handshake
+    }
+
+    /// Every engine is gone: send the frontend `ENGINE_CORE_DEAD` on every output socket
+    /// (vLLM's own signal of a dead engine; the frontend fails its requests instead of
+    /// waiting forever). Give it a moment to go out before [`Tap::stop`].
+    pub fn tell_frontend_engine_dead(&self) {
+        let _ = self.ctx.engines_gone.send(true);
     }
 
     /// Stop relaying: abort every task (closing the sockets they own).
@@ -190,6 +200,7 @@ pub async fn start(
         seen,
         events,
         tasks: std::sync::Mutex::new(Vec::new()),
+        engines_gone: tokio::sync::watch::channel(false).0,
     });
     let c = ctx.clone();
     ctx.spawn(async move {
@@ -499,11 +510,21 @@ async fn output_relay(
     mut from_engines: PullSocket,
     mut to_frontend: PushSocket,
 ) -> Result<()> {
+    let mut gone = ctx.engines_gone.subscribe();
     loop {
-        let m = from_engines
-            .recv()
-            .await
-            .with_context(|| format!("receiving on the tap's output socket {client}"))?;
+        let m = tokio::select! {
+            m = from_engines.recv() => {
+                m.with_context(|| format!("receiving on the tap's output socket {client}"))?
+            }
+            _ = async { gone.wait_for(|g| *g).await.is_ok() } => {
+                tracing::warn!(client, "telling the frontend the engine is dead (ENGINE_CORE_DEAD)");
+                let dead = ZmqMessage::from(Bytes::from_static(ENGINE_CORE_DEAD));
+                let _ = to_frontend.send(dead).await;
+                // once is enough; keep the socket open until the tap stops
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
+        };
         let t = now_monotonic();
         let frames: Vec<Bytes> = m.iter().cloned().collect();
         let dead = frames.len() == 1 && frames[0].as_ref() == ENGINE_CORE_DEAD;
