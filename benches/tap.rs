@@ -87,6 +87,7 @@ async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
         let hs = format!("tcp://127.0.0.1:{}", free_port());
         let _ = std::fs::remove_file(trace);
         let args = vllm_vcr::record::RecordArgs {
+            max_frame_size: 64,
             frontend_handshake: fl.handshake_address().to_string(),
             engine_handshake: hs.clone(),
             trace_out: trace.clone(),
@@ -212,6 +213,7 @@ fn observer_capacity(messages: usize, trace: &PathBuf) -> f64 {
     use vllm_vcr::record::relay::Seen;
     let _ = std::fs::remove_file(trace);
     let obs = Observer::create(ObserverConfig {
+        max_frame_bytes: usize::MAX,
         trace_out: trace.clone(),
         step_stats_out: None,
         record_tokens: false,

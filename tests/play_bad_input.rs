@@ -146,3 +146,42 @@ async fn a_64_mib_frame() {
     still_serving(&mut w, "after-huge").await;
     w.stop().await.unwrap();
 }
+
+/// A well-formed ADD whose prompt claims far more ids than the engine's maximum model
+/// length is refused before its ids are read (it once made play allocate ~44 bytes an
+/// id), and a payload over --max-frame-size is refused undecoded; both with an error the
+/// frontend can show, and the engine keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_prompts_and_frames_are_refused_early() {
+    use sim_protocol::FinishReason;
+    let mut a = args();
+    a.max_frame_size = 1;
+    let mut w = Wire::start(a).await;
+    // 300k ids (a 900 KB frame, under the 1 MiB limit) against the default 32k context
+    let long: Vec<u32> = (0..300_000u32).map(|i| 100 + i % 1000).collect();
+    w.send(&add("long", &long, 4)).await;
+    let env = w.recv().await;
+    let o = &env.outputs[0];
+    assert_eq!(o.request_id, "long");
+    assert_eq!(o.finish_reason, Some(FinishReason::Error));
+    let e = o.error.as_ref().unwrap();
+    assert!(
+        e.message.contains("300000 token ids") && e.message.contains("refused before reading"),
+        "{}",
+        e.message
+    );
+    // 600k ids: a 1.7 MiB frame, over --max-frame-size 1
+    let longer: Vec<u32> = (0..600_000u32).map(|i| 1000 + i % 1000).collect();
+    w.send(&add("huge", &longer, 4)).await;
+    let env = w.recv().await;
+    let o = &env.outputs[0];
+    assert_eq!(
+        o.request_id, "huge",
+        "the id is read from the head of the frame"
+    );
+    assert_eq!(o.finish_reason, Some(FinishReason::Error));
+    let e = o.error.as_ref().unwrap();
+    assert!(e.message.contains("--max-frame-size"), "{}", e.message);
+    still_serving(&mut w, "after-oversized").await;
+    w.stop().await.unwrap();
+}

@@ -701,3 +701,52 @@ fn refuses_to_overwrite_and_checks_hash_flags() {
         assert!(err.contains(says), "{bad:?}: {err}");
     }
 }
+
+/// A frame over `--max-frame-size` crosses the tap unchanged but is not decoded for the
+/// trace (it once took the tap's observer to gigabytes); the capture goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_frame_is_relayed_but_not_decoded() {
+    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let trace = tmp("oversized.jsonl");
+    let mut tap = Tap::start(fl.handshake_address(), &trace, &["--max-frame-size", "1"]);
+    let mut engine = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["play", "--handshake-address", &tap.engine_handshake])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let accepted = fl.accept_engines(1, WAIT).await.unwrap();
+    let id = accepted[0].identity.clone();
+    // 600k ids: a 1.7 MiB frame; the engine refuses it (longer than its context)
+    let long: Vec<u32> = (0..600_000u32).map(|i| 1000 + i % 1000).collect();
+    fl.send(0, &id, encode_input(LINE, &add("big", &long, 3)))
+        .await
+        .unwrap();
+    fl.send(0, &id, encode_input(LINE, &add("small", &[5, 6, 7], 3)))
+        .await
+        .unwrap();
+    let c = collect(&mut fl, &["big", "small"]).await;
+    assert_eq!(
+        c.finished["big"].0,
+        FinishReason::Error,
+        "relayed to the engine"
+    );
+    assert_eq!(c.tokens["small"].len(), 3);
+    tap.signal(libc::SIGINT);
+    let status = tap.wait_exit(WAIT);
+    assert!(status.success(), "{}", tap.log_text());
+    assert!(
+        tap.log_text().contains("--max-frame-size"),
+        "{}",
+        tap.log_text()
+    );
+    let (_, records) = read_trace(&tap.trace);
+    assert_eq!(
+        records.len(),
+        1,
+        "only the decodable request is in the trace"
+    );
+    assert!(!record(&records, "small").incomplete);
+    let _ = engine.kill();
+    let _ = engine.wait();
+}

@@ -77,6 +77,8 @@ pub struct PlayConfig {
     pub dp_size: u16,
     pub handshake_timeout: Duration,
     pub shutdown_timeout: Duration,
+    /// What a request frame may claim before it is decoded.
+    pub decode_limits: sim_protocol::decode::DecodeLimits,
     /// The engine of the first rank (the builder sets `engine_index` per rank).
     pub engine: EngineConfig,
     pub tokens: TokenMode,
@@ -325,6 +327,10 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             dp_size,
             handshake_timeout,
             shutdown_timeout,
+            decode_limits: sim_protocol::decode::DecodeLimits {
+                max_prompt_tokens: usize::try_from(max_model_len).unwrap_or(usize::MAX),
+                max_frame_bytes: usize::try_from(a.max_frame_size << 20).unwrap_or(usize::MAX),
+            },
             engine,
             tokens: a.tokens.unwrap_or_default(),
             vocab,

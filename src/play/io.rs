@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use sim_protocol::decode::decode_input;
+use sim_protocol::decode::decode_input_with;
 use sim_protocol::encode::encode_outputs;
 use sim_protocol::transport::{ConnectOptions, connect_to_frontend};
 use sim_protocol::{ENGINE_CORE_DEAD, VllmLine};
@@ -90,7 +90,12 @@ pub async fn run_engine(
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Outbound>();
     let mut input_tasks = Vec::new();
     for (i, sock) in sockets.inputs.into_iter().enumerate() {
-        input_tasks.push(tokio::spawn(input_task(i as u32, sock, in_tx.clone())));
+        input_tasks.push(tokio::spawn(input_task(
+            i as u32,
+            sock,
+            in_tx.clone(),
+            cfg.decode_limits,
+        )));
     }
     drop(in_tx);
     let side_task = side_router.map(|router| {
@@ -207,6 +212,7 @@ async fn input_task<S: SocketRecv>(
     client: u32,
     mut sock: S,
     tx: mpsc::UnboundedSender<EngineInput>,
+    limits: sim_protocol::decode::DecodeLimits,
 ) {
     loop {
         let msg = match sock.recv().await {
@@ -217,7 +223,7 @@ async fn input_task<S: SocketRecv>(
             }
         };
         let frames: Vec<Bytes> = msg.into_vec();
-        let input = match decode_input(&frames) {
+        let input = match decode_input_with(&frames, &limits) {
             Ok(msg) => EngineInput::Message { client, msg },
             Err(error) => EngineInput::Bad { client, error },
         };

@@ -123,6 +123,13 @@ pub struct PlayArgs {
     /// rest (vLLM's --shutdown-timeout; 0 aborts at once).
     #[arg(long, default_value_t = 0.0)]
     pub shutdown_timeout: f64,
+
+    /// Largest request payload frame accepted, MiB (the msgpack frame; tensor aux frames
+    /// are not counted). A larger one is refused undecoded with a clear error, and a
+    /// prompt with more ids than --max-model-len is refused before its ids are read, so a
+    /// hostile frame cannot make the engine allocate gigabytes.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_frame_size: u64,
 }
 
 fn parse_line(s: &str) -> Result<VllmLine, String> {

@@ -127,6 +127,12 @@ pub struct RecordArgs {
     /// Seconds to keep trying to reach the frontend's sockets.
     #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
     pub connect_timeout: f64,
+
+    /// Largest frontend payload frame the tap decodes for the trace, MiB. A larger one is
+    /// still relayed unchanged, but not decoded (it is counted as undecodable), so a
+    /// hostile frame cannot make the tap allocate gigabytes.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_frame_size: u64,
 }
 
 const RECORD_EXAMPLE: &str = "\
@@ -255,6 +261,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
         trace_out: args.trace_out.clone(),
         step_stats_out: args.step_stats_out.clone(),
         record_tokens: args.record_tokens,
+        max_frame_bytes: usize::try_from(args.max_frame_size << 20).unwrap_or(usize::MAX),
         meta: MetaOverrides {
             model: args.model.clone(),
             gpu: args.gpu.clone(),

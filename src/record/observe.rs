@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use rmpv::Value;
-use sim_protocol::decode::{DecodedOutputs, decode_input, decode_outputs, decode_outputs_for};
+use sim_protocol::decode::{DecodedOutputs, decode_input_with, decode_outputs, decode_outputs_for};
 use sim_protocol::transport::identity_rank;
 use sim_protocol::{
     EngineCoreOutputs, EngineCoreRequest, EventType, FinishReason, InputMessage, ReadyResponse,
@@ -54,6 +54,8 @@ pub struct ObserverConfig {
     pub step_stats_out: Option<PathBuf>,
     pub record_tokens: bool,
     pub meta: MetaOverrides,
+    /// Frames larger than this (bytes) are relayed but not decoded (`--max-frame-size`).
+    pub max_frame_bytes: usize,
 }
 
 /// What the capture wrote.
@@ -309,7 +311,11 @@ impl Observer {
     }
 
     fn on_input(&mut self, t: f64, client: usize, engine: &[u8], frames: &[Bytes]) {
-        match decode_input(frames) {
+        let limits = sim_protocol::decode::DecodeLimits {
+            max_frame_bytes: self.cfg.max_frame_bytes,
+            ..Default::default()
+        };
+        match decode_input_with(frames, &limits) {
             Ok(InputMessage::Add(req)) => self.on_add(t, engine, &req),
             Ok(InputMessage::Abort(ids)) => {
                 for id in ids {

@@ -43,6 +43,34 @@ const REQUEST_REQUIRED: usize = 9;
 /// `frames[k + 1]` (index 1 is the first aux frame, as in vLLM, where the type frame is not
 /// counted).
 pub fn decode_input(frames: &[Bytes]) -> Result<InputMessage, DecodeError> {
+    decode_input_with(frames, &DecodeLimits::default())
+}
+
+/// What an engine takes from a frontend before it decodes further.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeLimits {
+    /// Prompts with more token ids are refused before the ids are read (the engine's
+    /// maximum model length: it could never serve them).
+    pub max_prompt_tokens: usize,
+    /// Payload frames (the msgpack, not the tensor aux frames) larger than this are
+    /// refused undecoded.
+    pub max_frame_bytes: usize,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        DecodeLimits {
+            max_prompt_tokens: usize::MAX,
+            max_frame_bytes: usize::MAX,
+        }
+    }
+}
+
+/// [`decode_input`] under `limits`.
+pub fn decode_input_with(
+    frames: &[Bytes],
+    limits: &DecodeLimits,
+) -> Result<InputMessage, DecodeError> {
     let Some(type_frame) = frames.first() else {
         return Err(DecodeError::bare(DecodeErrorKind::EmptyMessage));
     };
@@ -64,10 +92,31 @@ pub fn decode_input(frames: &[Bytes]) -> Result<InputMessage, DecodeError> {
         return Err(DecodeError::new(DecodeErrorKind::MissingPayload, ctx));
     };
     let aux = &frames[2..];
-    let result = match rt {
-        RequestType::Add => {
-            decode_add(payload, aux, &mut ctx).map(|r| InputMessage::Add(Box::new(r)))
+    if payload.len() > limits.max_frame_bytes {
+        // say which request, if its id can be read from the head of the frame
+        if rt == RequestType::Add {
+            let mut cur = &payload[..];
+            if rmp::decode::read_array_len(&mut cur).is_ok()
+                && let Ok(Value::String(s)) = rmpv::decode::read_value(&mut cur)
+            {
+                ctx.request_id = s.as_str().map(str::to_string);
+            }
         }
+        return Err(DecodeError::new(
+            DecodeErrorKind::InvalidValue {
+                field: "payload".into(),
+                reason: format!(
+                    "a {} MiB frame is larger than this engine takes ({} MiB, --max-frame-size)",
+                    payload.len() >> 20,
+                    limits.max_frame_bytes >> 20
+                ),
+            },
+            ctx,
+        ));
+    }
+    let result = match rt {
+        RequestType::Add => decode_add(payload, aux, &mut ctx, limits.max_prompt_tokens)
+            .map(|r| InputMessage::Add(Box::new(r))),
         RequestType::Abort => decode_abort(payload).map(InputMessage::Abort),
         RequestType::Utility => decode_utility(payload, &mut ctx).map(InputMessage::Utility),
         RequestType::StartDpWave => decode_start_wave(payload),
@@ -75,8 +124,18 @@ pub fn decode_input(frames: &[Bytes]) -> Result<InputMessage, DecodeError> {
     result.map_err(|kind| DecodeError::new(kind, ctx))
 }
 
-fn decode_add(payload: &[u8], aux: &[Bytes], ctx: &mut ErrorContext) -> R<EngineCoreRequest> {
-    let (mut items, err) = v::read_top_array(payload, "EngineCoreRequest");
+fn decode_add(
+    payload: &[u8],
+    aux: &[Bytes],
+    ctx: &mut ErrorContext,
+    max_prompt_tokens: usize,
+) -> R<EngineCoreRequest> {
+    let field = v::TokenField {
+        index: 1,
+        max: max_prompt_tokens,
+        name: "prompt_token_ids",
+    };
+    let (mut items, flat, err) = v::read_top_array_with(payload, "EngineCoreRequest", Some(&field));
     // Context first, so that every later failure carries it.
     if let Some(Value::String(s)) = items.first() {
         ctx.request_id = s.as_str().map(str::to_string);
@@ -103,10 +162,10 @@ fn decode_add(payload: &[u8], aux: &[Bytes], ctx: &mut ErrorContext) -> R<Engine
 
     let request_id = v::string(&take(0), f(0))?;
     let prompt = take(1);
-    let prompt_token_ids = if v::is_nil(&prompt) {
-        None
-    } else {
-        Some(v::u32_list(&prompt, f(1))?)
+    let prompt_token_ids = match flat {
+        Some(ids) => Some(ids),
+        None if v::is_nil(&prompt) => None,
+        None => Some(v::u32_list(&prompt, f(1))?),
     };
     let mm_features = v::opaque(take(2));
     let sp = take(3);

@@ -18,7 +18,7 @@ use std::fmt;
 
 use crate::types::{CallId, RequestType};
 
-pub use input::decode_input;
+pub use input::{DecodeLimits, decode_input, decode_input_with};
 pub use output::{DecodedOutputs, decode_outputs, decode_outputs_for};
 
 /// Nesting limit for msgpack values (vLLM payloads nest < 20 deep; the limit keeps hostile

@@ -52,9 +52,29 @@ pub(crate) fn read_whole(buf: &[u8]) -> R<Value> {
     Ok(v)
 }
 
+/// A top-level array whose element `index`, when it is an array of token ids, is read
+/// straight into a flat vector (4 bytes an id, instead of a msgpack `Value` each) and
+/// refused, before any of it is read, when it claims more than `max` ids.
+pub(crate) struct TokenField {
+    pub index: usize,
+    pub max: usize,
+    pub name: &'static str,
+}
+
 /// Read a top-level array element by element, so that the elements read before a failure
 /// are available for error context. Returns the elements read and the error, if any.
 pub(crate) fn read_top_array(buf: &[u8], what: &str) -> (Vec<Value>, Option<DecodeErrorKind>) {
+    let (items, _, err) = read_top_array_with(buf, what, None);
+    (items, err)
+}
+
+/// [`read_top_array`], with `tokens` read flat (its place in the items is nil).
+pub(crate) fn read_top_array_with(
+    buf: &[u8],
+    what: &str,
+    tokens: Option<&TokenField>,
+) -> (Vec<Value>, Option<Vec<u32>>, Option<DecodeErrorKind>) {
+    let mut flat = None;
     let mut cur = buf;
     let len = match rmp::decode::read_array_len(&mut cur) {
         Ok(n) => n as usize,
@@ -68,21 +88,72 @@ pub(crate) fn read_top_array(buf: &[u8], what: &str) -> (Vec<Value>, Option<Deco
                 },
                 Err(e) => e,
             };
-            return (Vec::new(), Some(err));
+            return (Vec::new(), None, Some(err));
         }
     };
     // The header may claim far more than the frame holds: never trust it for allocation.
     let mut items = Vec::with_capacity(len.min(64));
-    for _ in 0..len {
+    for i in 0..len {
+        if let Some(t) = tokens.filter(|t| t.index == i)
+            && is_array_marker(cur.first().copied())
+        {
+            match read_token_array(&mut cur, t) {
+                Ok(ids) => {
+                    flat = Some(ids);
+                    items.push(Value::Nil);
+                    continue;
+                }
+                Err(e) => return (items, None, Some(e)),
+            }
+        }
         match rmpv::decode::read_value_with_max_depth(&mut cur, MAX_DEPTH) {
             Ok(v) => items.push(v),
-            Err(e) => return (items, Some(DecodeErrorKind::NotMsgpack(e.to_string()))),
+            Err(e) => {
+                return (
+                    items,
+                    flat,
+                    Some(DecodeErrorKind::NotMsgpack(e.to_string())),
+                );
+            }
         }
     }
     if !cur.is_empty() {
-        return (items, Some(DecodeErrorKind::TrailingBytes(cur.len())));
+        return (items, flat, Some(DecodeErrorKind::TrailingBytes(cur.len())));
     }
-    (items, None)
+    (items, flat, None)
+}
+
+fn is_array_marker(b: Option<u8>) -> bool {
+    matches!(b, Some(0x90..=0x9f | 0xdc | 0xdd))
+}
+
+/// An array of non-negative ints into a `Vec<u32>`, refusing more than `t.max` of them.
+fn read_token_array(cur: &mut &[u8], t: &TokenField) -> R<Vec<u32>> {
+    let n = rmp::decode::read_array_len(cur)
+        .map_err(|e| DecodeErrorKind::NotMsgpack(e.to_string()))? as usize;
+    if n > t.max {
+        return Err(DecodeErrorKind::InvalidValue {
+            field: t.name.to_string(),
+            reason: format!(
+                "{n} token ids, more than this engine takes ({}, its maximum model length): refused before reading them",
+                t.max
+            ),
+        });
+    }
+    // each id is at least one byte: the frame bounds what is allocated
+    let mut ids = Vec::with_capacity(n.min(cur.len()));
+    for i in 0..n {
+        let id: u64 = rmp::decode::read_int(cur).map_err(|e| DecodeErrorKind::InvalidValue {
+            field: format!("{}[{i}]", t.name),
+            reason: format!("not a token id ({e})"),
+        })?;
+        let id = u32::try_from(id).map_err(|_| DecodeErrorKind::InvalidValue {
+            field: format!("{}[{i}]", t.name),
+            reason: format!("{id} is not a 32-bit token id"),
+        })?;
+        ids.push(id);
+    }
+    Ok(ids)
 }
 
 pub(crate) fn is_nil(v: &Value) -> bool {
