@@ -46,7 +46,11 @@ impl Tap {
     fn start(frontend_handshake: &str, trace: &Path, extra: &[&str]) -> Tap {
         let port = free_ports(1).unwrap()[0];
         let engine_handshake = format!("tcp://127.0.0.1:{port}");
-        let log = trace.with_extension("log");
+        let log = if trace.starts_with("/dev") {
+            tmp("dev-trace.log")
+        } else {
+            trace.with_extension("log")
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
             .env("NO_COLOR", "1")
             .args(["record", "--frontend-handshake", frontend_handshake])
@@ -747,6 +751,53 @@ async fn an_oversized_frame_is_relayed_but_not_decoded() {
         "only the decodable request is in the trace"
     );
     assert!(!record(&records, "small").incomplete);
+    let _ = engine.kill();
+    let _ = engine.wait();
+}
+
+/// A full disk (`/dev/full`: every write fails with ENOSPC): the tap keeps relaying, says
+/// so once, and at exit reports how many records could not be written, naming the trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_keeps_the_relay_going_and_counts_what_was_lost() {
+    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let full = Path::new("/dev/full");
+    let mut tap = Tap::start(fl.handshake_address(), full, &["--force"]);
+    let mut engine = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["play", "--handshake-address", &tap.engine_handshake])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let accepted = fl.accept_engines(1, WAIT).await.unwrap();
+    let id = accepted[0].identity.clone();
+    let ids: Vec<String> = (0..20).map(|i| format!("r{i}")).collect();
+    for rid in &ids {
+        fl.send(0, &id, encode_input(LINE, &add(rid, &[5, 6, 7], 4)))
+            .await
+            .unwrap();
+    }
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let c = collect(&mut fl, &refs).await;
+    assert_eq!(
+        c.finished.len(),
+        20,
+        "every request was relayed and answered"
+    );
+    tap.signal(libc::SIGINT);
+    let status = tap.wait_exit(WAIT);
+    let log = tap.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("writing the trace /dev/full failed"), "{log}");
+    assert_eq!(
+        log.matches("writing the trace /dev/full failed").count(),
+        1,
+        "said once: {log}"
+    );
+    assert!(log.contains("could NOT be written"), "{log}");
+    assert!(
+        log.contains("20 request records could not be written"),
+        "{log}"
+    );
     let _ = engine.kill();
     let _ = engine.wait();
 }

@@ -318,6 +318,13 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
         .join()
         .map_err(|_| anyhow!("the observer thread panicked; the trace may be incomplete"))??;
     report(&args, &summary);
+    if let Some(e) = &summary.write_error {
+        return Err(anyhow!(
+            "{e}: {} request records could not be written ({} were)",
+            summary.dropped,
+            summary.records
+        ));
+    }
     match outcome {
         Outcome::Signal => Ok(()),
         Outcome::FrontendGone(what) => {
@@ -383,6 +390,12 @@ fn report(args: &RecordArgs, s: &Summary) {
         line.push_str(&format!(
             "; {} relayed messages could not be decoded",
             s.undecodable
+        ));
+    }
+    if s.dropped > 0 || s.dropped_steps > 0 || s.write_error.is_some() {
+        line.push_str(&format!(
+            "; {} request records and {} step lines could NOT be written",
+            s.dropped, s.dropped_steps
         ));
     }
     crate::errln!("{line}");

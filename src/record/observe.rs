@@ -68,6 +68,11 @@ pub struct Summary {
     pub undecodable: u64,
     /// Outputs for request ids the tap was not following (e.g. after their abort).
     pub unmatched_outputs: u64,
+    /// Records (and step lines) that could not be written (a full disk); relaying went on.
+    pub dropped: u64,
+    pub dropped_steps: u64,
+    /// The first write error, naming the file.
+    pub write_error: Option<String>,
 }
 
 /// How long written records may sit in the writer's buffer before a flush.
@@ -215,11 +220,15 @@ impl Observer {
             Some(w) => w.finish().context("closing the step-stats file"),
             None => Ok(()),
         };
+        let mut summary = summary;
         if let Some(e) = write_error {
-            return Err(e);
+            // the capture went on: say what was lost, do not lose the counts
+            summary.write_error = Some(format!("{e:#}"));
+            return Ok(summary);
         }
-        closed?;
-        steps_closed?;
+        if let Err(e) = closed.and(steps_closed) {
+            summary.write_error = Some(format!("{e:#}"));
+        }
         Ok(summary)
     }
 
@@ -229,17 +238,24 @@ impl Observer {
             Some(w) => w.flush(),
             None => Ok(()),
         };
-        if let Err(e) = r.and(r2) {
-            self.write_failed(e.into());
+        if let Err(e) = r {
+            let what = format!("the trace {}", self.cfg.trace_out.display());
+            self.write_failed(&what, e.into());
+        }
+        if let Err(e) = r2 {
+            self.write_failed("the step-stats file", e.into());
         }
         self.dirty = false;
         self.last_flush = Instant::now();
     }
 
-    fn write_failed(&mut self, e: anyhow::Error) {
+    /// A write to `what` failed: said once (relaying goes on; later losses are counted).
+    fn write_failed(&mut self, what: &str, e: anyhow::Error) {
         if self.write_error.is_none() {
-            tracing::error!("writing the trace failed: {e:#}");
-            self.write_error = Some(e);
+            tracing::error!(
+                "writing {what} failed: {e:#}; the tap keeps relaying, and counts what cannot be written"
+            );
+            self.write_error = Some(e.context(format!("writing {what}")));
         }
     }
 
@@ -298,6 +314,10 @@ impl Observer {
                     num_gpu_blocks = r.num_gpu_blocks,
                     "engine attached"
                 );
+                // the meta line goes to disk now, so a capture that later fills the disk
+                // still leaves a readable trace
+                self.ensure_meta();
+                self.flush();
             }
             Err(e) => tracing::warn!(
                 "cannot decode the engine's ready response ({e}); relayed unchanged, meta keeps only its hex"
@@ -556,7 +576,8 @@ impl Observer {
         if let Some(w) = self.steps.as_mut()
             && let Err(e) = w.write_json(&line)
         {
-            self.write_failed(e.into());
+            self.summary.dropped_steps += 1;
+            self.write_failed("the step-stats file", e.into());
         }
         self.summary.steps += 1;
         self.dirty = true;
@@ -567,16 +588,16 @@ impl Observer {
             return;
         }
         // `created_unix_ms` is the wall-clock time of the capture's zero.
-        if let (Some(zero), Ok(now)) = (
-            self.zero,
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH),
-        ) {
-            let since_zero = (now_monotonic() - zero).max(0.0);
+        if let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            let since_zero = self
+                .zero
+                .map_or(0.0, |zero| (now_monotonic() - zero).max(0.0));
             self.meta.created_unix_ms =
                 Some((now.as_secs_f64() * 1000.0 - since_zero * 1000.0) as u64);
         }
         if let Err(e) = self.writer.write_meta(&self.meta) {
-            self.write_failed(e.into());
+            let what = format!("the trace {}", self.cfg.trace_out.display());
+            self.write_failed(&what, e.into());
         }
         self.meta_written = true;
     }
@@ -619,8 +640,17 @@ impl Observer {
             abort_reason: if complete { None } else { why },
             error: r.error,
         };
+        if self.write_error.is_some() {
+            // after a failed write the writer's state is unknown: count, do not write
+            self.summary.dropped += 1;
+            return;
+        }
         if let Err(e) = self.writer.write_record(&record) {
-            self.write_failed(e.into());
+            let what = format!("the trace {}", self.cfg.trace_out.display());
+            self.write_failed(&what, e.into());
+            self.summary.dropped += 1;
+            self.dirty = true;
+            return;
         }
         self.summary.records += 1;
         if !complete {
