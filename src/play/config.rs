@@ -15,6 +15,7 @@ use sim_trace::latency::{self, Knobs, LatencyModel};
 
 use super::batch::ComposeRules;
 use super::constrained::{Shaping, ToolCalls};
+use super::engine_args::TtftMode;
 use super::failures::FailureInjector;
 use super::pd::PdConfig;
 use super::pooling::Runner;
@@ -59,6 +60,9 @@ pub struct EngineConfig {
     pub modeled_prefill: bool,
     /// Structured outputs and tool calls, in the model's vocabulary.
     pub shaping: Shaping,
+    /// `--ttft-mode fixed`: each request's first token is due this long (mean, std-dev;
+    /// ms, already divided by --time-scale) after its arrival.
+    pub fixed_ttft_ms: Option<(f64, f64)>,
     /// Generation or pooling (`--runner`), and the embedding length of the latter.
     pub runner: Runner,
     pub embedding_dim: u32,
@@ -122,6 +126,11 @@ impl TryFrom<&PlayArgs> for PlayConfig {
         }
         let knobs = a.knobs();
         knobs.validate().map_err(|e| anyhow!(e))?;
+        if a.ttft_mode == TtftMode::Fixed && !a.latency_trace.is_empty() {
+            bail!(
+                "--ttft-mode fixed applies to the knobs; a --latency-trace model times prefills itself"
+            );
+        }
         if !a.latency_trace.is_empty() {
             let set: Vec<&str> = [
                 (a.time_to_first_token, "--time-to-first-token"),
@@ -299,6 +308,14 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             report_finished: dp_size > 1,
             time_scale: knobs.time_scale,
             modeled_prefill: !a.latency_trace.is_empty(),
+            fixed_ttft_ms: (a.ttft_mode == TtftMode::Fixed && a.time_to_first_token > 0.0).then(
+                || {
+                    (
+                        a.time_to_first_token / knobs.time_scale,
+                        a.time_to_first_token_std_dev / knobs.time_scale,
+                    )
+                },
+            ),
             runner: a.runner,
             embedding_dim: a.embedding_dim,
             pd: PdConfig {

@@ -9,6 +9,16 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::TokenMode;
+
+/// `--ttft-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TtftMode {
+    /// Prefill cost inside the steps.
+    #[default]
+    Step,
+    /// A per-request delay to the first token.
+    Fixed,
+}
 use super::failures::FailureType;
 use super::pd::{LoadFailurePolicy, PdRole};
 use super::pooling::Runner;
@@ -34,6 +44,15 @@ pub struct EngineArgs {
     /// Seed for random tokens (same seed and same requests give the same tokens).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+
+    /// What --time-to-first-token means: `step` (prefill cost inside the engine's steps, as
+    /// a real engine spends it: TTFT grows with load) or `fixed` (a request is admitted that
+    /// long after its arrival and its prefill costs nothing, so its first token comes after
+    /// the knob plus at most the step in flight and the step that samples it; prefills never
+    /// stretch steps and TTFT does not grow with concurrency, close to what
+    /// llm-d-inference-sim's TTFT knob means).
+    #[arg(long, value_enum, default_value_t = TtftMode::Step)]
+    pub ttft_mode: TtftMode,
 
     /// The model the frontend serves: a directory with its tokenizer.json (or the file).
     /// `--tokens text`, structured outputs and tool calls are written in its tokens.
@@ -69,8 +88,12 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 3)]
     pub min_token_id: u32,
 
-    /// Mean time to first token in milliseconds: what prefilling a request's whole
-    /// uncached prompt adds to a step (split over its chunks). 0 = instant.
+    /// Mean time to first token in milliseconds. Under `--ttft-mode step` (the default) it
+    /// is what prefilling a request's whole uncached prompt adds to a step (split over its
+    /// chunks), as an engine spends it: a new request also waits for the step in flight,
+    /// and its prefill stretches the step the running requests decode in, so the TTFT
+    /// measured under load is larger than the knob (see docs/play.md for a measured table).
+    /// Under `--ttft-mode fixed` it is a per-request delay to the first token. 0 = instant.
     #[arg(long, default_value_t = 0.0, value_parser = parse_ms)]
     pub time_to_first_token: f64,
 
@@ -317,9 +340,19 @@ impl EngineArgs {
 
     /// The latency knobs as flags set them (validated by `PlayConfig::try_from`).
     pub fn knobs(&self) -> sim_trace::latency::Knobs {
+        // a fixed TTFT is a per-request delay, not a cost of the steps
+        let step_ttft = self.ttft_mode == TtftMode::Step;
         sim_trace::latency::Knobs {
-            ttft_ms: self.time_to_first_token,
-            ttft_std_ms: self.time_to_first_token_std_dev,
+            ttft_ms: if step_ttft {
+                self.time_to_first_token
+            } else {
+                0.0
+            },
+            ttft_std_ms: if step_ttft {
+                self.time_to_first_token_std_dev
+            } else {
+                0.0
+            },
             itl_ms: self.inter_token_latency,
             itl_std_ms: self.inter_token_latency_std_dev,
             prefill_overhead_ms: self.prefill_overhead,

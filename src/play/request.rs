@@ -84,6 +84,8 @@ pub struct SimRequest {
     /// P/D decode side: the pull of its KV is under way (vLLM's WAITING_FOR_REMOTE_KVS);
     /// the request is not scheduled until it ends.
     pub awaiting_kv: bool,
+    /// `--ttft-mode fixed`: not admitted before this moment.
+    pub not_before: Option<std::time::Instant>,
 }
 
 impl SimRequest {
@@ -146,6 +148,7 @@ impl SimRequest {
                 sp.extra_args.as_ref(),
             )),
             awaiting_kv: false,
+            not_before: None,
         }
     }
 

@@ -409,6 +409,10 @@ impl SimEngine {
             r.spec = RequestSpecTracker::for_level(self.cfg.spec_metrics, k);
         }
         r.held = self.util.holds_new_requests();
+        if let Some((mean, std)) = self.cfg.fixed_ttft_ms {
+            let ms = lognormal(&mut r.rng, mean, std);
+            r.not_before = Some(now + Duration::from_secs_f64(ms / 1000.0));
+        }
         let pull = self.pd_admit(&mut r, &req);
         let id = r.id.clone();
         match script {
@@ -1020,7 +1024,12 @@ impl EngineCore for SimEngine {
             }
             self.flush_stats(now, out);
         }
-        if self.in_flight.as_ref().is_none_or(|s| s.end > now) {
+        if self.in_flight.is_none() {
+            // nothing in flight: a request held back by --ttft-mode fixed may be due
+            self.start_step_if_idle(now);
+            return;
+        }
+        if self.in_flight.as_ref().is_some_and(|s| s.end > now) {
             return;
         }
         let Some(step) = self.in_flight.take() else {
@@ -1051,10 +1060,20 @@ impl EngineCore for SimEngine {
             return None;
         }
         let step = self.in_flight.as_ref().map(|s| s.end);
-        [step, self.scripts.next_due(), self.batch.next_held_expiry()]
-            .into_iter()
-            .flatten()
-            .min()
+        // --ttft-mode fixed: an idle engine wakes when a held-back request is due
+        let due = match (&self.in_flight, self.cfg.fixed_ttft_ms) {
+            (None, Some(_)) => self.batch.next_not_before(),
+            _ => None,
+        };
+        [
+            step,
+            self.scripts.next_due(),
+            self.batch.next_held_expiry(),
+            due,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn begin_shutdown(&mut self, _now: Instant, _out: &mut Outbox) {
@@ -1078,6 +1097,19 @@ impl EngineCore for SimEngine {
     fn is_idle(&self) -> bool {
         self.batch.is_empty() && self.scripts.is_empty()
     }
+}
+
+/// A log-normal draw with this mean and standard deviation (the mean itself when there is
+/// no spread), from the request's own generator.
+fn lognormal(rng: &mut SplitMix64, mean: f64, std: f64) -> f64 {
+    if mean <= 0.0 || std <= 0.0 {
+        return mean.max(0.0);
+    }
+    let u = |rng: &mut SplitMix64| ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    let (u1, u2) = (u(rng), u(rng));
+    let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+    let sigma2 = (1.0 + (std / mean).powi(2)).ln();
+    (mean.ln() - sigma2 / 2.0 + sigma2.sqrt() * z).exp()
 }
 
 #[cfg(test)]

@@ -218,6 +218,9 @@ impl Batch {
                 let Some(r) = self.requests.get(&id) else {
                     continue;
                 };
+                if r.not_before.is_some_and(|t| t > now) {
+                    continue; // --ttft-mode fixed: its first token is not due yet
+                }
                 if r.awaiting_kv {
                     // WAITING_FOR_REMOTE_KVS: counted as deferred, not scheduled
                     skipped += 1;

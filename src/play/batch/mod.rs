@@ -193,6 +193,14 @@ impl Batch {
         Some(r)
     }
 
+    /// The earliest moment a waiting request held back by `not_before` becomes due.
+    pub fn next_not_before(&self) -> Option<Instant> {
+        self.waiting
+            .values()
+            .filter_map(|id| self.requests.get(id)?.not_before)
+            .min()
+    }
+
     /// A request, to change what the composer reads of it (P/D pull state).
     pub fn get_mut(&mut self, id: &str) -> Option<&mut SimRequest> {
         self.dirty = true;
