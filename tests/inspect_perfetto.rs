@@ -735,3 +735,50 @@ fn the_output_never_overwrites_an_input_and_a_failure_leaves_nothing() {
     assert!(!o.status.success());
     assert!(!out.exists());
 }
+
+/// `--from-ms/--to-ms` and `--max-requests` draw a window of a big trace: only the requests
+/// arriving in it, at most N of them, and the steps ending in it.
+#[test]
+fn a_window_and_a_request_cap_draw_part_of_the_trace() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/cpu-engine-capture"
+    );
+    let trace = format!("{fixture}/trace.jsonl.gz");
+    let steps = format!("{fixture}/steps.jsonl.gz");
+    let run = |extra: &[&str]| -> Value {
+        let out = tmp(&format!(
+            "window-{}.json",
+            extra.join("_").replace(['-', '.'], "")
+        ));
+        let o = bin()
+            .args([
+                "inspect",
+                "perfetto",
+                &trace,
+                "--step-stats",
+                &steps,
+                "--json",
+                "-o",
+            ])
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let all = run(&[]);
+    let total = all["requests"].as_u64().unwrap();
+    let capped = run(&["--max-requests", "10"]);
+    assert_eq!(capped["requests"], 10);
+    assert!(total > 10);
+    let first_half = run(&["--to-ms", "1000"]);
+    let second_half = run(&["--from-ms", "1000"]);
+    assert_eq!(
+        first_half["requests"].as_u64().unwrap() + second_half["requests"].as_u64().unwrap(),
+        total,
+        "the two windows split the requests"
+    );
+    assert!(first_half["steps"].as_u64().unwrap() < all["steps"].as_u64().unwrap());
+}

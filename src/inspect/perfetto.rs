@@ -87,7 +87,57 @@ pub struct PerfettoArgs {
     /// without arrival_ms, steps. Only when the trace goes to a file (`-o` or `--open`).
     #[arg(long)]
     pub json: bool,
+
+    /// Only requests arriving at or after this time (ms, the trace's clock), and steps
+    /// ending then or later: a window of a big trace the UI can open.
+    #[arg(long, value_name = "MS")]
+    pub from_ms: Option<f64>,
+
+    /// Only requests arriving before this time (ms), and steps ending before it.
+    #[arg(long, value_name = "MS")]
+    pub to_ms: Option<f64>,
+
+    /// At most this many requests (the first ones of the window, in file order).
+    #[arg(long, value_name = "N")]
+    pub max_requests: Option<u64>,
 }
+
+/// The requests and steps a run draws (`--from-ms`, `--to-ms`, `--max-requests`). Both
+/// passes ask it in the same order, so they agree on every record.
+#[derive(Debug, Clone)]
+struct Window {
+    from: f64,
+    to: f64,
+    max: u64,
+    taken: u64,
+}
+
+impl Window {
+    fn of(args: &PerfettoArgs) -> Window {
+        Window {
+            from: args.from_ms.unwrap_or(f64::NEG_INFINITY),
+            to: args.to_ms.unwrap_or(f64::INFINITY),
+            max: args.max_requests.unwrap_or(u64::MAX),
+            taken: 0,
+        }
+    }
+
+    /// Whether the record that arrived at `arrival` is drawn (counts it when it is).
+    fn take(&mut self, arrival: f64) -> bool {
+        if arrival < self.from || arrival >= self.to || self.taken >= self.max {
+            return false;
+        }
+        self.taken += 1;
+        true
+    }
+
+    fn has_step(&self, end_ms: f64) -> bool {
+        end_ms >= self.from && end_ms < self.to
+    }
+}
+
+/// JSON traces past this size do not open in the Perfetto UI (it runs out of memory).
+const TOO_BIG_FOR_THE_UI: u64 = 1 << 30;
 
 const REQUESTS_PID: u32 = 1;
 /// Engine N's steps are process `STEPS_PID + N`.
@@ -259,7 +309,7 @@ struct FirstPass {
     incomplete: u64,
 }
 
-fn first_pass(path: &Path) -> Result<FirstPass> {
+fn first_pass(path: &Path, mut window: Window) -> Result<FirstPass> {
     let mut p = FirstPass {
         model: None,
         spans: Vec::new(),
@@ -284,6 +334,10 @@ fn first_pass(path: &Path) -> Result<FirstPass> {
                     p.arrivals.push(i64::MAX);
                     continue;
                 };
+                if !window.take(arrival) {
+                    p.arrivals.push(i64::MAX);
+                    continue;
+                }
                 p.incomplete += u64::from(r.incomplete);
                 let start = us(arrival);
                 let end = boundaries(&r, arrival).last().unwrap_or(start);
@@ -477,7 +531,8 @@ pub struct Summary {
 
 /// Convert `args.trace` into `out` (stdout when `None`; gzip when `gz`).
 pub fn convert(args: &PerfettoArgs, out: Option<File>, gz: bool) -> Result<Summary> {
-    let mut first = first_pass(&args.trace)?;
+    let mut window = Window::of(args);
+    let mut first = first_pass(&args.trace, window.clone())?;
     let records = first.arrivals.len();
     let placed = first.spans.len() as u64;
     let (lane_of, lanes) = if args.track_per_request {
@@ -528,6 +583,9 @@ pub fn convert(args: &PerfettoArgs, out: Option<File>, gz: bool) -> Result<Summa
         let Some(arrival) = r.arrival_ms else {
             continue;
         };
+        if !window.take(arrival) {
+            continue;
+        }
         let tid = if args.track_per_request {
             let tid = i as u64 + 1;
             let name = r
@@ -579,7 +637,7 @@ pub fn convert(args: &PerfettoArgs, out: Option<File>, gz: bool) -> Result<Summa
         ..Summary::default()
     };
     if let Some(path) = &args.step_stats {
-        write_steps(&mut sink, path, &mut summary)
+        write_steps(&mut sink, path, &mut summary, &window)
             .with_context(|| format!("reading {}", path.display()))?;
     }
     summary.events = sink.events;
@@ -703,13 +761,16 @@ impl EngineSteps {
 
 /// The step-stats sidecar: per engine, a process with the steps track and the scheduler
 /// counters.
-fn write_steps(sink: &mut Sink, path: &Path, summary: &mut Summary) -> Result<()> {
+fn write_steps(sink: &mut Sink, path: &Path, summary: &mut Summary, window: &Window) -> Result<()> {
     let mut engines: Vec<EngineSteps> = Vec::new();
     let mut progress = Progress::new("perfetto: steps");
     let mut reader = StepStatsReader::open(path)?;
     while let Some(item) = reader.next() {
         let v = item?;
         progress.tick();
+        if !window.has_step(v.ts_ms) {
+            continue;
+        }
         let line = reader.line();
         let engine = u64::from(v.engine);
         let e = match engines.iter().position(|e| e.engine == engine) {
@@ -881,6 +942,16 @@ pub fn run(args: &PerfettoArgs) -> Result<()> {
             "perfetto: {} step counter sample(s) were out of time order and were drawn at the \
              previous sample's time",
             summary.late_samples
+        );
+    }
+    if let Some(p) = shown.as_ref().filter(|_| !temp)
+        && let Ok(m) = std::fs::metadata(p)
+        && m.len() > TOO_BIG_FOR_THE_UI
+    {
+        crate::errln!(
+            "perfetto: warning: {} is {} MiB; the Perfetto UI runs out of memory on JSON traces past about 1 GiB: draw a window (--from-ms/--to-ms) or fewer requests (--max-requests)",
+            p.display(),
+            m.len() >> 20
         );
     }
     if let Some(p) = &shown {
