@@ -35,7 +35,10 @@ fn decode_reads_a_requests_blocks_from_prefill_every_byte_checked() {
     prefill.fill(req, &remote).unwrap();
     prefill.fill("other-request", &[5, 6]).unwrap();
     prefill.verify(req, &remote).unwrap();
-    assert!(decode.verify(req, &local).is_err(), "a zeroed pool must not verify");
+    assert!(
+        decode.verify(req, &local).is_err(),
+        "a zeroed pool must not verify"
+    );
 
     // the handshake: decode loads the prefill agent's metadata (vLLM's side channel)
     let info = prefill.info().unwrap();
@@ -44,7 +47,10 @@ fn decode_reads_a_requests_blocks_from_prefill_every_byte_checked() {
 
     let stats = decode.read_blocks(&info, &remote, &local, req, T).unwrap();
     assert_eq!(stats.bytes, remote.len() * block_bytes);
-    eprintln!("read {} B in {:?} (first READ: includes UCX connection set-up)", stats.bytes, stats.elapsed);
+    eprintln!(
+        "read {} B in {:?} (first READ: includes UCX connection set-up)",
+        stats.bytes, stats.elapsed
+    );
     decode.verify(req, &local).unwrap();
     prefill
         .wait_notification("decode-0", &format!("{req}:1"), T)
@@ -56,7 +62,9 @@ fn decode_reads_a_requests_blocks_from_prefill_every_byte_checked() {
     // a second request over the same connection, into other local blocks
     let req2 = "cmpl-second-0";
     prefill.fill(req2, &[30, 31]).unwrap();
-    let s2 = decode.read_blocks(&info, &[30, 31], &[60, 61], req2, T).unwrap();
+    let s2 = decode
+        .read_blocks(&info, &[30, 31], &[60, 61], req2, T)
+        .unwrap();
     eprintln!("second read {} B in {:?}", s2.bytes, s2.elapsed);
     decode.verify(req2, &[60, 61]).unwrap();
     decode.verify(req, &local).unwrap();

@@ -168,7 +168,13 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
     let mut a = Args::default();
     let mut it = args.iter();
     let allowed: &[&str] = match cmd {
-        "fetch" => &["--line", "--python", "--python-only", "--cpu-engine", "--nixl"],
+        "fetch" => &[
+            "--line",
+            "--python",
+            "--python-only",
+            "--cpu-engine",
+            "--nixl",
+        ],
         "e2e" => &[
             "--line",
             "--python",
