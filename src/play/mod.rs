@@ -12,6 +12,8 @@ pub mod io;
 pub mod kv_cache;
 pub mod kv_events;
 pub mod logprobs;
+#[cfg(feature = "nixl")]
+pub mod nixl;
 pub mod offline;
 pub mod pd;
 pub mod pooling;

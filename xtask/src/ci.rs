@@ -48,7 +48,7 @@ pub fn run(root: &Path) -> Result<()> {
         ),
         (
             "fetch",
-            Box::new(|| crate::fetch_cmd(root, &[], true, false, true)),
+            Box::new(|| crate::fetch_cmd(root, &[], true, false, true, false)),
         ),
         ("test", Box::new(|| cargo(root, &["test", "--workspace"]))),
         ("build", Box::new(|| cargo(root, &["build"]))),

