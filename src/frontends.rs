@@ -540,6 +540,59 @@ fn have_libnuma() -> bool {
 /// The CPU build's native extensions load `libnuma.so.1` (the running engine maps it;
 /// `numactl` itself is not needed): install Debian's libnuma1 with apt-get when it is
 /// missing (CI machines run as root), or fail saying so.
+/// libclang, which building nixl-sys needs (bindgen runs even for its stub): there, or
+/// `LIBCLANG_PATH` set.
+fn have_libclang() -> bool {
+    if std::env::var_os("LIBCLANG_PATH").is_some() {
+        return true;
+    }
+    [
+        "/usr/lib",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+    ]
+    .iter()
+    .flat_map(|d| {
+        let mut dirs = vec![PathBuf::from(d)];
+        if let Ok(rd) = std::fs::read_dir(d) {
+            dirs.extend(rd.flatten().map(|e| e.path().join("lib")));
+        }
+        dirs
+    })
+    .filter_map(|d| std::fs::read_dir(d).ok())
+    .flat_map(|rd| rd.flatten())
+    .any(|e| {
+        let n = e.file_name().to_string_lossy().to_string();
+        n.starts_with("libclang") && !n.starts_with("libclang-cpp") && n.contains(".so")
+    })
+}
+
+/// Install Debian's libclang-dev when libclang is missing (`--features nixl` builds need it).
+fn ensure_libclang() -> Result<()> {
+    if have_libclang() {
+        return Ok(());
+    }
+    crate::errln!(
+        "fetch: libclang is missing (building nixl-sys needs it); apt-get install libclang-dev"
+    );
+    for args in [
+        &["update", "-q"][..],
+        &["install", "-y", "-q", "libclang-dev"][..],
+    ] {
+        let mut cmd = Command::new("apt-get");
+        cmd.env("DEBIAN_FRONTEND", "noninteractive").args(args);
+        run(cmd, &format!("apt-get {}", args.join(" "))).context(
+            "building with --features nixl needs libclang and installing Debian's libclang-dev failed: \
+                 run this as root, install libclang-dev yourself, or set LIBCLANG_PATH",
+        )?;
+    }
+    if !have_libclang() {
+        bail!("libclang-dev was installed but no libclang*.so is found: set LIBCLANG_PATH");
+    }
+    Ok(())
+}
+
 fn ensure_libnuma() -> Result<()> {
     if have_libnuma() {
         return Ok(());
@@ -662,6 +715,7 @@ pub fn nixl_lib_dir() -> Option<PathBuf> {
 
 /// Ensure the NIXL runtime is installed in the cache; returns its library directory.
 pub fn fetch_nixl(cache: &Path) -> Result<PathBuf> {
+    ensure_libclang()?;
     let venv = install_venv(
         cache,
         NIXL_PACKAGE,

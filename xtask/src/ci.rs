@@ -51,6 +51,21 @@ pub fn run(root: &Path) -> Result<()> {
             Box::new(|| crate::fetch_cmd(root, &[], true, false, true, false)),
         ),
         ("test", Box::new(|| cargo(root, &["test", "--workspace"]))),
+        // the NIXL data plane: libclang and the nixl-cu12 runtime installed if missing,
+        // the crate built with the feature, two agents moving real bytes (about 2-4 min on
+        // 2 cores, most of it the feature build)
+        (
+            "nixl",
+            Box::new(|| {
+                let cache = crate::frontends::cache_root()?;
+                let lib = crate::frontends::fetch_nixl(&cache)?;
+                eprintln!("  NIXL runtime: {}", lib.display());
+                cargo(
+                    root,
+                    &["test", "--features", "nixl", "--test", "nixl_loopback"],
+                )
+            }),
+        ),
         ("build", Box::new(|| cargo(root, &["build"]))),
         (
             "e2e",
