@@ -166,7 +166,8 @@ async fn oversized_prompts_and_frames_are_refused_early() {
     assert_eq!(o.finish_reason, Some(FinishReason::Error));
     let e = o.error.as_ref().unwrap();
     assert!(
-        e.message.contains("300000 token ids") && e.message.contains("refused before reading"),
+        e.message.contains("300000 tokens")
+            && e.message.contains("refused before its ids were read"),
         "{}",
         e.message
     );

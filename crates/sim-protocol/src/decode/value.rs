@@ -135,7 +135,7 @@ fn read_token_array(cur: &mut &[u8], t: &TokenField) -> R<Vec<u32>> {
         return Err(DecodeErrorKind::InvalidValue {
             field: t.name.to_string(),
             reason: format!(
-                "{n} token ids, more than this engine takes ({}, its maximum model length): refused before reading them",
+                "the prompt has {n} tokens, and this engine's maximum model length is {}: refused before its ids were read",
                 t.max
             ),
         });
