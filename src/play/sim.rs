@@ -75,6 +75,9 @@ pub struct SimEngine {
     scripts: Scripts,
     /// Undecodable frames: the first few are logged, then a count once a second.
     bad_frames: BadFrames,
+    /// When an idle engine last tried to admit requests whose `--ttft-mode fixed` delay
+    /// had passed.
+    due_tried: Option<Instant>,
 }
 
 /// Keeps a flood of undecodable frames from flooding the log.
@@ -144,6 +147,7 @@ impl SimEngine {
             replay: Replay::default(),
             scripts: Scripts::default(),
             bad_frames: BadFrames::default(),
+            due_tried: None,
             cfg,
         }
     }
@@ -1026,6 +1030,7 @@ impl EngineCore for SimEngine {
         }
         if self.in_flight.is_none() {
             // nothing in flight: a request held back by --ttft-mode fixed may be due
+            self.due_tried = Some(now);
             self.start_step_if_idle(now);
             return;
         }
@@ -1060,9 +1065,13 @@ impl EngineCore for SimEngine {
             return None;
         }
         let step = self.in_flight.as_ref().map(|s| s.end);
-        // --ttft-mode fixed: an idle engine wakes when a held-back request is due
+        // --ttft-mode fixed: an idle engine wakes when a held-back request is due (one it
+        // already tried and could not admit waits for the next event instead of spinning)
         let due = match (&self.in_flight, self.cfg.fixed_ttft_ms) {
-            (None, Some(_)) => self.batch.next_not_before(),
+            (None, Some(_)) => self
+                .batch
+                .next_not_before()
+                .filter(|t| self.due_tried.is_none_or(|tried| *t > tried)),
             _ => None,
         };
         [

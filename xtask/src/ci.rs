@@ -50,7 +50,11 @@ pub fn run(root: &Path) -> Result<()> {
             "fetch",
             Box::new(|| crate::fetch_cmd(root, &[], true, false, true, false)),
         ),
-        ("test", Box::new(|| cargo(root, &["test", "--workspace"]))),
+        // every test binary runs, so one run shows every failure
+        (
+            "test",
+            Box::new(|| cargo(root, &["test", "--workspace", "--no-fail-fast"])),
+        ),
         // the NIXL data plane: libclang and the nixl-cu12 runtime installed if missing,
         // the crate built with the feature, two agents moving real bytes (about 2-4 min on
         // 2 cores, most of it the feature build)
