@@ -7,7 +7,8 @@
 #   scripts/pd_control.sh [N_REQUESTS]
 #
 # VCR_BIN picks the binary (default: target/debug/vllm-vcr, built if missing). Ports come
-# from VCR_PD_BASE_PORT (default 18400: 18400-18405 are used). Exits non-zero on any
+# from VCR_PD_BASE_PORT (default 18400: 18400-18404 are used), or VCR_PD_PORTS lists the
+# five (prefill, decode, proxy, side channel, single engine). Exits non-zero on any
 # failed check; everything it started is stopped on exit.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,8 +18,13 @@ BIN=${VCR_BIN:-target/debug/vllm-vcr}
 if [[ ! -x $BIN ]]; then
   cargo build --quiet
 fi
-BASE=${VCR_PD_BASE_PORT:-18400}
-PF=$BASE DEC=$((BASE + 1)) PROXY=$((BASE + 2)) SIDE=$((BASE + 3)) ONE=$((BASE + 4))
+# five ports: prefill, decode, proxy, side channel, single engine
+if [[ -n ${VCR_PD_PORTS:-} ]]; then
+  read -r PF DEC PROXY SIDE ONE <<<"$VCR_PD_PORTS"
+else
+  BASE=${VCR_PD_BASE_PORT:-18400}
+  PF=$BASE DEC=$((BASE + 1)) PROXY=$((BASE + 2)) SIDE=$((BASE + 3)) ONE=$((BASE + 4))
+fi
 LOGS=$(mktemp -d)
 PIDS=()
 export NO_COLOR=1
@@ -45,10 +51,15 @@ PY
 }
 fail() {
   echo "pd_control: FAIL: $*" >&2
-  echo "logs in $LOGS" >&2
+  # the logs go with the failure: a CI run keeps nothing else
+  for f in "$LOGS"/*.log; do
+    echo "--- last lines of $f" >&2
+    tail -n 15 "$f" >&2
+  done
   exit 1
 }
 
+NAMES=(prefill decode one proxy)
 "$BIN" serve --port "$PF" --pd-role prefill --engine-id prefill-0 \
   --side-channel-port "$SIDE" --log-requests >"$LOGS/prefill.out" 2>"$LOGS/prefill.log" &
 PIDS+=($!)
@@ -61,12 +72,16 @@ PIDS+=($!)
   --port "$PROXY" >"$LOGS/proxy.out" 2>"$LOGS/proxy.log" &
 PIDS+=($!)
 
-for port in "$PF" "$DEC" "$ONE" "$PROXY"; do
+# each process is up when its /health answers; one that exits is a failure at once
+PORTS=("$PF" "$DEC" "$ONE" "$PROXY")
+for i in 0 1 2 3; do
+  port=${PORTS[$i]}
   for _ in $(seq 1 600); do
     http "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    kill -0 "${PIDS[$i]}" 2>/dev/null || fail "${NAMES[$i]} (port $port) exited before it served"
     sleep 0.2
   done
-  http "http://127.0.0.1:$port/health" >/dev/null || fail "port $port never came up"
+  http "http://127.0.0.1:$port/health" >/dev/null || fail "${NAMES[$i]} (port $port) never came up"
 done
 
 # one request through the pair: the whole answer, and the prompt's blocks moved

@@ -403,11 +403,12 @@ fn a_failed_pull_follows_the_load_failure_policy_and_an_abort_mid_pull_cleans_up
 /// `scripts/pd_control.sh`, the smoke users run: it passes, and prints the handoff cost.
 #[test]
 fn the_pd_control_script_passes() {
-    // five consecutive free ports
-    let base = (0..200)
-        .map(|i| 20_000 + (std::process::id() as u16 % 97) * 50 + i * 7)
-        .find(|b| (0..5).all(|k| std::net::TcpListener::bind(("127.0.0.1", b + k)).is_ok()))
-        .expect("five free consecutive ports");
+    // five ports from the picker every `serve` uses, so they never meet its own choices
+    let ports = ports(5)
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
     let out = Command::new("bash")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -415,7 +416,7 @@ fn the_pd_control_script_passes() {
         ))
         .arg("10")
         .env("VCR_BIN", env!("CARGO_BIN_EXE_vllm-vcr"))
-        .env("VCR_PD_BASE_PORT", base.to_string())
+        .env("VCR_PD_PORTS", ports)
         .output()
         .unwrap();
     let text =

@@ -666,15 +666,18 @@ fn two_clients_served(ctx: &Ctx) -> Result<String> {
         "the engine log does not show a 2-client handshake (got {:?})",
         snippet(handshake)
     );
-    let mut per_client = [0usize; 2];
-    for l in text.lines().filter(|l| l.contains("request added")) {
-        let client = l
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("client="))
-            .and_then(|c| c.parse::<usize>().ok());
-        if let Some(c @ 0..=1) = client {
-            per_client[c] += 1;
+    // The kernel hands each new connection to whichever API server accepts first, and
+    // one of them can win every race of a short run: send more requests (each on its own
+    // connection) until both have been seen, or give up after 60.
+    let mut per_client = requests_per_client(&read_log(&ctx.engine_log));
+    for i in 0..60 {
+        if per_client[0] > 0 && per_client[1] > 0 {
+            break;
         }
+        let body = json!({"model": "tiny", "prompt": format!("which server {i}"), "max_tokens": 1});
+        ctx.http.post("/v1/completions", &body)?;
+        std::thread::sleep(Duration::from_millis(20));
+        per_client = requests_per_client(&read_log(&ctx.engine_log));
     }
     ensure!(
         per_client[0] > 0 && per_client[1] > 0,
@@ -684,6 +687,21 @@ fn two_clients_served(ctx: &Ctx) -> Result<String> {
         "2-client handshake; requests served for client 0: {}, client 1: {}",
         per_client[0], per_client[1]
     ))
+}
+
+/// Requests the engine log shows added by client 0 and client 1.
+fn requests_per_client(log: &str) -> [usize; 2] {
+    let mut per_client = [0usize; 2];
+    for l in log.lines().filter(|l| l.contains("request added")) {
+        let client = l
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("client="))
+            .and_then(|c| c.parse::<usize>().ok());
+        if let Some(c @ 0..=1) = client {
+            per_client[c] += 1;
+        }
+    }
+    per_client
 }
 
 /// Lines that mean the frontend rejected something the engine sent (or crashed).
