@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prefill/decode control-plane smoke (no NIXL): a prefill `serve` and a decode `serve`,
+# Prefill/decode smoke: a prefill `serve` and a decode `serve`,
 # each a real vllm-rs frontend with a simulated engine behind it, and `vllm-vcr pd-proxy`
 # in front. Sends completions through the proxy, checks the answers and the KV handoff,
 # and prints the control-plane overhead per request (proxy vs. one engine alone).
@@ -9,7 +9,9 @@
 # VCR_BIN picks the binary (default: target/debug/vllm-vcr, built if missing). Ports come
 # from VCR_PD_BASE_PORT (default 18400: 18400-18404 are used), or VCR_PD_PORTS lists the
 # five (prefill, decode, proxy, side channel, single engine). Exits non-zero on any
-# failed check; everything it started is stopped on exit.
+# failed check; everything it started is stopped on exit. With a binary built with
+# `--features nixl` the KV bytes move over NIXL and are checked (VCR_EXPECT_NIXL=1 fails
+# the run if they did not).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -96,6 +98,12 @@ grep -q "KV read by the decode engine.*blocks=$BLOCKS" "$LOGS/prefill.log" \
   || fail "the prefill did not free $BLOCKS blocks after the read"
 grep -q "remote KV pulled.*blocks=$BLOCKS" "$LOGS/decode.log" \
   || fail "the decode did not pull $BLOCKS blocks"
+if grep -q "every byte verified" "$LOGS/decode.log"; then
+  BYTES=$(grep -m1 "every byte verified" "$LOGS/decode.log" | sed -E 's/.* bytes=([0-9]+).*/\1/')
+  echo "pd_control: NIXL data plane: $BYTES bytes read and verified"
+elif [[ ${VCR_EXPECT_NIXL:-0} == 1 ]]; then
+  fail "VCR_EXPECT_NIXL=1 but the decode moved no bytes over NIXL"
+fi
 USAGE=$(http "http://127.0.0.1:$PF/metrics" | awk '/^vllm:kv_cache_usage_perc/ {print $NF}')
 [[ $USAGE == "0" || $USAGE == "0.0" ]] || fail "prefill KV still in use: $USAGE"
 echo "pd_control: one request through the pair: 16 tokens, $BLOCKS blocks pulled and freed"

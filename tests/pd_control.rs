@@ -1,4 +1,5 @@
-//! Prefill/decode disaggregation end to end, control plane (no NIXL): a prefill `serve`
+//! Prefill/decode disaggregation end to end (control plane; with `--features nixl` the KV
+//! bytes move over NIXL and are checked too — CI's `nixl` stage): a prefill `serve`
 //! (`--pd-role prefill`), a decode `serve` (`--pd-role decode`), each a real vllm-rs
 //! frontend with `play` behind, and `vllm-vcr pd-proxy` in front. What a P/D user checks:
 //! the client gets the whole answer (streamed and not); the decode pulled exactly the
@@ -243,14 +244,26 @@ fn a_prefill_decode_pair_behind_the_proxy_serves_whole_answers_and_frees_the_kv(
         Some(blocks.as_str()),
         "{plog}"
     );
-    assert_eq!(
-        log_field(&plog, "KV read by the decode engine", "reader").as_deref(),
-        Some("decode-0")
+    // the reader is the decode engine (its NIXL agent is named after it)
+    assert!(
+        log_field(&plog, "KV read by the decode engine", "reader")
+            .is_some_and(|r| r.starts_with("decode-0")),
+        "{plog}"
     );
     assert_eq!(
         log_field(&decode.log(), "remote KV pulled", "blocks").as_deref(),
         Some(blocks.as_str())
     );
+    // with NIXL, the bytes moved: 4096 per block (--kv-block-bytes), every one checked
+    if cfg!(feature = "nixl") {
+        let dlog = decode.log();
+        assert_eq!(
+            log_field(&dlog, "every byte verified", "bytes").as_deref(),
+            Some((68usize.div_ceil(16) * 4096).to_string().as_str()),
+            "{dlog}"
+        );
+        assert!(plog.contains("data_plane=nixl"), "{plog}");
+    }
     // the read freed the prefill's blocks at once, long before the 2 s lease
     assert!(
         wait_until(Duration::from_millis(1500), || metric(
@@ -417,6 +430,10 @@ fn the_pd_control_script_passes() {
         .arg("10")
         .env("VCR_BIN", env!("CARGO_BIN_EXE_vllm-vcr"))
         .env("VCR_PD_PORTS", ports)
+        .env(
+            "VCR_EXPECT_NIXL",
+            if cfg!(feature = "nixl") { "1" } else { "0" },
+        )
         .output()
         .unwrap();
     let text =
@@ -426,5 +443,199 @@ fn the_pd_control_script_passes() {
     assert!(
         text.contains("pd_control: PASS") && text.contains("handoff overhead"),
         "{text}"
+    );
+}
+
+/// Subscribe to an engine's KV-events publisher; the events seen until `stop` is set.
+fn collect_kv_events(
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<sim_protocol::kv_events::KvEvent>> {
+    use zeromq::{Socket, SocketRecv};
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut sub = zeromq::SubSocket::new();
+            sub.connect(&format!("tcp://127.0.0.1:{port}"))
+                .await
+                .unwrap();
+            sub.subscribe("").await.unwrap();
+            let mut events = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(Ok(msg)) =
+                    tokio::time::timeout(Duration::from_millis(100), sub.recv()).await
+                else {
+                    continue;
+                };
+                let frames = msg.into_vec();
+                let payload = frames.last().expect("a KV-events message has frames");
+                let (_, batch, _) = sim_protocol::kv_events::decode_kv_event_batch(payload)
+                    .expect("a KV-event batch vLLM's subscribers decode");
+                events.extend(batch);
+            }
+            events
+        })
+    })
+}
+
+/// The blocks an engine's events say it cached, in order.
+fn stored_hashes(events: &[sim_protocol::kv_events::KvEvent]) -> Vec<u64> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            sim_protocol::kv_events::KvEvent::BlockStored { block_hashes, .. } => {
+                Some(block_hashes.clone())
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+/// What a prefix-cache-aware router sees of a P/D pair: the prefill engine publishes the
+/// prompt's full blocks when it computes them, and the decode engine publishes the very
+/// same block hashes once the pulled KV is in its cache.
+#[test]
+fn kv_events_of_both_sides_name_the_same_blocks() {
+    let p = ports(5);
+    let (pf_port, dec_port, proxy_port, side, pf_ev) = (p[0], p[1], p[2], p[3], p[4]);
+    let dec_ev = ports(1)[0];
+    let events = |port: u16| {
+        format!(
+            r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{port}"}}"#
+        )
+    };
+    let prefill = serve(
+        pf_port,
+        &s(&[
+            "--pd-role",
+            "prefill",
+            "--engine-id",
+            "prefill-ev",
+            "--side-channel-port",
+            &side.to_string(),
+            "--kv-events-config",
+            &events(pf_ev),
+        ]),
+        "prefill-ev",
+    );
+    let decode = serve(
+        dec_port,
+        &s(&[
+            "--pd-role",
+            "decode",
+            "--engine-id",
+            "decode-ev",
+            "--kv-events-config",
+            &events(dec_ev),
+        ]),
+        "decode-ev",
+    );
+    let proxy = Proc::start(
+        &s(&[
+            "pd-proxy",
+            "--prefill",
+            &format!("http://127.0.0.1:{pf_port}"),
+            "--decode",
+            &format!("http://127.0.0.1:{dec_port}"),
+            "--port",
+            &proxy_port.to_string(),
+        ]),
+        "proxy-ev",
+    );
+    wait_health(proxy_port, &proxy);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pf_sub = collect_kv_events(pf_ev, stop.clone());
+    let dec_sub = collect_kv_events(dec_ev, stop.clone());
+    std::thread::sleep(Duration::from_millis(500)); // the subscriptions reach the publishers
+
+    // 69 tokens: four full blocks (a partial block is never cached, nor published)
+    let prompt = "Both engines of this pair publish the same four full KV-cache blocks.";
+    assert_eq!(prompt.len(), 69);
+    let (status, body) = post(
+        proxy_port,
+        "/v1/completions",
+        &serde_json::json!({"model": "tiny", "prompt": prompt, "max_tokens": 4}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        wait_until(Duration::from_secs(5), || log_field(
+            &decode.log(),
+            "remote KV pulled",
+            "blocks"
+        )
+        .is_some()),
+        "{}",
+        decode.log()
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let pf_events = pf_sub.join().unwrap();
+    let dec_events = dec_sub.join().unwrap();
+    let pf_stored = stored_hashes(&pf_events);
+    let dec_stored = stored_hashes(&dec_events);
+    assert_eq!(
+        pf_stored.len(),
+        4,
+        "prefill events {pf_events:?}\n{}",
+        prefill.log()
+    );
+    assert_eq!(
+        dec_stored, pf_stored,
+        "decode events {dec_events:?}\nprefill events {pf_events:?}"
+    );
+}
+
+/// A vLLM decode engine's first step against a prefill `play`: the side-channel handshake.
+/// vLLM 0.33's own `NixlHandshakePayload` and `NixlAgentMetadata` decoders read the answer
+/// (tests/clients/nixl_handshake.py, in the Python frontend's venv).
+#[cfg(feature = "nixl")]
+#[test]
+fn vllms_own_decoders_read_the_prefill_handshake() {
+    let cache = vllm_vcr::frontends::cache_root().expect("cache root");
+    let python = vllm_vcr::frontends::python_venv(&cache, "vllm", "0.33.0")
+        .join("bin")
+        .join("python");
+    assert!(
+        python.exists(),
+        "{} is missing: install it with `cargo xtask fetch --python-only`",
+        python.display()
+    );
+    let p = ports(2);
+    let prefill = serve(
+        p[0],
+        &s(&[
+            "--pd-role",
+            "prefill",
+            "--engine-id",
+            "prefill-hs",
+            "--side-channel-port",
+            &p[1].to_string(),
+            "--num-gpu-blocks",
+            "1024",
+        ]),
+        "prefill-hs",
+    );
+    let out = Command::new(&python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/clients/nixl_handshake.py"
+        ))
+        .args(["127.0.0.1", &p[1].to_string(), "prefill-hs"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        prefill.log()
+    );
+    assert!(
+        stdout.contains("engine_id=prefill-hs num_blocks=1024 block_lens=[4096]"),
+        "{stdout}"
     );
 }

@@ -328,6 +328,7 @@ impl TryFrom<&PlayArgs> for PlayConfig {
                 side_channel_port: a.side_channel_port,
                 lease_s: a.kv_lease_duration,
                 failure_policy: a.kv_load_failure_policy,
+                block_bytes: a.kv_block_bytes,
                 registration_generation: a.vllm_version >= VllmLine::new(0, 33),
             },
             shaping: Shaping {

@@ -158,6 +158,13 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value_t = LoadFailurePolicy::Fail)]
     pub kv_load_failure_policy: LoadFailurePolicy,
 
+    /// Bytes per KV block in the pool a `--pd-role prefill|decode` engine registers with
+    /// NIXL (builds with the `nixl` feature): the prefill engine writes that many bytes
+    /// per block, the decode engine reads and checks them. The pool holds
+    /// --num-gpu-blocks blocks (at most 16 GiB).
+    #[arg(long, default_value_t = 4096, value_parser = parse_block_bytes)]
+    pub kv_block_bytes: u64,
+
     /// Slow-down factor at full load (running = --max-num-seqs), linear in between; 1 = none.
     #[arg(long, default_value_t = 1.0)]
     pub time_factor_under_load: f64,
@@ -363,4 +370,17 @@ impl EngineArgs {
             time_scale: self.time_scale,
         }
     }
+}
+
+/// `--kv-block-bytes`: a positive multiple of 8 up to 64 MiB.
+fn parse_block_bytes(s: &str) -> Result<u64, String> {
+    let n: u64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of bytes"))?;
+    if n == 0 || !n.is_multiple_of(8) || n > 64 << 20 {
+        return Err(format!(
+            "{n} bytes: a KV block is a positive multiple of 8 bytes, at most 64 MiB"
+        ));
+    }
+    Ok(n)
 }

@@ -70,6 +70,12 @@ pub async fn run_engine(
     } else {
         None
     };
+    let plane = super::data_plane::for_engine(
+        cfg.engine.pd.role,
+        &cfg.engine.pd.engine_id,
+        cfg.engine.num_gpu_blocks,
+        cfg.engine.pd.block_bytes,
+    );
     let connect = connect_to_frontend(&cfg.handshake_address, rank, &ready, &opts);
     let sockets = tokio::select! {
         r = connect => r.with_context(|| format!("handshake with the frontend at {}", cfg.handshake_address))?,
@@ -102,13 +108,29 @@ pub async fn run_engine(
         tokio::spawn(super::side_channel::serve(
             router,
             side_tx.clone(),
+            plane.clone(),
             shutdown.clone(),
         ))
     });
+    let reads_task = (cfg.engine.pd.role == super::pd::PdRole::Prefill && plane.moves_bytes())
+        .then(|| {
+            tokio::spawn(super::side_channel::watch_reads(
+                plane.clone(),
+                side_tx.clone(),
+                shutdown.clone(),
+            ))
+        });
     let line = cfg.line;
-    let output_task = tokio::spawn(output_task(line, sockets.outputs, out_rx, side_tx));
+    let output_task = tokio::spawn(output_task(
+        line,
+        sockets.outputs,
+        out_rx,
+        side_tx,
+        plane.clone(),
+    ));
 
     let mut engine = cfg.build_engine(rank);
+    engine.set_data_plane(plane);
     if let Some(p) = kv_publisher {
         engine.set_kv_publisher(p);
     }
@@ -183,6 +205,9 @@ pub async fn run_engine(
     for t in input_tasks {
         t.abort();
     }
+    if let Some(t) = reads_task {
+        t.abort();
+    }
     if let Some(t) = side_task {
         match tokio::time::timeout(Duration::from_millis(200), t).await {
             Ok(Ok(Err(e))) => tracing::warn!("{e:#}"),
@@ -238,6 +263,7 @@ async fn output_task<S: SocketSend>(
     mut outputs: Vec<S>,
     mut rx: mpsc::UnboundedReceiver<Outbound>,
     side: mpsc::UnboundedSender<EngineInput>,
+    plane: std::sync::Arc<dyn super::data_plane::DataPlane>,
 ) -> Result<()> {
     // failed sends per client: the first is logged, the rest counted (a frontend that is
     // gone would otherwise get one warning per message)
@@ -289,7 +315,7 @@ async fn output_task<S: SocketSend>(
                 send_dead(&mut outputs).await;
             }
             Outbound::Pull(p) => {
-                tokio::spawn(super::side_channel::pull(p, side.clone()));
+                tokio::spawn(super::side_channel::pull(p, side.clone(), plane.clone()));
             }
         }
     }
@@ -326,7 +352,14 @@ mod tests {
         push.connect(&ep.to_string()).await.unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
         let (side, _side_rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(output_task(VllmLine::new(0, 33), vec![push], rx, side));
+        let plane = std::sync::Arc::new(crate::play::data_plane::NoopDataPlane);
+        let task = tokio::spawn(output_task(
+            VllmLine::new(0, 33),
+            vec![push],
+            rx,
+            side,
+            plane,
+        ));
         tx.send(Outbound::Outputs {
             client: 0,
             outputs: EngineCoreOutputs {

@@ -4,6 +4,7 @@ pub mod batch;
 pub mod block_hash;
 pub mod config;
 pub mod constrained;
+pub mod data_plane;
 pub mod emit;
 pub mod engine_args;
 pub mod engine_core;

@@ -1,8 +1,8 @@
 //! The NIXL data plane, proved on its own (`--features nixl`): a paged KV pool registered
 //! with a real NIXL agent (UCX backend, DRAM), whose blocks another pool READs the way a
 //! vLLM decode engine reads a prefill engine's KV blocks, with vLLM's completion
-//! notification (`"<request id>:<readers>"`). Not wired into `play` yet: this is the byte
-//! mover and its proof (tests/nixl_loopback.rs, benches/nixl.rs).
+//! notification (`"<request id>:<readers>"`). `data_plane.rs` puts it behind `play`'s
+//! P/D engines; tests/nixl_loopback.rs and benches/nixl.rs use it directly.
 //!
 //! Runtime: `nixl-sys` is built with `stub-api`, which dlopens `libnixl_capi.so` at its
 //! first call and ABORTS the process when it is missing. [`load_runtime`] therefore loads
@@ -320,6 +320,27 @@ impl NixlPool {
             peer.agent_name
         );
         Ok(name)
+    }
+
+    /// Load agent metadata from a handshake (whose agent name is not known beforehand);
+    /// returns the agent's name.
+    pub fn load_any_remote(&self, peer: &PoolInfo) -> Result<String> {
+        self.agent
+            .load_remote_md(&peer.metadata)
+            .context("NIXL: loading a peer's agent metadata")
+    }
+
+    /// Every notification received since the last call, as `(agent, message)`.
+    pub fn take_notifications(&self) -> Result<Vec<(String, String)>> {
+        let mut map = NotificationMap::new()?;
+        self.agent
+            .get_notifications(&mut map, None)
+            .context("NIXL: reading notifications")?;
+        let mut out = Vec::new();
+        for (agent, msgs) in map.take_notifs()? {
+            out.extend(msgs.into_iter().map(|m| (agent.clone(), m)));
+        }
+        Ok(out)
     }
 
     /// READ `remote_blocks[i]` of `peer` into `local_blocks[i]` with the notification

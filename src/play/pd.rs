@@ -67,6 +67,8 @@ pub struct PdConfig {
     /// How long a prefill engine keeps unread blocks, seconds.
     pub lease_s: f64,
     pub failure_policy: LoadFailurePolicy,
+    /// Bytes per KV block in the NIXL data plane's pool (`--kv-block-bytes`).
+    pub block_bytes: u64,
     /// The vLLM line (0.33 adds `remote_registration_generation`).
     pub registration_generation: bool,
 }
@@ -296,6 +298,7 @@ mod tests {
             side_channel_port: 5600,
             lease_s: 30.0,
             failure_policy: LoadFailurePolicy::Fail,
+            block_bytes: 4096,
             registration_generation: true,
         }
     }

@@ -8,17 +8,19 @@ use sim_protocol::transport::{recv_frames, send_frames, socket_options};
 use tokio::sync::{mpsc, oneshot, watch};
 use zeromq::{DealerSocket, RouterSocket, Socket};
 
+use std::sync::Arc;
+
+use super::data_plane::{self, DataPlane};
 use super::engine_core::EngineInput;
 use super::pd::{PdEvent, Pull, wire};
 
-/// vLLM's handshake request (`GET_META_MSG`): a NIXL peer asking for agent metadata.
-const GET_META_MSG: &[u8] = b"get_meta_msg";
-
 /// Serve the side channel on `router` (bound at the side-channel address) until shutdown:
+/// vLLM's handshake (`get_meta_msg`) is answered with the data plane's agent metadata,
 /// each `vcr_read` goes to the engine, and its answer back to the reader.
 pub async fn serve(
     mut router: RouterSocket,
     engine: mpsc::UnboundedSender<EngineInput>,
+    plane: Arc<dyn DataPlane>,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let mut warned_nixl = false;
@@ -41,15 +43,26 @@ pub async fn serve(
         let Some(payload) = frames.last() else {
             continue;
         };
-        if payload
-            .windows(GET_META_MSG.len())
-            .any(|w| w == GET_META_MSG)
-        {
-            if !warned_nixl {
-                warned_nixl = true;
-                tracing::warn!(
-                    "a vLLM NIXL peer asked this prefill engine for its agent metadata: the no-op data plane has no NIXL agent to describe (see docs/pd.md); its handshake will time out"
-                );
+        if data_plane::is_get_meta_msg(payload) {
+            let Some(handshake) = plane.handshake() else {
+                if !warned_nixl {
+                    warned_nixl = true;
+                    tracing::warn!(
+                        "a NIXL peer asked this prefill engine for its agent metadata, but its data plane is {} (no NIXL agent: a build without the `nixl` feature, or NIXL did not start); the peer's handshake will time out",
+                        plane.name()
+                    );
+                }
+                continue;
+            };
+            // vLLM's answer to a REQ peer: [identity, "", payload, msgpack(perf_counter)]
+            let mut out = vec![identity];
+            if req_peer {
+                out.push(Bytes::new());
+            }
+            out.push(Bytes::from(handshake));
+            out.push(Bytes::from(perf_counter_msgpack()));
+            if let Err(e) = send_frames(&mut router, out).await {
+                tracing::warn!("P/D side channel: answering a handshake: {e}");
             }
             continue;
         }
@@ -81,9 +94,56 @@ pub async fn serve(
     }
 }
 
-/// Make one pull and report it to the engine.
-pub async fn pull(p: Pull, engine: mpsc::UnboundedSender<EngineInput>) {
-    let result = match tokio::time::timeout(p.timeout, read_once(&p)).await {
+/// `msgpack(float)`: this process's monotonic clock in seconds (vLLM's handshake answer
+/// carries the peer's `time.perf_counter()` to estimate the clock offset).
+fn perf_counter_msgpack() -> Vec<u8> {
+    let now = super::timer::monotonic_seconds();
+    let mut buf = Vec::new();
+    rmpv::encode::write_value(&mut buf, &rmpv::Value::F64(now)).expect("a Vec");
+    buf
+}
+
+/// Prefill side of a NIXL plane: each READ's completion notification frees the request's
+/// blocks (as vLLM's connector frees them on `"<request id>:<readers>"`).
+pub async fn watch_reads(
+    plane: Arc<dyn DataPlane>,
+    engine: mpsc::UnboundedSender<EngineInput>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !*shutdown.borrow() {
+        tick.tick().await;
+        for (agent, msg) in plane.take_read_notifications() {
+            let Some(request_id) = data_plane::notification_request(&msg) else {
+                tracing::warn!(%agent, "an unexpected NIXL notification {msg:?}");
+                continue;
+            };
+            let (reply, _) = oneshot::channel();
+            let ev = PdEvent::Read {
+                engine_id: agent,
+                request_id: request_id.to_string(),
+                block_ids: Vec::new(),
+                reply,
+            };
+            if engine.send(EngineInput::Pd(ev)).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Make one pull and report it to the engine: with a plane that moves bytes, the
+/// handshake (once per prefill engine) and a verified READ; otherwise one `vcr_read`.
+pub async fn pull(p: Pull, engine: mpsc::UnboundedSender<EngineInput>, plane: Arc<dyn DataPlane>) {
+    let work = async {
+        if plane.moves_bytes() {
+            read_bytes(&p, plane).await
+        } else {
+            read_once(&p).await
+        }
+    };
+    let result = match tokio::time::timeout(p.timeout, work).await {
         Ok(r) => r,
         Err(_) => Err(format!(
             "the prefill engine {} at {}:{} did not answer within {:?}",
@@ -94,6 +154,72 @@ pub async fn pull(p: Pull, engine: mpsc::UnboundedSender<EngineInput>) {
         request_id: p.request_id,
         result,
     }));
+}
+
+/// The NIXL path: fetch the prefill engine's handshake if this plane has not loaded its
+/// agent yet, then READ and verify the blocks (on a blocking thread).
+async fn read_bytes(p: &Pull, plane: Arc<dyn DataPlane>) -> Result<usize, String> {
+    let address = format!("tcp://{}:{}", p.remote.host, p.remote.port);
+    let handshake = if plane.knows_peer(&address) {
+        None
+    } else {
+        Some(fetch_handshake(&address).await?)
+    };
+    let remote = p.remote.clone();
+    let timeout = p.timeout;
+    let addr = address.clone();
+    let stats = tokio::task::spawn_blocking(move || {
+        plane.read(
+            &addr,
+            handshake.as_deref(),
+            &remote.request_id,
+            &remote.block_ids,
+            timeout,
+        )
+    })
+    .await
+    .map_err(|e| format!("the NIXL read task failed: {e}"))?
+    .map_err(|e| {
+        format!(
+            "NIXL read of {} from the prefill engine {} ({address}): {e}",
+            p.remote.request_id, p.remote.engine_id
+        )
+    })?;
+    let secs = stats.elapsed.as_secs_f64();
+    tracing::info!(
+        request_id = %p.request_id,
+        prefill_request = %p.remote.request_id,
+        blocks = stats.blocks,
+        bytes = stats.bytes,
+        gb_per_s = %format!("{:.2}", if secs > 0.0 { stats.bytes as f64 / secs / 1e9 } else { 0.0 }),
+        "NIXL READ done: every byte verified"
+    );
+    Ok(stats.blocks)
+}
+
+/// vLLM's handshake as a REQ peer does it: `get_meta_msg` out, `[payload, perf_counter]`
+/// back.
+async fn fetch_handshake(address: &str) -> Result<Vec<u8>, String> {
+    let opts = socket_options(None).map_err(|e| e.to_string())?;
+    let mut sock = DealerSocket::with_options(opts);
+    sock.connect(address)
+        .await
+        .map_err(|e| format!("cannot reach the prefill engine's side channel {address}: {e}"))?;
+    send_frames(
+        &mut sock,
+        vec![Bytes::new(), Bytes::from(data_plane::get_meta_msg())],
+    )
+    .await
+    .map_err(|e| format!("side channel {address}: {e}"))?;
+    let frames = recv_frames(&mut sock)
+        .await
+        .map_err(|e| format!("side channel {address}: {e}"))?;
+    // [empty delimiter, payload, perf_counter]
+    let payload = frames
+        .iter()
+        .find(|f| !f.is_empty())
+        .ok_or("an empty handshake answer")?;
+    Ok(payload.to_vec())
 }
 
 async fn read_once(p: &Pull) -> Result<usize, String> {

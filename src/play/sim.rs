@@ -69,6 +69,8 @@ pub struct SimEngine {
     /// Step emission lateness against the scheduled deadline, microseconds.
     lateness_us: Samples,
     kv_publisher: Option<KvEventPublisher>,
+    /// Where a P/D prefill request's KV bytes are published (no-op unless NIXL).
+    data_plane: std::sync::Arc<dyn super::data_plane::DataPlane>,
     /// Recorded content and timing (`--replay-tokens`, `--replay-steps`).
     replay: Replay,
     /// Requests following their recorded timing.
@@ -144,6 +146,7 @@ impl SimEngine {
             unreported_finished: BTreeMap::new(),
             lateness_us: Samples::default(),
             kv_publisher: None,
+            data_plane: std::sync::Arc::new(super::data_plane::NoopDataPlane),
             replay: Replay::default(),
             scripts: Scripts::default(),
             bad_frames: BadFrames::default(),
@@ -175,6 +178,11 @@ impl SimEngine {
     pub fn set_kv_publisher(&mut self, p: KvEventPublisher) {
         self.batch.record_kv_events(p.is_enabled());
         self.kv_publisher = Some(p);
+    }
+
+    /// The data plane a P/D prefill engine publishes finished requests' KV on.
+    pub fn set_data_plane(&mut self, plane: std::sync::Arc<dyn super::data_plane::DataPlane>) {
+        self.data_plane = plane;
     }
 
     pub fn take_kv_publisher(&mut self) -> Option<KvEventPublisher> {
@@ -571,8 +579,11 @@ impl SimEngine {
         let lease = Duration::from_secs_f64(self.cfg.pd.lease_s);
         let (r, blocks) = self.batch.remove_keeping_blocks(id, now + lease)?;
         self.forget_finished(&r);
+        if let Err(e) = self.data_plane.publish(id, &blocks) {
+            tracing::warn!(request_id = %id, "writing the KV bytes of a prefill request: {e}");
+        }
         if self.cfg.log_requests {
-            tracing::info!(request_id = %id, blocks = blocks.len(), lease_s = self.cfg.pd.lease_s, "prefill done: KV kept for the decode engine");
+            tracing::info!(request_id = %id, blocks = blocks.len(), lease_s = self.cfg.pd.lease_s, data_plane = %self.data_plane.name(), "prefill done: KV kept for the decode engine");
         }
         Some(pd::prefill_params(
             &self.cfg.pd,

@@ -56,8 +56,9 @@ pub fn run(root: &Path) -> Result<()> {
             Box::new(|| cargo(root, &["test", "--workspace", "--no-fail-fast"])),
         ),
         // the NIXL data plane: libclang and the nixl-cu12 runtime installed if missing,
-        // the crate built with the feature, two agents moving real bytes (about 2-4 min on
-        // 2 cores, most of it the feature build)
+        // the crate built with the feature, two agents moving real bytes, then the P/D
+        // pair behind real frontends reading and verifying KV bytes over NIXL (about
+        // 3-5 min on 2 cores, most of it the feature build)
         (
             "nixl",
             Box::new(|| {
@@ -66,7 +67,15 @@ pub fn run(root: &Path) -> Result<()> {
                 eprintln!("  NIXL runtime: {}", lib.display());
                 cargo(
                     root,
-                    &["test", "--features", "nixl", "--test", "nixl_loopback"],
+                    &[
+                        "test",
+                        "--features",
+                        "nixl",
+                        "--test",
+                        "nixl_loopback",
+                        "--test",
+                        "pd_control",
+                    ],
                 )
             }),
         ),
