@@ -122,6 +122,28 @@ mod tests {
     }
 
     #[test]
+    fn the_ci_workflow_runs_every_ci_stage_and_a_job_per_line() {
+        let root = crate::root();
+        let ci = std::fs::read_to_string(root.join(".github/workflows/ci.yml")).unwrap();
+        for (stage, _) in crate::ci::stages(&root) {
+            // fetch and e2e are split per line / per frontend: their xtask commands appear
+            let how = match stage {
+                "fetch" => "cargo xtask fetch".to_string(),
+                "e2e" => "cargo xtask e2e".to_string(),
+                _ => format!("--stage {stage}"),
+            };
+            assert!(
+                ci.contains(&how),
+                "ci.yml does not run stage `{stage}` ({how})"
+            );
+        }
+        // the per-line jobs come from compat.toml, through `cargo xtask matrix`
+        assert!(ci.contains("cargo xtask matrix"));
+        assert!(ci.contains("matrix: ${{ fromJSON(needs.lines.outputs.matrix) }}"));
+        assert!(ci.contains(r#"--line "${{ matrix.line }}""#));
+    }
+
+    #[test]
     fn actionlint_rejects_a_broken_workflow() {
         let dir = std::env::temp_dir().join(format!("vllm-vcr-actionlint-{}", std::process::id()));
         let wf = dir.join(".github/workflows");

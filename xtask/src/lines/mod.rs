@@ -156,7 +156,10 @@ pub fn newest_release_cmd(root: &Path) -> Result<()> {
     let tag = releases
         .first()
         .context("PyPI lists no final vllm release")?;
-    let line = tag.rsplit_once('.').map_or(tag.as_str(), |x| x.0).to_string();
+    let line = tag
+        .rsplit_once('.')
+        .map_or(tag.as_str(), |x| x.0)
+        .to_string();
     let known = compat.vllm.iter().any(|l| l.line == line);
     crate::outln!("tag={tag}");
     crate::outln!("line={line}");
@@ -225,7 +228,14 @@ fn site_packages_dirs(py: &Path) -> Vec<PathBuf> {
 /// `wire-src/vllm-<tag>/`, its `vllm-rs` into the fetch cache if that lacks it, and delete
 /// the wheel (what is needed of it stays unpacked).
 fn download_sources(cache: &Path, tag: &str) -> Result<()> {
+    // one download at a time within the process (tests ask from several threads), and
+    // none when another thread has just finished this one
+    static DOWNLOAD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = DOWNLOAD.lock().unwrap_or_else(|e| e.into_inner());
     let dest = cache.join("wire-src").join(format!("vllm-{tag}"));
+    if dest.join(".complete").is_file() {
+        return Ok(());
+    }
     let tmp = cache
         .join("wire-src")
         .join(format!(".download-{tag}-{}", std::process::id()));

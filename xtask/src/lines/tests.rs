@@ -343,3 +343,40 @@ fn add_line_on_a_window_ending_at_032_adds_033_and_prints_its_differences() {
         "the default does not move by itself"
     );
 }
+
+#[test]
+fn the_025_to_026_comparison_reports_the_insertion_the_table_encodes() {
+    // 0.26 inserted `ec_transfer_params` in the middle of EngineCoreOutput: the layout
+    // table gives 0.25 a table of its own for it (the wheels are downloaded once when no
+    // cache has their sources: ~300 MB each, ~35 MB of them kept)
+    let old = real("0.25.1");
+    let new = real("0.26.0");
+    assert_eq!(declared(&old), table(VllmLine::new(0, 25)));
+    assert_eq!(declared(&new), table(VllmLine::new(0, 26)));
+
+    let report = compare::render(&old, &new, "0.26");
+    assert!(
+        report.contains("EngineCoreOutput         array  13 → 14 elements  POSITIONS SHIFT"),
+        "{report}"
+    );
+    assert!(
+        report.contains(
+            "+ [9] ec_transfer_params: dict[str, Any] | None = None   INSERTED: every later field moves one position up"
+        ),
+        "{report}"
+    );
+    // where the table puts the inserted field, and what moved
+    let (t25, t26) = (table(VllmLine::new(0, 25)).0, table(VllmLine::new(0, 26)).0);
+    assert_eq!(t26[9], "EcTransferParams");
+    assert!(!t25.contains(&"EcTransferParams".to_string()));
+    let pos = |t: &[String], f: &str| t.iter().position(|x| x == f).unwrap();
+    assert_eq!(pos(&t25, "PrefillStats") + 1, pos(&t26, "PrefillStats"));
+    assert!(report.contains("positions SHIFT: older lines keep their own layout"));
+    assert!(report.contains("EcTransferParams (new OutputField variant)"));
+    // the keyed additions of 0.26
+    assert!(
+        report.contains("+ num_cache_creation_tokens: int = 0"),
+        "{report}"
+    );
+    assert!(report.contains("EngineCoreRequest        array  20 elements  unchanged"));
+}
