@@ -728,6 +728,30 @@ pub fn fetch_nixl(cache: &Path) -> Result<PathBuf> {
     nixl_lib_dir_in(&venv).with_context(|| format!("no {NIXL_CAPI} under {}", venv.display()))
 }
 
+/// A Python tool from PyPI (`package==version` and its dependencies) in its own venv in
+/// the cache, installed like the frontends; `ready` says whether a venv holds the tool.
+/// Returns the venv directory.
+pub fn fetch_tool(
+    cache: &Path,
+    package: &str,
+    version: &str,
+    ready: fn(&Path) -> bool,
+) -> Result<PathBuf> {
+    install_venv(
+        cache,
+        package,
+        version,
+        &Pins {
+            what: "python tool",
+            overrides: "",
+            excludes: &[],
+            overrides_optional: false,
+            no_deps: false,
+            ready,
+        },
+    )
+}
+
 /// How one venv is pinned.
 struct Pins {
     what: &'static str,

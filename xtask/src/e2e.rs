@@ -54,6 +54,9 @@ pub struct Options {
     /// Also the record, replay and parity legs with a real vLLM engine-core on CPU (`fetch
     /// --cpu-engine`).
     pub cpu_engine: bool,
+    /// The line `play` speaks in the basic and scheduler legs instead of each leg's own:
+    /// the nightly canary runs a new release's frontend against the newest wire we speak.
+    pub engine_line: Option<String>,
 }
 
 pub(crate) enum Frontend {
@@ -412,6 +415,12 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         work.display()
     );
 
+    if let Some(engine_line) = &opts.engine_line {
+        for leg in &mut legs {
+            leg.note = format!("{}; frontend of line {}", leg.note, leg.line);
+            leg.line = engine_line.clone();
+        }
+    }
     let mut all = Vec::new();
     for leg in legs {
         let dir = work.join(leg.name.replace([' ', '/'], "_"));

