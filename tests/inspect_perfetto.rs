@@ -1247,3 +1247,46 @@ fn the_output_name_or_the_flag_chooses_the_format() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("proto") && err.contains("json"), "{err}");
 }
+
+/// Perfetto's protobuf timestamps are unsigned: a request before the trace's zero is a
+/// clear error that points to JSON (and leaves no file), while JSON still draws it.
+#[test]
+fn a_time_before_zero_is_refused_by_the_protobuf_format_only() {
+    let trace = tmp("negative.jsonl");
+    std::fs::write(
+        &trace,
+        r#"{"request_id":"early","prompt_tokens":4,"output_tokens":2,"arrival_ms":-5,"ttft_ms":10,"itl_ms":[5]}
+"#,
+    )
+    .unwrap();
+    let out = tmp("negative.pftrace");
+    let _ = std::fs::remove_file(&out);
+    let o = bin()
+        .args(["inspect", "perfetto"])
+        .arg(&trace)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("-5000 µs") && err.contains("--format json"),
+        "{err}"
+    );
+    assert!(!out.exists(), "a failed run left {}", out.display());
+    let json = tmp("negative.json");
+    let o = bin()
+        .args(["inspect", "perfetto"])
+        .arg(&trace)
+        .arg("-o")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        std::fs::read_to_string(&json)
+            .unwrap()
+            .contains("\"ts\":-5000")
+    );
+}
