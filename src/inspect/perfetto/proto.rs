@@ -401,3 +401,53 @@ impl Sink for ProtoSink {
         self.out.finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+
+    fn count(hay: &[u8], needle: &[u8]) -> usize {
+        hay.windows(needle.len()).filter(|w| *w == needle).count()
+    }
+
+    /// Names, categories and argument names go out once; every later use is an id.
+    #[test]
+    fn repeated_names_are_sent_once_then_referred_to() {
+        let path = std::env::temp_dir().join(format!("vcr-proto-{}.pftrace", std::process::id()));
+        let file = File::create(&path).unwrap();
+        let mut sink = Box::new(ProtoSink::new(Output::new(Some(file), false)));
+        sink.process(1, "model").unwrap();
+        sink.thread(1, 1, "lane 0").unwrap();
+        let slice = |ts: i64| Slice {
+            pid: 1,
+            tid: 1,
+            name: "decode",
+            category: "request",
+            colour: "",
+            ts,
+            dur: 10,
+            args: &[("token_ids", Arg::Ids(&[5, 6]))],
+        };
+        sink.slice(&slice(0)).unwrap();
+        let after_one = sink.out.bytes();
+        sink.slice(&slice(10)).unwrap();
+        let second = sink.out.bytes() - after_one;
+        sink.counter(1, "active_requests", 0, 1.0).unwrap();
+        sink.counter(1, "active_requests", 10, 0.5).unwrap();
+        let written = sink.finish().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        assert_eq!(written, bytes.len() as u64);
+        for s in ["model", "decode", "token_ids", "active_requests", "lane 0"] {
+            assert_eq!(count(&bytes, s.as_bytes()), 1, "{s}");
+        }
+        // the category, and inside the counter's name
+        assert_eq!(count(&bytes, b"request"), 2);
+        // the second slice, no string in it: a 31-byte begin (framing 2, timestamp 3,
+        // sequence id 2, flags 2, track event 2 + type 2, track 2, name id 2, category
+        // id 2, the argument 2 + its name id 2 and two 4-byte array values) and a 14-byte
+        // end (framing 2, timestamp 4, sequence id 2, track event 2 + type 2, track 2)
+        assert_eq!(second, 31 + 14, "{bytes:02x?}");
+    }
+}
