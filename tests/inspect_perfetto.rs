@@ -1290,3 +1290,35 @@ fn a_time_before_zero_is_refused_by_the_protobuf_format_only() {
             .contains("\"ts\":-5000")
     );
 }
+
+/// The binary format is not written to a terminal (run under `script`, util-linux's
+/// pseudo-terminal wrapper): the error says what to do instead, and JSON still goes there.
+#[test]
+fn the_protobuf_format_is_not_written_to_a_terminal() {
+    let trace = tmp("tty.jsonl");
+    std::fs::write(&trace, SMALL).unwrap();
+    let on_a_terminal = |extra: &str| {
+        let cmd = format!(
+            "{} inspect perfetto {} {extra}",
+            env!("CARGO_BIN_EXE_vllm-vcr"),
+            trace.display()
+        );
+        let o = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .output()
+            .expect("util-linux's script runs the command on a pseudo-terminal");
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).to_string(),
+        )
+    };
+    let (ok, screen) = on_a_terminal("");
+    assert!(!ok);
+    assert!(
+        screen.contains("stdout is a terminal") && screen.contains("--format json"),
+        "{screen}"
+    );
+    let (ok, screen) = on_a_terminal("--format json");
+    assert!(ok, "{screen}");
+    assert!(screen.contains("\"traceEvents\""), "{screen}");
+}
