@@ -14,6 +14,9 @@
 //!   py/<package>-<version>.*.txt   uv inputs (overrides, excludes)
 //!   py/nixl-cu12-1.5.1/            the NIXL runtime (`--features nixl`), installed with
 //!                                  --no-deps; its libraries are never vendored
+//!   py/perfetto-0.59.1/            Perfetto's Python package (its generated trace protos
+//!                                  and protobuf): the tests' independent decoder of
+//!                                  `inspect perfetto`'s protobuf output
 //!   uv/                            UV_CACHE_DIR
 //! ```
 //!
@@ -749,6 +752,34 @@ pub fn fetch_tool(
             no_deps: false,
             ready,
         },
+    )
+}
+
+/// Perfetto's Python package: it ships the Python classes generated from Perfetto's trace
+/// protos, which decode `inspect perfetto`'s output independently of our encoder.
+pub const PERFETTO_PY_PACKAGE: &str = "perfetto";
+pub const PERFETTO_PY_VERSION: &str = "0.59.1";
+
+/// Whether `venv` holds Perfetto's generated trace protos.
+fn has_perfetto_protos(venv: &Path) -> bool {
+    let Ok(lib) = std::fs::read_dir(venv.join("lib")) else {
+        return false;
+    };
+    lib.flatten().any(|py| {
+        py.path()
+            .join("site-packages/perfetto/protos/perfetto/trace/perfetto_trace_pb2.py")
+            .is_file()
+    })
+}
+
+/// Ensure a venv with Perfetto's Python package (and the protobuf runtime it needs) is
+/// installed; returns the venv directory.
+pub fn fetch_perfetto_python(cache: &Path) -> Result<PathBuf> {
+    fetch_tool(
+        cache,
+        PERFETTO_PY_PACKAGE,
+        PERFETTO_PY_VERSION,
+        has_perfetto_protos,
     )
 }
 

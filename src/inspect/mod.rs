@@ -35,8 +35,8 @@ pub enum InspectCommand {
     /// request-total / output-length quantiles, finish reasons, prefix-cache hit ratio,
     /// multi-token chunk sizes.
     Summarize(summarize::SummarizeArgs),
-    /// Turn a trace (and optionally its step-stats sidecar) into Chrome Trace Event JSON
-    /// for the Perfetto UI.
+    /// Turn a trace (and optionally its step-stats sidecar) into a timeline for the
+    /// Perfetto UI: Perfetto's protobuf trace, or Chrome Trace Event JSON.
     Perfetto(perfetto::PerfettoArgs),
     /// Convert other tools' formats into the trace schema, or a trace into them
     /// (guidellm reports, Mooncake timed traces).

@@ -265,8 +265,10 @@ async fn output_task<S: SocketSend>(
     side: mpsc::UnboundedSender<EngineInput>,
     plane: std::sync::Arc<dyn super::data_plane::DataPlane>,
 ) -> Result<()> {
-    // failed sends per client: the first is logged, the rest counted (a frontend that is
-    // gone would otherwise get one warning per message)
+    // A client whose output socket failed is gone (its API server died or closed the
+    // socket): like vLLM when a client goes away, its requests are aborted rather than
+    // generated for nobody, and nothing more is sent to it. The first failure is logged;
+    // the outputs dropped after it are counted.
     let mut failed: Vec<u64> = vec![0; outputs.len()];
     while let Some(item) = rx.recv().await {
         match item {
@@ -291,24 +293,22 @@ async fn output_task<S: SocketSend>(
                     );
                     continue;
                 };
+                let fails = &mut failed[client as usize];
+                if *fails > 0 {
+                    *fails += 1;
+                    abort_for_gone_client(&side, client, &env);
+                    continue;
+                }
                 let msg =
                     ZmqMessage::try_from(frames).map_err(|_| anyhow::anyhow!("empty message"))?;
-                let fails = &mut failed[client as usize];
-                match sock.send(msg).await {
-                    Err(e) => {
-                        if *fails == 0 {
-                            tracing::warn!(
-                                client,
-                                "output socket send failed (frontend gone?): {e}; further failures on this socket are counted, not logged"
-                            );
-                        }
-                        *fails += 1;
-                    }
-                    Ok(()) if *fails > 0 => {
-                        tracing::info!(client, failed = *fails, "output socket works again");
-                        *fails = 0;
-                    }
-                    Ok(()) => {}
+                if let Err(e) = sock.send(msg).await {
+                    tracing::warn!(
+                        client,
+                        "output socket send failed (frontend gone?): {e}; aborting this \
+                         client's requests and sending it nothing more"
+                    );
+                    *fails = 1;
+                    abort_for_gone_client(&side, client, &env);
                 }
             }
             Outbound::Dead => {
@@ -323,6 +323,35 @@ async fn output_task<S: SocketSend>(
         tracing::warn!(client, "{n} outputs could not be sent to this client");
     }
     Ok(())
+}
+
+/// Abort the unfinished requests of an envelope meant for a client that is gone, through
+/// the engine's own input path (as the frontend's abort would come). Every request of the
+/// client is in such an envelope at its next step with output: running ones at once,
+/// waiting ones when they are scheduled (they produce their first token, then stop).
+fn abort_for_gone_client(
+    side: &mpsc::UnboundedSender<EngineInput>,
+    client: u32,
+    env: &sim_protocol::EngineCoreOutputs,
+) {
+    let ids: Vec<String> = env
+        .outputs
+        .iter()
+        .filter(|o| o.finish_reason.is_none())
+        .map(|o| o.request_id.clone())
+        .collect();
+    if ids.is_empty() {
+        return;
+    }
+    tracing::info!(
+        client,
+        aborted = ids.len(),
+        "aborting the requests of a client that is gone"
+    );
+    let _ = side.send(EngineInput::Message {
+        client,
+        msg: sim_protocol::InputMessage::Abort(ids),
+    });
 }
 
 async fn send_dead<S: SocketSend>(outputs: &mut [S]) {
@@ -341,6 +370,60 @@ mod tests {
     use super::*;
     use sim_protocol::EngineCoreOutputs;
     use zeromq::{PullSocket, PushSocket, Socket};
+
+    /// A client whose output socket fails is gone: the unfinished requests of that
+    /// envelope, and of every later one for it, come back to the engine as the frontend's
+    /// abort would, and nothing more is sent to it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_whose_send_fails_has_its_requests_aborted() {
+        use sim_protocol::{EngineCoreOutput, FinishReason, InputMessage};
+        // a PUSH socket with no peer: every send fails
+        let push = PushSocket::new();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (side, mut side_rx) = mpsc::unbounded_channel();
+        let plane = std::sync::Arc::new(crate::play::data_plane::NoopDataPlane);
+        let task = tokio::spawn(output_task(
+            VllmLine::new(0, 33),
+            vec![push],
+            rx,
+            side,
+            plane,
+        ));
+        let out = |id: &str, finish: Option<FinishReason>| EngineCoreOutput {
+            request_id: id.into(),
+            new_token_ids: vec![7],
+            finish_reason: finish,
+            ..Default::default()
+        };
+        let envelope = |outputs: Vec<EngineCoreOutput>| Outbound::Outputs {
+            client: 0,
+            outputs: EngineCoreOutputs {
+                timestamp: 1.0,
+                outputs,
+                ..Default::default()
+            },
+        };
+        tx.send(envelope(vec![
+            out("a", None),
+            out("b", Some(FinishReason::Length)),
+        ]))
+        .unwrap();
+        tx.send(envelope(vec![out("c", None)])).unwrap();
+        drop(tx);
+        task.await.unwrap().unwrap();
+        let mut aborted = Vec::new();
+        while let Ok(input) = side_rx.try_recv() {
+            match input {
+                EngineInput::Message {
+                    client: 0,
+                    msg: InputMessage::Abort(ids),
+                } => aborted.push(ids),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // the finished request is not aborted; the later one is
+        assert_eq!(aborted, vec![vec!["a".to_string()], vec!["c".to_string()]]);
+    }
 
     /// A fatal error reaches the frontend as the raw ENGINE_CORE_DEAD frame, after the
     /// outputs queued before it.

@@ -1,5 +1,5 @@
-//! `inspect perfetto`: a trace (and its step-stats sidecar) as Chrome Trace Event JSON,
-//! which the Perfetto UI (and chrome://tracing) opens.
+//! The timeline of a trace, built in two streaming passes and handed event by event to a
+//! [`Sink`] (the JSON or the protobuf writer), so both formats hold the same content.
 //!
 //! Layout:
 //! - process 1, the requests: each request is a `prefill` span (arrival → first token)
@@ -30,77 +30,16 @@
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use clap::Args;
 use serde::Serialize;
-use serde_json::{Map, Value, json};
 use sim_trace::steps::StepStatsReader;
 use sim_trace::trace::{TraceItem, TraceReader, TraceRecord};
 
-use super::progress::Progress;
-
-/// The only port the hosted UI (ui.perfetto.dev) may fetch from: its Content-Security-Policy
-/// allows `http://127.0.0.1:9001` (trace_processor's port, which Perfetto's own
-/// `open_trace_in_ui` script reuses for this reason).
-pub const PERFETTO_UI_PORT: u16 = 9001;
-
-#[derive(Debug, Clone, Args)]
-pub struct PerfettoArgs {
-    /// The trace (JSONL; `.gz` read transparently). Read twice, so it must be a file.
-    pub trace: PathBuf,
-
-    /// Write the Chrome Trace Event JSON here (`.gz` suffix → gzip). Default: stdout, or
-    /// an unlinked temporary file with `--open`.
-    #[arg(short, long, value_name = "PATH")]
-    pub output: Option<PathBuf>,
-
-    /// Overlay the step-stats sidecar written by `record --step-stats-out` (`.gz` ok):
-    /// scheduler counters and a track of engine steps.
-    #[arg(long, value_name = "PATH")]
-    pub step_stats: Option<PathBuf>,
-
-    /// Label of the requests' process row (default: the trace's meta model).
-    #[arg(long, value_name = "LABEL")]
-    pub name: Option<String>,
-
-    /// One row per request, named by its request id, instead of packed lanes (for small
-    /// traces: a row per request is hard to read beyond a few hundred).
-    #[arg(long)]
-    pub track_per_request: bool,
-
-    /// Serve the file on 127.0.0.1 with CORS for the hosted Perfetto UI, print the
-    /// ui.perfetto.dev URL that opens it, and block until Ctrl-C.
-    #[arg(long)]
-    pub open: bool,
-
-    /// Port for `--open`. The hosted UI's Content-Security-Policy only lets it fetch from
-    /// 127.0.0.1:9001; another port (0: any free port) suits a self-hosted UI or curl.
-    #[arg(long, value_name = "N", default_value_t = PERFETTO_UI_PORT)]
-    pub port: u16,
-
-    /// Print a JSON summary on stdout: events written, lanes, requests placed, requests
-    /// without arrival_ms, steps. Only when the trace goes to a file (`-o` or `--open`).
-    #[arg(long)]
-    pub json: bool,
-
-    /// Only requests arriving at or after this time (ms, the trace's clock), and steps
-    /// ending then or later: a window of a big trace the UI can open.
-    #[arg(long, value_name = "MS")]
-    pub from_ms: Option<f64>,
-
-    /// Only requests arriving before this time (ms), and steps ending before it.
-    #[arg(long, value_name = "MS")]
-    pub to_ms: Option<f64>,
-
-    /// At most this many requests (the first ones of the window, in file order).
-    #[arg(long, value_name = "N")]
-    pub max_requests: Option<u64>,
-}
+use super::PerfettoArgs;
+use super::sink::{Arg, NamedArg, Sink, Slice};
+use crate::inspect::progress::Progress;
 
 /// The requests and steps a run draws (`--from-ms`, `--to-ms`, `--max-requests`). Both
 /// passes ask it in the same order, so they agree on every record.
@@ -136,14 +75,9 @@ impl Window {
     }
 }
 
-/// JSON traces past this size do not open in the Perfetto UI (it runs out of memory).
-const TOO_BIG_FOR_THE_UI: u64 = 1 << 30;
-
 const REQUESTS_PID: u32 = 1;
 /// Engine N's steps are process `STEPS_PID + N`.
 const STEPS_PID: u32 = 2;
-/// Counters are process-scoped; their events carry this tid.
-const COUNTER_TID: u64 = 0;
 
 /// Chrome `cname` colours (chrome://tracing's reserved names): orange for prefill, green
 /// for decode, yellow for a step that ran both.
@@ -153,121 +87,6 @@ const MIXED_COLOUR: &str = "yellow";
 
 /// Steps' counter samples held back to absorb interleaving between engines.
 const STEP_REORDER: usize = 4096;
-
-/// One Chrome trace event.
-#[derive(Serialize)]
-struct Event<'a> {
-    name: &'a str,
-    ph: &'static str,
-    ts: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dur: Option<i64>,
-    pid: u32,
-    tid: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cat: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cname: Option<&'static str>,
-    #[serde(skip_serializing_if = "Value::is_null")]
-    args: Value,
-}
-
-enum Out {
-    Plain(BufWriter<Box<dyn Write>>),
-    /// Buffered before the encoder: every write into it costs a pass over its internal
-    /// buffer, and events are written in small pieces.
-    Gz(BufWriter<flate2::write::GzEncoder<BufWriter<File>>>),
-}
-
-/// Writes `{"displayTimeUnit":"ms","traceEvents":[…]}` one event at a time.
-struct Sink {
-    out: Out,
-    first: bool,
-    events: u64,
-}
-
-impl Sink {
-    fn new(out: Option<File>, gz: bool) -> Result<Sink> {
-        let out = match out {
-            None => Out::Plain(BufWriter::with_capacity(
-                1 << 16,
-                Box::new(std::io::stdout()),
-            )),
-            Some(f) if gz => Out::Gz(BufWriter::with_capacity(
-                1 << 16,
-                flate2::write::GzEncoder::new(BufWriter::new(f), flate2::Compression::default()),
-            )),
-            Some(f) => Out::Plain(BufWriter::with_capacity(1 << 16, Box::new(f))),
-        };
-        let mut s = Sink {
-            out,
-            first: true,
-            events: 0,
-        };
-        s.w()
-            .write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n")?;
-        Ok(s)
-    }
-
-    fn w(&mut self) -> &mut dyn Write {
-        match &mut self.out {
-            Out::Plain(w) => w,
-            Out::Gz(w) => w,
-        }
-    }
-
-    fn event(&mut self, e: &Event) -> Result<()> {
-        let first = std::mem::replace(&mut self.first, false);
-        let w = self.w();
-        if !first {
-            w.write_all(b",\n")?;
-        }
-        serde_json::to_writer(&mut *w, e)?;
-        self.events += 1;
-        Ok(())
-    }
-
-    fn metadata(&mut self, kind: &str, pid: u32, tid: u64, name: &str) -> Result<()> {
-        self.event(&Event {
-            name: kind,
-            ph: "M",
-            ts: 0,
-            dur: None,
-            pid,
-            tid,
-            cat: None,
-            cname: None,
-            args: json!({ "name": name }),
-        })
-    }
-
-    fn counter(&mut self, name: &str, pid: u32, ts: i64, value: f64) -> Result<()> {
-        self.event(&Event {
-            name,
-            ph: "C",
-            ts,
-            dur: None,
-            pid,
-            tid: COUNTER_TID,
-            cat: None,
-            cname: None,
-            args: json!({ "value": value }),
-        })
-    }
-
-    /// Close the JSON, flush, and write the gzip trailer.
-    fn finish(mut self) -> Result<()> {
-        self.w().write_all(b"\n]}\n")?;
-        match self.out {
-            Out::Plain(mut w) => w.flush()?,
-            Out::Gz(w) => {
-                let gz = w.into_inner().map_err(|e| e.into_error())?;
-                gz.finish()?.flush()?;
-            }
-        }
-        Ok(())
-    }
-}
 
 /// µs on the trace's clock.
 fn us(ms: f64) -> i64 {
@@ -457,7 +276,7 @@ impl CounterTrack {
     }
 
     /// Emit every time before `watermark`, one event per distinct time.
-    fn drain_before(&mut self, sink: &mut Sink, watermark: i64) -> Result<()> {
+    fn drain_before(&mut self, sink: &mut Writer, watermark: i64) -> Result<()> {
         while let Some(&Reverse(first)) = self.heap.peek() {
             if first.ts >= watermark {
                 break;
@@ -468,14 +287,14 @@ impl CounterTrack {
     }
 
     /// Emit the earliest times until at most `keep` samples are held.
-    fn drain_over(&mut self, sink: &mut Sink, keep: usize) -> Result<()> {
+    fn drain_over(&mut self, sink: &mut Writer, keep: usize) -> Result<()> {
         while self.heap.len() > keep {
             self.emit_group(sink)?;
         }
         Ok(())
     }
 
-    fn emit_group(&mut self, sink: &mut Sink) -> Result<()> {
+    fn emit_group(&mut self, sink: &mut Writer) -> Result<()> {
         let Some(Reverse(first)) = self.heap.pop() else {
             return Ok(());
         };
@@ -503,14 +322,15 @@ impl CounterTrack {
             first.ts
         };
         self.last_ts = ts;
-        sink.counter(self.name, self.pid, ts, value)
+        sink.counter(self.pid, self.name, ts, value)
     }
 }
 
 /// What was written.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Summary {
-    /// Chrome trace events written.
+    /// Events drawn: slices, counter samples, process and thread names (in the JSON
+    /// format, one Chrome trace event each).
     pub events: u64,
     /// Lanes (or rows, with `--track-per-request`).
     pub lanes: u32,
@@ -527,10 +347,43 @@ pub struct Summary {
     /// Step counter samples that arrived after a later time had been written, written at
     /// that later time (0 unless the sidecar's lines are far out of time order).
     pub late_samples: u64,
+    /// The format written (`proto` or `json`).
+    pub format: &'static str,
+    /// Bytes written, before compression.
+    pub bytes: u64,
 }
 
-/// Convert `args.trace` into `out` (stdout when `None`; gzip when `gz`).
-pub fn convert(args: &PerfettoArgs, out: Option<File>, gz: bool) -> Result<Summary> {
+/// The sink, counting the events it is given.
+pub struct Writer {
+    sink: Box<dyn Sink>,
+    events: u64,
+}
+
+impl Writer {
+    fn process(&mut self, pid: u32, name: &str) -> Result<()> {
+        self.events += 1;
+        self.sink.process(pid, name)
+    }
+
+    fn thread(&mut self, pid: u32, tid: u64, name: &str) -> Result<()> {
+        self.events += 1;
+        self.sink.thread(pid, tid, name)
+    }
+
+    fn slice(&mut self, s: &Slice) -> Result<()> {
+        self.events += 1;
+        self.sink.slice(s)
+    }
+
+    fn counter(&mut self, pid: u32, name: &'static str, ts: i64, value: f64) -> Result<()> {
+        self.events += 1;
+        self.sink.counter(pid, name, ts, value)
+    }
+}
+
+/// Draw `args.trace` (and its step stats) into `sink`; returns what was drawn, with the
+/// bytes the sink wrote (before compression).
+pub fn convert(args: &PerfettoArgs, sink: Box<dyn Sink>) -> Result<Summary> {
     let mut window = Window::of(args);
     let mut first = first_pass(&args.trace, window.clone())?;
     let records = first.arrivals.len();
@@ -547,21 +400,16 @@ pub fn convert(args: &PerfettoArgs, out: Option<File>, gz: bool) -> Result<Summa
         min_future[i] = min_future[i].min(min_future[i + 1]);
     }
 
-    let mut sink = Sink::new(out, gz)?;
+    let mut sink = Writer { sink, events: 0 };
     let label = args
         .name
         .clone()
         .or_else(|| first.model.clone())
         .unwrap_or_else(|| "inference trace".to_string());
-    sink.metadata("process_name", REQUESTS_PID, 0, &label)?;
+    sink.process(REQUESTS_PID, &label)?;
     if !args.track_per_request {
         for lane in 0..lanes {
-            sink.metadata(
-                "thread_name",
-                REQUESTS_PID,
-                u64::from(lane) + 1,
-                &format!("lane {lane}"),
-            )?;
+            sink.thread(REQUESTS_PID, u64::from(lane) + 1, &format!("lane {lane}"))?;
         }
     }
 
@@ -592,7 +440,7 @@ pub fn convert(args: &PerfettoArgs, out: Option<File>, gz: bool) -> Result<Summa
                 .request_id
                 .clone()
                 .unwrap_or_else(|| format!("request {i}"));
-            sink.metadata("thread_name", REQUESTS_PID, tid, &name)?;
+            sink.thread(REQUESTS_PID, tid, &name)?;
             tid
         } else {
             match lane_of.get(i) {
@@ -641,13 +489,13 @@ pub fn convert(args: &PerfettoArgs, out: Option<File>, gz: bool) -> Result<Summa
             .with_context(|| format!("reading {}", path.display()))?;
     }
     summary.events = sink.events;
-    sink.finish()?;
+    summary.bytes = sink.sink.finish()?;
     Ok(summary)
 }
 
 /// A request's spans: `bounds` from [`boundaries`].
 fn write_request(
-    sink: &mut Sink,
+    sink: &mut Writer,
     r: &TraceRecord,
     bounds: &[i64],
     tid: u64,
@@ -655,44 +503,45 @@ fn write_request(
 ) -> Result<()> {
     let ids = r.output_token_ids.as_deref();
     let first_n = r.first_chunk_tokens() as usize;
-    let mut args = Map::new();
-    args.insert("request_id".into(), json!(r.request_id));
-    args.insert("prompt_tokens".into(), json!(r.prompt_tokens));
-    if let Some(c) = r.cached_tokens {
-        args.insert("cached_tokens".into(), json!(c));
+    let mut args: Vec<NamedArg> = Vec::with_capacity(10);
+    if let Some(id) = &r.request_id {
+        args.push(("request_id", Arg::Str(id)));
     }
-    args.insert("output_tokens".into(), json!(r.output_tokens));
+    args.push(("prompt_tokens", Arg::Uint(r.prompt_tokens.into())));
+    if let Some(c) = r.cached_tokens {
+        args.push(("cached_tokens", Arg::Uint(c.into())));
+    }
+    args.push(("output_tokens", Arg::Uint(r.output_tokens.into())));
     if let Some(c) = r.concurrency {
-        args.insert("concurrency".into(), json!(c));
+        args.push(("concurrency", Arg::Uint(c.into())));
     }
     if let Some(f) = &r.finish_reason {
-        args.insert("finish_reason".into(), json!(f));
+        args.push(("finish_reason", Arg::Str(f)));
     }
     if r.incomplete {
-        args.insert("incomplete".into(), json!(true));
+        args.push(("incomplete", Arg::Bool(true)));
         if let Some(a) = &r.abort_reason {
-            args.insert("abort_reason".into(), json!(a));
+            args.push(("abort_reason", Arg::Str(a)));
         }
     }
     if let Some(e) = &r.error {
-        args.insert("error".into(), json!(e));
+        args.push(("error", Arg::Str(e)));
     }
     // the first chunk arrives with the first token, at the end of the prefill span
     if let Some(ids) = ids
         && first_n > 0
     {
-        args.insert("token_ids".into(), json!(&ids[..first_n.min(ids.len())]));
+        args.push(("token_ids", Arg::Ids(&ids[..first_n.min(ids.len())])));
     }
-    sink.event(&Event {
-        name: "prefill",
-        ph: "X",
-        ts: bounds[0],
-        dur: Some(bounds[1] - bounds[0]),
+    sink.slice(&Slice {
         pid: REQUESTS_PID,
         tid,
-        cat: Some("request"),
-        cname: Some(PREFILL_COLOUR),
-        args: Value::Object(args),
+        name: "prefill",
+        category: "request",
+        colour: PREFILL_COLOUR,
+        ts: bounds[0],
+        dur: bounds[1] - bounds[0],
+        args: &args,
     })?;
     let chunks = r.chunk_tokens();
     let mut at = first_n;
@@ -707,30 +556,28 @@ fn write_request(
             }
             &names[n]
         };
-        let mut args = Map::new();
+        let mut args: [NamedArg; 2] = [("", Arg::Bool(false)); 2];
+        let mut used = 0;
         if let Some(ids) = ids
             && at < ids.len()
         {
-            args.insert("token_ids".into(), json!(&ids[at..(at + n).min(ids.len())]));
+            args[used] = ("token_ids", Arg::Ids(&ids[at..(at + n).min(ids.len())]));
+            used += 1;
         }
         if r.incomplete {
-            args.insert("incomplete".into(), json!(true));
+            args[used] = ("incomplete", Arg::Bool(true));
+            used += 1;
         }
         at += n;
-        sink.event(&Event {
-            name,
-            ph: "X",
-            ts: w[0],
-            dur: Some(w[1] - w[0]),
+        sink.slice(&Slice {
             pid: REQUESTS_PID,
             tid,
-            cat: Some("request"),
-            cname: Some(DECODE_COLOUR),
-            args: if args.is_empty() {
-                Value::Null
-            } else {
-                Value::Object(args)
-            },
+            name,
+            category: "request",
+            colour: DECODE_COLOUR,
+            ts: w[0],
+            dur: w[1] - w[0],
+            args: &args[..used],
         })?;
     }
     Ok(())
@@ -761,7 +608,12 @@ impl EngineSteps {
 
 /// The step-stats sidecar: per engine, a process with the steps track and the scheduler
 /// counters.
-fn write_steps(sink: &mut Sink, path: &Path, summary: &mut Summary, window: &Window) -> Result<()> {
+fn write_steps(
+    sink: &mut Writer,
+    path: &Path,
+    summary: &mut Summary,
+    window: &Window,
+) -> Result<()> {
     let mut engines: Vec<EngineSteps> = Vec::new();
     let mut progress = Progress::new("perfetto: steps");
     let mut reader = StepStatsReader::open(path)?;
@@ -785,8 +637,8 @@ fn write_steps(sink: &mut Sink, path: &Path, summary: &mut Summary, window: &Win
                 } else {
                     format!("scheduler steps (engine {engine})")
                 };
-                sink.metadata("process_name", pid, 0, &label)?;
-                sink.metadata("thread_name", pid, 1, &format!("engine {engine} steps"))?;
+                sink.process(pid, &label)?;
+                sink.thread(pid, 1, &format!("engine {engine} steps"))?;
                 engines.push(EngineSteps {
                     engine,
                     pid,
@@ -821,31 +673,34 @@ fn write_steps(sink: &mut Sink, path: &Path, summary: &mut Summary, window: &Win
             _ => (format!("decode B{}", v.num_running_reqs), DECODE_COLOUR),
         };
         // the sidecar's own numbers, as written
-        let mut args = json!({
-            "running": v.num_running_reqs,
-            "waiting": v.num_waiting_reqs,
-            "prefill_requests": v.prefill_requests,
-            "prefill_tokens": v.prefill_tokens,
-            "new_tokens": v.new_tokens,
-            "outputs": v.outputs,
-            "kv_cache_usage": v.kv_cache_usage,
-            "step_ms": v.step_ms,
-        });
-        if let (Some(spec), Some(args)) = (&v.spec_decoding, args.as_object_mut()) {
-            args.insert("spec_accepted".into(), spec.num_accepted_tokens.into());
-            args.insert("spec_draft".into(), spec.num_draft_tokens.into());
-            args.insert("spec_drafts".into(), spec.num_drafts.into());
+        let mut args: Vec<NamedArg> = vec![
+            ("running", Arg::Uint(v.num_running_reqs)),
+            ("waiting", Arg::Uint(v.num_waiting_reqs)),
+            ("prefill_requests", Arg::Uint(v.prefill_requests.into())),
+            ("prefill_tokens", Arg::Uint(v.prefill_tokens)),
+            ("new_tokens", Arg::Uint(v.new_tokens)),
+            ("outputs", Arg::Uint(v.outputs)),
+        ];
+        if v.kv_cache_usage.is_finite() {
+            args.push(("kv_cache_usage", Arg::Float(v.kv_cache_usage)));
         }
-        sink.event(&Event {
-            name: &name,
-            ph: "X",
-            ts: start,
-            dur: Some(end - start),
+        if let Some(ms) = v.step_ms.filter(|ms| ms.is_finite()) {
+            args.push(("step_ms", Arg::Float(ms)));
+        }
+        if let Some(spec) = &v.spec_decoding {
+            args.push(("spec_accepted", Arg::Uint(spec.num_accepted_tokens)));
+            args.push(("spec_draft", Arg::Uint(spec.num_draft_tokens)));
+            args.push(("spec_drafts", Arg::Uint(spec.num_drafts)));
+        }
+        sink.slice(&Slice {
             pid: e.pid,
             tid: 1,
-            cat: Some("step"),
-            cname: Some(colour),
-            args,
+            name: &name,
+            category: "step",
+            colour,
+            ts: start,
+            dur: end - start,
+            args: &args,
         })?;
         e.running.push(end, run);
         e.waiting.push(end, wait);
@@ -874,255 +729,4 @@ fn write_steps(sink: &mut Sink, path: &Path, summary: &mut Summary, window: &Win
     }
     summary.engines = engines.len() as u32;
     Ok(())
-}
-
-pub fn run(args: &PerfettoArgs) -> Result<()> {
-    let gz = |p: &Path| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz"));
-    // inputs are checked before the output is created: a missing trace must not leave an
-    // empty output behind, and the output must never be one of the inputs
-    for (p, what) in std::iter::once((&args.trace, "the trace")).chain(
-        args.step_stats
-            .as_ref()
-            .map(|s| (s, "the --step-stats file")),
-    ) {
-        std::fs::metadata(p).with_context(|| format!("{what} {}", p.display()))?;
-    }
-    let mut guard = None;
-    if let Some(out) = &args.output {
-        let mut inputs = vec![(args.trace.as_path(), "the trace")];
-        if let Some(s) = &args.step_stats {
-            inputs.push((s.as_path(), "the --step-stats file"));
-        }
-        super::output::refuse_overwriting(out, "-o", &inputs)?;
-        guard = Some(super::output::OutputGuard::new(out));
-    }
-    // With --open and no -o: a temporary file, unlinked once open (served from the
-    // handle), so nothing is left behind when Ctrl-C ends the process.
-    let (out, shown, temp): (Option<File>, Option<PathBuf>, bool) = match (&args.output, args.open)
-    {
-        (Some(p), _) => (
-            Some(
-                sim_trace::trace::create_output(p)
-                    .with_context(|| format!("creating {}", p.display()))?,
-            ),
-            Some(p.clone()),
-            false,
-        ),
-        (None, true) => {
-            let p =
-                std::env::temp_dir().join(format!("vllm-vcr-perfetto-{}.json", std::process::id()));
-            let f = File::create(&p).with_context(|| format!("creating {}", p.display()))?;
-            (Some(f), Some(p), true)
-        }
-        (None, false) => (None, None, false),
-    };
-    // the output exists now: a failure from here on removes it
-    if let Some(g) = &mut guard {
-        g.arm();
-    }
-    let served = match &shown {
-        Some(p) if args.open => {
-            Some(File::open(p).with_context(|| format!("opening {}", p.display()))?)
-        }
-        _ => None,
-    };
-    if temp && let Some(p) = &shown {
-        let _ = std::fs::remove_file(p);
-    }
-    let summary = convert(args, out, shown.as_deref().is_some_and(gz))
-        .with_context(|| format!("converting {}", args.trace.display()))?;
-    if summary.without_arrival > 0 {
-        crate::errln!(
-            "perfetto: {} record(s) have no arrival_ms and cannot be placed on the timeline",
-            summary.without_arrival
-        );
-    }
-    if summary.late_samples > 0 {
-        crate::errln!(
-            "perfetto: {} step counter sample(s) were out of time order and were drawn at the \
-             previous sample's time",
-            summary.late_samples
-        );
-    }
-    if let Some(p) = shown.as_ref().filter(|_| !temp)
-        && let Ok(m) = std::fs::metadata(p)
-        && m.len() > TOO_BIG_FOR_THE_UI
-    {
-        crate::errln!(
-            "perfetto: warning: {} is {} MiB; the Perfetto UI runs out of memory on JSON traces past about 1 GiB: draw a window (--from-ms/--to-ms) or fewer requests (--max-requests)",
-            p.display(),
-            m.len() >> 20
-        );
-    }
-    if let Some(p) = &shown {
-        crate::errln!(
-            "perfetto: wrote {} ({} events, {} requests in {} {}{})",
-            if temp {
-                "a temporary file".to_string()
-            } else {
-                p.display().to_string()
-            },
-            summary.events,
-            summary.requests,
-            summary.lanes,
-            if args.track_per_request {
-                "rows"
-            } else {
-                "lanes"
-            },
-            if summary.steps > 0 {
-                format!(", {} steps", summary.steps)
-            } else {
-                String::new()
-            }
-        );
-        if args.json {
-            let mut v = serde_json::to_value(&summary)?;
-            if !temp && let Some(o) = v.as_object_mut() {
-                o.insert("output".into(), json!(p));
-            }
-            writeln!(std::io::stdout(), "{v}")?;
-        }
-    }
-    if let Some(g) = &mut guard {
-        g.disarm();
-    }
-    if let (Some(file), Some(p)) = (served, &shown) {
-        serve(file, &url_name(p), args.port)?;
-    }
-    Ok(())
-}
-
-/// The file's name as a URL path segment (characters outside `[A-Za-z0-9._-]` → `_`).
-fn url_name(path: &Path) -> String {
-    let name: String = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if name.is_empty() {
-        "trace.json".to_string()
-    } else {
-        name
-    }
-}
-
-/// Serve `file` as `/name` to the hosted Perfetto UI until the process is interrupted.
-fn serve(file: File, name: &str, port: u16) -> Result<()> {
-    use std::net::TcpListener;
-    let listener = TcpListener::bind(("127.0.0.1", port)).with_context(|| {
-        format!(
-            "binding 127.0.0.1:{port}{}",
-            if port == PERFETTO_UI_PORT {
-                " (the port the hosted Perfetto UI may fetch from; is trace_processor \
-                 --httpd running? Stop it, or write the file with -o and drag it into \
-                 the UI)"
-            } else {
-                ""
-            }
-        )
-    })?;
-    let port = listener.local_addr()?.port();
-    let url = format!("http://127.0.0.1:{port}/{name}");
-    if port != PERFETTO_UI_PORT {
-        crate::errln!(
-            "perfetto: note: ui.perfetto.dev may only fetch from 127.0.0.1:{PERFETTO_UI_PORT} \
-             (its Content-Security-Policy); from port {port} the link suits a self-hosted UI"
-        );
-    }
-    // One write, and its failure ignored: whoever reads our stdout may stop after the URL
-    // (`| head -2`, a test), and that must not stop the server.
-    let _ = std::io::stdout().lock().write_all(
-        format!("serving {url}\nopen https://ui.perfetto.dev/#!/?url={url}\n(Ctrl-C to stop)\n")
-            .as_bytes(),
-    );
-    let file = Arc::new(file);
-    let name: Arc<str> = Arc::from(name);
-    for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
-        let (file, name) = (Arc::clone(&file), Arc::clone(&name));
-        std::thread::spawn(move || {
-            if let Err(e) = answer(stream, &file, &name) {
-                crate::errln!("perfetto: a request failed: {e}");
-            }
-        });
-    }
-    Ok(())
-}
-
-const CORS: &str = "Access-Control-Allow-Origin: https://ui.perfetto.dev\r\n\
-Access-Control-Allow-Methods: GET, HEAD, OPTIONS\r\n\
-Access-Control-Allow-Headers: *\r\n\
-Access-Control-Allow-Private-Network: true\r\n\
-Cache-Control: no-cache\r\n";
-
-/// Answer one HTTP/1.x request: OPTIONS (CORS preflight), GET or HEAD of `/name`.
-fn answer(mut stream: std::net::TcpStream, file: &File, name: &str) -> std::io::Result<()> {
-    use std::io::{BufRead, BufReader};
-    use std::os::unix::fs::FileExt;
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut request = String::new();
-    reader.read_line(&mut request)?;
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
-            break;
-        }
-    }
-    let mut parts = request.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let simple = |status: &str| {
-        format!("HTTP/1.1 {status}\r\n{CORS}Content-Length: 0\r\nConnection: close\r\n\r\n")
-    };
-    if method == "OPTIONS" {
-        return stream.write_all(simple("204 No Content").as_bytes());
-    }
-    if method != "GET" && method != "HEAD" {
-        return stream.write_all(simple("405 Method Not Allowed").as_bytes());
-    }
-    let wanted = target
-        .split(['?', '#'])
-        .next()
-        .unwrap_or("")
-        .trim_start_matches('/');
-    if wanted != name && !wanted.is_empty() {
-        return stream.write_all(simple("404 Not Found").as_bytes());
-    }
-    let len = file.metadata()?.len();
-    let encoding = if name.ends_with(".gz") {
-        "Content-Encoding: gzip\r\n"
-    } else {
-        ""
-    };
-    stream.write_all(
-        format!(
-            "HTTP/1.1 200 OK\r\n{CORS}Content-Type: application/json\r\n{encoding}\
-             Content-Length: {len}\r\nConnection: close\r\n\r\n"
-        )
-        .as_bytes(),
-    )?;
-    if method == "HEAD" {
-        return Ok(());
-    }
-    // positioned reads: connections share the one handle
-    let mut buf = vec![0u8; 1 << 16];
-    let mut off = 0u64;
-    while off < len {
-        let n = file.read_at(&mut buf, off)?;
-        if n == 0 {
-            break;
-        }
-        stream.write_all(&buf[..n])?;
-        off += n as u64;
-    }
-    stream.flush()
 }
