@@ -283,6 +283,8 @@ fn a_frontend_that_dies_fails_serve_with_its_log() {
         !status.success(),
         "a dead frontend is a failure, not a stop"
     );
+    // serve ends with the frontend's status: 128 + SIGKILL
+    assert_eq!(status.code(), Some(137), "{status}");
     let err = serve.stderr();
     assert!(err.contains("the frontend exited"), "{err}");
     assert!(
