@@ -223,6 +223,9 @@ fn run_steps(root: &Path, t: &mut Timings) -> Result<()> {
     t.step("pods: deploy/trace-capture (capture, then replay)", || {
         check_capture_replay(root, &podman, &dir)
     })?;
+    t.step("pods: deploy/llm-d-pd (pd-proxy as the sidecar)", || {
+        check_pd_pods(root, &podman, &dir)
+    })?;
     Ok(())
 }
 
@@ -913,6 +916,136 @@ fn check_capture_replay(root: &Path, podman: &Podman, dir: &Path) -> Result<()> 
     let _ = podman.output(&["play", "kube", "--down", &storage.to_string_lossy()]);
     let _ = podman.output(&["volume", "rm", "-f", volume]);
     Ok(())
+}
+
+/// The P/D pods: prefill, and decode behind the routing sidecar's slot. llm-d's sidecar
+/// (a Go program no registry serves here) is replaced by `vllm-vcr pd-proxy`, which makes
+/// the same two requests; the pod IP (`status.podIP`) is the loopback on the host network.
+fn check_pd_pods(root: &Path, podman: &Podman, dir: &Path) -> Result<()> {
+    let p = crate::proc::free_ports(4)?;
+    let (prefill_port, side_port, proxy_port, decode_port) = (p[0], p[1], p[2], p[3]);
+    let prefill = variant_file(
+        root,
+        dir,
+        "llm-d-pd/prefill.yaml",
+        &[(8000, prefill_port), (5600, side_port)],
+    )?;
+    let text = std::fs::read_to_string(&prefill)?;
+    let text = without_block(&text, "valueFrom:").replace("$(POD_IP)", "127.0.0.1");
+    std::fs::write(&prefill, text)?;
+    let decode = variant_file(
+        root,
+        dir,
+        "llm-d-pd/decode.yaml",
+        &[(8000, proxy_port), (8200, decode_port)],
+    )?;
+    let text = std::fs::read_to_string(&decode)?;
+    let sidecar = text
+        .lines()
+        .find(|l| {
+            l.trim_start()
+                .starts_with("image: ghcr.io/llm-d/llm-d-routing-sidecar")
+        })
+        .context("decode.yaml has no llm-d routing sidecar")?
+        .to_string();
+    let indent = " ".repeat(sidecar.len() - sidecar.trim_start().len());
+    let proxy = format!(
+        "{indent}image: vllm-vcr:vllm0.33\n{indent}args: [\"pd-proxy\", \"--prefill\", \"http://127.0.0.1:{prefill_port}\", \"--decode\", \"http://127.0.0.1:{decode_port}\", \"--port\", \"{proxy_port}\"]"
+    );
+    // the sidecar's own flags are the first block `args:` (the server's is inline)
+    let text = without_block(&text, "args:").replace(&sidecar, &proxy);
+    std::fs::write(&decode, text)?;
+
+    let _down_prefill = Cleanup::Kube(podman, prefill.clone());
+    let _down_decode = Cleanup::Kube(podman, decode.clone());
+    let secs = play(
+        podman,
+        &prefill,
+        "vllm-vcr-prefill-pod-0",
+        "vllm",
+        prefill_port,
+    )?;
+    eprintln!("  prefill pod: /health 200 after {secs:.1} s");
+    let secs = play(
+        podman,
+        &decode,
+        "vllm-vcr-decode-pod-0",
+        "vllm",
+        decode_port,
+    )?;
+    eprintln!("  decode pod: /health 200 after {secs:.1} s");
+    let count = |port: u16| -> Result<f64> {
+        let m = Client::new(port, Duration::from_secs(10)).get("/metrics")?;
+        let samples = crate::http::parse_metrics(&m.text());
+        Ok(crate::http::metric_sum(&samples, "vllm:request_success_total", &[]).unwrap_or(0.0))
+    };
+    let (p0, d0) = (count(prefill_port)?, count(decode_port)?);
+    let client = Client::new(proxy_port, Duration::from_secs(30));
+    let t = Instant::now();
+    let r = loop {
+        // the proxy container may still be starting
+        match client.post(
+            "/v1/completions",
+            &json!({"model": "tiny", "prompt": "Disaggregated hello", "max_tokens": 12}),
+        ) {
+            Ok(r) => break r,
+            Err(e) if t.elapsed() < Duration::from_secs(20) => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(e.context("the pd-proxy in the sidecar's slot never answered")),
+        }
+    };
+    let v = r.json()?;
+    let finish = v
+        .pointer("/choices/0/finish_reason")
+        .and_then(Value::as_str);
+    let used = v
+        .pointer("/usage/completion_tokens")
+        .and_then(Value::as_u64);
+    if r.status != 200 || finish != Some("length") || used != Some(12) {
+        bail!(
+            "completion through the decode pod: HTTP {}, finish_reason {finish:?}, completion_tokens {used:?}: {}\ndecode engine log:\n{}",
+            r.status,
+            snippet(&r.text()),
+            podman.logs("vllm-vcr-decode-pod-0-vllm")
+        );
+    }
+    let (p1, d1) = (count(prefill_port)?, count(decode_port)?);
+    if p1 - p0 != 1.0 || d1 - d0 != 1.0 {
+        bail!(
+            "vllm:request_success_total moved by {} on prefill and {} on decode, expected 1 and 1",
+            p1 - p0,
+            d1 - d0
+        );
+    }
+    eprintln!(
+        "  a completion through the decode pod: 12 tokens, length; one request finished on each of prefill and decode"
+    );
+    Ok(())
+}
+
+/// `yaml` without the first mapping key `key` and the lines nested under it.
+fn without_block(yaml: &str, key: &str) -> String {
+    let mut out = Vec::new();
+    let mut skip: Option<usize> = None;
+    let mut done = false;
+    for line in yaml.lines() {
+        let indent = line.len() - line.trim_start().len();
+        if let Some(d) = skip {
+            if line.trim().is_empty() || indent > d {
+                continue;
+            }
+            skip = None;
+        }
+        if !done && line.trim() == key {
+            skip = Some(indent);
+            done = true;
+            continue;
+        }
+        out.push(line);
+    }
+    out.join("\n") + "\n"
 }
 
 /// Every manifest under deploy/ through kubernetes-validate. Kustomization files are
