@@ -71,8 +71,8 @@ pub fn run(root: &Path) -> Result<()> {
             }),
         ),
         ("build", Box::new(|| cargo(root, &["build"]))),
-        // the image and deploy/ run for real with podman: image checks, the mock and
-        // capture/replay pods, kubernetes-validate (it prints what each part cost)
+        // the image and deploy/ run for real with podman: image checks, every deploy/
+        // directory as pods, kubernetes-validate (it prints what each part cost)
         ("containers", Box::new(|| crate::containers::run(root))),
         (
             "e2e",

