@@ -395,6 +395,9 @@ fn build_image(
         let version = env!("CARGO_PKG_VERSION");
         let versioned = format!("{IMAGE_REPO}:{version}-vllm{line}");
         let floating = format!("{IMAGE_REPO}:vllm{line}");
+        let previous = podman
+            .ok(&["image", "inspect", "--format", "{{.Id}}", &versioned])
+            .ok();
         podman.loud(&[
             "build",
             "--network",
@@ -413,6 +416,12 @@ fn build_image(
             &floating,
             &ctx.to_string_lossy(),
         ])?;
+        // the image of the previous run, untagged now: not kept (a failure to remove it
+        // means something still uses it)
+        let id = podman.ok(&["image", "inspect", "--format", "{{.Id}}", &versioned])?;
+        if let Some(old) = previous.filter(|old| *old != id) {
+            let _ = podman.output(&["rmi", &old]);
+        }
         let size = podman.ok(&["image", "inspect", "--format", "{{.Size}}", &versioned])?;
         let mb = size.parse::<f64>().unwrap_or(0.0) / 1e6;
         eprintln!("  built {versioned} and {floating} ({mb:.0} MB)");
