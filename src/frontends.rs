@@ -728,13 +728,16 @@ pub fn fetch_nixl(cache: &Path) -> Result<PathBuf> {
     nixl_lib_dir_in(&venv).with_context(|| format!("no {NIXL_CAPI} under {}", venv.display()))
 }
 
-/// `kubernetes-validate` (PyPI; it bundles the Kubernetes JSON schemas, so manifests are
-/// checked offline), for `cargo xtask containers`.
+/// The Python tools of `cargo xtask containers`, in one venv: `kubernetes-validate` (it
+/// bundles the Kubernetes JSON schemas, so manifests are checked offline), and pyzmq and
+/// msgspec for a KV-events subscriber (what a router reads: ZMQ frames of msgpack).
 pub const KUBERNETES_VALIDATE_PACKAGE: &str = "kubernetes-validate";
 pub const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+const CONTAINER_TOOLS_EXTRA: &[&str] = &["pyzmq==27.3.0", "msgspec==0.22.0"];
 
-/// Ensure `kubernetes-validate` is installed in the cache; returns its executable.
-pub fn fetch_kubernetes_validate(cache: &Path) -> Result<PathBuf> {
+/// Ensure the container tools are installed in the cache; returns their venv
+/// (`bin/kubernetes-validate`, `bin/python` with `zmq` and `msgspec`).
+pub fn fetch_container_tools(cache: &Path) -> Result<PathBuf> {
     let venv = install_venv(
         cache,
         KUBERNETES_VALIDATE_PACKAGE,
@@ -748,7 +751,20 @@ pub fn fetch_kubernetes_validate(cache: &Path) -> Result<PathBuf> {
             ready: |venv| venv.join("bin").join("kubernetes-validate").is_file(),
         },
     )?;
-    Ok(venv.join("bin").join("kubernetes-validate"))
+    let stamp = venv.join(".installed-extra");
+    let want = CONTAINER_TOOLS_EXTRA.join(" ");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == want) {
+        return Ok(venv);
+    }
+    // install_venv put uv into the tools venv
+    let mut cmd = Command::new(cache.join("py").join("tools").join("bin").join("uv"));
+    cmd.env("UV_CACHE_DIR", cache.join("uv"))
+        .args(["pip", "install", "--python"])
+        .arg(venv.join("bin").join("python"))
+        .args(CONTAINER_TOOLS_EXTRA);
+    run(cmd, &format!("installing {want}"))?;
+    std::fs::write(&stamp, want)?;
+    Ok(venv)
 }
 
 /// How one venv is pinned.

@@ -15,10 +15,11 @@
 //!   0, nothing left listening), and a frontend that dies taking the container down;
 //! - every `deploy/` directory as pods: the mock Deployment, the capture → offline-replay
 //!   chain, the P/D pair (`vllm-vcr pd-proxy` in llm-d's routing sidecar's slot) and the
-//!   KV-events pod (a Python ZMQ subscriber from the Python frontend's venv). Each runs as
+//!   KV-events pod (a Python ZMQ subscriber). Each runs as
 //!   a test variant of its manifest: host network, free ports, no probes (podman runs
 //!   probes through systemd, which these machines lack), no Services;
-//! - every manifest under `deploy/` through `kubernetes-validate` (PyPI, in the cache).
+//! - every manifest under `deploy/` through `kubernetes-validate` (PyPI; it and the
+//!   subscriber's pyzmq and msgspec live in one venv in the cache).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -197,11 +198,11 @@ fn run_steps(root: &Path, t: &mut Timings) -> Result<()> {
     t.step("tools (podman, runc, debootstrap)", ensure_tools)?;
     remove_leftovers(&podman);
     t.step("base image", || base_image(&podman, &dir))?;
-    let validator = t.step("kubernetes-validate", || {
-        frontends::fetch_kubernetes_validate(&cache)
+    let tools = t.step("python tools (kubernetes-validate, pyzmq)", || {
+        frontends::fetch_container_tools(&cache)
     })?;
     t.step("validate deploy/ manifests", || {
-        validate_manifests(root, &validator)
+        validate_manifests(root, &tools.join("bin").join("kubernetes-validate"))
     })?;
     let (engine, frontend) = t.step("binaries (cargo build, cached vllm-rs)", || {
         Ok((
@@ -229,7 +230,7 @@ fn run_steps(root: &Path, t: &mut Timings) -> Result<()> {
         check_pd_pods(root, &podman, &dir)
     })?;
     t.step("pod: deploy/kv-events (a ZMQ subscriber)", || {
-        check_kv_events_pod(root, &podman, &dir, &cache, &compat)
+        check_kv_events_pod(root, &podman, &dir, &tools)
     })?;
     Ok(())
 }
@@ -1041,7 +1042,7 @@ fn check_pd_pods(root: &Path, podman: &Podman, dir: &Path) -> Result<()> {
 
 /// A KV-events subscriber for the test: binds a ZMQ SUB socket (the router's side of
 /// llm-d's layout) and prints one JSON line per message: topic, and per event its tag,
-/// block count and token count. Runs with the Python frontend's venv (pyzmq, msgspec).
+/// block count and token count. Runs in the tools venv (pyzmq, msgspec).
 const KV_SUBSCRIBER: &str = r#"
 import json, sys, msgspec, zmq
 sock = zmq.Context().socket(zmq.SUB)
@@ -1064,16 +1065,8 @@ while True:
 
 /// The KV-events pod publishes to a subscriber socket: a prompt of three full blocks is
 /// announced as BlockStored events of those blocks, on the pod's topic.
-fn check_kv_events_pod(
-    root: &Path,
-    podman: &Podman,
-    dir: &Path,
-    cache: &Path,
-    compat: &Compat,
-) -> Result<()> {
+fn check_kv_events_pod(root: &Path, podman: &Podman, dir: &Path, venv: &Path) -> Result<()> {
     use std::io::BufRead;
-    let py = &compat.python_frontend;
-    let venv = frontends::fetch_python(cache, &py.package, &py.version)?;
     let p = crate::proc::free_ports(2)?;
     let (port, sub_port) = (p[0], p[1]);
     let file = variant_file(root, dir, "kv-events/deployment.yaml", &[(8000, port)])?;
