@@ -481,8 +481,13 @@ fn check_cli(podman: &Podman, image: &str) -> Result<()> {
             "MOCK_REPLAY_TOKENS=/trace/none.jsonl",
             "not found: /trace/none.jsonl",
         ),
+        (
+            "MOCK_REPLAY_TOKENS=/trace/none.jsonl MOCK_WAIT_FOR_TRACE_S=1",
+            "not there after 1 s: /trace/none.jsonl",
+        ),
     ] {
-        let (code, _, err) = run_once(podman, image, &[env], &[])?;
+        let vars: Vec<&str> = env.split(' ').collect();
+        let (code, _, err) = run_once(podman, image, &vars, &[])?;
         if code != 2 || !err.contains(must_say) {
             bail!(
                 "{env}: expected exit status 2 and {must_say:?}, got exit {code} and {}",
