@@ -105,6 +105,11 @@ impl ChildGuard {
         }
     }
 
+    /// The child's exit status, if it has exited.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
     /// Fail if the child is gone.
     pub fn ensure_running(&mut self) -> Result<()> {
         match self.exited() {

@@ -98,7 +98,9 @@ pub fn main() -> i32 {
         Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
             crate::errln!("error: {e:#}");
-            1
+            // `serve` ends with the status of a frontend that ended on its own
+            e.downcast_ref::<crate::serve::FrontendExited>()
+                .map_or(1, |f| f.code)
         }
     }
 }

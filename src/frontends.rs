@@ -573,7 +573,7 @@ fn have_libclang() -> bool {
 
 /// `apt-get update` and `apt-get install PACKAGE`, saying `why` first; `hint` is the error
 /// context when either fails.
-fn apt_install(package: &str, why: &str, hint: &'static str) -> Result<()> {
+pub fn apt_install(package: &str, why: &str, hint: &'static str) -> Result<()> {
     crate::errln!("fetch: {why}; apt-get install {package}");
     for args in [&["update", "-q"][..], &["install", "-y", "-q", package][..]] {
         let mut cmd = Command::new("apt-get");
@@ -781,6 +781,38 @@ pub fn fetch_perfetto_python(cache: &Path) -> Result<PathBuf> {
         PERFETTO_PY_VERSION,
         has_perfetto_protos,
     )
+}
+
+/// The Python tools of `cargo xtask containers`, in one venv: `kubernetes-validate` (it
+/// bundles the Kubernetes JSON schemas, so manifests are checked offline), and pyzmq and
+/// msgspec for a KV-events subscriber (what a router reads: ZMQ frames of msgpack).
+pub const KUBERNETES_VALIDATE_PACKAGE: &str = "kubernetes-validate";
+pub const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+const CONTAINER_TOOLS_EXTRA: &[&str] = &["pyzmq==27.3.0", "msgspec==0.22.0"];
+
+/// Ensure the container tools are installed in the cache; returns their venv
+/// (`bin/kubernetes-validate`, `bin/python` with `zmq` and `msgspec`).
+pub fn fetch_container_tools(cache: &Path) -> Result<PathBuf> {
+    let venv = fetch_tool(
+        cache,
+        KUBERNETES_VALIDATE_PACKAGE,
+        KUBERNETES_VALIDATE_VERSION,
+        |venv| venv.join("bin").join("kubernetes-validate").is_file(),
+    )?;
+    let stamp = venv.join(".installed-extra");
+    let want = CONTAINER_TOOLS_EXTRA.join(" ");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == want) {
+        return Ok(venv);
+    }
+    // install_venv put uv into the tools venv
+    let mut cmd = Command::new(cache.join("py").join("tools").join("bin").join("uv"));
+    cmd.env("UV_CACHE_DIR", cache.join("uv"))
+        .args(["pip", "install", "--python"])
+        .arg(venv.join("bin").join("python"))
+        .args(CONTAINER_TOOLS_EXTRA);
+    run(cmd, &format!("installing {want}"))?;
+    std::fs::write(&stamp, want)?;
+    Ok(venv)
 }
 
 /// How one venv is pinned.

@@ -86,6 +86,35 @@ pub struct ServeArgs {
     pub frontend_args: Vec<String>,
 }
 
+/// The frontend ended on its own: `vllm-vcr serve` exits with the frontend's status (its
+/// exit code, or 128 + the signal that killed it), so a supervisor or a container runtime
+/// sees what happened to it.
+#[derive(Debug)]
+pub struct FrontendExited {
+    /// The exit code `serve` ends with.
+    pub code: i32,
+    message: String,
+}
+
+impl FrontendExited {
+    fn new(status: Option<std::process::ExitStatus>, message: String) -> FrontendExited {
+        use std::os::unix::process::ExitStatusExt;
+        let code = match status {
+            Some(s) => s.code().or(s.signal().map(|sig| 128 + sig)).unwrap_or(1),
+            None => 1,
+        };
+        FrontendExited { code, message }
+    }
+}
+
+impl std::fmt::Display for FrontendExited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for FrontendExited {}
+
 /// The line a `vllm-rs` binary belongs to: its `--version` (0.29+ print `vllm-rs 0.29.0`),
 /// else where it sits (the cache's `<tag>/vllm-rs`, or a venv next to a dist-info).
 pub(crate) fn line_of_vllm_rs(bin: &Path) -> Option<VllmLine> {
@@ -132,6 +161,11 @@ fn version_output(bin: &Path) -> Option<String> {
 
 /// The end of the frontend's log, for error messages.
 pub(crate) fn log_tail(log: &Path) -> String {
+    // a pipe or a terminal (`--log-file /proc/self/fd/2` in a container): the output is
+    // already where the user reads it, and reading our own stderr would block
+    if !std::fs::metadata(log).is_ok_and(|m| m.is_file()) {
+        return format!("(the frontend's output went to {})", log.display());
+    }
     let text = tail(log, 30);
     if text.trim().is_empty() {
         "(the log is empty)".to_string()
@@ -525,7 +559,10 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         Some(p) => p.clone(),
         None => default_log(&cache, args.port),
     };
-    let _ = std::fs::remove_file(&log);
+    // a fresh log per run; never unlink what is not a regular file (/dev/stderr)
+    if std::fs::symlink_metadata(&log).is_ok_and(|m| m.is_file()) {
+        let _ = std::fs::remove_file(&log);
+    }
     let timeout = args.startup_timeout.max(1.0);
 
     let spec = FrontendSpec {
@@ -537,6 +574,13 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         engines: play.engine_count,
         ready_timeout_s: timeout.ceil() as u64,
     };
+    // SIGTERM drains at the frontend: it finishes the responses in flight for up to
+    // --shutdown-timeout seconds while the engine keeps serving them. The engine stops
+    // after the frontend, when nothing can receive its outputs any more, so it aborts
+    // what is left at once instead of waiting a second time.
+    let drain = play.shutdown_timeout.max(0.0);
+    play.shutdown_timeout = 0.0;
+    let grace = |base: u64| Duration::from_secs(base) + Duration::from_secs_f64(drain);
     let (cmd, grace) = match args.frontend {
         Frontend::Rs => {
             let bin = frontends::find_vllm_rs(
@@ -551,8 +595,15 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             );
             let mut cmd = vllm_rs_command(&bin, &spec);
             cmd.args(runner_args(&args, &play));
+            let chosen = args
+                .frontend_args
+                .iter()
+                .any(|a| a.starts_with("--shutdown-timeout"));
+            if drain > 0.0 && !chosen {
+                cmd.args(["--shutdown-timeout", &(drain.ceil() as u64).to_string()]);
+            }
             cmd.args(&args.frontend_args);
-            (cmd, Duration::from_secs(3))
+            (cmd, grace(3))
         }
         Frontend::Python => {
             let venv = args.python_venv.clone().context(
@@ -567,7 +618,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             );
             cmd.args(runner_args(&args, &play));
             cmd.args(&args.frontend_args);
-            (cmd, Duration::from_secs(5))
+            (cmd, grace(5))
         }
     };
 
@@ -597,11 +648,15 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         }
         if let Some(status) = frontend.exited() {
             let _ = engine_stop.send(true);
-            bail!(
-                "the frontend exited during start-up ({status}); last lines of {}:\n{}",
-                log.display(),
-                log_tail(&log)
-            );
+            return Err(FrontendExited::new(
+                frontend.exit_status(),
+                format!(
+                    "the frontend exited during start-up ({status}); last lines of {}:\n{}",
+                    log.display(),
+                    log_tail(&log)
+                ),
+            )
+            .into());
         }
         if engine.is_finished() {
             stop_all(frontend).await;
@@ -660,11 +715,15 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             }
             _ = tokio::time::sleep(Duration::from_millis(500)) => {
                 if let Some(status) = frontend.exited() {
-                    break Err(anyhow::anyhow!(
-                        "the frontend exited ({status}); last lines of {}:\n{}",
-                        log.display(),
-                        log_tail(&log)
-                    ));
+                    break Err(FrontendExited::new(
+                        frontend.exit_status(),
+                        format!(
+                            "the frontend exited ({status}); last lines of {}:\n{}",
+                            log.display(),
+                            log_tail(&log)
+                        ),
+                    )
+                    .into());
                 }
             }
         }

@@ -283,12 +283,40 @@ fn a_frontend_that_dies_fails_serve_with_its_log() {
         !status.success(),
         "a dead frontend is a failure, not a stop"
     );
+    // serve ends with the frontend's status: 128 + SIGKILL
+    assert_eq!(status.code(), Some(137), "{status}");
     let err = serve.stderr();
     assert!(err.contains("the frontend exited"), "{err}");
     assert!(
         err.contains("OpenAI server is ready"),
         "the error shows the end of the frontend's log:\n{err}"
     );
+}
+
+#[test]
+fn sigterm_lets_the_responses_in_flight_finish_within_the_shutdown_timeout() {
+    let mut serve = Serve::start(&["--inter-token-latency", "20", "--shutdown-timeout", "10"]);
+    let (_, frontend_pid) = serve.wait_ready();
+    let port = serve.port;
+    // 40 tokens 20 ms apart: still running when SIGTERM comes
+    let in_flight = std::thread::spawn(move || {
+        post(
+            port,
+            "/v1/completions",
+            r#"{"model":"tiny","prompt":"Hello","max_tokens":40,"ignore_eos":true}"#,
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    serve.signal(libc::SIGTERM);
+    let (status, body) = in_flight.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 40, "{body}");
+    let exit = serve
+        .wait_exit(Duration::from_secs(15))
+        .expect("serve did not exit after SIGTERM");
+    assert!(exit.success(), "{exit}:\n{}", serve.stderr());
+    assert!(!alive(frontend_pid), "the frontend was left running");
 }
 
 #[test]

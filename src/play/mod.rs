@@ -123,7 +123,8 @@ pub struct PlayArgs {
     pub log_requests: bool,
 
     /// Seconds to keep serving admitted requests after SIGINT/SIGTERM before aborting the
-    /// rest (vLLM's --shutdown-timeout; 0 aborts at once).
+    /// rest (vLLM's --shutdown-timeout; 0 aborts at once). Under `serve` the frontend
+    /// drains instead (vllm-rs gets the same --shutdown-timeout) while the engine serves it.
     #[arg(long, default_value_t = 0.0)]
     pub shutdown_timeout: f64,
 

@@ -85,6 +85,9 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
             }),
         ),
         ("build", Box::new(|| cargo(root, &["build"]))),
+        // the image and deploy/ run for real with podman: image checks, every deploy/
+        // directory as pods, kubernetes-validate (it prints what each part cost)
+        ("containers", Box::new(|| crate::containers::run(root))),
         (
             "e2e",
             Box::new(|| {
@@ -120,7 +123,7 @@ pub fn run(root: &Path, only: &[String]) -> Result<()> {
     let report = |timings: &[(&str, f64, &str)]| {
         eprintln!("\nci stage timings:");
         for (name, secs, outcome) in timings {
-            eprintln!("  {name:<8} {secs:>8.1} s  {outcome}");
+            eprintln!("  {name:<10} {secs:>8.1} s  {outcome}");
         }
     };
     for (name, stage) in &stages {

