@@ -583,10 +583,13 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     let grace = |base: u64| Duration::from_secs(base) + Duration::from_secs_f64(drain);
     let (cmd, grace) = match args.frontend {
         Frontend::Rs => {
-            let bin = frontends::find_vllm_rs(
-                args.frontend_bin.as_deref(),
-                env!("VLLM_VCR_DEFAULT_TAG"),
-            )?;
+            // `--vllm-version L` without `--frontend-bin` runs line L's own vllm-rs
+            // (cached or fetched like the default one), never another line's
+            let bin = if line_explicit && args.frontend_bin.is_none() {
+                frontends::ensure_vllm_rs(&crate::compat::tag_for(play.vllm_version))?
+            } else {
+                frontends::find_vllm_rs(args.frontend_bin.as_deref(), env!("VLLM_VCR_DEFAULT_TAG"))?
+            };
             play.vllm_version = pick_line(
                 &bin.display().to_string(),
                 line_of_vllm_rs(&bin),

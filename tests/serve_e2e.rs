@@ -270,6 +270,28 @@ fn frontend_bin_of_the_newest_and_oldest_lines() {
     }
 }
 
+/// `serve --vllm-version L` runs line L's own vllm-rs (not the default line's), so every
+/// request works.
+#[test]
+fn vllm_version_starts_that_lines_frontend() {
+    let mut serve = Serve::start(&["--vllm-version", "0.27"]);
+    let (_, frontend_pid) = serve.wait_ready();
+    assert!(
+        serve.frontend.contains("(vLLM 0.27, pid"),
+        "serve should run the 0.27 frontend: {}",
+        serve.frontend
+    );
+    let cmdline = std::fs::read_to_string(format!("/proc/{frontend_pid}/cmdline")).unwrap();
+    assert!(
+        cmdline.contains("vllm-rs/0.27.1/vllm-rs"),
+        "the frontend is not 0.27.1's vllm-rs: {cmdline:?}"
+    );
+    for max_tokens in [1, 9] {
+        assert_chat_works(serve.port, max_tokens);
+    }
+    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+}
+
 #[test]
 fn a_frontend_that_dies_fails_serve_with_its_log() {
     let mut serve = Serve::start(&[]);
