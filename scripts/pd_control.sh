@@ -93,7 +93,11 @@ OUT=$(http "http://127.0.0.1:$PROXY/v1/completions" "$BODY") \
   || fail "the proxy did not answer"
 echo "$OUT" | grep -q '"completion_tokens":16' || fail "not a whole answer: $OUT"
 BLOCKS=$(((${#PROMPT} + 15) / 16))
-sleep 0.3
+# the prefill frees the blocks when the read is reported (with NIXL: its notification)
+for _ in $(seq 1 50); do
+  grep -q "KV read by the decode engine" "$LOGS/prefill.log" && break
+  sleep 0.1
+done
 grep -q "KV read by the decode engine.*blocks=$BLOCKS" "$LOGS/prefill.log" \
   || fail "the prefill did not free $BLOCKS blocks after the read"
 grep -q "remote KV pulled.*blocks=$BLOCKS" "$LOGS/decode.log" \

@@ -233,6 +233,15 @@ fn a_prefill_decode_pair_behind_the_proxy_serves_whole_answers_and_frees_the_kv(
         "{}",
         decode.log()
     );
+    // with NIXL the prefill frees the blocks when the READ's notification arrives, a
+    // moment after the decode has its bytes
+    assert!(
+        wait_until(Duration::from_secs(5), || prefill
+            .log()
+            .contains("KV read by the decode engine")),
+        "{}",
+        prefill.log()
+    );
     let plog = prefill.log();
     assert_eq!(
         log_field(&plog, "prefill done: KV kept", "blocks").as_deref(),
