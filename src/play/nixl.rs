@@ -419,19 +419,13 @@ impl NixlPool {
     /// meanwhile are dropped (and named in the timeout error).
     pub fn wait_notification(&self, from: &str, msg: &str, timeout: Duration) -> Result<()> {
         let started = Instant::now();
-        let mut map = NotificationMap::new()?;
         let mut seen: Vec<(String, String)> = Vec::new();
         loop {
-            self.agent
-                .get_notifications(&mut map, None)
-                .context("NIXL: reading notifications")?;
-            for (agent, msgs) in map.take_notifs()? {
-                for m in msgs {
-                    if agent == from && m == msg {
-                        return Ok(());
-                    }
-                    seen.push((agent.clone(), m));
+            for (agent, m) in self.take_notifications()? {
+                if agent == from && m == msg {
+                    return Ok(());
                 }
+                seen.push((agent, m));
             }
             if started.elapsed() > timeout {
                 bail!(

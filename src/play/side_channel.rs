@@ -200,21 +200,12 @@ async fn read_bytes(p: &Pull, plane: Arc<dyn DataPlane>) -> Result<usize, String
 /// vLLM's handshake as a REQ peer does it: `get_meta_msg` out, `[payload, perf_counter]`
 /// back.
 async fn fetch_handshake(address: &str) -> Result<Vec<u8>, String> {
-    let opts = socket_options(None).map_err(|e| e.to_string())?;
-    let mut sock = DealerSocket::with_options(opts);
-    sock.connect(address)
-        .await
-        .map_err(|e| format!("cannot reach the prefill engine's side channel {address}: {e}"))?;
-    send_frames(
-        &mut sock,
+    // as a REQ peer: an empty delimiter first; back come ["", payload, perf_counter]
+    let frames = round_trip(
+        address,
         vec![Bytes::new(), Bytes::from(data_plane::get_meta_msg())],
     )
-    .await
-    .map_err(|e| format!("side channel {address}: {e}"))?;
-    let frames = recv_frames(&mut sock)
-        .await
-        .map_err(|e| format!("side channel {address}: {e}"))?;
-    // [empty delimiter, payload, perf_counter]
+    .await?;
     let payload = frames
         .iter()
         .find(|f| !f.is_empty())
@@ -223,19 +214,9 @@ async fn fetch_handshake(address: &str) -> Result<Vec<u8>, String> {
 }
 
 async fn read_once(p: &Pull) -> Result<usize, String> {
-    let opts = socket_options(None).map_err(|e| e.to_string())?;
-    let mut sock = DealerSocket::with_options(opts);
     let address = format!("tcp://{}:{}", p.remote.host, p.remote.port);
-    sock.connect(&address)
-        .await
-        .map_err(|e| format!("cannot reach the prefill engine's side channel {address}: {e}"))?;
     let msg = wire::read(&p.engine_id, &p.remote.request_id, &p.remote.block_ids);
-    send_frames(&mut sock, vec![Bytes::from(msg)])
-        .await
-        .map_err(|e| format!("side channel {address}: {e}"))?;
-    let frames = recv_frames(&mut sock)
-        .await
-        .map_err(|e| format!("side channel {address}: {e}"))?;
+    let frames = round_trip(&address, vec![Bytes::from(msg)]).await?;
     let answer = frames.last().ok_or("an empty answer")?;
     wire::parse_answer(answer).map_err(|e| {
         format!(
@@ -243,6 +224,21 @@ async fn read_once(p: &Pull) -> Result<usize, String> {
             p.remote.engine_id, p.remote.request_id
         )
     })
+}
+
+/// One request on a fresh DEALER to a prefill engine's side channel, and its answer.
+async fn round_trip(address: &str, frames: Vec<Bytes>) -> Result<Vec<Bytes>, String> {
+    let opts = socket_options(None).map_err(|e| e.to_string())?;
+    let mut sock = DealerSocket::with_options(opts);
+    sock.connect(address)
+        .await
+        .map_err(|e| format!("cannot reach the prefill engine's side channel {address}: {e}"))?;
+    send_frames(&mut sock, frames)
+        .await
+        .map_err(|e| format!("side channel {address}: {e}"))?;
+    recv_frames(&mut sock)
+        .await
+        .map_err(|e| format!("side channel {address}: {e}"))
 }
 
 /// How long a decode engine waits for a prefill engine's answer (vLLM's handshake
