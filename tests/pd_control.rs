@@ -71,6 +71,25 @@ fn serve(port: u16, extra: &[String], name: &str) -> Proc {
     p
 }
 
+/// `vllm-vcr pd-proxy` on `port` in front of the prefill and decode frontends, answering
+/// /health.
+fn proxy(prefill: u16, decode: u16, port: u16, name: &str) -> Proc {
+    let p = Proc::start(
+        &s(&[
+            "pd-proxy",
+            "--prefill",
+            &format!("http://127.0.0.1:{prefill}"),
+            "--decode",
+            &format!("http://127.0.0.1:{decode}"),
+            "--port",
+            &port.to_string(),
+        ]),
+        name,
+    );
+    wait_health(port, &p);
+    p
+}
+
 fn wait_health(port: u16, p: &Proc) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -196,19 +215,7 @@ fn a_prefill_decode_pair_behind_the_proxy_serves_whole_answers_and_frees_the_kv(
         &s(&["--pd-role", "decode", "--engine-id", "decode-0"]),
         "decode",
     );
-    let proxy = Proc::start(
-        &s(&[
-            "pd-proxy",
-            "--prefill",
-            &format!("http://127.0.0.1:{pf_port}"),
-            "--decode",
-            &format!("http://127.0.0.1:{dec_port}"),
-            "--port",
-            &proxy_port.to_string(),
-        ]),
-        "proxy",
-    );
-    wait_health(proxy_port, &proxy);
+    let _proxy = proxy(pf_port, dec_port, proxy_port, "proxy");
 
     // non-streamed: the whole answer, and exactly the prompt's blocks moved
     let prompt = "A prefill/decode pair answers this prompt: 68 bytes, so five blocks.";
@@ -543,19 +550,7 @@ fn kv_events_of_both_sides_name_the_same_blocks() {
         ]),
         "decode-ev",
     );
-    let proxy = Proc::start(
-        &s(&[
-            "pd-proxy",
-            "--prefill",
-            &format!("http://127.0.0.1:{pf_port}"),
-            "--decode",
-            &format!("http://127.0.0.1:{dec_port}"),
-            "--port",
-            &proxy_port.to_string(),
-        ]),
-        "proxy-ev",
-    );
-    wait_health(proxy_port, &proxy);
+    let _proxy = proxy(pf_port, dec_port, proxy_port, "proxy-ev");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let pf_sub = collect_kv_events(pf_ev, stop.clone());
     let dec_sub = collect_kv_events(dec_ev, stop.clone());
