@@ -336,8 +336,12 @@ fn a_prefill_decode_pair_behind_the_proxy_serves_whole_answers_and_frees_the_kv(
     assert_eq!(params["transfer_mode"], "pull");
     assert_eq!(params["remote_num_tokens"], 41);
     assert_eq!(params["remote_block_ids"][0].as_array().unwrap().len(), 3);
+    // the gauge follows the engine's next stats message
     assert!(
-        metric(pf_port, "vllm:kv_cache_usage_perc") > 0.0,
+        wait_until(Duration::from_secs(1), || metric(
+            pf_port,
+            "vllm:kv_cache_usage_perc"
+        ) > 0.0),
         "held blocks count as used"
     );
     assert!(
