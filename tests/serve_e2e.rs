@@ -452,6 +452,85 @@ fn max_model_len_reaches_the_frontend_for_long_contexts() {
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
 }
 
+#[test]
+fn a_mooncake_trace_of_long_prompts_replays_through_bench_serve_with_no_failures() {
+    // what a user does with a public Mooncake trace: `vllm-rs bench serve --dataset-name
+    // timed_trace` against `serve --max-model-len 131072`, prompts of 20k–60k tokens fired at
+    // their timestamps (this used to fail most requests with "maximum context length is 2048")
+    let dir = std::env::temp_dir().join(format!("vllm-vcr-mooncake-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("mooncake.jsonl");
+    let (mut lines, mut input_tokens, mut output_tokens) = (String::new(), 0u64, 0u64);
+    let (mut t_ms, mut seed) = (0u64, 0x9e37_79b9_7f4a_7c15u64);
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    const REQUESTS: u64 = 30;
+    for i in 0..REQUESTS {
+        t_ms += 50 + next(200);
+        let input = 20_000 + next(40_001);
+        let output = 10 + next(100);
+        let hash_ids: Vec<String> = (0..input.div_ceil(512))
+            .map(|b| (i * 1000 + b).to_string())
+            .collect();
+        lines.push_str(&format!(
+            "{{\"timestamp\": {t_ms}, \"input_length\": {input}, \"output_length\": {output}, \"hash_ids\": [{}]}}\n",
+            hash_ids.join(", ")
+        ));
+        input_tokens += input;
+        output_tokens += output;
+    }
+    std::fs::write(&trace, lines).unwrap();
+
+    let mut serve = Serve::start(&["--max-model-len", "131072"]);
+    let (_, frontend_pid) = serve.wait_ready();
+    let base = format!("http://127.0.0.1:{}", serve.port);
+    // the model directory `serve` generated: the benchmark tokenizes with it
+    let mut models = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+    write!(models, "GET /v1/models HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    models.read_to_string(&mut raw).unwrap();
+    let models: serde_json::Value =
+        serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap();
+    let model_dir = models["data"][0]["root"].as_str().unwrap().to_string();
+    assert_eq!(models["data"][0]["max_model_len"], 131_072);
+
+    let out = Command::new(vllm_rs("0.33.0"))
+        .args(["bench", "serve", "--base-url", &base, "--model", "tiny"])
+        .args(["--tokenizer", &model_dir])
+        .args(["--dataset-name", "timed_trace", "--dataset-path"])
+        .arg(&trace)
+        .args(["--timed-trace-chunk-hash-size", "512"])
+        .args(["--timed-trace-sec-multiplier", "0.001"])
+        .args(["--num-prompts", &REQUESTS.to_string()])
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    let field = |name: &str| -> u64 {
+        report
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {name:?} in the benchmark's report:\n{report}\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+    };
+    assert!(out.status.success(), "bench serve failed:\n{report}");
+    assert_eq!(field("Failed requests:"), 0, "{report}");
+    assert_eq!(field("Successful requests:"), REQUESTS, "{report}");
+    assert_eq!(field("Total input tokens:"), input_tokens, "{report}");
+    assert_eq!(field("Total generated tokens:"), output_tokens, "{report}");
+    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A venv of the cache (installed by `cargo xtask fetch --python --cpu-engine`, which CI's
 /// fetch stage runs): a test that needs it fails, it does not skip.
 fn cached_venv(package: &str, version: &str) -> PathBuf {
