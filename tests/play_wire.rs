@@ -241,7 +241,9 @@ async fn version_guard_rejects_a_frontend_of_another_line() {
     assert!(o.new_token_ids.is_empty());
     w.stop().await.unwrap();
 
-    // the reverse, on a line whose outputs carry the error
+    // the reverse: a 0.33 engine and a 0.25–0.27 frontend. The reply is laid out so that
+    // the frontend's own line can read it: no 0.33-only `error` field (a 19-element output
+    // is what made an older vllm-rs fail every later request)
     let mut w = Wire::start(args()).await;
     w.line = line("0.27");
     w.send(&add("old", &[10], 3)).await;
@@ -249,10 +251,12 @@ async fn version_guard_rejects_a_frontend_of_another_line() {
     let env = w.recv().await;
     let o = &env.outputs[0];
     assert_eq!(o.finish_reason, Some(FinishReason::Error));
-    let err = o.error.as_ref().expect("0.33 outputs carry the error");
-    assert_eq!(err.code, "version_mismatch");
-    assert!(err.message.contains("0.25–0.27"), "{}", err.message);
-    assert!(err.message.contains("--vllm-version"), "{}", err.message);
+    assert!(o.new_token_ids.is_empty());
+    assert!(
+        o.error.is_none(),
+        "the reply carries a field a 0.25–0.27 frontend cannot decode: {:?}",
+        o.error
+    );
     // the right line still works
     w.send(&add("ok", &[10], 2)).await;
     let c = w.collect(&["ok"]).await;

@@ -292,6 +292,65 @@ fn vllm_version_starts_that_lines_frontend() {
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
 }
 
+/// `GET path`: the HTTP status.
+fn get_status(port: u16, path: &str) -> u16 {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    raw.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_frontend_of_an_older_line_gets_clean_errors_and_stays_healthy() {
+    // the engine on 0.33, the frontend an older vllm-rs: every request fails (the wire
+    // differs), but each one cleanly, and the frontend stays healthy; it used to get a reply
+    // in the 0.33 layout, which killed its output dispatcher (every later request failed,
+    // /health 503)
+    for (tag, group) in [("0.30.0", "0.28–0.30"), ("0.26.0", "0.25–0.27")] {
+        let bin = vllm_rs(tag);
+        let mut serve = Serve::start(&[
+            "--frontend-bin",
+            bin.to_str().unwrap(),
+            "--vllm-version",
+            "0.33",
+        ]);
+        let (_, frontend_pid) = serve.wait_ready();
+        for attempt in 0..3 {
+            let started = Instant::now();
+            let (status, body) = post(
+                serve.port,
+                "/v1/chat/completions",
+                r#"{"model":"tiny","messages":[{"role":"user","content":"Hello"}],"max_tokens":4}"#,
+            );
+            assert!(
+                status >= 400 || body["choices"][0]["finish_reason"] == "error",
+                "vllm-rs {tag}, attempt {attempt}: a request across lines should fail: {status} {body}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "vllm-rs {tag}: slow failure"
+            );
+            assert_eq!(
+                get_status(serve.port, "/health"),
+                200,
+                "vllm-rs {tag}, attempt {attempt}: the frontend is no longer healthy"
+            );
+        }
+        let log = serve.stderr();
+        assert!(
+            log.contains("wire version mismatch") && log.contains(group),
+            "vllm-rs {tag}: the engine should name the frontend's lines ({group}):\n{log}"
+        );
+        assert!(
+            !log.contains("output dispatcher"),
+            "vllm-rs {tag}: the frontend could not read the reply:\n{log}"
+        );
+        assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+    }
+}
+
 #[test]
 fn a_frontend_that_dies_fails_serve_with_its_log() {
     let mut serve = Serve::start(&[]);

@@ -314,7 +314,21 @@ impl SimEngine {
             } else {
                 tracing::debug!(request_id = %id, "wire version mismatch");
             }
-            self.reject_error(out, client, id, "version_mismatch", msg, false, now);
+            // The reply must be readable by the frontend that sent the request, not only by
+            // the configured line: an `EngineCoreOutput` holding just the request id, no
+            // tokens and the finish reason has the same layout on every line (the fields that
+            // differ all come later and are trimmed), so vLLM's `error` field is added only
+            // when every line the frontend may be has it. A reply in the configured layout
+            // kills an older vllm-rs's output dispatcher, which then fails every request.
+            let error =
+                (!likely.is_empty() && likely.iter().all(|l| l.has_output_error())).then(|| {
+                    RequestError {
+                        code: "version_mismatch".into(),
+                        message: msg,
+                        retryable: false,
+                    }
+                });
+            self.reject(out, client, id, FinishReason::Error, error, now);
             return;
         }
         if self.shutting_down {
