@@ -63,7 +63,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
 
-    /// The frontend's engine handshake port (0 picks a free one).
+    /// The frontend's engine handshake port (0 picks a free one). `--handshake-address
+    /// tcp://127.0.0.1:PORT` means the same.
     #[arg(long, default_value_t = 0)]
     pub handshake_port: u16,
 
@@ -75,7 +76,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 120.0)]
     pub startup_timeout: f64,
 
-    /// The engine's settings (`serve` sets --handshake-address itself).
+    /// The engine's settings (the handshake address is the frontend's, on --handshake-port).
     #[command(flatten)]
     pub play: PlayArgs,
 
@@ -324,6 +325,34 @@ pub(crate) fn write_embedded_model(cache: &Path, max_model_len: u64) -> Result<P
     }
 }
 
+/// The handshake port asked for: `--handshake-port`, or the port of a `--handshake-address`
+/// (play's flag, also read from `VLLM_VCR_HANDSHAKE_ADDRESS`) on this machine's loopback,
+/// where `serve` runs the frontend. 0: pick one.
+fn handshake_port(args: &ServeArgs) -> Result<u16> {
+    let address = args.play.handshake_address.trim();
+    if address == crate::play::DEFAULT_HANDSHAKE_ADDRESS {
+        return Ok(args.handshake_port);
+    }
+    let port = address
+        .strip_prefix("tcp://")
+        .and_then(|hp| hp.rsplit_once(':'))
+        .filter(|(host, _)| matches!(*host, "127.0.0.1" | "localhost"))
+        .and_then(|(_, port)| port.parse::<u16>().ok())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--handshake-address {address}: serve runs the frontend on this machine, so only \
+                 tcp://127.0.0.1:PORT works here (or use --handshake-port PORT)"
+            )
+        })?;
+    if args.handshake_port != 0 && args.handshake_port != port {
+        bail!(
+            "--handshake-address {address} and --handshake-port {} disagree: give one of them",
+            args.handshake_port
+        );
+    }
+    Ok(port)
+}
+
 /// What a frontend serves and where it listens, in external-engine mode (the engines
 /// join its handshake socket).
 pub(crate) struct FrontendSpec<'a> {
@@ -547,7 +576,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     // the engine's flags are checked before anything starts
     crate::play::config::PlayConfig::try_from(&play)?;
     ensure_free(&args.host, args.port, "--port")?;
-    let hs_port = match args.handshake_port {
+    let hs_port = match handshake_port(&args)? {
         0 => free_ports(1)?[0],
         p => {
             ensure_free("127.0.0.1", p, "--handshake-port")?;
@@ -756,6 +785,49 @@ mod tests {
         );
         assert_eq!(model_max_len(&dir), Some(2048));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn handshake_address_means_the_handshake_port_on_loopback() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let port = |argv: &[&str]| {
+            let cli = <Cli as clap::Parser>::try_parse_from(
+                std::iter::once("serve").chain(argv.iter().copied()),
+            )
+            .unwrap();
+            handshake_port(&cli.serve).map_err(|e| e.to_string())
+        };
+        assert_eq!(port(&[]), Ok(0));
+        assert_eq!(port(&["--handshake-port", "4000"]), Ok(4000));
+        assert_eq!(
+            port(&["--handshake-address", "tcp://127.0.0.1:4321"]),
+            Ok(4321)
+        );
+        assert_eq!(
+            port(&["--handshake-address", "tcp://localhost:4321"]),
+            Ok(4321)
+        );
+        let both = [
+            "--handshake-address",
+            "tcp://127.0.0.1:4321",
+            "--handshake-port",
+            "4321",
+        ];
+        assert_eq!(port(&both), Ok(4321));
+        let err = port(&["--handshake-address", "tcp://10.1.2.3:4321"]).unwrap_err();
+        assert!(err.contains("only tcp://127.0.0.1:PORT"), "{err}");
+        let err = port(&[
+            "--handshake-address",
+            "tcp://127.0.0.1:1",
+            "--handshake-port",
+            "2",
+        ])
+        .unwrap_err();
+        assert!(err.contains("disagree"), "{err}");
     }
 
     #[test]

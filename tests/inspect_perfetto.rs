@@ -599,6 +599,45 @@ fn open_without_output_leaves_no_file_behind() {
     let _ = child.wait();
 }
 
+#[test]
+fn open_started_in_the_background_stops_on_sigint() {
+    // what `vllm-vcr inspect perfetto t --open &` gets from a shell: SIGINT ignored
+    use std::os::unix::process::CommandExt;
+    let trace = tmp("open-bg.jsonl");
+    std::fs::write(&trace, SMALL).unwrap();
+    let mut cmd = bin();
+    cmd.args(["inspect", "perfetto", "--open", "--port", "0"])
+        .arg(&trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    // SAFETY: only an async-signal-safe call between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let (host, path) = served_url(&mut child);
+    check_served_proto(&host, &path);
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let status = status.expect("the server ignored SIGINT");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
+}
+
 /// A deterministic synthetic capture: Poisson-ish arrivals at 20/s, heavy-ish output
 /// lengths, ~15 ms gaps with some multi-token chunks, per-gap engine context and token
 /// ids, written in finish order like the tap does. Returns the peak concurrency.

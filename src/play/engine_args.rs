@@ -213,7 +213,9 @@ pub struct EngineArgs {
     pub no_enable_prefix_caching: bool,
 
     /// Model context length: requests stop with `length` when prompt plus output reach it.
-    /// The frontend uses the smaller of this and its model's own limit. Capped at what the
+    /// `vllm-rs` takes the length from the engine's ready response, so it accepts prompts up
+    /// to this whatever its model says; the Python frontend applies its own model's limit
+    /// (`serve` writes its model with this length, so both agree). Capped at what the
     /// KV cache holds ((--num-gpu-blocks − 1) × --block-size), with a warning: one request
     /// of this length must fit, or it would wait forever (vLLM refuses to start instead).
     #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(2..))]

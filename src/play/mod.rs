@@ -55,16 +55,19 @@ pub enum TokenMode {
     Text,
 }
 
+/// Where `play` finds the frontend's handshake socket by default (vLLM's default RPC port).
+pub const DEFAULT_HANDSHAKE_ADDRESS: &str = "tcp://127.0.0.1:29550";
+
 /// `play`'s flags: the engine's ([`EngineArgs`], also reachable as `args.<flag>` through
 /// `Deref`) and those of the sockets, the handshake and the process around it.
 #[derive(Debug, Clone, Args)]
 pub struct PlayArgs {
     /// The frontend's engine handshake socket (vLLM's --data-parallel-address and
     /// --data-parallel-rpc-port; vllm-rs --handshake-host/--handshake-port). `serve` sets
-    /// it itself.
+    /// it from its --handshake-port (an address given here must be tcp://127.0.0.1:PORT).
     #[arg(
         long,
-        default_value = "tcp://127.0.0.1:29550",
+        default_value = DEFAULT_HANDSHAKE_ADDRESS,
         env = "VLLM_VCR_HANDSHAKE_ADDRESS"
     )]
     pub handshake_address: String,

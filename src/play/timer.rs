@@ -2,8 +2,9 @@
 //!
 //! tokio's timer wheel has millisecond granularity (sleeps wake 0.7–1.6 ms late at p50,
 //! measured on a 2-core VM), which is far from the 0.2 ms pacing budget. A Linux
-//! `timerfd` registered with tokio's reactor wakes within tens of microseconds and keeps the
-//! loop an ordinary `select!` participant.
+//! `timerfd` registered with tokio's reactor wakes well within that budget (step lateness
+//! p50 ~70 µs, p99 140–170 µs at 100–1,000 streams; `cargo bench --bench engine`, pacing
+//! part) and keeps the loop an ordinary `select!` participant.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -413,6 +413,10 @@ fn real_main() -> Result<bool> {
         eprint!("{USAGE}");
         bail!("no command given");
     };
+    if argv[1..].iter().any(|a| a == "--help" || a == "-h") {
+        print!("{}", usage_of(&cmd));
+        return Ok(true);
+    }
     let args = parse(&cmd, &argv[1..])?;
     let root = root();
     proc::install_signal_handlers();
@@ -566,6 +570,28 @@ fn real_main() -> Result<bool> {
             Ok(true)
         }
         other => bail!("unknown command {other:?}\n\n{USAGE}"),
+    }
+}
+
+/// The part of [`USAGE`] that describes `cmd` (its line and the indented ones under it), or
+/// the whole text for a command it does not list.
+fn usage_of(cmd: &str) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for line in USAGE.lines() {
+        let starts_command = line.starts_with("  ") && !line.starts_with("   ");
+        if starts_command {
+            inside = line[2..].split_whitespace().next() == Some(cmd);
+        }
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if out.is_empty() {
+        USAGE.to_string()
+    } else {
+        format!("usage: cargo xtask {cmd} [options]\n\n{out}")
     }
 }
 

@@ -48,6 +48,13 @@ pub fn serve(file: File, name: &str, port: u16, content_type: &'static str) -> R
         )
     })?;
     let port = listener.local_addr()?.port();
+    // A shell starts a background job (`… --open &`) with SIGINT ignored, and an ignored
+    // signal stays ignored across exec: without this, `kill -INT` (or Ctrl-C after `fg`)
+    // would not stop a server that only ever ends on a signal.
+    // SAFETY: restoring the default disposition; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+    }
     let url = format!("http://127.0.0.1:{port}/{name}");
     if port != PERFETTO_UI_PORT {
         crate::errln!(
