@@ -13,7 +13,8 @@
 //!    workloads; simulated seconds per wall second (must be ≥ 100).
 //!
 //! Environment: `BENCH_QUICK=1` shrinks every run (smoke mode); `BENCH_SKIP_FRONTEND=1`
-//! skips part 3; `BENCH_ONLY=throughput,pacing,soak,replay,simulate,frontend` runs only those.
+//! skips part 3; `BENCH_ONLY=throughput,pacing,soak,replay,simulate,frontend` runs only those;
+//! `BENCH_CONCURRENCY=N` runs only that row of part 1; `BENCH_BIN=PATH` runs another build.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -27,6 +28,12 @@ use sim_protocol::transport::{FrontendListener, recv_frames, send_frames};
 use sim_protocol::{EngineCoreRequest, SamplingParams, VllmLine};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vllm-vcr");
+
+/// The binary under test: `BENCH_BIN=path` runs another build (e.g. a copy of the previous
+/// one, for a before/after in one run).
+fn bin() -> String {
+    std::env::var("BENCH_BIN").unwrap_or_else(|_| BIN.to_string())
+}
 
 fn quick() -> bool {
     std::env::var_os("BENCH_QUICK").is_some()
@@ -62,7 +69,7 @@ struct Engine {
 impl Engine {
     fn start(handshake: &str, extra: &[&str], log: &Path) -> Engine {
         let f = std::fs::File::create(log).unwrap();
-        let child = Command::new(BIN)
+        let child = Command::new(bin())
             .arg("play")
             .args(["--handshake-address", handshake])
             .args(extra)
@@ -313,7 +320,7 @@ fn write_workload(path: &Path, n: usize, rate: f64, turns: usize) {
 /// One `inspect simulate` run: (simulated s, wall s, requests, output tokens, its JSON).
 fn simulate_run(args: &[&str]) -> (f64, f64, u64, f64, serde_json::Value) {
     let t = Instant::now();
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["inspect", "simulate", "--json"])
         .args(args)
         .stderr(Stdio::null())
@@ -527,7 +534,14 @@ fn main() {
             "| concurrency | requests | output tokens | wall s | tokens/s | engine CPU s | engine CPU s per 1M tokens |"
         );
         println!("|---:|---:|---:|---:|---:|---:|---:|");
+        // BENCH_CONCURRENCY=4096 runs one row (e.g. to profile it)
+        let only: Option<usize> = std::env::var("BENCH_CONCURRENCY")
+            .ok()
+            .and_then(|v| v.parse().ok());
         for &(c, total) in &[(1usize, 200usize), (64, 2000), (1024, 8192), (4096, 16384)] {
+            if only.is_some_and(|o| o != c) {
+                continue;
+            }
             let total = if q { total / 10 } else { total }.max(c);
             let (r, _) = rt.block_on(direct_run(
                 c,

@@ -98,6 +98,9 @@ impl Serve {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
             .args(["serve", "--port", &port.to_string()])
             .args(["--handshake-port", &handshake_port.to_string()])
+            // the Python frontend inspects the model in a subprocess before it listens:
+            // on a loaded 2-core machine that took longer than serve's default 120 s
+            .args(["--startup-timeout", "600"])
             .args(extra)
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())

@@ -7,7 +7,7 @@ use sim_protocol::{EngineCoreOutput, FinishReason, PrefillStats, StopReason};
 use super::config::EngineConfig;
 use super::logprobs::{resolve_num_logprobs, sample_logprobs, sample_prompt_logprobs};
 use super::request::SimRequest;
-use super::spec_decode::{RequestSpecTracker, SpecStepStats};
+use super::spec_decode::SpecStepStats;
 
 /// How many tokens a sampled request delivers in this step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +61,7 @@ pub fn emit(
         // a pooling request's output is its vector, sent when its prefill is done
         let prompt = &r.tokens[..r.prompt_len as usize];
         let v = super::pooling::embed(prompt, cfg.embedding_dim, p, cfg.seed);
-        o.pooling_output = Some(super::pooling::tensor_value(&v));
+        o.pooling_output = Some(Box::new(super::pooling::tensor_value(&v)));
         stop = Some((FinishReason::Stop, None));
         count = 0;
     }
@@ -93,19 +93,20 @@ pub fn emit(
         && !o.new_token_ids.is_empty()
     {
         let k = resolve_num_logprobs(k, range.end);
-        o.new_logprobs = Some(sample_logprobs(
+        o.new_logprobs = Some(Box::new(sample_logprobs(
             &mut r.rng,
             &o.new_token_ids,
             k,
             range.clone(),
-        ));
+        )));
     }
     if !r.started
         && let Some(k) = r.prompt_logprobs
     {
         let k = resolve_num_logprobs(k, range.end);
         let prompt = r.tokens[..r.prompt_len as usize].to_vec();
-        o.new_prompt_logprobs_tensors = sample_prompt_logprobs(&mut r.rng, &prompt, k, range);
+        o.new_prompt_logprobs_tensors =
+            sample_prompt_logprobs(&mut r.rng, &prompt, k, range).map(Box::new);
     }
     o.events = std::mem::take(&mut r.pending_events);
     if !r.started {
@@ -116,7 +117,7 @@ pub fn emit(
         Some((reason, why)) => {
             o.finish_reason = Some(reason);
             o.stop_reason = why;
-            o.spec_decode_metrics = r.spec.as_ref().map(RequestSpecTracker::finish);
+            o.spec_decode_metrics = r.spec.as_ref().map(|t| Box::new(t.finish()));
             if cfg.log_requests {
                 tracing::info!(
                     request_id = %r.id,

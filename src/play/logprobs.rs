@@ -507,8 +507,8 @@ mod tests {
             outputs: vec![EngineCoreOutput {
                 request_id: "req-0".into(),
                 new_token_ids: vec![10, 11, 12],
-                new_logprobs: Some(lp),
-                new_prompt_logprobs_tensors: prompt,
+                new_logprobs: Some(Box::new(lp)),
+                new_prompt_logprobs_tensors: prompt.map(Box::new),
                 ..Default::default()
             }],
             timestamp: 1.5,
@@ -535,8 +535,8 @@ mod tests {
         let frames = encode_outputs(line, &out).unwrap();
         assert_eq!(frames.len(), 1);
         let got = decoded(line, &frames);
-        assert_eq!(got.new_logprobs.as_ref(), Some(&lp));
-        assert_eq!(got.new_prompt_logprobs_tensors, prompt);
+        assert_eq!(got.new_logprobs.as_deref(), Some(&lp));
+        assert_eq!(got.new_prompt_logprobs_tensors.as_deref(), prompt.as_ref());
 
         // threshold 1: every LogprobsLists array travels in its own aux frame
         let frames = encode_outputs_with(
@@ -552,8 +552,8 @@ mod tests {
         assert_eq!(frames[2].len(), 3 * 6 * 4);
         assert_eq!(frames[3].len(), 3 * 8);
         let got = decoded(line, &frames);
-        assert_eq!(got.new_logprobs.as_ref(), Some(&lp));
-        assert_eq!(got.new_prompt_logprobs_tensors, prompt);
+        assert_eq!(got.new_logprobs.as_deref(), Some(&lp));
+        assert_eq!(got.new_prompt_logprobs_tensors.as_deref(), prompt.as_ref());
         check(
             &prompt_as_lists(got.new_prompt_logprobs_tensors.as_ref().unwrap()),
             &[2, 3, 4],
@@ -570,8 +570,8 @@ mod tests {
             let line = VllmLine::parse(name).unwrap();
             let frames = encode_outputs(line, &envelope(lp.clone(), None)).unwrap();
             assert_eq!(
-                decoded(line, &frames).new_logprobs,
-                Some(lp.clone()),
+                decoded(line, &frames).new_logprobs.as_deref(),
+                Some(&lp),
                 "{name}"
             );
         }

@@ -632,8 +632,9 @@ impl SimEngine {
             .collect();
         let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
         let mut finished: Vec<String> = Vec::new();
-        for (id, n) in plan.scheduled {
-            let Some(r) = self.batch.advance(&id, n) else {
+        let capacity = plan.scheduled.len();
+        for (slot, n) in plan.scheduled {
+            let Some(r) = self.batch.advance(slot, n) else {
                 continue; // a partial prefill, or aborted / preempted during the step
             };
             let burst = match bursts.get(&r.key) {
@@ -649,13 +650,19 @@ impl SimEngine {
                     Some(FinishReason::Stop | FinishReason::Length)
                 );
             if keeps_kv {
-                o.kv_transfer_params = self.finish_keeping_kv(&id, now);
+                let id = r.id.clone();
+                o.kv_transfer_params = self.finish_keeping_kv(&id, now).map(Box::new);
             } else if done {
-                finished.push(id);
+                finished.push(r.id.clone());
             } else if r.script.is_some() {
-                to_script.push(id);
+                to_script.push(r.id.clone());
             }
-            by_client.entry(client).or_default().push(o);
+            // one vector per client, sized for the whole step: growing it moved every
+            // output several times at thousands of streams
+            by_client
+                .entry(client)
+                .or_insert_with(|| Vec::with_capacity(capacity))
+                .push(o);
         }
         for id in &finished {
             self.finish_silently(id);

@@ -438,7 +438,7 @@ mod tests {
                 request_id: "r".into(),
                 new_token_ids: vec![5, 6],
                 finish_reason: Some(FinishReason::Length),
-                spec_decode_metrics: Some(t.finish()),
+                spec_decode_metrics: Some(Box::new(t.finish())),
                 ..Default::default()
             }],
             scheduler_stats: Some(Box::new(SchedulerStats {
@@ -452,7 +452,10 @@ mod tests {
         let DecodedOutputs::Outputs(got) = decode_outputs_for(line, &frames).unwrap() else {
             panic!("dead")
         };
-        assert_eq!(got.outputs[0].spec_decode_metrics, Some(t.finish()));
+        assert_eq!(
+            got.outputs[0].spec_decode_metrics.as_deref(),
+            Some(&t.finish())
+        );
         assert_eq!(
             got.scheduler_stats.unwrap().spec_decoding_stats,
             step.into_stats()

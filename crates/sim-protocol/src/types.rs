@@ -452,32 +452,34 @@ pub struct LogprobsLists {
     pub cu_num_generated_tokens: Option<Vec<i64>>,
 }
 
-/// One request's output in one step (`EngineCoreOutput`).
+/// One request's output in one step (`EngineCoreOutput`). The fields a step rarely sets are
+/// boxed: the engine builds, moves and drops one of these per token, and at 760 bytes the
+/// moves showed in its profile.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct EngineCoreOutput {
     pub request_id: String,
     pub new_token_ids: Vec<u32>,
-    pub new_logprobs: Option<LogprobsLists>,
+    pub new_logprobs: Option<Box<LogprobsLists>>,
     /// Opaque, passed through as given.
-    pub new_prompt_logprobs_tensors: Option<Value>,
-    pub pooling_output: Option<Value>,
+    pub new_prompt_logprobs_tensors: Option<Box<Value>>,
+    pub pooling_output: Option<Box<Value>>,
     pub finish_reason: Option<FinishReason>,
     pub stop_reason: Option<StopReason>,
     pub events: Vec<EngineCoreEvent>,
-    pub kv_transfer_params: Option<Value>,
-    pub ec_transfer_params: Option<Value>,
-    pub trace_headers: Option<Value>,
+    pub kv_transfer_params: Option<Box<Value>>,
+    pub ec_transfer_params: Option<Box<Value>>,
+    pub trace_headers: Option<Box<Value>>,
     pub prefill_stats: Option<PrefillStats>,
     /// `routed_experts` ndarray, opaque (passed through as given; the simulator never sets
     /// it, decoding fills it).
-    pub routed_experts: Option<Value>,
+    pub routed_experts: Option<Box<Value>>,
     pub num_nans_in_logits: u32,
     pub mm_cache_miss_hashes: Option<Vec<String>>,
     /// `new_sampling_mask` (0.28+), opaque.
-    pub new_sampling_mask: Option<Value>,
-    pub spec_decode_metrics: Option<RequestSpecDecodeMetrics>,
+    pub new_sampling_mask: Option<Box<Value>>,
+    pub spec_decode_metrics: Option<Box<RequestSpecDecodeMetrics>>,
     /// `prompt_token_id_logprobs` tensor (0.31+), opaque.
-    pub prompt_token_id_logprobs: Option<Value>,
+    pub prompt_token_id_logprobs: Option<Box<Value>>,
     pub error: Option<RequestError>,
 }
 

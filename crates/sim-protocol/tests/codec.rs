@@ -356,7 +356,7 @@ fn num_nans_on_025_is_an_int_at_index_12_never_nil() {
     assert_eq!(a[13], Value::from(3));
     // every field set: 0.25 index 12 is still the int (0), never nil
     let full = EngineCoreOutput {
-        routed_experts: Some(arr(vec![s("<i4"), arr(vec![]), Value::Ext(3, vec![])])),
+        routed_experts: boxed(arr(vec![s("<i4"), arr(vec![]), Value::Ext(3, vec![])])),
         error: Some(RequestError {
             code: "c".into(),
             message: "m".into(),
@@ -382,16 +382,16 @@ fn arrays_never_exceed_the_line_layout() {
         new_token_ids: vec![1, 2],
         finish_reason: Some(FinishReason::Error),
         stop_reason: Some(StopReason::Text("repetition_detected".into())),
-        ec_transfer_params: Some(Value::Map(vec![])),
+        ec_transfer_params: boxed(Value::Map(vec![])),
         num_nans_in_logits: 1,
         mm_cache_miss_hashes: Some(vec!["h".into()]),
-        new_sampling_mask: Some(Value::Nil),
-        spec_decode_metrics: Some(RequestSpecDecodeMetrics {
+        new_sampling_mask: boxed(Value::Nil),
+        spec_decode_metrics: boxed(RequestSpecDecodeMetrics {
             num_spec_tokens: 2,
             histogram: vec![1, 2, 3],
             ..Default::default()
         }),
-        prompt_token_id_logprobs: Some(Value::from(1)),
+        prompt_token_id_logprobs: boxed(Value::from(1)),
         error: Some(RequestError {
             code: "engine_paused".into(),
             message: "paused".into(),
@@ -614,7 +614,7 @@ fn small_logprobs_are_inline_ext3_ndarrays() {
     let o = EngineCoreOutput {
         request_id: "r".into(),
         new_token_ids: vec![0],
-        new_logprobs: Some(logprobs(1, 3)),
+        new_logprobs: boxed(logprobs(1, 3)),
         ..Default::default()
     };
     let frames = encode_outputs(line(33), &step(vec![o.clone()])).unwrap();
@@ -643,7 +643,7 @@ fn large_logprobs_go_to_aux_frames_indexed_from_one() {
     let o = EngineCoreOutput {
         request_id: "r".into(),
         new_token_ids: vec![0, 1],
-        new_logprobs: Some(LogprobsLists {
+        new_logprobs: boxed(LogprobsLists {
             cu_num_generated_tokens: Some(vec![0, 2]),
             ..logprobs(2, 3)
         }),
@@ -670,7 +670,7 @@ fn large_logprobs_go_to_aux_frames_indexed_from_one() {
     );
     // default threshold 256: a 64×20 array (5120 B) goes out of band, ranks (512 B) too
     let big = EngineCoreOutput {
-        new_logprobs: Some(logprobs(64, 20)),
+        new_logprobs: boxed(logprobs(64, 20)),
         ..o
     };
     let frames = encode_outputs(line(33), &step(vec![big.clone()])).unwrap();
@@ -697,7 +697,7 @@ fn inconsistent_logprobs_are_an_encode_error() {
     lp.ranks.pop();
     let o = EngineCoreOutput {
         request_id: "r".into(),
-        new_logprobs: Some(lp),
+        new_logprobs: boxed(lp),
         ..Default::default()
     };
     assert!(matches!(
@@ -736,8 +736,8 @@ fn decode_outputs_detects_the_025_layout() {
     let o = &out.outputs[0];
     assert_eq!(o.prefill_stats.unwrap().num_prompt_tokens, 4);
     assert_eq!(
-        o.trace_headers,
-        Some(Value::Map(vec![(s("traceparent"), s("x"))]))
+        o.trace_headers.as_deref(),
+        Some(&Value::Map(vec![(s("traceparent"), s("x"))]))
     );
     assert!(o.ec_transfer_params.is_none());
 }
@@ -1151,4 +1151,9 @@ fn encode_speed_of_a_256_output_step() {
         "decode_input: {:?} per 1000-token ADD",
         t.elapsed() / 20_000
     );
+}
+
+/// A rarely-set output field's value (they are boxed).
+fn boxed<T>(t: T) -> Option<Box<T>> {
+    Some(Box::new(t))
 }

@@ -180,23 +180,23 @@ prop_compose! {
         EngineCoreOutput {
             request_id,
             new_token_ids,
-            new_logprobs,
+            new_logprobs: new_logprobs.map(Box::new),
             finish_reason: finish.map(|f| match f { 0 => FinishReason::Stop, 1 => FinishReason::Length, 2 => FinishReason::Abort, 3 => FinishReason::Error, _ => FinishReason::Repetition }),
             stop_reason: stop,
             events: events.into_iter().map(|(k, timestamp)| EngineCoreEvent {
                 kind: match k { 1 => EventType::Queued, 2 => EventType::Scheduled, _ => EventType::Preempted },
                 timestamp,
             }).collect(),
-            kv_transfer_params: kv,
-            ec_transfer_params: ec,
-            trace_headers: trace,
+            kv_transfer_params: kv.map(Box::new),
+            ec_transfer_params: ec.map(Box::new),
+            trace_headers: trace.map(Box::new),
             prefill_stats: prefill.map(|p| PrefillStats {
                 num_prompt_tokens: p[0], num_computed_tokens: p[1], num_cached_tokens: p[2],
                 num_local_cached_tokens: p[3], num_external_cached_tokens: p[4], num_cache_creation_tokens: p[5],
             }),
             num_nans_in_logits: nans,
             mm_cache_miss_hashes: mm,
-            spec_decode_metrics: spec.map(|(n, h)| RequestSpecDecodeMetrics { num_spec_tokens: n, histogram: h.clone(), num_draft_tokens: n / 2, per_step_accepted: h.clone(), per_step_drafted: h }),
+            spec_decode_metrics: spec.map(|(n, h)| Box::new(RequestSpecDecodeMetrics { num_spec_tokens: n, histogram: h.clone(), num_draft_tokens: n / 2, per_step_accepted: h.clone(), per_step_drafted: h })),
             error: err.map(|(code, message, retryable)| RequestError { code, message, retryable }),
             ..Default::default()
         }

@@ -27,8 +27,8 @@ use std::time::Instant;
 use sim_protocol::{EngineCoreEvent, EventType};
 use sim_trace::latency::{DecodeSlot, PrefillChunk, StepShape};
 
-use super::Batch;
 use super::WaitKey;
+use super::{Batch, Slot};
 use crate::play::request::Phase;
 use crate::play::timer::instant_to_monotonic;
 
@@ -51,16 +51,16 @@ pub struct ComposeRules {
 /// One planned step.
 #[derive(Debug, Clone)]
 pub struct StepPlan {
-    /// `(request id, tokens computed in this step)`.
-    pub scheduled: Vec<(String, u64)>,
+    /// `(request, tokens computed in this step)`.
+    pub scheduled: Vec<(Slot, u64)>,
     pub shape: StepShape,
 }
 
 impl Batch {
     /// Give `id` room for `n` more computed tokens (vLLM's `allocate_slots` for a running
     /// request); registers the blocks that become full in the prefix cache.
-    fn allocate_running(&mut self, id: &str, n: u64, prefix_caching: bool) -> bool {
-        let Some(r) = self.requests.get(id) else {
+    fn allocate_running(&mut self, slot: Slot, n: u64, prefix_caching: bool) -> bool {
+        let Some(r) = self.requests.get(slot) else {
             return false;
         };
         let need = self
@@ -70,22 +70,22 @@ impl Batch {
             let Some(new) = self.pool.allocate(need) else {
                 return false;
             };
-            if let Some(r) = self.requests.get_mut(id) {
+            if let Some(r) = self.requests.get_mut(slot) {
                 r.blocks.extend(new);
             }
         }
-        self.cache_full_blocks(id, n, prefix_caching);
+        self.cache_full_blocks(slot, n, prefix_caching);
         true
     }
 
     /// Register the full blocks covered once `n` more tokens are computed.
-    fn cache_full_blocks(&mut self, id: &str, n: u64, prefix_caching: bool) {
+    fn cache_full_blocks(&mut self, slot: Slot, n: u64, prefix_caching: bool) {
         if !prefix_caching {
             return;
         }
         let bs = self.block_size as usize;
         let none = self.none_hash;
-        let Some(r) = self.requests.get_mut(id) else {
+        let Some(r) = self.requests.get_mut(slot) else {
             return;
         };
         let full = (((r.num_computed + n) as usize) / bs).min(r.blocks.len());
@@ -114,7 +114,7 @@ impl Batch {
             self.running
                 .iter()
                 .enumerate()
-                .filter_map(|(i, id)| self.requests.get(id).map(|r| (i, (r.priority, r.seq))))
+                .filter_map(|(i, s)| self.requests.get(*s).map(|r| (i, (r.priority, r.seq))))
                 .max_by_key(|(_, k)| *k)
                 .map(|(i, _)| i)
         } else {
@@ -133,7 +133,7 @@ impl Batch {
         } else {
             0
         };
-        let mut scheduled: Vec<(String, u64)> = Vec::new();
+        let mut scheduled: Vec<(Slot, u64)> = Vec::with_capacity(self.running.len());
         let mut shape = StepShape {
             max_num_seqs: rules.max_num_seqs as u64,
             max_num_batched_tokens: rules.max_num_batched_tokens,
@@ -144,8 +144,8 @@ impl Batch {
         // 1. running requests
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
-            let id = self.running[i].clone();
-            let Some(r) = self.requests.get(&id) else {
+            let id = self.running[i];
+            let Some(r) = self.requests.get(id) else {
                 self.running.remove(i);
                 continue;
             };
@@ -160,17 +160,17 @@ impl Batch {
                 continue;
             }
             let mut self_preempted = false;
-            while !self.allocate_running(&id, n, rules.enable_prefix_caching) {
+            while !self.allocate_running(id, n, rules.enable_prefix_caching) {
                 let Some(v) = self.victim_index(rules.priority_preemption) else {
                     break;
                 };
-                let victim = self.running[v].clone();
+                let victim = self.running[v];
                 preempted_any = true;
                 // a victim already scheduled this step gives its budget back
                 if let Some(pos) = scheduled.iter().position(|(s, _)| *s == victim) {
                     budget += scheduled.remove(pos).1;
                 }
-                self.preempt(&victim, now);
+                self.preempt(victim, now);
                 if v < i {
                     i -= 1; // priority policy: a victim before us shifts us left
                 }
@@ -193,7 +193,7 @@ impl Batch {
             let mut loras: BTreeSet<i64> = self
                 .running
                 .iter()
-                .filter_map(|id| self.requests.get(id)?.lora_id)
+                .filter_map(|s| self.requests.get(*s)?.lora_id)
                 .collect();
             // the queue is kept in policy order: walk it from the head, so a step costs
             // what it admits, not the length of the queue
@@ -205,17 +205,17 @@ impl Batch {
                     None => self.waiting.iter().next(),
                     Some(k) => self.waiting.range((Excluded(k), Unbounded)).next(),
                 };
-                let Some((key, id)) = next.map(|(k, id)| (*k, id.clone())) else {
+                let Some((key, id)) = next.map(|(k, id)| (*k, *id)) else {
                     break;
                 };
                 cursor = Some(key);
-                if self.requests.get(&id).is_some_and(|r| r.held) {
+                if self.requests.get(id).is_some_and(|r| r.held) {
                     continue; // held back by a pause
                 }
                 if budget == 0 || self.running.len() >= rules.max_num_seqs {
                     break;
                 }
-                let Some(r) = self.requests.get(&id) else {
+                let Some(r) = self.requests.get(id) else {
                     continue;
                 };
                 if r.not_before.is_some_and(|t| t > now) {
@@ -244,7 +244,7 @@ impl Batch {
                 if first_admission && rules.enable_prefix_caching {
                     let max_blocks = (total.saturating_sub(1) as usize) / bs;
                     let none = self.none_hash;
-                    if let Some(r) = self.requests.get_mut(&id) {
+                    if let Some(r) = self.requests.get_mut(id) {
                         r.hash_blocks(max_blocks, bs, &none);
                         let probe = &r.block_hashes[..max_blocks.min(r.block_hashes.len())];
                         hits = self.pool.lookup(probe);
@@ -285,7 +285,7 @@ impl Batch {
                 };
                 let preempted_before;
                 {
-                    let Some(r) = self.requests.get_mut(&id) else {
+                    let Some(r) = self.requests.get_mut(id) else {
                         continue;
                     };
                     preempted_before = r.num_preemptions > 0;
@@ -321,11 +321,11 @@ impl Batch {
                         d.hits += computed;
                     }
                 }
-                self.cache_full_blocks(&id, n, rules.enable_prefix_caching);
+                self.cache_full_blocks(id, n, rules.enable_prefix_caching);
                 if external > 0 {
                     shape.kv_transfers.push(external);
                 }
-                self.running.push(id.clone());
+                self.running.push(id);
                 admitted.push(key);
                 budget -= n;
                 scheduled.push((id, n));
@@ -348,7 +348,7 @@ impl Batch {
             return None;
         }
         for (id, n) in &scheduled {
-            let Some(r) = self.requests.get(id) else {
+            let Some(r) = self.requests.get(*id) else {
                 continue;
             };
             let decode = r.num_computed + 1 >= r.tokens.len() as u64 && *n == 1 && r.started;

@@ -9,6 +9,7 @@
 //! step plan, advances the requests the step computed, and reads the gauges for stats.
 
 mod compose;
+mod table;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -22,6 +23,8 @@ use super::request::{Phase, SimRequest};
 use super::timer::instant_to_monotonic;
 
 pub use compose::{ComposeRules, StepPlan};
+use table::RequestTable;
+pub use table::Slot;
 
 /// The scheduler gauges of a moment, for `SchedulerStats`.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -39,14 +42,14 @@ pub struct Gauges {
 
 /// Every request of one engine and the KV cache they share.
 pub struct Batch {
-    requests: HashMap<String, SimRequest>,
+    requests: RequestTable,
     /// Waiting request ids by admission order: the queue policy's key of each (unique:
     /// every key ends in the request's `seq`), so a step reads the head of the queue
     /// without looking at the rest.
-    waiting: BTreeMap<WaitKey, String>,
+    waiting: BTreeMap<WaitKey, Slot>,
     policy: Box<dyn QueuePolicy>,
-    /// Running request ids, in admission order.
-    running: Vec<String>,
+    /// Running requests, in admission order.
+    running: Vec<Slot>,
     /// Waiting requests the last step skipped for lack of a LoRA slot (vLLM reports them
     /// apart from those waiting for capacity).
     skipped_waiting: usize,
@@ -81,7 +84,7 @@ impl Batch {
         policy: Box<dyn QueuePolicy>,
     ) -> Self {
         Self {
-            requests: HashMap::new(),
+            requests: RequestTable::default(),
             waiting: BTreeMap::new(),
             policy,
             running: Vec::new(),
@@ -110,11 +113,11 @@ impl Batch {
     }
 
     pub fn contains(&self, id: &str) -> bool {
-        self.requests.contains_key(id)
+        self.requests.contains(id)
     }
 
     pub fn get(&self, id: &str) -> Option<&SimRequest> {
-        self.requests.get(id)
+        self.requests.by_id(id)
     }
 
     pub fn len(&self) -> usize {
@@ -135,8 +138,8 @@ impl Batch {
     }
 
     /// Put `r` (phase already Waiting, `seq` set) in the waiting queue at its policy place.
-    fn enqueue(&mut self, id: &str) {
-        let Some(r) = self.requests.get_mut(id) else {
+    fn enqueue(&mut self, slot: Slot) {
+        let Some(r) = self.requests.get_mut(slot) else {
             return;
         };
         let key = self.policy.sort_key(&WaitingKey {
@@ -145,7 +148,7 @@ impl Batch {
             prompt_len: r.prompt_len,
         });
         r.wait_key = key;
-        self.waiting.insert(key, id.to_string());
+        self.waiting.insert(key, slot);
     }
 
     /// Requests not held back by a pause.
@@ -170,16 +173,21 @@ impl Batch {
         if r.lora_name.is_some() {
             self.lora_requests += 1;
         }
-        let id = r.id.clone();
-        self.requests.insert(id.clone(), r);
-        self.enqueue(&id);
+        let slot = self.requests.insert(r);
+        self.enqueue(slot);
         self.dirty = true;
     }
 
     /// Take a request out with its blocks (finished or aborted).
     pub fn remove(&mut self, id: &str) -> Option<SimRequest> {
-        self.free_blocks(id);
-        let r = self.requests.remove(id)?;
+        let slot = self.requests.slot(id)?;
+        self.remove_slot(slot)
+    }
+
+    /// Take the request at `slot` out with its blocks.
+    pub fn remove_slot(&mut self, slot: Slot) -> Option<SimRequest> {
+        self.free_blocks(slot);
+        let r = self.requests.remove(slot)?;
         if r.lora_name.is_some() {
             self.lora_requests -= 1;
         }
@@ -187,7 +195,7 @@ impl Batch {
             Phase::Waiting => {
                 self.waiting.remove(&r.wait_key);
             }
-            Phase::Running => self.running.retain(|w| w != id),
+            Phase::Running => self.running.retain(|w| *w != slot),
         }
         self.dirty = true;
         Some(r)
@@ -197,14 +205,14 @@ impl Batch {
     pub fn next_not_before(&self) -> Option<Instant> {
         self.waiting
             .values()
-            .filter_map(|id| self.requests.get(id)?.not_before)
+            .filter_map(|s| self.requests.get(*s)?.not_before)
             .min()
     }
 
     /// A request, to change what the composer reads of it (P/D pull state).
     pub fn get_mut(&mut self, id: &str) -> Option<&mut SimRequest> {
         self.dirty = true;
-        self.requests.get_mut(id)
+        self.requests.by_id_mut(id)
     }
 
     /// Take a finished request out but keep its blocks allocated until
@@ -216,7 +224,7 @@ impl Batch {
         id: &str,
         until: Instant,
     ) -> Option<(SimRequest, Vec<usize>)> {
-        let blocks = std::mem::take(&mut self.requests.get_mut(id)?.blocks);
+        let blocks = std::mem::take(&mut self.requests.by_id_mut(id)?.blocks);
         let r = self.remove(id)?;
         self.held.insert(id.to_string(), (blocks.clone(), until));
         Some((r, blocks))
@@ -263,7 +271,7 @@ impl Batch {
 
     /// Take every request out, sorted by id.
     pub fn drain(&mut self) -> Vec<SimRequest> {
-        let mut ids: Vec<String> = self.requests.keys().cloned().collect();
+        let mut ids: Vec<String> = self.requests.ids().cloned().collect();
         ids.sort();
         ids.iter().filter_map(|id| self.remove(id)).collect()
     }
@@ -279,8 +287,8 @@ impl Batch {
     /// running and its whole prompt (and output so far) is now computed, i.e. it samples
     /// a token in this step. `None` for a partial prefill, or a request that was aborted
     /// or preempted while the step ran.
-    pub fn advance(&mut self, id: &str, n: u64) -> Option<&mut SimRequest> {
-        let r = self.requests.get_mut(id)?;
+    pub fn advance(&mut self, slot: Slot, n: u64) -> Option<&mut SimRequest> {
+        let r = self.requests.get_mut(slot)?;
         if r.phase != Phase::Running {
             return None;
         }
@@ -293,12 +301,12 @@ impl Batch {
 
     /// Preempt a running request (vLLM's `_preempt_request`, recompute mode): its blocks
     /// are freed and it goes back to the front of the queue.
-    pub fn preempt(&mut self, id: &str, now: Instant) {
-        self.free_blocks(id);
-        self.running.retain(|r| r != id);
+    pub fn preempt(&mut self, slot: Slot, now: Instant) {
+        self.free_blocks(slot);
+        self.running.retain(|r| *r != slot);
         let seq = self.next_preempt_seq;
         self.next_preempt_seq -= 1;
-        if let Some(r) = self.requests.get_mut(id) {
+        if let Some(r) = self.requests.get_mut(slot) {
             r.phase = Phase::Waiting;
             r.num_computed = 0;
             r.seq = seq;
@@ -308,18 +316,18 @@ impl Batch {
                 timestamp: instant_to_monotonic(now),
             });
             if self.log_requests {
-                tracing::info!(request_id = %id, "request preempted (KV cache full)");
+                tracing::info!(request_id = %r.id, "request preempted (KV cache full)");
             }
         }
-        self.enqueue(id);
+        self.enqueue(slot);
         self.dirty = true;
     }
 
     /// Preempt every running request, newest first (vLLM's `reset_prefix_cache` with
     /// `reset_running_requests`).
     pub fn preempt_all_running(&mut self, now: Instant) {
-        while let Some(id) = self.running.last().cloned() {
-            self.preempt(&id, now);
+        while let Some(slot) = self.running.last().copied() {
+            self.preempt(slot, now);
         }
     }
 
@@ -373,8 +381,8 @@ impl Batch {
     }
 
     /// Release a request's KV blocks (its tail blocks become the first to evict).
-    fn free_blocks(&mut self, id: &str) {
-        if let Some(r) = self.requests.get_mut(id) {
+    fn free_blocks(&mut self, slot: Slot) {
+        if let Some(r) = self.requests.get_mut(slot) {
             let blocks = std::mem::take(&mut r.blocks);
             r.cached_blocks = 0;
             self.pool.free(blocks.into_iter().rev());

@@ -61,17 +61,26 @@ fn add(e: &mut Bench, id: &str, prompt: Vec<u32>, lora: Option<i64>) {
     e.batch.insert(r, Instant::now());
 }
 
+/// The next step's plan, by request id.
 fn plan(e: &mut Bench) -> Vec<(String, u64)> {
-    e.batch
+    let scheduled = e
+        .batch
         .compose(&e.rules, Instant::now())
         .map(|p| p.scheduled)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    scheduled
+        .into_iter()
+        .map(|(slot, n)| (e.batch.requests.get(slot).unwrap().id.clone(), n))
+        .collect()
 }
 
 /// Run the plan to completion (what the end of the step does).
 fn finish(e: &mut Bench, scheduled: &[(String, u64)]) {
     for (id, n) in scheduled {
-        if let Some(r) = e.batch.advance(id, *n) {
+        let Some(slot) = e.batch.requests.slot(id) else {
+            continue;
+        };
+        if let Some(r) = e.batch.advance(slot, *n) {
             r.started = true;
             r.generate_one(4096);
         }
@@ -146,7 +155,7 @@ fn the_newest_running_request_is_preempted_when_kv_runs_out() {
     finish(&mut e, &p2); // 9 tokens each: the 9th needs a third block
     let p3 = plan(&mut e);
     assert_eq!(p3, s(&[("old", 1)]), "new was preempted to make room");
-    let new = &e.batch.requests["new"];
+    let new = e.batch.requests.by_id("new").unwrap();
     assert_eq!(new.phase, Phase::Waiting);
     assert_eq!(new.num_computed, 0);
     assert_eq!(new.num_preemptions, 1);
@@ -156,7 +165,7 @@ fn the_newest_running_request_is_preempted_when_kv_runs_out() {
             .any(|ev| ev.kind == EventType::Preempted)
     );
     assert!(new.seq < 0, "back at the front of the queue");
-    assert_eq!(e.batch.running, vec!["old".to_string()]);
+    assert_eq!(e.batch.running, vec![e.batch.requests.slot("old").unwrap()]);
 }
 
 #[test]
@@ -178,7 +187,10 @@ fn a_request_is_admitted_only_when_its_whole_sequence_fits() {
         s(&[("a", 1)]),
         "long's first chunk would fit, its whole prompt does not"
     );
-    assert_eq!(e.batch.requests["long"].phase, Phase::Waiting);
+    assert_eq!(
+        e.batch.requests.by_id("long").unwrap().phase,
+        Phase::Waiting
+    );
     // a short request behind it waits too: the head of the queue blocks the rest (FCFS)
     add(&mut e, "short", vec![7; 4], None);
     finish(&mut e, &p2);
@@ -206,7 +218,7 @@ fn a_repeated_prompt_hits_the_prefix_cache() {
         (e.batch.prefix_delta.queries, e.batch.prefix_delta.hits),
         (40, 32)
     );
-    assert_eq!(e.batch.requests["second"].cached_tokens, 32);
+    assert_eq!(e.batch.requests.by_id("second").unwrap().cached_tokens, 32);
 }
 
 #[test]
@@ -230,7 +242,13 @@ fn max_loras_limits_distinct_adapters_in_the_batch() {
     add(&mut e, "base", vec![5; 4], None);
     add(&mut e, "l1b", vec![5; 4], Some(1));
     assert_eq!(plan(&mut e), s(&[("l1", 4), ("base", 4), ("l1b", 4)]));
-    assert_eq!(e.batch.waiting.values().collect::<Vec<_>>(), ["l2"]);
+    let waiting: Vec<&str> = e
+        .batch
+        .waiting
+        .values()
+        .map(|s| e.batch.requests.get(*s).unwrap().id.as_str())
+        .collect();
+    assert_eq!(waiting, ["l2"]);
     assert_eq!(
         e.batch.skipped_waiting, 1,
         "reported as deferred, not waiting for capacity"

@@ -134,9 +134,13 @@ fn output(line: Option<VllmLine>, value: &Value, aux: &[Bytes], i: usize) -> R<E
             F::RequestId => o.request_id = v::string(x, &fname("request_id"))?,
             F::NewTokenIds => o.new_token_ids = v::u32_list(x, &fname("new_token_ids"))?,
             _ if v::is_nil(x) => {}
-            F::NewLogprobs => o.new_logprobs = Some(logprobs(x, aux, &fname("new_logprobs"))?),
-            F::NewPromptLogprobsTensors => o.new_prompt_logprobs_tensors = Some(x.clone()),
-            F::PoolingOutput => o.pooling_output = Some(x.clone()),
+            F::NewLogprobs => {
+                o.new_logprobs = Some(Box::new(logprobs(x, aux, &fname("new_logprobs"))?))
+            }
+            F::NewPromptLogprobsTensors => {
+                o.new_prompt_logprobs_tensors = Some(Box::new(x.clone()))
+            }
+            F::PoolingOutput => o.pooling_output = Some(Box::new(x.clone())),
             F::FinishReason => o.finish_reason = Some(finish_reason(x, &fname("finish_reason"))?),
             F::StopReason => {
                 o.stop_reason = Some(match x {
@@ -151,20 +155,21 @@ fn output(line: Option<VllmLine>, value: &Value, aux: &[Bytes], i: usize) -> R<E
                     .map(|e| event(e, &fname("events")))
                     .collect::<R<_>>()?;
             }
-            F::KvTransferParams => o.kv_transfer_params = Some(x.clone()),
-            F::EcTransferParams => o.ec_transfer_params = Some(x.clone()),
-            F::TraceHeaders => o.trace_headers = Some(x.clone()),
+            F::KvTransferParams => o.kv_transfer_params = Some(Box::new(x.clone())),
+            F::EcTransferParams => o.ec_transfer_params = Some(Box::new(x.clone())),
+            F::TraceHeaders => o.trace_headers = Some(Box::new(x.clone())),
             F::PrefillStats => o.prefill_stats = Some(prefill_stats(x, &fname("prefill_stats"))?),
-            F::RoutedExperts => o.routed_experts = Some(x.clone()),
+            F::RoutedExperts => o.routed_experts = Some(Box::new(x.clone())),
             F::NumNansInLogits => o.num_nans_in_logits = v::u32_(x, &fname("num_nans_in_logits"))?,
             F::MmCacheMissHashes => {
                 o.mm_cache_miss_hashes = Some(v::string_list(x, &fname("mm_cache_miss_hashes"))?)
             }
-            F::NewSamplingMask => o.new_sampling_mask = Some(x.clone()),
+            F::NewSamplingMask => o.new_sampling_mask = Some(Box::new(x.clone())),
             F::SpecDecodeMetrics => {
-                o.spec_decode_metrics = Some(spec_metrics(x, &fname("spec_decode_metrics"))?)
+                o.spec_decode_metrics =
+                    Some(Box::new(spec_metrics(x, &fname("spec_decode_metrics"))?))
             }
-            F::PromptTokenIdLogprobs => o.prompt_token_id_logprobs = Some(x.clone()),
+            F::PromptTokenIdLogprobs => o.prompt_token_id_logprobs = Some(Box::new(x.clone())),
             F::Error => o.error = Some(request_error(x, &fname("error"))?),
         }
     }

@@ -242,8 +242,8 @@ fn write_field(
             Some(lp) => write_logprobs(w, lp, &o.request_id)?,
             None => w.nil(),
         },
-        F::NewPromptLogprobsTensors => w.opt_value(o.new_prompt_logprobs_tensors.as_ref()),
-        F::PoolingOutput => w.opt_value(o.pooling_output.as_ref()),
+        F::NewPromptLogprobsTensors => w.opt_value(o.new_prompt_logprobs_tensors.as_deref()),
+        F::PoolingOutput => w.opt_value(o.pooling_output.as_deref()),
         F::FinishReason => match o.finish_reason {
             Some(r) => w.uint(r as u64),
             None => w.nil(),
@@ -268,14 +268,14 @@ fn write_field(
                 }
             }
         }
-        F::KvTransferParams => w.opt_value(o.kv_transfer_params.as_ref()),
-        F::EcTransferParams => w.opt_value(o.ec_transfer_params.as_ref()),
-        F::TraceHeaders => w.opt_value(o.trace_headers.as_ref()),
+        F::KvTransferParams => w.opt_value(o.kv_transfer_params.as_deref()),
+        F::EcTransferParams => w.opt_value(o.ec_transfer_params.as_deref()),
+        F::TraceHeaders => w.opt_value(o.trace_headers.as_deref()),
         F::PrefillStats => match &o.prefill_stats {
             Some(p) => write_prefill_stats(w, line, p),
             None => w.nil(),
         },
-        F::RoutedExperts => w.opt_value(o.routed_experts.as_ref()),
+        F::RoutedExperts => w.opt_value(o.routed_experts.as_deref()),
         F::NumNansInLogits => w.uint(u64::from(o.num_nans_in_logits)),
         F::MmCacheMissHashes => match &o.mm_cache_miss_hashes {
             Some(hs) => {
@@ -286,7 +286,7 @@ fn write_field(
             }
             None => w.nil(),
         },
-        F::NewSamplingMask => w.opt_value(o.new_sampling_mask.as_ref()),
+        F::NewSamplingMask => w.opt_value(o.new_sampling_mask.as_deref()),
         F::SpecDecodeMetrics => match &o.spec_decode_metrics {
             Some(m) => {
                 w.map(5);
@@ -303,7 +303,7 @@ fn write_field(
             }
             None => w.nil(),
         },
-        F::PromptTokenIdLogprobs => w.opt_value(o.prompt_token_id_logprobs.as_ref()),
+        F::PromptTokenIdLogprobs => w.opt_value(o.prompt_token_id_logprobs.as_deref()),
         F::Error => match &o.error {
             Some(e) => {
                 w.map(3);
