@@ -1,9 +1,10 @@
 //! `vllm-vcr record`: a transparent tap between a real vLLM frontend and a real
 //! engine-core that relays every frame and writes a trace of what it saw.
 //!
-//! Two halves: the relay ([`relay`]) owns the sockets and forwards frames
-//! unchanged on a runtime of its own; the observer ([`observe`]) decodes copies on its own
-//! thread and writes the trace, so observation can never delay the relay. The supervisor
+//! Two halves: the relay ([`relay`], speaking ZMTP itself on the data plane through
+//! [`zmtp`]) owns the connections and forwards frames unchanged on a runtime of its own;
+//! the observer ([`observe`]) decodes copies on its own low-priority thread and writes the
+//! trace, so observation can never delay the relay. The supervisor
 //! here ends the capture on SIGINT/SIGTERM, when the engine dies (`ENGINE_CORE_DEAD`, or
 //! its connection closes) or when the frontend goes away, and always closes the trace
 //! cleanly: finished requests are kept, in-flight ones are written as incomplete, and a

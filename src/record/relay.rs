@@ -721,6 +721,20 @@ async fn build_plane(ctx: &Arc<Ctx>, init: &HandshakeInit) -> Result<Plane> {
     Ok(plane)
 }
 
+/// An engine-side connection that did not complete its handshake: a connection closed
+/// or resets before its greeting is a port probe (engines check that the port is open before they
+/// connect), anything else deserves a word.
+fn handshake_refused(client: usize, socket: &str, e: &zmtp::ZmtpError) {
+    if matches!(e, zmtp::ZmtpError::Closed | zmtp::ZmtpError::Io(_)) {
+        tracing::debug!(client, "a probe of the tap's {socket} socket {client}");
+    } else {
+        tracing::warn!(
+            client,
+            "refused a connection to the tap's {socket} socket {client}: {e}"
+        );
+    }
+}
+
 /// Engines' output connections on client `client`: each relays into the one stream to
 /// the frontend.
 async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: TcpListener, to: Writer) {
@@ -739,8 +753,7 @@ async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: TcpListener, to
             let leg = match tcp_leg(stream, "PULL", None, &["PUSH"]).await {
                 Ok(leg) => leg,
                 Err(e) => {
-                    // a port probe, or something that is not an engine
-                    tracing::debug!(client, "an output connection without a handshake: {e}");
+                    handshake_refused(client, "output", &e);
                     return;
                 }
             };
@@ -803,7 +816,7 @@ async fn engine_input(
     let engine = match tcp_leg(stream, "ROUTER", None, &["DEALER"]).await {
         Ok(leg) => leg,
         Err(e) => {
-            tracing::debug!(client, "an input connection without a handshake: {e}");
+            handshake_refused(client, "input", &e);
             return Ok(());
         }
     };
@@ -882,4 +895,141 @@ async fn engine_input(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{DuplexStream, duplex};
+
+    fn leg(stream: DuplexStream) -> Leg {
+        let (r, w) = tokio::io::split(stream);
+        Leg {
+            reader: Box::new(r),
+            writer: writer(w),
+            pending: BytesMut::new(),
+            peer: zmtp::Peer {
+                version: (3, 1),
+                socket_type: "PUSH".into(),
+                identity: Bytes::new(),
+            },
+        }
+    }
+
+    fn message(engine: u8, i: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        let big = vec![engine; 100 + (i as usize % 7) * 100];
+        zmtp::put_frame(
+            &mut out,
+            zmtp::FLAG_MORE,
+            format!("{engine}:{i}").as_bytes(),
+        );
+        zmtp::put_frame(&mut out, 0, &big);
+        out
+    }
+
+    /// Two engines write their messages in awkward pieces (3 bytes at a time, so every
+    /// message spans many reads) into pipes that share one destination: the destination
+    /// gets every message whole, each engine's in order, never two interleaved; the
+    /// observer sees the same frames; a PING is answered on its own connection and not
+    /// forwarded.
+    #[tokio::test]
+    async fn dp_merge_keeps_messages_whole() {
+        const N: u32 = 200;
+        let (dest_tap, mut dest) = duplex(1 << 20);
+        let to = writer(dest_tap);
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut pipes = Vec::new();
+        let mut engines = Vec::new();
+        for e in 0..2u8 {
+            let (tap_side, engine_side) = duplex(1 << 20);
+            let seen = seen.clone();
+            let to = Some(to.clone());
+            pipes.push(tokio::spawn(async move {
+                pipe(leg(tap_side), to, 1 << 20, |got| {
+                    if let Got::Message { frames, .. } = got {
+                        seen.lock().unwrap().push(frames);
+                    }
+                })
+                .await
+            }));
+            engines.push(tokio::spawn(async move {
+                let mut s = engine_side;
+                let mut bytes = zmtp::command_frame("PING", &[0, 0, b'h', b'i']);
+                for i in 0..N {
+                    bytes.extend(message(e, i));
+                }
+                for piece in bytes.chunks(3) {
+                    s.write_all(piece).await.unwrap();
+                    tokio::task::yield_now().await;
+                }
+                let want = zmtp::command_frame("PONG", b"hi");
+                let mut pong = vec![0u8; want.len()];
+                s.read_exact(&mut pong).await.unwrap();
+                assert_eq!(pong, want);
+                s
+            }));
+        }
+        let mut engine_ends = Vec::new();
+        for e in engines {
+            engine_ends.push(e.await.unwrap());
+        }
+        let expect_len: usize = (0..2u8)
+            .flat_map(|e| (0..N).map(move |i| message(e, i).len()))
+            .sum();
+        let mut got = vec![0u8; expect_len];
+        dest.read_exact(&mut got).await.unwrap();
+        let mut scanner = zmtp::Scanner::new(1 << 30);
+        let scan = scanner.scan(&got).unwrap();
+        assert_eq!(scan.complete, got.len());
+        let mut next = [0u32; 2];
+        for item in scan.items {
+            let zmtp::Item::Message { span, .. } = item else {
+                panic!("a command was forwarded");
+            };
+            let e = usize::from(got[span.start + 2] - b'0');
+            assert_eq!(&got[span], message(e as u8, next[e]).as_slice());
+            next[e] += 1;
+        }
+        assert_eq!(next, [N, N]);
+        drop(engine_ends);
+        for p in pipes {
+            assert!(matches!(p.await.unwrap(), PipeEnd::SourceClosed(None)));
+        }
+        assert_eq!(seen.lock().unwrap().len(), 2 * N as usize);
+    }
+
+    /// A message over the limit is streamed through whole, the messages around it are
+    /// buffered as usual, and only those are observed.
+    #[tokio::test]
+    async fn oversize_messages_stream_through() {
+        let (dest_tap, mut dest) = duplex(1 << 20);
+        let (tap_side, mut engine) = duplex(1 << 20);
+        let observed = Arc::new(std::sync::Mutex::new((0, 0)));
+        let o = observed.clone();
+        let p = tokio::spawn(async move {
+            pipe(leg(tap_side), Some(writer(dest_tap)), 2048, |got| {
+                let mut o = o.lock().unwrap();
+                match got {
+                    Got::Message { .. } => o.0 += 1,
+                    Got::Streamed => o.1 += 1,
+                }
+            })
+            .await
+        });
+        let mut bytes = message(1, 1);
+        zmtp::put_frame(&mut bytes, zmtp::FLAG_MORE, b"head");
+        zmtp::put_frame(&mut bytes, zmtp::FLAG_MORE, &[7u8; 50_000]);
+        zmtp::put_frame(&mut bytes, 0, b"tail");
+        bytes.extend(message(1, 2));
+        for piece in bytes.chunks(1000) {
+            engine.write_all(piece).await.unwrap();
+        }
+        let mut got = vec![0u8; bytes.len()];
+        dest.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, bytes);
+        drop(engine);
+        assert!(matches!(p.await.unwrap(), PipeEnd::SourceClosed(None)));
+        assert_eq!(*observed.lock().unwrap(), (2, 1));
+    }
 }
