@@ -801,3 +801,103 @@ async fn a_full_disk_keeps_the_relay_going_and_counts_what_was_lost() {
     let _ = engine.kill();
     let _ = engine.wait();
 }
+
+/// A message from engine `rank`, number `i`: three frames whose sizes cross the 255-byte
+/// short/long boundary and reach hundreds of KiB (many TCP reads), with bytes that depend
+/// on both, so an altered, dropped, reordered or spliced frame shows.
+fn wire_message(rank: u8, i: u32) -> Vec<Bytes> {
+    let sizes = [10usize, 255, 256, 4_000, 70_000, 300_000];
+    let n = sizes[i as usize % sizes.len()];
+    let body: Vec<u8> = (0..n)
+        .map(|k| {
+            (k as u32)
+                .wrapping_mul(31)
+                .wrapping_add(i * 7 + u32::from(rank)) as u8
+        })
+        .collect();
+    vec![
+        Bytes::from(format!("engine {rank} message {i}")),
+        Bytes::from(body),
+        Bytes::from(vec![rank; (i % 3) as usize]),
+    ]
+}
+
+/// Two DP engines send multi-frame messages into the same output stream at once, through
+/// the tap: the frontend must receive every message whole and unaltered, each engine's in
+/// order, never two engines' frames interleaved. And the frontend's messages reach each
+/// engine byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dp_outputs_merge_whole_and_unaltered() {
+    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let trace = tmp("wire.jsonl");
+    let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
+    let ready = ReadyResponse {
+        vllm_version: "0.33.0".into(),
+        ..Default::default()
+    };
+    let mut engines = Vec::new();
+    for rank in 0..2u16 {
+        let hs = tap.engine_handshake.clone();
+        let ready = ready.clone();
+        engines.push(tokio::spawn(async move {
+            connect_to_frontend(&hs, rank, &ready, &ConnectOptions::default())
+                .await
+                .unwrap()
+        }));
+    }
+    let accepted = fl.accept_engines(2, WAIT).await.unwrap();
+    let mut socks = Vec::new();
+    for e in engines {
+        socks.push(e.await.unwrap());
+    }
+    // frontend → each engine, byte for byte
+    for (rank, a) in accepted.iter().enumerate() {
+        let sent = wire_message(9, rank as u32 + 4);
+        fl.send(0, &a.identity, sent.clone()).await.unwrap();
+        let rank = sim_protocol::transport::identity_rank(&a.identity).unwrap() as usize;
+        let got = tokio::time::timeout(WAIT, zeromq::SocketRecv::recv(&mut socks[rank].inputs[0]))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.into_vec(), sent);
+    }
+    // both engines → the one output stream, concurrently
+    const N: u32 = 120;
+    let mut senders = Vec::new();
+    for (rank, mut s) in socks.into_iter().enumerate() {
+        senders.push(tokio::spawn(async move {
+            for i in 0..N {
+                let m = zeromq::ZmqMessage::try_from(wire_message(rank as u8, i)).unwrap();
+                zeromq::SocketSend::send(&mut s.outputs[0], m)
+                    .await
+                    .unwrap();
+            }
+            s
+        }));
+    }
+    let mut next = [0u32; 2];
+    for _ in 0..2 * N {
+        let frames = tokio::time::timeout(WAIT, fl.recv_output(0))
+            .await
+            .expect("every message arrives")
+            .unwrap();
+        let head = String::from_utf8_lossy(&frames[0]).into_owned();
+        let rank: usize = match head.strip_prefix("engine ") {
+            Some(rest) => rest[..1].parse().unwrap(),
+            None => panic!("a message that no engine sent: {head:?}"),
+        };
+        assert_eq!(
+            frames,
+            wire_message(rank as u8, next[rank]),
+            "message {} of engine {rank} altered or out of order",
+            next[rank]
+        );
+        next[rank] += 1;
+    }
+    assert_eq!(next, [N, N]);
+    for s in senders {
+        let _ = s.await.unwrap();
+    }
+    tap.signal(libc::SIGINT);
+    assert!(tap.wait_exit(WAIT).success(), "{}", tap.log_text());
+}

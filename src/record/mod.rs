@@ -1,9 +1,10 @@
 //! `vllm-vcr record`: a transparent tap between a real vLLM frontend and a real
 //! engine-core that relays every frame and writes a trace of what it saw.
 //!
-//! Two halves: the relay ([`relay`]) owns the sockets and forwards frames
-//! unchanged on a runtime of its own; the observer ([`observe`]) decodes copies on its own
-//! thread and writes the trace, so observation can never delay the relay. The supervisor
+//! Two halves: the relay ([`relay`], speaking ZMTP itself on the data plane through
+//! [`zmtp`]) owns the connections and forwards frames unchanged on a runtime of its own;
+//! the observer ([`observe`]) decodes copies on its own low-priority thread and writes the
+//! trace, so observation can never delay the relay. The supervisor
 //! here ends the capture on SIGINT/SIGTERM, when the engine dies (`ENGINE_CORE_DEAD`, or
 //! its connection closes) or when the frontend goes away, and always closes the trace
 //! cleanly: finished requests are kept, in-flight ones are written as incomplete, and a
@@ -11,6 +12,7 @@
 
 pub mod observe;
 pub mod relay;
+pub mod zmtp;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
@@ -128,9 +130,10 @@ pub struct RecordArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
     pub connect_timeout: f64,
 
-    /// Largest frontend payload frame the tap decodes for the trace, MiB. A larger one is
-    /// still relayed unchanged, but not decoded (it is counted as undecodable), so a
-    /// hostile frame cannot make the tap allocate gigabytes.
+    /// Largest data-plane message the tap buffers and decodes for the trace, MiB. A larger
+    /// one is still relayed unchanged, streamed through without being buffered or decoded
+    /// (it is counted as undecodable), so a hostile frame cannot make the tap allocate
+    /// gigabytes.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_frame_size: u64,
 }
@@ -276,7 +279,10 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
     let (seen_tx, seen_rx) = std::sync::mpsc::channel::<Seen>();
     let observer = std::thread::Builder::new()
         .name("record-observer".into())
-        .spawn(move || observer.run(seen_rx))
+        .spawn(move || {
+            lower_this_threads_priority();
+            observer.run(seen_rx)
+        })
         .context("starting the observer thread")?;
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<Event>();
     let cfg = RelayConfig {
@@ -284,6 +290,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
         engine_handshake: args.engine_handshake.clone(),
         advertise_host: args.advertise_host.clone(),
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(0.1)),
+        max_message_bytes: args.max_frame_size << 20,
     };
     let outcome = match relay::start(cfg, seen_tx.clone(), ev_tx).await {
         Err(e) => Outcome::Failed(e),
@@ -338,6 +345,29 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
             "the engine sent ENGINE_CORE_DEAD (relayed to the frontend); the trace was closed"
         )),
         Outcome::Failed(e) => Err(e),
+    }
+}
+
+/// Make the calling thread (the observer) yield the CPU to everything else of normal
+/// priority, the relay first: on a busy host a burst of outputs then queues for the
+/// observer (the channel is unbounded) instead of the observer's decoding and gzip taking
+/// CPU time from relaying. It still runs whenever a core is free, and never starves
+/// outright (nice 19 is a small share, not SCHED_IDLE).
+fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid has no preconditions; setpriority on our own thread id changes
+        // only this thread's nice value (Linux threads are scheduled individually).
+        let rc = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, 19)
+        };
+        if rc != 0 {
+            tracing::debug!(
+                "could not lower the observer's priority: {}",
+                std::io::Error::last_os_error()
+            );
+        }
     }
 }
 

@@ -285,6 +285,7 @@ impl Observer {
                     self.finalize(&id, None, Some("engine disconnected".into()));
                 }
             }
+            Seen::Streamed { what } => self.undecodable(&what),
             Seen::Stop { .. } => {}
         }
     }

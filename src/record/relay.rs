@@ -1,21 +1,29 @@
-//! The relay half of the tap: it owns every socket, stands in the middle of the handshake
-//! and forwards every frame unchanged, handing a copy of each (with its arrival time) to
-//! the observer over a channel that never blocks.
+//! The relay half of the tap: it stands in the middle of the handshake, forwards every
+//! data-plane message unchanged, and hands a copy of each (with its arrival time) to the
+//! observer over a channel that never blocks.
 //!
 //! ```text
 //!  frontend (binds H, I[c], O[c])          tap                      engine(s)
 //!  H  ROUTER  <-- DEALER id=rank --  [handshake task]  <-- ROUTER Ht <-- DEALER id=rank
-//!  I[c] ROUTER <- DEALER id=rank --  [input task c]    <-- ROUTER It[c] <-- DEALER id=rank
-//!  O[c] PULL  <-- PUSH  -----------  [output task c]   <-- PULL  Ot[c] <-- PUSH
+//!  I[c] ROUTER <- DEALER id=rank --  [input pipes c]   <-- "ROUTER" It[c] <-- DEALER id=rank
+//!  O[c] PULL  <-- PUSH  -----------  [output pipes c]  <-- "PULL"  Ot[c] <-- PUSH
 //! ```
+//!
+//! The handshake (a few messages per engine) goes through `zeromq` sockets. The data plane
+//! does not: the tap speaks ZMTP itself on each data connection ([`super::zmtp`]) and
+//! relays whole messages as the bytes they arrived as, one write for everything a read
+//! brought in. Per-engine input connections map one to one onto connections to the
+//! frontend carrying the engine's identity; the output connections of several engines
+//! (data parallel) merge into the one stream to the frontend, message by message.
 //!
 //! What the tap changes on the wire: only the `inputs` and `outputs` lists of INIT, so that
 //! the engine connects its data sockets to the tap (it learns them nowhere else). Every
-//! other frame — HELLO, READY, the ready response, requests, outputs, utility calls, the
+//! other message — HELLO, READY, the ready response, requests, outputs, utility calls, the
 //! `ENGINE_CORE_DEAD` sentinel — is forwarded byte for byte, with the engine's own ZMQ
-//! identity on each DEALER the tap opens towards the frontend, so the frontend sees the
-//! same identities it would see without the tap. The DP coordinator and KV-event
-//! addresses are not rewritten: engines reach those directly.
+//! identity on the tap's connections towards the frontend, so the frontend sees the same
+//! identities it would see without the tap. ZMTP commands (heartbeat PINGs) are answered
+//! per connection, not forwarded. The DP coordinator and KV-event addresses are not
+//! rewritten: engines reach those directly.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,20 +31,22 @@ use std::sync::mpsc::Sender as StdSender;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
-use bytes::Bytes;
-use futures_util::StreamExt;
+use bytes::{Buf, Bytes, BytesMut};
 use sim_protocol::ENGINE_CORE_DEAD;
 use sim_protocol::ready::{HandshakeInit, StatusMessage, rewrite_init_addresses};
 use sim_protocol::transport::{
-    bind_address, bind_pull, bind_router, connect_address, connect_retrying, socket_options,
-    tcp_host,
+    bind_address, bind_router, connect_address, connect_retrying, socket_options, tcp_host,
 };
-use tokio::sync::{Mutex, mpsc};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Mutex, OwnedMutexGuard, mpsc};
 use tokio::task::JoinHandle;
+use tokio::time::timeout;
 use zeromq::{
-    DealerRecvHalf, DealerSendHalf, DealerSocket, PullSocket, PushSocket, RouterRecvHalf,
-    RouterSendHalf, RouterSocket, Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage,
+    DealerSendHalf, DealerSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage,
 };
+
+use super::zmtp;
 
 use crate::play::timer::now_monotonic;
 
@@ -52,6 +62,9 @@ pub struct RelayConfig {
     pub advertise_host: Option<String>,
     /// How long to wait for the frontend's sockets to accept a connection.
     pub connect_timeout: Duration,
+    /// Largest message (bytes) the data relay buffers whole, for the observer and for
+    /// merging DP engines' outputs; a larger one is streamed through and not observed.
+    pub max_message_bytes: u64,
 }
 
 /// A copy of what crossed the tap, for the observer. `t` is the tap's receive time on the
@@ -79,6 +92,9 @@ pub enum Seen {
     },
     /// An engine's connection closed.
     EngineGone { engine: Bytes },
+    /// A message larger than `--max-frame-size` was relayed without being buffered, so it
+    /// cannot be decoded.
+    Streamed { what: String },
     /// The capture ends; in-flight requests are written as incomplete with this reason.
     Stop { reason: String },
 }
@@ -100,6 +116,8 @@ pub enum Event {
 
 struct Ctx {
     cfg: RelayConfig,
+    /// `cfg.max_message_bytes`, at least enough for any frame header.
+    max_frame: u64,
     frontend_handshake: String,
     bind_host: String,
     advertise_host: String,
@@ -193,6 +211,7 @@ pub async fn start(
         None => bind_host.clone(),
     };
     let ctx = Arc::new(Ctx {
+        max_frame: cfg.max_message_bytes.max(1024),
         cfg,
         frontend_handshake,
         bind_host,
@@ -338,202 +357,679 @@ fn port_of(endpoint: &str) -> Result<&str> {
         .ok_or_else(|| anyhow!("no port in the bound endpoint {endpoint}"))
 }
 
-/// Report a peer's disconnects as `event(peer)`.
-fn watch_disconnects<M, F>(ctx: &Arc<Ctx>, mut monitor: M, on_gone: F)
-where
-    M: futures_util::Stream<Item = SocketEvent> + Unpin + Send + 'static,
-    F: Fn(&Ctx, Bytes) + Send + Sync + 'static,
-{
-    let c = ctx.clone();
-    ctx.spawn(async move {
-        while let Some(ev) = monitor.next().await {
-            if let SocketEvent::Disconnected(peer) = ev {
-                on_gone(&c, Bytes::from(peer));
-            }
-        }
-    });
+// ---- the data plane, relayed as bytes ----------------------------------------------------
+//
+// Each data connection is a ZMTP session of its own: the tap greets the engine as the
+// frontend's socket type (ROUTER, PULL) and the frontend as the engine's (DEALER with the
+// engine's identity, PUSH), then forwards whole messages as the bytes they arrived as. A
+// zeromq-crate socket per hop cost ~30 µs and one message per send; a read of many messages
+// now leaves in one write.
+
+/// How long a peer may take to finish its greeting and READY.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Read buffer growth: large enough that a busy stream needs few reads.
+const READ_CHUNK: usize = 64 * 1024;
+
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+type Writer = Arc<Mutex<Box<dyn AsyncWrite + Send + Unpin>>>;
+
+/// One side of a relayed connection after its handshake.
+struct Leg {
+    reader: Reader,
+    writer: Writer,
+    /// Bytes that arrived right behind the peer's READY.
+    pending: BytesMut,
+    peer: zmtp::Peer,
 }
 
-/// Bind the tap's data sockets (one input ROUTER and output PULL per frontend client),
-/// connect the output PUSHes to the frontend and start the data relay tasks.
+fn writer<W: AsyncWrite + Send + Unpin + 'static>(w: W) -> Writer {
+    Arc::new(Mutex::new(Box::new(w)))
+}
+
+/// Handshake on an accepted (or connected) TCP stream and split it.
+async fn tcp_leg(
+    mut stream: TcpStream,
+    socket_type: &str,
+    identity: Option<&[u8]>,
+    accept: &[&str],
+) -> Result<Leg, zmtp::ZmtpError> {
+    // every relayed message goes out at once, not when Nagle thinks it should
+    stream.set_nodelay(true)?;
+    let (peer, pending) = timeout(
+        HANDSHAKE_TIMEOUT,
+        zmtp::handshake(&mut stream, socket_type, identity, accept),
+    )
+    .await
+    .map_err(|_| zmtp::ZmtpError::Protocol("the ZMTP handshake timed out".into()))??;
+    let (r, w) = stream.into_split();
+    Ok(Leg {
+        reader: Box::new(r),
+        writer: writer(w),
+        pending,
+        peer,
+    })
+}
+
+async fn ipc_leg(
+    path: &str,
+    socket_type: &str,
+    identity: Option<&[u8]>,
+    accept: &[&str],
+) -> Result<Leg, zmtp::ZmtpError> {
+    let mut stream = tokio::net::UnixStream::connect(path).await?;
+    let (peer, pending) = timeout(
+        HANDSHAKE_TIMEOUT,
+        zmtp::handshake(&mut stream, socket_type, identity, accept),
+    )
+    .await
+    .map_err(|_| zmtp::ZmtpError::Protocol("the ZMTP handshake timed out".into()))??;
+    let (r, w) = stream.into_split();
+    Ok(Leg {
+        reader: Box::new(r),
+        writer: writer(w),
+        pending,
+        peer,
+    })
+}
+
+/// Connect to one of the frontend's data sockets as `socket_type`, retrying while it is
+/// not there yet (it bound them before INIT, so normally at once).
+async fn open_leg(
+    ctx: &Ctx,
+    address: &str,
+    socket_type: &str,
+    identity: Option<&[u8]>,
+    accept: &[&str],
+    what: &str,
+) -> Result<Leg> {
+    let deadline = tokio::time::Instant::now() + ctx.cfg.connect_timeout;
+    loop {
+        let attempt = if let Some(rest) = address.strip_prefix("tcp://") {
+            let (host, port) = rest
+                .rsplit_once(':')
+                .ok_or_else(|| anyhow!("no port in {address}"))?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let port: u16 = port
+                .parse()
+                .with_context(|| format!("bad port in {address}"))?;
+            match TcpStream::connect((host, port)).await {
+                Ok(s) => tcp_leg(s, socket_type, identity, accept).await,
+                Err(e) => Err(e.into()),
+            }
+        } else if let Some(path) = address.strip_prefix("ipc://") {
+            ipc_leg(path, socket_type, identity, accept).await
+        } else {
+            return Err(anyhow!("unsupported transport in {address}"));
+        };
+        match attempt {
+            Ok(leg) => return Ok(leg),
+            // a peer that answers but refuses us will not change its mind
+            Err(
+                e @ (zmtp::ZmtpError::Greeting(_)
+                | zmtp::ZmtpError::Protocol(_)
+                | zmtp::ZmtpError::PeerError(_)),
+            ) => return Err(anyhow!("the {what} at {address}: {e}")),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(anyhow!(
+                    "the {what} at {address} did not accept a connection within {:?} (last error: {e})",
+                    ctx.cfg.connect_timeout
+                ));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// What a pipe hands its owner.
+enum Got {
+    /// A whole message, with the time its last bytes were read (before forwarding).
+    Message { t: f64, frames: Vec<Bytes> },
+    /// A message over the size limit, forwarded without being buffered (or observed).
+    Streamed,
+}
+
+/// Why a pipe stopped.
+enum PipeEnd {
+    /// The source closed its connection (or broke the protocol: `Some(why)`).
+    SourceClosed(Option<String>),
+    /// Forwarding failed: the destination is gone.
+    WriteFailed(String),
+}
+
+/// Write `data` to the destination, through the held guard if a streamed message holds it.
+async fn write_to(
+    held: &mut Option<OwnedMutexGuard<Box<dyn AsyncWrite + Send + Unpin>>>,
+    to: &Writer,
+    data: &[u8],
+) -> std::io::Result<()> {
+    match held {
+        Some(g) => g.write_all(data).await,
+        None => to.lock().await.write_all(data).await,
+    }
+}
+
+/// Relay whole messages from `src` to `to` (or drop them when `to` is `None`): read, find
+/// the message boundaries, write every complete message of the read at once, then hand
+/// copies to `on`. PINGs from the source are answered on its own connection; commands are
+/// never forwarded. Messages are only ever written whole, so several pipes can share one
+/// destination (DP engines into one output stream) without interleaving mid-message; a
+/// message larger than `limit` is streamed with the destination held until it ends.
+async fn pipe<F: FnMut(Got)>(mut src: Leg, to: Option<Writer>, limit: u64, mut on: F) -> PipeEnd {
+    let mut buf = std::mem::take(&mut src.pending);
+    let mut scanner = zmtp::Scanner::new(limit);
+    let mut held: Option<OwnedMutexGuard<Box<dyn AsyncWrite + Send + Unpin>>> = None;
+    let mut t = now_monotonic();
+    let end = 'relay: loop {
+        let scan = match scanner.scan(&buf) {
+            Ok(s) => s,
+            Err(e) => break PipeEnd::SourceClosed(Some(e.to_string())),
+        };
+        if scan.complete > 0 {
+            // Forward the complete bytes less any commands: one write in the usual case.
+            if let Some(to) = &to {
+                let mut from = 0;
+                for item in &scan.items {
+                    if let zmtp::Item::Command { span, .. } = item {
+                        if span.start > from
+                            && let Err(e) = write_to(&mut held, to, &buf[from..span.start]).await
+                        {
+                            break 'relay PipeEnd::WriteFailed(e.to_string());
+                        }
+                        from = span.end;
+                    }
+                }
+                if scan.complete > from
+                    && let Err(e) = write_to(&mut held, to, &buf[from..scan.complete]).await
+                {
+                    break 'relay PipeEnd::WriteFailed(e.to_string());
+                }
+            }
+            for item in scan.items {
+                match item {
+                    zmtp::Item::Message { span, frames } => {
+                        // one exact-size copy per message: the observer may hold it a
+                        // while, and must not pin the read buffer
+                        let copy = Bytes::copy_from_slice(&buf[span.clone()]);
+                        let frames = frames
+                            .iter()
+                            .map(|f| copy.slice(f.start - span.start..f.end - span.start))
+                            .collect();
+                        on(Got::Message { t, frames });
+                    }
+                    zmtp::Item::Tail { .. } => {}
+                    zmtp::Item::Command { body, .. } => {
+                        if let Ok((b"PING", data)) = zmtp::split_command(&buf[body]) {
+                            let pong = zmtp::pong_for(data);
+                            if let Err(e) = src.writer.lock().await.write_all(&pong).await {
+                                break 'relay PipeEnd::SourceClosed(Some(e.to_string()));
+                            }
+                        }
+                    }
+                }
+            }
+            buf.advance(scan.complete);
+            if !scanner.mid_message() {
+                held = None;
+            }
+        }
+        if let Some((at, h)) = scan.oversize {
+            on(Got::Streamed);
+            if held.is_none()
+                && let Some(to) = &to
+            {
+                held = Some(to.clone().lock_owned().await);
+            }
+            // the message so far and the whole oversize frame, as it arrives
+            let mut remaining = at as u64 + h.total();
+            loop {
+                let n = usize::try_from(remaining)
+                    .unwrap_or(usize::MAX)
+                    .min(buf.len());
+                if n > 0 {
+                    if let Some(g) = held.as_mut()
+                        && let Err(e) = g.write_all(&buf[..n]).await
+                    {
+                        break 'relay PipeEnd::WriteFailed(e.to_string());
+                    }
+                    buf.advance(n);
+                    remaining -= n as u64;
+                }
+                if remaining == 0 {
+                    break;
+                }
+                buf.reserve(READ_CHUNK);
+                match src.reader.read_buf(&mut buf).await {
+                    Ok(0) => break 'relay PipeEnd::SourceClosed(None),
+                    Ok(_) => {}
+                    Err(e) => break 'relay PipeEnd::SourceClosed(Some(e.to_string())),
+                }
+            }
+            scanner.streamed(h.more());
+            if !h.more() {
+                held = None;
+            }
+            t = now_monotonic();
+            continue;
+        }
+        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+            buf.reserve(READ_CHUNK);
+        }
+        match src.reader.read_buf(&mut buf).await {
+            Ok(0) => break PipeEnd::SourceClosed(None),
+            Ok(_) => t = now_monotonic(),
+            Err(e) => break PipeEnd::SourceClosed(Some(e.to_string())),
+        }
+    };
+    if let Some(mut g) = held {
+        // The source died inside a streamed message: what follows on this connection
+        // would be read as the rest of it. Close it rather than corrupt the stream.
+        tracing::warn!("a streamed message was cut off; closing the connection it went to");
+        let _ = g.shutdown().await;
+    }
+    end
+}
+
+/// The observer's note for a message streamed past `--max-frame-size`.
+fn streamed(what: String) -> Seen {
+    Seen::Streamed { what }
+}
+
+/// Bind the tap's data listeners (one input and one output per frontend client), connect
+/// to the frontend's output sockets and start relaying.
 async fn build_plane(ctx: &Arc<Ctx>, init: &HandshakeInit) -> Result<Plane> {
-    let base = format!("tcp://{}:0", ctx.bind_host);
     let mut plane = Plane {
         frontend_inputs: init.inputs.clone(),
         frontend_outputs: init.outputs.clone(),
         tap_inputs: Vec::new(),
         tap_outputs: Vec::new(),
     };
+    let bind_host = ctx.bind_host.trim_start_matches('[').trim_end_matches(']');
     for (client, (f_in, f_out)) in init.inputs.iter().zip(&init.outputs).enumerate() {
         let f_in = connect_address(f_in)?;
         let f_out = connect_address(f_out)?;
-        let (mut from_engines, in_ep) = bind_router(&base).await?;
-        let (pull, out_ep) = bind_pull(&base).await?;
-        plane
-            .tap_inputs
-            .push(format!("tcp://{}:{}", ctx.advertise_host, port_of(&in_ep)?));
+        let inputs = TcpListener::bind((bind_host, 0))
+            .await
+            .with_context(|| format!("binding an input listener on {bind_host}"))?;
+        let outputs = TcpListener::bind((bind_host, 0))
+            .await
+            .with_context(|| format!("binding an output listener on {bind_host}"))?;
+        plane.tap_inputs.push(format!(
+            "tcp://{}:{}",
+            ctx.advertise_host,
+            port_of(&inputs.local_addr()?.to_string())?
+        ));
         plane.tap_outputs.push(format!(
             "tcp://{}:{}",
             ctx.advertise_host,
-            port_of(&out_ep)?
+            port_of(&outputs.local_addr()?.to_string())?
         ));
 
-        let mut push = PushSocket::with_options(socket_options(None)?);
-        connect_retrying(
-            &mut push,
+        let frontend = open_leg(
+            ctx,
             &f_out,
-            ctx.cfg.connect_timeout,
+            "PUSH",
+            None,
+            &["PULL"],
             "frontend's output socket",
-            false,
         )
         .await?;
+        let to_frontend = frontend.writer.clone();
 
-        watch_disconnects(ctx, from_engines.monitor(), |c, peer| {
-            c.observe(Seen::EngineGone {
-                engine: peer.clone(),
-            });
-            c.event(Event::EngineGone(peer));
-        });
-        let (send, recv) = from_engines.split();
-        let to_engines = Arc::new(Mutex::new(send));
+        // The frontend never sends on its PULL; reading it answers PINGs and sees it go.
         let c = ctx.clone();
+        let limit = ctx.max_frame;
         ctx.spawn(async move {
-            if let Err(e) = input_relay(&c, client, recv, to_engines, f_in).await {
-                c.event(Event::Failed(e));
+            let why = match pipe(frontend, None, limit, |_| {}).await {
+                PipeEnd::SourceClosed(why) => why,
+                PipeEnd::WriteFailed(why) => Some(why),
+            };
+            c.event(Event::FrontendGone(match why {
+                Some(why) => format!("output socket {client} ({why})"),
+                None => format!("output socket {client}"),
+            }));
+        });
+
+        // Every engine gone: say ENGINE_CORE_DEAD for them, between two messages (every
+        // write to this stream is of whole messages).
+        let c = ctx.clone();
+        let to = to_frontend.clone();
+        ctx.spawn(async move {
+            let mut gone = c.engines_gone.subscribe();
+            if gone.wait_for(|g| *g).await.is_ok() {
+                tracing::warn!(
+                    client,
+                    "telling the frontend the engine is dead (ENGINE_CORE_DEAD)"
+                );
+                let mut frame = Vec::new();
+                zmtp::put_frame(&mut frame, 0, ENGINE_CORE_DEAD);
+                let mut w = to.lock().await;
+                let _ = w.write_all(&frame).await;
+                let _ = w.flush().await;
             }
         });
+
         let c = ctx.clone();
         ctx.spawn(async move {
-            if let Err(e) = output_relay(&c, client, pull, push).await {
-                c.event(Event::Failed(e));
-            }
+            accept_outputs(&c, client, outputs, to_frontend).await;
+        });
+        let c = ctx.clone();
+        ctx.spawn(async move {
+            accept_inputs(&c, client, inputs, f_in).await;
         });
     }
     Ok(plane)
 }
 
-/// Engines → frontend on client `client`'s input socket: each engine's ready response
-/// (the first and normally only message), forwarded on a DEALER with the engine's identity
-/// that is opened on first sight; that DEALER's reader relays the frontend's requests back.
-async fn input_relay(
-    ctx: &Arc<Ctx>,
-    client: usize,
-    mut from_engines: RouterRecvHalf,
-    to_engines: Arc<Mutex<RouterSendHalf>>,
-    frontend_input: String,
-) -> Result<()> {
-    let mut to_frontend: HashMap<Bytes, DealerSendHalf> = HashMap::new();
-    loop {
-        let m = from_engines
-            .recv()
-            .await
-            .with_context(|| format!("receiving on the tap's input socket {client}"))?;
-        let mut frames = m.into_vec();
-        if frames.len() < 2 {
-            continue;
-        }
-        let identity = frames.remove(0);
-        let first = !to_frontend.contains_key(&identity);
-        if first {
-            let mut dealer = DealerSocket::with_options(socket_options(Some(&identity))?);
-            watch_disconnects(ctx, dealer.monitor(), move |c, _| {
-                c.event(Event::FrontendGone(format!("input socket {client}")));
-            });
-            connect_retrying(
-                &mut dealer,
-                &frontend_input,
-                ctx.cfg.connect_timeout,
-                "frontend's input socket",
-                false,
-            )
-            .await?;
-            let (send, recv) = dealer.split();
-            let c = ctx.clone();
-            let id = identity.clone();
-            let to_engines = to_engines.clone();
-            ctx.spawn(async move { frontend_reader(&c, client, id, recv, to_engines).await });
-            to_frontend.insert(identity.clone(), send);
-        }
-        let payload = frames.first().cloned().unwrap_or_default();
-        if let Some(sender) = to_frontend.get_mut(&identity) {
-            sender
-                .send(msg(frames)?)
-                .await
-                .with_context(|| format!("forwarding to the frontend's input socket {client}"))?;
-        }
-        if first {
-            ctx.observe(Seen::Ready {
-                engine: identity,
-                client,
-                payload,
-            });
-        } else {
-            tracing::debug!(client, "relayed an engine message on an input socket");
-        }
+/// An engine-side connection that did not complete its handshake: a connection closed
+/// or resets before its greeting is a port probe (engines check that the port is open before they
+/// connect), anything else deserves a word.
+fn handshake_refused(client: usize, socket: &str, e: &zmtp::ZmtpError) {
+    if matches!(e, zmtp::ZmtpError::Closed | zmtp::ZmtpError::Io(_)) {
+        tracing::debug!(client, "a probe of the tap's {socket} socket {client}");
+    } else {
+        tracing::warn!(
+            client,
+            "refused a connection to the tap's {socket} socket {client}: {e}"
+        );
     }
 }
 
-/// Frontend → engine `identity` on client `client`'s input socket.
-async fn frontend_reader(
-    ctx: &Arc<Ctx>,
-    client: usize,
-    identity: Bytes,
-    mut recv: DealerRecvHalf,
-    to_engines: Arc<Mutex<RouterSendHalf>>,
-) {
-    while let Ok(mut m) = recv.recv().await {
-        let t = now_monotonic();
-        let frames: Vec<Bytes> = m.iter().cloned().collect();
-        m.push_front(identity.clone());
-        let sent = to_engines.lock().await.send(m).await;
-        if let Err(e) = sent {
-            tracing::warn!(
-                client,
-                engine = %hex_id(&identity),
-                "cannot forward a request to the engine ({e}); it is gone"
-            );
-            ctx.event(Event::EngineGone(identity.clone()));
-        }
-        ctx.observe(Seen::Input {
-            t,
-            client,
-            engine: identity.clone(),
-            frames,
+/// Engines' output connections on client `client`: each relays into the one stream to
+/// the frontend.
+async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: TcpListener, to: Writer) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(client, "accepting on the tap's output socket: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let c = ctx.clone();
+        let to = to.clone();
+        ctx.spawn(async move {
+            let leg = match tcp_leg(stream, "PULL", None, &["PUSH"]).await {
+                Ok(leg) => leg,
+                Err(e) => {
+                    handshake_refused(client, "output", &e);
+                    return;
+                }
+            };
+            let limit = c.max_frame;
+            let end = pipe(leg, Some(to), limit, |got| match got {
+                Got::Message { t, frames } => {
+                    let dead = frames.len() == 1 && frames[0].as_ref() == ENGINE_CORE_DEAD;
+                    c.observe(Seen::Output { t, client, frames });
+                    if dead {
+                        c.event(Event::EngineDead);
+                    }
+                }
+                Got::Streamed => c.observe(streamed(format!(
+                    "an engine output message on client {client} larger than --max-frame-size"
+                ))),
+            })
+            .await;
+            match end {
+                PipeEnd::WriteFailed(e) => {
+                    c.event(Event::FrontendGone(format!("output socket {client} ({e})")));
+                }
+                PipeEnd::SourceClosed(why) => {
+                    tracing::debug!(client, ?why, "an engine's output connection closed");
+                }
+            }
         });
     }
 }
 
-/// Engines → frontend on client `client`'s output socket.
-async fn output_relay(
-    ctx: &Arc<Ctx>,
-    client: usize,
-    mut from_engines: PullSocket,
-    mut to_frontend: PushSocket,
-) -> Result<()> {
-    let mut gone = ctx.engines_gone.subscribe();
+/// Engines' input connections on client `client`: each gets its own connection to the
+/// frontend's input socket, carrying the engine's identity.
+async fn accept_inputs(ctx: &Arc<Ctx>, client: usize, listener: TcpListener, frontend: String) {
     loop {
-        let m = tokio::select! {
-            m = from_engines.recv() => {
-                m.with_context(|| format!("receiving on the tap's output socket {client}"))?
-            }
-            _ = async { gone.wait_for(|g| *g).await.is_ok() } => {
-                tracing::warn!(client, "telling the frontend the engine is dead (ENGINE_CORE_DEAD)");
-                let dead = ZmqMessage::from(Bytes::from_static(ENGINE_CORE_DEAD));
-                let _ = to_frontend.send(dead).await;
-                // once is enough; keep the socket open until the tap stops
-                std::future::pending::<()>().await;
-                unreachable!()
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(client, "accepting on the tap's input socket: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
         };
-        let t = now_monotonic();
-        let frames: Vec<Bytes> = m.iter().cloned().collect();
-        let dead = frames.len() == 1 && frames[0].as_ref() == ENGINE_CORE_DEAD;
-        if let Err(e) = to_frontend.send(m).await {
-            ctx.event(Event::FrontendGone(format!("output socket {client} ({e})")));
+        let c = ctx.clone();
+        let frontend = frontend.clone();
+        ctx.spawn(async move {
+            if let Err(e) = engine_input(&c, client, stream, &frontend).await {
+                c.event(Event::Failed(e));
+            }
+        });
+    }
+}
+
+/// One engine's input connection: its messages (the ready response) go to the frontend,
+/// the frontend's requests come back.
+async fn engine_input(
+    ctx: &Arc<Ctx>,
+    client: usize,
+    stream: TcpStream,
+    frontend: &str,
+) -> Result<()> {
+    let engine = match tcp_leg(stream, "ROUTER", None, &["DEALER"]).await {
+        Ok(leg) => leg,
+        Err(e) => {
+            handshake_refused(client, "input", &e);
+            return Ok(());
         }
-        ctx.observe(Seen::Output { t, client, frames });
-        if dead {
-            ctx.event(Event::EngineDead);
+    };
+    let identity = engine.peer.identity.clone();
+    let to_engine = engine.writer.clone();
+    let fe = open_leg(
+        ctx,
+        frontend,
+        "DEALER",
+        (!identity.is_empty()).then_some(identity.as_ref()),
+        &["ROUTER"],
+        "frontend's input socket",
+    )
+    .await?;
+    let to_frontend = fe.writer.clone();
+    let limit = ctx.max_frame;
+
+    let c = ctx.clone();
+    let id = identity.clone();
+    ctx.spawn(async move {
+        let end = pipe(fe, Some(to_engine), limit, |got| match got {
+            Got::Message { t, frames } => c.observe(Seen::Input {
+                t,
+                client,
+                engine: id.clone(),
+                frames,
+            }),
+            Got::Streamed => c.observe(streamed(format!(
+                "a frontend message on client {client} larger than --max-frame-size"
+            ))),
+        })
+        .await;
+        match end {
+            PipeEnd::SourceClosed(why) => c.event(Event::FrontendGone(match why {
+                Some(why) => format!("input socket {client} ({why})"),
+                None => format!("input socket {client}"),
+            })),
+            PipeEnd::WriteFailed(e) => {
+                tracing::warn!(
+                    client,
+                    engine = %hex_id(&id),
+                    "cannot forward a request to the engine ({e}); it is gone"
+                );
+                c.event(Event::EngineGone(id));
+            }
         }
+    });
+
+    let mut first = true;
+    let end = pipe(engine, Some(to_frontend), limit, |got| {
+        if let Got::Message { frames, .. } = got {
+            if std::mem::take(&mut first) {
+                ctx.observe(Seen::Ready {
+                    engine: identity.clone(),
+                    client,
+                    payload: frames.first().cloned().unwrap_or_default(),
+                });
+            } else {
+                tracing::debug!(client, "relayed an engine message on an input socket");
+            }
+        }
+    })
+    .await;
+    match end {
+        PipeEnd::SourceClosed(why) => {
+            if let Some(why) = why {
+                tracing::warn!(client, engine = %hex_id(&identity), "engine input connection: {why}");
+            }
+            ctx.observe(Seen::EngineGone {
+                engine: identity.clone(),
+            });
+            ctx.event(Event::EngineGone(identity));
+        }
+        PipeEnd::WriteFailed(e) => {
+            ctx.event(Event::FrontendGone(format!("input socket {client} ({e})")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{DuplexStream, duplex};
+
+    fn leg(stream: DuplexStream) -> Leg {
+        let (r, w) = tokio::io::split(stream);
+        Leg {
+            reader: Box::new(r),
+            writer: writer(w),
+            pending: BytesMut::new(),
+            peer: zmtp::Peer {
+                version: (3, 1),
+                socket_type: "PUSH".into(),
+                identity: Bytes::new(),
+            },
+        }
+    }
+
+    fn message(engine: u8, i: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        let big = vec![engine; 100 + (i as usize % 7) * 100];
+        zmtp::put_frame(
+            &mut out,
+            zmtp::FLAG_MORE,
+            format!("{engine}:{i}").as_bytes(),
+        );
+        zmtp::put_frame(&mut out, 0, &big);
+        out
+    }
+
+    /// Two engines write their messages in awkward pieces (3 bytes at a time, so every
+    /// message spans many reads) into pipes that share one destination: the destination
+    /// gets every message whole, each engine's in order, never two interleaved; the
+    /// observer sees the same frames; a PING is answered on its own connection and not
+    /// forwarded.
+    #[tokio::test]
+    async fn dp_merge_keeps_messages_whole() {
+        const N: u32 = 200;
+        let (dest_tap, mut dest) = duplex(1 << 20);
+        let to = writer(dest_tap);
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut pipes = Vec::new();
+        let mut engines = Vec::new();
+        for e in 0..2u8 {
+            let (tap_side, engine_side) = duplex(1 << 20);
+            let seen = seen.clone();
+            let to = Some(to.clone());
+            pipes.push(tokio::spawn(async move {
+                pipe(leg(tap_side), to, 1 << 20, |got| {
+                    if let Got::Message { frames, .. } = got {
+                        seen.lock().unwrap().push(frames);
+                    }
+                })
+                .await
+            }));
+            engines.push(tokio::spawn(async move {
+                let mut s = engine_side;
+                let mut bytes = zmtp::command_frame("PING", &[0, 0, b'h', b'i']);
+                for i in 0..N {
+                    bytes.extend(message(e, i));
+                }
+                for piece in bytes.chunks(3) {
+                    s.write_all(piece).await.unwrap();
+                    tokio::task::yield_now().await;
+                }
+                let want = zmtp::command_frame("PONG", b"hi");
+                let mut pong = vec![0u8; want.len()];
+                s.read_exact(&mut pong).await.unwrap();
+                assert_eq!(pong, want);
+                s
+            }));
+        }
+        let mut engine_ends = Vec::new();
+        for e in engines {
+            engine_ends.push(e.await.unwrap());
+        }
+        let expect_len: usize = (0..2u8)
+            .flat_map(|e| (0..N).map(move |i| message(e, i).len()))
+            .sum();
+        let mut got = vec![0u8; expect_len];
+        dest.read_exact(&mut got).await.unwrap();
+        let mut scanner = zmtp::Scanner::new(1 << 30);
+        let scan = scanner.scan(&got).unwrap();
+        assert_eq!(scan.complete, got.len());
+        let mut next = [0u32; 2];
+        for item in scan.items {
+            let zmtp::Item::Message { span, .. } = item else {
+                panic!("a command was forwarded");
+            };
+            let e = usize::from(got[span.start + 2] - b'0');
+            assert_eq!(&got[span], message(e as u8, next[e]).as_slice());
+            next[e] += 1;
+        }
+        assert_eq!(next, [N, N]);
+        drop(engine_ends);
+        for p in pipes {
+            assert!(matches!(p.await.unwrap(), PipeEnd::SourceClosed(None)));
+        }
+        assert_eq!(seen.lock().unwrap().len(), 2 * N as usize);
+    }
+
+    /// A message over the limit is streamed through whole, the messages around it are
+    /// buffered as usual, and only those are observed.
+    #[tokio::test]
+    async fn oversize_messages_stream_through() {
+        let (dest_tap, mut dest) = duplex(1 << 20);
+        let (tap_side, mut engine) = duplex(1 << 20);
+        let observed = Arc::new(std::sync::Mutex::new((0, 0)));
+        let o = observed.clone();
+        let p = tokio::spawn(async move {
+            pipe(leg(tap_side), Some(writer(dest_tap)), 2048, |got| {
+                let mut o = o.lock().unwrap();
+                match got {
+                    Got::Message { .. } => o.0 += 1,
+                    Got::Streamed => o.1 += 1,
+                }
+            })
+            .await
+        });
+        let mut bytes = message(1, 1);
+        zmtp::put_frame(&mut bytes, zmtp::FLAG_MORE, b"head");
+        zmtp::put_frame(&mut bytes, zmtp::FLAG_MORE, &[7u8; 50_000]);
+        zmtp::put_frame(&mut bytes, 0, b"tail");
+        bytes.extend(message(1, 2));
+        for piece in bytes.chunks(1000) {
+            engine.write_all(piece).await.unwrap();
+        }
+        let mut got = vec![0u8; bytes.len()];
+        dest.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, bytes);
+        drop(engine);
+        assert!(matches!(p.await.unwrap(), PipeEnd::SourceClosed(None)));
+        assert_eq!(*observed.lock().unwrap(), (2, 1));
     }
 }
