@@ -99,12 +99,15 @@ impl Batch {
         }
         let from = r.cached_blocks;
         let parent = from.checked_sub(1).map(|i| r.block_hashes[i]);
-        let blocks = r.blocks[from..full].to_vec();
-        let hashes = r.block_hashes[from..full].to_vec();
-        let tokens = r.tokens[from * bs..full * bs].to_vec();
-        let lora = r.lora_id.zip(r.lora_name.clone());
         r.cached_blocks = full;
-        self.pool.cache(&blocks, &hashes, parent, &tokens, lora);
+        // the request and the pool are separate fields: the slices are lent, not copied
+        self.pool.cache(
+            &r.blocks[from..full],
+            &r.block_hashes[from..full],
+            parent,
+            &r.tokens[from * bs..full * bs],
+            r.lora_id.zip(r.lora_name.as_deref()),
+        );
     }
 
     /// Index in `running` of the request to preempt: the newest, or under the priority

@@ -176,30 +176,6 @@ fn write_utility_output(w: &mut Writer, u: &UtilityOutput) {
     }
 }
 
-fn is_set(o: &EngineCoreOutput, f: OutputField) -> bool {
-    use OutputField as F;
-    match f {
-        F::RequestId | F::NewTokenIds => true,
-        F::NewLogprobs => o.new_logprobs.is_some(),
-        F::NewPromptLogprobsTensors => o.new_prompt_logprobs_tensors.is_some(),
-        F::PoolingOutput => o.pooling_output.is_some(),
-        F::FinishReason => o.finish_reason.is_some(),
-        F::StopReason => o.stop_reason.is_some(),
-        F::Events => !o.events.is_empty(),
-        F::KvTransferParams => o.kv_transfer_params.is_some(),
-        F::EcTransferParams => o.ec_transfer_params.is_some(),
-        F::TraceHeaders => o.trace_headers.is_some(),
-        F::PrefillStats => o.prefill_stats.is_some(),
-        F::RoutedExperts => o.routed_experts.is_some(),
-        F::NumNansInLogits => o.num_nans_in_logits != 0,
-        F::MmCacheMissHashes => o.mm_cache_miss_hashes.is_some(),
-        F::NewSamplingMask => o.new_sampling_mask.is_some(),
-        F::SpecDecodeMetrics => o.spec_decode_metrics.is_some(),
-        F::PromptTokenIdLogprobs => o.prompt_token_id_logprobs.is_some(),
-        F::Error => o.error.is_some(),
-    }
-}
-
 /// Fields that some lines lack; checked so that a dropped one is at least logged.
 const LINE_DEPENDENT: [OutputField; 6] = [
     OutputField::EcTransferParams,
@@ -210,16 +186,56 @@ const LINE_DEPENDENT: [OutputField; 6] = [
     OutputField::Error,
 ];
 
+/// Every field of `o` that is set, one bit per [`OutputField`] (its discriminant): read
+/// once per output, then looked up per layout position (the engine encodes one output per
+/// request per step, so this is on its hot path).
+fn set_fields(o: &EngineCoreOutput) -> u32 {
+    use OutputField as F;
+    let on = |f: OutputField, set: bool| u32::from(set) << (f as u32);
+    bit(F::RequestId)
+        | bit(F::NewTokenIds)
+        | on(F::NewLogprobs, o.new_logprobs.is_some())
+        | on(
+            F::NewPromptLogprobsTensors,
+            o.new_prompt_logprobs_tensors.is_some(),
+        )
+        | on(F::PoolingOutput, o.pooling_output.is_some())
+        | on(F::FinishReason, o.finish_reason.is_some())
+        | on(F::StopReason, o.stop_reason.is_some())
+        | on(F::Events, !o.events.is_empty())
+        | on(F::KvTransferParams, o.kv_transfer_params.is_some())
+        | on(F::EcTransferParams, o.ec_transfer_params.is_some())
+        | on(F::TraceHeaders, o.trace_headers.is_some())
+        | on(F::PrefillStats, o.prefill_stats.is_some())
+        | on(F::RoutedExperts, o.routed_experts.is_some())
+        | on(F::NumNansInLogits, o.num_nans_in_logits != 0)
+        | on(F::MmCacheMissHashes, o.mm_cache_miss_hashes.is_some())
+        | on(F::NewSamplingMask, o.new_sampling_mask.is_some())
+        | on(F::SpecDecodeMetrics, o.spec_decode_metrics.is_some())
+        | on(
+            F::PromptTokenIdLogprobs,
+            o.prompt_token_id_logprobs.is_some(),
+        )
+        | on(F::Error, o.error.is_some())
+}
+
+fn bit(f: OutputField) -> u32 {
+    1 << (f as u32)
+}
+
 fn write_output(w: &mut Writer, line: VllmLine, o: &EngineCoreOutput) -> Result<(), EncodeError> {
     let layout = line.output_layout();
-    for f in LINE_DEPENDENT {
-        if is_set(o, f) && !layout.contains(&f) {
-            tracing::debug!(%line, field = ?f, request_id = %o.request_id, "dropping a field the line does not have");
+    let set = set_fields(o);
+    if LINE_DEPENDENT.iter().any(|f| set & bit(*f) != 0) {
+        for f in LINE_DEPENDENT {
+            if set & bit(f) != 0 && !layout.contains(&f) {
+                tracing::debug!(%line, field = ?f, request_id = %o.request_id, "dropping a field the line does not have");
+            }
         }
     }
     let len = layout
         .iter()
-        .rposition(|f| is_set(o, *f))
+        .rposition(|f| set & bit(*f) != 0)
         .map_or(2, |i| i + 1);
     w.array(len);
     for f in &layout[..len] {
