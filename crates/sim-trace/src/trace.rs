@@ -403,6 +403,9 @@ fn is_gz(path: &Path) -> bool {
 /// One line of a trace, its record read as an `R`: a [`TraceRecord`], or a smaller type
 /// with only the fields a pass needs (the others are skipped unparsed, so such a type
 /// checks less of the line).
+// Unboxed like `TraceItem`: a line is parsed, matched and taken apart at once, and a trace
+// has one meta line, so boxing it would only add an allocation to the reader's API.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum TraceLine<R> {
     Meta(TraceMeta),
@@ -724,7 +727,7 @@ impl Iterator for TraceReader {
     type Item = Result<TraceItem, TraceError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.lines.next_with(|text| parse_line(text))
+        self.lines.next_with(parse_line)
     }
 }
 
@@ -774,7 +777,8 @@ impl Iterator for JsonlReader {
 
 enum Sink {
     Plain(BufWriter<File>),
-    Gz(GzEncoder<BufWriter<File>>),
+    /// Boxed: zlib-rs's encoder state is large, and a writer has one sink.
+    Gz(Box<GzEncoder<BufWriter<File>>>),
 }
 
 impl Sink {
@@ -820,7 +824,7 @@ impl TraceWriter {
         })?;
         let buffered = BufWriter::with_capacity(1 << 16, file);
         let sink = if is_gz(&path) {
-            Sink::Gz(GzEncoder::new(buffered, Compression::default()))
+            Sink::Gz(Box::new(GzEncoder::new(buffered, Compression::default())))
         } else {
             Sink::Plain(buffered)
         };
@@ -909,7 +913,7 @@ impl TraceWriter {
         let buffered = match self.sink.take() {
             None => return Ok(()),
             Some(Sink::Plain(w)) => w,
-            Some(Sink::Gz(w)) => w.finish().map_err(err)?,
+            Some(Sink::Gz(w)) => (*w).finish().map_err(err)?,
         };
         let file = buffered.into_inner().map_err(|e| err(e.into_error()))?;
         // Pipes and terminals cannot be synced (EINVAL); only files are.

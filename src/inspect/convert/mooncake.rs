@@ -433,7 +433,7 @@ fn scan(path: &Path) -> Result<Scan> {
     let mut last = f64::NEG_INFINITY;
     let mut lines = JsonlReader::open(path).map_err(trace_err)?;
     let mut progress = Progress::new("convert: scanning");
-    while let Some(item) = lines.next_with(|text| parse_line_as::<ScanRecord>(text)) {
+    while let Some(item) = lines.next_with(parse_line_as::<ScanRecord>) {
         match item.map_err(trace_err)? {
             // A block size of 0 says nothing.
             TraceLine::Meta(m) => match (s.block_size, m.block_size.filter(|&b| b > 0)) {
