@@ -143,8 +143,16 @@ impl Summary {
         // a record without timing (a converted Mooncake line) has no chunks to count
         if r.output_tokens > 0 && r.ttft_ms.is_some() {
             *self.chunk_sizes.entry(r.first_chunk_tokens()).or_default() += 1;
-            for n in r.chunk_tokens() {
-                *self.chunk_sizes.entry(n).or_default() += 1;
+            if r.itl_tokens.is_empty() {
+                // every chunk after the first is one token: one count for them all, not
+                // a map update per gap
+                if !r.itl_ms.is_empty() {
+                    *self.chunk_sizes.entry(1).or_default() += r.itl_ms.len() as u64;
+                }
+            } else {
+                for &n in &r.itl_tokens {
+                    *self.chunk_sizes.entry(n).or_default() += 1;
+                }
             }
         }
         let total = r.ttft_ms.map(|t| t + gaps);

@@ -36,7 +36,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use flate2::Compression;
@@ -143,11 +143,57 @@ impl TraceMeta {
 
 /// One chained KV-block hash. The tap writes unsigned 64-bit integers; string hashes (e.g.
 /// hex digests from converted workload traces) are accepted and kept verbatim.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(untagged)]
 pub enum BlockHash {
     Int(u64),
     Str(String),
+}
+
+/// Read as `#[serde(untagged)]` would (an unsigned integer, else a string, else the same
+/// error), without its buffering of every value first: that made a trace's block hashes
+/// cost several times their integers' parsing.
+impl<'de> Deserialize<'de> for BlockHash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const NO_MATCH: &str = "data did not match any variant of untagged enum BlockHash";
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = BlockHash;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an unsigned integer or a string")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<BlockHash, E> {
+                Ok(BlockHash::Int(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<BlockHash, E> {
+                u64::try_from(v)
+                    .map(BlockHash::Int)
+                    .map_err(|_| E::custom(NO_MATCH))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<BlockHash, E> {
+                Ok(BlockHash::Str(v.to_string()))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<BlockHash, E> {
+                Ok(BlockHash::Str(v))
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<BlockHash, E> {
+                Err(E::custom(NO_MATCH))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<BlockHash, E> {
+                Err(E::custom(NO_MATCH))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<BlockHash, E> {
+                Err(E::custom(NO_MATCH))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<BlockHash, A::Error> {
+                Err(serde::de::Error::custom(NO_MATCH))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<BlockHash, A::Error> {
+                Err(serde::de::Error::custom(NO_MATCH))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl From<u64> for BlockHash {
@@ -354,24 +400,154 @@ fn is_gz(path: &Path) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("gz"))
 }
 
+/// One line of a trace, its record read as an `R`: a [`TraceRecord`], or a smaller type
+/// with only the fields a pass needs (the others are skipped unparsed, so such a type
+/// checks less of the line).
+// Unboxed like `TraceItem`: a line is parsed, matched and taken apart at once, and a trace
+// has one meta line, so boxing it would only add an allocation to the reader's API.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum TraceLine<R> {
+    Meta(TraceMeta),
+    Record(R),
+}
+
 /// Parse one (non-blank) trace line.
 pub fn parse_line(line: &[u8]) -> Result<TraceItem, serde_json::Error> {
+    parse_line_as(line).map(|l| match l {
+        TraceLine::Meta(m) => TraceItem::Meta(m),
+        TraceLine::Record(r) => TraceItem::Record(r),
+    })
+}
+
+/// Parse one (non-blank) trace line, its record as an `R` (see [`TraceLine`]).
+pub fn parse_line_as<R: DeserializeOwned>(line: &[u8]) -> Result<TraceLine<R>, serde_json::Error> {
     // Fast path: a line that cannot be a meta line parses straight into a record.
-    if !contains(line, b"\"meta\"") {
-        return serde_json::from_slice(line).map(TraceItem::Record);
+    if !contains_bytes(line, b"\"meta\"") {
+        return serde_json::from_slice(line).map(TraceLine::Record);
     }
     let value: serde_json::Value = serde_json::from_slice(line)?;
     if value.get("meta").is_some_and(|m| m.is_object()) {
-        return serde_json::from_value::<MetaLineIn>(value).map(|m| TraceItem::Meta(m.meta));
+        return serde_json::from_value::<MetaLineIn>(value).map(|m| TraceLine::Meta(m.meta));
     }
     if value.get("type").and_then(|t| t.as_str()) == Some("meta") {
-        return serde_json::from_value(value).map(TraceItem::Meta);
+        return serde_json::from_value(value).map(TraceLine::Meta);
     }
-    serde_json::from_value(value).map(TraceItem::Record)
+    serde_json::from_value(value).map(TraceLine::Record)
 }
 
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
+/// Whether `needle` occurs in `hay`. (memchr's searcher: a naive window-by-window compare
+/// cost about 5 % of reading a trace, as every record line is searched for `"meta"`.)
+pub fn contains_bytes(hay: &[u8], needle: &[u8]) -> bool {
+    memchr::memmem::find(hay, needle).is_some()
+}
+
+/// Bytes read from a file at a time: fewer system calls than std's 8 KiB default, still
+/// small next to the caches.
+const READ_BUFFER: usize = 1 << 18;
+
+/// Decompressed chunks in flight between the gunzip thread and the reader (each
+/// [`READ_BUFFER`] bytes): bounds the memory whatever the file's size.
+const GUNZIP_CHUNKS: usize = 4;
+
+/// A gzip file decompressed on its own thread, read as a [`BufRead`]: decompression costs
+/// about as much as parsing the JSON, so on two cores the two overlap instead of adding up.
+/// The stream is the one [`MultiGzDecoder`] gives, chunk by chunk in order; its first error
+/// (`UnexpectedEof` for a truncated file) comes after every byte decoded before it.
+struct GunzipThread {
+    chunks: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    /// Emptied chunks go back to the thread to be refilled, so nothing is allocated per chunk.
+    spent: std::sync::mpsc::SyncSender<Vec<u8>>,
+    chunk: Vec<u8>,
+    pos: usize,
+    /// The thread's error, kept to be returned again if the reader asks once more.
+    failed: Option<io::ErrorKind>,
+}
+
+impl GunzipThread {
+    fn spawn(file: File) -> GunzipThread {
+        let (tx, chunks) = std::sync::mpsc::sync_channel(GUNZIP_CHUNKS);
+        let (spent, recycled) = std::sync::mpsc::sync_channel::<Vec<u8>>(GUNZIP_CHUNKS + 1);
+        std::thread::spawn(move || {
+            let mut gz = MultiGzDecoder::new(BufReader::with_capacity(1 << 16, file));
+            loop {
+                let mut buf = recycled.try_recv().unwrap_or_default();
+                buf.resize(READ_BUFFER, 0);
+                let mut filled = 0;
+                let mut error = None;
+                while filled < buf.len() {
+                    match gz.read(&mut buf[filled..]) {
+                        Ok(0) => break,
+                        Ok(n) => filled += n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            error = Some(e);
+                            break;
+                        }
+                    }
+                }
+                buf.truncate(filled);
+                let end = filled == 0 || error.is_some();
+                // a send fails once the reader is dropped: nothing more to do
+                if filled > 0 && tx.send(Ok(buf)).is_err() {
+                    return;
+                }
+                if let Some(e) = error {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+                if end {
+                    return;
+                }
+            }
+        });
+        GunzipThread {
+            chunks,
+            spent,
+            chunk: Vec::new(),
+            pos: 0,
+            failed: None,
+        }
+    }
+}
+
+impl io::Read for GunzipThread {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let available = self.fill_buf()?;
+        let n = available.len().min(out.len());
+        out[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl BufRead for GunzipThread {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        if self.pos == self.chunk.len() {
+            if let Some(kind) = self.failed {
+                return Err(io::Error::new(kind, "the gzip stream failed before"));
+            }
+            match self.chunks.recv() {
+                Ok(Ok(next)) => {
+                    let spent = std::mem::replace(&mut self.chunk, next);
+                    // the thread may have ended; the buffer is then simply dropped
+                    let _ = self.spent.try_send(spent);
+                    self.pos = 0;
+                }
+                Ok(Err(e)) => {
+                    self.failed = Some(e.kind());
+                    return Err(e);
+                }
+                // the thread ended without an error: the end of the stream
+                Err(_) => return Ok(&[]),
+            }
+        }
+        Ok(&self.chunk[self.pos..])
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.chunk.len());
+    }
 }
 
 /// Lines of a (possibly gzipped) text file, with the numbering and truncation reporting
@@ -394,12 +570,9 @@ impl Lines {
         })?;
         let gz = is_gz(path);
         let input: Box<dyn BufRead + Send> = if gz {
-            Box::new(BufReader::with_capacity(
-                1 << 16,
-                MultiGzDecoder::new(BufReader::new(file)),
-            ))
+            Box::new(GunzipThread::spawn(file))
         } else {
-            Box::new(BufReader::with_capacity(1 << 16, file))
+            Box::new(BufReader::with_capacity(READ_BUFFER, file))
         };
         Ok(Self {
             path: path.to_path_buf(),
@@ -466,9 +639,18 @@ impl Lines {
     /// The next non-blank line deserialised as a `T`; a line that does not parse is a
     /// [`TraceError::Parse`] naming it, and the reader goes on with the next one.
     pub(crate) fn next_json<T: DeserializeOwned>(&mut self) -> Option<Result<T, TraceError>> {
+        self.next_with(|text| serde_json::from_slice(text))
+    }
+
+    /// The next non-blank line (trimmed) turned into a `T` by `parse`, with the errors of
+    /// [`next_json`](Self::next_json).
+    pub(crate) fn next_with<T>(
+        &mut self,
+        parse: impl FnOnce(&[u8]) -> Result<T, serde_json::Error>,
+    ) -> Option<Result<T, TraceError>> {
         let parsed = match self.next_line()? {
             Err(e) => return Some(Err(e)),
-            Ok(text) => serde_json::from_slice(text),
+            Ok(text) => parse(text),
         };
         Some(match parsed {
             Ok(v) => {
@@ -525,6 +707,12 @@ impl TraceReader {
         }
     }
 
+    /// The next line, its record read as an `R` (see [`TraceLine`]); `None` at the end.
+    /// Errors as for the iterator.
+    pub fn next_as<R: DeserializeOwned>(&mut self) -> Option<Result<TraceLine<R>, TraceError>> {
+        self.lines.next_with(|text| parse_line_as(text))
+    }
+
     /// Iterate only the records, skipping meta lines.
     pub fn records(self) -> impl Iterator<Item = Result<TraceRecord, TraceError>> {
         self.filter_map(|item| match item {
@@ -539,17 +727,7 @@ impl Iterator for TraceReader {
     type Item = Result<TraceItem, TraceError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let parsed = match self.lines.next_line()? {
-            Err(e) => return Some(Err(e)),
-            Ok(text) => parse_line(text),
-        };
-        Some(match parsed {
-            Ok(item) => {
-                self.lines.good();
-                Ok(item)
-            }
-            Err(source) => Err(self.lines.parse_error(source)),
-        })
+        self.lines.next_with(parse_line)
     }
 }
 
@@ -577,6 +755,16 @@ impl JsonlReader {
     pub fn path(&self) -> &Path {
         &self.lines.path
     }
+
+    /// The next non-blank line (trimmed) turned into a `T` by `parse` (e.g.
+    /// `serde_json::from_slice` into a type of the caller's, which then need not go
+    /// through a [`serde_json::Value`]), with the iterator's errors.
+    pub fn next_with<T>(
+        &mut self,
+        parse: impl FnOnce(&[u8]) -> Result<T, serde_json::Error>,
+    ) -> Option<Result<T, TraceError>> {
+        self.lines.next_with(parse)
+    }
 }
 
 impl Iterator for JsonlReader {
@@ -589,7 +777,8 @@ impl Iterator for JsonlReader {
 
 enum Sink {
     Plain(BufWriter<File>),
-    Gz(GzEncoder<BufWriter<File>>),
+    /// Boxed: zlib-rs's encoder state is large, and a writer has one sink.
+    Gz(Box<GzEncoder<BufWriter<File>>>),
 }
 
 impl Sink {
@@ -635,7 +824,7 @@ impl TraceWriter {
         })?;
         let buffered = BufWriter::with_capacity(1 << 16, file);
         let sink = if is_gz(&path) {
-            Sink::Gz(GzEncoder::new(buffered, Compression::default()))
+            Sink::Gz(Box::new(GzEncoder::new(buffered, Compression::default())))
         } else {
             Sink::Plain(buffered)
         };
@@ -724,7 +913,7 @@ impl TraceWriter {
         let buffered = match self.sink.take() {
             None => return Ok(()),
             Some(Sink::Plain(w)) => w,
-            Some(Sink::Gz(w)) => w.finish().map_err(err)?,
+            Some(Sink::Gz(w)) => (*w).finish().map_err(err)?,
         };
         let file = buffered.into_inner().map_err(|e| err(e.into_error()))?;
         // Pipes and terminals cannot be synced (EINVAL); only files are.
@@ -802,5 +991,16 @@ mod tests {
             s,
             r#"{"prompt_tokens":0,"output_tokens":0,"block_hashes":[18446744073709551615,"ab12"]}"#
         );
+        // what untagged deserialisation refused, still refused, with its message
+        for bad in ["-1", "1.5", "true", "null", "[1]", "{}"] {
+            let line = format!(r#"{{"block_hashes": [{bad}]}}"#);
+            let e = parse_line(line.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains("did not match any variant"), "{bad}: {e}");
+        }
+        let escaped = br#"{"block_hashes": ["a\"b"]}"#;
+        let TraceItem::Record(r) = parse_line(escaped).unwrap() else {
+            panic!("not a record")
+        };
+        assert_eq!(r.block_hashes, vec![BlockHash::Str("a\"b".into())]);
     }
 }

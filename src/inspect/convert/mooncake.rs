@@ -32,15 +32,18 @@
 //! fall short of its `input_length` comes back padded with fresh ids (`--from` says how
 //! many such lines it saw).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use serde::Serialize;
-use serde_json::{Map, Value};
-use sim_trace::trace::{BlockHash, JsonlReader, TraceMeta, TraceRecord, TraceWriter};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sim_trace::trace::{
+    BlockHash, JsonlReader, TraceItem, TraceLine, TraceMeta, TraceRecord, TraceWriter,
+    contains_bytes, parse_line, parse_line_as,
+};
 
 use super::{ConvertArgs, OutputGuard, Report, trace_err};
 use crate::inspect::progress::Progress;
@@ -50,6 +53,7 @@ pub const MOONCAKE_BLOCK_SIZE: u32 = 512;
 
 /// The key under which a record keeps a Mooncake line's other keys.
 const EXTRA_KEY: &str = "mooncake";
+const EXTRA_KEY_QUOTED: &[u8] = b"\"mooncake\"";
 
 /// The keys of the format.
 const KEYS: [&str; 4] = ["timestamp", "input_length", "output_length", "hash_ids"];
@@ -61,10 +65,8 @@ fn line_error(path: &Path, line: u64, what: impl std::fmt::Display) -> anyhow::E
     anyhow::anyhow!("{}:{line}: {what}", path.display())
 }
 
-fn uint(path: &Path, line: u64, obj: &Map<String, Value>, key: &str) -> Result<u32> {
-    let v = obj
-        .get(key)
-        .ok_or_else(|| line_error(path, line, format!("missing `{key}`")))?;
+fn uint(path: &Path, line: u64, value: Option<&Value>, key: &str) -> Result<u32> {
+    let v = value.ok_or_else(|| line_error(path, line, format!("missing `{key}`")))?;
     let n = v
         .as_u64()
         .or_else(|| {
@@ -82,21 +84,120 @@ fn uint(path: &Path, line: u64, obj: &Map<String, Value>, key: &str) -> Result<u
     u32::try_from(n).map_err(|_| line_error(path, line, format!("`{key}` {n} is too large")))
 }
 
-/// The keys in alphabetical order, whether or not serde_json keeps insertion order (it does
-/// in this build: llguidance turns on `preserve_order`).
-fn sorted(m: Map<String, Value>) -> Map<String, Value> {
-    let mut v: Vec<(String, Value)> = m.into_iter().collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v.into_iter().collect()
-}
-
 /// A record line with the Mooncake keys the schema has no field for.
 #[derive(Serialize)]
 struct RecordLine<'a> {
     #[serde(flatten)]
     record: &'a TraceRecord,
-    #[serde(rename = "mooncake", skip_serializing_if = "Map::is_empty")]
-    extra: Map<String, Value>,
+    #[serde(rename = "mooncake", skip_serializing_if = "BTreeMap::is_empty")]
+    extra: BTreeMap<String, Value>,
+}
+
+/// One line of a Mooncake file, read straight from its text: the format's four keys, and
+/// the others sorted by name (a repeated key: its last value, as a JSON object keeps).
+/// Reading the line into a `serde_json::Value` first and taking it apart cost more than
+/// the rest of the conversion.
+#[derive(Default)]
+struct MooncakeIn {
+    /// `false` when the line is not a JSON object.
+    object: bool,
+    timestamp: Option<Value>,
+    input_length: Option<Value>,
+    output_length: Option<Value>,
+    hash_ids: Option<Value>,
+    extra: BTreeMap<String, Value>,
+}
+
+/// A key of a Mooncake line, not copied when it is one of the format's.
+enum Key {
+    Timestamp,
+    InputLength,
+    OutputLength,
+    HashIds,
+    Other(String),
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Key;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E: serde::de::Error>(self, k: &str) -> std::result::Result<Key, E> {
+                Ok(match k {
+                    "timestamp" => Key::Timestamp,
+                    "input_length" => Key::InputLength,
+                    "output_length" => Key::OutputLength,
+                    "hash_ids" => Key::HashIds,
+                    other => Key::Other(other.to_string()),
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for MooncakeIn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = MooncakeIn;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<MooncakeIn, A::Error> {
+                let mut line = MooncakeIn {
+                    object: true,
+                    ..MooncakeIn::default()
+                };
+                while let Some(key) = map.next_key::<Key>()? {
+                    let value = map.next_value::<Value>()?;
+                    match key {
+                        Key::Timestamp => line.timestamp = Some(value),
+                        Key::InputLength => line.input_length = Some(value),
+                        Key::OutputLength => line.output_length = Some(value),
+                        Key::HashIds => line.hash_ids = Some(value),
+                        Key::Other(k) => {
+                            line.extra.insert(k, value);
+                        }
+                    }
+                }
+                Ok(line)
+            }
+            // anything else is "not an object", reported by the caller
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<MooncakeIn, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(MooncakeIn::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> std::result::Result<MooncakeIn, E> {
+                Ok(MooncakeIn::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> std::result::Result<MooncakeIn, E> {
+                Ok(MooncakeIn::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> std::result::Result<MooncakeIn, E> {
+                Ok(MooncakeIn::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> std::result::Result<MooncakeIn, E> {
+                Ok(MooncakeIn::default())
+            }
+            fn visit_str<E>(self, _: &str) -> std::result::Result<MooncakeIn, E> {
+                Ok(MooncakeIn::default())
+            }
+            fn visit_unit<E>(self) -> std::result::Result<MooncakeIn, E> {
+                Ok(MooncakeIn::default())
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
@@ -115,14 +216,14 @@ pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Repo
     let mut without_ids = 0u64;
     let mut progress = Progress::new("convert: lines");
     let mut index = 0u64;
-    while let Some(item) = reader.next() {
-        let value = item.map_err(trace_err)?;
+    while let Some(item) = reader.next_with(|text| serde_json::from_slice::<MooncakeIn>(text)) {
+        let obj = item.map_err(trace_err)?;
         let line = reader.line();
         progress.tick();
-        let Value::Object(mut obj) = value else {
+        if !obj.object {
             bail!(line_error(input, line, "expected a JSON object"));
-        };
-        let timestamp = match obj.get("timestamp") {
+        }
+        let timestamp = match &obj.timestamp {
             Some(Value::Number(n)) => {
                 if n.as_u64().is_some_and(|t| t > MAX_EXACT) {
                     bail!(line_error(
@@ -147,9 +248,9 @@ pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Repo
             )),
             None => bail!(line_error(input, line, "missing `timestamp`")),
         };
-        let input_length = uint(input, line, &obj, "input_length")?;
-        let output_length = uint(input, line, &obj, "output_length")?;
-        let hash_ids = match obj.get("hash_ids") {
+        let input_length = uint(input, line, obj.input_length.as_ref(), "input_length")?;
+        let output_length = uint(input, line, obj.output_length.as_ref(), "output_length")?;
+        let hash_ids = match &obj.hash_ids {
             None | Some(Value::Null) => {
                 without_ids += 1;
                 Vec::new()
@@ -173,7 +274,7 @@ pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Repo
             )),
         };
         let wanted = input_length.div_ceil(block_size) as usize;
-        if obj.get("hash_ids").is_some_and(|v| !v.is_null()) && hash_ids.len() != wanted {
+        if obj.hash_ids.as_ref().is_some_and(|v| !v.is_null()) && hash_ids.len() != wanted {
             off_count += 1;
             off_example.get_or_insert_with(|| {
                 format!(
@@ -182,10 +283,11 @@ pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Repo
                 )
             });
         }
-        for k in KEYS {
-            obj.remove(k);
+        for k in obj.extra.keys() {
+            if !extra_keys.contains(k) {
+                extra_keys.insert(k.clone());
+            }
         }
-        extra_keys.extend(obj.keys().cloned());
         let record = TraceRecord {
             request_id: Some(format!("mooncake-{index}")),
             prompt_tokens: input_length,
@@ -196,7 +298,7 @@ pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Repo
         };
         w.write_json(&RecordLine {
             record: &record,
-            extra: sorted(obj),
+            extra: obj.extra,
         })
         .map_err(trace_err)?;
         index += 1;
@@ -231,7 +333,7 @@ struct MooncakeLine<'a> {
     output_length: u32,
     hash_ids: &'a [u64],
     #[serde(flatten)]
-    extra: Map<String, Value>,
+    extra: BTreeMap<String, Value>,
 }
 
 /// Write a number as Mooncake does: integers without a fraction.
@@ -245,11 +347,20 @@ fn number(x: f64) -> Value {
 
 /// One line of a trace, with the Mooncake keys a record kept.
 enum Line {
-    Meta(TraceMeta),
-    Record(Box<TraceRecord>, Map<String, Value>),
+    Meta,
+    Record(Box<TraceRecord>, BTreeMap<String, Value>),
 }
 
-/// Reads a trace as JSON lines, so that the keys under `"mooncake"` survive.
+/// The keys a record kept under `"mooncake"` (the rest of the line skipped unparsed).
+#[derive(Deserialize)]
+struct Kept {
+    #[serde(default)]
+    mooncake: Option<Value>,
+}
+
+/// Reads a trace, with the keys under `"mooncake"`: the record straight from the line's
+/// text as every trace reader does, and the kept keys from a second look at the lines that
+/// name them (going through a `serde_json::Value` for every line cost half the run).
 struct Lines {
     reader: JsonlReader,
 }
@@ -270,40 +381,37 @@ impl Iterator for Lines {
     type Item = Result<Line>;
 
     fn next(&mut self) -> Option<Result<Line>> {
-        let value = match self.reader.next()? {
-            Ok(v) => v,
-            Err(e) => return Some(Err(trace_err(e))),
-        };
-        let path = self.reader.path().to_path_buf();
-        let line = self.reader.line();
-        Some(parse(value).map_err(|e| line_error(&path, line, format!("invalid trace line: {e}"))))
+        Some(self.reader.next_with(parse)?.map_err(trace_err))
     }
 }
 
-fn parse(value: Value) -> std::result::Result<Line, serde_json::Error> {
-    let Value::Object(mut obj) = value else {
-        return serde_json::from_value::<TraceRecord>(value)
-            .map(|r| Line::Record(Box::new(r), Map::new()));
+fn parse(text: &[u8]) -> std::result::Result<Line, serde_json::Error> {
+    let record = match parse_line(text)? {
+        TraceItem::Meta(_) => return Ok(Line::Meta),
+        TraceItem::Record(r) => r,
     };
-    if let Some(Value::Object(_)) = obj.get("meta") {
-        let meta = obj.remove("meta").unwrap_or_default();
-        return serde_json::from_value(meta).map(Line::Meta);
+    // Only a line that names the key can keep any.
+    let mut extra = BTreeMap::new();
+    if contains_bytes(text, EXTRA_KEY_QUOTED)
+        && text.trim_ascii_start().starts_with(b"{")
+        && let Some(Value::Object(kept)) = serde_json::from_slice::<Kept>(text)?.mooncake
+    {
+        extra.extend(
+            kept.into_iter()
+                .filter(|(k, _)| !KEYS.contains(&k.as_str())),
+        );
     }
-    if obj.get("type").and_then(Value::as_str) == Some("meta") {
-        return serde_json::from_value(Value::Object(obj)).map(Line::Meta);
-    }
-    let extra = match obj.remove(EXTRA_KEY) {
-        Some(Value::Object(m)) => m,
-        _ => Map::new(),
-    };
-    let extra = sorted(
-        extra
-            .into_iter()
-            .filter(|(k, _)| !KEYS.contains(&k.as_str()))
-            .collect(),
-    );
-    let record = serde_json::from_value(Value::Object(obj))?;
     Ok(Line::Record(Box::new(record), extra))
+}
+
+/// What the first pass reads of a record; the rest of the line (its latencies: most of a
+/// tap trace) is skipped undecoded, and read by the second pass.
+#[derive(Deserialize)]
+struct ScanRecord {
+    #[serde(default)]
+    arrival_ms: Option<f64>,
+    #[serde(default)]
+    block_hashes: Vec<BlockHash>,
 }
 
 /// What the first pass learns.
@@ -323,12 +431,12 @@ fn scan(path: &Path) -> Result<Scan> {
         ..Scan::default()
     };
     let mut last = f64::NEG_INFINITY;
-    let mut lines = Lines::open(path)?;
+    let mut lines = JsonlReader::open(path).map_err(trace_err)?;
     let mut progress = Progress::new("convert: scanning");
-    while let Some(item) = lines.next() {
-        match item? {
+    while let Some(item) = lines.next_with(parse_line_as::<ScanRecord>) {
+        match item.map_err(trace_err)? {
             // A block size of 0 says nothing.
-            Line::Meta(m) => match (s.block_size, m.block_size.filter(|&b| b > 0)) {
+            TraceLine::Meta(m) => match (s.block_size, m.block_size.filter(|&b| b > 0)) {
                 (Some(a), Some(b)) if a != b => bail!(
                     "{}:{}: a second meta line says block_size {b}, the first {a}: one trace, one block size",
                     path.display(),
@@ -337,7 +445,7 @@ fn scan(path: &Path) -> Result<Scan> {
                 (None, b) => s.block_size = b,
                 _ => {}
             },
-            Line::Record(r, _) => {
+            TraceLine::Record(r) => {
                 progress.tick();
                 for h in &r.block_hashes {
                     s.any_hashes = true;
@@ -530,7 +638,7 @@ pub fn to_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report
     let mut progress = Progress::new("convert: records");
     while let Some(item) = lines.next() {
         let (record, extra) = match item? {
-            Line::Meta(_) => continue,
+            Line::Meta => continue,
             Line::Record(r, extra) => (r, extra),
         };
         progress.tick();

@@ -65,19 +65,30 @@ struct Value {
 pub struct JsonSink {
     out: Output,
     first: bool,
+    /// Scratch: the event being written.
+    line: Vec<u8>,
 }
 
 impl JsonSink {
     pub fn new(mut out: Output) -> Result<JsonSink> {
         out.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n")?;
-        Ok(JsonSink { out, first: true })
+        Ok(JsonSink {
+            out,
+            first: true,
+            line: Vec::with_capacity(1024),
+        })
     }
 
+    /// One event, serialised into `self.line` and written in one call: serde_json writes
+    /// in pieces of a few bytes, and each write into the output stream cost more than
+    /// serialising (40 % of the run went to `write_all`).
     fn event<A: Serialize>(&mut self, e: &Event<A>) -> Result<()> {
+        self.line.clear();
         if !std::mem::replace(&mut self.first, false) {
-            self.out.write_all(b",\n")?;
+            self.line.extend_from_slice(b",\n");
         }
-        serde_json::to_writer(&mut self.out, e)?;
+        serde_json::to_writer(&mut self.line, e)?;
+        self.out.write_all(&self.line)?;
         Ok(())
     }
 

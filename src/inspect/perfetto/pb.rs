@@ -82,12 +82,30 @@ impl Encoder {
         self.bytes_field(field, v.as_bytes());
     }
 
+    /// Bytes encoded so far.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
     /// An embedded message, written by `f` in place.
     pub fn message(&mut self, field: u32, f: impl FnOnce(&mut Encoder)) {
+        let at = self.begin_message(field);
+        f(self);
+        self.end_message(at);
+    }
+
+    /// Start an embedded message whose fields the caller writes next; returns where its
+    /// length goes, for [`end_message`](Self::end_message) (for messages built across
+    /// several calls, such as a trace packet).
+    pub fn begin_message(&mut self, field: u32) -> usize {
         self.key(field, LEN);
         let at = self.buf.len();
         self.buf.push(0);
-        f(self);
+        at
+    }
+
+    /// End the message begun at `at`: write its length.
+    pub fn end_message(&mut self, at: usize) {
         let len = self.buf.len() - at - 1;
         if len < 0x80 {
             self.buf[at] = len as u8;

@@ -56,7 +56,8 @@ enum Stream {
     Plain(BufWriter<Box<dyn Write>>),
     /// Buffered before the encoder: every write into it costs a pass over its internal
     /// buffer, and events are written in small pieces.
-    Gz(BufWriter<flate2::write::GzEncoder<BufWriter<File>>>),
+    /// (Boxed: zlib-rs's encoder state is large.)
+    Gz(Box<BufWriter<flate2::write::GzEncoder<BufWriter<File>>>>),
 }
 
 /// The output: a file (gzip when asked) or stdout, buffered; counts what goes in.
@@ -73,10 +74,10 @@ impl Output {
                 1 << 16,
                 Box::new(std::io::stdout()),
             )),
-            Some(f) if gz => Stream::Gz(BufWriter::with_capacity(
+            Some(f) if gz => Stream::Gz(Box::new(BufWriter::with_capacity(
                 1 << 16,
                 flate2::write::GzEncoder::new(BufWriter::new(f), flate2::Compression::default()),
-            )),
+            ))),
             Some(f) => Stream::Plain(BufWriter::with_capacity(1 << 16, Box::new(f))),
         };
         Output { stream, bytes: 0 }
@@ -92,7 +93,7 @@ impl Output {
         match self.stream {
             Stream::Plain(mut w) => w.flush()?,
             Stream::Gz(w) => {
-                let gz = w.into_inner().map_err(|e| e.into_error())?;
+                let gz = (*w).into_inner().map_err(|e| e.into_error())?;
                 gz.finish()?.flush()?;
             }
         }

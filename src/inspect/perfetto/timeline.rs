@@ -33,9 +33,9 @@ use std::collections::BinaryHeap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sim_trace::steps::StepStatsReader;
-use sim_trace::trace::{TraceItem, TraceReader, TraceRecord};
+use sim_trace::trace::{TraceItem, TraceLine, TraceReader, TraceRecord};
 
 use super::PerfettoArgs;
 use super::sink::{Arg, NamedArg, Sink, Slice};
@@ -97,17 +97,36 @@ fn us(ms: f64) -> i64 {
 /// gap. Each boundary is rounded once and kept non-decreasing, so consecutive spans tile
 /// exactly (no 1 µs overlap with the next request in the lane) and both passes agree on
 /// the request's end.
-fn boundaries(r: &TraceRecord, arrival_ms: f64) -> impl Iterator<Item = i64> + '_ {
+fn boundaries<'a>(
+    ttft_ms: Option<f64>,
+    itl_ms: &'a [f64],
+    arrival_ms: f64,
+) -> impl Iterator<Item = i64> + 'a {
     let mut t = arrival_ms;
     let mut prev = i64::MIN;
-    [0.0, r.ttft_ms.unwrap_or(0.0)]
+    [0.0, ttft_ms.unwrap_or(0.0)]
         .into_iter()
-        .chain(r.itl_ms.iter().copied())
+        .chain(itl_ms.iter().copied())
         .map(move |d| {
             t += d;
             prev = us(t).max(prev);
             prev
         })
+}
+
+/// What the first pass reads of a record: its timing. The rest of the line (ids, token ids,
+/// engine context) is skipped without being decoded; the second pass reads it all, and
+/// reports a bad line then.
+#[derive(Deserialize)]
+struct Timing {
+    #[serde(default)]
+    arrival_ms: Option<f64>,
+    #[serde(default)]
+    ttft_ms: Option<f64>,
+    #[serde(default)]
+    itl_ms: Vec<f64>,
+    #[serde(default)]
+    incomplete: bool,
 }
 
 /// What the first pass keeps per placed request while lanes are packed.
@@ -137,14 +156,15 @@ fn first_pass(path: &Path, mut window: Window) -> Result<FirstPass> {
         incomplete: 0,
     };
     let mut progress = Progress::new("perfetto: reading");
-    for item in TraceReader::open(path)? {
+    let mut reader = TraceReader::open(path)?;
+    while let Some(item) = reader.next_as::<Timing>() {
         match item? {
-            TraceItem::Meta(m) => {
+            TraceLine::Meta(m) => {
                 if p.model.is_none() {
                     p.model = m.model;
                 }
             }
-            TraceItem::Record(r) => {
+            TraceLine::Record(r) => {
                 progress.tick();
                 let index =
                     u32::try_from(p.arrivals.len()).context("more than 4 billion records")?;
@@ -159,7 +179,9 @@ fn first_pass(path: &Path, mut window: Window) -> Result<FirstPass> {
                 }
                 p.incomplete += u64::from(r.incomplete);
                 let start = us(arrival);
-                let end = boundaries(&r, arrival).last().unwrap_or(start);
+                let end = boundaries(r.ttft_ms, &r.itl_ms, arrival)
+                    .last()
+                    .unwrap_or(start);
                 p.arrivals.push(start);
                 p.spans.push(Span {
                     arrival: start,
@@ -449,7 +471,7 @@ pub fn convert(args: &PerfettoArgs, sink: Box<dyn Sink>) -> Result<Summary> {
             }
         };
         bounds.clear();
-        bounds.extend(boundaries(&r, arrival));
+        bounds.extend(boundaries(r.ttft_ms, &r.itl_ms, arrival));
         write_request(&mut sink, &r, &bounds, tid, &mut decode_names)?;
 
         let (start, end) = (bounds[0], bounds[bounds.len() - 1]);
