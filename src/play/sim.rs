@@ -147,7 +147,9 @@ impl SimEngine {
             util: UtilityState::default(),
             warned_request_lens: HashSet::new(),
             unreported_finished: BTreeMap::new(),
-            lateness_us: Samples::default(),
+            // a reservoir of 65,536 (every 2^k-th step once full): 512 KiB at most. The
+            // default million grew RSS by 0.24 MiB per 5 minutes of a soak at 100 steps/s
+            lateness_us: Samples::with_capacity(1 << 16),
             kv_publisher: None,
             data_plane: std::sync::Arc::new(super::data_plane::NoopDataPlane),
             replay: Replay::default(),
