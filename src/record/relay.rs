@@ -387,6 +387,21 @@ fn writer<W: AsyncWrite + Send + Unpin + 'static>(w: W) -> Writer {
     Arc::new(Mutex::new(Box::new(w)))
 }
 
+/// The ZMTP handshake on a fresh connection, bounded by [`HANDSHAKE_TIMEOUT`].
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    socket_type: &str,
+    identity: Option<&[u8]>,
+    accept: &[&str],
+) -> Result<(zmtp::Peer, BytesMut), zmtp::ZmtpError> {
+    timeout(
+        HANDSHAKE_TIMEOUT,
+        zmtp::handshake(stream, socket_type, identity, accept),
+    )
+    .await
+    .map_err(|_| zmtp::ZmtpError::Protocol("the ZMTP handshake timed out".into()))?
+}
+
 /// Handshake on an accepted (or connected) TCP stream and split it.
 async fn tcp_leg(
     mut stream: TcpStream,
@@ -396,12 +411,7 @@ async fn tcp_leg(
 ) -> Result<Leg, zmtp::ZmtpError> {
     // every relayed message goes out at once, not when Nagle thinks it should
     stream.set_nodelay(true)?;
-    let (peer, pending) = timeout(
-        HANDSHAKE_TIMEOUT,
-        zmtp::handshake(&mut stream, socket_type, identity, accept),
-    )
-    .await
-    .map_err(|_| zmtp::ZmtpError::Protocol("the ZMTP handshake timed out".into()))??;
+    let (peer, pending) = handshake(&mut stream, socket_type, identity, accept).await?;
     let (r, w) = stream.into_split();
     Ok(Leg {
         reader: Box::new(r),
@@ -418,12 +428,7 @@ async fn ipc_leg(
     accept: &[&str],
 ) -> Result<Leg, zmtp::ZmtpError> {
     let mut stream = tokio::net::UnixStream::connect(path).await?;
-    let (peer, pending) = timeout(
-        HANDSHAKE_TIMEOUT,
-        zmtp::handshake(&mut stream, socket_type, identity, accept),
-    )
-    .await
-    .map_err(|_| zmtp::ZmtpError::Protocol("the ZMTP handshake timed out".into()))??;
+    let (peer, pending) = handshake(&mut stream, socket_type, identity, accept).await?;
     let (r, w) = stream.into_split();
     Ok(Leg {
         reader: Box::new(r),
@@ -630,11 +635,6 @@ async fn pipe<F: FnMut(Got)>(mut src: Leg, to: Option<Writer>, limit: u64, mut o
     end
 }
 
-/// The observer's note for a message streamed past `--max-frame-size`.
-fn streamed(what: String) -> Seen {
-    Seen::Streamed { what }
-}
-
 /// Bind the tap's data listeners (one input and one output per frontend client), connect
 /// to the frontend's output sockets and start relaying.
 async fn build_plane(ctx: &Arc<Ctx>, init: &HandshakeInit) -> Result<Plane> {
@@ -738,18 +738,10 @@ fn handshake_refused(client: usize, socket: &str, e: &zmtp::ZmtpError) {
 /// Engines' output connections on client `client`: each relays into the one stream to
 /// the frontend.
 async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: TcpListener, to: Writer) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(client, "accepting on the tap's output socket: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    accept_each(ctx, client, "output", listener, |stream| {
         let c = ctx.clone();
         let to = to.clone();
-        ctx.spawn(async move {
+        async move {
             let leg = match tcp_leg(stream, "PULL", None, &["PUSH"]).await {
                 Ok(leg) => leg,
                 Err(e) => {
@@ -766,9 +758,11 @@ async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: TcpListener, to
                         c.event(Event::EngineDead);
                     }
                 }
-                Got::Streamed => c.observe(streamed(format!(
-                    "an engine output message on client {client} larger than --max-frame-size"
-                ))),
+                Got::Streamed => c.observe(Seen::Streamed {
+                    what: format!(
+                        "an engine output message on client {client} larger than --max-frame-size"
+                    ),
+                }),
             })
             .await;
             match end {
@@ -779,29 +773,46 @@ async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: TcpListener, to
                     tracing::debug!(client, ?why, "an engine's output connection closed");
                 }
             }
-        });
-    }
+        }
+    })
+    .await;
 }
 
 /// Engines' input connections on client `client`: each gets its own connection to the
 /// frontend's input socket, carrying the engine's identity.
 async fn accept_inputs(ctx: &Arc<Ctx>, client: usize, listener: TcpListener, frontend: String) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(client, "accepting on the tap's input socket: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    accept_each(ctx, client, "input", listener, |stream| {
         let c = ctx.clone();
         let frontend = frontend.clone();
-        ctx.spawn(async move {
+        async move {
             if let Err(e) = engine_input(&c, client, stream, &frontend).await {
                 c.event(Event::Failed(e));
             }
-        });
+        }
+    })
+    .await;
+}
+
+/// Accept engines' connections on the tap's `socket` listener of client `client` for the
+/// tap's whole life, each served by its own task.
+async fn accept_each<F, Fut>(
+    ctx: &Arc<Ctx>,
+    client: usize,
+    socket: &str,
+    listener: TcpListener,
+    mut serve: F,
+) where
+    F: FnMut(TcpStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => ctx.spawn(serve(stream)),
+            Err(e) => {
+                tracing::warn!(client, "accepting on the tap's {socket} socket: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 }
 
@@ -844,9 +855,9 @@ async fn engine_input(
                 engine: id.clone(),
                 frames,
             }),
-            Got::Streamed => c.observe(streamed(format!(
-                "a frontend message on client {client} larger than --max-frame-size"
-            ))),
+            Got::Streamed => c.observe(Seen::Streamed {
+                what: format!("a frontend message on client {client} larger than --max-frame-size"),
+            }),
         })
         .await;
         match end {

@@ -185,7 +185,7 @@ impl Batch {
     }
 
     /// Take the request at `slot` out with its blocks.
-    pub fn remove_slot(&mut self, slot: Slot) -> Option<SimRequest> {
+    fn remove_slot(&mut self, slot: Slot) -> Option<SimRequest> {
         self.free_blocks(slot);
         let r = self.requests.remove(slot)?;
         if r.lora_name.is_some() {
