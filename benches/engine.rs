@@ -188,7 +188,7 @@ async fn direct_run(
         let mut refill = 0;
         for o in &env.outputs {
             tokens += o.new_token_ids.len() as u64;
-            if o.finish_reason.is_some() && in_flight.remove(&o.request_id) {
+            if o.finish_reason.is_some() && in_flight.remove(o.request_id.as_str()) {
                 done += 1;
                 refill += 1;
                 if done == total / 4 {

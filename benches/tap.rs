@@ -58,8 +58,8 @@ fn outputs(ids: &[String], finish: bool, ts: f64) -> Vec<Bytes> {
         outputs: ids
             .iter()
             .map(|id| EngineCoreOutput {
-                request_id: id.clone(),
-                new_token_ids: vec![42],
+                request_id: id.into(),
+                new_token_ids: vec![42].into(),
                 finish_reason: finish.then_some(FinishReason::Length),
                 ..Default::default()
             })

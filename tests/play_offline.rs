@@ -39,19 +39,19 @@ impl Run {
         let mut produced = Vec::new();
         for o in &env.outputs {
             if !o.new_token_ids.is_empty() {
-                produced.push(o.request_id.clone());
+                produced.push(o.request_id.to_string());
             }
             self.tokens
-                .entry(o.request_id.clone())
+                .entry(o.request_id.to_string())
                 .or_default()
                 .extend(&o.new_token_ids);
             if let Some(f) = o.finish_reason {
-                self.finished.insert(o.request_id.clone(), f);
+                self.finished.insert(o.request_id.to_string(), f);
             }
             for e in &o.events {
                 if e.kind != EventType::Queued {
                     self.step_events
-                        .push((us(e.timestamp), o.request_id.clone(), e.kind));
+                        .push((us(e.timestamp), o.request_id.to_string(), e.kind));
                 }
             }
         }
@@ -128,7 +128,7 @@ async fn a_live_run_and_the_offline_driver_agree_step_for_step() {
         for o in &env.outputs {
             for e in &o.events {
                 if e.kind == EventType::Queued {
-                    arrivals.insert(o.request_id.clone(), e.timestamp);
+                    arrivals.insert(o.request_id.to_string(), e.timestamp);
                 }
             }
         }
@@ -223,12 +223,12 @@ fn a_request_arriving_during_a_step_is_queued_when_the_step_ends() {
         for x in &o.outputs.outputs {
             for e in &x.events {
                 if e.kind == EventType::Queued {
-                    queued.insert(x.request_id.clone(), (e.timestamp - origin) * 1000.0);
+                    queued.insert(x.request_id.to_string(), (e.timestamp - origin) * 1000.0);
                 }
             }
             if !x.new_token_ids.is_empty() {
                 first_token
-                    .entry(x.request_id.clone())
+                    .entry(x.request_id.to_string())
                     .or_insert(o.at.as_secs_f64() * 1000.0);
             }
         }
@@ -268,7 +268,7 @@ fn a_fixed_ttft_does_not_grow_with_concurrency() {
             for x in &o.outputs.outputs {
                 if !x.new_token_ids.is_empty() {
                     first
-                        .entry(x.request_id.clone())
+                        .entry(x.request_id.to_string())
                         .or_insert(o.at.as_secs_f64() * 1000.0 - 100.0);
                 }
             }

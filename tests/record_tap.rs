@@ -246,7 +246,7 @@ async fn every_frame_crosses_unchanged_in_both_directions() {
             timestamp: ts,
             outputs: vec![EngineCoreOutput {
                 request_id: "r0".into(),
-                new_token_ids: ids,
+                new_token_ids: ids.into(),
                 finish_reason: finish,
                 events: if first {
                     vec![EngineCoreEvent {

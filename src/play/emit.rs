@@ -27,10 +27,22 @@ pub fn emit(
     burst: Burst,
     spec_step: &mut Option<SpecStepStats>,
 ) -> (EngineCoreOutput, bool) {
-    let mut o = EngineCoreOutput {
-        request_id: r.id.clone(),
-        ..Default::default()
-    };
+    let mut o = EngineCoreOutput::default();
+    let done = emit_into(&mut o, r, cfg, burst, spec_step);
+    (o, done)
+}
+
+/// [`emit`] into `o`, a default output already in its place in the step's vector: the
+/// output is built where it stays, not built and then moved (one per token, at ~220 bytes
+/// the moves showed in the engine's profile).
+pub fn emit_into(
+    o: &mut EngineCoreOutput,
+    r: &mut SimRequest,
+    cfg: &EngineConfig,
+    burst: Burst,
+    spec_step: &mut Option<SpecStepStats>,
+) -> bool {
+    o.request_id = r.id.clone();
     let mut stop: Option<(FinishReason, Option<StopReason>)> = None;
     let mut count = u64::from(cfg.output_token_chunk_size.max(1));
     match burst {
@@ -68,7 +80,7 @@ pub fn emit(
     for _ in 0..count {
         if let Some(f) = failed(r) {
             let (reason, why, err) = failure_finish(f);
-            o.error = err;
+            o.error = err.map(Box::new);
             stop = Some((reason, why));
             break;
         }
@@ -83,7 +95,7 @@ pub fn emit(
         && let Some(f) = failed(r)
     {
         let (reason, why, err) = failure_finish(f);
-        o.error = err;
+        o.error = err.map(Box::new);
         stop = Some((reason, why));
     }
     // accepted drafts were computed by the verify pass
@@ -111,7 +123,7 @@ pub fn emit(
     o.events = std::mem::take(&mut r.pending_events);
     if !r.started {
         r.started = true;
-        o.prefill_stats = Some(prefill_stats(r, cfg));
+        o.prefill_stats = Some(Box::new(prefill_stats(r, cfg)));
     }
     let finished = match stop {
         Some((reason, why)) => {
@@ -130,7 +142,7 @@ pub fn emit(
         }
         None => false,
     };
-    (o, finished)
+    finished
 }
 
 fn observe_spec(r: &mut SimRequest, step: &mut Option<SpecStepStats>, k: u32, accepted: u32) {

@@ -241,7 +241,7 @@ mod tests {
                         client,
                         EngineCoreOutputs {
                             outputs: vec![EngineCoreOutput {
-                                request_id: req.request_id.clone(),
+                                request_id: req.request_id.as_str().into(),
                                 finish_reason: Some(FinishReason::Abort),
                                 ..Default::default()
                             }],
@@ -265,8 +265,8 @@ mod tests {
                         *client,
                         EngineCoreOutputs {
                             outputs: vec![EngineCoreOutput {
-                                request_id: id.clone(),
-                                new_token_ids: vec![*emitted],
+                                request_id: id.as_str().into(),
+                                new_token_ids: vec![*emitted].into(),
                                 finish_reason: (*emitted == n).then_some(FinishReason::Length),
                                 ..Default::default()
                             }],
@@ -289,7 +289,7 @@ mod tests {
                     client,
                     EngineCoreOutputs {
                         outputs: vec![EngineCoreOutput {
-                            request_id: id,
+                            request_id: id.into(),
                             finish_reason: Some(FinishReason::Abort),
                             ..Default::default()
                         }],
@@ -318,8 +318,8 @@ mod tests {
             Outbound::Outputs { outputs, .. } => {
                 let x = &outputs.outputs[0];
                 (
-                    x.request_id.clone(),
-                    x.new_token_ids.clone(),
+                    x.request_id.to_string(),
+                    x.new_token_ids.to_vec(),
                     x.finish_reason,
                 )
             }

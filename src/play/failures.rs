@@ -364,10 +364,14 @@ mod tests {
             let out = EngineCoreOutputs {
                 outputs: vec![EngineCoreOutput {
                     request_id: "r".into(),
-                    new_token_ids: if f.after_tokens == 0 { vec![] } else { vec![9] },
+                    new_token_ids: if f.after_tokens == 0 {
+                        Default::default()
+                    } else {
+                        vec![9].into()
+                    },
                     finish_reason: Some(finish_reason),
                     stop_reason: stop_reason.clone(),
-                    error: error.clone(),
+                    error: error.clone().map(Box::new),
                     ..Default::default()
                 }],
                 timestamp: 3.0,
@@ -380,7 +384,7 @@ mod tests {
             let o = &got.outputs[0];
             assert_eq!(o.finish_reason, Some(finish_reason));
             assert_eq!(o.stop_reason, stop_reason);
-            assert_eq!(o.error, error);
+            assert_eq!(o.error.as_deref(), error.as_ref());
         }
     }
 }

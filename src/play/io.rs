@@ -338,7 +338,7 @@ fn abort_for_gone_client(
         .outputs
         .iter()
         .filter(|o| o.finish_reason.is_none())
-        .map(|o| o.request_id.clone())
+        .map(|o| o.request_id.to_string())
         .collect();
     if ids.is_empty() {
         return;
@@ -391,7 +391,7 @@ mod tests {
         ));
         let out = |id: &str, finish: Option<FinishReason>| EngineCoreOutput {
             request_id: id.into(),
-            new_token_ids: vec![7],
+            new_token_ids: vec![7].into(),
             finish_reason: finish,
             ..Default::default()
         };

@@ -506,7 +506,7 @@ mod tests {
         EngineCoreOutputs {
             outputs: vec![EngineCoreOutput {
                 request_id: "req-0".into(),
-                new_token_ids: vec![10, 11, 12],
+                new_token_ids: vec![10, 11, 12].into(),
                 new_logprobs: Some(Box::new(lp)),
                 new_prompt_logprobs_tensors: prompt.map(Box::new),
                 ..Default::default()

@@ -14,7 +14,7 @@ pub enum Phase {
 }
 
 pub struct SimRequest {
-    pub id: String,
+    pub id: sim_protocol::RequestId,
     /// A stable 64-bit key of the id (for latency models that keep per-request state).
     pub key: u64,
     pub client: u32,
@@ -97,7 +97,7 @@ impl SimRequest {
         masked.sort_unstable();
         masked.dedup();
         Self {
-            id: req.request_id.clone(),
+            id: req.request_id.as_str().into(),
             key: super::tokens::request_seed(0, &req.request_id),
             client: req.client_index,
             prompt_len: req.prompt_len() as u64,

@@ -48,8 +48,8 @@ impl Scripts {
         let seq = self.seq;
         self.seq += 1;
         self.by_due.insert((due, seq));
-        self.ids.insert(seq, r.id.clone());
-        let id = r.id.clone();
+        self.ids.insert(seq, r.id.to_string());
+        let id = r.id.to_string();
         self.entries.insert(
             id,
             (
@@ -228,12 +228,12 @@ mod tests {
         for o in &outputs {
             for x in &o.outputs.outputs {
                 if !x.new_token_ids.is_empty() {
-                    seen.entry(x.request_id.clone())
+                    seen.entry(x.request_id.to_string())
                         .or_default()
                         .push((o.at, x.new_token_ids.len() as u32));
                 }
                 if let Some(f) = x.finish_reason {
-                    finish.insert(x.request_id.clone(), f);
+                    finish.insert(x.request_id.to_string(), f);
                 }
             }
         }

@@ -28,7 +28,7 @@ use sim_trace::stats::Samples;
 
 use super::batch::{Batch, StepPlan};
 use super::config::EngineConfig;
-use super::emit::{Burst, emit};
+use super::emit::{Burst, emit, emit_into};
 use super::engine_core::{EngineCore, EngineInput, Outbox};
 use super::kv_events::KvEventPublisher;
 use super::pooling::{PoolingRequest, Runner};
@@ -250,9 +250,9 @@ impl SimEngine {
             None
         };
         let o = EngineCoreOutput {
-            request_id: request_id.to_string(),
+            request_id: request_id.into(),
             finish_reason: Some(reason),
-            error,
+            error: error.map(Box::new),
             ..Default::default()
         };
         let mut env = self.envelope(vec![o], now);
@@ -498,7 +498,7 @@ impl SimEngine {
             self.unreported_finished
                 .entry(r.client)
                 .or_default()
-                .push(r.id.clone());
+                .push(r.id.to_string());
         }
     }
 
@@ -643,8 +643,14 @@ impl SimEngine {
                 Some(&n) if r.started => Burst::Model { n, k },
                 _ => Burst::Engine,
             };
-            let (mut o, done) = emit(r, &self.cfg, burst, &mut self.spec_step);
-            let client = r.client;
+            // one vector per client, sized for the whole step: growing it moved every
+            // output several times at thousands of streams
+            let outputs = by_client
+                .entry(r.client)
+                .or_insert_with(|| Vec::with_capacity(capacity));
+            outputs.push(EngineCoreOutput::default());
+            let o = outputs.last_mut().expect("just pushed");
+            let done = emit_into(o, r, &self.cfg, burst, &mut self.spec_step);
             let keeps_kv = done
                 && r.remote_decode
                 && matches!(
@@ -655,16 +661,10 @@ impl SimEngine {
                 let id = r.id.clone();
                 o.kv_transfer_params = self.finish_keeping_kv(&id, now).map(Box::new);
             } else if done {
-                finished.push(r.id.clone());
+                finished.push(r.id.to_string());
             } else if r.script.is_some() {
-                to_script.push(r.id.clone());
+                to_script.push(r.id.to_string());
             }
-            // one vector per client, sized for the whole step: growing it moved every
-            // output several times at thousands of streams
-            by_client
-                .entry(client)
-                .or_insert_with(|| Vec::with_capacity(capacity))
-                .push(o);
         }
         for id in &finished {
             self.finish_silently(id);
@@ -772,7 +772,7 @@ impl SimEngine {
                 self.unreported_finished
                     .entry(r.client)
                     .or_default()
-                    .push(r.id);
+                    .push(r.id.into());
             }
         }
         self.send_step(by_client, true, now, out);

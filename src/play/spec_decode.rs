@@ -436,7 +436,7 @@ mod tests {
         let out = EngineCoreOutputs {
             outputs: vec![EngineCoreOutput {
                 request_id: "r".into(),
-                new_token_ids: vec![5, 6],
+                new_token_ids: vec![5, 6].into(),
                 finish_reason: Some(FinishReason::Length),
                 spec_decode_metrics: Some(Box::new(t.finish())),
                 ..Default::default()

@@ -486,11 +486,15 @@ impl Observer {
         let mut new_tokens = 0u64;
         for out in &o.outputs {
             new_tokens += out.new_token_ids.len() as u64;
-            if let Some(r) = self.reqs.get(&out.request_id)
+            if let Some(r) = self.reqs.get(out.request_id.as_str())
                 && r.first_token.is_none()
                 && !out.new_token_ids.is_empty()
             {
-                let cached = out.prefill_stats.map(|p| p.num_cached_tokens).unwrap_or(0);
+                let cached = out
+                    .prefill_stats
+                    .as_deref()
+                    .map(|p| p.num_cached_tokens)
+                    .unwrap_or(0);
                 prefill_requests += 1;
                 prefill_tokens += u64::from(r.prompt_tokens).saturating_sub(cached);
             }
@@ -502,7 +506,7 @@ impl Observer {
         let mut finished = Vec::new();
         let mut queued_at = Vec::new();
         for out in &o.outputs {
-            let Some(r) = self.reqs.get_mut(&out.request_id) else {
+            let Some(r) = self.reqs.get_mut(out.request_id.as_str()) else {
                 self.summary.unmatched_outputs += 1;
                 continue;
             };
@@ -513,7 +517,7 @@ impl Observer {
                 queued_at.push((out.request_id.clone(), q.timestamp));
             }
             if r.cached_tokens.is_none()
-                && let Some(p) = out.prefill_stats
+                && let Some(p) = out.prefill_stats.as_deref()
             {
                 r.cached_tokens = u32::try_from(p.num_cached_tokens).ok();
             }
@@ -542,7 +546,7 @@ impl Observer {
         }
         for (id, ts) in queued_at {
             let q = self.engine_time(rank, ts, t);
-            if let Some(r) = self.reqs.get_mut(&id) {
+            if let Some(r) = self.reqs.get_mut(id.as_str()) {
                 r.queued = Some(q);
             }
         }

@@ -173,24 +173,24 @@ impl Collected {
         }
         for o in &env.outputs {
             self.tokens
-                .entry(o.request_id.clone())
+                .entry(o.request_id.to_string())
                 .or_default()
                 .extend(&o.new_token_ids);
-            *self.messages.entry(o.request_id.clone()).or_default() += 1;
+            *self.messages.entry(o.request_id.to_string()).or_default() += 1;
             self.events
-                .entry(o.request_id.clone())
+                .entry(o.request_id.to_string())
                 .or_default()
                 .extend(o.events.iter().map(|e| e.kind));
-            if let Some(p) = o.prefill_stats {
+            if let Some(p) = o.prefill_stats.as_deref().copied() {
                 assert!(
-                    self.prefill.insert(o.request_id.clone(), p).is_none(),
+                    self.prefill.insert(o.request_id.to_string(), p).is_none(),
                     "prefill stats twice for {}",
                     o.request_id
                 );
             }
             if let Some(f) = o.finish_reason {
                 self.finished
-                    .insert(o.request_id.clone(), (f, o.stop_reason.clone()));
+                    .insert(o.request_id.to_string(), (f, o.stop_reason.clone()));
             }
         }
         self.envelopes.push(env);

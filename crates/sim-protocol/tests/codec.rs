@@ -259,7 +259,7 @@ fn call_ids_are_echoed_verbatim_across_the_u64_range() {
 fn with_prefill() -> EngineCoreOutput {
     EngineCoreOutput {
         request_id: "r".into(),
-        new_token_ids: vec![5],
+        new_token_ids: vec![5].into(),
         events: vec![
             EngineCoreEvent {
                 kind: EventType::Queued,
@@ -270,14 +270,14 @@ fn with_prefill() -> EngineCoreOutput {
                 timestamp: 1.25,
             },
         ],
-        prefill_stats: Some(PrefillStats {
+        prefill_stats: Some(Box::new(PrefillStats {
             num_prompt_tokens: 2,
             num_computed_tokens: 1,
             num_cached_tokens: 1,
             num_local_cached_tokens: 1,
             num_external_cached_tokens: 0,
             num_cache_creation_tokens: 1,
-        }),
+        })),
         ..Default::default()
     }
 }
@@ -344,7 +344,7 @@ fn events_are_maps_with_type_and_float_timestamp() {
 fn num_nans_on_025_is_an_int_at_index_12_never_nil() {
     let o = EngineCoreOutput {
         request_id: "r".into(),
-        new_token_ids: vec![1],
+        new_token_ids: vec![1].into(),
         num_nans_in_logits: 3,
         ..Default::default()
     };
@@ -357,11 +357,11 @@ fn num_nans_on_025_is_an_int_at_index_12_never_nil() {
     // every field set: 0.25 index 12 is still the int (0), never nil
     let full = EngineCoreOutput {
         routed_experts: boxed(arr(vec![s("<i4"), arr(vec![]), Value::Ext(3, vec![])])),
-        error: Some(RequestError {
+        error: Some(Box::new(RequestError {
             code: "c".into(),
             message: "m".into(),
             retryable: true,
-        }),
+        })),
         ..with_prefill()
     };
     let a = &output_arrays(&encode_outputs(line(25), &step(vec![full.clone()])).unwrap())[0];
@@ -379,7 +379,7 @@ fn num_nans_on_025_is_an_int_at_index_12_never_nil() {
 fn arrays_never_exceed_the_line_layout() {
     let everything = EngineCoreOutput {
         request_id: "r".into(),
-        new_token_ids: vec![1, 2],
+        new_token_ids: vec![1, 2].into(),
         finish_reason: Some(FinishReason::Error),
         stop_reason: Some(StopReason::Text("repetition_detected".into())),
         ec_transfer_params: boxed(Value::Map(vec![])),
@@ -392,11 +392,11 @@ fn arrays_never_exceed_the_line_layout() {
             ..Default::default()
         }),
         prompt_token_id_logprobs: boxed(Value::from(1)),
-        error: Some(RequestError {
+        error: Some(Box::new(RequestError {
             code: "engine_paused".into(),
             message: "paused".into(),
             retryable: true,
-        }),
+        })),
         ..with_prefill()
     };
     let env = EngineCoreOutputs {
@@ -443,7 +443,7 @@ fn arrays_never_exceed_the_line_layout() {
 fn minimal_outputs_are_trimmed_to_id_and_tokens() {
     let env = step(vec![EngineCoreOutput {
         request_id: "req".into(),
-        new_token_ids: vec![5],
+        new_token_ids: vec![5].into(),
         ..Default::default()
     }]);
     let frames = encode_outputs(line(33), &env).unwrap();
@@ -458,7 +458,7 @@ fn minimal_outputs_are_trimmed_to_id_and_tokens() {
     );
     let fin = step(vec![EngineCoreOutput {
         request_id: "req".into(),
-        new_token_ids: vec![],
+        new_token_ids: vec![].into(),
         finish_reason: Some(FinishReason::Stop),
         stop_reason: Some(StopReason::Token(7)),
         ..Default::default()
@@ -613,7 +613,7 @@ fn logprobs(rows: usize, cols: usize) -> LogprobsLists {
 fn small_logprobs_are_inline_ext3_ndarrays() {
     let o = EngineCoreOutput {
         request_id: "r".into(),
-        new_token_ids: vec![0],
+        new_token_ids: vec![0].into(),
         new_logprobs: boxed(logprobs(1, 3)),
         ..Default::default()
     };
@@ -642,7 +642,7 @@ fn small_logprobs_are_inline_ext3_ndarrays() {
 fn large_logprobs_go_to_aux_frames_indexed_from_one() {
     let o = EngineCoreOutput {
         request_id: "r".into(),
-        new_token_ids: vec![0, 1],
+        new_token_ids: vec![0, 1].into(),
         new_logprobs: boxed(LogprobsLists {
             cu_num_generated_tokens: Some(vec![0, 2]),
             ..logprobs(2, 3)
@@ -734,7 +734,7 @@ fn decode_outputs_detects_the_025_layout() {
         panic!()
     };
     let o = &out.outputs[0];
-    assert_eq!(o.prefill_stats.unwrap().num_prompt_tokens, 4);
+    assert_eq!(o.prefill_stats.as_ref().unwrap().num_prompt_tokens, 4);
     assert_eq!(
         o.trace_headers.as_deref(),
         Some(&Value::Map(vec![(s("traceparent"), s("x"))]))
@@ -1107,8 +1107,8 @@ fn encode_speed_of_a_256_output_step() {
     let env = EngineCoreOutputs {
         outputs: (0..256)
             .map(|i| EngineCoreOutput {
-                request_id: format!("cmpl-{i:016x}-0-abcdef12"),
-                new_token_ids: vec![1000 + i],
+                request_id: format!("cmpl-{i:016x}-0-abcdef12").into(),
+                new_token_ids: vec![1000 + i].into(),
                 ..Default::default()
             })
             .collect(),

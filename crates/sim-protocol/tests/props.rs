@@ -178,8 +178,8 @@ prop_compose! {
         err in prop::option::of(("[a-z_]{1,10}", ".{0,20}", any::<bool>())),
     ) -> EngineCoreOutput {
         EngineCoreOutput {
-            request_id,
-            new_token_ids,
+            request_id: request_id.into(),
+            new_token_ids: new_token_ids.into(),
             new_logprobs: new_logprobs.map(Box::new),
             finish_reason: finish.map(|f| match f { 0 => FinishReason::Stop, 1 => FinishReason::Length, 2 => FinishReason::Abort, 3 => FinishReason::Error, _ => FinishReason::Repetition }),
             stop_reason: stop,
@@ -190,14 +190,14 @@ prop_compose! {
             kv_transfer_params: kv.map(Box::new),
             ec_transfer_params: ec.map(Box::new),
             trace_headers: trace.map(Box::new),
-            prefill_stats: prefill.map(|p| PrefillStats {
+            prefill_stats: prefill.map(|p| Box::new(PrefillStats {
                 num_prompt_tokens: p[0], num_computed_tokens: p[1], num_cached_tokens: p[2],
                 num_local_cached_tokens: p[3], num_external_cached_tokens: p[4], num_cache_creation_tokens: p[5],
-            }),
+            })),
             num_nans_in_logits: nans,
             mm_cache_miss_hashes: mm,
             spec_decode_metrics: spec.map(|(n, h)| Box::new(RequestSpecDecodeMetrics { num_spec_tokens: n, histogram: h.clone(), num_draft_tokens: n / 2, per_step_accepted: h.clone(), per_step_drafted: h })),
-            error: err.map(|(code, message, retryable)| RequestError { code, message, retryable }),
+            error: err.map(|(code, message, retryable)| Box::new(RequestError { code, message, retryable })),
             ..Default::default()
         }
     }

@@ -64,7 +64,7 @@ fn token_step(id: &str, tok: u32) -> EngineCoreOutputs {
     EngineCoreOutputs {
         outputs: vec![EngineCoreOutput {
             request_id: id.into(),
-            new_token_ids: vec![tok],
+            new_token_ids: vec![tok].into(),
             ..Default::default()
         }],
         timestamp: 3.5,

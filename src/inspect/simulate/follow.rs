@@ -127,11 +127,14 @@ impl Follower {
         // prompts whose prefill finished in this step: their first token is in it
         let mut prefill_tokens = 0u64;
         for x in &o.outputs {
-            if let Some(f) = self.flights.get(&x.request_id)
+            if let Some(f) = self.flights.get(x.request_id.as_str())
                 && f.first_token.is_none()
                 && !x.new_token_ids.is_empty()
             {
-                let cached = x.prefill_stats.map_or(0, |p| p.num_cached_tokens);
+                let cached = x
+                    .prefill_stats
+                    .as_deref()
+                    .map_or(0, |p| p.num_cached_tokens);
                 prefill_tokens += u64::from(f.prompt_tokens).saturating_sub(cached);
             }
         }
@@ -142,7 +145,7 @@ impl Follower {
                 .iter()
                 .filter(|e| e.kind == EventType::Preempted)
                 .count() as u64;
-            let Some(f) = self.flights.get_mut(&x.request_id) else {
+            let Some(f) = self.flights.get_mut(x.request_id.as_str()) else {
                 continue;
             };
             if !f.queued
@@ -152,7 +155,7 @@ impl Follower {
                 f.arrival = Duration::from_secs_f64((e.timestamp - self.origin).max(0.0));
             }
             if f.cached_tokens.is_none()
-                && let Some(p) = x.prefill_stats
+                && let Some(p) = x.prefill_stats.as_deref()
             {
                 f.cached_tokens = u32::try_from(p.num_cached_tokens).ok();
             }
@@ -181,8 +184,14 @@ impl Follower {
                     FinishReason::Error => Some("finished with an error".to_string()),
                     _ => None,
                 };
-                if let Some(f) = self.flights.remove(&x.request_id) {
-                    done.push(finish(x.request_id.clone(), f, out.at, Some(reason), why));
+                if let Some(f) = self.flights.remove(x.request_id.as_str()) {
+                    done.push(finish(
+                        x.request_id.to_string(),
+                        f,
+                        out.at,
+                        Some(reason),
+                        why,
+                    ));
                 }
             }
         }

@@ -271,7 +271,7 @@ impl Batch {
 
     /// Take every request out, sorted by id.
     pub fn drain(&mut self) -> Vec<SimRequest> {
-        let mut ids: Vec<String> = self.requests.ids().cloned().collect();
+        let mut ids: Vec<sim_protocol::RequestId> = self.requests.ids().cloned().collect();
         ids.sort();
         ids.iter().filter_map(|id| self.remove(id)).collect()
     }

@@ -27,7 +27,7 @@ type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 pub struct RequestTable {
     entries: Vec<Entry>,
     free: Vec<u32>,
-    by_id: FxMap<String, Slot>,
+    by_id: FxMap<sim_protocol::RequestId, Slot>,
 }
 
 #[derive(Default)]
@@ -65,7 +65,7 @@ impl RequestTable {
         let r = e.request.take()?;
         e.generation = e.generation.wrapping_add(1);
         self.free.push(slot.index);
-        self.by_id.remove(&r.id);
+        self.by_id.remove(r.id.as_str());
         Some(r)
     }
 
@@ -120,7 +120,7 @@ impl RequestTable {
     }
 
     /// Every request id, in no particular order.
-    pub fn ids(&self) -> impl Iterator<Item = &String> {
+    pub fn ids(&self) -> impl Iterator<Item = &sim_protocol::RequestId> {
         self.by_id.keys()
     }
 }
@@ -150,7 +150,7 @@ mod tests {
         let mut t = RequestTable::default();
         let a = t.insert(req("a"));
         assert_eq!(t.by_id("a").map(|r| r.id.as_str()), Some("a"));
-        assert_eq!(t.remove(a).map(|r| r.id), Some("a".to_string()));
+        assert_eq!(t.remove(a).map(|r| r.id.to_string()), Some("a".to_string()));
         let b = t.insert(req("b"));
         assert_ne!(a, b, "the place is reused with a new generation");
         assert!(t.get(a).is_none());

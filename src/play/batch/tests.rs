@@ -70,7 +70,7 @@ fn plan(e: &mut Bench) -> Vec<(String, u64)> {
         .unwrap_or_default();
     scheduled
         .into_iter()
-        .map(|(slot, n)| (e.batch.requests.get(slot).unwrap().id.clone(), n))
+        .map(|(slot, n)| (e.batch.requests.get(slot).unwrap().id.to_string(), n))
         .collect()
 }
 

@@ -43,7 +43,7 @@ impl SimEngine {
                 }
                 r.awaiting_kv = true;
                 Some(Pull {
-                    request_id: r.id.clone(),
+                    request_id: r.id.to_string(),
                     engine_id: pd.engine_id.clone(),
                     remote,
                     timeout: super::super::side_channel::PULL_TIMEOUT,

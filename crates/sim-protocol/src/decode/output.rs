@@ -131,8 +131,8 @@ fn output(line: Option<VllmLine>, value: &Value, aux: &[Bytes], i: usize) -> R<E
         let fname = |f: &str| format!("{name}.{f}");
         use OutputField as F;
         match field {
-            F::RequestId => o.request_id = v::string(x, &fname("request_id"))?,
-            F::NewTokenIds => o.new_token_ids = v::u32_list(x, &fname("new_token_ids"))?,
+            F::RequestId => o.request_id = v::string(x, &fname("request_id"))?.into(),
+            F::NewTokenIds => o.new_token_ids = v::u32_list(x, &fname("new_token_ids"))?.into(),
             _ if v::is_nil(x) => {}
             F::NewLogprobs => {
                 o.new_logprobs = Some(Box::new(logprobs(x, aux, &fname("new_logprobs"))?))
@@ -158,7 +158,9 @@ fn output(line: Option<VllmLine>, value: &Value, aux: &[Bytes], i: usize) -> R<E
             F::KvTransferParams => o.kv_transfer_params = Some(Box::new(x.clone())),
             F::EcTransferParams => o.ec_transfer_params = Some(Box::new(x.clone())),
             F::TraceHeaders => o.trace_headers = Some(Box::new(x.clone())),
-            F::PrefillStats => o.prefill_stats = Some(prefill_stats(x, &fname("prefill_stats"))?),
+            F::PrefillStats => {
+                o.prefill_stats = Some(Box::new(prefill_stats(x, &fname("prefill_stats"))?))
+            }
             F::RoutedExperts => o.routed_experts = Some(Box::new(x.clone())),
             F::NumNansInLogits => o.num_nans_in_logits = v::u32_(x, &fname("num_nans_in_logits"))?,
             F::MmCacheMissHashes => {
@@ -170,7 +172,7 @@ fn output(line: Option<VllmLine>, value: &Value, aux: &[Bytes], i: usize) -> R<E
                     Some(Box::new(spec_metrics(x, &fname("spec_decode_metrics"))?))
             }
             F::PromptTokenIdLogprobs => o.prompt_token_id_logprobs = Some(Box::new(x.clone())),
-            F::Error => o.error = Some(request_error(x, &fname("error"))?),
+            F::Error => o.error = Some(Box::new(request_error(x, &fname("error"))?)),
         }
     }
     Ok(o)
