@@ -78,6 +78,7 @@ impl Writer {
         }
     }
 
+    #[inline(always)]
     fn len32(&mut self, n: usize) -> u32 {
         match u32::try_from(n) {
             Ok(n) => n,
@@ -88,6 +89,7 @@ impl Writer {
         }
     }
 
+    #[inline(always)]
     pub fn nil(&mut self) {
         self.buf.push(0xc0);
     }
@@ -99,6 +101,7 @@ impl Writer {
     // Hand-written msgpack markers (the smallest form, as msgspec and rmp choose them):
     // this is the engine's per-token path, so skip rmp's `io::Write` indirection.
 
+    #[inline(always)]
     pub fn uint(&mut self, v: u64) {
         let b = &mut self.buf;
         if v < 128 {
@@ -151,6 +154,7 @@ impl Writer {
 
     /// A length header: `fix` form below `fix_max`, else the 8-bit form (when `m8` is
     /// given), else the 16- and 32-bit forms.
+    #[inline(always)]
     fn header(&mut self, n: usize, fix: u8, fix_max: usize, m8: Option<u8>, m16: u8, m32: u8) {
         let n32 = self.len32(n);
         let b = &mut self.buf;
@@ -167,6 +171,7 @@ impl Writer {
         }
     }
 
+    #[inline(always)]
     pub fn str(&mut self, s: &str) {
         self.header(s.len(), 0xa0, 32, Some(0xd9), 0xda, 0xdb);
         self.buf.extend_from_slice(s.as_bytes());
@@ -179,10 +184,12 @@ impl Writer {
         }
     }
 
+    #[inline(always)]
     pub fn array(&mut self, n: usize) {
         self.header(n, 0x90, 16, None, 0xdc, 0xdd);
     }
 
+    #[inline(always)]
     pub fn map(&mut self, n: usize) {
         self.header(n, 0x80, 16, None, 0xde, 0xdf);
     }
