@@ -3,16 +3,21 @@
 //! on almost every message (a futex syscall on the relay's path, and a thread competing
 //! for a core at the moment the next message is due). Here the relay only appends under a
 //! mutex; the observer takes everything queued at once and, while messages keep coming,
-//! comes back on its own every [`POLL`]. Only after [`IDLE`] without any does it park, and
-//! then the next message wakes it: one wake-up per quiet spell, not per message.
+//! comes back on its own: [`POLL`] after a look that found some, twice as long after each
+//! that found none (up to [`POLL_MAX`]), so a slow stream costs it no more looks than it
+//! has messages. Only after [`IDLE`] without any does it park, and then the next message
+//! wakes it: one wake-up per quiet spell, not per message.
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::relay::Seen;
 
-/// How long the observer sleeps between two looks at the queue while it is in use.
+/// How long the observer sleeps after a look at the queue that found messages.
 pub const POLL: Duration = Duration::from_millis(1);
+
+/// The longest it sleeps between two looks before parking.
+pub const POLL_MAX: Duration = Duration::from_millis(16);
 
 /// How long the queue must stay empty before the observer parks until woken.
 pub const IDLE: Duration = Duration::from_millis(50);
@@ -45,6 +50,8 @@ pub struct SeenSender(Arc<Shared>);
 pub struct SeenReceiver {
     shared: Arc<Shared>,
     last_item: Instant,
+    /// The next sleep between looks.
+    poll: Duration,
 }
 
 /// A new queue.
@@ -56,6 +63,7 @@ pub fn channel() -> (SeenSender, SeenReceiver) {
         SeenReceiver {
             shared,
             last_item: Instant::now(),
+            poll: POLL,
         },
     )
 }
@@ -104,13 +112,15 @@ pub enum Recv {
 
 impl SeenReceiver {
     /// Move everything queued into `into` (which should be empty). When nothing is queued,
-    /// wait: a [`POLL`] sleep while messages came recently, else park for up to `wait`.
+    /// wait: a sleep while messages came recently (see [`POLL`]), else park for up to
+    /// `wait`.
     pub fn recv_batch(&mut self, into: &mut Vec<Seen>, wait: Duration) -> Recv {
         {
             let mut st = self.shared.lock();
             if !st.items.is_empty() {
                 std::mem::swap(&mut st.items, into);
                 self.last_item = Instant::now();
+                self.poll = POLL;
                 return Recv::Items;
             }
             if st.senders == 0 {
@@ -127,15 +137,18 @@ impl SeenReceiver {
                 std::mem::swap(&mut st.items, into);
                 if !into.is_empty() {
                     self.last_item = Instant::now();
+                    self.poll = POLL;
                 }
                 return Recv::Items;
             }
         }
-        std::thread::sleep(POLL.min(wait));
+        std::thread::sleep(self.poll.min(wait));
+        self.poll = (self.poll * 2).min(POLL_MAX);
         let mut st = self.shared.lock();
         std::mem::swap(&mut st.items, into);
         if !into.is_empty() {
             self.last_item = Instant::now();
+            self.poll = POLL;
         }
         Recv::Items
     }
