@@ -15,9 +15,19 @@
 //!    and tokens/s, direct vs tapped, while the tap's observer decodes every message and
 //!    follows every request.
 //!
-//! `BENCH_QUICK=1` shrinks the runs.
+//! Direct and tapped pairs alternate `BENCH_ROUNDS` times (default 7; the first of each
+//! round alternates too) and the summary gives medians over the rounds: on a shared
+//! machine single runs swing by 2x. Beside wall-clock figures it reports the CPU time the
+//! tap's relay thread spent per million relayed output messages (from the thread's
+//! `schedstat`), which does not depend on how busy the machine is, and the observer
+//! thread's CPU time over the same window.
+//!
+//! `BENCH_QUICK=1` shrinks the runs; `BENCH_ONLY=tapped` runs only tapped pairs (for
+//! profilers).
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -75,6 +85,23 @@ struct Pair {
     identity: Bytes,
     engine: EngineSockets,
     tap: Option<(watch::Sender<bool>, std::thread::JoinHandle<()>)>,
+    /// The tap's relay thread (its Linux thread id), when tapped.
+    relay_tid: Option<i64>,
+}
+
+/// Nanoseconds a thread of this process has run on a CPU (`/proc/self/task/TID/schedstat`).
+fn thread_cpu_ns(tid: i64) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// The thread of this process called `name`, if there is one.
+fn thread_named(name: &str) -> Option<i64> {
+    std::fs::read_dir("/proc/self/task").ok()?.find_map(|e| {
+        let e = e.ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        (comm.trim() == name).then(|| e.file_name().to_str()?.parse().ok())?
+    })
 }
 
 fn free_port() -> u16 {
@@ -83,6 +110,7 @@ fn free_port() -> u16 {
 
 async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.expect("bind");
+    let tid = Arc::new(AtomicI64::new(0));
     let (engine_hs, tap) = if tapped {
         let hs = format!("tcp://127.0.0.1:{}", free_port());
         let _ = std::fs::remove_file(trace);
@@ -108,7 +136,10 @@ async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
             connect_timeout: 30.0,
         };
         let (tx, rx) = watch::channel(false);
+        let tid2 = tid.clone();
         let handle = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tid2.store(unsafe { libc::syscall(libc::SYS_gettid) }, Ordering::SeqCst);
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -135,11 +166,13 @@ async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
         .await
         .expect("accept");
     let engine = connect.await.expect("join");
+    let relay_tid = tap.as_ref().map(|_| tid.load(Ordering::SeqCst));
     Pair {
         fl,
         identity: accepted[0].identity.clone(),
         engine,
         tap,
+        relay_tid,
     }
 }
 
@@ -220,7 +253,7 @@ fn observer_capacity(messages: usize, trace: &PathBuf) -> f64 {
         meta: Default::default(),
     })
     .expect("observer");
-    let (tx, rx) = std::sync::mpsc::channel();
+    let (tx, rx) = vllm_vcr::record::handoff::channel();
     let ids: Vec<String> = (0..64).map(|i| format!("obs-{i}")).collect();
     for id in &ids {
         tx.send(Seen::Input {
@@ -228,8 +261,7 @@ fn observer_capacity(messages: usize, trace: &PathBuf) -> f64 {
             client: 0,
             engine: Bytes::from_static(&[0, 0]),
             frames: add(id),
-        })
-        .expect("send");
+        });
     }
     let frames = outputs(&ids, false, 0.0);
     for i in 0..messages {
@@ -237,16 +269,91 @@ fn observer_capacity(messages: usize, trace: &PathBuf) -> f64 {
             t: 1.0 + i as f64 * 1e-3,
             client: 0,
             frames: frames.clone(),
-        })
-        .expect("send");
+        });
     }
     tx.send(Seen::Stop {
         reason: "bench".into(),
-    })
-    .expect("send");
+    });
     let t = Instant::now();
     obs.run(rx).expect("observer run");
     messages as f64 / t.elapsed().as_secs_f64()
+}
+
+/// One pair's figures.
+#[derive(Clone, Copy, Default)]
+struct Row {
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    max: f64,
+    rate: f64,
+    /// Relay thread CPU seconds per million output messages (tapped only).
+    relay_cpu: f64,
+    /// Observer thread CPU seconds per million output messages over the throughput window.
+    observer_cpu: f64,
+    /// Relay thread CPU µs per round trip.
+    relay_rtt_cpu: f64,
+}
+
+async fn run_pair(tapped: bool, trace: &PathBuf, n_rtt: usize, n_msgs: usize) -> Row {
+    let mut p = pair(tapped, trace).await;
+    let cpu = |p: &Pair| p.relay_tid.and_then(thread_cpu_ns).unwrap_or(0);
+    let c0 = cpu(&p);
+    let rtts = round_trips(&mut p, n_rtt).await;
+    let c1 = cpu(&p);
+    let observer = if tapped {
+        thread_named("record-observer")
+    } else {
+        None
+    };
+    let o0 = observer.and_then(thread_cpu_ns).unwrap_or(0);
+    let rate = throughput(&mut p, n_msgs).await;
+    let c2 = cpu(&p);
+    let o1 = observer.and_then(thread_cpu_ns).unwrap_or(0);
+    let row = Row {
+        p50: quantile(&rtts, 0.5),
+        p90: quantile(&rtts, 0.9),
+        p99: quantile(&rtts, 0.99),
+        max: rtts[rtts.len() - 1],
+        rate,
+        relay_cpu: (c2 - c1) as f64 / 1e9 / (n_msgs as f64 / 1e6),
+        observer_cpu: (o1 - o0) as f64 / 1e9 / (n_msgs as f64 / 1e6),
+        relay_rtt_cpu: (c1 - c0) as f64 / 1e3 / (n_rtt + n_rtt / 10) as f64,
+    };
+    let t = Instant::now();
+    p.stop();
+    let stop_ms = t.elapsed().as_secs_f64() * 1e3;
+    print!(
+        "{:<8} {:>7.1}µs {:>7.1}µs {:>7.1}µs {:>8.1}µs {:>10.0} {:>11.0}",
+        if tapped { "tapped" } else { "direct" },
+        row.p50,
+        row.p90,
+        row.p99,
+        row.max,
+        row.rate,
+        row.rate * 64.0
+    );
+    if tapped {
+        println!(
+            " {:>8.2} {:>8.1} {:>8.2} {:>7.0}",
+            row.relay_cpu, row.relay_rtt_cpu, row.observer_cpu, stop_ms
+        );
+    } else {
+        println!();
+    }
+    row
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 fn main() {
@@ -260,57 +367,83 @@ fn main() {
     } else {
         (5_000, 40_000)
     };
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(if quick() { 2 } else { 7 })
+        .max(1);
+    let only_tapped = std::env::var("BENCH_ONLY").is_ok_and(|o| o == "tapped");
     let trace = std::env::temp_dir().join(format!(
         "vllm-vcr-tap-bench-{}.jsonl.gz",
         std::process::id()
     ));
     rt.block_on(async {
-        println!("tap overhead: {n_rtt} round trips, {n_msgs} output messages x 64 outputs");
         println!(
-            "{:<8} {:>9} {:>9} {:>9} {:>10} {:>12} {:>13}",
-            "path", "rtt p50", "rtt p90", "rtt p99", "rtt max", "msgs/s", "tokens/s"
+            "tap overhead: {rounds} rounds of direct and tapped, alternating; {n_rtt} round trips, {n_msgs} output messages x 64 outputs"
         );
-        let mut rows = Vec::new();
-        for tapped in [false, true] {
-            let mut p = pair(tapped, &trace).await;
-            let rtts = round_trips(&mut p, n_rtt).await;
-            let rate = throughput(&mut p, n_msgs).await;
-            let row = (
-                quantile(&rtts, 0.5),
-                quantile(&rtts, 0.9),
-                quantile(&rtts, 0.99),
-                rtts[rtts.len() - 1],
-                rate,
-            );
-            println!(
-                "{:<8} {:>7.1}µs {:>7.1}µs {:>7.1}µs {:>8.1}µs {:>12.0} {:>13.0}",
-                if tapped { "tapped" } else { "direct" },
-                row.0,
-                row.1,
-                row.2,
-                row.3,
-                row.4,
-                row.4 * 64.0
-            );
-            rows.push(row);
-            let t = Instant::now();
-            p.stop();
-            if tapped {
-                println!(
-                    "tap stop (observer drains its backlog, closes the gzip trace): {:.0} ms",
-                    t.elapsed().as_secs_f64() * 1e3
-                );
+        println!(
+            "{:<8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>8} {:>8} {:>8} {:>7}",
+            "path",
+            "rtt p50",
+            "rtt p90",
+            "rtt p99",
+            "rtt max",
+            "msgs/s",
+            "tokens/s",
+            "relay s/M",
+            "relay µs/rt",
+            "obs s/M",
+            "stop ms"
+        );
+        let mut direct = Vec::new();
+        let mut tapped = Vec::new();
+        for round in 0..rounds {
+            let order = if only_tapped {
+                vec![true]
+            } else if round % 2 == 0 {
+                vec![false, true]
+            } else {
+                vec![true, false]
+            };
+            for t in order {
+                let row = run_pair(t, &trace, n_rtt, n_msgs).await;
+                if t {
+                    tapped.push(row);
+                } else {
+                    direct.push(row);
+                }
             }
         }
-        let (d, t) = (rows[0], rows[1]);
+        let med = |rows: &[Row], f: fn(&Row) -> f64| median(rows.iter().map(f).collect());
         println!(
-            "added by the tap: p50 {:+.1} µs, p99 {:+.1} µs; throughput {:.0}% of direct",
-            t.0 - d.0,
-            t.2 - d.2,
-            100.0 * t.4 / d.4
+            "median of {} tapped runs: p50 {:.1} µs, p99 {:.1} µs, {:.0} msgs/s; relay thread {:.2} CPU-s per 1M output messages ({:.2} µs each), {:.1} µs per round trip; observer {:.2} CPU-s per 1M in the throughput window",
+            tapped.len(),
+            med(&tapped, |r| r.p50),
+            med(&tapped, |r| r.p99),
+            med(&tapped, |r| r.rate),
+            med(&tapped, |r| r.relay_cpu),
+            med(&tapped, |r| r.relay_cpu),
+            med(&tapped, |r| r.relay_rtt_cpu),
+            med(&tapped, |r| r.observer_cpu),
         );
-        if let Ok(m) = std::fs::metadata(&trace) {
-            println!("trace written: {} bytes ({})", m.len(), trace.display());
+        if !direct.is_empty() {
+            println!(
+                "median of {} direct runs: p50 {:.1} µs, p99 {:.1} µs, {:.0} msgs/s",
+                direct.len(),
+                med(&direct, |r| r.p50),
+                med(&direct, |r| r.p99),
+                med(&direct, |r| r.rate),
+            );
+            // each round's tapped run against its own direct run
+            let pairs: Vec<(Row, Row)> = direct.iter().copied().zip(tapped.iter().copied()).collect();
+            println!(
+                "added by the tap (median over rounds of tapped - direct): p50 {:+.1} µs, p99 {:+.1} µs; throughput {:.0}% of direct (median of per-round ratios; range {:.0}-{:.0}%)",
+                median(pairs.iter().map(|(d, t)| t.p50 - d.p50).collect()),
+                median(pairs.iter().map(|(d, t)| t.p99 - d.p99).collect()),
+                median(pairs.iter().map(|(d, t)| 100.0 * t.rate / d.rate).collect()),
+                pairs.iter().map(|(d, t)| 100.0 * t.rate / d.rate).fold(f64::INFINITY, f64::min),
+                pairs.iter().map(|(d, t)| 100.0 * t.rate / d.rate).fold(0.0, f64::max),
+            );
         }
     });
     let rate = observer_capacity(n_msgs, &trace);

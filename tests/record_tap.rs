@@ -895,9 +895,13 @@ async fn dp_outputs_merge_whole_and_unaltered() {
         next[rank] += 1;
     }
     assert_eq!(next, [N, N]);
+    // Keep the engines connected until the tap has exited: an engine that goes first ends
+    // the capture with "the engine disconnected", racing the SIGINT.
+    let mut engines = Vec::new();
     for s in senders {
-        let _ = s.await.unwrap();
+        engines.push(s.await.unwrap());
     }
     tap.signal(libc::SIGINT);
     assert!(tap.wait_exit(WAIT).success(), "{}", tap.log_text());
+    drop(engines);
 }

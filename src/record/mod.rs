@@ -10,6 +10,7 @@
 //! cleanly: finished requests are kept, in-flight ones are written as incomplete, and a
 //! `.gz` trace gets its footer.
 
+pub mod handoff;
 pub mod observe;
 pub mod relay;
 pub mod zmtp;
@@ -276,7 +277,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
             notes,
         },
     })?;
-    let (seen_tx, seen_rx) = std::sync::mpsc::channel::<Seen>();
+    let (seen_tx, seen_rx) = handoff::channel();
     let observer = std::thread::Builder::new()
         .name("record-observer".into())
         .spawn(move || {
@@ -317,7 +318,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
             outcome
         }
     };
-    let _ = seen_tx.send(Seen::Stop {
+    seen_tx.send(Seen::Stop {
         reason: outcome.reason(),
     });
     drop(seen_tx);
@@ -350,7 +351,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
 
 /// Make the calling thread (the observer) yield the CPU to everything else of normal
 /// priority, the relay first: on a busy host a burst of outputs then queues for the
-/// observer (the channel is unbounded) instead of the observer's decoding and gzip taking
+/// observer (the queue is unbounded) instead of the observer's decoding and gzip taking
 /// CPU time from relaying. It still runs whenever a core is free, and never starves
 /// outright (nice 19 is a small share, not SCHED_IDLE).
 fn lower_this_threads_priority() {

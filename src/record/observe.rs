@@ -2,7 +2,7 @@
 //! request from its ADD to its finish, and writes one trace record per request (and, with
 //! `--step-stats-out`, one line per engine step with the `SchedulerStats` it reported).
 //!
-//! Runs on its own thread, fed by an unbounded channel: however slow decoding or the disk
+//! Runs on its own thread, fed by an unbounded queue ([`super::handoff`]): however slow decoding or the disk
 //! is, the relay never waits for it.
 //!
 //! Times. All trace times are milliseconds from the capture's zero, the moment the tap
@@ -16,7 +16,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -31,6 +30,7 @@ use sim_protocol::{
 use sim_trace::steps::{StepPrefixCache, StepSpecDecoding, StepStats};
 use sim_trace::trace::{BlockHash, ItlCtx, TraceMeta, TraceRecord, TraceWriter};
 
+use super::handoff::{Recv, SeenReceiver};
 use super::relay::Seen;
 use crate::play::block_hash::{self, ExtraKey};
 use crate::play::timer::now_monotonic;
@@ -181,24 +181,33 @@ impl Observer {
     /// Consume copies until [`Seen::Stop`] (or until every sender is gone), then close the
     /// files: in-flight requests are written as incomplete, the gzip footer is written and
     /// the files are synced.
-    pub fn run(mut self, rx: Receiver<Seen>) -> Result<Summary> {
-        let reason = loop {
-            match rx.recv_timeout(FLUSH_EVERY) {
-                Ok(Seen::Stop { reason }) => break reason,
-                Ok(seen) => self.handle(seen),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break "the relay stopped".to_string(),
+    pub fn run(mut self, mut rx: SeenReceiver) -> Result<Summary> {
+        let mut batch = Vec::new();
+        let mut stopped = None;
+        while stopped.is_none() {
+            if rx.recv_batch(&mut batch, FLUSH_EVERY) == Recv::Disconnected {
+                stopped = Some("the relay stopped".to_string());
+            }
+            // Anything the relay handed over, even behind a stop, is still observed.
+            for seen in batch.drain(..) {
+                match seen {
+                    Seen::Stop { reason } => {
+                        stopped.get_or_insert(reason);
+                    }
+                    seen => self.handle(seen),
+                }
             }
             if self.dirty && self.last_flush.elapsed() >= FLUSH_EVERY {
                 self.flush();
             }
-        };
-        // Anything the relay handed over before the stop is still observed.
-        while let Ok(seen) = rx.try_recv() {
+        }
+        rx.try_recv_all(&mut batch);
+        for seen in batch.drain(..) {
             if !matches!(seen, Seen::Stop { .. }) {
                 self.handle(seen);
             }
         }
+        let reason = stopped.unwrap_or_default();
         self.finish_all(&reason);
         self.close()
     }

@@ -1,6 +1,6 @@
 //! The relay half of the tap: it stands in the middle of the handshake, forwards every
-//! data-plane message unchanged, and hands a copy of each (with its arrival time) to the
-//! observer over a channel that never blocks.
+//! data-plane message unchanged, and hands each (slices of the bytes it relayed, with its
+//! arrival time) to the observer through a queue that never blocks ([`super::handoff`]).
 //!
 //! ```text
 //!  frontend (binds H, I[c], O[c])          tap                      engine(s)
@@ -27,7 +27,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::mpsc::Sender as StdSender;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -46,6 +45,7 @@ use zeromq::{
     DealerSendHalf, DealerSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage,
 };
 
+use super::handoff::SeenSender;
 use super::zmtp;
 
 use crate::play::timer::now_monotonic;
@@ -121,7 +121,7 @@ struct Ctx {
     frontend_handshake: String,
     bind_host: String,
     advertise_host: String,
-    seen: StdSender<Seen>,
+    seen: SeenSender,
     events: mpsc::UnboundedSender<Event>,
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
     /// Turns true when every engine is gone: the output relays tell the frontend with
@@ -145,9 +145,9 @@ impl Ctx {
         let _ = self.events.send(e);
     }
 
-    /// Hand a copy to the observer; never blocks (the channel is unbounded).
+    /// Hand a copy to the observer; never blocks (the queue is unbounded).
     fn observe(&self, s: Seen) {
-        let _ = self.seen.send(s);
+        self.seen.send(s);
     }
 }
 
@@ -193,7 +193,7 @@ fn is_wildcard(host: &str) -> bool {
 /// Bind the engine handshake socket and start relaying.
 pub async fn start(
     cfg: RelayConfig,
-    seen: StdSender<Seen>,
+    seen: SeenSender,
     events: mpsc::UnboundedSender<Event>,
 ) -> Result<Tap> {
     let frontend_handshake =
@@ -550,21 +550,19 @@ async fn pipe<F: FnMut(Got)>(mut src: Leg, to: Option<Writer>, limit: u64, mut o
                     break 'relay PipeEnd::WriteFailed(e.to_string());
                 }
             }
+            // The observer gets slices of the bytes just relayed, not copies: they share
+            // the read buffer's allocation (the next reads fill the rest of it; a new one
+            // is made once it is used up), which is freed when the observer is done.
+            let chunk = buf.split_to(scan.complete).freeze();
             for item in scan.items {
                 match item {
-                    zmtp::Item::Message { span, frames } => {
-                        // one exact-size copy per message: the observer may hold it a
-                        // while, and must not pin the read buffer
-                        let copy = Bytes::copy_from_slice(&buf[span.clone()]);
-                        let frames = frames
-                            .iter()
-                            .map(|f| copy.slice(f.start - span.start..f.end - span.start))
-                            .collect();
+                    zmtp::Item::Message { frames, .. } => {
+                        let frames = frames.into_iter().map(|f| chunk.slice(f)).collect();
                         on(Got::Message { t, frames });
                     }
                     zmtp::Item::Tail { .. } => {}
                     zmtp::Item::Command { body, .. } => {
-                        if let Ok((b"PING", data)) = zmtp::split_command(&buf[body]) {
+                        if let Ok((b"PING", data)) = zmtp::split_command(&chunk[body]) {
                             let pong = zmtp::pong_for(data);
                             if let Err(e) = src.writer.lock().await.write_all(&pong).await {
                                 break 'relay PipeEnd::SourceClosed(Some(e.to_string()));
@@ -573,7 +571,6 @@ async fn pipe<F: FnMut(Got)>(mut src: Leg, to: Option<Writer>, limit: u64, mut o
                     }
                 }
             }
-            buf.advance(scan.complete);
             if !scanner.mid_message() {
                 held = None;
             }
