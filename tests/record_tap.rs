@@ -414,7 +414,11 @@ async fn sigterm_mid_run(trace_name: &str) {
         // still spanning two 5 ms steps; the first gap may close a late first token (the
         // 20 ms prefill step), the pair then spanning 25 ms.
         for (k, gap) in r.itl_ms.iter().enumerate() {
-            let before = if k == 0 { ttft - 20.0 } else { r.itl_ms[k - 1] - 5.0 };
+            let before = if k == 0 {
+                ttft - 20.0
+            } else {
+                r.itl_ms[k - 1] - 5.0
+            };
             let closes_a_late_one = before + gap > 4.0;
             assert!(
                 (*gap > 4.0 || closes_a_late_one) && *gap > 0.0 && *gap < 60.0,

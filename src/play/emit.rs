@@ -125,7 +125,7 @@ pub fn emit_into(
         r.started = true;
         o.prefill_stats = Some(Box::new(prefill_stats(r, cfg)));
     }
-    let finished = match stop {
+    match stop {
         Some((reason, why)) => {
             o.finish_reason = Some(reason);
             o.stop_reason = why;
@@ -141,8 +141,7 @@ pub fn emit_into(
             true
         }
         None => false,
-    };
-    finished
+    }
 }
 
 fn observe_spec(r: &mut SimRequest, step: &mut Option<SpecStepStats>, k: u32, accepted: u32) {
