@@ -1157,3 +1157,34 @@ fn encode_speed_of_a_256_output_step() {
 fn boxed<T>(t: T) -> Option<Box<T>> {
     Some(Box::new(t))
 }
+
+#[test]
+fn a_bad_output_field_is_named_with_its_output_index() {
+    // [engine_index, outputs, scheduler_stats, timestamp]: the second output's token list
+    // holds a string
+    let good = arr(vec![s("r0"), arr(vec![Value::from(7)])]);
+    let bad = arr(vec![s("r1"), arr(vec![s("seven")])]);
+    let env = arr(vec![
+        Value::from(0),
+        arr(vec![good, bad]),
+        Value::Nil,
+        Value::F64(1.0),
+    ]);
+    let e = decode_outputs_for(VllmLine::new(0, 33), &[mp(&env)]).unwrap_err();
+    assert!(
+        matches!(&e.kind, DecodeErrorKind::WrongType { field, .. } if field == "outputs[1].new_token_ids"),
+        "{e}"
+    );
+    // the output itself not an array: named by its index alone
+    let env = arr(vec![
+        Value::from(0),
+        arr(vec![s("oops")]),
+        Value::Nil,
+        Value::F64(1.0),
+    ]);
+    let e = decode_outputs_for(VllmLine::new(0, 33), &[mp(&env)]).unwrap_err();
+    assert!(
+        matches!(&e.kind, DecodeErrorKind::WrongType { field, expected: "array", .. } if field == "outputs[0]"),
+        "{e}"
+    );
+}

@@ -89,6 +89,52 @@ pub enum DecodeErrorKind {
     OutOfBandTensor { field: String },
 }
 
+impl DecodeErrorKind {
+    /// The same error for a value found under `path` (`outputs[3]`): its field becomes
+    /// `outputs[3].field`, or `outputs[3]` for the value itself (an empty field).
+    pub(crate) fn under(self, path: &str) -> Self {
+        let join = |f: String| {
+            if f.is_empty() {
+                path.to_string()
+            } else {
+                format!("{path}.{f}")
+            }
+        };
+        match self {
+            Self::Shape {
+                what,
+                expected,
+                found,
+            } => Self::Shape {
+                what: join(what),
+                expected,
+                found,
+            },
+            Self::MissingKey { field } => Self::MissingKey { field: join(field) },
+            Self::WrongType {
+                field,
+                expected,
+                found,
+            } => Self::WrongType {
+                field: join(field),
+                expected,
+                found,
+            },
+            Self::InvalidValue { field, reason } => Self::InvalidValue {
+                field: join(field),
+                reason,
+            },
+            Self::BadFrameIndex { field, index, aux } => Self::BadFrameIndex {
+                field: join(field),
+                index,
+                aux,
+            },
+            Self::OutOfBandTensor { field } => Self::OutOfBandTensor { field: join(field) },
+            other => other,
+        }
+    }
+}
+
 /// A message that could not be decoded, with what could be read of it. (The context is
 /// boxed to keep `Result<_, DecodeError>` small; field access auto-derefs.)
 #[derive(Debug, Clone, PartialEq)]
