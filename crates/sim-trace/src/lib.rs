@@ -4,6 +4,7 @@
 //! without the protocol stack.
 
 pub mod config_hash;
+pub mod fastjson;
 pub mod fit;
 pub mod host;
 pub mod latency;

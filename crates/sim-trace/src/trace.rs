@@ -424,7 +424,7 @@ pub fn parse_line(line: &[u8]) -> Result<TraceItem, serde_json::Error> {
 pub fn parse_line_as<R: DeserializeOwned>(line: &[u8]) -> Result<TraceLine<R>, serde_json::Error> {
     // Fast path: a line that cannot be a meta line parses straight into a record.
     if !contains_bytes(line, b"\"meta\"") {
-        return serde_json::from_slice(line).map(TraceLine::Record);
+        return crate::fastjson::from_slice(line).map(TraceLine::Record);
     }
     let value: serde_json::Value = serde_json::from_slice(line)?;
     if value.get("meta").is_some_and(|m| m.is_object()) {
@@ -639,7 +639,7 @@ impl Lines {
     /// The next non-blank line deserialised as a `T`; a line that does not parse is a
     /// [`TraceError::Parse`] naming it, and the reader goes on with the next one.
     pub(crate) fn next_json<T: DeserializeOwned>(&mut self) -> Option<Result<T, TraceError>> {
-        self.next_with(|text| serde_json::from_slice(text))
+        self.next_with(|text| crate::fastjson::from_slice(text))
     }
 
     /// The next non-blank line (trimmed) turned into a `T` by `parse`, with the errors of

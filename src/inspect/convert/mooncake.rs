@@ -40,6 +40,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sim_trace::fastjson;
 use sim_trace::trace::{
     BlockHash, JsonlReader, TraceItem, TraceLine, TraceMeta, TraceRecord, TraceWriter,
     contains_bytes, parse_line, parse_line_as,
@@ -216,7 +217,7 @@ pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Repo
     let mut without_ids = 0u64;
     let mut progress = Progress::new("convert: lines");
     let mut index = 0u64;
-    while let Some(item) = reader.next_with(|text| serde_json::from_slice::<MooncakeIn>(text)) {
+    while let Some(item) = reader.next_with(fastjson::from_slice::<MooncakeIn>) {
         let obj = item.map_err(trace_err)?;
         let line = reader.line();
         progress.tick();
@@ -394,7 +395,7 @@ fn parse(text: &[u8]) -> std::result::Result<Line, serde_json::Error> {
     let mut extra = BTreeMap::new();
     if contains_bytes(text, EXTRA_KEY_QUOTED)
         && text.trim_ascii_start().starts_with(b"{")
-        && let Some(Value::Object(kept)) = serde_json::from_slice::<Kept>(text)?.mooncake
+        && let Some(Value::Object(kept)) = fastjson::from_slice::<Kept>(text)?.mooncake
     {
         extra.extend(
             kept.into_iter()
