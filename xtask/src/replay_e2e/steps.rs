@@ -76,14 +76,90 @@ pub(super) fn steps(env: &Env, rs: &Path, line: &str, dir: &Path, out: &mut Chec
         },
     );
 
-    // The replay, recorded by a second tap; rounds at concurrency 1, 16 and 64, their
-    // requests named `c<C>-replay-<i>` (the replay index reads the `replay-<i>`).
+    // The replay, recorded by a second tap; rounds at concurrency 1, 16 and 64. The timing
+    // checks hold the replay to 0.5/2.5/10 ms of the capture, and a 2-core machine can stall
+    // the engine's thread from outside for longer than that (another process's burst: seen
+    // once in CI, a 27 ms stall that the engine's absolute clock then caught up). When a
+    // round fails, all rounds are replayed once more on a fresh stack and the second
+    // attempt decides; the first attempt's failure stays in the detail.
     let t = Instant::now();
-    let replay_trace = dir.join("replay").join("trace.jsonl.gz");
-    let summary = dir.join("replay").join("summary.json");
+    let first = replay_rounds(
+        env,
+        &frontend,
+        line,
+        &trace,
+        &captured,
+        &dir.join("replay"),
+        "",
+    )?;
+    let mut verdicts = ROUNDS.map(|(c, n)| compare_steps(&captured, &first.replayed, c, n, ""));
+    let mut attempt = first;
+    if verdicts.iter().any(Result::is_err) {
+        let failed: Vec<String> = ROUNDS
+            .iter()
+            .zip(&verdicts)
+            .filter_map(|((c, _), v)| v.as_ref().err().map(|e| format!("c{c}: {e:#}")))
+            .collect();
+        eprintln!("  a round missed its tolerance; replaying every round once more");
+        let again = replay_rounds(
+            env,
+            &frontend,
+            line,
+            &trace,
+            &captured,
+            &dir.join("replay-again"),
+            "again-",
+        )?;
+        verdicts = ROUNDS.map(|(c, n)| {
+            compare_steps(&captured, &again.replayed, c, n, "again-").map(|d| {
+                format!(
+                    "{d} (second attempt; the first missed: {})",
+                    failed.join("; ")
+                )
+            })
+        });
+        attempt = again;
+    }
+    out.push("replay rounds at concurrency 1, 16, 64", t, attempt.served);
+    for ((c, _), verdict) in ROUNDS.iter().zip(verdicts) {
+        out.push(
+            &format!(
+                "concurrency {c}: chunks and ids identical, gaps and drift p50/p95/p99 within {STEP_P50_MS}/{STEP_P95_MS}/{STEP_P99_MS} ms"
+            ),
+            Instant::now(),
+            verdict,
+        );
+    }
+    Ok(())
+}
+
+/// The replay rounds: (concurrency, requests).
+const ROUNDS: [(usize, usize); 3] = [(1, 16), (16, STEPS_REQUESTS), (64, STEPS_REQUESTS)];
+
+/// One replay of the capture: a fresh stack replaying `trace`, recorded by a second tap, and
+/// the [`ROUNDS`], their requests named `<prefix>c<C>-replay-<i>` (the replay index reads
+/// the `replay-<i>`).
+struct Attempt {
+    replayed: Vec<TraceRecord>,
+    /// Every request served from the capture, none missed (the detail says how long each
+    /// round took).
+    served: Result<String>,
+}
+
+fn replay_rounds(
+    env: &Env,
+    frontend: &Frontend,
+    line: &str,
+    trace: &Path,
+    captured: &[TraceRecord],
+    dir: &Path,
+    prefix: &str,
+) -> Result<Attempt> {
+    let replay_trace = dir.join("trace.jsonl.gz");
+    let summary = dir.join("summary.json");
     let stack = start_stack(
         env.engine_bin,
-        &frontend,
+        frontend,
         &[],
         env.model,
         Some(&replay_trace),
@@ -100,12 +176,11 @@ pub(super) fn steps(env: &Env, rs: &Path, line: &str, dir: &Path, out: &mut Chec
                 summary.display().to_string(),
             ],
         },
-        &dir.join("replay"),
+        dir,
     )?;
-    let rounds: [(usize, usize); 3] = [(1, 16), (16, STEPS_REQUESTS), (64, STEPS_REQUESTS)];
     let mut sent_total = 0;
     let mut round_secs = Vec::new();
-    for (c, n) in rounds {
+    for (c, n) in ROUNDS {
         let tr = Instant::now();
         let res = run_pool(n, c, |i| {
             let r = &captured[i];
@@ -115,11 +190,11 @@ pub(super) fn steps(env: &Env, rs: &Path, line: &str, dir: &Path, out: &mut Chec
                 "POST",
                 "/v1/completions",
                 Some(&body),
-                &[("X-Request-Id", &format!("c{c}-replay-{i}"))],
+                &[("X-Request-Id", &format!("{prefix}c{c}-replay-{i}"))],
             )?;
             ensure!(
                 resp.status == 200,
-                "c{c}-replay-{i}: HTTP {} {}",
+                "{prefix}c{c}-replay-{i}: HTTP {} {}",
                 resp.status,
                 snippet(&resp.text())
             );
@@ -138,33 +213,19 @@ pub(super) fn steps(env: &Env, rs: &Path, line: &str, dir: &Path, out: &mut Chec
         "the replay tap ended: {tap}"
     );
     let (_, replayed) = read_by_arrival(&replay_trace)?;
-    out.push(
-        "replay rounds at concurrency 1, 16, 64",
-        t,
-        read_summary(&summary).and_then(|s| {
-            let Counts { served, reserved, missed } = summary_counts(&s, "tokens")?;
-            ensure!(
-                served == sent_total as u64 && missed.is_empty() && replayed.len() == sent_total,
-                "served {served}, missed {missed:?}, {} replay records; want {sent_total} served, none missed",
-                replayed.len()
-            );
-            Ok(format!(
-                "{} ; served {served} ({reserved} re-served), missed 0",
-                round_secs.join(", ")
-            ))
-        }),
-    );
-    for (c, n) in rounds {
-        let t = Instant::now();
-        out.push(
-            &format!(
-                "concurrency {c}: chunks and ids identical, gaps and drift p50/p95/p99 within {STEP_P50_MS}/{STEP_P95_MS}/{STEP_P99_MS} ms"
-            ),
-            t,
-            compare_steps(&captured, &replayed, c, n),
+    let served = read_summary(&summary).and_then(|s| {
+        let Counts { served, reserved, missed } = summary_counts(&s, "tokens")?;
+        ensure!(
+            served == sent_total as u64 && missed.is_empty() && replayed.len() == sent_total,
+            "served {served}, missed {missed:?}, {} replay records; want {sent_total} served, none missed",
+            replayed.len()
         );
-    }
-    Ok(())
+        Ok(format!(
+            "{} ; served {served} ({reserved} re-served), missed 0",
+            round_secs.join(", ")
+        ))
+    });
+    Ok(Attempt { replayed, served })
 }
 
 /// The replayed records of round `c` against the captured ones: chunk sizes and ids equal;
@@ -176,8 +237,9 @@ pub(super) fn compare_steps(
     replayed: &[TraceRecord],
     c: usize,
     n: usize,
+    prefix: &str,
 ) -> Result<String> {
-    let tag = format!("c{c}-replay-");
+    let tag = format!("{prefix}c{c}-replay-");
     let mut seen = vec![false; n];
     let mut gap_dev = Vec::new();
     let mut drift = Vec::new();
