@@ -5,6 +5,8 @@
 //!
 //! The 0.25 replay frame layout and the replay ring are checked with a Rust DEALER.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -435,6 +437,60 @@ async fn legacy_replay_frames_and_ring_on_0_25() {
     );
     assert_eq!(got[0].1, known[1].1);
     assert_eq!(got[1].1, known[2].1);
+    publisher.shutdown().await;
+}
+
+/// Strangers declaring 2^62-byte frames on the PUB port (as a SUB) and on the replay port
+/// (as a DEALER) are dropped; subscribers and replay clients are served as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2_pow_62_frame_on_either_port_drops_only_that_peer() {
+    let (pub_port, replay_port) = free_ports();
+    let config = KvEventsConfig {
+        enable_kv_cache_events: true,
+        publisher: "zmq".into(),
+        endpoint: format!("tcp://*:{pub_port}"),
+        replay_endpoint: Some(format!("tcp://*:{replay_port}")),
+        ..KvEventsConfig::default()
+    };
+    let (publisher, _) = KvEventPublisher::start(&config, 0, VllmLine::new(0, 33))
+        .await
+        .unwrap();
+    let pub_ep = format!("tcp://127.0.0.1:{pub_port}");
+    let replay_ep = format!("tcp://127.0.0.1:{replay_port}");
+    assert!(support::send_a_2_pow_62_frame_header(&pub_ep, "SUB").await);
+    assert!(support::send_a_2_pow_62_frame_header(&replay_ep, "DEALER").await);
+
+    let mut sub = SubSocket::new();
+    sub.subscribe("").await.unwrap();
+    sub.connect(&pub_ep).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        publisher.publish(warmup());
+        if let Ok(m) = tokio::time::timeout(Duration::from_millis(100), sub.recv()).await {
+            assert_eq!(frames(m.unwrap()).len(), 3, "topic, seq, payload");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the subscriber got nothing");
+    }
+    let mut dealer = DealerSocket::new();
+    dealer.connect(&replay_ep).await.unwrap();
+    let req = ZmqMessage::try_from(vec![
+        Bytes::new(),
+        Bytes::copy_from_slice(&0u64.to_be_bytes()),
+    ])
+    .unwrap();
+    dealer.send(req).await.unwrap();
+    loop {
+        let f = frames(
+            tokio::time::timeout(Duration::from_secs(10), dealer.recv())
+                .await
+                .expect("replay reply")
+                .unwrap(),
+        );
+        if f.len() >= 4 && f[2][..] == END_SEQ {
+            break;
+        }
+    }
     publisher.shutdown().await;
 }
 

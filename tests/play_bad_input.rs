@@ -186,3 +186,38 @@ async fn oversized_prompts_and_frames_are_refused_early() {
     still_serving(&mut w, "after-oversized").await;
     w.stop().await.unwrap();
 }
+
+/// A stranger on the P/D side channel declaring a 2^62-byte frame is dropped; the prefill
+/// engine keeps serving requests and the side channel keeps answering readers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2_pow_62_frame_on_the_side_channel_drops_only_that_peer() {
+    use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+    let port = vllm_vcr::child::free_ports(1).unwrap()[0];
+    let mut a = args();
+    a.engine.pd_role = vllm_vcr::play::pd::PdRole::Prefill;
+    a.engine.side_channel_port = port;
+    let mut w = Wire::start(a).await;
+    let side = format!("tcp://127.0.0.1:{port}");
+    assert!(
+        send_a_2_pow_62_frame_header(&side, "DEALER").await,
+        "the side channel closes the stranger's connection"
+    );
+    still_serving(&mut w, "after-side-channel").await;
+    let mut reader = DealerSocket::new();
+    reader.connect(&side).await.unwrap();
+    let read = vllm_vcr::play::pd::wire::read("d-engine", "no-such-request", &[1, 2]);
+    reader
+        .send(ZmqMessage::from(Bytes::from(read)))
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(TIMEOUT, reader.recv())
+        .await
+        .expect("the side channel answers")
+        .unwrap()
+        .into_vec();
+    let answer = vllm_vcr::play::pd::wire::parse_answer(answer.last().unwrap());
+    assert!(
+        answer.is_err(),
+        "an unknown request is an error answer: {answer:?}"
+    );
+}

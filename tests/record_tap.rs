@@ -566,6 +566,44 @@ async fn engine_core_dead_is_relayed_and_closes_the_trace() {
     drop(eng);
 }
 
+/// A stranger on the tap's engine-handshake port declaring a 2^62-byte frame is dropped:
+/// the tap lives on, and an engine that joins afterwards is relayed and recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2_pow_62_frame_on_the_handshake_port_drops_only_that_peer() {
+    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let trace = tmp("hostile-handshake.jsonl");
+    let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
+    assert!(
+        support::send_a_2_pow_62_frame_header(&tap.engine_handshake, "DEALER").await,
+        "the tap closes the stranger's connection: {}",
+        tap.log_text()
+    );
+    assert!(
+        tap.child.try_wait().unwrap().is_none(),
+        "the tap is alive: {}",
+        tap.log_text()
+    );
+    let (stop, rx) = watch::channel(false);
+    let engine = tokio::spawn(vllm_vcr::play::run(play_args(&tap.engine_handshake), rx));
+    let accepted = fl.accept_engines(1, WAIT).await.unwrap();
+    fl.send(
+        0,
+        &accepted[0].identity,
+        encode_input(LINE, &add("after", &[1, 2], 4)),
+    )
+    .await
+    .unwrap();
+    collect(&mut fl, &["after"]).await;
+    drop(fl);
+    let status = tap.wait_exit(WAIT);
+    assert!(status.success(), "{}", tap.log_text());
+    let (_, records) = read_trace(&tap.trace);
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].output_tokens, 4);
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(WAIT, engine).await;
+}
+
 /// The frontend goes away: the capture ends normally (exit 0) with a valid trace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frontend_exit_ends_the_capture_cleanly() {

@@ -60,11 +60,16 @@ pub async fn run_engine(
             pd.side_channel_host,
             u32::from(pd.side_channel_port) + u32::from(rank)
         );
-        let (router, endpoint) = sim_protocol::transport::bind_router(&address)
-            .await
-            .with_context(|| {
-                format!("--side-channel-port: the P/D side channel cannot listen on {address}")
-            })?;
+        let router = sim_protocol::listener::ZmtpRouter::bind(
+            &address,
+            "P/D side channel",
+            super::side_channel::peer_limits(),
+        )
+        .await
+        .with_context(|| {
+            format!("--side-channel-port: the P/D side channel cannot listen on {address}")
+        })?;
+        let endpoint = router.endpoint().to_string();
         tracing::info!(%endpoint, engine_id = %pd.engine_id, "P/D side channel listening (prefill role)");
         Some(router)
     } else {

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use sim_protocol::listener::{PeerLimits, ZmtpRouter};
 use sim_protocol::transport::{recv_frames, send_frames, socket_options};
 use tokio::sync::{mpsc, oneshot, watch};
-use zeromq::{DealerSocket, RouterSocket, Socket};
+use zeromq::{DealerSocket, Socket};
 
 use std::sync::Arc;
 
@@ -14,11 +15,18 @@ use super::data_plane::{self, DataPlane};
 use super::engine_core::EngineInput;
 use super::pd::{PdEvent, Pull, wire};
 
+/// What one side-channel peer may send: a read names a request and its block ids (about
+/// 5 bytes each), so 1 MiB is ~200,000 blocks, far past any context; a NIXL handshake
+/// request is a few bytes.
+pub fn peer_limits() -> PeerLimits {
+    PeerLimits::control(1 << 20)
+}
+
 /// Serve the side channel on `router` (bound at the side-channel address) until shutdown:
 /// vLLM's handshake (`get_meta_msg`) is answered with the data plane's agent metadata,
 /// each `vcr_read` goes to the engine, and its answer back to the reader.
 pub async fn serve(
-    mut router: RouterSocket,
+    mut router: ZmtpRouter,
     engine: mpsc::UnboundedSender<EngineInput>,
     plane: Arc<dyn DataPlane>,
     mut shutdown: watch::Receiver<bool>,
@@ -27,12 +35,9 @@ pub async fn serve(
     loop {
         let frames = tokio::select! {
             _ = shutdown.wait_for(|v| *v) => return Ok(()),
-            f = recv_frames(&mut router) => match f {
-                Ok(f) => f,
-                Err(e) => {
-                    tracing::warn!("P/D side channel: {e}");
-                    continue;
-                }
+            f = router.recv() => match f {
+                Some(f) => f,
+                None => return Ok(()),
             },
         };
         // [identity, (empty delimiter of a REQ peer), payload]
@@ -61,8 +66,8 @@ pub async fn serve(
             }
             out.push(Bytes::from(handshake));
             out.push(Bytes::from(perf_counter_msgpack()));
-            if let Err(e) = send_frames(&mut router, out).await {
-                tracing::warn!("P/D side channel: answering a handshake: {e}");
+            if !router.send(out) {
+                tracing::warn!("P/D side channel: the peer that asked for the handshake is gone");
             }
             continue;
         }
@@ -88,8 +93,8 @@ pub async fn serve(
             out.push(Bytes::new());
         }
         out.push(Bytes::from(wire::answer(&answer)));
-        if let Err(e) = send_frames(&mut router, out).await {
-            tracing::warn!("P/D side channel: answering a reader: {e}");
+        if !router.send(out) {
+            tracing::warn!("P/D side channel: the reader is gone before its answer");
         }
     }
 }

@@ -2,7 +2,7 @@
 //! engine-core that relays every frame and writes a trace of what it saw.
 //!
 //! Two halves: the relay ([`relay`], speaking ZMTP itself on the data plane through
-//! [`zmtp`]) owns the connections and forwards frames unchanged on a runtime of its own;
+//! [`sim_protocol::zmtp`]) owns the connections and forwards frames unchanged on a runtime of its own;
 //! the observer ([`observe`]) decodes copies on its own low-priority thread and writes the
 //! trace, so observation can never delay the relay. The supervisor
 //! here ends the capture on SIGINT/SIGTERM, when the engine dies (`ENGINE_CORE_DEAD`, or
@@ -13,7 +13,6 @@
 pub mod handoff;
 pub mod observe;
 pub mod relay;
-pub mod zmtp;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;

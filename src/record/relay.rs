@@ -10,7 +10,7 @@
 //! ```
 //!
 //! The handshake (a few messages per engine) goes through `zeromq` sockets. The data plane
-//! does not: the tap speaks ZMTP itself on each data connection ([`super::zmtp`]) and
+//! does not: the tap speaks ZMTP itself on each data connection ([`sim_protocol::zmtp`]) and
 //! relays whole messages as the bytes they arrived as, one write for everything a read
 //! brought in. Per-engine input connections map one to one onto connections to the
 //! frontend carrying the engine's identity; the output connections of several engines
@@ -32,21 +32,20 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use bytes::{Buf, Bytes, BytesMut};
 use sim_protocol::ENGINE_CORE_DEAD;
+use sim_protocol::listener::{PeerLimits, ZmtpRouter};
 use sim_protocol::ready::{HandshakeInit, StatusMessage, rewrite_init_addresses};
 use sim_protocol::transport::{
-    bind_address, bind_router, connect_address, connect_retrying, socket_options, tcp_host,
+    bind_address, connect_address, connect_retrying, socket_options, tcp_host,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, OwnedMutexGuard, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
-use zeromq::{
-    DealerSendHalf, DealerSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage,
-};
+use zeromq::{DealerSendHalf, DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use super::handoff::SeenSender;
-use super::zmtp;
+use sim_protocol::zmtp;
 
 use crate::play::timer::now_monotonic;
 
@@ -202,9 +201,10 @@ pub async fn start(
     let bind_host = tcp_host(&bind)
         .ok_or_else(|| anyhow!("--engine-handshake must be a tcp:// address, got {bind}"))?
         .to_string();
-    let (eh, resolved) = bind_router(&bind)
+    let eh = ZmtpRouter::bind(&bind, "engine handshake", handshake_limits())
         .await
         .with_context(|| format!("binding the engine handshake socket at {bind}"))?;
+    let resolved = eh.endpoint().to_string();
     let advertise_host = match &cfg.advertise_host {
         Some(h) => h.clone(),
         None if is_wildcard(&bind_host) => "127.0.0.1".to_string(),
@@ -254,17 +254,24 @@ struct Plane {
     tap_outputs: Vec<String>,
 }
 
+/// What an engine may send on the handshake socket: HELLO and READY are status messages
+/// of a few hundred bytes (READY may carry the engine's KV-cache config); 4 MiB is far
+/// above them and bounds what a stranger on the port can make the tap hold.
+fn handshake_limits() -> PeerLimits {
+    PeerLimits::control(4 << 20)
+}
+
 /// Relay the handshake: HELLO/READY from engines to the frontend on a DEALER carrying the
 /// engine's identity, INIT back with the data addresses rewritten. Runs for the tap's whole
 /// life, so engines may join at any time.
-async fn handshake_loop(ctx: &Arc<Ctx>, mut eh: RouterSocket) -> Result<()> {
+async fn handshake_loop(ctx: &Arc<Ctx>, mut eh: ZmtpRouter) -> Result<()> {
     let (from_frontend_tx, mut from_frontend) = mpsc::unbounded_channel::<(Bytes, Vec<Bytes>)>();
     let mut to_frontend: HashMap<Bytes, DealerSendHalf> = HashMap::new();
     let mut plane: Option<Plane> = None;
     loop {
         tokio::select! {
             m = eh.recv() => {
-                let mut frames = m.context("receiving on the engine handshake socket")?.into_vec();
+                let mut frames = m.context("the engine handshake socket stopped")?;
                 if frames.len() < 2 {
                     tracing::warn!("ignoring a handshake message without payload");
                     continue;
@@ -342,9 +349,11 @@ async fn handshake_loop(ctx: &Arc<Ctx>, mut eh: RouterSocket) -> Result<()> {
                 let mut all = Vec::with_capacity(frames.len() + 1);
                 all.push(identity);
                 all.extend(frames);
-                eh.send(msg(all)?)
-                    .await
-                    .context("forwarding a handshake message to the engine")?;
+                if !eh.send(all) {
+                    tracing::warn!(
+                        "cannot forward a handshake message to the engine: its connection is gone"
+                    );
+                }
             }
         }
     }
@@ -514,13 +523,34 @@ async fn write_to(
     }
 }
 
+/// What a pipe does with a message larger than its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Oversize {
+    /// Stream it through with the destination held until it ends: for a destination only
+    /// this source writes to, from a peer we connected to (the frontend).
+    Stream,
+    /// Close the source's connection before any byte of that message is relayed: for a
+    /// destination shared by several sources (DP engines' outputs merge into one stream)
+    /// or a source that connected to us. A streamed message whose source dies halfway
+    /// would leave a partial message in the shared stream, and every later message on it
+    /// would be misread.
+    DropSource,
+}
+
 /// Relay whole messages from `src` to `to` (or drop them when `to` is `None`): read, find
 /// the message boundaries, write every complete message of the read at once, then hand
 /// copies to `on`. PINGs from the source are answered on its own connection; commands are
 /// never forwarded. Messages are only ever written whole, so several pipes can share one
-/// destination (DP engines into one output stream) without interleaving mid-message; a
-/// message larger than `limit` is streamed with the destination held until it ends.
-async fn pipe<F: FnMut(Got)>(mut src: Leg, to: Option<Writer>, limit: u64, mut on: F) -> PipeEnd {
+/// destination (DP engines into one output stream) without interleaving mid-message, and a
+/// message the source leaves unfinished is never written. A message larger than `limit` is
+/// handled as `oversize` says.
+async fn pipe<F: FnMut(Got)>(
+    mut src: Leg,
+    to: Option<Writer>,
+    limit: u64,
+    oversize: Oversize,
+    mut on: F,
+) -> PipeEnd {
     let mut buf = std::mem::take(&mut src.pending);
     let mut scanner = zmtp::Scanner::new(limit);
     let mut held: Option<OwnedMutexGuard<Box<dyn AsyncWrite + Send + Unpin>>> = None;
@@ -576,6 +606,11 @@ async fn pipe<F: FnMut(Got)>(mut src: Leg, to: Option<Writer>, limit: u64, mut o
             }
         }
         if let Some((at, h)) = scan.oversize {
+            if oversize == Oversize::DropSource {
+                break 'relay PipeEnd::SourceClosed(Some(format!(
+                    "a message of more than {limit} bytes (--max-frame-size); nothing of it was relayed and the connection is dropped"
+                )));
+            }
             on(Got::Streamed);
             if held.is_none()
                 && let Some(to) = &to
@@ -677,7 +712,7 @@ async fn build_plane(ctx: &Arc<Ctx>, init: &HandshakeInit) -> Result<Plane> {
         let c = ctx.clone();
         let limit = ctx.max_frame;
         ctx.spawn(async move {
-            let why = match pipe(frontend, None, limit, |_| {}).await {
+            let why = match pipe(frontend, None, limit, Oversize::Stream, |_| {}).await {
                 PipeEnd::SourceClosed(why) => why,
                 PipeEnd::WriteFailed(why) => Some(why),
             };
@@ -747,7 +782,9 @@ async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: TcpListener, to
                 }
             };
             let limit = c.max_frame;
-            let end = pipe(leg, Some(to), limit, |got| match got {
+            let end =
+                pipe(leg, Some(to), limit, Oversize::DropSource, |got| {
+                    match got {
                 Got::Message { t, frames } => {
                     let dead = frames.len() == 1 && frames[0].as_ref() == ENGINE_CORE_DEAD;
                     c.observe(Seen::Output { t, client, frames });
@@ -760,14 +797,18 @@ async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: TcpListener, to
                         "an engine output message on client {client} larger than --max-frame-size"
                     ),
                 }),
-            })
-            .await;
+            }
+                })
+                .await;
             match end {
                 PipeEnd::WriteFailed(e) => {
                     c.event(Event::FrontendGone(format!("output socket {client} ({e})")));
                 }
-                PipeEnd::SourceClosed(why) => {
-                    tracing::debug!(client, ?why, "an engine's output connection closed");
+                PipeEnd::SourceClosed(Some(why)) => {
+                    tracing::warn!(client, "an engine's output connection was dropped: {why}");
+                }
+                PipeEnd::SourceClosed(None) => {
+                    tracing::debug!(client, "an engine's output connection closed");
                 }
             }
         }
@@ -845,17 +886,25 @@ async fn engine_input(
     let c = ctx.clone();
     let id = identity.clone();
     ctx.spawn(async move {
-        let end = pipe(fe, Some(to_engine), limit, |got| match got {
-            Got::Message { t, frames } => c.observe(Seen::Input {
-                t,
-                client,
-                engine: id.clone(),
-                frames,
-            }),
-            Got::Streamed => c.observe(Seen::Streamed {
-                what: format!("a frontend message on client {client} larger than --max-frame-size"),
-            }),
-        })
+        let end = pipe(
+            fe,
+            Some(to_engine),
+            limit,
+            Oversize::Stream,
+            |got| match got {
+                Got::Message { t, frames } => c.observe(Seen::Input {
+                    t,
+                    client,
+                    engine: id.clone(),
+                    frames,
+                }),
+                Got::Streamed => c.observe(Seen::Streamed {
+                    what: format!(
+                        "a frontend message on client {client} larger than --max-frame-size"
+                    ),
+                }),
+            },
+        )
         .await;
         match end {
             PipeEnd::SourceClosed(why) => c.event(Event::FrontendGone(match why {
@@ -874,19 +923,25 @@ async fn engine_input(
     });
 
     let mut first = true;
-    let end = pipe(engine, Some(to_frontend), limit, |got| {
-        if let Got::Message { frames, .. } = got {
-            if std::mem::take(&mut first) {
-                ctx.observe(Seen::Ready {
-                    engine: identity.clone(),
-                    client,
-                    payload: frames.first().cloned().unwrap_or_default(),
-                });
-            } else {
-                tracing::debug!(client, "relayed an engine message on an input socket");
+    let end = pipe(
+        engine,
+        Some(to_frontend),
+        limit,
+        Oversize::DropSource,
+        |got| {
+            if let Got::Message { frames, .. } = got {
+                if std::mem::take(&mut first) {
+                    ctx.observe(Seen::Ready {
+                        engine: identity.clone(),
+                        client,
+                        payload: frames.first().cloned().unwrap_or_default(),
+                    });
+                } else {
+                    tracing::debug!(client, "relayed an engine message on an input socket");
+                }
             }
-        }
-    })
+        },
+    )
     .await;
     match end {
         PipeEnd::SourceClosed(why) => {
@@ -954,7 +1009,7 @@ mod tests {
             let seen = seen.clone();
             let to = Some(to.clone());
             pipes.push(tokio::spawn(async move {
-                pipe(leg(tap_side), to, 1 << 20, |got| {
+                pipe(leg(tap_side), to, 1 << 20, Oversize::DropSource, |got| {
                     if let Got::Message { frames, .. } = got {
                         seen.lock().unwrap().push(frames);
                     }
@@ -1016,13 +1071,19 @@ mod tests {
         let observed = Arc::new(std::sync::Mutex::new((0, 0)));
         let o = observed.clone();
         let p = tokio::spawn(async move {
-            pipe(leg(tap_side), Some(writer(dest_tap)), 2048, |got| {
-                let mut o = o.lock().unwrap();
-                match got {
-                    Got::Message { .. } => o.0 += 1,
-                    Got::Streamed => o.1 += 1,
-                }
-            })
+            pipe(
+                leg(tap_side),
+                Some(writer(dest_tap)),
+                2048,
+                Oversize::Stream,
+                |got| {
+                    let mut o = o.lock().unwrap();
+                    match got {
+                        Got::Message { .. } => o.0 += 1,
+                        Got::Streamed => o.1 += 1,
+                    }
+                },
+            )
             .await
         });
         let mut bytes = message(1, 1);
@@ -1039,5 +1100,87 @@ mod tests {
         drop(engine);
         assert!(matches!(p.await.unwrap(), PipeEnd::SourceClosed(None)));
         assert_eq!(*observed.lock().unwrap(), (2, 1));
+    }
+
+    /// A peer on a shared output stream that declares a 2^40-byte frame, or dies in the
+    /// middle of a message, is dropped without a byte of that message reaching the
+    /// destination; the other engine's messages before and after go through whole.
+    #[tokio::test]
+    async fn a_bad_peer_never_splices_a_partial_message_into_a_shared_stream() {
+        let (dest_tap, mut dest) = duplex(1 << 20);
+        let to = writer(dest_tap);
+        // the good engine
+        let (good_tap, mut good) = duplex(1 << 20);
+        let good_pipe = tokio::spawn(pipe(
+            leg(good_tap),
+            Some(to.clone()),
+            1 << 20,
+            Oversize::DropSource,
+            |_| {},
+        ));
+        // a peer that declares a huge frame after one good message
+        let (huge_tap, mut huge) = duplex(1 << 20);
+        let huge_pipe = tokio::spawn(pipe(
+            leg(huge_tap),
+            Some(to.clone()),
+            1 << 20,
+            Oversize::DropSource,
+            |_| {},
+        ));
+        // a peer that sends half a message and goes
+        let (cut_tap, mut cut) = duplex(1 << 20);
+        let cut_pipe = tokio::spawn(pipe(
+            leg(cut_tap),
+            Some(to.clone()),
+            1 << 20,
+            Oversize::DropSource,
+            |_| {},
+        ));
+        let first = message(1, 1);
+        good.write_all(&first).await.unwrap();
+        let mut bytes = message(2, 1);
+        bytes.push(zmtp::FLAG_LONG);
+        bytes.extend_from_slice(&(1u64 << 40).to_be_bytes());
+        bytes.extend_from_slice(&[9u8; 1000]);
+        huge.write_all(&bytes).await.unwrap();
+        let whole = message(3, 1);
+        cut.write_all(&whole[..whole.len() - 10]).await.unwrap();
+        drop(cut);
+        let end = huge_pipe.await.unwrap();
+        assert!(
+            matches!(&end, PipeEnd::SourceClosed(Some(why)) if why.contains("--max-frame-size")),
+            "the huge peer is dropped with a reason"
+        );
+        assert!(matches!(
+            cut_pipe.await.unwrap(),
+            PipeEnd::SourceClosed(None)
+        ));
+        let second = message(1, 2);
+        good.write_all(&second).await.unwrap();
+        drop(good);
+        assert!(matches!(
+            good_pipe.await.unwrap(),
+            PipeEnd::SourceClosed(None)
+        ));
+        drop(to);
+        // exactly: good 1, the huge peer's one whole message, good 2 (in arrival order
+        // between the two peers' whole messages); nothing of the cut or huge message
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(2), dest.read_to_end(&mut got)).await;
+        let mut scanner = zmtp::Scanner::new(1 << 30);
+        let scan = scanner.scan(&got).unwrap();
+        assert_eq!(scan.complete, got.len(), "only whole messages were written");
+        let mut names: Vec<String> = scan
+            .items
+            .iter()
+            .map(|item| match item {
+                zmtp::Item::Message { frames, .. } => {
+                    String::from_utf8_lossy(&got[frames[0].clone()]).into_owned()
+                }
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        names.sort();
+        assert_eq!(names, vec!["1:1", "1:2", "2:1"]);
     }
 }

@@ -229,3 +229,42 @@ pub fn with_client(msg: InputMessage, client: u32) -> InputMessage {
         m => m,
     }
 }
+
+/// What a hostile stranger sends a socket that accepts connections: a ZMTP greeting, a
+/// READY as `socket_type`, then a frame header declaring 2^62 bytes (a ZMQ library that
+/// allocates what a header declares aborts on it). Keeps trying to connect for 10 s while
+/// nothing listens yet. Returns whether the socket then closed the connection, i.e.
+/// dropped that one peer.
+pub async fn send_a_2_pow_62_frame_header(endpoint: &str, socket_type: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = endpoint
+        .trim_start_matches("tcp://")
+        .replace('*', "127.0.0.1");
+    let deadline = Instant::now() + TIMEOUT;
+    let mut stream = loop {
+        match tokio::net::TcpStream::connect(&addr).await {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => panic!("nothing listens at {addr}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let accept = ["ROUTER", "PUB", "PULL", "DEALER"];
+    sim_protocol::zmtp::handshake(&mut stream, socket_type, None, &accept)
+        .await
+        .expect("the socket completes a ZMTP handshake");
+    let mut header = vec![sim_protocol::zmtp::FLAG_LONG];
+    header.extend_from_slice(&(1u64 << 62).to_be_bytes());
+    header.extend_from_slice(&[0u8; 64]);
+    let _ = stream.write_all(&header).await;
+    let mut sink = [0u8; 256];
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .unwrap_or(false)
+}

@@ -4,7 +4,9 @@
 //! - [`types`]: the messages as Rust values;
 //! - [`decode`] / [`encode`]: msgspec-compatible codec (lenient decode, per-line encode);
 //! - [`ready`]: the engine's ready response and the handshake maps;
-//! - [`transport`]: sockets and the handshake, engine side and frontend side.
+//! - [`transport`]: sockets and the handshake, engine side and frontend side;
+//! - [`zmtp`]: ZMTP framing of our own (greeting, READY, frame headers);
+//! - [`listener`]: sockets that accept peers we do not control, each peer bounded.
 //!
 //! No simulation lives here.
 
@@ -12,9 +14,11 @@ pub mod decode;
 pub mod encode;
 pub mod kv_events;
 pub mod line;
+pub mod listener;
 pub mod ready;
 pub mod transport;
 pub mod types;
+pub mod zmtp;
 
 pub use decode::{
     DecodeError, DecodeErrorKind, DecodedOutputs, ErrorContext, decode_input, decode_outputs,

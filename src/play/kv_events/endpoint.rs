@@ -5,6 +5,8 @@ use std::net::{IpAddr, UdpSocket};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
+use sim_protocol::listener::{PeerLimits, ZmtpPub, ZmtpRouter};
+use sim_protocol::transport::TransportError;
 use tokio::sync::oneshot;
 use zeromq::{PubSocket, Socket};
 
@@ -85,39 +87,75 @@ fn tcp_uri(ip: IpAddr, port: u16) -> String {
     }
 }
 
-/// Bind `sock` like vLLM's `_bind`: `tcp://*:0` binds the node IP and returns the real
-/// endpoint; anything else is bound as given (with `*` rewritten to `0.0.0.0`, which the
-/// zeromq crate needs) and returned unchanged.
-pub(super) async fn bind<S: Socket>(sock: &mut S, endpoint: &str, what: &str) -> Result<String> {
-    bind_with(sock, endpoint, what, node_ip).await
+/// What a subscriber or a replay client may send the publisher's listening sockets: a
+/// subscription is a topic, a replay request a sequence number; 64 KiB is far above both.
+fn peer_limits() -> PeerLimits {
+    PeerLimits::control(64 * 1024)
 }
 
-async fn bind_with<S: Socket>(
-    sock: &mut S,
+/// Bind a PUB like vLLM's `_bind`, each subscriber bounded (see [`bind_with`]).
+pub(super) async fn bind_pub(endpoint: &str, what: &str) -> Result<(ZmtpPub, String)> {
+    bind_with(endpoint, what, node_ip, |target| async move {
+        let sock = ZmtpPub::bind(&target, what, peer_limits()).await?;
+        let bound = sock.endpoint().to_string();
+        Ok((sock, bound))
+    })
+    .await
+}
+
+/// Bind the replay ROUTER like vLLM's `_bind`, each client bounded; up to `replies`
+/// messages (a whole replay) are queued towards one client.
+pub(super) async fn bind_router(
+    endpoint: &str,
+    what: &str,
+    replies: usize,
+) -> Result<(ZmtpRouter, String)> {
+    let limits = PeerLimits {
+        send_queue: replies.max(1),
+        ..peer_limits()
+    };
+    bind_with(endpoint, what, node_ip, |target| async move {
+        let sock = ZmtpRouter::bind(&target, what, limits).await?;
+        let bound = sock.endpoint().to_string();
+        Ok((sock, bound))
+    })
+    .await
+}
+
+/// vLLM's `_bind`: `tcp://*:0` binds the node IP and returns the real endpoint; anything
+/// else is bound as given (`*` meaning every interface) and returned unchanged. `bind`
+/// listens at a concrete address and returns the socket and the endpoint it got.
+async fn bind_with<S, F, Fut>(
     endpoint: &str,
     what: &str,
     node_ip: impl FnOnce() -> Result<IpAddr>,
-) -> Result<String> {
+    bind: F,
+) -> Result<(S, String)>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(S, String), TransportError>>,
+{
     check_transport(endpoint)?;
     if endpoint == "tcp://*:0" {
         let ip = node_ip()?;
-        let bound = sock
-            .bind(&tcp_uri(ip, 0))
+        let target = tcp_uri(ip, 0);
+        let (sock, bound) = bind(target.clone())
             .await
-            .with_context(|| format!("cannot bind the {what} socket to {}", tcp_uri(ip, 0)))?;
-        let zeromq::Endpoint::Tcp(_, port) = bound else {
-            bail!("the {what} socket bound to an unexpected endpoint {bound}");
-        };
-        return Ok(tcp_uri(ip, port));
+            .with_context(|| format!("cannot bind the {what} socket to {target}"))?;
+        let port: u16 = bound
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .ok_or_else(|| anyhow!("the {what} socket bound to an unexpected endpoint {bound}"))?;
+        return Ok((sock, tcp_uri(ip, port)));
     }
     let target = match endpoint.strip_prefix("tcp://*:") {
         Some(port) => format!("tcp://0.0.0.0:{port}"),
         None => endpoint.to_string(),
     };
-    sock.bind(&target)
+    let (sock, _) = bind(target)
         .await
         .with_context(|| format!("cannot bind the {what} socket to {endpoint}"))?;
-    Ok(endpoint.to_string())
+    Ok((sock, endpoint.to_string()))
 }
 
 /// Keep connecting (the crate's connect gives up after its timeout) until the publisher
@@ -174,10 +212,16 @@ mod tests {
 
     #[tokio::test]
     async fn wildcard_port_zero_resolves_to_the_bound_port() {
-        let mut sock = PubSocket::new();
-        let ep = bind_with(&mut sock, "tcp://*:0", "test", || {
-            Ok("127.0.0.1".parse().unwrap())
-        })
+        let (_sock, ep) = bind_with(
+            "tcp://*:0",
+            "test",
+            || Ok("127.0.0.1".parse().unwrap()),
+            |target| async move {
+                let sock = ZmtpPub::bind(&target, "test", peer_limits()).await?;
+                let bound = sock.endpoint().to_string();
+                Ok((sock, bound))
+            },
+        )
         .await
         .unwrap();
         let port: u16 = ep

@@ -9,12 +9,13 @@ use anyhow::{Result, bail};
 use bytes::Bytes;
 use sim_protocol::VllmLine;
 use sim_protocol::kv_events::{KvEvent, KvEventsConfig, encode_kv_event_batch};
+use sim_protocol::listener::{ZmtpPub, ZmtpRouter};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{PubSocket, SocketSend, ZmqMessage};
 
 use super::endpoint::{
-    bind, check_transport, is_bind_endpoint, offset_endpoint_port, spawn_connect,
+    bind_pub, bind_router, check_transport, is_bind_endpoint, offset_endpoint_port, spawn_connect,
 };
 
 /// vLLM's `ZmqEventPublisher.END_SEQ`: the sequence number of the replay end marker.
@@ -25,7 +26,6 @@ pub const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A replay client that stops reading must not stall the publisher forever.
-const REPLAY_SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Batch {
     ts: f64,
@@ -87,9 +87,8 @@ impl KvEventPublisher {
         check_transport(&endpoint)?;
 
         let (pub_state, endpoint) = if is_bind_endpoint(&endpoint) {
-            let mut sock = PubSocket::new();
-            let resolved = bind(&mut sock, &endpoint, "KV-events PUB").await?;
-            (PubState::Ready(sock), resolved)
+            let (sock, resolved) = bind_pub(&endpoint, "KV-events PUB").await?;
+            (PubState::Bound(sock), resolved)
         } else {
             (
                 PubState::Connecting(spawn_connect(endpoint.clone())),
@@ -98,8 +97,15 @@ impl KvEventPublisher {
         };
         let (router, replay_endpoint) = match replay_endpoint.filter(|e| !e.is_empty()) {
             Some(e) => {
-                let mut sock = RouterSocket::new();
-                let resolved = bind(&mut sock, &e, "KV-events replay ROUTER").await?;
+                let (sock, resolved) = bind_router(
+                    &e,
+                    "KV-events replay ROUTER",
+                    // a whole replay is queued at once: every buffered batch and the end
+                    usize::try_from(config.buffer_steps)
+                        .unwrap_or(usize::MAX)
+                        .saturating_add(1),
+                )
+                .await?;
                 (Some(sock), Some(resolved))
             }
             None => (None, None),
@@ -210,6 +216,9 @@ impl KvEventPublisher {
 }
 
 enum PubState {
+    /// Listening (bounded per subscriber): `endpoint` was a bind address.
+    Bound(ZmtpPub),
+    /// Connected out to a subscriber that listens (an XSUB proxy, say).
     Ready(PubSocket),
     Connecting(oneshot::Receiver<PubSocket>),
     Gone,
@@ -219,7 +228,7 @@ struct PublisherTask {
     rx: mpsc::UnboundedReceiver<Batch>,
     queued: Arc<AtomicUsize>,
     pub_state: PubState,
-    router: Option<RouterSocket>,
+    router: Option<ZmtpRouter>,
     topic: Bytes,
     line: VllmLine,
     dp_rank: i64,
@@ -228,7 +237,7 @@ struct PublisherTask {
     next_seq: u64,
 }
 
-async fn recv_replay(router: &mut Option<RouterSocket>) -> zeromq::ZmqResult<ZmqMessage> {
+async fn recv_replay(router: &mut Option<ZmtpRouter>) -> Option<Vec<Bytes>> {
     match router {
         Some(r) => r.recv().await,
         None => std::future::pending().await,
@@ -262,9 +271,9 @@ impl PublisherTask {
                     None => break,
                 },
                 request = recv_replay(&mut self.router) => match request {
-                    Ok(request) => self.replay(request).await,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "KV-events replay socket failed; replay is off");
+                    Some(request) => self.replay(request).await,
+                    None => {
+                        tracing::warn!("KV-events replay socket stopped; replay is off");
                         self.router = None;
                     }
                 },
@@ -291,15 +300,23 @@ impl PublisherTask {
             &batch.events,
             Some(self.dp_rank),
         ));
-        if let PubState::Ready(sock) = &mut self.pub_state {
-            let frames = vec![
+        let frames = || {
+            vec![
                 self.topic.clone(),
                 Bytes::copy_from_slice(&seq.to_be_bytes()),
                 payload.clone(),
-            ];
-            if let Err(e) = sock.send(message(frames)).await {
-                tracing::warn!(seq, error = %e, "cannot publish a KV-events batch");
+            ]
+        };
+        match &mut self.pub_state {
+            PubState::Bound(sock) => {
+                sock.publish(&frames());
             }
+            PubState::Ready(sock) => {
+                if let Err(e) = sock.send(message(frames())).await {
+                    tracing::warn!(seq, error = %e, "cannot publish a KV-events batch");
+                }
+            }
+            PubState::Connecting(_) | PubState::Gone => {}
         }
         if self.buffer_steps > 0 {
             if self.buffer.len() >= self.buffer_steps {
@@ -311,11 +328,10 @@ impl PublisherTask {
 
     /// vLLM's `_service_replay`: `[client, b"", start_seq]` → every buffered batch with
     /// `seq ≥ start`, then the end marker. 0.25 has no topic frame in either.
-    async fn replay(&mut self, request: ZmqMessage) {
-        let Some(router) = self.router.as_mut() else {
+    async fn replay(&mut self, frames: Vec<Bytes>) {
+        let Some(router) = self.router.as_ref() else {
             return;
         };
-        let frames = request.into_vec();
         if frames.len() != 3 {
             tracing::warn!(
                 frames = frames.len(),
@@ -354,17 +370,14 @@ impl PublisherTask {
             vec![client, empty.clone(), Bytes::from_static(&END_SEQ), empty]
         };
         replies.push(end);
+        // Each reply is queued towards the client (up to its queue's bound); a client that
+        // is gone or does not read loses the rest of its replay, never the publisher.
         for f in replies {
-            match tokio::time::timeout(REPLAY_SEND_TIMEOUT, router.send(message(f))).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "KV-events replay client went away");
-                    return;
-                }
-                Err(_) => {
-                    tracing::warn!("KV-events replay client stopped reading; replay abandoned");
-                    return;
-                }
+            if !router.send(f) {
+                tracing::warn!(
+                    "KV-events replay client went away or stopped reading; replay abandoned"
+                );
+                return;
             }
         }
     }

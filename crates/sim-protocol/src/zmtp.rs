@@ -22,7 +22,7 @@ pub const FLAG_COMMAND: u8 = 0x04;
 pub const GREETING_LEN: usize = 64;
 
 /// Largest command the handshake accepts (a READY with a 255-byte identity is far below).
-const MAX_COMMAND: u64 = 64 * 1024;
+pub const MAX_COMMAND: u64 = 64 * 1024;
 
 /// Why a ZMTP session cannot go on.
 #[derive(Debug, thiserror::Error)]
