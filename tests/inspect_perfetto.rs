@@ -578,6 +578,42 @@ fn open_serves_the_file_with_cors_for_the_hosted_ui() {
     let _ = child.wait();
 }
 
+/// A client that sends an endless request line, or headers that never end, gets a 400
+/// (or its connection closed) without the server holding what it sent; the file is still
+/// served to the next client.
+#[test]
+fn open_bounds_what_a_client_can_send() {
+    use std::io::{Read, Write};
+    let trace = tmp("open-hostile.jsonl");
+    std::fs::write(&trace, SMALL).unwrap();
+    let mut child = bin()
+        .args(["inspect", "perfetto", "--open", "--port", "0", "-o"])
+        .arg(tmp("open-hostile.json"))
+        .arg(&trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (host, path) = served_url(&mut child);
+    for hostile in [
+        format!("GET /{} HTTP/1.1", "a".repeat(1 << 20)),
+        format!("GET {path} HTTP/1.1\r\n{}", "X-Pad: y\r\n".repeat(100_000)),
+    ] {
+        let mut s = std::net::TcpStream::connect(&host).unwrap();
+        // the server stops reading at its cap: a write may fail once it has answered
+        let _ = s.write_all(hostile.as_bytes());
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 400"),
+            "{answer}"
+        );
+    }
+    check_served(&host, &path);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn open_without_output_leaves_no_file_behind() {
     let trace = tmp("open-temp.jsonl");

@@ -1183,4 +1183,64 @@ mod tests {
         names.sort();
         assert_eq!(names, vec!["1:1", "1:2", "2:1"]);
     }
+
+    mod fuzz {
+        //! Whatever bytes a peer of the tap's data listeners sends, the pipe ends without a
+        //! panic and the shared destination holds only whole messages.
+        use super::*;
+        use proptest::prelude::*;
+
+        fn relay(bytes: Vec<u8>, chunk: usize) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let (dest_tap, mut dest) = duplex(1 << 22);
+                let (tap_side, mut peer) = duplex(1 << 22);
+                let to = writer(dest_tap);
+                let p = tokio::spawn(pipe(
+                    leg(tap_side),
+                    Some(to.clone()),
+                    4096,
+                    Oversize::DropSource,
+                    |_| {},
+                ));
+                for piece in bytes.chunks(chunk.max(1)) {
+                    if peer.write_all(piece).await.is_err() {
+                        break;
+                    }
+                }
+                drop(peer);
+                let _ = p.await.unwrap();
+                drop(to);
+                let mut got = Vec::new();
+                dest.read_to_end(&mut got).await.unwrap();
+                let mut scanner = zmtp::Scanner::new(1 << 30);
+                let scan = scanner.scan(&got).unwrap();
+                assert_eq!(
+                    scan.complete,
+                    got.len(),
+                    "only whole messages reach the destination"
+                );
+            });
+        }
+
+        /// Whole messages with garbage spliced in at random places.
+        fn stream() -> impl Strategy<Value = Vec<u8>> {
+            let part = prop_oneof![
+                (0u8..4, 0usize..600).prop_map(|(e, n)| message(e, n as u32)),
+                proptest::collection::vec(any::<u8>(), 0..40),
+            ];
+            proptest::collection::vec(part, 0..12).prop_map(|parts| parts.concat())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+            #[test]
+            fn any_bytes_leave_only_whole_messages(bytes in stream(), chunk in 1usize..700) {
+                relay(bytes, chunk);
+            }
+        }
+    }
 }

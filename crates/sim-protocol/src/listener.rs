@@ -878,8 +878,48 @@ mod tests {
             });
         }
 
+        fn hostile_subscriber_then_good(bytes: Vec<u8>) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let publisher = ZmtpPub::bind("tcp://127.0.0.1:0", "fuzz", limits())
+                    .await
+                    .unwrap();
+                let ep = publisher.endpoint().to_string();
+                let mut bad = raw_peer(&ep, "SUB", None).await;
+                let _ = bad.write_all(&bytes).await;
+                let mut good = raw_peer(&ep, "SUB", None).await;
+                good.write_all(&encode_message(&[Bytes::from_static(b"\x01t")]))
+                    .await
+                    .unwrap();
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                // the bad peer may have subscribed too: publishing reaches the good one
+                // once its subscription is in
+                loop {
+                    publisher.publish(&[Bytes::from_static(b"t"), Bytes::from_static(b"m")]);
+                    let got =
+                        tokio::time::timeout(Duration::from_millis(50), read_message(&mut good))
+                            .await;
+                    if let Ok(m) = got {
+                        assert_eq!(m[1].as_ref(), b"m");
+                        break;
+                    }
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "the good subscriber got nothing"
+                    );
+                }
+            });
+        }
+
         proptest! {
             #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+            #[test]
+            fn arbitrary_bytes_from_a_subscriber(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+                hostile_subscriber_then_good(bytes);
+            }
             #[test]
             fn arbitrary_bytes_after_the_handshake(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
                 hostile_then_good(bytes, true);

@@ -70,16 +70,80 @@ pub fn serve(file: File, name: &str, port: u16, content_type: &'static str) -> R
     );
     let file = Arc::new(file);
     let name: Arc<str> = Arc::from(name);
+    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
-        let (file, name) = (Arc::clone(&file), Arc::clone(&name));
+        // a thread per connection, up to a bound: the UI opens a few at a time
+        if busy.load(std::sync::atomic::Ordering::Relaxed) >= MAX_CONNECTIONS {
+            drop(stream);
+            continue;
+        }
+        busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (file, name, busy) = (Arc::clone(&file), Arc::clone(&name), Arc::clone(&busy));
         std::thread::spawn(move || {
             if let Err(e) = answer(stream, &file, &name, content_type) {
                 crate::errln!("perfetto: a request failed: {e}");
             }
+            busy.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         });
     }
     Ok(())
+}
+
+/// Connections served at once; more are closed at once.
+const MAX_CONNECTIONS: usize = 64;
+
+/// The request line and headers together: a browser's are a few KiB.
+const MAX_REQUEST_HEAD: u64 = 16 * 1024;
+
+/// How long a client may take to send its request line and headers.
+const REQUEST_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Read the request line and skip the headers, within [`MAX_REQUEST_HEAD`] bytes and
+/// [`REQUEST_HEAD_TIMEOUT`]; `None` when the client sent more, too slowly, or nothing.
+fn read_request_line(stream: &std::net::TcpStream) -> std::io::Result<Option<String>> {
+    use std::io::{BufRead, BufReader, Read};
+    let deadline = std::time::Instant::now() + REQUEST_HEAD_TIMEOUT;
+    let mut reader = BufReader::new(stream.try_clone()?.take(MAX_REQUEST_HEAD));
+    let mut line = |out: &mut String| -> std::io::Result<bool> {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        stream.set_read_timeout(Some(left))?;
+        let mut raw = Vec::new();
+        match reader.read_until(b'\n', &mut raw) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        }
+        // a line the cap cut (no newline) is not a request
+        if !raw.ends_with(b"\n") {
+            return Ok(false);
+        }
+        *out = String::from_utf8_lossy(&raw).into_owned();
+        Ok(true)
+    };
+    let mut request = String::new();
+    if !line(&mut request)? {
+        return Ok(None);
+    }
+    loop {
+        let mut h = String::new();
+        if !line(&mut h)? {
+            return Ok(None);
+        }
+        if h == "\r\n" || h == "\n" {
+            return Ok(Some(request));
+        }
+    }
 }
 
 const CORS: &str = "Access-Control-Allow-Origin: https://ui.perfetto.dev\r\n\
@@ -95,18 +159,11 @@ fn answer(
     name: &str,
     content_type: &str,
 ) -> std::io::Result<()> {
-    use std::io::{BufRead, BufReader};
     use std::os::unix::fs::FileExt;
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut request = String::new();
-    reader.read_line(&mut request)?;
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
-            break;
-        }
-    }
+    let Some(request) = read_request_line(&stream)? else {
+        let bad = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        return stream.write_all(bad.as_bytes());
+    };
     let mut parts = request.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let simple = |status: &str| {

@@ -25,8 +25,6 @@ pub const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 /// to drain.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A replay client that stops reading must not stall the publisher forever.
-
 struct Batch {
     ts: f64,
     events: Vec<KvEvent>,
