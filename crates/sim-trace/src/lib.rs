@@ -8,6 +8,7 @@ pub mod fastjson;
 pub mod fit;
 pub mod host;
 pub mod latency;
+pub mod loads;
 pub mod replay;
 pub mod stats;
 pub mod steps;

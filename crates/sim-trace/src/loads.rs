@@ -1,0 +1,618 @@
+//! The loads a capture is made under: the conformance corpus's workloads and the
+//! calibration suite, each a `vllm bench serve` load (the `vllm-rs bench serve` form,
+//! which mirrors Python's `vllm bench serve` flags) plus the engine flags it needs.
+//!
+//! A fitted model is judged on shapes it was not fitted on, so the loads vary what a fixed
+//! 128/64-token sweep holds fixed: prompt and answer lengths (`--random-range-ratio`),
+//! prompts near the context limit, prefix-cache mixes (`--random-cache-hit-fraction`,
+//! `--random-cache-ratio`), rates, bursts, concurrency, multi-turn sessions, speculative
+//! decoding and a KV cache small enough to preempt. The **calibration suite** is the short
+//! fixed subset a user runs against their own engine to fit a model for it
+//! ([`CALIBRATION_SUITE`]); every other workload is a held-out shape for that model.
+//!
+//! Both the corpus rig (`cargo xtask corpus`) and `vllm-vcr inspect suite` read this one
+//! list, so the suite a user runs is the suite the project's own fidelity table was
+//! fitted on.
+
+/// Prompt and answer lengths of a random-dataset load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    /// Target prompt length, tokens (`--random-input-len`; with a cache mix, the total).
+    pub input: u32,
+    /// Target answer length, tokens (`--random-output-len`; answers run to it: `--ignore-eos`).
+    pub output: u32,
+    /// Lengths drawn uniformly from `[len·(1−r), len·(1+r)]` (`--random-range-ratio`),
+    /// separately for prompts and answers; `(0, 0)` for exact lengths.
+    pub range: (f64, f64),
+    /// Prefix-cache mix: the fraction of prompts that start with a shared prefix, and the
+    /// share of such a prompt the prefix takes (`--random-cache-hit-fraction`,
+    /// `--random-cache-ratio`); `None` for unrelated prompts. `bench serve` builds these
+    /// prompts as text and re-encodes them, so the model's tokenizer must round-trip
+    /// random ids: with one that does not, some seeds fail ("encode/decode roundtrip
+    /// cannot converge").
+    pub cache: Option<(f64, f64)>,
+}
+
+impl Shape {
+    /// Fixed lengths.
+    pub const fn fixed(input: u32, output: u32) -> Self {
+        Self {
+            input,
+            output,
+            range: (0.0, 0.0),
+            cache: None,
+        }
+    }
+
+    /// Lengths spread by `input_r` and `output_r`.
+    pub const fn varied(input: u32, output: u32, input_r: f64, output_r: f64) -> Self {
+        Self {
+            input,
+            output,
+            range: (input_r, output_r),
+            cache: None,
+        }
+    }
+
+    /// With a prefix-cache mix.
+    pub const fn with_cache(self, hit_fraction: f64, ratio: f64) -> Self {
+        Self {
+            cache: Some((hit_fraction, ratio)),
+            ..self
+        }
+    }
+
+    /// The longest prompt plus answer this shape can draw, tokens.
+    pub fn max_total(&self) -> u32 {
+        let up = |len: u32, r: f64| (f64::from(len) * (1.0 + r)).ceil() as u32;
+        up(self.input, self.range.0) + up(self.output, self.range.1)
+    }
+
+    /// Whether every request has the same lengths.
+    pub fn is_fixed(&self) -> bool {
+        self.range == (0.0, 0.0) && self.cache.is_none()
+    }
+
+    fn describe(&self) -> String {
+        let len = |l: u32, r: f64| {
+            if r == 0.0 {
+                l.to_string()
+            } else {
+                let lo = (f64::from(l) * (1.0 - r)).floor() as u32;
+                let hi = (f64::from(l) * (1.0 + r)).ceil() as u32;
+                format!("{lo}–{hi}")
+            }
+        };
+        let mut s = format!(
+            "random {}/{} tokens",
+            len(self.input, self.range.0),
+            len(self.output, self.range.1)
+        );
+        if let Some((hit, ratio)) = self.cache {
+            s.push_str(&format!(
+                ", {:.0} % of prompts share a prefix of {:.0} % of their length",
+                hit * 100.0,
+                ratio * 100.0
+            ));
+        }
+        s
+    }
+}
+
+/// How requests are sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrivals {
+    /// Closed loop: at most `C` requests in flight (`--max-concurrency C`).
+    Concurrency(u32),
+    /// Open loop: `--request-rate R --burstiness B` (1: poisson; below 1: bursty gamma).
+    Rate {
+        /// Requests per second.
+        rate: f64,
+        /// Gamma shape of the gaps.
+        burstiness: f64,
+    },
+    /// Multi-turn chat sessions (`--multi-turn`): `concurrency` conversations of `turns`
+    /// turns over a shared `prefix`-token system prompt, `first` tokens in the first user
+    /// message and `per_turn` in each later one; the answer length is the shape's output.
+    Sessions {
+        /// Conversations in flight.
+        concurrency: u32,
+        /// Turns per conversation.
+        turns: u32,
+        /// Shared system prompt, tokens.
+        prefix: u32,
+        /// First user message, tokens.
+        first: u32,
+        /// Each later user message, tokens.
+        per_turn: u32,
+    },
+}
+
+impl Arrivals {
+    /// Whether the capture is replayed as a closed loop (`--replay-concurrency auto`).
+    pub fn closed_loop(&self) -> bool {
+        !matches!(self, Arrivals::Rate { .. })
+    }
+
+    fn describe(&self) -> String {
+        match *self {
+            Arrivals::Concurrency(c) => format!("max-concurrency {c}"),
+            Arrivals::Rate {
+                rate,
+                burstiness: 1.0,
+            } => format!("poisson {rate} req/s"),
+            Arrivals::Rate { rate, burstiness } => {
+                format!("gamma arrivals {rate} req/s burstiness {burstiness}")
+            }
+            Arrivals::Sessions {
+                concurrency,
+                turns,
+                prefix,
+                first,
+                per_turn,
+            } => format!(
+                "multi-turn chat: {concurrency} concurrent conversations of {turns} turns, shared \
+                 {prefix}-token prefix, first message {first}, then history + {per_turn} per turn"
+            ),
+        }
+    }
+}
+
+/// Which evaluation a workload serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// In the calibration suite: models are fitted on these.
+    Suite,
+    /// Held out: models are judged on these.
+    HeldOut,
+}
+
+/// One load of the corpus.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    /// File-name stem and manifest name.
+    pub name: &'static str,
+    /// Prompt and answer lengths.
+    pub shape: Shape,
+    /// How requests are sent.
+    pub arrivals: Arrivals,
+    /// Requests (turns, for sessions): a load of ~20–30 s on the reference host.
+    pub requests: u32,
+    /// Extra engine flags (`vllm serve …`).
+    pub engine_args: &'static [&'static str],
+    /// Captures with seed 0 beyond the first (each is a `noise` repeat: the workload's own
+    /// run-to-run distance).
+    pub repeats: u32,
+    /// Suite or held out.
+    pub part: Part,
+}
+
+/// ngram speculation, 3 draft tokens.
+pub const SPEC_NGRAM: &str =
+    r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}"#;
+
+const fn load(
+    name: &'static str,
+    shape: Shape,
+    arrivals: Arrivals,
+    requests: u32,
+    engine_args: &'static [&'static str],
+    part: Part,
+) -> Workload {
+    Workload {
+        name,
+        shape,
+        arrivals,
+        requests,
+        engine_args,
+        repeats: 1,
+        part,
+    }
+}
+
+const FIXED: Shape = Shape::fixed(128, 64);
+const RATE: f64 = 12.0;
+const SESSIONS: Arrivals = Arrivals::Sessions {
+    concurrency: 4,
+    turns: 4,
+    prefix: 256,
+    first: 128,
+    per_turn: 64,
+};
+
+/// Every workload of the corpus, in capture order. The calibration suite first.
+pub const WORKLOADS: &[Workload] = &[
+    // ---- the calibration suite: few minutes of engine time, every term of the model
+    // varied on its own (lengths from short to near the 2,048-token context, batch sizes
+    // from 1 to 12, cache hits at several depths, mixed prefill/decode steps)
+    load(
+        "suite-lengths-c2",
+        Shape::varied(900, 128, 0.9, 0.9),
+        Arrivals::Concurrency(2),
+        64,
+        &[],
+        Part::Suite,
+    ),
+    load(
+        "suite-batch-c12",
+        Shape::varied(256, 128, 0.75, 0.75),
+        Arrivals::Concurrency(12),
+        192,
+        &[],
+        Part::Suite,
+    ),
+    load(
+        "suite-prefix-poisson6",
+        Shape::varied(512, 64, 0.5, 0.5).with_cache(0.5, 0.75),
+        Arrivals::Rate {
+            rate: 6.0,
+            burstiness: 1.0,
+        },
+        160,
+        &[],
+        Part::Suite,
+    ),
+    // ---- held out: the fixed 128/64 sweep of the first corpus
+    load(
+        "concurrency-1",
+        FIXED,
+        Arrivals::Concurrency(1),
+        96,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "concurrency-2",
+        FIXED,
+        Arrivals::Concurrency(2),
+        128,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "concurrency-4",
+        FIXED,
+        Arrivals::Concurrency(4),
+        192,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "concurrency-8",
+        FIXED,
+        Arrivals::Concurrency(8),
+        320,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "concurrency-16",
+        FIXED,
+        Arrivals::Concurrency(16),
+        448,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "poisson",
+        FIXED,
+        Arrivals::Rate {
+            rate: RATE,
+            burstiness: 1.0,
+        },
+        320,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "bursts",
+        FIXED,
+        Arrivals::Rate {
+            rate: RATE,
+            burstiness: 0.2,
+        },
+        320,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "sessions",
+        Shape::fixed(0, 32),
+        SESSIONS,
+        256,
+        &["--enable-prefix-caching"],
+        Part::HeldOut,
+    ),
+    load(
+        "sessions-no-prefix-cache",
+        Shape::fixed(0, 32),
+        SESSIONS,
+        256,
+        &["--no-enable-prefix-caching"],
+        Part::HeldOut,
+    ),
+    load(
+        "spec-ngram",
+        FIXED,
+        Arrivals::Concurrency(4),
+        192,
+        &["--speculative-config", SPEC_NGRAM],
+        Part::HeldOut,
+    ),
+    // ---- held out: shapes that vary
+    load(
+        "varlen-c6",
+        Shape::varied(384, 96, 0.9, 0.9),
+        Arrivals::Concurrency(6),
+        192,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "varlen-poisson8",
+        Shape::varied(384, 96, 0.9, 0.9),
+        Arrivals::Rate {
+            rate: 8.0,
+            burstiness: 1.0,
+        },
+        192,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "varlen-bursts8",
+        Shape::varied(384, 96, 0.9, 0.9),
+        Arrivals::Rate {
+            rate: 8.0,
+            burstiness: 0.2,
+        },
+        192,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "prefix-mix-poisson4",
+        Shape::varied(512, 64, 0.5, 0.0).with_cache(0.6, 0.5),
+        Arrivals::Rate {
+            rate: 4.0,
+            burstiness: 1.0,
+        },
+        128,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "prefix-mix-c8",
+        Shape::varied(512, 64, 0.5, 0.0).with_cache(0.6, 0.5),
+        Arrivals::Concurrency(8),
+        192,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "long-c4",
+        Shape::varied(1200, 64, 0.5, 0.5),
+        Arrivals::Concurrency(4),
+        96,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "long-c1",
+        Shape::varied(1200, 128, 0.5, 0.5),
+        Arrivals::Concurrency(1),
+        32,
+        &[],
+        Part::HeldOut,
+    ),
+    load(
+        "preempt-small-kv-c16",
+        Shape::fixed(256, 128),
+        Arrivals::Concurrency(16),
+        160,
+        &["--num-gpu-blocks-override", "160"],
+        Part::HeldOut,
+    ),
+];
+
+/// The calibration suite: the workloads a user captures from their own engine to fit a
+/// model for it.
+pub const CALIBRATION_SUITE: &[&str] = &[
+    "suite-lengths-c2",
+    "suite-batch-c12",
+    "suite-prefix-poisson6",
+];
+
+/// The workload named `name`.
+pub fn workload(name: &str) -> Option<&'static Workload> {
+    WORKLOADS.iter().find(|w| w.name == name)
+}
+
+impl Workload {
+    /// Requests actually sent for `requests` (sessions: whole conversations).
+    pub fn sent(&self, requests: u32) -> u32 {
+        match self.arrivals {
+            Arrivals::Sessions { turns, .. } => (requests / turns).max(1) * turns,
+            _ => requests,
+        }
+    }
+
+    /// `inspect calibrate`'s replay of this workload's arrivals.
+    pub fn calibrate_args(&self) -> &'static str {
+        if self.arrivals.closed_loop() {
+            "--replay-concurrency auto"
+        } else {
+            ""
+        }
+    }
+
+    /// One line saying what the load is.
+    pub fn describe(&self) -> String {
+        match self.arrivals {
+            Arrivals::Sessions { .. } => format!(
+                "{}, {} output tokens",
+                self.arrivals.describe(),
+                self.shape.output
+            ),
+            _ => format!("{}, {}", self.shape.describe(), self.arrivals.describe()),
+        }
+    }
+
+    /// The batch size of a steady closed loop (for a capture's "full batch" steps).
+    pub fn full_batch(&self) -> Option<u32> {
+        match self.arrivals {
+            Arrivals::Concurrency(c) => Some(c),
+            Arrivals::Sessions { concurrency, .. } => Some(concurrency),
+            Arrivals::Rate { .. } => None,
+        }
+    }
+
+    /// The `bench serve` arguments of this load for `requests` requests and `seed`, less
+    /// the target (`--base-url`/`--model`/`--tokenizer`, which the caller adds).
+    pub fn bench_args(&self, requests: u32, seed: u64) -> Vec<String> {
+        let s = |v: u32| v.to_string();
+        let mut a: Vec<String> = Vec::new();
+        let mut push = |xs: &[&str]| a.extend(xs.iter().map(|x| x.to_string()));
+        match self.arrivals {
+            Arrivals::Sessions {
+                concurrency,
+                turns,
+                prefix,
+                first,
+                per_turn,
+            } => {
+                let conversations = (requests / turns).max(1);
+                push(&[
+                    "--backend",
+                    "openai-chat",
+                    "--dataset-name",
+                    "random",
+                    "--multi-turn",
+                    "--multi-turn-num-turns",
+                    &s(turns),
+                    "--multi-turn-concurrency",
+                    &s(concurrency),
+                    "--random-prefix-len",
+                    &s(prefix),
+                    "--random-input-len",
+                    &s(first),
+                    "--per-turn-input-len",
+                    &s(per_turn),
+                    "--random-output-len",
+                    &s(self.shape.output),
+                    "--num-prompts",
+                    &s(conversations),
+                ]);
+            }
+            _ => {
+                push(&[
+                    "--dataset-name",
+                    "random",
+                    "--random-input-len",
+                    &s(self.shape.input),
+                    "--random-output-len",
+                    &s(self.shape.output),
+                    "--num-prompts",
+                    &s(requests),
+                    "--prompt-token-ids",
+                ]);
+                let (ri, ro) = self.shape.range;
+                if ri != 0.0 || ro != 0.0 {
+                    push(&[
+                        "--random-range-ratio",
+                        &format!(r#"{{"input":{ri},"output":{ro}}}"#),
+                    ]);
+                }
+                if let Some((hit, ratio)) = self.shape.cache {
+                    push(&[
+                        "--random-cache-hit-fraction",
+                        &hit.to_string(),
+                        "--random-cache-ratio",
+                        &ratio.to_string(),
+                    ]);
+                }
+            }
+        }
+        push(&["--ignore-eos", "--seed", &seed.to_string()]);
+        match self.arrivals {
+            Arrivals::Concurrency(c) => push(&["--max-concurrency", &s(c)]),
+            Arrivals::Rate { rate, burstiness } => push(&[
+                "--request-rate",
+                &rate.to_string(),
+                "--burstiness",
+                &burstiness.to_string(),
+            ]),
+            Arrivals::Sessions { .. } => {}
+        }
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The captures run with a 2,048-token context.
+    const CONTEXT: u32 = 2048;
+
+    #[test]
+    fn every_workload_fits_the_capture_context_and_has_a_unique_name() {
+        let mut names = std::collections::BTreeSet::new();
+        for w in WORKLOADS {
+            assert!(names.insert(w.name), "{} twice", w.name);
+            assert!(
+                w.shape.max_total() <= CONTEXT,
+                "{}: up to {} tokens",
+                w.name,
+                w.shape.max_total()
+            );
+            assert!(
+                w.repeats >= 1,
+                "{}: every workload has its own noise",
+                w.name
+            );
+        }
+    }
+
+    #[test]
+    fn the_suite_is_the_suite_part_and_nothing_else() {
+        let suite: Vec<&str> = WORKLOADS
+            .iter()
+            .filter(|w| w.part == Part::Suite)
+            .map(|w| w.name)
+            .collect();
+        assert_eq!(suite, CALIBRATION_SUITE);
+    }
+
+    #[test]
+    fn a_varied_cached_load_asks_bench_serve_for_both() {
+        let w = workload("suite-prefix-poisson6").unwrap();
+        let a = w.bench_args(10, 3).join(" ");
+        assert!(
+            a.contains(r#"--random-range-ratio {"input":0.5,"output":0.5}"#),
+            "{a}"
+        );
+        assert!(
+            a.contains("--random-cache-hit-fraction 0.5 --random-cache-ratio 0.75"),
+            "{a}"
+        );
+        assert!(a.contains("--request-rate 6 --burstiness 1"), "{a}");
+        assert!(a.contains("--seed 3"), "{a}");
+        assert!(a.contains("--prompt-token-ids"), "{a}");
+        let fixed = workload("concurrency-8")
+            .unwrap()
+            .bench_args(320, 0)
+            .join(" ");
+        assert!(!fixed.contains("range-ratio"), "{fixed}");
+        assert!(fixed.ends_with("--max-concurrency 8"), "{fixed}");
+    }
+
+    #[test]
+    fn descriptions_give_the_length_ranges() {
+        let w = workload("varlen-c6").unwrap();
+        assert_eq!(
+            w.describe(),
+            "random 38–730/9–183 tokens, max-concurrency 6"
+        );
+    }
+}
