@@ -605,7 +605,7 @@ fn bad_input_is_refused_with_a_clear_error() {
         "--dump-samples",
         s(&trace),
     ]));
-    assert!(e.contains("is the input trace"), "{e}");
+    assert!(e.contains("is the same file as the trace"), "{e}");
     // knobs and a model do not mix, as in `play`
     let (_, e) = exit_1(&calibrate(&[
         s(&trace),

@@ -21,12 +21,13 @@ use sim_protocol::VllmLine;
 use sim_trace::trace::{TraceItem, TraceReader};
 
 use super::calibrate::compare::{Sample, chunk_sizes};
-use super::calibrate::{CalibrateArgs, ModelRun, run_with};
+use super::calibrate::{CalibrateArgs, ModelRun, check_calibrate_outputs, run_with};
 use super::progress::Progress;
 use super::simulate::arrivals::Arrivals;
 use super::simulate::workload::Workload;
 use super::simulate::{Counts, RunOptions};
 use crate::child::{ChildGuard, free_ports, wait_listening};
+use crate::io_guard::{Named, named};
 use crate::play::{EngineArgs, PlayArgs};
 use crate::serve::{self, Frontend};
 use crate::{compat, frontends};
@@ -64,12 +65,12 @@ pub struct CalibrateE2eArgs {
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
 
-    /// Seconds the stack may take to answer /health.
-    #[arg(long, value_name = "S", default_value_t = 120.0)]
+    /// Seconds the stack may take to answer /health (at most a day).
+    #[arg(long, value_name = "S", default_value_t = 120.0, value_parser = crate::flag_ranges::seconds)]
     pub startup_timeout: f64,
 
-    /// Seconds one request may take.
-    #[arg(long, value_name = "S", default_value_t = 120.0)]
+    /// Seconds one request may take (at most a day).
+    #[arg(long, value_name = "S", default_value_t = 120.0, value_parser = crate::flag_ranges::seconds)]
     pub request_timeout: f64,
 }
 
@@ -79,12 +80,13 @@ pub fn run(a: &CalibrateE2eArgs) -> Result<()> {
             "calibrate-e2e runs `play` under a latency model: pass --latency-trace MODEL (from `inspect fit`)"
         );
     }
-    if let Some(p) = &a.dump_trace
-        && p.exists()
-        && std::fs::canonicalize(p).ok() == std::fs::canonicalize(&a.calibrate.trace).ok()
-    {
-        bail!("--dump-trace {} is the input trace", p.display());
-    }
+    let mut extra: Vec<Named> = a
+        .dump_trace
+        .iter()
+        .map(|p| named("--dump-trace", p))
+        .collect();
+    extra.extend(a.frontend_bin.iter().map(|p| named("--frontend-bin", p)));
+    check_calibrate_outputs(&a.calibrate, &extra)?;
     run_with(&a.calibrate, |work, engine, opts| {
         wire_run(a, work, engine, opts)
     })

@@ -127,8 +127,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "HOST")]
     pub advertise_host: Option<String>,
 
-    /// Seconds to keep trying to reach the frontend's sockets.
-    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    /// Seconds to keep trying to reach the frontend's sockets (at most a day).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0, value_parser = crate::flag_ranges::seconds)]
     pub connect_timeout: f64,
 
     /// Largest data-plane message the tap buffers and decodes for the trace, MiB. A larger
@@ -208,13 +208,22 @@ impl RecordArgs {
     }
 
     fn check_outputs(&self) -> Result<()> {
+        // one file by any name (`x.jsonl` and `./x.jsonl`, a link): refused even with
+        // --force, as each writer would destroy the other's lines
+        let mut named = vec![crate::io_guard::named("--trace-out", &self.trace_out)];
+        named.extend(
+            self.step_stats_out
+                .iter()
+                .map(|s| crate::io_guard::named("--step-stats-out", s)),
+        );
+        let host_cpu = std::path::Path::new(&self.host_cpu);
+        let inputs = match self.host_cpu.as_str() {
+            "auto" | "none" => Vec::new(),
+            _ => vec![crate::io_guard::named("--host-cpu", host_cpu)],
+        };
+        crate::io_guard::check_outputs(&inputs, &named)?;
         let mut outs = vec![&self.trace_out];
-        if let Some(s) = &self.step_stats_out {
-            if s == &self.trace_out {
-                bail!("--step-stats-out must differ from --trace-out");
-            }
-            outs.push(s);
-        }
+        outs.extend(self.step_stats_out.iter());
         for p in outs {
             if p.is_dir() {
                 bail!("{} is a directory", p.display());

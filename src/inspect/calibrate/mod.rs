@@ -33,6 +33,7 @@ use sim_trace::fit::FittedModel;
 use super::plot;
 use super::simulate::workload::Workload;
 use super::simulate::{ArrivalArgs, Counts, RunOptions, engine_for, simulate_map};
+use crate::io_guard::{Named, check_outputs, named};
 use crate::play::EngineArgs;
 use compare::{BUCKETS, Cohort, Metric, QUANTILES, SOURCES, Sample, Tolerance};
 use knobs::{KnobFit, fit_knobs};
@@ -151,14 +152,7 @@ pub fn run_with(
             "calibrate compares a capture with a latency model: pass --latency-trace MODEL (from `inspect fit`) or --latency-trace TRACE… to fit"
         );
     }
-    if let Some(p) = &a.dump_samples
-        && same_file(p, &a.trace)
-    {
-        bail!(
-            "--dump-samples {} is the input trace: write the samples elsewhere",
-            p.display()
-        );
-    }
+    check_calibrate_outputs(a, &[])?;
     let mut captured: Vec<Captured> = Vec::new();
     let mut captured_chunks: BTreeMap<u32, u64> = BTreeMap::new();
     let work = Workload::load_with(&a.trace, a.engine.block_size, a.requests, |_, r| {
@@ -363,6 +357,26 @@ pub fn run_with(
 }
 
 use crate::inspect::output::same_file;
+
+/// The output guard of `calibrate` (and of `calibrate-e2e`, with its `extra` outputs and
+/// inputs): no output may be the trace, a file the engine flags read, or another output.
+pub fn check_calibrate_outputs(a: &CalibrateArgs, extra: &[Named]) -> Result<()> {
+    let mut inputs = vec![named("the trace", &a.trace)];
+    inputs.extend(crate::play::config::engine_inputs(&a.engine));
+    let mut outputs: Vec<Named> = a
+        .dump_samples
+        .iter()
+        .map(|p| named("--dump-samples", p))
+        .collect();
+    for n in extra {
+        if n.what.starts_with("--dump") {
+            outputs.push(n.clone());
+        } else {
+            inputs.push(n.clone());
+        }
+    }
+    check_outputs(&inputs, &outputs)
+}
 
 /// Two files with the same bytes (a copy of the trace counts as the trace).
 fn same_content(a: &Path, b: &Path) -> bool {

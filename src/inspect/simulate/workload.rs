@@ -490,7 +490,8 @@ fn hash_value(h: &BlockHash) -> u64 {
 /// `ms` milliseconds as a duration: negative (and NaN) is 0, and absurd values stop at
 /// about 30,000 years instead of overflowing.
 pub fn duration_ms(ms: f64) -> Duration {
-    Duration::from_secs_f64((ms / 1000.0).clamp(0.0, 1e12))
+    // (`clamp` keeps NaN, which `from_secs_f64` panics on)
+    sim_trace::latency::duration_from_ms(ms)
 }
 
 /// SplitMix64's finaliser: spreads nearby seeds (consecutive hashes, request indexes).
