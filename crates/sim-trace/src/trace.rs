@@ -316,7 +316,12 @@ impl TraceRecord {
         {
             return Err(bad("ttft_ms".into(), t));
         }
-        if let Some((i, &g)) = self.itl_ms.iter().enumerate().find(|(_, g)| !is_sane_ms(**g)) {
+        if let Some((i, &g)) = self
+            .itl_ms
+            .iter()
+            .enumerate()
+            .find(|(_, g)| !is_sane_ms(**g))
+        {
             return Err(bad(format!("itl_ms[{i}]"), g));
         }
         Ok(())
@@ -406,7 +411,11 @@ pub enum TraceError {
         "{}:{line}: line longer than {cap} bytes (the cap on one trace line; raise it with --max-line-bytes if the line is real)",
         path.display()
     )]
-    LineTooLong { path: PathBuf, line: u64, cap: usize },
+    LineTooLong {
+        path: PathBuf,
+        line: u64,
+        cap: usize,
+    },
     /// A gzip stream whose data is damaged (not merely cut short).
     #[error(
         "{}: corrupt gzip data after line {last_good_line} ({cause}): the file is damaged",

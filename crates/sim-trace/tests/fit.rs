@@ -392,7 +392,10 @@ fn absurd_model_numbers_are_refused_by_name() {
         FittedModel::load(&p).unwrap_err().to_string()
     };
     let e = err("step.json", &|v| v["law"]["step_ms"] = 1e300.into());
-    assert!(e.contains("law.step_ms is 1e300") && e.contains("a day"), "{e}");
+    assert!(
+        e.contains("law.step_ms is 1e300") && e.contains("a day"),
+        "{e}"
+    );
     let e = err("floor.json", &|v| v["law"]["floor_ms"] = (-3.0).into());
     assert!(
         e.contains("law.floor_ms is -3: the floor must be between 0"),
@@ -403,7 +406,10 @@ fn absurd_model_numbers_are_refused_by_name() {
         let n = r.len();
         r[n - 1] = 1e300.into();
     });
-    assert!(e.contains("prefill class") && e.contains("ratio 1e300 is out of range"), "{e}");
+    assert!(
+        e.contains("prefill class") && e.contains("ratio 1e300 is out of range"),
+        "{e}"
+    );
     // whatever slips through, a step's duration never panics
     let mut m = fixture_model();
     m.law.step_ms = 1e300;

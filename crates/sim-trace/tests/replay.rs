@@ -518,7 +518,11 @@ fn absurd_timing_is_refused_and_newer_schemas_warn() {
     let mut bad = rec("huge", Some(0.0), &[], 4);
     bad.itl_ms = vec![1.0, 1e300];
     bad.output_tokens = 3;
-    let path = write("huge-itl.jsonl", Some(16), &[rec("ok", Some(1.0), &[], 4), bad]);
+    let path = write(
+        "huge-itl.jsonl",
+        Some(16),
+        &[rec("ok", Some(1.0), &[], 4), bad],
+    );
     let e = ReplayIndex::load(std::slice::from_ref(&path), ALL).unwrap_err();
     let msg = e.to_string();
     assert!(
@@ -542,7 +546,10 @@ fn absurd_timing_is_refused_and_newer_schemas_warn() {
     .unwrap();
     let index = ReplayIndex::load(&[newer], ALL).unwrap();
     assert!(
-        index.warnings().iter().any(|w| w.contains("meta version 999")),
+        index
+            .warnings()
+            .iter()
+            .any(|w| w.contains("meta version 999")),
         "{:?}",
         index.warnings()
     );

@@ -356,7 +356,11 @@ fn gzip_is_known_by_its_bytes_and_damage_is_reported_as_damage() {
     std::fs::copy(&gz, &renamed).unwrap();
     let items: Vec<_> = TraceReader::open(&renamed).unwrap().collect();
     assert_eq!(items.len(), 3001);
-    assert!(items.iter().all(|i| i.is_ok()), "{:?}", items.iter().find(|i| i.is_err()));
+    assert!(
+        items.iter().all(|i| i.is_ok()),
+        "{:?}",
+        items.iter().find(|i| i.is_err())
+    );
 
     let mut bytes = std::fs::read(&gz).unwrap();
     let mid = bytes.len() / 2;
@@ -369,7 +373,10 @@ fn gzip_is_known_by_its_bytes_and_damage_is_reported_as_damage() {
         .expect("damage must be an error");
     assert!(matches!(err, TraceError::Corrupt { .. }), "{err:?}");
     let msg = err.to_string();
-    assert!(msg.contains("corrupt gzip data") && msg.contains("damaged"), "{msg}");
+    assert!(
+        msg.contains("corrupt gzip data") && msg.contains("damaged"),
+        "{msg}"
+    );
     assert!(!msg.contains("invalid trace line"), "{msg}");
 }
 
@@ -379,7 +386,11 @@ fn gzip_is_known_by_its_bytes_and_damage_is_reported_as_damage() {
 fn a_line_past_the_cap_is_refused_by_number() {
     let path = tmp("long-line.jsonl");
     let long = format!("{{\"request_id\": \"{}\"}}\n", "x".repeat(10_000));
-    std::fs::write(&path, format!("{{\"prompt_tokens\": 1}}\n{long}{{\"prompt_tokens\": 2}}\n")).unwrap();
+    std::fs::write(
+        &path,
+        format!("{{\"prompt_tokens\": 1}}\n{long}{{\"prompt_tokens\": 2}}\n"),
+    )
+    .unwrap();
     let items: Vec<_> = TraceReader::open(&path)
         .unwrap()
         .with_max_line_bytes(4096)
@@ -387,7 +398,17 @@ fn a_line_past_the_cap_is_refused_by_number() {
     assert_eq!(items.len(), 2, "{items:?}");
     assert!(items[0].is_ok());
     let err = items[1].as_ref().unwrap_err();
-    assert!(matches!(err, TraceError::LineTooLong { line: 2, cap: 4096, .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            TraceError::LineTooLong {
+                line: 2,
+                cap: 4096,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("--max-line-bytes"), "{err}");
     // under the cap, the same file reads whole
     let all: Vec<_> = TraceReader::open(&path).unwrap().collect();

@@ -12,9 +12,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::FitError;
-use crate::latency::{MAX_DURATION_MS, is_sane_ms, show_number};
 use super::observe::NF;
 use super::regress::{self, TermFit};
+use crate::latency::{MAX_DURATION_MS, is_sane_ms, show_number};
 
 /// The `format` of a model file.
 pub const FORMAT: &str = "vllm-vcr-latency-model";
@@ -272,7 +272,10 @@ impl FittedModel {
             if r.len() != l.len() {
                 return Err(format!("{what}: {} ratios for {} levels", r.len(), l.len()));
             }
-            if let Some(x) = r.iter().find(|x| !(x.is_finite() && (0.0..=MAX_RATIO).contains(*x))) {
+            if let Some(x) = r
+                .iter()
+                .find(|x| !(x.is_finite() && (0.0..=MAX_RATIO).contains(*x)))
+            {
                 return Err(format!(
                     "{what}: ratio {} is out of range (a ratio is a step's duration over the law's: 0 … {MAX_RATIO})",
                     show_number(*x)
