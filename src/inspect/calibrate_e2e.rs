@@ -87,6 +87,15 @@ pub fn run(a: &CalibrateE2eArgs) -> Result<()> {
         .collect();
     extra.extend(a.frontend_bin.iter().map(|p| named("--frontend-bin", p)));
     check_calibrate_outputs(&a.calibrate, &extra)?;
+    // the trace's line picks the frontend and the wire: checked before anything is fetched
+    let mut reader = TraceReader::open(&a.calibrate.trace)
+        .with_context(|| format!("reading {}", a.calibrate.trace.display()))?;
+    let (meta, _) = reader
+        .read_header()
+        .with_context(|| format!("reading {}", a.calibrate.trace.display()))?;
+    if let Some(meta) = meta {
+        meta_line(&meta, &a.calibrate.trace)?;
+    }
     run_with(&a.calibrate, |work, engine, opts| {
         wire_run(a, work, engine, opts)
     })
@@ -178,13 +187,24 @@ fn wire_run(
     })
 }
 
-/// The trace's vLLM line (its engine's version), else the default line.
-fn trace_line(work: &Workload) -> VllmLine {
-    work.meta
-        .vllm_version
-        .as_deref()
-        .and_then(|v| VllmLine::parse_any(v).ok())
-        .unwrap_or_else(compat::default_line)
+/// The trace's vLLM line (its engine's version, which must be a version in the supported
+/// window: a meta is outside input, and a line outside the window would fetch a frontend
+/// and run a wire this binary refuses everywhere else), else the default line.
+fn meta_line(meta: &sim_trace::trace::TraceMeta, path: &Path) -> Result<VllmLine> {
+    match meta.vllm_version.as_deref() {
+        None => Ok(compat::default_line()),
+        Some(v) => VllmLine::parse(v).map_err(|e| {
+            anyhow!(
+                "{}: the meta line's vllm_version {v:?}: {e}; calibrate-e2e runs the frontend of the trace's vLLM line, so it needs a capture of a supported line",
+                path.display()
+            )
+        }),
+    }
+}
+
+/// [`meta_line`] of a loaded workload.
+fn trace_line(work: &Workload, path: &Path) -> Result<VllmLine> {
+    meta_line(&work.meta, path)
 }
 
 fn start(
@@ -200,7 +220,7 @@ fn start(
     let ports = free_ports(3)?;
     let (http_port, hs_port, tap_port) = (ports[0], ports[1], ports[2]);
     let timeout = a.startup_timeout.max(1.0);
-    let mut line = trace_line(work);
+    let mut line = trace_line(work, &a.calibrate.trace)?;
     let spec = serve::FrontendSpec {
         model: &model,
         name: "tiny",

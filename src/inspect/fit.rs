@@ -89,6 +89,10 @@ pub fn run(a: &FitArgs) -> Result<()> {
         .with_context(|| format!("writing {}", a.output.display()))?;
     let bytes = model.to_text().map(|t| t.len()).unwrap_or(0);
     if a.json {
+        // warnings reach the terminal even when stdout is for the JSON
+        for n in model.law.notes.iter().filter(|n| n.starts_with("WARNING")) {
+            crate::errln!("inspect fit: {n}");
+        }
         crate::outln!("{}", summary(&model, &a.output, bytes, secs));
     } else {
         crate::errp!("{}", report(&model, &a.output, bytes, secs));

@@ -155,7 +155,10 @@ impl Workload {
         };
         let records_in_trace = staged.len() as u64;
         if staged.is_empty() {
-            bail!("{} has no records to simulate", path.display());
+            bail!(
+                "{} holds no request records, only its meta line (a capture stopped before any request was written?)",
+                path.display()
+            );
         }
         let has_hashes = !hashes.is_empty();
         let trace_block_size = match (meta.block_size, engine_block_size) {
