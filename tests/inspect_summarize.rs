@@ -409,3 +409,33 @@ fn one_huge_line_is_refused_in_bounded_memory() {
     );
     std::fs::remove_file(&path).ok();
 }
+
+/// A gzip file named `.jsonl` is read as gzip (it was "invalid trace line: expected
+/// value"), and a flipped byte inside a `.gz` is reported as damage, not as a JSON error.
+#[test]
+fn gzip_by_content_and_damage_by_name() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/cpu-engine-capture/trace.jsonl.gz");
+    let renamed = tmp("renamed-gzip.jsonl");
+    std::fs::copy(&fixture, &renamed).unwrap();
+    let v = summarize_json(&renamed);
+    assert_eq!(v, summarize_json(&fixture));
+
+    let mut bytes = std::fs::read(&fixture).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    let damaged = tmp("damaged.jsonl.gz");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let out = bin()
+        .args(["inspect", "summarize"])
+        .arg(&damaged)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("corrupt gzip data") && err.contains("the file is damaged")
+            && !err.contains("invalid trace line"),
+        "{err}"
+    );
+}
