@@ -434,7 +434,8 @@ fn gzip_by_content_and_damage_by_name() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("corrupt gzip data") && err.contains("the file is damaged")
+        err.contains("corrupt gzip data")
+            && err.contains("the file is damaged")
             && !err.contains("invalid trace line"),
         "{err}"
     );

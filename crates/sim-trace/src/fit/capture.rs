@@ -404,8 +404,23 @@ fn read_sidecar(path: &Path) -> Result<Vec<Step>, FitError> {
     let mut steps = Vec::new();
     // per engine: (running, waiting) of its previous step
     let mut before: Vec<Option<(u64, u64)>> = Vec::new();
-    for s in StepStatsReader::open(path)? {
+    let mut reader = StepStatsReader::open(path)?;
+    while let Some(s) = reader.next() {
         let s = s?;
+        if let Some(ms) = s.step_ms
+            && !crate::latency::is_sane_ms(ms)
+        {
+            return Err(TraceError::Invalid {
+                path: path.to_path_buf(),
+                line: reader.line(),
+                why: format!(
+                    "step_ms = {} ms is not a duration an engine takes (at most {} ms, a day)",
+                    crate::latency::show_number(ms),
+                    crate::latency::MAX_DURATION_MS
+                ),
+            }
+            .into());
+        }
         let engine = s.engine.min(u32::from(u16::MAX)) as usize;
         if before.len() <= engine {
             before.resize(engine + 1, None);

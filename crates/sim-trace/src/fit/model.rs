@@ -25,9 +25,9 @@ pub const VERSION: u32 = 2;
 /// The largest model file read: fitted models are a few KB.
 const MAX_MODEL_BYTES: usize = 16 << 20;
 
-/// The largest ratio a model file may hold: a step a million times slower than its law
+/// The largest ratio a model file may hold: a step a billion times slower than its law
 /// says is a damaged or hostile file, not a capture.
-pub const MAX_RATIO: f64 = 1e6;
+pub const MAX_RATIO: f64 = 1e9;
 
 /// A capture a model was fitted to.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -262,7 +262,7 @@ impl FittedModel {
     }
 
     /// What a hand-edited or damaged file could get wrong.
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         let l = &self.levels;
         if l.len() < 2 || l[0] != 0.0 || l[l.len() - 1] != 1.0 || l.windows(2).any(|w| w[0] >= w[1])
         {
