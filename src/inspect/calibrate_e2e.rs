@@ -80,13 +80,17 @@ pub fn run(a: &CalibrateE2eArgs) -> Result<()> {
             "calibrate-e2e runs `play` under a latency model: pass --latency-trace MODEL (from `inspect fit`)"
         );
     }
-    let mut extra: Vec<Named> = a
+    let inputs: Vec<Named> = a
+        .frontend_bin
+        .iter()
+        .map(|p| named("--frontend-bin", p))
+        .collect();
+    let outputs: Vec<Named> = a
         .dump_trace
         .iter()
         .map(|p| named("--dump-trace", p))
         .collect();
-    extra.extend(a.frontend_bin.iter().map(|p| named("--frontend-bin", p)));
-    check_calibrate_outputs(&a.calibrate, &extra)?;
+    check_calibrate_outputs(&a.calibrate, &inputs, &outputs)?;
     // the trace's line picks the frontend and the wire: checked before anything is fetched
     let mut reader = TraceReader::open(&a.calibrate.trace)
         .with_context(|| format!("reading {}", a.calibrate.trace.display()))?;

@@ -164,8 +164,13 @@ impl RecordArgs {
                 Ok(cpu)
             }
             path => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("--host-cpu: reading {path}"))?;
+                // bounded like a trace line: a cpuinfo copy is a few KB
+                let raw = sim_trace::trace::read_capped(
+                    std::path::Path::new(path),
+                    sim_trace::trace::max_line_bytes(),
+                )
+                .with_context(|| format!("--host-cpu: reading {path}"))?;
+                let text = String::from_utf8_lossy(&raw);
                 match parse_cpuinfo(&text) {
                     Some(cpu) => Ok(Some(cpu)),
                     None => bail!(

@@ -171,7 +171,7 @@ pub fn run_with(
             "calibrate compares a capture with a latency model: pass --latency-trace MODEL (from `inspect fit`) or --latency-trace TRACE… to fit"
         );
     }
-    check_calibrate_outputs(a, &[])?;
+    check_calibrate_outputs(a, &[], &[])?;
     let mut captured: Vec<Captured> = Vec::new();
     let mut captured_chunks: BTreeMap<u32, u64> = BTreeMap::new();
     let work = Workload::load_with(&a.trace, a.engine.block_size, a.requests, |_, r| {
@@ -401,23 +401,23 @@ pub fn run_with(
 
 use crate::inspect::output::same_file;
 
-/// The output guard of `calibrate` (and of `calibrate-e2e`, with its `extra` outputs and
-/// inputs): no output may be the trace, a file the engine flags read, or another output.
-pub fn check_calibrate_outputs(a: &CalibrateArgs, extra: &[Named]) -> Result<()> {
+/// The output guard of `calibrate` (and of `calibrate-e2e`, with its own inputs and
+/// outputs added): no output may be the trace, a file the engine flags read, or another
+/// output.
+pub fn check_calibrate_outputs(
+    a: &CalibrateArgs,
+    more_inputs: &[Named],
+    more_outputs: &[Named],
+) -> Result<()> {
     let mut inputs = vec![named("the trace", &a.trace)];
     inputs.extend(crate::play::config::engine_inputs(&a.engine));
+    inputs.extend(more_inputs.iter().cloned());
     let mut outputs: Vec<Named> = a
         .dump_samples
         .iter()
         .map(|p| named("--dump-samples", p))
         .collect();
-    for n in extra {
-        if n.what.starts_with("--dump") {
-            outputs.push(n.clone());
-        } else {
-            inputs.push(n.clone());
-        }
-    }
+    outputs.extend(more_outputs.iter().cloned());
     check_outputs(&inputs, &outputs)
 }
 
