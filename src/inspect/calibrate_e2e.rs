@@ -255,7 +255,7 @@ fn start(
     serve::die_with_parent(&mut cmd);
     let fe_log = dir.join("frontend.log");
     let mut frontend = ChildGuard::spawn("frontend", cmd, &fe_log, grace)?;
-    let listen = Duration::from_secs_f64(timeout);
+    let listen = sim_trace::latency::secs_to_duration(timeout);
     wait_listening(hs_port, listen, &mut [&mut frontend]).with_context(|| {
         format!(
             "waiting for the frontend's handshake socket; last lines of {}:\n{}",
@@ -377,7 +377,7 @@ fn drive(
     let mut arrivals = Arrivals::new(work, opts);
     let (tx, rx) = mpsc::channel::<(usize, Duration, Result<()>)>();
     let t0 = Instant::now();
-    let timeout = Duration::from_secs_f64(a.request_timeout.max(1.0));
+    let timeout = sim_trace::latency::secs_to_duration(a.request_timeout.max(1.0));
     let mut in_flight = 0usize;
     let mut done = 0usize;
     let mut failed: Vec<String> = Vec::new();

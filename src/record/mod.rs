@@ -304,7 +304,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
         frontend_handshake: args.frontend_handshake.clone(),
         engine_handshake: args.engine_handshake.clone(),
         advertise_host: args.advertise_host.clone(),
-        connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(0.1)),
+        connect_timeout: sim_trace::latency::secs_to_duration(args.connect_timeout.max(0.1)),
         max_message_bytes: args.max_frame_size << 20,
     };
     let outcome = match relay::start(cfg, seen_tx.clone(), ev_tx).await {
