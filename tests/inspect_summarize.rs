@@ -440,3 +440,23 @@ fn gzip_by_content_and_damage_by_name() {
         "{err}"
     );
 }
+
+/// A meta line of a newer schema than this build reads is read, with a warning (it was
+/// accepted without a word).
+#[test]
+fn a_newer_schema_is_read_with_a_warning() {
+    let trace = tmp("v999.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"meta\": {\"version\": 999}}\n{\"request_id\": \"a\", \"prompt_tokens\": 4, \"output_tokens\": 1, \"ttft_ms\": 3}\n",
+    )
+    .unwrap();
+    let v = summarize_json(&trace);
+    assert!(
+        v["warnings"]
+            .to_string()
+            .contains("meta version 999 is newer than the schema"),
+        "{}",
+        v["warnings"]
+    );
+}

@@ -139,6 +139,17 @@ impl TraceMeta {
     pub fn schema_version(&self) -> u32 {
         self.version.unwrap_or(1)
     }
+
+    /// A warning for a meta line of a newer schema than this build reads (such a trace is
+    /// read, but a field whose meaning changed may be read wrong); `None` otherwise.
+    pub fn newer_schema_warning(&self) -> Option<String> {
+        let v = self.schema_version();
+        (v > SCHEMA_VERSION).then(|| {
+            format!(
+                "meta version {v} is newer than the schema this build reads (version {SCHEMA_VERSION}): fields whose meaning changed may be read wrong; use a newer vllm-vcr"
+            )
+        })
+    }
 }
 
 /// One chained KV-block hash. The tap writes unsigned 64-bit integers; string hashes (e.g.

@@ -118,6 +118,11 @@ impl Workload {
         for item in TraceReader::open(path)? {
             match item? {
                 TraceItem::Meta(m) => {
+                    if meta.is_none()
+                        && let Some(w) = m.newer_schema_warning()
+                    {
+                        crate::errln!("warning: {}: {w}", path.display());
+                    }
                     meta.get_or_insert(m);
                 }
                 TraceItem::Record(r) => {

@@ -142,13 +142,8 @@ impl Builder {
     }
 
     fn meta(&mut self, path: &Path, meta: &TraceMeta) -> Result<(), ReplayError> {
-        let version = meta.schema_version();
-        if version > crate::trace::SCHEMA_VERSION {
-            let w = format!(
-                "{}: meta version {version} is newer than the schema this build reads (version {}): fields whose meaning changed may be read wrong; use a newer vllm-vcr",
-                path.display(),
-                crate::trace::SCHEMA_VERSION
-            );
+        if let Some(w) = meta.newer_schema_warning() {
+            let w = format!("{}: {w}", path.display());
             if !self.warnings.contains(&w) {
                 self.warnings.push(w);
             }
