@@ -19,6 +19,19 @@ use crate::serve::ServeArgs;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+
+    /// The longest line a trace reader accepts, in bytes (also the largest whole JSON
+    /// document read, such as a guidellm report). A longer line is refused with its
+    /// number instead of being read whole, so one line in a small `.gz` cannot take the
+    /// host's memory; raise it only for a real trace with such lines. Any subcommand.
+    #[arg(
+        long,
+        global = true,
+        value_name = "BYTES",
+        default_value_t = sim_trace::trace::DEFAULT_MAX_LINE_BYTES,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..=(1u64 << 40))
+    )]
+    pub max_line_bytes: usize,
 }
 
 fn version() -> &'static str {
@@ -60,6 +73,7 @@ pub enum Command {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     init_tracing();
+    sim_trace::trace::set_max_line_bytes(cli.max_line_bytes);
     let result = match cli.command {
         Command::Completions { shell } => {
             let mut out = std::io::stdout().lock();

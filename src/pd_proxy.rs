@@ -42,8 +42,8 @@ pub struct PdProxyArgs {
     #[arg(long, default_value_t = 8100)]
     pub port: u16,
 
-    /// Seconds to wait for either frontend's answer.
-    #[arg(long, default_value_t = 600.0)]
+    /// Seconds to wait for either frontend's answer (more than 0, at most a day).
+    #[arg(long, default_value_t = 600.0, value_parser = crate::flag_ranges::seconds)]
     pub timeout: f64,
 }
 

@@ -72,8 +72,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub log_file: Option<PathBuf>,
 
-    /// Seconds to wait for the frontend to answer /health.
-    #[arg(long, default_value_t = 120.0)]
+    /// Seconds to wait for the frontend to answer /health (at most a day).
+    #[arg(long, default_value_t = 120.0, value_parser = crate::flag_ranges::seconds)]
     pub startup_timeout: f64,
 
     /// The engine's settings (the handshake address is the frontend's, on --handshake-port).
@@ -588,6 +588,16 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         Some(p) => p.clone(),
         None => default_log(&cache, args.port),
     };
+    // the log is replaced below: never when it is one of the engine's inputs
+    if let Some(p) = &args.log_file {
+        let mut outputs = vec![crate::io_guard::named("--log-file", p)];
+        outputs.extend(
+            play.replay_summary
+                .iter()
+                .map(|s| crate::io_guard::named("--replay-summary", s)),
+        );
+        crate::io_guard::check_outputs(&crate::play::config::engine_inputs(&play), &outputs)?;
+    }
     // a fresh log per run; never unlink what is not a regular file (/dev/stderr)
     if std::fs::symlink_metadata(&log).is_ok_and(|m| m.is_file()) {
         let _ = std::fs::remove_file(&log);

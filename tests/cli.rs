@@ -77,9 +77,105 @@ fn bad_flag_values_get_clear_errors() {
             vec!["play", "--kv-lease-duration", "0"],
             "--kv-lease-duration",
         ),
+        // durations, scales and rates have ranges (each of these used to panic, or pass
+        // as 1 ms)
+        (
+            vec![
+                "play",
+                "--time-scale",
+                "1e-300",
+                "--inter-token-latency",
+                "10",
+            ],
+            "the time scale must be between 0.001 and 1000000",
+        ),
+        (
+            vec!["play", "--time-to-first-token", "1e29"],
+            "milliseconds must be between 0 and 86400000 (a day)",
+        ),
+        (
+            vec!["play", "--time-factor-under-load", "1e300"],
+            "the factor must be between 1 and 1000",
+        ),
+        (
+            vec!["play", "--handshake-timeout", "inf"],
+            "seconds must be more than 0 and at most 86400",
+        ),
+        (
+            vec!["play", "--shutdown-timeout", "1e300"],
+            "seconds must be between 0 and 86400",
+        ),
+        (
+            vec![
+                "pd-proxy",
+                "--prefill",
+                "http://a",
+                "--decode",
+                "http://b",
+                "--timeout",
+                "1e300",
+            ],
+            "seconds must be more than 0 and at most 86400",
+        ),
+        (
+            vec![
+                "pd-proxy",
+                "--prefill",
+                "http://a",
+                "--decode",
+                "http://b",
+                "--timeout",
+                "inf",
+            ],
+            "seconds must be more than 0",
+        ),
+        (
+            vec![
+                "pd-proxy",
+                "--prefill",
+                "http://a",
+                "--decode",
+                "http://b",
+                "--timeout",
+                "NaN",
+            ],
+            "seconds must be more than 0",
+        ),
+        (
+            vec![
+                "record",
+                "--frontend-handshake",
+                "tcp://127.0.0.1:1",
+                "--engine-handshake",
+                "tcp://127.0.0.1:0",
+                "--trace-out",
+                "/nonexistent/t.jsonl",
+                "--connect-timeout",
+                "1e300",
+            ],
+            "seconds must be more than 0 and at most 86400",
+        ),
+        (
+            vec![
+                "inspect",
+                "gen-demo",
+                "-o",
+                "/nonexistent/d.jsonl",
+                "--arrival-rate",
+                "1e-300",
+            ],
+            "requests per second must be between 1e-5 and 1000000",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
             .args(&args)
+            // a `play` that got past its flags gives up on the (absent) frontend at once
+            .args(
+                (args[0] == "play" && !args.contains(&"--handshake-timeout"))
+                    .then_some(["--handshake-timeout", "1"])
+                    .into_iter()
+                    .flatten(),
+            )
             .output()
             .unwrap();
         assert!(!out.status.success(), "{args:?}");
@@ -148,4 +244,151 @@ fn serve_stops_cleanly_when_its_output_pipes_are_closed() {
         Some(0),
         "{status:?} (130 = taken as a second Ctrl-C, 134 = abort)"
     );
+}
+
+/// No command writes an output over one of its inputs, nor two outputs over one file, by
+/// any name: each is refused before anything is opened for writing, and the inputs are
+/// left byte for byte. (Each of these overwrote an input; the record case left a
+/// meta-only file.)
+#[test]
+fn outputs_never_overwrite_inputs() {
+    let dir = std::env::temp_dir().join(format!("vllm-vcr-cli-outputs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cpu-engine-capture");
+    // copies: a regression must not destroy the fixtures
+    let trace = dir.join("trace.jsonl.gz");
+    let steps = dir.join("steps.jsonl.gz");
+    std::fs::copy(fixtures.join("trace.jsonl.gz"), &trace).unwrap();
+    std::fs::copy(fixtures.join("steps.jsonl.gz"), &steps).unwrap();
+    let model = dir.join("model.json");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+            .current_dir(&dir)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let fit = run(&["inspect", "fit", "trace.jsonl.gz", "-o", "model.json"]);
+    assert!(
+        fit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fit.stderr)
+    );
+    let before: Vec<Vec<u8>> = [&trace, &steps, &model]
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    let t = "trace.jsonl.gz";
+    for (args, needle) in [
+        (
+            vec!["inspect", "fit", t, "-o", "./trace.jsonl.gz"],
+            "the trace",
+        ),
+        (
+            vec![
+                "inspect",
+                "fit",
+                t,
+                "--steps",
+                "steps.jsonl.gz",
+                "-o",
+                "steps.jsonl.gz",
+            ],
+            "--steps",
+        ),
+        (
+            vec![
+                "inspect",
+                "simulate",
+                t,
+                "--latency-trace",
+                "model.json",
+                "--dump-trace",
+                "model.json",
+            ],
+            "--latency-trace",
+        ),
+        (
+            vec![
+                "inspect",
+                "simulate",
+                t,
+                "--latency-trace",
+                t,
+                "--latency-steps",
+                "steps.jsonl.gz",
+                "--dump-trace",
+                "../${DIR}/steps.jsonl.gz",
+            ],
+            "--latency-steps",
+        ),
+        (
+            vec![
+                "inspect",
+                "calibrate",
+                t,
+                "--latency-trace",
+                "model.json",
+                "--dump-samples",
+                "model.json",
+            ],
+            "--latency-trace",
+        ),
+        (
+            vec![
+                "play",
+                "--handshake-timeout",
+                "1",
+                "--replay-tokens",
+                t,
+                "--replay-summary",
+                t,
+            ],
+            "--replay-tokens",
+        ),
+        (
+            vec![
+                "record",
+                "--frontend-handshake",
+                "tcp://127.0.0.1:9",
+                "--engine-handshake",
+                "tcp://127.0.0.1:0",
+                "--connect-timeout",
+                "1",
+                "--trace-out",
+                "x.jsonl",
+                "--step-stats-out",
+                "./x.jsonl",
+            ],
+            "--trace-out",
+        ),
+    ] {
+        let dir_name = dir.file_name().unwrap().to_str().unwrap().to_string();
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| a.replace("${DIR}", &dir_name))
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("is the same file as") && err.contains(needle),
+            "{args:?}: {err}"
+        );
+        for (p, b) in [&trace, &steps, &model].iter().zip(&before) {
+            assert_eq!(
+                &std::fs::read(p).unwrap(),
+                b,
+                "{args:?} changed {}",
+                p.display()
+            );
+        }
+        assert!(
+            !dir.join("x.jsonl").exists(),
+            "{args:?}: record created its trace"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

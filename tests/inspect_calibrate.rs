@@ -605,7 +605,7 @@ fn bad_input_is_refused_with_a_clear_error() {
         "--dump-samples",
         s(&trace),
     ]));
-    assert!(e.contains("is the input trace"), "{e}");
+    assert!(e.contains("is the same file as the trace"), "{e}");
     // knobs and a model do not mix, as in `play`
     let (_, e) = exit_1(&calibrate(&[
         s(&trace),
@@ -733,5 +733,74 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
     assert!(
         out.contains("closed loop over sessions, 8 in flight, each next session when one finishes"),
         "{out}"
+    );
+}
+
+/// A model fitted on another configuration (its captures' config_hash differs from the
+/// trace's) is called out in the `fit set:` line and in JSON; a run with too few requests
+/// to have quantiles ends with a message saying that, not with a pooled FAIL.
+#[test]
+fn another_configuration_and_too_few_requests_are_said_plainly() {
+    // the capture, stamped as another configuration's
+    let other = tmp("other-config.jsonl");
+    let mut w = sim_trace::trace::TraceWriter::create_without_meta(&other).unwrap();
+    for item in sim_trace::trace::TraceReader::open(fixture("trace.jsonl.gz")).unwrap() {
+        match item.unwrap() {
+            sim_trace::trace::TraceItem::Meta(mut m) => {
+                m.config_hash = Some("0123456789abcdef".into());
+                w.write_meta(&m).unwrap();
+            }
+            sim_trace::trace::TraceItem::Record(r) => w.write_record(&r).unwrap(),
+        }
+    }
+    w.finish().unwrap();
+    let model = fixture_model();
+    let base = ["--latency-trace", s(&model), "--max-num-seqs", "128"];
+
+    let mut args = vec![
+        s(&other),
+        "--requests",
+        "40",
+        "--tolerance",
+        "1000",
+        "--json",
+    ];
+    args.extend(base);
+    args.extend(["--min-requests", "10"]);
+    let (out, err) = ok(&calibrate(&args));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["fit_set"]["other_configuration"], true,
+        "{}",
+        v["fit_set"]
+    );
+    assert_eq!(v["fit_set"]["config_hashes"]["trace"], "0123456789abcdef");
+    assert!(
+        v["fit_set"]["config_hashes"]["fit"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("727153f7"),
+        "{}",
+        v["fit_set"]
+    );
+    assert!(
+        err.contains("WARNING: the model was fitted on another configuration"),
+        "{err}"
+    );
+
+    let mut args = vec![s(&other), "--requests", "1"];
+    args.extend(base);
+    let (out, err) = exit_1(&calibrate(&args));
+    let fit_line = out.lines().find(|l| l.starts_with("fit set:")).unwrap();
+    assert!(
+        fit_line.contains(
+            "WARNING: the model was fitted on another configuration (config_hash 727153f7"
+        ),
+        "{fit_line}"
+    );
+    assert!(
+        err.contains("only 1 request(s) compared, fewer than --min-requests 30")
+            && !err.contains("out of tolerance"),
+        "{err}"
     );
 }

@@ -192,4 +192,39 @@ fn bad_input_is_refused_with_a_clear_error() {
         "{}",
         stderr(&out)
     );
+    // the meta's vllm_version is outside input: the supported window applies to it (it
+    // used to fetch a 0.24 wheel and run a wire the binary refuses, or read `../../x` as
+    // the default line)
+    for (version, needle) in [
+        ("0.24.0", "outside the supported window"),
+        ("1.0", "outside the supported window"),
+        ("../../x", "is not a vLLM version"),
+    ] {
+        let trace = tmp(&format!("meta-{}.jsonl", version.replace('/', "_")));
+        std::fs::write(
+            &trace,
+            format!(
+                "{{\"meta\": {{\"vllm_version\": \"{version}\", \"block_size\": 16}}}}\n{{\"request_id\": \"a\", \"prompt_tokens\": 4, \"output_tokens\": 2, \"arrival_ms\": 0, \"ttft_ms\": 5, \"itl_ms\": [1]}}\n"
+            ),
+        )
+        .unwrap();
+        let t = trace.to_str().unwrap();
+        let started = std::time::Instant::now();
+        let out = bin()
+            .args(["inspect", "calibrate-e2e", t, "--latency-trace", &gate])
+            .output()
+            .unwrap();
+        let e = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{version}: {e}");
+        assert!(
+            e.contains(&format!("vllm_version {version:?}")) && e.contains(needle),
+            "{version}: {e}"
+        );
+        // refused before any frontend is fetched or started
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{version}"
+        );
+        std::fs::remove_file(&trace).ok();
+    }
 }

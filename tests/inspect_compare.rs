@@ -247,5 +247,17 @@ fn bad_input_is_refused_with_a_clear_error() {
         &a, &a, "--label", "x", "--label", "y", "--label", "z",
     ]));
     assert!(e.contains("3 --label for 2 traces"), "{e}");
+    // a capture that ended before any request: said so, not "no records to simulate"
+    let meta_only = tmp("meta-only.jsonl");
+    std::fs::write(
+        &meta_only,
+        "{\"meta\": {\"version\": 1, \"block_size\": 16}}\n",
+    )
+    .unwrap();
+    let e = err(compare(&[&a, meta_only.to_str().unwrap()]));
+    assert!(
+        e.contains("holds no request records, only its meta line") && !e.contains("simulate"),
+        "{e}"
+    );
     let _ = std::fs::remove_file(&mooncake);
 }

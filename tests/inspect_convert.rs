@@ -270,7 +270,7 @@ fn bad_mooncake_lines_name_file_and_line_and_leave_no_output() {
     let src = tmp("self.jsonl");
     std::fs::write(&src, format!("{good}\n")).unwrap();
     let err = convert_err(&["--from", "mooncake"], &src, &src);
-    assert!(err.contains("is the input"), "{err}");
+    assert!(err.contains("is the same file as the input file"), "{err}");
     assert_eq!(std::fs::read_to_string(&src).unwrap(), format!("{good}\n"));
 }
 

@@ -153,3 +153,65 @@ fn bad_invocations_say_what_is_wrong() {
     assert!(e.contains("is not that trace's step-stats sidecar"), "{e}");
     assert!(!Path::new(&out).exists(), "nothing written on failure");
 }
+
+/// One absurd gap in a capture without a timeline pulled the law (a 0.5 s step where the
+/// engine's are 13 ms) with no word; the fit now warns, in the report and on stderr under
+/// `--json`. A gap past a day is refused, naming the record and field.
+#[test]
+fn an_outlier_gap_is_warned_about_and_an_absurd_one_refused() {
+    use sim_trace::trace::{TraceItem, TraceReader, TraceWriter};
+    let write = |name: &str, gap: f64| {
+        let path = tmp(name);
+        let mut w = TraceWriter::create_without_meta(&path).unwrap();
+        let mut edited = false;
+        for item in TraceReader::open(fixture("trace.jsonl.gz")).unwrap() {
+            match item.unwrap() {
+                TraceItem::Meta(m) => w.write_meta(&m).unwrap(),
+                TraceItem::Record(mut r) => {
+                    // gaps without a timeline: each is a decode step of its own
+                    r.arrival_ms = None;
+                    r.ttft_ms = None;
+                    if !edited && r.itl_ms.len() > 3 {
+                        r.itl_ms[2] = gap;
+                        edited = true;
+                    }
+                    w.write_record(&r).unwrap();
+                }
+            }
+        }
+        w.finish().unwrap();
+        path
+    };
+    let outlier = write("outlier.jsonl", 1e7);
+    let model = tmp("outlier-model.json");
+    let (_, err) = ok(&fit(&[
+        outlier.to_str().unwrap(),
+        "-o",
+        model.to_str().unwrap(),
+    ]));
+    assert!(
+        err.contains("WARNING: 1 observation(s) last more than 1000× the median step")
+            && err.contains("the largest 10000000 ms"),
+        "{err}"
+    );
+    let (out, err) = ok(&fit(&[
+        outlier.to_str().unwrap(),
+        "-o",
+        model.to_str().unwrap(),
+        "--json",
+    ]));
+    assert!(err.contains("WARNING"), "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(v["law"]["notes"].to_string().contains("WARNING"), "{v}");
+
+    let absurd = write("absurd.jsonl", 1e20);
+    let err = failed(&fit(&[
+        absurd.to_str().unwrap(),
+        "-o",
+        model.to_str().unwrap(),
+    ]));
+    assert!(
+        err.contains("itl_ms[2] = 1e20 ms") && err.contains("a day"),
+        "{err}"
+    );
+}

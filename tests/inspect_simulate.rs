@@ -465,7 +465,7 @@ fn bad_input_is_refused_with_a_clear_error() {
         "{e}"
     );
     let e = failed(&simulate(&[s(&trace), "--dump-trace", s(&trace)]));
-    assert!(e.contains("is the input trace"), "{e}");
+    assert!(e.contains("is the same file as the trace"), "{e}");
     let e = failed(&simulate(&[s(&trace), "--dump-trace", "-", "--json"]));
     assert!(e.contains("pick one"), "{e}");
     let e = failed(&simulate(&[s(&trace), "--record-tokens"]));
@@ -597,4 +597,55 @@ fn replay_concurrency_keeps_n_requests_in_flight_and_starts_each_next_at_a_finis
     assert!(err.contains("--replay-concurrency auto"), "{err}");
     let err = failed(&simulate(&[s(&trace), "--replay-concurrency", "0"]));
     assert!(err.contains("not a number of requests in flight"), "{err}");
+}
+
+/// Numbers no engine takes are refused with their field's name, never a panic (exit 101):
+/// a model whose law says 1e300 ms, prefill ratios of 1e300, a replayed gap of 1e300 ms.
+#[test]
+fn absurd_durations_are_refused_by_name_not_by_a_panic() {
+    let trace = fixture("trace.jsonl.gz");
+    let model = tmp("absurd-base.json");
+    ok(&bin()
+        .args(["inspect", "fit"])
+        .arg(&trace)
+        .arg("-o")
+        .arg(&model)
+        .output()
+        .unwrap());
+    let base: Value = serde_json::from_slice(&std::fs::read(&model).unwrap()).unwrap();
+    let edited = |name: &str, edit: &dyn Fn(&mut Value)| {
+        let mut v = base.clone();
+        edit(&mut v);
+        let p = tmp(name);
+        std::fs::write(&p, v.to_string()).unwrap();
+        p
+    };
+    let step = edited("absurd-step.json", &|v| v["law"]["step_ms"] = json!(1e300));
+    let ratios = edited("absurd-ratios.json", &|v| {
+        for c in v["prefill"].as_array_mut().unwrap() {
+            let n = c["ratio"].as_array().unwrap().len();
+            c["ratio"] = json!(vec![1e300; n]);
+        }
+    });
+    for (m, needle) in [
+        (&step, "law.step_ms is 1e300"),
+        (&ratios, "ratio 1e300 is out of range"),
+    ] {
+        let out = simulate(&[s(&trace), "--latency-trace", s(m), "--requests", "5"]);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{e}");
+        assert!(e.contains(needle) && e.contains(s(m)), "{e}");
+    }
+    let gaps = write_trace(
+        "absurd-gaps.jsonl",
+        json!({"block_size": 16}),
+        &[
+            json!({"request_id": "r0", "prompt_tokens": 20, "output_tokens": 3, "arrival_ms": 0,
+                 "ttft_ms": 5, "itl_ms": [1, 1e300], "finish_reason": "length"}),
+        ],
+    );
+    let out = simulate(&[s(&gaps), "--replay-steps", s(&gaps)]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(e.contains("`r0`") && e.contains("itl_ms[1] = 1e300"), "{e}");
 }

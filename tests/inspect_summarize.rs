@@ -338,3 +338,125 @@ fn long_chunk_histograms_are_bucketed() {
     );
     assert!(line.len() < 200, "{line}");
 }
+
+/// A `.gz` of a few MB that inflates to one 1.5 GiB line: every reader refuses the line by
+/// number at the cap (64 MiB) with a clean error, in bounded memory — under a 1 GiB
+/// address-space limit the binary used to die of SIGABRT reading it whole. `--max-line-bytes`
+/// sets the cap.
+#[test]
+fn one_huge_line_is_refused_in_bounded_memory() {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    // one gzip member of 1 MiB of `a` (no newline), repeated: the reader sees one stream
+    let mut member = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    member.write_all(&vec![b'a'; 1 << 20]).unwrap();
+    let member = member.finish().unwrap();
+    let path = tmp("one-huge-line.jsonl.gz");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    for _ in 0..1536 {
+        f.write_all(&member).unwrap();
+    }
+    f.into_inner().unwrap().sync_all().unwrap();
+
+    let limited = |args: &[&str]| {
+        let mut cmd = bin();
+        cmd.args(args).arg(&path);
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 1 << 30,
+                    rlim_max: 1 << 30,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.output().unwrap()
+    };
+    for args in [
+        &["inspect", "summarize"][..],
+        &["play", "--handshake-timeout", "1", "--replay-tokens"][..],
+    ] {
+        let out = limited(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {:?}\n{err}",
+            out.status
+        );
+        assert!(
+            err.contains("one-huge-line.jsonl.gz:1: line longer than 67108864 bytes")
+                && err.contains("--max-line-bytes"),
+            "{args:?}: {err}"
+        );
+    }
+
+    // the cap is a flag: a real trace whose lines exceed a small cap is refused by line
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/cpu-engine-capture/trace.jsonl.gz");
+    let out = bin()
+        .args(["inspect", "summarize", "--max-line-bytes", "1024"])
+        .arg(&fixture)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("line longer than 1024 bytes"),
+        "{err}"
+    );
+    std::fs::remove_file(&path).ok();
+}
+
+/// A gzip file named `.jsonl` is read as gzip (it was "invalid trace line: expected
+/// value"), and a flipped byte inside a `.gz` is reported as damage, not as a JSON error.
+#[test]
+fn gzip_by_content_and_damage_by_name() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/cpu-engine-capture/trace.jsonl.gz");
+    let renamed = tmp("renamed-gzip.jsonl");
+    std::fs::copy(&fixture, &renamed).unwrap();
+    let v = summarize_json(&renamed);
+    assert_eq!(v, summarize_json(&fixture));
+
+    let mut bytes = std::fs::read(&fixture).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    let damaged = tmp("damaged.jsonl.gz");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let out = bin()
+        .args(["inspect", "summarize"])
+        .arg(&damaged)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("corrupt gzip data")
+            && err.contains("the file is damaged")
+            && !err.contains("invalid trace line"),
+        "{err}"
+    );
+}
+
+/// A meta line of a newer schema than this build reads is read, with a warning (it was
+/// accepted without a word).
+#[test]
+fn a_newer_schema_is_read_with_a_warning() {
+    let trace = tmp("v999.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"meta\": {\"version\": 999}}\n{\"request_id\": \"a\", \"prompt_tokens\": 4, \"output_tokens\": 1, \"ttft_ms\": 3}\n",
+    )
+    .unwrap();
+    let v = summarize_json(&trace);
+    assert!(
+        v["warnings"]
+            .to_string()
+            .contains("meta version 999 is newer than the schema"),
+        "{}",
+        v["warnings"]
+    );
+}

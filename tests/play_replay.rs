@@ -301,3 +301,157 @@ async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
     assert!(worst < 0.005, "worst deviation {:.3} ms", worst * 1e3);
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Hostile replay inputs are refused before the handshake, each naming what is wrong: a
+/// recorded gap of 1e300 ms (it used to panic the engine at that request: ENGINE_CORE_DEAD,
+/// then 500 for everyone), token ids the frontend's tokenizer does not have (they were
+/// served as ""), a block size of 0 under prefix matching (every lookup missed), and a
+/// replay summary written over the trace it counts.
+#[test]
+fn hostile_replay_traces_are_refused_at_load() {
+    let dir = tmp("hostile");
+    let try_load = |f: &dyn Fn(&mut vllm_vcr::play::PlayArgs)| -> String {
+        let mut a = args();
+        f(&mut a);
+        match vllm_vcr::play::config::PlayConfig::try_from(&a) {
+            Ok(_) => "accepted".to_string(),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    let write = |name: &str, meta: TraceMeta, recs: &[TraceRecord]| {
+        let path = dir.join(name);
+        let mut w = TraceWriter::create(&path, &meta).unwrap();
+        for r in recs {
+            w.write_record(r).unwrap();
+        }
+        w.finish().unwrap();
+        path
+    };
+    let rec = |id: &str, ids: Vec<u32>, itl: f64| TraceRecord {
+        request_id: Some(id.to_string()),
+        prompt_tokens: 8,
+        output_tokens: ids.len() as u32,
+        arrival_ms: Some(0.0),
+        ttft_ms: Some(5.0),
+        itl_ms: vec![itl; ids.len() - 1],
+        output_token_ids: Some(ids),
+        finish_reason: Some("length".into()),
+        ..Default::default()
+    };
+
+    // H4: a gap no engine takes
+    let huge = write(
+        "huge.jsonl",
+        TraceMeta::new(),
+        &[
+            rec("ok", vec![40, 41], 1.0),
+            rec("bad", vec![40, 41, 42], 1e300),
+        ],
+    );
+    let e = try_load(&|a| {
+        a.replay_tokens = Some(huge.clone());
+        a.replay_steps = Some(huge.clone());
+    });
+    assert!(
+        e.contains("huge.jsonl:3") && e.contains("`bad`") && e.contains("itl_ms[0] = 1e300"),
+        "{e}"
+    );
+
+    // M5: ids past the vocabulary (the embedded tokenizer has 259)
+    let oov = write(
+        "oov.jsonl",
+        TraceMeta::new(),
+        &[rec("r0", vec![40, 999_999, 4_294_967_295], 1.0)],
+    );
+    let e = try_load(&|a| a.replay_tokens = Some(oov.clone()));
+    assert!(
+        e.contains("oov.jsonl:2")
+            && e.contains("output token id 999999")
+            && e.contains("outside the vocabulary"),
+        "{e}"
+    );
+
+    // L4: block size 0 cannot hash a prompt
+    let zero = write(
+        "zero.jsonl",
+        TraceMeta {
+            block_size: Some(0),
+            ..TraceMeta::new()
+        },
+        &[rec("r0", vec![40, 41], 1.0)],
+    );
+    let e = try_load(&|a| {
+        a.replay_tokens = Some(zero.clone());
+        a.replay_match = MatchMode::Prefix;
+    });
+    assert!(e.contains("block_size is 0"), "{e}");
+
+    // H5: the summary may not be written over the trace (by another name either)
+    let good = fixture(&dir);
+    let alias = dir.join(".").join("trace.jsonl.gz");
+    let e = try_load(&|a| {
+        a.replay_tokens = Some(good.clone());
+        a.replay_summary = Some(alias.clone());
+    });
+    assert!(
+        e.contains("--replay-summary") && e.contains("is the same file as --replay-tokens"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// `--replay-tokens A --replay-steps B` of two captures were paired record by record
+/// without a word; they are refused (naming every difference) unless
+/// `--replay-allow-mismatch` asks for it.
+#[test]
+fn tokens_and_steps_of_different_captures_are_not_paired_silently() {
+    let dir = tmp("pairing");
+    let write = |name: &str, hash: &str, ids: &[&str]| {
+        let path = dir.join(name);
+        let meta = TraceMeta {
+            block_size: Some(BLOCK as u32),
+            config_hash: Some(hash.into()),
+            ..TraceMeta::new()
+        };
+        let mut w = TraceWriter::create(&path, &meta).unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            w.write_record(&TraceRecord {
+                request_id: Some(id.to_string()),
+                prompt_tokens: 8,
+                output_tokens: 2,
+                arrival_ms: Some(i as f64),
+                ttft_ms: Some(5.0),
+                itl_ms: vec![1.0],
+                output_token_ids: Some(vec![40, 41]),
+                finish_reason: Some("length".into()),
+                ..Default::default()
+            })
+            .unwrap();
+        }
+        w.finish().unwrap();
+        path
+    };
+    let a = write("a.jsonl", "e32b", &["a0", "a1", "a2"]);
+    let b = write("b.jsonl", "7271", &["b0", "b1"]);
+    let same_a = write("a-steps.jsonl", "e32b", &["a0", "a1", "a2"]);
+    let load = |tokens: &Path, steps: &Path, allow: bool| {
+        let mut args = args();
+        args.replay_tokens = Some(tokens.to_path_buf());
+        args.replay_steps = Some(steps.to_path_buf());
+        args.replay_allow_mismatch = allow;
+        vllm_vcr::play::config::PlayConfig::try_from(&args).map(|_| ())
+    };
+    let e = format!("{:#}", load(&a, &b, false).unwrap_err());
+    assert!(
+        e.contains("are not one capture")
+            && e.contains("config_hash e32b vs 7271")
+            && e.contains("3 vs 2 records")
+            && e.contains("record 0 is request `a0` in one and `b0` in the other")
+            && e.contains("--replay-allow-mismatch"),
+        "{e}"
+    );
+    load(&a, &b, true).unwrap();
+    // two files of one capture pair as before
+    load(&a, &same_a, false).unwrap();
+    std::fs::remove_dir_all(dir).ok();
+}

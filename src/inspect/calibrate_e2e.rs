@@ -21,12 +21,13 @@ use sim_protocol::VllmLine;
 use sim_trace::trace::{TraceItem, TraceReader};
 
 use super::calibrate::compare::{Sample, chunk_sizes};
-use super::calibrate::{CalibrateArgs, ModelRun, run_with};
+use super::calibrate::{CalibrateArgs, ModelRun, check_calibrate_outputs, run_with};
 use super::progress::Progress;
 use super::simulate::arrivals::Arrivals;
 use super::simulate::workload::Workload;
 use super::simulate::{Counts, RunOptions};
 use crate::child::{ChildGuard, free_ports, wait_listening};
+use crate::io_guard::{Named, named};
 use crate::play::{EngineArgs, PlayArgs};
 use crate::serve::{self, Frontend};
 use crate::{compat, frontends};
@@ -64,12 +65,12 @@ pub struct CalibrateE2eArgs {
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
 
-    /// Seconds the stack may take to answer /health.
-    #[arg(long, value_name = "S", default_value_t = 120.0)]
+    /// Seconds the stack may take to answer /health (at most a day).
+    #[arg(long, value_name = "S", default_value_t = 120.0, value_parser = crate::flag_ranges::seconds)]
     pub startup_timeout: f64,
 
-    /// Seconds one request may take.
-    #[arg(long, value_name = "S", default_value_t = 120.0)]
+    /// Seconds one request may take (at most a day).
+    #[arg(long, value_name = "S", default_value_t = 120.0, value_parser = crate::flag_ranges::seconds)]
     pub request_timeout: f64,
 }
 
@@ -79,11 +80,25 @@ pub fn run(a: &CalibrateE2eArgs) -> Result<()> {
             "calibrate-e2e runs `play` under a latency model: pass --latency-trace MODEL (from `inspect fit`)"
         );
     }
-    if let Some(p) = &a.dump_trace
-        && p.exists()
-        && std::fs::canonicalize(p).ok() == std::fs::canonicalize(&a.calibrate.trace).ok()
-    {
-        bail!("--dump-trace {} is the input trace", p.display());
+    let inputs: Vec<Named> = a
+        .frontend_bin
+        .iter()
+        .map(|p| named("--frontend-bin", p))
+        .collect();
+    let outputs: Vec<Named> = a
+        .dump_trace
+        .iter()
+        .map(|p| named("--dump-trace", p))
+        .collect();
+    check_calibrate_outputs(&a.calibrate, &inputs, &outputs)?;
+    // the trace's line picks the frontend and the wire: checked before anything is fetched
+    let mut reader = TraceReader::open(&a.calibrate.trace)
+        .with_context(|| format!("reading {}", a.calibrate.trace.display()))?;
+    let (meta, _) = reader
+        .read_header()
+        .with_context(|| format!("reading {}", a.calibrate.trace.display()))?;
+    if let Some(meta) = meta {
+        meta_line(&meta, &a.calibrate.trace)?;
     }
     run_with(&a.calibrate, |work, engine, opts| {
         wire_run(a, work, engine, opts)
@@ -176,13 +191,24 @@ fn wire_run(
     })
 }
 
-/// The trace's vLLM line (its engine's version), else the default line.
-fn trace_line(work: &Workload) -> VllmLine {
-    work.meta
-        .vllm_version
-        .as_deref()
-        .and_then(|v| VllmLine::parse_any(v).ok())
-        .unwrap_or_else(compat::default_line)
+/// The trace's vLLM line (its engine's version, which must be a version in the supported
+/// window: a meta is outside input, and a line outside the window would fetch a frontend
+/// and run a wire this binary refuses everywhere else), else the default line.
+fn meta_line(meta: &sim_trace::trace::TraceMeta, path: &Path) -> Result<VllmLine> {
+    match meta.vllm_version.as_deref() {
+        None => Ok(compat::default_line()),
+        Some(v) => VllmLine::parse(v).map_err(|e| {
+            anyhow!(
+                "{}: the meta line's vllm_version {v:?}: {e}; calibrate-e2e runs the frontend of the trace's vLLM line, so it needs a capture of a supported line",
+                path.display()
+            )
+        }),
+    }
+}
+
+/// [`meta_line`] of a loaded workload.
+fn trace_line(work: &Workload, path: &Path) -> Result<VllmLine> {
+    meta_line(&work.meta, path)
 }
 
 fn start(
@@ -198,7 +224,7 @@ fn start(
     let ports = free_ports(3)?;
     let (http_port, hs_port, tap_port) = (ports[0], ports[1], ports[2]);
     let timeout = a.startup_timeout.max(1.0);
-    let mut line = trace_line(work);
+    let mut line = trace_line(work, &a.calibrate.trace)?;
     let spec = serve::FrontendSpec {
         model: &model,
         name: "tiny",
@@ -229,7 +255,7 @@ fn start(
     serve::die_with_parent(&mut cmd);
     let fe_log = dir.join("frontend.log");
     let mut frontend = ChildGuard::spawn("frontend", cmd, &fe_log, grace)?;
-    let listen = Duration::from_secs_f64(timeout);
+    let listen = sim_trace::latency::secs_to_duration(timeout);
     wait_listening(hs_port, listen, &mut [&mut frontend]).with_context(|| {
         format!(
             "waiting for the frontend's handshake socket; last lines of {}:\n{}",
@@ -351,7 +377,7 @@ fn drive(
     let mut arrivals = Arrivals::new(work, opts);
     let (tx, rx) = mpsc::channel::<(usize, Duration, Result<()>)>();
     let t0 = Instant::now();
-    let timeout = Duration::from_secs_f64(a.request_timeout.max(1.0));
+    let timeout = sim_trace::latency::secs_to_duration(a.request_timeout.max(1.0));
     let mut in_flight = 0usize;
     let mut done = 0usize;
     let mut failed: Vec<String> = Vec::new();

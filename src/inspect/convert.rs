@@ -108,7 +108,6 @@ impl Report {
 }
 
 pub use super::output::OutputGuard;
-use super::output::same_file;
 
 fn check_args(args: &ConvertArgs) -> Result<()> {
     let format = match (args.from, args.to) {
@@ -124,12 +123,10 @@ fn check_args(args: &ConvertArgs) -> Result<()> {
     if args.all_requests && format != Format::Guidellm {
         bail!("--all-requests applies to --from guidellm only");
     }
-    if same_file(&args.input, &args.output) {
-        bail!(
-            "-o {} is the input file: writing it would destroy the input",
-            args.output.display()
-        );
-    }
+    crate::io_guard::check_outputs(
+        &[crate::io_guard::named("the input file", &args.input)],
+        &[crate::io_guard::named("-o", &args.output)],
+    )?;
     Ok(())
 }
 

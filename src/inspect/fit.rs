@@ -14,6 +14,8 @@ use clap::Args;
 use serde_json::json;
 use sim_trace::fit::{FitInput, FittedModel, InputKind, fit, sniff};
 
+use crate::io_guard::{check_outputs, named};
+
 #[derive(Debug, Clone, Args)]
 pub struct FitArgs {
     /// Captures to fit (`record --trace-out`; `.gz` read transparently). Several captures
@@ -50,6 +52,9 @@ pub fn run(a: &FitArgs) -> Result<()> {
     if a.json && a.output.as_os_str() == "-" {
         bail!("--json and `-o -` both write to standard output: pick one");
     }
+    let mut inputs: Vec<_> = a.traces.iter().map(|t| named("the trace", t)).collect();
+    inputs.extend(a.steps.iter().map(|s| named("--steps", s)));
+    check_outputs(&inputs, &[named("-o", &a.output)])?;
     for t in &a.traces {
         if sniff(t).with_context(|| format!("reading {}", t.display()))? == InputKind::Model {
             bail!(
@@ -84,6 +89,10 @@ pub fn run(a: &FitArgs) -> Result<()> {
         .with_context(|| format!("writing {}", a.output.display()))?;
     let bytes = model.to_text().map(|t| t.len()).unwrap_or(0);
     if a.json {
+        // warnings reach the terminal even when stdout is for the JSON
+        for n in model.law.notes.iter().filter(|n| n.starts_with("WARNING")) {
+            crate::errln!("inspect fit: {n}");
+        }
         crate::outln!("{}", summary(&model, &a.output, bytes, secs));
     } else {
         crate::errp!("{}", report(&model, &a.output, bytes, secs));

@@ -37,9 +37,9 @@ pub struct GenDemoArgs {
     #[arg(long)]
     pub fast: bool,
 
-    /// Stamp Poisson arrivals at this many requests per second (default: no arrival
-    /// times, like converted client reports).
-    #[arg(long, value_name = "REQ_PER_S")]
+    /// Stamp Poisson arrivals at this many requests per second, from 0.00001 to 1000000
+    /// (default: no arrival times, like converted client reports).
+    #[arg(long, value_name = "REQ_PER_S", value_parser = crate::flag_ranges::rate)]
     pub arrival_rate: Option<f64>,
 
     /// Print a JSON summary of what was written on stdout.
@@ -106,9 +106,13 @@ pub fn run(args: &GenDemoArgs) -> Result<()> {
         bail!("--records must be at least 1");
     }
     if let Some(r) = args.arrival_rate
-        && !(r.is_finite() && r > 0.0)
+        && crate::flag_ranges::rate(&r.to_string()).is_err()
     {
-        bail!("--arrival-rate must be a positive number of requests per second");
+        bail!(
+            "--arrival-rate must be between {} and {} requests per second, got {r}",
+            crate::flag_ranges::MIN_RATE,
+            crate::flag_ranges::MAX_RATE
+        );
     }
     let shape = if args.fast { &FAST } else { &DEFAULT };
     let mut meta = TraceMeta::new();

@@ -1,9 +1,7 @@
-//! Output files of the `inspect` commands: never written over an input, never left
-//! half-written when the command fails.
+//! Output files of the `inspect` commands: never left half-written when the command fails
+//! (the guard against writing over an input is `crate::io_guard`, shared by every command).
 
 use std::path::Path;
-
-use anyhow::{Result, bail};
 
 /// Whether `a` and `b` are the same existing file: the same path, a symlink to it, or a
 /// hard link (same device and inode).
@@ -13,20 +11,6 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
         _ => false,
     }
-}
-
-/// Refuse an output that is one of the inputs (before any work is done).
-/// `inputs`: (path, what it is, e.g. "the trace" or "--step-stats").
-pub fn refuse_overwriting(output: &Path, flag: &str, inputs: &[(&Path, &str)]) -> Result<()> {
-    for (input, what) in inputs {
-        if same_file(output, input) {
-            bail!(
-                "{flag} {} is {what}: writing it would destroy the input",
-                output.display()
-            );
-        }
-    }
-    Ok(())
 }
 
 /// Deletes a half-written output unless disarmed. Armed only once the command has created
@@ -80,8 +64,6 @@ mod tests {
         std::os::unix::fs::symlink(&a, &soft).unwrap();
         assert!(same_file(&a, &hard) && same_file(&a, &soft));
         assert!(!same_file(&a, &dir.join("missing")));
-        let e = refuse_overwriting(&hard, "-o", &[(&a, "the trace")]).unwrap_err();
-        assert!(e.to_string().contains("is the trace"), "{e}");
         std::fs::remove_dir_all(&dir).ok();
     }
 }

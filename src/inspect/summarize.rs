@@ -92,6 +92,11 @@ impl Summary {
             };
             match item {
                 TraceItem::Meta(m) => {
+                    if let Some(w) = m.newer_schema_warning()
+                        && !s.warnings.contains(&w)
+                    {
+                        s.warnings.push(w);
+                    }
                     if s.meta.is_none() {
                         s.meta = Some(m);
                     }

@@ -27,6 +27,7 @@ use super::text::TextTokens;
 use super::tokens::{EchoTokens, RandomTokens, TokenSource};
 use super::vocab::{self, Vocabulary};
 use super::{EngineArgs, PlayArgs, TokenMode};
+use crate::io_guard::{Named, check_outputs, named};
 
 /// Engine settings, validated.
 #[derive(Debug, Clone)]
@@ -104,19 +105,37 @@ pub struct PlayConfig {
     pub model: Option<FittedModel>,
 }
 
+/// A seconds flag set in code (flags parsed by clap are range-checked already).
 fn seconds(v: f64, flag: &str, allow_zero: bool) -> Result<Duration> {
-    let ok = v.is_finite() && (v > 0.0 || (allow_zero && v == 0.0));
+    let max = crate::flag_ranges::MAX_SECONDS;
+    let ok = v.is_finite() && (v > 0.0 || (allow_zero && v == 0.0)) && v <= max;
     if !ok {
         let what = if allow_zero { "≥ 0" } else { "positive" };
-        bail!("{flag} must be a {what} number of seconds, got {v}");
+        bail!("{flag} must be a {what} number of seconds up to {max} (a day), got {v}");
     }
     Ok(Duration::from_secs_f64(v))
+}
+
+/// The files the engine flags read (`--latency-trace`, `--latency-steps`,
+/// `--replay-tokens`, `--replay-steps`, `--tokenizer`), for the output guard of every
+/// command that takes them.
+pub fn engine_inputs(e: &EngineArgs) -> Vec<Named<'_>> {
+    let mut inputs = Vec::new();
+    inputs.extend(e.latency_trace.iter().map(|p| named("--latency-trace", p)));
+    inputs.extend(e.latency_steps.iter().map(|p| named("--latency-steps", p)));
+    inputs.extend(e.replay_tokens.iter().map(|p| named("--replay-tokens", p)));
+    inputs.extend(e.replay_steps.iter().map(|p| named("--replay-steps", p)));
+    inputs.extend(e.tokenizer.iter().map(|p| named("--tokenizer", p)));
+    inputs
 }
 
 impl TryFrom<&PlayArgs> for PlayConfig {
     type Error = anyhow::Error;
 
     fn try_from(a: &PlayArgs) -> Result<Self> {
+        if let Some(summary) = &a.replay_summary {
+            check_outputs(&engine_inputs(a), &[named("--replay-summary", summary)])?;
+        }
         if a.min_token_id >= a.vocab_size {
             bail!(
                 "--min-token-id ({}) must be below --vocab-size ({})",
@@ -125,6 +144,7 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             );
         }
         let knobs = a.knobs();
+        // (flags are range-checked by clap; PlayArgs built in code are checked here)
         knobs.validate().map_err(|e| anyhow!(e))?;
         if a.ttft_mode == TtftMode::Fixed && !a.latency_trace.is_empty() {
             bail!(
@@ -192,11 +212,17 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             }
             super::replay::check_config_hash(expected, &paths)?;
         }
+        let vocab = match &a.tokenizer {
+            Some(p) => Arc::new(Vocabulary::load(&vocab::model_dir_of(p))?),
+            None => Vocabulary::embedded(),
+        };
         let replay = ReplaySetup::load(
             a.replay_tokens.as_deref(),
             a.replay_steps.as_deref(),
             a.replay_match,
             a.replay_miss,
+            &vocab,
+            a.replay_allow_mismatch,
         )?;
         if let (Some(expected), Some(r)) = (&a.expect_config_hash, &replay) {
             // concatenated captures carry several meta lines: every one must agree
@@ -244,22 +270,13 @@ impl TryFrom<&PlayArgs> for PlayConfig {
         } else {
             a.max_model_len
         };
-        if !(a.kv_lease_duration.is_finite() && a.kv_lease_duration > 0.0) {
-            bail!(
-                "--kv-lease-duration must be a positive number of seconds, got {}",
-                a.kv_lease_duration
-            );
-        }
+        seconds(a.kv_lease_duration, "--kv-lease-duration", false)?;
         if !(0.0..=1.0).contains(&a.tool_call_rate) {
             bail!(
                 "--tool-call-rate must be between 0 and 1, got {}",
                 a.tool_call_rate
             );
         }
-        let vocab = match &a.tokenizer {
-            Some(p) => Arc::new(Vocabulary::load(&vocab::model_dir_of(p))?),
-            None => Vocabulary::embedded(),
-        };
         if a.tokenizer.is_some() && a.vocab_size > vocab.size() {
             bail!(
                 "--vocab-size {} is larger than the {} tokens of --tokenizer {}",

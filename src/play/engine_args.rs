@@ -149,8 +149,8 @@ pub struct EngineArgs {
     pub side_channel_port: u16,
 
     /// Seconds a prefill engine keeps a finished request's KV for its decode engine before
-    /// freeing it unread (vLLM's kv_lease_duration).
-    #[arg(long, default_value_t = 30.0)]
+    /// freeing it unread (vLLM's kv_lease_duration); at most a day.
+    #[arg(long, default_value_t = 30.0, value_parser = crate::flag_ranges::seconds)]
     pub kv_lease_duration: f64,
 
     /// What a decode engine does when a KV pull fails (vLLM's kv_load_failure_policy):
@@ -165,12 +165,14 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 4096, value_parser = parse_block_bytes)]
     pub kv_block_bytes: u64,
 
-    /// Slow-down factor at full load (running = --max-num-seqs), linear in between; 1 = none.
-    #[arg(long, default_value_t = 1.0)]
+    /// Slow-down factor at full load (running = --max-num-seqs), linear in between; 1 = none
+    /// (at most 1000).
+    #[arg(long, default_value_t = 1.0, value_parser = crate::flag_ranges::time_factor)]
     pub time_factor_under_load: f64,
 
-    /// Divide every duration by this (100 = a hundred times faster than configured).
-    #[arg(long, default_value_t = 1.0)]
+    /// Divide every duration by this (100 = a hundred times faster than configured; from
+    /// 0.001 to 1000000).
+    #[arg(long, default_value_t = 1.0, value_parser = crate::flag_ranges::time_scale)]
     pub time_scale: f64,
 
     /// Tokens per request per output message (vLLM emits one per step; more models
@@ -302,6 +304,12 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value_t = MissPolicy::Random)]
     pub replay_miss: MissPolicy,
 
+    /// Pair --replay-tokens and --replay-steps files of different captures anyway
+    /// (different config_hash, block size, record count or request ids): start with a
+    /// warning instead of refusing.
+    #[arg(long)]
+    pub replay_allow_mismatch: bool,
+
     /// Refuse to start unless every trace given to --latency-trace, --replay-tokens and
     /// --replay-steps carries this `config_hash` in its meta (a capture of another engine
     /// configuration is another engine).
@@ -309,12 +317,20 @@ pub struct EngineArgs {
     pub expect_config_hash: Option<String>,
 }
 
+/// A latency knob in ms: from 0 to a day (a larger one used to panic the engine when a
+/// step was timed).
 fn parse_ms(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .parse()
         .map_err(|_| format!("`{s}` is not a number of milliseconds"))?;
+    let max = sim_trace::latency::MAX_DURATION_MS;
     if !v.is_finite() || v < 0.0 {
         return Err(format!("milliseconds must be ≥ 0, got {s}"));
+    }
+    if v > max {
+        return Err(format!(
+            "{s} is out of range: milliseconds must be between 0 and {max} (a day)"
+        ));
     }
     Ok(v)
 }

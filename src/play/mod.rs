@@ -92,8 +92,8 @@ pub struct PlayArgs {
     pub data_parallel_size: Option<u16>,
 
     /// Seconds to keep trying to reach the frontend's handshake socket before giving up
-    /// (the engine may start before the frontend, as in a pod).
-    #[arg(long, default_value_t = 600.0)]
+    /// (the engine may start before the frontend, as in a pod); at most a day.
+    #[arg(long, default_value_t = 600.0, value_parser = crate::flag_ranges::seconds)]
     pub handshake_timeout: f64,
 
     /// The engine's own flags (shared with `inspect simulate`).
@@ -128,7 +128,8 @@ pub struct PlayArgs {
     /// Seconds to keep serving admitted requests after SIGINT/SIGTERM before aborting the
     /// rest (vLLM's --shutdown-timeout; 0 aborts at once). Under `serve` the frontend
     /// drains instead (vllm-rs gets the same --shutdown-timeout) while the engine serves it.
-    #[arg(long, default_value_t = 0.0)]
+    /// At most a day.
+    #[arg(long, default_value_t = 0.0, value_parser = crate::flag_ranges::seconds_or_zero)]
     pub shutdown_timeout: f64,
 
     /// Largest request payload frame accepted, MiB (the msgpack frame; tensor aux frames

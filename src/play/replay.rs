@@ -18,6 +18,7 @@ use sim_trace::trace::TraceReader;
 
 use super::block_hash::{self, ExtraKey};
 use super::tokens::{RecordedStream, TokenStream};
+use super::vocab::Vocabulary;
 
 /// How a request finds its record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Serialize)]
@@ -254,6 +255,85 @@ impl TokenStream for Empty {
     }
 }
 
+/// Every recorded output id must be one the frontend's tokenizer knows: an id past the
+/// vocabulary decodes to nothing (the client got "" with `completion_tokens` 3).
+fn check_vocabulary(index: &ReplayIndex, vocab: &Vocabulary, flag: &str) -> Result<()> {
+    let size = vocab.size();
+    for i in 0..index.len() {
+        let rec = index.record(i);
+        if let Some(&bad) = rec.tokens().and_then(|t| t.iter().find(|&&t| t >= size)) {
+            let (path, line) = rec.source();
+            bail!(
+                "{flag} {}:{line}: record {} holds output token id {bad}, outside the vocabulary of {} ({size} ids, 0 … {}): replay a capture of the model the frontend serves (--tokenizer, or serve --model)",
+                path.display(),
+                rec.request_id()
+                    .map_or_else(|| format!("#{i}"), |id| format!("`{id}`")),
+                vocab.source,
+                size.saturating_sub(1)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `--replay-tokens A --replay-steps B` with two files: they must be one capture, or the
+/// pairing of content and timing is silent nonsense. Checked: the config hashes, the block
+/// sizes, the record counts and the request ids in arrival order. `allow` turns the
+/// refusal into a warning.
+fn pair_check(
+    tokens: &ReplayIndex,
+    steps: &ReplayIndex,
+    tokens_path: &Path,
+    steps_path: &Path,
+    allow: bool,
+) -> Result<()> {
+    let hashes = |i: &ReplayIndex| -> Vec<String> {
+        i.files()
+            .iter()
+            .flat_map(|f| f.config_hashes.iter().map(|h| h.to_ascii_lowercase()))
+            .collect()
+    };
+    let (th, sh) = (hashes(tokens), hashes(steps));
+    let mut why = Vec::new();
+    if !th.is_empty() && !sh.is_empty() && !th.iter().any(|h| sh.contains(h)) {
+        why.push(format!("config_hash {} vs {}", th.join(","), sh.join(",")));
+    }
+    if let (Some(a), Some(b)) = (tokens.block_size(), steps.block_size())
+        && a != b
+    {
+        why.push(format!("block_size {a} vs {b}"));
+    }
+    if tokens.len() != steps.len() {
+        why.push(format!("{} vs {} records", tokens.len(), steps.len()));
+    }
+    let n = tokens.len().min(steps.len());
+    if let Some(i) = (0..n).find(|&i| tokens.record(i).request_id() != steps.record(i).request_id())
+    {
+        let id = |r: Option<&str>| r.map_or_else(|| "none".to_string(), |s| format!("`{s}`"));
+        why.push(format!(
+            "record {i} is request {} in one and {} in the other",
+            id(tokens.record(i).request_id()),
+            id(steps.record(i).request_id())
+        ));
+    }
+    if why.is_empty() {
+        return Ok(());
+    }
+    let msg = format!(
+        "--replay-tokens {} and --replay-steps {} are not one capture ({})",
+        tokens_path.display(),
+        steps_path.display(),
+        why.join("; ")
+    );
+    if allow {
+        tracing::warn!("{msg}: pairing them anyway (--replay-allow-mismatch)");
+        return Ok(());
+    }
+    bail!(
+        "{msg}: each request would get content from one capture and timing from another; pass --replay-allow-mismatch to pair them anyway"
+    )
+}
+
 /// A [`RecordSource`] over a record index shared by every engine of the process (a
 /// record is consumed once across DP ranks).
 pub struct IndexSource {
@@ -267,8 +347,9 @@ impl IndexSource {
     }
 }
 
+/// A recorded time as a duration (bounded at load; the conversion never panics).
 fn ms(v: f64) -> Duration {
-    Duration::from_secs_f64(v.max(0.0) / 1e3)
+    sim_trace::latency::duration_from_ms(v)
 }
 
 impl RecordSource for IndexSource {
@@ -341,11 +422,16 @@ impl std::fmt::Debug for ReplaySetup {
 
 impl ReplaySetup {
     /// Load what --replay-tokens and --replay-steps name; `None` when neither is given.
+    /// Recorded token ids must be ids of `vocab` (the frontend's tokenizer); two different
+    /// files must be one capture (config hash, block size, records and their ids) unless
+    /// `allow_mismatch`.
     pub fn load(
         tokens: Option<&Path>,
         steps: Option<&Path>,
         mode: MatchMode,
         miss: MissPolicy,
+        vocab: &Vocabulary,
+        allow_mismatch: bool,
     ) -> Result<Option<Self>> {
         let open = |path: &Path, opts: ReplayLoadOptions, flag: &str| -> Result<ReplayIndex> {
             let t = std::time::Instant::now();
@@ -359,6 +445,15 @@ impl ReplaySetup {
                     "{flag} {}: prefix matching hashes prompts with the capture's block size, and the trace's meta line does not give one (block_size)",
                     path.display()
                 );
+            }
+            if mode == MatchMode::Prefix && index.block_size() == Some(0) {
+                bail!(
+                    "{flag} {}: the meta line's block_size is 0, and prefix matching hashes prompts in blocks of the capture's size (a damaged meta line?)",
+                    path.display()
+                );
+            }
+            if opts.tokens {
+                check_vocabulary(&index, vocab, flag)?;
             }
             tracing::info!(
                 records = index.len(),
@@ -397,6 +492,9 @@ impl ReplaySetup {
                         open(p, opts, "--replay-steps")
                     })
                     .transpose()?;
+                if let (Some(t), Some(s), Some(tp), Some(sp)) = (&t, &s, tokens, steps) {
+                    pair_check(t, s, tp, sp, allow_mismatch)?;
+                }
                 (t.map(shared), s.map(shared))
             }
         };

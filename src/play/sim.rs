@@ -442,7 +442,7 @@ impl SimEngine {
         r.held = self.util.holds_new_requests();
         if let Some((mean, std)) = self.cfg.fixed_ttft_ms {
             let ms = lognormal(&mut r.rng, mean, std);
-            r.not_before = Some(now + Duration::from_secs_f64(ms / 1000.0));
+            r.not_before = Some(now + sim_trace::latency::duration_from_ms(ms));
         }
         let pull = self.pd_admit(&mut r, &req);
         let id = r.id.clone();
@@ -738,7 +738,8 @@ impl SimEngine {
 
     /// A recorded duration on this engine's clock (`--time-scale`).
     fn scaled(&self, d: Duration) -> Duration {
-        d.div_f64(self.cfg.time_scale)
+        // `div_f64` panics on overflow; the scale is range-checked, and this never panics
+        sim_trace::latency::secs_to_duration(d.as_secs_f64() / self.cfg.time_scale)
     }
 
     /// Emit every scripted chunk that is due: one envelope per client, with stats.

@@ -126,8 +126,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "HOST")]
     pub advertise_host: Option<String>,
 
-    /// Seconds to keep trying to reach the frontend's sockets.
-    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    /// Seconds to keep trying to reach the frontend's sockets (at most a day).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0, value_parser = crate::flag_ranges::seconds)]
     pub connect_timeout: f64,
 
     /// Largest data-plane message the tap buffers and decodes for the trace, MiB. A larger
@@ -163,8 +163,13 @@ impl RecordArgs {
                 Ok(cpu)
             }
             path => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("--host-cpu: reading {path}"))?;
+                // bounded like a trace line: a cpuinfo copy is a few KB
+                let raw = sim_trace::trace::read_capped(
+                    std::path::Path::new(path),
+                    sim_trace::trace::max_line_bytes(),
+                )
+                .with_context(|| format!("--host-cpu: reading {path}"))?;
+                let text = String::from_utf8_lossy(&raw);
                 match parse_cpuinfo(&text) {
                     Some(cpu) => Ok(Some(cpu)),
                     None => bail!(
@@ -207,13 +212,22 @@ impl RecordArgs {
     }
 
     fn check_outputs(&self) -> Result<()> {
+        // one file by any name (`x.jsonl` and `./x.jsonl`, a link): refused even with
+        // --force, as each writer would destroy the other's lines
+        let mut named = vec![crate::io_guard::named("--trace-out", &self.trace_out)];
+        named.extend(
+            self.step_stats_out
+                .iter()
+                .map(|s| crate::io_guard::named("--step-stats-out", s)),
+        );
+        let host_cpu = std::path::Path::new(&self.host_cpu);
+        let inputs = match self.host_cpu.as_str() {
+            "auto" | "none" => Vec::new(),
+            _ => vec![crate::io_guard::named("--host-cpu", host_cpu)],
+        };
+        crate::io_guard::check_outputs(&inputs, &named)?;
         let mut outs = vec![&self.trace_out];
-        if let Some(s) = &self.step_stats_out {
-            if s == &self.trace_out {
-                bail!("--step-stats-out must differ from --trace-out");
-            }
-            outs.push(s);
-        }
+        outs.extend(self.step_stats_out.iter());
         for p in outs {
             if p.is_dir() {
                 bail!("{} is a directory", p.display());
@@ -289,7 +303,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
         frontend_handshake: args.frontend_handshake.clone(),
         engine_handshake: args.engine_handshake.clone(),
         advertise_host: args.advertise_host.clone(),
-        connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(0.1)),
+        connect_timeout: sim_trace::latency::secs_to_duration(args.connect_timeout.max(0.1)),
         max_message_bytes: args.max_frame_size << 20,
     };
     let outcome = match relay::start(cfg, seen_tx.clone(), ev_tx).await {

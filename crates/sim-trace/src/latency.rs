@@ -7,6 +7,45 @@
 
 use std::time::Duration;
 
+/// The longest duration a trace, a model file or a flag may give, in ms: a day. Anything
+/// longer is a typo or a hostile file, and is refused where it is read, naming the field.
+pub const MAX_DURATION_MS: f64 = 86_400_000.0;
+
+/// Where [`duration_from_ms`] stops: about 31,700 years, far past any refusal bound and
+/// still far from overflowing an `Instant` it is added to.
+const SATURATE_SECS: f64 = 1e12;
+
+/// `ms` milliseconds as a duration, never panicking: negative and NaN give zero, values past
+/// about 31,700 years (infinity included) stop there. Bounds are checked where values are
+/// read (see [`MAX_DURATION_MS`]); this is the last line of defence behind them.
+pub fn duration_from_ms(ms: f64) -> Duration {
+    secs_to_duration(ms / 1e3)
+}
+
+/// `secs` seconds as a duration, with the saturation of [`duration_from_ms`].
+pub fn secs_to_duration(secs: f64) -> Duration {
+    if secs.is_nan() || secs <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(secs.min(SATURATE_SECS)).unwrap_or(Duration::ZERO)
+}
+
+/// A number for a message: as written when it is of a readable size, else in scientific
+/// notation (`1e300`, not three hundred digits).
+pub fn show_number(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-4..1e12).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Whether `ms` is a duration a trace or model may hold: finite and at most
+/// [`MAX_DURATION_MS`] in size (small negative values, clock jitter, read as zero).
+pub fn is_sane_ms(ms: f64) -> bool {
+    ms.is_finite() && ms.abs() <= MAX_DURATION_MS
+}
+
 /// One prefill chunk scheduled in a step.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PrefillChunk {
@@ -189,22 +228,37 @@ impl Knobs {
             ("KV transfer time per token", self.kv_transfer_per_token_ms),
         ];
         for (name, v) in all {
-            if !v.is_finite() || v < 0.0 {
-                return Err(format!("{name} must be a number ≥ 0, got {v}"));
+            if !(v.is_finite() && (0.0..=MAX_DURATION_MS).contains(&v)) {
+                return Err(format!(
+                    "{name} must be between 0 and {MAX_DURATION_MS} ms (a day), got {}",
+                    show_number(v)
+                ));
             }
         }
-        if !(self.time_factor_under_load.is_finite() && self.time_factor_under_load >= 1.0) {
+        let f = self.time_factor_under_load;
+        if !(f.is_finite() && (1.0..=MAX_TIME_FACTOR).contains(&f)) {
             return Err(format!(
-                "time factor under load must be ≥ 1, got {}",
-                self.time_factor_under_load
+                "time factor under load must be between 1 and {MAX_TIME_FACTOR}, got {}",
+                show_number(f)
             ));
         }
-        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
-            return Err(format!("time scale must be > 0, got {}", self.time_scale));
+        let s = self.time_scale;
+        if !(s.is_finite() && (MIN_TIME_SCALE..=MAX_TIME_SCALE).contains(&s)) {
+            return Err(format!(
+                "time scale must be between {MIN_TIME_SCALE} and {MAX_TIME_SCALE}, got {}",
+                show_number(s)
+            ));
         }
         Ok(())
     }
 }
+
+/// The smallest `--time-scale`: a thousand times slower than configured.
+pub const MIN_TIME_SCALE: f64 = 1e-3;
+/// The largest `--time-scale`: a million times faster than configured.
+pub const MAX_TIME_SCALE: f64 = 1e6;
+/// The largest `--time-factor-under-load`.
+pub const MAX_TIME_FACTOR: f64 = 1e3;
 
 /// Step durations from the knobs, with log-normal spread around the means (always
 /// positive, any std-dev; no clamp that would cut the tail).
@@ -282,7 +336,7 @@ impl KnobLatency {
             ms *= 1.0 + (k.time_factor_under_load - 1.0) * load;
         }
         ms /= k.time_scale;
-        Duration::from_secs_f64(ms.max(0.0) / 1e3)
+        duration_from_ms(ms)
     }
 }
 
@@ -436,5 +490,27 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.validate().is_err());
+        // huge values are refused, not left to panic when a step is timed
+        let bad = Knobs {
+            ttft_ms: 1e29,
+            ..Default::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("a day"));
+        let bad = Knobs {
+            time_scale: 1e-300,
+            ..Default::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("time scale"));
+    }
+
+    #[test]
+    fn conversion_never_panics() {
+        assert_eq!(duration_from_ms(f64::NAN), Duration::ZERO);
+        assert_eq!(duration_from_ms(-5.0), Duration::ZERO);
+        assert_eq!(duration_from_ms(1.5), Duration::from_micros(1500));
+        let huge = duration_from_ms(1e300);
+        assert_eq!(huge, duration_from_ms(f64::INFINITY));
+        assert!(huge > Duration::from_secs(1_000_000_000));
+        let _ = std::time::Instant::now() + huge;
     }
 }

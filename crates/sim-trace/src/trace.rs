@@ -139,6 +139,17 @@ impl TraceMeta {
     pub fn schema_version(&self) -> u32 {
         self.version.unwrap_or(1)
     }
+
+    /// A warning for a meta line of a newer schema than this build reads (such a trace is
+    /// read, but a field whose meaning changed may be read wrong); `None` otherwise.
+    pub fn newer_schema_warning(&self) -> Option<String> {
+        let v = self.schema_version();
+        (v > SCHEMA_VERSION).then(|| {
+            format!(
+                "meta version {v} is newer than the schema this build reads (version {SCHEMA_VERSION}): fields whose meaning changed may be read wrong; use a newer vllm-vcr"
+            )
+        })
+    }
 }
 
 /// One chained KV-block hash. The tap writes unsigned 64-bit integers; string hashes (e.g.
@@ -300,6 +311,33 @@ impl TraceRecord {
         }
     }
 
+    /// Check the record's latencies (`ttft_ms`, every `itl_ms`) are durations an engine can
+    /// take: finite and at most [`MAX_DURATION_MS`](crate::latency::MAX_DURATION_MS) (a day)
+    /// in size. The error names the field (and the gap's index).
+    pub fn check_times(&self) -> Result<(), String> {
+        use crate::latency::{MAX_DURATION_MS, is_sane_ms};
+        let bad = |field: String, v: f64| {
+            format!(
+                "{field} = {} ms is not a duration an engine takes (at most {MAX_DURATION_MS} ms, a day)",
+                crate::latency::show_number(v)
+            )
+        };
+        if let Some(t) = self.ttft_ms
+            && !is_sane_ms(t)
+        {
+            return Err(bad("ttft_ms".into(), t));
+        }
+        if let Some((i, &g)) = self
+            .itl_ms
+            .iter()
+            .enumerate()
+            .find(|(_, g)| !is_sane_ms(**g))
+        {
+            return Err(bad(format!("itl_ms[{i}]"), g));
+        }
+        Ok(())
+    }
+
     /// Tokens delivered by the first chunk: `output_tokens - sum(itl_tokens)` (saturating).
     pub fn first_chunk_tokens(&self) -> u32 {
         let rest: u64 = if self.itl_tokens.is_empty() {
@@ -308,6 +346,15 @@ impl TraceRecord {
             self.itl_tokens.iter().map(|&n| u64::from(n)).sum()
         };
         u64::from(self.output_tokens).saturating_sub(rest) as u32
+    }
+}
+
+/// How messages name a record: its request id when it has one, else its position among
+/// the file's records (0-based, in file order).
+pub fn record_name(r: &TraceRecord, position: u64) -> String {
+    match &r.request_id {
+        Some(id) => format!("`{id}`"),
+        None => format!("#{position} (no request_id)"),
     }
 }
 
@@ -361,6 +408,35 @@ pub enum TraceError {
     Truncated { path: PathBuf, last_good_line: u64 },
     #[error("{}: write error: {cause}", path.display())]
     Write { path: PathBuf, cause: io::Error },
+    /// A line that parsed but holds a value no reader may use (e.g. a latency past a
+    /// day), naming the field.
+    #[error("{}:{line}: {why}", path.display())]
+    Invalid {
+        path: PathBuf,
+        line: u64,
+        why: String,
+    },
+    /// A line longer than the reader's cap (`--max-line-bytes`): reading it whole could
+    /// take all the memory there is.
+    #[error(
+        "{}:{line}: line longer than {cap} bytes (the cap on one trace line; raise it with --max-line-bytes if the line is real)",
+        path.display()
+    )]
+    LineTooLong {
+        path: PathBuf,
+        line: u64,
+        cap: usize,
+    },
+    /// A gzip stream whose data is damaged (not merely cut short).
+    #[error(
+        "{}: corrupt gzip data after line {last_good_line} ({cause}): the file is damaged",
+        path.display()
+    )]
+    Corrupt {
+        path: PathBuf,
+        last_good_line: u64,
+        cause: io::Error,
+    },
 }
 
 impl TraceError {
@@ -371,6 +447,9 @@ impl TraceError {
             | TraceError::Read { path, .. }
             | TraceError::Parse { path, .. }
             | TraceError::Truncated { path, .. }
+            | TraceError::Invalid { path, .. }
+            | TraceError::LineTooLong { path, .. }
+            | TraceError::Corrupt { path, .. }
             | TraceError::Write { path, .. } => path,
         }
     }
@@ -382,14 +461,21 @@ impl TraceError {
             TraceError::Open { cause, .. }
             | TraceError::Read { cause, .. }
             | TraceError::Write { cause, .. } => Some(cause.kind()),
-            TraceError::Parse { .. } | TraceError::Truncated { .. } => None,
+            TraceError::Parse { .. }
+            | TraceError::Truncated { .. }
+            | TraceError::Invalid { .. }
+            | TraceError::LineTooLong { .. }
+            | TraceError::Corrupt { .. } => None,
         }
     }
 
     /// The 1-based line the error is about, for line-level errors.
     pub fn line(&self) -> Option<u64> {
         match self {
-            TraceError::Read { line, .. } | TraceError::Parse { line, .. } => Some(*line),
+            TraceError::Read { line, .. }
+            | TraceError::Parse { line, .. }
+            | TraceError::Invalid { line, .. }
+            | TraceError::LineTooLong { line, .. } => Some(*line),
             _ => None,
         }
     }
@@ -442,6 +528,112 @@ pub fn contains_bytes(hay: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(hay, needle).is_some()
 }
 
+/// The default cap on one line's length ([`set_max_line_bytes`]): 64 MiB, far above any
+/// record a capture writes (a 32k-token record with token ids and block hashes is under
+/// 1 MiB), far below what would exhaust a host.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 64 << 20;
+
+static MAX_LINE_BYTES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_LINE_BYTES);
+
+/// Set the cap on one line's length for every reader opened from now on (the binary's
+/// `--max-line-bytes`). A longer line is a [`TraceError::LineTooLong`] naming it: a reader
+/// never holds more than this (plus one read buffer) of a line, so one hostile line in a
+/// small `.gz` cannot make it allocate gigabytes.
+pub fn set_max_line_bytes(bytes: usize) {
+    MAX_LINE_BYTES.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The cap on one line's length readers opened now get (see [`set_max_line_bytes`]).
+pub fn max_line_bytes() -> usize {
+    MAX_LINE_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether a file starts with the gzip magic bytes: such a file is gunzipped whatever its
+/// name (a `.jsonl` that is really gzip is common after a rename).
+pub fn is_gzip_head(head: &[u8]) -> bool {
+    head.starts_with(&[0x1f, 0x8b])
+}
+
+/// Open `path` for reading, gunzipped when its content is gzip (by its magic bytes, not
+/// its name). For the whole-file inputs (a model file, a guidellm report) that are not
+/// read line by line; [`read_capped`] bounds what they may take.
+pub fn open_maybe_gz(path: &Path) -> io::Result<Box<dyn Read + Send>> {
+    let file = File::open(path)?;
+    let mut r = BufReader::with_capacity(1 << 16, file);
+    let gz = is_gzip_head(r.fill_buf()?);
+    Ok(if gz {
+        Box::new(MultiGzDecoder::new(r))
+    } else {
+        Box::new(r)
+    })
+}
+
+/// Read a whole (possibly gzipped) file, refusing one larger than `cap` bytes after
+/// decompression (`InvalidData`, naming the cap).
+pub fn read_capped(path: &Path, cap: usize) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    open_maybe_gz(path)?
+        .take(cap as u64 + 1)
+        .read_to_end(&mut out)?;
+    if out.len() > cap {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "larger than {cap} bytes (the cap on one document; raise it with --max-line-bytes if the file is real)"
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+/// Append the next line of `input` (through its `\n`) to `buf`, reading at most `cap`
+/// bytes of it: `Ok(None)` when the line is longer (what was read of it is dropped), else
+/// the bytes read (0 at the end).
+fn read_line_capped(
+    input: &mut dyn BufRead,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> io::Result<Option<usize>> {
+    let mut total = 0;
+    loop {
+        let avail = match input.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if avail.is_empty() {
+            return Ok(Some(total));
+        }
+        let (n, ends) = match memchr::memchr(b'\n', avail) {
+            Some(i) => (i + 1, true),
+            None => (avail.len(), false),
+        };
+        if buf.len() + n - usize::from(ends) > cap {
+            buf.clear();
+            return Ok(None);
+        }
+        buf.extend_from_slice(&avail[..n]);
+        input.consume(n);
+        total += n;
+        if ends {
+            return Ok(Some(total));
+        }
+    }
+}
+
+/// Read a gzip file to its end, discarding the data: the stream's own error (damaged
+/// data, a bad checksum) if it has one. `Ok` for an intact stream, and for one cut short
+/// (that is reported as truncation, not as damage).
+fn gzip_damage(path: &Path) -> Option<io::Error> {
+    let file = File::open(path).ok()?;
+    let mut gz = MultiGzDecoder::new(BufReader::with_capacity(1 << 16, file));
+    match io::copy(&mut gz, &mut io::sink()) {
+        Err(e) if e.kind() != io::ErrorKind::UnexpectedEof => Some(e),
+        _ => None,
+    }
+}
+
 /// Bytes read from a file at a time: fewer system calls than std's 8 KiB default, still
 /// small next to the caches.
 const READ_BUFFER: usize = 1 << 18;
@@ -465,11 +657,11 @@ struct GunzipThread {
 }
 
 impl GunzipThread {
-    fn spawn(file: File) -> GunzipThread {
+    fn spawn(file: BufReader<File>) -> GunzipThread {
         let (tx, chunks) = std::sync::mpsc::sync_channel(GUNZIP_CHUNKS);
         let (spent, recycled) = std::sync::mpsc::sync_channel::<Vec<u8>>(GUNZIP_CHUNKS + 1);
         std::thread::spawn(move || {
-            let mut gz = MultiGzDecoder::new(BufReader::with_capacity(1 << 16, file));
+            let mut gz = flate2::bufread::MultiGzDecoder::new(file);
             loop {
                 let mut buf = recycled.try_recv().unwrap_or_default();
                 buf.resize(READ_BUFFER, 0);
@@ -560,19 +752,26 @@ pub(crate) struct Lines {
     line: u64,
     last_good_line: u64,
     done: bool,
+    /// The longest line read ([`max_line_bytes`] when opened).
+    cap: usize,
+    /// The gzip stream was checked for damage after a line that did not parse.
+    checked_damage: bool,
 }
 
 impl Lines {
     pub(crate) fn open(path: &Path) -> Result<Self, TraceError> {
-        let file = File::open(path).map_err(|source| TraceError::Open {
+        let open_error = |source| TraceError::Open {
             path: path.to_path_buf(),
             cause: source,
-        })?;
-        let gz = is_gz(path);
+        };
+        let file = File::open(path).map_err(open_error)?;
+        let mut reader = BufReader::with_capacity(READ_BUFFER, file);
+        // gzip by content, not by name: a renamed `.jsonl` that is gzip is read as such
+        let gz = is_gzip_head(reader.fill_buf().map_err(open_error)?);
         let input: Box<dyn BufRead + Send> = if gz {
-            Box::new(GunzipThread::spawn(file))
+            Box::new(GunzipThread::spawn(reader))
         } else {
-            Box::new(BufReader::with_capacity(READ_BUFFER, file))
+            Box::new(reader)
         };
         Ok(Self {
             path: path.to_path_buf(),
@@ -582,6 +781,8 @@ impl Lines {
             line: 0,
             last_good_line: 0,
             done: false,
+            cap: max_line_bytes(),
+            checked_damage: false,
         })
     }
 
@@ -594,18 +795,34 @@ impl Lines {
                 return None;
             }
             self.buf.clear();
-            match self.input.read_until(b'\n', &mut self.buf) {
-                Ok(0) => {
+            match read_line_capped(&mut *self.input, &mut self.buf, self.cap) {
+                Ok(Some(0)) => {
                     self.done = true;
                     return None;
                 }
-                Ok(_) => {}
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    // the rest of the line is not read: nothing after it can be trusted
+                    self.done = true;
+                    return Some(Err(TraceError::LineTooLong {
+                        path: self.path.clone(),
+                        line: self.line + 1,
+                        cap: self.cap,
+                    }));
+                }
                 Err(source) => {
                     self.done = true;
                     if self.gz && source.kind() == io::ErrorKind::UnexpectedEof {
                         return Some(Err(TraceError::Truncated {
                             path: self.path.clone(),
                             last_good_line: self.last_good_line,
+                        }));
+                    }
+                    if self.gz {
+                        return Some(Err(TraceError::Corrupt {
+                            path: self.path.clone(),
+                            last_good_line: self.last_good_line,
+                            cause: source,
                         }));
                     }
                     return Some(Err(TraceError::Read {
@@ -628,7 +845,21 @@ impl Lines {
         self.last_good_line = self.line;
     }
 
-    fn parse_error(&self, source: serde_json::Error) -> TraceError {
+    fn parse_error(&mut self, source: serde_json::Error) -> TraceError {
+        // Damaged gzip data often inflates to garbage before the stream's own check fails:
+        // the first line that does not parse in a gzip file has the whole stream checked,
+        // so damage is reported as damage rather than as a JSON error.
+        if self.gz && !self.checked_damage {
+            self.checked_damage = true;
+            if let Some(cause) = gzip_damage(&self.path) {
+                self.done = true;
+                return TraceError::Corrupt {
+                    path: self.path.clone(),
+                    last_good_line: self.last_good_line,
+                    cause,
+                };
+            }
+        }
         TraceError::Parse {
             path: self.path.clone(),
             line: self.line,
@@ -690,6 +921,12 @@ impl TraceReader {
     /// The path being read.
     pub fn path(&self) -> &Path {
         &self.lines.path
+    }
+
+    /// This reader's cap on one line's length, instead of [`max_line_bytes`].
+    pub fn with_max_line_bytes(mut self, cap: usize) -> Self {
+        self.lines.cap = cap.max(1);
+        self
     }
 
     /// The 1-based number of the last line read (0 before the first).

@@ -379,6 +379,45 @@ fn a_bad_model_file_says_what_is_wrong() {
     assert!(matches!(e, FitError::Io { .. }), "{e}");
 }
 
+/// Numbers no engine step could take are refused at load, naming the field (a law of
+/// 1e300 ms used to panic the engine at its first step), and a negative floor is called
+/// what it is, not "not finite".
+#[test]
+fn absurd_model_numbers_are_refused_by_name() {
+    let err = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| -> String {
+        let mut v = serde_json::to_value(fixture_model()).unwrap();
+        edit(&mut v);
+        let p = tmp(name);
+        std::fs::write(&p, v.to_string()).unwrap();
+        FittedModel::load(&p).unwrap_err().to_string()
+    };
+    let e = err("step.json", &|v| v["law"]["step_ms"] = 1e300.into());
+    assert!(
+        e.contains("law.step_ms is 1e300") && e.contains("a day"),
+        "{e}"
+    );
+    let e = err("floor.json", &|v| v["law"]["floor_ms"] = (-3.0).into());
+    assert!(
+        e.contains("law.floor_ms is -3: the floor must be between 0"),
+        "{e}"
+    );
+    let e = err("ratio.json", &|v| {
+        let r = v["prefill"][0]["ratio"].as_array_mut().unwrap();
+        let n = r.len();
+        r[n - 1] = 1e300.into();
+    });
+    assert!(
+        e.contains("prefill class") && e.contains("ratio 1e300 is out of range"),
+        "{e}"
+    );
+    // whatever slips through, a step's duration never panics
+    let mut m = fixture_model();
+    m.law.step_ms = 1e300;
+    let mut lat = m.latency(1, 1.0);
+    let d = lat.step(&shape(4, &[])).duration;
+    assert!(d > Duration::from_secs(1_000_000));
+}
+
 #[test]
 fn a_sidecar_of_another_capture_is_refused() {
     let (trace, steps) = (tmp("a.jsonl"), tmp("b-steps.jsonl"));

@@ -152,9 +152,19 @@ fn index_ids_with_frontend_prefixes_and_suffixes() {
         miss.to_string().contains("3 records (replay-0 … replay-2)"),
         "{miss}"
     );
+    // a number past u64 is reported as the id gives it, not as a saturated 2^64 − 1
+    let miss = index
+        .lookup_index("cmpl-replay-99999999999999999999999-0")
+        .unwrap_err();
+    let text = miss.to_string();
+    assert!(
+        text.contains("names record 99999999999999999999999,")
+            && !text.contains("18446744073709551615"),
+        "{text}"
+    );
 
     let s = index.stats();
-    assert_eq!((s.served, s.reserved, s.missed_total()), (2, 1, 2));
+    assert_eq!((s.served, s.reserved, s.missed_total()), (2, 1, 3));
     assert_eq!(s.missed["bad_id"], 1);
 }
 
@@ -496,6 +506,50 @@ fn truncated_gzip_keeps_its_complete_lines_with_a_warning() {
             .warnings()
             .iter()
             .any(|w| w.contains("gzip stream cut short")),
+        "{:?}",
+        index.warnings()
+    );
+}
+
+/// A gap or TTFT past a day is refused at load, naming the file, line, record and field
+/// (an engine told to wait 1e300 ms used to panic); a meta line of a newer schema warns.
+#[test]
+fn absurd_timing_is_refused_and_newer_schemas_warn() {
+    let mut bad = rec("huge", Some(0.0), &[], 4);
+    bad.itl_ms = vec![1.0, 1e300];
+    bad.output_tokens = 3;
+    let path = write(
+        "huge-itl.jsonl",
+        Some(16),
+        &[rec("ok", Some(1.0), &[], 4), bad],
+    );
+    let e = ReplayIndex::load(std::slice::from_ref(&path), ALL).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("{}:3:", path.display()))
+            && msg.contains("`huge`")
+            && msg.contains("itl_ms[1] = 1e300"),
+        "{msg}"
+    );
+    // content alone does not use the timing
+    let tokens_only = ReplayLoadOptions {
+        tokens: true,
+        steps: false,
+    };
+    assert!(ReplayIndex::load(std::slice::from_ref(&path), tokens_only).is_ok());
+
+    let newer = tmp("v999.jsonl");
+    std::fs::write(
+        &newer,
+        "{\"meta\": {\"version\": 999}}\n{\"request_id\": \"a\", \"ttft_ms\": 1, \"output_token_ids\": [1]}\n",
+    )
+    .unwrap();
+    let index = ReplayIndex::load(&[newer], ALL).unwrap();
+    assert!(
+        index
+            .warnings()
+            .iter()
+            .any(|w| w.contains("meta version 999")),
         "{:?}",
         index.warnings()
     );

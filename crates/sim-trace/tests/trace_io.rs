@@ -334,3 +334,83 @@ fn hundred_thousand_records_stream() {
     assert_eq!(n, 100_000);
     assert_eq!(gaps, 1_600_000);
 }
+
+/// A gzip file is read as gzip whatever its name, and damaged gzip data is reported as
+/// damage (naming the file and the last good line), not as a JSON error.
+#[test]
+fn gzip_is_known_by_its_bytes_and_damage_is_reported_as_damage() {
+    let gz = tmp("named-plain.jsonl.gz");
+    let mut w = TraceWriter::create(&gz, &sample_meta()).unwrap();
+    for i in 0..3000u32 {
+        w.write_record(&TraceRecord {
+            request_id: Some(format!("r{i}")),
+            prompt_tokens: i,
+            output_tokens: 3,
+            itl_ms: vec![1.25, 2.5],
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    w.finish().unwrap();
+    let renamed = tmp("renamed.jsonl");
+    std::fs::copy(&gz, &renamed).unwrap();
+    let items: Vec<_> = TraceReader::open(&renamed).unwrap().collect();
+    assert_eq!(items.len(), 3001);
+    assert!(
+        items.iter().all(|i| i.is_ok()),
+        "{:?}",
+        items.iter().find(|i| i.is_err())
+    );
+
+    let mut bytes = std::fs::read(&gz).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    let damaged = tmp("damaged.jsonl.gz");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let err = TraceReader::open(&damaged)
+        .unwrap()
+        .find_map(|i| i.err())
+        .expect("damage must be an error");
+    assert!(matches!(err, TraceError::Corrupt { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("corrupt gzip data") && msg.contains("damaged"),
+        "{msg}"
+    );
+    assert!(!msg.contains("invalid trace line"), "{msg}");
+}
+
+/// A line longer than the cap is an error naming the line and the cap, and the reader
+/// never holds the whole line.
+#[test]
+fn a_line_past_the_cap_is_refused_by_number() {
+    let path = tmp("long-line.jsonl");
+    let long = format!("{{\"request_id\": \"{}\"}}\n", "x".repeat(10_000));
+    std::fs::write(
+        &path,
+        format!("{{\"prompt_tokens\": 1}}\n{long}{{\"prompt_tokens\": 2}}\n"),
+    )
+    .unwrap();
+    let items: Vec<_> = TraceReader::open(&path)
+        .unwrap()
+        .with_max_line_bytes(4096)
+        .collect();
+    assert_eq!(items.len(), 2, "{items:?}");
+    assert!(items[0].is_ok());
+    let err = items[1].as_ref().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TraceError::LineTooLong {
+                line: 2,
+                cap: 4096,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("--max-line-bytes"), "{err}");
+    // under the cap, the same file reads whole
+    let all: Vec<_> = TraceReader::open(&path).unwrap().collect();
+    assert!(all.len() == 3 && all.iter().all(|i| i.is_ok()));
+}

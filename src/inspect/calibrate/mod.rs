@@ -13,8 +13,8 @@
 //! constant-plus-log-normal model's spread reaches.
 //!
 //! **The gate** covers the modelled column only: the pooled cohort, and every cohort with
-//! at least `--min-requests` requests; a cell is out when |Δ %| exceeds the quantile's
-//! tolerance. Out of tolerance, the report is printed and the command fails (exit 1)
+//! at least `--min-requests` requests (a pooled row with fewer fails the run saying so);
+//! a cell is out when |Δ %| exceeds the quantile's tolerance. Out of tolerance, the report is printed and the command fails (exit 1)
 //! naming the cells.
 
 pub mod compare;
@@ -33,6 +33,7 @@ use sim_trace::fit::FittedModel;
 use super::plot;
 use super::simulate::workload::Workload;
 use super::simulate::{ArrivalArgs, Counts, RunOptions, engine_for, simulate_map};
+use crate::io_guard::{Named, check_outputs, named};
 use crate::play::EngineArgs;
 use compare::{BUCKETS, Cohort, Metric, QUANTILES, SOURCES, Sample, Tolerance};
 use knobs::{KnobFit, fit_knobs};
@@ -67,8 +68,8 @@ pub struct CalibrateArgs {
     )]
     pub tolerance: Tolerance,
 
-    /// Concurrency cohorts with fewer compared requests than this are shown but not gated
-    /// (the pooled row is always gated).
+    /// Concurrency cohorts with fewer compared requests than this are shown but not gated;
+    /// a pooled row with fewer fails the command saying so (its quantiles are noise).
     #[arg(long, value_name = "N", default_value_t = 30)]
     pub min_requests: usize,
 
@@ -105,6 +106,25 @@ struct FitSet {
     paths: Vec<PathBuf>,
     in_sample: bool,
     why: String,
+    /// The fit set's config hashes when one differs from the trace's: the model is
+    /// another engine's, so its deltas mix the model's error with the configuration's.
+    other_config: Option<OtherConfig>,
+}
+
+/// A fit set captured under another configuration than the calibrated trace.
+struct OtherConfig {
+    trace: String,
+    fit: Vec<String>,
+}
+
+impl OtherConfig {
+    fn describe(&self) -> String {
+        format!(
+            "the model was fitted on another configuration (config_hash {} ≠ the trace's {}): the deltas measure the configuration change as much as the model",
+            self.fit.join(", "),
+            self.trace
+        )
+    }
 }
 
 /// What a run under the model under test gives: every request's sample by arrival-order
@@ -151,14 +171,7 @@ pub fn run_with(
             "calibrate compares a capture with a latency model: pass --latency-trace MODEL (from `inspect fit`) or --latency-trace TRACE… to fit"
         );
     }
-    if let Some(p) = &a.dump_samples
-        && same_file(p, &a.trace)
-    {
-        bail!(
-            "--dump-samples {} is the input trace: write the samples elsewhere",
-            p.display()
-        );
-    }
+    check_calibrate_outputs(a, &[], &[])?;
     let mut captured: Vec<Captured> = Vec::new();
     let mut captured_chunks: BTreeMap<u32, u64> = BTreeMap::new();
     let work = Workload::load_with(&a.trace, a.engine.block_size, a.requests, |_, r| {
@@ -196,7 +209,14 @@ pub fn run_with(
     // the model's run and every knob-fitting run use the same arrivals
     let opts = a.arrivals.options(&work, &engine)?;
     let replay_concurrency = opts.concurrency;
-    let fit_set = FitSet::of(&a.trace, &engine.latency_trace)?;
+    let fit_set = FitSet::of(
+        &a.trace,
+        &engine.latency_trace,
+        work.meta.config_hash.as_deref(),
+    )?;
+    if let Some(o) = &fit_set.other_config {
+        crate::errln!("calibrate: WARNING: {}", o.describe());
+    }
     let ModelRun {
         samples: mod_samples,
         chunks: model_chunks,
@@ -239,7 +259,16 @@ pub fn run_with(
         );
     }
     let all: Vec<usize> = (0..triples.len()).collect();
-    let mut cohorts = vec![compare::cohort("all", &all, &triples, true, &a.tolerance)];
+    // quantiles of a handful of requests are noise: the pooled row is gated only when it
+    // holds --min-requests, and the command then fails saying so (below)
+    let pooled_gated = triples.len() >= a.min_requests;
+    let mut cohorts = vec![compare::cohort(
+        "all",
+        &all,
+        &triples,
+        pooled_gated,
+        &a.tolerance,
+    )];
     let mut by_bucket: Vec<Vec<usize>> = vec![Vec::new(); BUCKETS.len()];
     let mut unbucketed = 0usize;
     for (k, &i) in compared.iter().enumerate() {
@@ -342,6 +371,14 @@ pub fn run_with(
                 .join("; ")
         );
     }
+    if !pooled_gated {
+        bail!(
+            "only {} request(s) compared, fewer than --min-requests {}: the quantiles of so few requests are noise, so nothing was gated; calibrate against a capture with at least {} requests with timing (or lower --min-requests)",
+            triples.len(),
+            a.min_requests,
+            a.min_requests
+        );
+    }
     let failures = report.failures();
     if !failures.is_empty() {
         const NAMED: usize = 6;
@@ -364,6 +401,26 @@ pub fn run_with(
 
 use crate::inspect::output::same_file;
 
+/// The output guard of `calibrate` (and of `calibrate-e2e`, with its own inputs and
+/// outputs added): no output may be the trace, a file the engine flags read, or another
+/// output.
+pub fn check_calibrate_outputs(
+    a: &CalibrateArgs,
+    more_inputs: &[Named],
+    more_outputs: &[Named],
+) -> Result<()> {
+    let mut inputs = vec![named("the trace", &a.trace)];
+    inputs.extend(crate::play::config::engine_inputs(&a.engine));
+    inputs.extend(more_inputs.iter().cloned());
+    let mut outputs: Vec<Named> = a
+        .dump_samples
+        .iter()
+        .map(|p| named("--dump-samples", p))
+        .collect();
+    outputs.extend(more_outputs.iter().cloned());
+    check_outputs(&inputs, &outputs)
+}
+
 /// Two files with the same bytes (a copy of the trace counts as the trace).
 fn same_content(a: &Path, b: &Path) -> bool {
     let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).ok();
@@ -381,8 +438,31 @@ impl FitSet {
     /// (or a byte-identical copy), or a model whose sources are this trace (the same file or
     /// the same bytes). The captures of a corpus share their `config_hash` and often their
     /// record count, so neither says which trace a model saw.
-    fn of(trace: &Path, paths: &[PathBuf]) -> Result<FitSet> {
+    fn of(trace: &Path, paths: &[PathBuf], trace_hash: Option<&str>) -> Result<FitSet> {
         let mut why = None;
+        // the configurations the fit set was captured under
+        let mut hashes: Vec<String> = Vec::new();
+        for p in paths {
+            if FittedModel::is_model_file(p) {
+                let m = FittedModel::load(p)
+                    .with_context(|| format!("--latency-trace {}", p.display()))?;
+                hashes.extend(m.meta.sources.iter().filter_map(|s| s.config_hash.clone()));
+            } else if let Ok(mut r) = sim_trace::trace::TraceReader::open(p)
+                && let Ok((Some(meta), _)) = r.read_header()
+            {
+                hashes.extend(meta.config_hash);
+            }
+        }
+        let other_config = trace_hash.and_then(|t| {
+            let t = t.to_ascii_lowercase();
+            let mut fit: Vec<String> = hashes
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .filter(|h| *h != t)
+                .collect();
+            fit.dedup();
+            (!fit.is_empty()).then_some(OtherConfig { trace: t, fit })
+        });
         for p in paths {
             if FittedModel::is_model_file(p) {
                 let m = FittedModel::load(p)
@@ -409,6 +489,7 @@ impl FitSet {
             why: why.unwrap_or_else(|| {
                 "the trace is not in the fit set: an out-of-sample check".to_string()
             }),
+            other_config,
         })
     }
 
@@ -549,6 +630,12 @@ impl Report<'_> {
                 "relation": self.fit_set.relation(),
                 "in_sample": self.fit_set.in_sample,
                 "why": self.fit_set.why,
+                "other_configuration": self.fit_set.other_config.is_some(),
+                "config_hashes": self.fit_set.other_config.as_ref().map(|o| json!({
+                    "trace": o.trace,
+                    "fit": o.fit,
+                    "warning": o.describe(),
+                })),
             },
             "engine": self.modelled.describe,
             "knobs": {
@@ -611,10 +698,14 @@ impl Report<'_> {
             .collect();
         writeln!(
             out,
-            "fit set: {} — {}: {}",
+            "fit set: {} — {}: {}{}",
             paths.join(" "),
             self.fit_set.relation(),
-            self.fit_set.why
+            self.fit_set.why,
+            match &self.fit_set.other_config {
+                Some(o) => format!("; WARNING: {}", o.describe()),
+                None => String::new(),
+            }
         )?;
         writeln!(out, "modelled: {}", self.modelled.describe)?;
         let k = self.knobs;

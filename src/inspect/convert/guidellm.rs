@@ -31,7 +31,6 @@
 //! The report is one JSON document, read whole (reports are megabytes, not gigabytes);
 //! the trace is written as a stream.
 
-use std::io::Read;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
@@ -44,19 +43,11 @@ use crate::inspect::progress::Progress;
 const OUTCOMES: [&str; 3] = ["successful", "errored", "incomplete"];
 
 fn read_report(input: &Path) -> Result<Value> {
-    let file = std::fs::File::open(input).with_context(|| format!("{}", input.display()))?;
-    let mut reader: Box<dyn Read> = if input
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gz"))
-    {
-        Box::new(flate2::read::MultiGzDecoder::new(file))
-    } else {
-        Box::new(file)
-    };
-    let mut text = String::new();
-    reader
-        .read_to_string(&mut text)
+    // gzip by content, and the report bounded like one trace line (it is one document)
+    let raw = sim_trace::trace::read_capped(input, sim_trace::trace::max_line_bytes())
         .with_context(|| format!("reading {}", input.display()))?;
+    let text = String::from_utf8(raw)
+        .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text: {e}", input.display()))?;
     let first = text.trim_start().chars().next();
     if first.is_some_and(|c| c != '{' && c != '[') {
         bail!(

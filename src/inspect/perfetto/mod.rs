@@ -206,11 +206,11 @@ pub fn run(args: &PerfettoArgs) -> Result<()> {
     }
     let mut guard = None;
     if let Some(out) = &args.output {
-        let mut inputs = vec![(args.trace.as_path(), "the trace")];
+        let mut inputs = vec![crate::io_guard::named("the trace", &args.trace)];
         if let Some(s) = &args.step_stats {
-            inputs.push((s.as_path(), "the --step-stats file"));
+            inputs.push(crate::io_guard::named("the --step-stats file", s));
         }
-        super::output::refuse_overwriting(out, "-o", &inputs)?;
+        crate::io_guard::check_outputs(&inputs, &[crate::io_guard::named("-o", out)])?;
         guard = Some(super::output::OutputGuard::new(out));
     }
     // With --open and no -o: a temporary file, unlinked once open (served from the

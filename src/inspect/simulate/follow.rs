@@ -152,7 +152,7 @@ impl Follower {
                 && let Some(e) = x.events.iter().find(|e| e.kind == EventType::Queued)
             {
                 f.queued = true;
-                f.arrival = Duration::from_secs_f64((e.timestamp - self.origin).max(0.0));
+                f.arrival = sim_trace::latency::secs_to_duration(e.timestamp - self.origin);
             }
             if f.cached_tokens.is_none()
                 && let Some(p) = x.prefill_stats.as_deref()

@@ -115,9 +115,10 @@ pub struct ArrivalArgs {
 }
 
 fn parse_think_ms(s: &str) -> std::result::Result<f64, String> {
+    let max = sim_trace::latency::MAX_DURATION_MS;
     match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a time in ms (0 or more)")),
+        Ok(v) if v.is_finite() && (0.0..=max).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a time in ms from 0 to {max} (a day)")),
     }
 }
 
@@ -339,14 +340,10 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     if to_stdout && a.json {
         bail!("--json and `--dump-trace -` both write to standard output: pick one");
     }
-    if let Some(out) = &a.dump_trace
-        && !to_stdout
-        && same_file(out, &a.trace)
-    {
-        bail!(
-            "--dump-trace {} is the input trace: write the simulation elsewhere",
-            out.display()
-        );
+    if let Some(out) = &a.dump_trace {
+        let mut inputs = vec![named("the trace", &a.trace)];
+        inputs.extend(engine_inputs(&a.engine));
+        check_outputs(&inputs, &[named("--dump-trace", out)])?;
     }
     let work = Workload::load(&a.trace, a.engine.block_size, a.requests)
         .with_context(|| format!("reading {}", a.trace.display()))?;
@@ -602,7 +599,8 @@ pub fn notes(replay_sessions: bool, work: &Workload, engine: &EngineArgs) {
     }
 }
 
-use crate::inspect::output::same_file;
+use crate::io_guard::{check_outputs, named};
+use crate::play::config::engine_inputs;
 
 /// Where simulated records go: the `--dump-trace` file, if any.
 struct Sink {

@@ -118,6 +118,11 @@ impl Workload {
         for item in TraceReader::open(path)? {
             match item? {
                 TraceItem::Meta(m) => {
+                    if meta.is_none()
+                        && let Some(w) = m.newer_schema_warning()
+                    {
+                        crate::errln!("warning: {}: {w}", path.display());
+                    }
                     meta.get_or_insert(m);
                 }
                 TraceItem::Record(r) => {
@@ -155,7 +160,10 @@ impl Workload {
         };
         let records_in_trace = staged.len() as u64;
         if staged.is_empty() {
-            bail!("{} has no records to simulate", path.display());
+            bail!(
+                "{} holds no request records, only its meta line (a capture stopped before any request was written?)",
+                path.display()
+            );
         }
         let has_hashes = !hashes.is_empty();
         let trace_block_size = match (meta.block_size, engine_block_size) {
@@ -490,7 +498,8 @@ fn hash_value(h: &BlockHash) -> u64 {
 /// `ms` milliseconds as a duration: negative (and NaN) is 0, and absurd values stop at
 /// about 30,000 years instead of overflowing.
 pub fn duration_ms(ms: f64) -> Duration {
-    Duration::from_secs_f64((ms / 1000.0).clamp(0.0, 1e12))
+    // (`clamp` keeps NaN, which `from_secs_f64` panics on)
+    sim_trace::latency::duration_from_ms(ms)
 }
 
 /// SplitMix64's finaliser: spreads nearby seeds (consecutive hashes, request indexes).

@@ -29,7 +29,7 @@ use super::FitError;
 use super::FitInput;
 use super::model::ModelSource;
 use crate::steps::StepStatsReader;
-use crate::trace::{TraceItem, TraceReader, TraceRecord};
+use crate::trace::{TraceError, TraceItem, TraceReader, TraceRecord, record_name};
 
 /// Token times this close to a step's time belong to it. The trace keeps times to the
 /// microsecond, and a token time adds up to a few hundred rounded gaps (6 µs apart at
@@ -374,7 +374,8 @@ fn for_records(
     source: &mut ModelSource,
     mut each: impl FnMut(&TraceRecord),
 ) -> Result<(), FitError> {
-    for item in TraceReader::open(path)? {
+    let mut reader = TraceReader::open(path)?;
+    while let Some(item) = reader.next() {
         match item? {
             TraceItem::Meta(m) => {
                 source.config_hash = source.config_hash.take().or(m.config_hash);
@@ -383,6 +384,12 @@ fn for_records(
                 source.vllm_version = source.vllm_version.take().or(m.vllm_version);
             }
             TraceItem::Record(r) => {
+                // a latency past a day would make the law absurd (or a draw panic)
+                r.check_times().map_err(|why| TraceError::Invalid {
+                    path: path.to_path_buf(),
+                    line: reader.line(),
+                    why: format!("record {}: {why}", record_name(&r, source.records)),
+                })?;
                 source.records += 1;
                 each(&r);
             }
@@ -397,8 +404,23 @@ fn read_sidecar(path: &Path) -> Result<Vec<Step>, FitError> {
     let mut steps = Vec::new();
     // per engine: (running, waiting) of its previous step
     let mut before: Vec<Option<(u64, u64)>> = Vec::new();
-    for s in StepStatsReader::open(path)? {
+    let mut reader = StepStatsReader::open(path)?;
+    while let Some(s) = reader.next() {
         let s = s?;
+        if let Some(ms) = s.step_ms
+            && !crate::latency::is_sane_ms(ms)
+        {
+            return Err(TraceError::Invalid {
+                path: path.to_path_buf(),
+                line: reader.line(),
+                why: format!(
+                    "step_ms = {} ms is not a duration an engine takes (at most {} ms, a day)",
+                    crate::latency::show_number(ms),
+                    crate::latency::MAX_DURATION_MS
+                ),
+            }
+            .into());
+        }
         let engine = s.engine.min(u32::from(u16::MAX)) as usize;
         if before.len() <= engine {
             before.resize(engine + 1, None);

@@ -8,8 +8,6 @@
 //! bin. The nearest state of a step with prefill work is the prefill class of its
 //! prefilled tokens, else the closest class by ratio of sizes.
 
-use std::time::Duration;
-
 use super::model::{DecodeBin, FittedModel, PrefillClass};
 use super::observe::{NF, mean_burst};
 use super::residual;
@@ -185,7 +183,7 @@ impl LatencyModel for FittedLatency {
         let m = &self.model;
         let ms = m.law.ms(&features(shape, tokens)) * m.ratio(shape, tokens, u);
         StepTiming {
-            duration: Duration::from_secs_f64((ms / self.time_scale).max(0.0) / 1e3),
+            duration: crate::latency::duration_from_ms(ms / self.time_scale),
             decode_tokens,
         }
     }

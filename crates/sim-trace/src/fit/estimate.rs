@@ -60,6 +60,39 @@ fn merge_cells(cells: BTreeMap<u32, Vec<f32>>) -> Vec<(u32, Vec<f32>)> {
         .collect()
 }
 
+/// An observation this many times the median step is an outlier worth a warning: a real
+/// engine's slow steps (a long prefill, a preemption) stay within a few tens of medians.
+const OUTLIER_FACTOR: f64 = 1000.0;
+
+/// A warning when some observations dwarf the rest (a capture with a stalled gap, a
+/// damaged line): least squares follows them, and the law then says little about the
+/// ordinary steps (one absurd gap once gave an intercept of −1.7e14 ms).
+fn outlier_note(obs: &[Obs], intercept: f64) -> Option<String> {
+    let mut ys: Vec<f32> = obs.iter().map(|o| o.y).collect();
+    if ys.is_empty() {
+        return None;
+    }
+    let mid = ys.len() / 2;
+    let (_, median, _) = ys.select_nth_unstable_by(mid, f32::total_cmp);
+    let median = f64::from(*median).max(1e-3);
+    let outliers: Vec<f64> = obs
+        .iter()
+        .map(|o| f64::from(o.y))
+        .filter(|&y| y > OUTLIER_FACTOR * median)
+        .collect();
+    if outliers.is_empty() && intercept.abs() <= OUTLIER_FACTOR * median {
+        return None;
+    }
+    let largest = obs.iter().map(|o| f64::from(o.y)).fold(0.0, f64::max);
+    Some(format!(
+        "WARNING: {} observation(s) last more than {OUTLIER_FACTOR}× the median step ({} ms; the largest {} ms), and the law's intercept is {} ms: outliers such as a stalled or damaged record pull the fit; check the capture (`inspect summarize`) and refit without them",
+        outliers.len(),
+        sig(median),
+        crate::latency::show_number(sig(largest)),
+        crate::latency::show_number(intercept),
+    ))
+}
+
 /// Build the model from the observations of every capture.
 pub(crate) fn build(sources: Vec<ModelSource>, obs: &[Obs], bursts: Vec<u64>) -> FittedModel {
     let sel = regress::select(obs);
@@ -77,6 +110,7 @@ pub(crate) fn build(sources: Vec<ModelSource>, obs: &[Obs], bursts: Vec<u64>) ->
         .iter()
         .map(|o| f64::from(o.y))
         .fold(f64::INFINITY, f64::min);
+    notes.extend(outlier_note(obs, coef[0]));
     let law = StepLaw {
         step_ms: coef[0],
         per_decode_ms: coef[1],

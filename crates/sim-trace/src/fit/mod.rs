@@ -157,5 +157,12 @@ pub fn fit(inputs: &[FitInput]) -> Result<FittedModel, FitError> {
     if obs.is_empty() {
         return Err(FitError::NoSteps);
     }
-    Ok(estimate::build(sources, &obs, bursts))
+    let model = estimate::build(sources, &obs, bursts);
+    // what a model file may not hold, a fit may not produce either (inputs are bounded,
+    // so this only catches a fit that went numerically wrong)
+    model.check().map_err(|why| FitError::Invalid {
+        path: inputs.first().map(|i| i.trace.clone()).unwrap_or_default(),
+        why: format!("the fit of these captures gives an unusable model: {why}"),
+    })?;
+    Ok(model)
 }

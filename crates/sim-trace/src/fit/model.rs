@@ -14,12 +14,20 @@ use serde::{Deserialize, Serialize};
 use super::FitError;
 use super::observe::NF;
 use super::regress::{self, TermFit};
+use crate::latency::{MAX_DURATION_MS, is_sane_ms, show_number};
 
 /// The `format` of a model file.
 pub const FORMAT: &str = "vllm-vcr-latency-model";
 /// The model file version this build writes and reads (1 was the batch-quantile model of
 /// earlier builds).
 pub const VERSION: u32 = 2;
+
+/// The largest model file read: fitted models are a few KB.
+const MAX_MODEL_BYTES: usize = 16 << 20;
+
+/// The largest ratio a model file may hold: a step a billion times slower than its law
+/// says is a damaged or hostile file, not a capture.
+pub const MAX_RATIO: f64 = 1e9;
 
 /// A capture a model was fitted to.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -213,10 +221,14 @@ impl FittedModel {
 
     /// Read a model file: its format and version first, then its contents.
     pub fn load(path: &Path) -> Result<Self, FitError> {
-        let text = std::fs::read_to_string(path).map_err(|cause| FitError::Io {
+        let io = |cause| FitError::Io {
             path: path.to_path_buf(),
             cause,
-        })?;
+        };
+        // a model file is a few KB: a huge one is not a model, and is not read whole
+        let raw = crate::trace::read_capped(path, MAX_MODEL_BYTES).map_err(io)?;
+        let text = String::from_utf8(raw)
+            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|cause| FitError::Parse {
                 path: path.to_path_buf(),
@@ -250,7 +262,7 @@ impl FittedModel {
     }
 
     /// What a hand-edited or damaged file could get wrong.
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         let l = &self.levels;
         if l.len() < 2 || l[0] != 0.0 || l[l.len() - 1] != 1.0 || l.windows(2).any(|w| w[0] >= w[1])
         {
@@ -260,8 +272,17 @@ impl FittedModel {
             if r.len() != l.len() {
                 return Err(format!("{what}: {} ratios for {} levels", r.len(), l.len()));
             }
-            if r.iter().any(|x| !x.is_finite() || *x < 0.0) || r.windows(2).any(|w| w[0] > w[1]) {
-                return Err(format!("{what}: ratios must be finite, ≥ 0 and rising"));
+            if let Some(x) = r
+                .iter()
+                .find(|x| !(x.is_finite() && (0.0..=MAX_RATIO).contains(*x)))
+            {
+                return Err(format!(
+                    "{what}: ratio {} is out of range (a ratio is a step's duration over the law's: 0 … {MAX_RATIO})",
+                    show_number(*x)
+                ));
+            }
+            if r.windows(2).any(|w| w[0] > w[1]) {
+                return Err(format!("{what}: ratios must rise with the levels"));
             }
             Ok(())
         };
@@ -281,10 +302,29 @@ impl FittedModel {
             }
             ratio(&what, &p.ratio)?;
         }
-        if self.law.coef().iter().any(|c| !c.is_finite())
-            || !(self.law.floor_ms.is_finite() && self.law.floor_ms >= 0.0)
-        {
-            return Err("law coefficients must be finite".into());
+        let l = &self.law;
+        let coefficients = [
+            ("law.step_ms", l.step_ms),
+            ("law.per_decode_ms", l.per_decode_ms),
+            ("law.per_prefill_token_ms", l.per_prefill_token_ms),
+            ("law.prefill_step_ms", l.prefill_step_ms),
+            ("law.per_context_token_ms", l.per_context_token_ms),
+            ("law.per_burst_token_ms", l.per_burst_token_ms),
+            ("law.per_prefill_depth_ms", l.per_prefill_depth_ms),
+        ];
+        for (name, c) in coefficients {
+            if !is_sane_ms(c) {
+                return Err(format!(
+                    "{name} is {}: a coefficient must be finite and at most {MAX_DURATION_MS} ms (a day) in size",
+                    show_number(c)
+                ));
+            }
+        }
+        if !(l.floor_ms.is_finite() && (0.0..=MAX_DURATION_MS).contains(&l.floor_ms)) {
+            return Err(format!(
+                "law.floor_ms is {}: the floor must be between 0 and {MAX_DURATION_MS} ms (a day)",
+                show_number(l.floor_ms)
+            ));
         }
         if let Some(b) = &self.bursts
             && (b.counts.len() < 2 || b.num_spec_tokens as usize != b.counts.len() - 1)

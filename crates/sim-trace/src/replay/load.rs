@@ -142,6 +142,12 @@ impl Builder {
     }
 
     fn meta(&mut self, path: &Path, meta: &TraceMeta) -> Result<(), ReplayError> {
+        if let Some(w) = meta.newer_schema_warning() {
+            let w = format!("{}: {w}", path.display());
+            if !self.warnings.contains(&w) {
+                self.warnings.push(w);
+            }
+        }
         let info = self.files.last_mut().expect("read_file pushed the file");
         if let Some(h) = &meta.config_hash
             && !info.config_hashes.contains(h)
@@ -219,6 +225,16 @@ impl Builder {
 
         let (mut gaps, mut chunk_tokens, mut first_chunk) = (Span::default(), None, 0);
         if self.opts.steps {
+            // a gap past a day is a damaged or hostile trace: refuse it here, naming it,
+            // rather than let the engine try to wait that long
+            r.check_times().map_err(|why| TraceError::Invalid {
+                path: path.to_path_buf(),
+                line,
+                why: format!(
+                    "record {}: {why}",
+                    crate::trace::record_name(&r, counts.records as u64 - 1)
+                ),
+            })?;
             first_chunk = r.first_chunk_tokens();
             gaps = span(self.gaps_ms.len(), r.itl_ms.len(), path, "gaps")?;
             self.gaps_ms.extend(r.itl_ms.iter().map(|&v| v as f32));

@@ -49,8 +49,9 @@ pub enum MissReason {
     OutOfRange {
         /// The request id as the engine received it.
         id: String,
-        /// The `n` it names (saturated at `u64::MAX`).
-        index: u64,
+        /// The `n` it names, its digits as the id gives them (a number past `u64` is
+        /// reported as written, not saturated).
+        index: String,
         /// Records in the index.
         records: usize,
     },
@@ -183,6 +184,15 @@ impl std::error::Error for MissReason {}
 /// The `n` of the last standalone `replay-<n>` in `id` (see the module docs for what
 /// standalone means). Saturates at `u64::MAX` (then out of range) rather than failing.
 pub fn parse_replay_index(id: &str) -> Option<u64> {
+    replay_digits(id).map(|d| {
+        d.bytes().fold(0u64, |n, c| {
+            n.saturating_mul(10).saturating_add(u64::from(c - b'0'))
+        })
+    })
+}
+
+/// The digits of the last standalone `replay-<n>` in `id`, as written.
+fn replay_digits(id: &str) -> Option<&str> {
     const TAG: &[u8] = b"replay-";
     let b = id.as_bytes();
     let mut found = None;
@@ -199,9 +209,7 @@ pub fn parse_replay_index(id: &str) -> Option<u64> {
         let before_ok = start == 0 || !b[start - 1].is_ascii_alphanumeric();
         let after_ok = end == b.len() || !b[end].is_ascii_alphanumeric();
         if end > digits && before_ok && after_ok {
-            found = Some(b[digits..end].iter().fold(0u64, |n, &c| {
-                n.saturating_mul(10).saturating_add(u64::from(c - b'0'))
-            }));
+            found = Some(&id[digits..end]);
         }
     }
     found
@@ -226,7 +234,7 @@ impl ReplayIndex {
             .filter(|&i| i < self.records.len())
             .ok_or_else(|| MissReason::OutOfRange {
                 id: request_id.to_string(),
-                index: n,
+                index: replay_digits(request_id).unwrap_or_default().to_string(),
                 records: self.records.len(),
             })?;
         self.take(i, 0)
