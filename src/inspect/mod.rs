@@ -10,6 +10,7 @@ pub mod calibrate_e2e;
 pub mod compare;
 pub mod convert;
 pub mod fit;
+pub mod fit_config;
 pub mod gen_demo;
 pub mod output;
 pub mod perfetto;

@@ -33,6 +33,7 @@ use sim_trace::fit::FittedModel;
 use super::plot;
 use super::simulate::workload::Workload;
 use super::simulate::{ArrivalArgs, Counts, RunOptions, engine_for, simulate_map};
+use crate::inspect::fit_config::{OtherConfig, fit_set_hashes, other_config};
 use crate::io_guard::{Named, check_outputs, named};
 use crate::play::EngineArgs;
 use compare::{BUCKETS, Cohort, Metric, QUANTILES, SOURCES, Sample, Tolerance};
@@ -109,22 +110,6 @@ struct FitSet {
     /// The fit set's config hashes when one differs from the trace's: the model is
     /// another engine's, so its deltas mix the model's error with the configuration's.
     other_config: Option<OtherConfig>,
-}
-
-/// A fit set captured under another configuration than the calibrated trace.
-struct OtherConfig {
-    trace: String,
-    fit: Vec<String>,
-}
-
-impl OtherConfig {
-    fn describe(&self) -> String {
-        format!(
-            "the model was fitted on another configuration (config_hash {} ≠ the trace's {}): the deltas measure the configuration change as much as the model",
-            self.fit.join(", "),
-            self.trace
-        )
-    }
 }
 
 /// What a run under the model under test gives: every request's sample by arrival-order
@@ -440,29 +425,7 @@ impl FitSet {
     /// record count, so neither says which trace a model saw.
     fn of(trace: &Path, paths: &[PathBuf], trace_hash: Option<&str>) -> Result<FitSet> {
         let mut why = None;
-        // the configurations the fit set was captured under
-        let mut hashes: Vec<String> = Vec::new();
-        for p in paths {
-            if FittedModel::is_model_file(p) {
-                let m = FittedModel::load(p)
-                    .with_context(|| format!("--latency-trace {}", p.display()))?;
-                hashes.extend(m.meta.sources.iter().filter_map(|s| s.config_hash.clone()));
-            } else if let Ok(mut r) = sim_trace::trace::TraceReader::open(p)
-                && let Ok((Some(meta), _)) = r.read_header()
-            {
-                hashes.extend(meta.config_hash);
-            }
-        }
-        let other_config = trace_hash.and_then(|t| {
-            let t = t.to_ascii_lowercase();
-            let mut fit: Vec<String> = hashes
-                .iter()
-                .map(|h| h.to_ascii_lowercase())
-                .filter(|h| *h != t)
-                .collect();
-            fit.dedup();
-            (!fit.is_empty()).then_some(OtherConfig { trace: t, fit })
-        });
+        let other_config = other_config(trace_hash, &fit_set_hashes(paths)?);
         for p in paths {
             if FittedModel::is_model_file(p) {
                 let m = FittedModel::load(p)
@@ -631,11 +594,7 @@ impl Report<'_> {
                 "in_sample": self.fit_set.in_sample,
                 "why": self.fit_set.why,
                 "other_configuration": self.fit_set.other_config.is_some(),
-                "config_hashes": self.fit_set.other_config.as_ref().map(|o| json!({
-                    "trace": o.trace,
-                    "fit": o.fit,
-                    "warning": o.describe(),
-                })),
+                "config_hashes": self.fit_set.other_config.as_ref().map(OtherConfig::json),
             },
             "engine": self.modelled.describe,
             "knobs": {
