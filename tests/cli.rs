@@ -112,6 +112,25 @@ fn a_closed_stdout_is_not_an_error() {
     );
 }
 
+/// `vllm-vcr completions bash | head -1`: the reader leaves after one line; the command
+/// ends quietly (it used to panic inside the completion generator, exit 101).
+#[test]
+fn completions_into_a_closed_pipe_end_quietly() {
+    for shell in ["bash", "zsh", "fish"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+            .args(["completions", shell])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader is gone before the first write
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{shell}: {:?}: {err}", out.status);
+        assert!(!err.contains("panicked"), "{shell}: {err}");
+    }
+}
+
 /// `serve … 2>&1 | tee log`, then Ctrl-C: tee is gone, so is serve's stderr; serve still
 /// stops cleanly (it used to abort with SIGABRT on the failed print).
 #[test]
