@@ -63,6 +63,11 @@ pub struct EngineConfig {
     /// `--ttft-mode fixed`: each request's first token is due this long (mean, std-dev;
     /// ms, already divided by --time-scale) after its arrival.
     pub fixed_ttft_ms: Option<(f64, f64)>,
+    /// The least a step that samples a request's first token costs when it has no decodes:
+    /// a forward pass, which a real engine runs even for a fully cached prompt (vLLM
+    /// recomputes the last prompt token). The median of a one-decode step of the latency
+    /// model; set by [`PlayConfig::build_engine`].
+    pub first_token_floor: Duration,
     /// Generation or pooling (`--runner`), and the embedding length of the latter.
     pub runner: Runner,
     pub embedding_dim: u32,
@@ -316,6 +321,7 @@ impl TryFrom<&PlayArgs> for PlayConfig {
                     )
                 },
             ),
+            first_token_floor: Duration::ZERO,
             runner: a.runner,
             embedding_dim: a.embedding_dim,
             pd: PdConfig {
@@ -454,11 +460,34 @@ impl PlayConfig {
             Some(m) => Box::new(m.clone().latency(seed, self.knobs.time_scale)),
             None => latency::from_knobs(self.knobs, seed),
         };
+        cfg.first_token_floor = self.decode_step_floor();
         let mut engine = SimEngine::new(cfg, self.token_source(), latency, self.policy.build());
         if let Some(r) = &self.replay {
             engine.set_replay(r.engine_replay());
         }
         engine
+    }
+
+    /// The median duration of a step that decodes one token for one request: the knob ITL,
+    /// or the fitted model's law and median ratio for such a step (divided by the time
+    /// scale either way).
+    fn decode_step_floor(&self) -> Duration {
+        let ms = match &self.model {
+            Some(m) => {
+                let shape = latency::StepShape {
+                    decodes: vec![latency::DecodeSlot::default()],
+                    running: 1,
+                    max_num_seqs: self.engine.rules.max_num_seqs as u64,
+                    max_num_batched_tokens: self.engine.rules.max_num_batched_tokens,
+                    ..Default::default()
+                };
+                m.expected_ms(&shape)
+            }
+            None => self.knobs.itl_ms,
+        } / self.knobs.time_scale;
+        // a model that yields no sane duration adds no floor (load-time checks refuse such
+        // models; this only must not panic)
+        Duration::try_from_secs_f64(ms / 1e3).unwrap_or(Duration::ZERO)
     }
 
     /// The ready response of DP rank `rank` (what the engine advertises at the handshake).

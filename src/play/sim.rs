@@ -213,12 +213,24 @@ impl SimEngine {
     }
 
     pub fn describe(&self) -> String {
+        let mut latency = self.latency.describe();
+        if let Some((mean, std)) = self.cfg.fixed_ttft_ms {
+            // the knobs' step TTFT is 0 under --ttft-mode fixed: name the delay in force
+            // (unscaled, as the knobs are printed)
+            let ts = self.cfg.time_scale;
+            latency = latency.replacen("ttft 0 ms (sd 0), ", "", 1);
+            latency = format!(
+                "{latency}, ttft fixed {} ms (sd {}) after arrival",
+                mean * ts,
+                std * ts
+            );
+        }
         format!(
             "engine {}: vLLM {} wire, tokens {}, latency {}, queue {}, max_num_seqs {}",
             self.cfg.engine_index,
             self.cfg.line,
             self.tokens.describe(),
-            self.latency.describe(),
+            latency,
             self.batch.policy_name(),
             self.cfg.rules.max_num_seqs
         )
@@ -524,7 +536,20 @@ impl SimEngine {
             return;
         }
         if let Some(plan) = self.batch.compose(&self.cfg.rules, start) {
-            let timing = self.latency.step(&plan.shape);
+            let mut timing = self.latency.step(&plan.shape);
+            // a step that samples a first token runs the model at least once, even when
+            // the whole prompt was cached (vLLM recomputes its last token): no cheaper than
+            // a decode step. Steps with decodes already cost one; chunks that do not finish
+            // their prompt sample nothing and keep the model's price.
+            let shape = &plan.shape;
+            if shape.decodes.is_empty()
+                && shape
+                    .prefills
+                    .iter()
+                    .any(|c| c.context + c.tokens >= c.uncached_prompt)
+            {
+                timing.duration = timing.duration.max(self.cfg.first_token_floor);
+            }
             self.in_flight = Some(InFlight {
                 end: start + timing.duration,
                 plan,
