@@ -247,3 +247,40 @@ fn the_entrypoint_reads_numbers_in_base_10_and_enums_exactly() {
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("--pd-role decode"), "{err}");
 }
+
+/// `serve -- --max-model-len 10 --bogus-flag --served-model-name other`: vllm-rs takes all
+/// three without a word and acts on none of them (it would hand them to a Python engine;
+/// the second name is only an alias). `serve` says so on stderr.
+#[test]
+fn serve_warns_about_frontend_flags_that_have_no_effect() {
+    let port = vllm_vcr::child::free_ports(1).unwrap()[0];
+    let log = std::env::temp_dir().join(format!("vcr-cli-ignored-{}.err", std::process::id()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["serve", "--port", &port.to_string(), "--"])
+        .args(["--max-model-len", "10", "--bogus-flag"])
+        .args(["--served-model-name", "other"])
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut err = String::new();
+    while std::time::Instant::now() < deadline {
+        err = std::fs::read_to_string(&log).unwrap_or_default();
+        if err.contains("starting the frontend") || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let _ = child.wait();
+    for needle in [
+        "serve -- --max-model-len: an engine setting",
+        "`vllm-vcr serve --max-model-len …` (before `--`)",
+        "serve -- --bogus-flag: not a flag",
+        "serve -- --served-model-name: vllm-rs only adds it as an alias",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in:\n{err}");
+    }
+}
