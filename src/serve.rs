@@ -646,8 +646,9 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         play.max_model_len = play.max_model_len.min(m);
     }
 
-    // the engine's flags are checked before anything starts
-    crate::play::config::PlayConfig::try_from(&play)?;
+    // the engine's flags are checked before anything starts; the traces it loads are kept
+    // for the engine (read and logged once)
+    let replay = crate::play::config::PlayConfig::try_from(&play)?.replay;
     ensure_free(&args.host, args.port, "--port")?;
     let hs_port = match handshake_port(&args)? {
         0 => free_ports(1)?[0],
@@ -733,6 +734,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         }
     };
 
+    let engine_cfg = crate::play::config::PlayConfig::with_replay(&play, replay)?;
     crate::errln!("starting the frontend (log: {})", log.display());
     let line = play.vllm_version;
     let mut cmd = cmd;
@@ -741,7 +743,10 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     let frontend_pid = frontend.pid();
     let connect_host = client_host(&args.host);
     let (engine_stop, engine_stop_rx) = watch::channel(false);
-    let mut engine = tokio::spawn(crate::play::run(play, engine_stop_rx));
+    let mut engine =
+        tokio::spawn(
+            async move { crate::play::run_config(engine_cfg, &play, engine_stop_rx).await },
+        );
 
     let stop_all = |mut frontend: ChildGuard| async move {
         let how = tokio::task::spawn_blocking(move || frontend.stop())

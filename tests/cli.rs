@@ -284,3 +284,37 @@ fn serve_warns_about_frontend_flags_that_have_no_effect() {
         assert!(err.contains(needle), "{needle:?} not in:\n{err}");
     }
 }
+
+/// `serve --replay-tokens T` reads and indexes the trace once: the check before anything
+/// starts and the engine share it (the "indexed" line used to be printed twice, the trace
+/// read twice).
+#[test]
+fn serve_indexes_a_replay_trace_once() {
+    let dir = std::env::temp_dir();
+    let trace = dir.join(format!("vcr-cli-replay-{}.jsonl", std::process::id()));
+    let log = dir.join(format!("vcr-cli-replay-{}.err", std::process::id()));
+    std::fs::write(
+        &trace,
+        "{\"meta\":{\"block_size\":16}}\n{\"request_id\":\"a\",\"prompt_tokens\":4,\
+         \"output_tokens\":2,\"arrival_ms\":0,\"output_token_ids\":[70,71],\
+         \"finish_reason\":\"length\"}\n",
+    )
+    .unwrap();
+    let port = vllm_vcr::child::free_ports(1).unwrap()[0];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["serve", "--port", &port.to_string(), "--replay-tokens"])
+        .arg(&trace)
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let ready = lines.any(|l| l.is_ok_and(|l| l.contains("http://")));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let _ = child.wait();
+    let err = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(ready, "serve never printed its URL:\n{err}");
+    assert_eq!(err.matches(": indexed").count(), 1, "{err}");
+}

@@ -122,6 +122,19 @@ impl TryFrom<&PlayArgs> for PlayConfig {
     type Error = anyhow::Error;
 
     fn try_from(a: &PlayArgs) -> Result<Self> {
+        Self::build(a, None)
+    }
+}
+
+impl PlayConfig {
+    /// The configuration of `a` with the replay indexes an earlier configuration of the
+    /// same flags loaded (`serve` checks the flags before it starts anything, then runs
+    /// the engine: the traces are read and logged once).
+    pub fn with_replay(a: &PlayArgs, replay: Option<ReplaySetup>) -> Result<Self> {
+        Self::build(a, Some(replay))
+    }
+
+    fn build(a: &PlayArgs, preloaded: Option<Option<ReplaySetup>>) -> Result<Self> {
         if a.min_token_id >= a.vocab_size {
             bail!(
                 "--min-token-id ({}) must be below --vocab-size ({})",
@@ -197,12 +210,15 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             }
             super::replay::check_config_hash(expected, &paths)?;
         }
-        let replay = ReplaySetup::load(
-            a.replay_tokens.as_deref(),
-            a.replay_steps.as_deref(),
-            a.replay_match,
-            a.replay_miss,
-        )?;
+        let replay = match preloaded {
+            Some(r) => r,
+            None => ReplaySetup::load(
+                a.replay_tokens.as_deref(),
+                a.replay_steps.as_deref(),
+                a.replay_match,
+                a.replay_miss,
+            )?,
+        };
         if let (Some(expected), Some(r)) = (&a.expect_config_hash, &replay) {
             // concatenated captures carry several meta lines: every one must agree
             r.check_config_hashes(expected)?;
