@@ -409,22 +409,20 @@ impl SimEngine {
             Ok(None) => self.tokens.stream_for(&req),
             Err(msg) => {
                 tracing::warn!(request_id = %id, "{msg}");
-                self.reject_error(
-                    out,
-                    client,
-                    id,
-                    "structured_output_unsupported",
-                    msg,
-                    false,
-                    now,
-                );
+                // `validation_error`: the one non-retryable code both frontends turn into
+                // an answer that carries the message (HTTP 400); any other code reaches a
+                // vllm-rs client as a bare "Internal server error"
+                let msg = format!("structured_output_unsupported: {msg}");
+                self.reject_error(out, client, id, "validation_error", msg, false, now);
                 return;
             }
         };
         let served = match self.replay.resolve(&req, stream, self.cfg.log_requests) {
             Ok(served) => served,
             Err(msg) => {
-                self.reject_error(out, client, id, "replay_miss", msg, false, now);
+                // `validation_error`, so that the client reads why (see above)
+                let msg = format!("replay_miss: {msg}");
+                self.reject_error(out, client, id, "validation_error", msg, false, now);
                 return;
             }
         };
