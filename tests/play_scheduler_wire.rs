@@ -301,7 +301,7 @@ async fn a_prefill_engine_reads_do_remote_decode_with_pythons_truthiness() {
             .envelopes
             .iter()
             .flat_map(|e| &e.outputs)
-            .find(|o| o.request_id.to_string() == *id && o.finish_reason.is_some())
+            .find(|o| o.request_id.as_str() == *id && o.finish_reason.is_some())
             .and_then(|o| o.kv_transfer_params.as_ref());
         assert_eq!(params.is_some(), *keeps, "do_remote_decode {v}: {params:?}");
     }
