@@ -130,6 +130,8 @@ enum Refusal {
     TooLarge(String),
     /// 431: the headers alone are over 1 MiB.
     HeadersTooLarge,
+    /// 400: the headers make no sense (a Content-Length that is not a number).
+    Bad(String),
 }
 
 /// Read one request under `limits`: `Ok(Err(refusal))` when the client is to be refused.
@@ -188,7 +190,11 @@ async fn read_request(
                     limits.max_body >> 20
                 ))));
             }
-            Err(_) => bail!("the client sent Content-Length {v:?}, not a number"),
+            Err(_) => {
+                return Ok(Err(Refusal::Bad(format!(
+                    "pd-proxy: Content-Length {v:?} is not a number"
+                ))));
+            }
         },
     };
     let mut body = buf[head_end + 4..].to_vec();
@@ -413,6 +419,7 @@ async fn refuse(mut conn: TcpStream, peer: SocketAddr, refusal: Refusal) -> Resu
     let (status, kind, msg) = match refusal {
         Refusal::Slow(m) => (408, "RequestTimeout", m),
         Refusal::TooLarge(m) => (413, "PayloadTooLarge", m),
+        Refusal::Bad(m) => (400, "BadRequestError", m),
         Refusal::HeadersTooLarge => (
             431,
             "RequestHeaderFieldsTooLarge",
