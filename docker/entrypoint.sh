@@ -362,7 +362,9 @@ record)
         --trace-out "${TRACE_OUT:-/trace/trace.jsonl}")
     [[ -n "${STEP_STATS_OUT:-}" ]] && cmd+=(--step-stats-out "$STEP_STATS_OUT")
     is_true "${RECORD_TOKENS:-false}" && cmd+=(--record-tokens)
-    [[ -n "${MODEL:-}" ]] && cmd+=(--model "${SERVED_MODEL_NAME:-$MODEL}")
+    # the trace's model name: the one clients send (SERVED_MODEL_NAME), else MODEL
+    name=${SERVED_MODEL_NAME:-${MODEL:-}}
+    [[ -n "$name" ]] && cmd+=(--model "$name")
     run "${cmd[@]}" "$@"
     ;;
 env)

@@ -483,3 +483,25 @@ fn every_vllm_vcr_command_in_the_docs_parses() {
         failures.join("\n")
     );
 }
+
+/// `record` mode names the trace's model as clients send it: SERVED_MODEL_NAME before
+/// MODEL (docs/deploy.md); SERVED_MODEL_NAME alone used to leave the meta without a model.
+#[test]
+fn the_entrypoint_names_the_traced_model_as_clients_do() {
+    for (env, want) in [
+        (vec![("MODEL", "org/m")], Some("--model org/m ")),
+        (vec![("SERVED_MODEL_NAME", "s")], Some("--model s ")),
+        (
+            vec![("MODEL", "org/m"), ("SERVED_MODEL_NAME", "s")],
+            Some("--model s "),
+        ),
+        (vec![], None),
+    ] {
+        let (code, err) = entrypoint("record", &env);
+        assert_eq!(code, Some(0), "{env:?}: {err}");
+        match want {
+            Some(w) => assert!(err.contains(w), "{env:?}: {err}"),
+            None => assert!(!err.contains("--model"), "{err}"),
+        }
+    }
+}
