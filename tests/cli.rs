@@ -175,13 +175,19 @@ fn serve_stops_cleanly_when_its_output_pipes_are_closed() {
 /// environment.
 fn entrypoint(mode: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
     use std::os::unix::fs::PermissionsExt;
-    let bin = std::env::temp_dir().join(format!("vcr-entrypoint-shims-{}", std::process::id()));
-    std::fs::create_dir_all(&bin).unwrap();
-    for name in ["vllm-vcr", "vllm-rs"] {
-        let p = bin.join(name);
-        std::fs::write(&p, "#!/bin/sh\nexit 0\n").unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    // written once per process: rewriting a shim while another test execs it fails with
+    // "Text file busy"
+    static SHIMS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let bin = SHIMS.get_or_init(|| {
+        let bin = std::env::temp_dir().join(format!("vcr-entrypoint-shims-{}", std::process::id()));
+        std::fs::create_dir_all(&bin).unwrap();
+        for name in ["vllm-vcr", "vllm-rs"] {
+            let p = bin.join(name);
+            std::fs::write(&p, "#!/bin/sh\nexit 0\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        bin
+    });
     let out = Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/docker/entrypoint.sh"))
         .arg(mode)
