@@ -511,3 +511,47 @@ fn the_entrypoint_names_the_traced_model_as_clients_do() {
         }
     }
 }
+
+/// The README's table names every `inspect` subcommand (it used to omit `compare` and
+/// `calibrate-e2e`), and docs/deploy.md names every image the manifests in deploy/ run (it
+/// said they all run vllm-vcr's own).
+#[test]
+fn the_docs_name_every_inspect_command_and_every_deployed_image() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with("| `vllm-vcr inspect`"))
+        .expect("the README's inspect row");
+    let cmd = Cli::command();
+    let inspect = cmd.find_subcommand("inspect").unwrap();
+    for sub in inspect.get_subcommands() {
+        let name = sub.get_name();
+        assert!(
+            row.contains(&format!("`{name}`")),
+            "README lacks `{name}`: {row}"
+        );
+    }
+
+    let deploy = std::fs::read_to_string(root.join("docs/deploy.md")).unwrap();
+    let mut stack = vec![root.join("deploy")];
+    let mut images = std::collections::BTreeSet::new();
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                for l in std::fs::read_to_string(&p).unwrap().lines() {
+                    if let Some(img) = l.trim().strip_prefix("image:") {
+                        images.insert(img.trim().trim_matches('"').to_string());
+                    }
+                }
+            }
+        }
+    }
+    assert!(!images.is_empty());
+    for img in &images {
+        assert!(deploy.contains(img), "docs/deploy.md does not name {img}");
+    }
+}
