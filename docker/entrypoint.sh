@@ -115,8 +115,14 @@ check() {
         is_bool "$value" || die "$name=\"$value\": expected true or false (maps to $flag)"
         ;;
     enum:*)
-        local choices=${kind#enum:}
-        [[ ",$choices," == *",$value,"* ]] ||
+        # exactly one of the choices: `prefill,decode` is not a role
+        local choices=${kind#enum:} choice ok=
+        local -a list
+        IFS=, read -r -a list <<<"$choices"
+        for choice in "${list[@]}"; do
+            [[ "$value" == "$choice" ]] && ok=1
+        done
+        [[ -n $ok ]] ||
             die "$name=\"$value\": expected one of ${choices//,/, } (maps to $flag)"
         ;;
     hex)
@@ -133,8 +139,22 @@ check() {
 }
 
 # Kubernetes' service links put <SERVICE>_SERVICE_HOST, <SERVICE>_PORT… into every pod
-# (a Service named `mock` gives MOCK_PORT): those are not typos.
-is_service_link() { [[ "$1" =~ ^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_.*)?|PORT|PORT_[0-9]+_(TCP|UDP|SCTP)(_.*)?)$ ]]; }
+# (a Service named `mock` gives MOCK_SERVICE_HOST and MOCK_PORT): those are not typos. A
+# name is taken as one only when its service's <SERVICE>_SERVICE_HOST is there too, so
+# that a typo such as MOCK_SIDE_CHANEL_PORT=5600 is not waved through as a link.
+is_service_link() {
+    local prefix="" rest=$1 host
+    # every split NAME = <SERVICE>_<SUFFIX>: a service name may hold underscores, and so
+    # may a suffix (MOCK_SERVICE_PORT is the SERVICE_PORT of `mock`)
+    while [[ $rest == *_* ]]; do
+        prefix+=${prefix:+_}${rest%%_*}
+        rest=${rest#*_}
+        [[ "$rest" =~ ^(SERVICE_HOST|SERVICE_PORT(_.*)?|PORT|PORT_[0-9]+_(TCP|UDP|SCTP)(_.*)?)$ ]] || continue
+        host=${prefix}_SERVICE_HOST
+        [[ -n "${!host+set}" ]] && return 0
+    done
+    return 1
+}
 
 known_names() { cut -d'|' -f1 <<<"$TABLE"; }
 
@@ -247,8 +267,12 @@ split_address() {
 }
 
 check_common() {
-    [[ -z "${PORT+set}" ]] || check PORT "$PORT" int:1 --port
-    ((${PORT:-8000} <= 65535)) || die "PORT=\"$PORT\": expected a port number (1-65535)"
+    if [[ -n "${PORT+set}" ]]; then
+        check PORT "$PORT" int:1 --port
+        # base 10 (a leading zero is not octal: PORT=08080 is 8080)
+        ((10#$PORT <= 65535)) || die "PORT=\"$PORT\": expected a port number (1-65535)"
+        PORT=$((10#$PORT))
+    fi
     [[ -z "${RECORD_TOKENS+set}" ]] || check RECORD_TOKENS "$RECORD_TOKENS" bool --record-tokens
 }
 
@@ -338,7 +362,9 @@ record)
         --trace-out "${TRACE_OUT:-/trace/trace.jsonl}")
     [[ -n "${STEP_STATS_OUT:-}" ]] && cmd+=(--step-stats-out "$STEP_STATS_OUT")
     is_true "${RECORD_TOKENS:-false}" && cmd+=(--record-tokens)
-    [[ -n "${MODEL:-}" ]] && cmd+=(--model "${SERVED_MODEL_NAME:-$MODEL}")
+    # the trace's model name: the one clients send (SERVED_MODEL_NAME), else MODEL
+    name=${SERVED_MODEL_NAME:-${MODEL:-}}
+    [[ -n "$name" ]] && cmd+=(--model "$name")
     run "${cmd[@]}" "$@"
     ;;
 env)

@@ -76,9 +76,14 @@ pub fn main() -> i32 {
     sim_trace::trace::set_max_line_bytes(cli.max_line_bytes);
     let result = match cli.command {
         Command::Completions { shell } => {
+            // clap_complete panics when its writer fails (`completions bash | head -1`):
+            // build the script in memory, then write it where a broken pipe is an error
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "vllm-vcr", &mut script);
             let mut out = std::io::stdout().lock();
-            clap_complete::generate(shell, &mut Cli::command(), "vllm-vcr", &mut out);
-            out.flush().map_err(Into::into)
+            out.write_all(&script)
+                .and_then(|()| out.flush())
+                .map_err(Into::into)
         }
         Command::Serve(args) => runtime().and_then(|rt| {
             rt.block_on(async move {

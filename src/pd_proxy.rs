@@ -13,6 +13,10 @@
 //! Other paths (`/v1/models`, `/health`, `/metrics`) go to the decode frontend. HTTP/1.1
 //! with `Connection: close` on every hop: one request per connection, which is what load
 //! generators and the OpenAI SDK handle.
+//!
+//! A client cannot make the proxy hold what it sends without end: a body declared larger
+//! than `--max-body-mib` is refused with 413 before any of it is read, and a request whose
+//! headers (or body) stop arriving for `--header-timeout` seconds is dropped with 408.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -45,6 +49,24 @@ pub struct PdProxyArgs {
     /// Seconds to wait for either frontend's answer (more than 0, at most a day).
     #[arg(long, default_value_t = 600.0, value_parser = crate::flag_ranges::seconds)]
     pub timeout: f64,
+
+    /// The largest request body accepted, in MiB: a larger `Content-Length` is answered
+    /// with 413 without reading the body (the proxy holds a body whole to rewrite it).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_body_mib: u32,
+
+    /// Seconds a client may take to send its request headers, and at most between two
+    /// reads of its body; a slower client is answered 408 and dropped (a connection that
+    /// sends partial headers is not held open).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub header_timeout: u32,
+}
+
+/// The limits a client's request is read under.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max_body: usize,
+    header_timeout: Duration,
 }
 
 /// `host:port` of an `http://host:port[/…]` base address.
@@ -66,6 +88,10 @@ pub async fn run(args: PdProxyArgs, mut shutdown: watch::Receiver<bool>) -> Resu
         .await
         .with_context(|| format!("pd-proxy: cannot listen on {}:{}", args.host, args.port))?;
     let timeout = Duration::from_secs_f64(args.timeout.max(0.001));
+    let limits = Limits {
+        max_body: args.max_body_mib as usize * (1 << 20),
+        header_timeout: Duration::from_secs(args.header_timeout.into()),
+    };
     crate::outln!(
         "pd-proxy on http://{}:{}: prefill {prefill}, decode {decode}",
         args.host,
@@ -78,7 +104,7 @@ pub async fn run(args: PdProxyArgs, mut shutdown: watch::Receiver<bool>) -> Resu
                 let (conn, peer) = accepted.context("pd-proxy: accept")?;
                 let (p, d) = (prefill.clone(), decode.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = handle(conn, peer, &p, &d, timeout).await {
+                    if let Err(e) = handle(conn, peer, &p, &d, timeout, limits).await {
                         tracing::warn!(%peer, "pd-proxy: {e:#}");
                     }
                 });
@@ -95,20 +121,49 @@ struct Request {
     body: Vec<u8>,
 }
 
-async fn read_request(conn: &mut TcpStream) -> Result<Request> {
+/// Why a client's request was not read whole: answered with this status, then dropped.
+#[derive(Debug)]
+enum Refusal {
+    /// 408: the headers (or the body) stopped arriving.
+    Slow(String),
+    /// 413: the declared body is over the cap.
+    TooLarge(String),
+    /// 431: the headers alone are over 1 MiB.
+    HeadersTooLarge,
+    /// 400: the headers make no sense (a Content-Length that is not a number).
+    Bad(String),
+}
+
+/// Read one request under `limits`: `Ok(Err(refusal))` when the client is to be refused.
+async fn read_request(
+    conn: &mut TcpStream,
+    limits: Limits,
+) -> Result<std::result::Result<Request, Refusal>> {
     let mut buf = Vec::new();
+    let deadline = tokio::time::Instant::now() + limits.header_timeout;
     let head_end = loop {
         let mut chunk = [0u8; 8192];
-        let n = conn.read(&mut chunk).await?;
+        let n = match tokio::time::timeout_at(deadline, conn.read(&mut chunk)).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Ok(Err(Refusal::Slow(format!(
+                    "pd-proxy: the request headers did not arrive within {:?} (--header-timeout)",
+                    limits.header_timeout
+                ))));
+            }
+        };
         if n == 0 {
             bail!("the client closed the connection before a whole request");
         }
+        let from = buf.len().saturating_sub(3);
         buf.extend_from_slice(&chunk[..n]);
-        if let Some(i) = find(&buf, b"\r\n\r\n") {
-            break i;
+        // the end may straddle two reads: look from a little before the new bytes (not
+        // from the start each time: 1 MiB of headers in small reads would be quadratic)
+        if let Some(i) = find(&buf[from..], b"\r\n\r\n") {
+            break from + i;
         }
         if buf.len() > 1 << 20 {
-            bail!("request headers over 1 MiB");
+            return Ok(Err(Refusal::HeadersTooLarge));
         }
     };
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
@@ -121,27 +176,51 @@ async fn read_request(conn: &mut TcpStream) -> Result<Request> {
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    let len: usize = headers
+    let declared = headers
         .iter()
         .find(|(k, _)| k == "content-length")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0);
+        .map(|(_, v)| v.as_str());
+    let len: usize = match declared {
+        None => 0,
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) if n <= limits.max_body as u64 => n as usize,
+            Ok(n) => {
+                return Ok(Err(Refusal::TooLarge(format!(
+                    "pd-proxy: the request body ({n} bytes) is over the {} MiB limit (--max-body-mib)",
+                    limits.max_body >> 20
+                ))));
+            }
+            Err(_) => {
+                return Ok(Err(Refusal::Bad(format!(
+                    "pd-proxy: Content-Length {v:?} is not a number"
+                ))));
+            }
+        },
+    };
     let mut body = buf[head_end + 4..].to_vec();
     while body.len() < len {
         let mut chunk = vec![0u8; (len - body.len()).min(1 << 20)];
-        let n = conn.read(&mut chunk).await?;
+        let n = match tokio::time::timeout(limits.header_timeout, conn.read(&mut chunk)).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Ok(Err(Refusal::Slow(format!(
+                    "pd-proxy: the request body stopped arriving for {:?} (--header-timeout)",
+                    limits.header_timeout
+                ))));
+            }
+        };
         if n == 0 {
             bail!("the client closed the connection mid-body");
         }
         body.extend_from_slice(&chunk[..n]);
     }
     body.truncate(len);
-    Ok(Request {
+    Ok(Ok(Request {
         method,
         path,
         headers,
         body,
-    })
+    }))
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -175,8 +254,12 @@ async fn handle(
     prefill: &str,
     decode: &str,
     timeout: Duration,
+    limits: Limits,
 ) -> Result<()> {
-    let req = read_request(&mut conn).await?;
+    let req = match read_request(&mut conn, limits).await? {
+        Ok(req) => req,
+        Err(refusal) => return refuse(conn, peer, refusal).await,
+    };
     let generate = req.method == "POST"
         && matches!(
             req.path.as_str(),
@@ -329,6 +412,37 @@ async fn relay(conn: &mut TcpStream, host: &str, request: &[u8], timeout: Durati
     }
 }
 
+/// Answer a refused request and close: what the client still sends is read and dropped for
+/// a moment first (closing with unread bytes resets the connection, and the client would
+/// never see the answer), never kept.
+async fn refuse(mut conn: TcpStream, peer: SocketAddr, refusal: Refusal) -> Result<()> {
+    let (status, kind, msg) = match refusal {
+        Refusal::Slow(m) => (408, "RequestTimeout", m),
+        Refusal::TooLarge(m) => (413, "PayloadTooLarge", m),
+        Refusal::Bad(m) => (400, "BadRequestError", m),
+        Refusal::HeadersTooLarge => (
+            431,
+            "RequestHeaderFieldsTooLarge",
+            "pd-proxy: the request headers are over 1 MiB".to_string(),
+        ),
+    };
+    tracing::warn!(%peer, "{msg}");
+    let body = json!({"error": {"message": msg, "type": kind, "code": status}});
+    // a client that is not reading cannot hold the answer up either
+    let sent =
+        tokio::time::timeout(Duration::from_secs(5), respond(&mut conn, status, &body)).await;
+    if !matches!(sent, Ok(Ok(()))) {
+        return Ok(());
+    }
+    let _ = conn.shutdown().await;
+    let drain = async {
+        let mut sink = vec![0u8; 64 * 1024];
+        while matches!(conn.read(&mut sink).await, Ok(n) if n > 0) {}
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+    Ok(())
+}
+
 async fn respond(conn: &mut TcpStream, status: u16, body: &Value) -> Result<()> {
     respond_raw(conn, status, &serde_json::to_vec(body)?).await
 }
@@ -337,6 +451,9 @@ async fn respond_raw(conn: &mut TcpStream, status: u16, body: &[u8]) -> Result<(
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
+        408 => "Request Timeout",
+        413 => "Payload Too Large",
+        431 => "Request Header Fields Too Large",
         502 => "Bad Gateway",
         504 => "Gateway Timeout",
         _ => "Error",

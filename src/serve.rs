@@ -131,11 +131,16 @@ pub(crate) fn line_of_vllm_rs(bin: &Path) -> Option<VllmLine> {
 /// Stdout of `bin --version` if it succeeds within a few seconds (a wrong binary must not
 /// hang `serve`).
 fn version_output(bin: &Path) -> Option<String> {
+    output_of(bin, &["--version"])
+}
+
+/// Stdout of `bin ARGS` if it succeeds within a few seconds.
+fn output_of(bin: &Path, args: &[&str]) -> Option<String> {
     use std::io::Read;
     use std::os::unix::process::CommandExt;
     use std::process::Stdio;
     let mut child = Command::new(bin)
-        .arg("--version")
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -158,6 +163,74 @@ fn version_output(bin: &Path) -> Option<String> {
     let mut text = String::new();
     child.stdout.take()?.read_to_string(&mut text).ok()?;
     status.success().then_some(text)
+}
+
+/// The long flags a `--help` text lists (`--port`, `--served-model-name`, …).
+fn listed_flags(help: &str) -> std::collections::BTreeSet<String> {
+    help.lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with('-'))
+        .flat_map(|l| l.split([' ', ',', '=', '[', '<']))
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Flags vllm-rs recognises without listing them in `serve --help`.
+const VLLM_RS_HIDDEN_FLAGS: &[&str] = &["--enable-auto-tool-choice"];
+
+/// Warnings about the flags after `--` that vllm-rs takes without acting on them. vllm-rs
+/// keeps the flags it recognises and hands every other one (and `--max-model-len`, which it
+/// lists as "forwarded to the managed Python engine") to the Python engine it would manage;
+/// under `serve` there is none, the engine is `play`, so they do nothing and vllm-rs says
+/// nothing. An engine flag that `serve` has itself gets a pointer to it. A second
+/// `--served-model-name` only adds an alias. `help` is the output of `vllm-rs serve
+/// --help` (empty: unknown, then only the flags `serve` knows are checked); `name` is the
+/// public model name `serve` gives.
+fn ignored_frontend_flags(help: &str, user: &[String], name: &str) -> Vec<String> {
+    let listed = listed_flags(help);
+    let serve_flags: std::collections::BTreeSet<String> = {
+        use clap::CommandFactory;
+        crate::cli::Cli::command()
+            .find_subcommand("serve")
+            .map(|c| {
+                c.get_arguments()
+                    .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for a in user {
+        let Some(flag) = a
+            .split('=')
+            .next()
+            .filter(|f| f.starts_with("--") && f.len() > 2)
+        else {
+            continue;
+        };
+        let rust_side = (listed.contains(flag) || VLLM_RS_HIDDEN_FLAGS.contains(&flag))
+            && flag != "--max-model-len";
+        if flag == "--served-model-name" {
+            out.push(format!(
+                "serve -- {flag}: vllm-rs only adds it as an alias; answers still name the \
+                 model `{name}` (give `vllm-vcr serve --served-model-name …` to rename it)"
+            ));
+        } else if serve_flags.contains(flag) && !rust_side {
+            out.push(format!(
+                "serve -- {flag}: an engine setting, which vllm-rs hands to a Python engine \
+                 that serve does not run: it has no effect; `vllm-vcr serve {flag} …` (before \
+                 `--`) sets it on the engine"
+            ));
+        } else if !help.is_empty() && !rust_side && flag != "--max-model-len" {
+            out.push(format!(
+                "serve -- {flag}: not a flag `vllm-rs serve --help` lists; vllm-rs hands flags \
+                 it does not know to a Python engine, which serve does not run, so it most \
+                 likely has no effect"
+            ));
+        }
+    }
+    out
 }
 
 /// The end of the frontend's log, for error messages.
@@ -573,8 +646,9 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         play.max_model_len = play.max_model_len.min(m);
     }
 
-    // the engine's flags are checked before anything starts
-    crate::play::config::PlayConfig::try_from(&play)?;
+    // the engine's flags are checked before anything starts; the traces it loads are kept
+    // for the engine (read and logged once)
+    let replay = crate::play::config::PlayConfig::try_from(&play)?.replay;
     ensure_free(&args.host, args.port, "--port")?;
     let hs_port = match handshake_port(&args)? {
         0 => free_ports(1)?[0],
@@ -635,6 +709,12 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 play.vllm_version,
                 line_explicit,
             );
+            if !args.frontend_args.is_empty() {
+                let help = output_of(&bin, &["serve", "--help"]).unwrap_or_default();
+                for w in ignored_frontend_flags(&help, &args.frontend_args, &name) {
+                    tracing::warn!("{w}");
+                }
+            }
             let mut cmd = vllm_rs_command(&bin, &spec);
             cmd.args(runner_args(&args, &play));
             let chosen = args
@@ -664,6 +744,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         }
     };
 
+    let engine_cfg = crate::play::config::PlayConfig::with_replay(&play, replay)?;
     crate::errln!("starting the frontend (log: {})", log.display());
     let line = play.vllm_version;
     let mut cmd = cmd;
@@ -672,7 +753,10 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     let frontend_pid = frontend.pid();
     let connect_host = client_host(&args.host);
     let (engine_stop, engine_stop_rx) = watch::channel(false);
-    let mut engine = tokio::spawn(crate::play::run(play, engine_stop_rx));
+    let mut engine =
+        tokio::spawn(
+            async move { crate::play::run_config(engine_cfg, &play, engine_stop_rx).await },
+        );
 
     let stop_all = |mut frontend: ChildGuard| async move {
         let how = tokio::task::spawn_blocking(move || frontend.stop())
@@ -784,6 +868,39 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// L11: flags after `--` that vllm-rs takes and does nothing with are named.
+    #[test]
+    fn frontend_flags_vllm_rs_ignores_are_named() {
+        let help = "Options:\n      --port <PORT>\n          HTTP port\n      \
+                    --served-model-name [<SERVED_MODEL_NAME>...]\n      \
+                    --max-model-len <MAX_MODEL_LEN>\n  -h, --help\n      \
+                    --tool-call-parser <P>\n";
+        let user: Vec<String> = [
+            "--max-model-len",
+            "10",
+            "--served-model-name",
+            "other",
+            "--bogus-flag",
+            "--max-num-seqs=4",
+            "--tool-call-parser",
+            "hermes",
+            "--enable-auto-tool-choice",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let w = ignored_frontend_flags(help, &user, "tiny");
+        assert_eq!(w.len(), 4, "{w:#?}");
+        assert!(
+            w[0].contains("--max-model-len") && w[0].contains("`vllm-vcr serve --max-model-len")
+        );
+        assert!(w[1].contains("alias") && w[1].contains("`tiny`"));
+        assert!(w[2].contains("--bogus-flag") && w[2].contains("no effect"));
+        assert!(w[3].contains("--max-num-seqs") && w[3].contains("before"));
+        // without vllm-rs's help only what serve knows is said
+        assert_eq!(ignored_frontend_flags("", &user, "tiny").len(), 3);
+    }
 
     #[test]
     fn vocab_of_the_embedded_model() {

@@ -208,6 +208,25 @@ fn a_closed_stdout_is_not_an_error() {
     );
 }
 
+/// `vllm-vcr completions bash | head -1`: the reader leaves after one line; the command
+/// ends quietly (it used to panic inside the completion generator, exit 101).
+#[test]
+fn completions_into_a_closed_pipe_end_quietly() {
+    for shell in ["bash", "zsh", "fish"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+            .args(["completions", shell])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader is gone before the first write
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{shell}: {:?}: {err}", out.status);
+        assert!(!err.contains("panicked"), "{shell}: {err}");
+    }
+}
+
 /// `serve … 2>&1 | tee log`, then Ctrl-C: tee is gone, so is serve's stderr; serve still
 /// stops cleanly (it used to abort with SIGABRT on the failed print).
 #[test]
@@ -391,4 +410,391 @@ fn outputs_never_overwrite_inputs() {
         );
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The image's entrypoint (docker/entrypoint.sh), run with bash directly: `vllm-vcr` and
+/// `vllm-rs` on its PATH are stand-ins that exit 0, so what is checked is the command it
+/// would exec (printed on stderr) or the error it stops with. `env` holds the whole
+/// environment.
+fn entrypoint(mode: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    use std::os::unix::fs::PermissionsExt;
+    // written once per process: rewriting a shim while another test execs it fails with
+    // "Text file busy"
+    static SHIMS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let bin = SHIMS.get_or_init(|| {
+        let bin = std::env::temp_dir().join(format!("vcr-entrypoint-shims-{}", std::process::id()));
+        std::fs::create_dir_all(&bin).unwrap();
+        for name in ["vllm-vcr", "vllm-rs"] {
+            let p = bin.join(name);
+            std::fs::write(&p, "#!/bin/sh\nexit 0\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        bin
+    });
+    let out = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/docker/entrypoint.sh"))
+        .arg(mode)
+        .env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A typo in a MOCK_* name ending in `_PORT` is an error naming it, not a Kubernetes
+/// service link (it used to be ignored silently); real service links, which come with
+/// their `<SERVICE>_SERVICE_HOST`, still pass.
+#[test]
+fn the_entrypoint_takes_only_real_service_links_for_links() {
+    for typo in ["MOCK_SIDE_CHANEL_PORT", "MOCK_MAX_NUM_SEQ_PORT"] {
+        let (code, err) = entrypoint("play", &[(typo, "5600")]);
+        assert_eq!(code, Some(2), "{typo}: {err}");
+        assert!(err.contains(&format!("unknown variable {typo}")), "{err}");
+    }
+    // what a Service named `mock` (one port, named http) puts into every pod
+    let links = [
+        ("MOCK_SERVICE_HOST", "10.0.0.7"),
+        ("MOCK_SERVICE_PORT", "8000"),
+        ("MOCK_SERVICE_PORT_HTTP", "8000"),
+        ("MOCK_PORT", "tcp://10.0.0.7:8000"),
+        ("MOCK_PORT_8000_TCP", "tcp://10.0.0.7:8000"),
+        ("MOCK_PORT_8000_TCP_PROTO", "tcp"),
+        ("MOCK_PORT_8000_TCP_PORT", "8000"),
+        ("MOCK_PORT_8000_TCP_ADDR", "10.0.0.7"),
+    ];
+    let (code, err) = entrypoint("play", &links);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("exec vllm-vcr play"), "{err}");
+    // the same link names without their service host are not links
+    let (code, err) = entrypoint("play", &links[1..]);
+    assert_eq!(code, Some(2), "{err}");
+}
+
+/// `PORT=08080` is port 8080 (bash used to read it as octal and fail with "value too great
+/// for base"); an enum value matches one choice exactly (`prefill,decode` used to pass).
+#[test]
+fn the_entrypoint_reads_numbers_in_base_10_and_enums_exactly() {
+    let (code, err) = entrypoint("serve", &[("PORT", "08080")]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("--port 8080 "), "{err}");
+    let (code, err) = entrypoint("serve", &[("PORT", "070000")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("PORT=\"070000\": expected a port number"),
+        "{err}"
+    );
+    for bad in ["prefill,decode", "decode,", ",both", "prefil"] {
+        let (code, err) = entrypoint("play", &[("MOCK_PD_ROLE", bad)]);
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.contains("MOCK_PD_ROLE"), "{err}");
+    }
+    let (code, err) = entrypoint("play", &[("MOCK_PD_ROLE", "decode")]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("--pd-role decode"), "{err}");
+}
+
+/// `serve -- --max-model-len 10 --bogus-flag --served-model-name other`: vllm-rs takes all
+/// three without a word and acts on none of them (it would hand them to a Python engine;
+/// the second name is only an alias). `serve` says so on stderr.
+#[test]
+fn serve_warns_about_frontend_flags_that_have_no_effect() {
+    let port = vllm_vcr::child::free_ports(1).unwrap()[0];
+    let log = std::env::temp_dir().join(format!("vcr-cli-ignored-{}.err", std::process::id()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["serve", "--port", &port.to_string(), "--"])
+        .args(["--max-model-len", "10", "--bogus-flag"])
+        .args(["--served-model-name", "other"])
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut err = String::new();
+    while std::time::Instant::now() < deadline {
+        err = std::fs::read_to_string(&log).unwrap_or_default();
+        if err.contains("starting the frontend") || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let _ = child.wait();
+    for needle in [
+        "serve -- --max-model-len: an engine setting",
+        "`vllm-vcr serve --max-model-len …` (before `--`)",
+        "serve -- --bogus-flag: not a flag",
+        "serve -- --served-model-name: vllm-rs only adds it as an alias",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in:\n{err}");
+    }
+}
+
+/// `serve --replay-tokens T` reads and indexes the trace once: the check before anything
+/// starts and the engine share it (the "indexed" line used to be printed twice, the trace
+/// read twice).
+#[test]
+fn serve_indexes_a_replay_trace_once() {
+    let dir = std::env::temp_dir();
+    let trace = dir.join(format!("vcr-cli-replay-{}.jsonl", std::process::id()));
+    let log = dir.join(format!("vcr-cli-replay-{}.err", std::process::id()));
+    std::fs::write(
+        &trace,
+        "{\"meta\":{\"block_size\":16}}\n{\"request_id\":\"a\",\"prompt_tokens\":4,\
+         \"output_tokens\":2,\"arrival_ms\":0,\"output_token_ids\":[70,71],\
+         \"finish_reason\":\"length\"}\n",
+    )
+    .unwrap();
+    let port = vllm_vcr::child::free_ports(1).unwrap()[0];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["serve", "--port", &port.to_string(), "--replay-tokens"])
+        .arg(&trace)
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let ready = lines.any(|l| l.is_ok_and(|l| l.contains("http://")));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let _ = child.wait();
+    let err = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(ready, "serve never printed its URL:\n{err}");
+    assert_eq!(err.matches(": indexed").count(), 1, "{err}");
+}
+
+/// Split one shell line into commands of words: quotes and backslashes as the shell reads
+/// them, a `#` that starts a word ends the line, and `|`, `&`, `;`, `>` or `<` outside
+/// quotes end a command (what follows a redirection is not an argument). Enough for the
+/// docs' examples; `$(…)` and `$VAR` stay literal text.
+fn shell_commands(line: &str) -> Vec<Vec<String>> {
+    let mut commands = vec![Vec::new()];
+    let mut word: Option<String> = None;
+    let mut skip_next_word = false;
+    let mut chars = line.chars().peekable();
+    let push = |commands: &mut Vec<Vec<String>>, word: &mut Option<String>, skip: &mut bool| {
+        if let Some(w) = word.take() {
+            if std::mem::take(skip) {
+                return;
+            }
+            commands.last_mut().unwrap().push(w);
+        }
+    };
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                let w = word.get_or_insert_with(String::new);
+                for c in chars.by_ref() {
+                    if c == '\'' {
+                        break;
+                    }
+                    w.push(c);
+                }
+            }
+            '"' => {
+                let w = word.get_or_insert_with(String::new);
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        '\\' => w.extend(chars.next()),
+                        c => w.push(c),
+                    }
+                }
+            }
+            '\\' => word.get_or_insert_with(String::new).extend(chars.next()),
+            '#' if word.is_none() => break,
+            c if c.is_whitespace() => push(&mut commands, &mut word, &mut skip_next_word),
+            '|' | '&' | ';' => {
+                push(&mut commands, &mut word, &mut skip_next_word);
+                commands.push(Vec::new());
+            }
+            '>' | '<' => {
+                push(&mut commands, &mut word, &mut skip_next_word);
+                while chars.peek().is_some_and(|c| matches!(c, '>' | '&')) {
+                    chars.next();
+                }
+                skip_next_word = true;
+            }
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    push(&mut commands, &mut word, &mut skip_next_word);
+    commands.retain(|c| !c.is_empty());
+    commands
+}
+
+/// Every `vllm-vcr …` command in the fenced `bash`/`sh` examples of README.md and docs/
+/// parses with the binary's own command line (flags renamed or removed in the binary fail
+/// here, not in a reader's terminal). What this does not check: that a command runs, or
+/// what it prints (the figures of docs/fidelity-table.md are generated by `cargo xtask
+/// figures`); commands of other programs (`vllm-rs`, `curl`) are not parsed.
+#[test]
+fn every_vllm_vcr_command_in_the_docs_parses() {
+    use clap::Parser;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let name = file.strip_prefix(root).unwrap().display().to_string();
+        let mut in_shell = false;
+        let mut logical = String::new();
+        let mut start = 0;
+        for (i, line) in text.lines().enumerate() {
+            if let Some(fence) = line.trim_start().strip_prefix("```") {
+                in_shell = !in_shell && matches!(fence.trim(), "bash" | "sh");
+                logical.clear();
+                continue;
+            }
+            if !in_shell {
+                continue;
+            }
+            if logical.is_empty() {
+                start = i + 1;
+            }
+            if let Some(head) = line.strip_suffix('\\') {
+                logical.push_str(head);
+                logical.push(' ');
+                continue;
+            }
+            logical.push_str(line);
+            let full = std::mem::take(&mut logical);
+            for words in shell_commands(&full) {
+                // leading VAR=value assignments are the environment
+                let words: Vec<&str> = words
+                    .iter()
+                    .map(String::as_str)
+                    .skip_while(|w| {
+                        w.split_once('=').is_some_and(|(k, _)| {
+                            !k.is_empty()
+                                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                        })
+                    })
+                    .collect();
+                let args: Vec<&str> = match words.as_slice() {
+                    ["vllm-vcr", ..] => words.clone(),
+                    ["cargo", "run", rest @ ..] => match rest.iter().position(|w| *w == "--") {
+                        Some(i) => std::iter::once("vllm-vcr")
+                            .chain(rest[i + 1..].iter().copied())
+                            .collect(),
+                        None => vec!["vllm-vcr"],
+                    },
+                    _ => continue,
+                };
+                checked += 1;
+                match vllm_vcr::cli::Cli::try_parse_from(&args) {
+                    Ok(_) => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            clap::error::ErrorKind::DisplayHelp
+                                | clap::error::ErrorKind::DisplayVersion
+                        ) => {}
+                    Err(e) => failures.push(format!(
+                        "{name}:{start}: {}\n  {}",
+                        args.join(" "),
+                        e.to_string().lines().next().unwrap_or_default()
+                    )),
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 40,
+        "only {checked} commands found: is the extraction broken?"
+    );
+    // docs/inspect.md names the help's heading of the engine flags
+    let heading = "Engine (the flags of `play`)";
+    let help = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["inspect", "simulate", "--help"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains(&format!("{heading}:")));
+    let inspect_md = std::fs::read_to_string(root.join("docs/inspect.md")).unwrap();
+    assert!(inspect_md.contains(heading));
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} documented commands do not parse:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// `record` mode names the trace's model as clients send it: SERVED_MODEL_NAME before
+/// MODEL (docs/deploy.md); SERVED_MODEL_NAME alone used to leave the meta without a model.
+#[test]
+fn the_entrypoint_names_the_traced_model_as_clients_do() {
+    for (env, want) in [
+        (vec![("MODEL", "org/m")], Some("--model org/m ")),
+        (vec![("SERVED_MODEL_NAME", "s")], Some("--model s ")),
+        (
+            vec![("MODEL", "org/m"), ("SERVED_MODEL_NAME", "s")],
+            Some("--model s "),
+        ),
+        (vec![], None),
+    ] {
+        let (code, err) = entrypoint("record", &env);
+        assert_eq!(code, Some(0), "{env:?}: {err}");
+        match want {
+            Some(w) => assert!(err.contains(w), "{env:?}: {err}"),
+            None => assert!(!err.contains("--model"), "{err}"),
+        }
+    }
+}
+
+/// The README's table names every `inspect` subcommand (it used to omit `compare` and
+/// `calibrate-e2e`), and docs/deploy.md names every image the manifests in deploy/ run (it
+/// said they all run vllm-vcr's own).
+#[test]
+fn the_docs_name_every_inspect_command_and_every_deployed_image() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with("| `vllm-vcr inspect`"))
+        .expect("the README's inspect row");
+    let cmd = Cli::command();
+    let inspect = cmd.find_subcommand("inspect").unwrap();
+    for sub in inspect.get_subcommands() {
+        let name = sub.get_name();
+        assert!(
+            row.contains(&format!("`{name}`")),
+            "README lacks `{name}`: {row}"
+        );
+    }
+
+    let deploy = std::fs::read_to_string(root.join("docs/deploy.md")).unwrap();
+    let mut stack = vec![root.join("deploy")];
+    let mut images = std::collections::BTreeSet::new();
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                for l in std::fs::read_to_string(&p).unwrap().lines() {
+                    if let Some(img) = l.trim().strip_prefix("image:") {
+                        images.insert(img.trim().trim_matches('"').to_string());
+                    }
+                }
+            }
+        }
+    }
+    assert!(!images.is_empty());
+    for img in &images {
+        assert!(deploy.contains(img), "docs/deploy.md does not name {img}");
+    }
 }

@@ -804,3 +804,119 @@ fn another_configuration_and_too_few_requests_are_said_plainly() {
         "{err}"
     );
 }
+
+/// The calibrate examples of docs/inspect.md are what the binary prints: the in-sample
+/// run's whole output block (the `wall:` time aside, which is the machine's; its count of
+/// simulations is checked), the knob TTFT, the knob row's figures quoted in the prose,
+/// and the synthetic run's knob line. The docs' figures used to drift from the binary.
+#[test]
+fn the_documented_calibrate_examples_are_what_the_binary_prints() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/inspect.md")).unwrap();
+    // the commands as written, from a directory where the fixture's relative path holds
+    let dir = tmp("doc-example");
+    std::fs::create_dir_all(&dir).unwrap();
+    let _ = std::os::unix::fs::symlink(root.join("tests"), dir.join("tests"));
+    let in_dir = |args: &[&str]| bin().current_dir(&dir).args(args).output().unwrap();
+    let trace = "tests/fixtures/cpu-engine-capture/trace.jsonl.gz";
+    ok(&in_dir(&[
+        "inspect",
+        "fit",
+        trace,
+        "--steps",
+        "tests/fixtures/cpu-engine-capture/steps.jsonl.gz",
+        "-o",
+        "model.json",
+    ]));
+    let (out, _) = exit_1(&in_dir(&[
+        "inspect",
+        "calibrate",
+        trace,
+        "--latency-trace",
+        "model.json",
+        "--plot",
+        "figures",
+        "--dump-samples",
+        "samples.jsonl",
+    ]));
+    let first = out.lines().next().unwrap();
+    let start = doc
+        .find(first)
+        .expect("the first line of the run in docs/inspect.md");
+    let block: Vec<&str> = doc[start..].lines().take_while(|l| *l != "```").collect();
+    let printed: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        block.len(),
+        printed.len(),
+        "docs:\n{}\nrun:\n{out}",
+        block.join("\n")
+    );
+    for (d, p) in block.iter().zip(&printed) {
+        if let (Some(d), Some(p)) = (d.strip_prefix("wall: "), p.strip_prefix("wall: ")) {
+            let sims = |l: &str| l.split_once('(').map(|(_, r)| r.to_string());
+            assert_eq!(sims(d), sims(p), "wall line: docs {d} run {p}");
+            assert!(doc.contains(&format!(
+                "({} on the fixture",
+                sims(p).unwrap().split(' ').next().unwrap()
+            )));
+            continue;
+        }
+        assert_eq!(d, p, "docs/inspect.md and the run differ");
+    }
+    // the prose on the knob row quotes the knob TTFT and the row's pooled p99 and c=1 p50
+    let knob_ttft = out
+        .split("--time-to-first-token ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap();
+    assert!(
+        doc.contains(&format!("or seven ({knob_ttft} ms")),
+        "{knob_ttft}"
+    );
+    let ttft_rows: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("TTFT")).collect();
+    let last = |l: &str| l.split_whitespace().last().unwrap().replace('-', "−");
+    assert!(doc.contains(&format!("TTFT p99 is {} %", last(ttft_rows[3]))));
+    assert!(doc.contains(&format!("lone requests {} %", last(ttft_rows[4]))));
+
+    // the synthetic example: the knob row gives back what made the capture
+    ok(&in_dir(&[
+        "inspect",
+        "simulate",
+        trace,
+        "--time-to-first-token",
+        "50",
+        "--inter-token-latency",
+        "10",
+        "--dump-trace",
+        "synthetic.jsonl.gz",
+    ]));
+    ok(&in_dir(&[
+        "inspect",
+        "fit",
+        "synthetic.jsonl.gz",
+        "-o",
+        "synthetic-model.json",
+    ]));
+    let (out, _) = ok(&in_dir(&[
+        "inspect",
+        "calibrate",
+        "synthetic.jsonl.gz",
+        "--latency-trace",
+        "synthetic-model.json",
+    ]));
+    let ttft = out
+        .split("--time-to-first-token ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap();
+    assert!(
+        doc.contains(&format!(
+            "`--time-to-first-token {ttft} … --inter-token-latency 10`"
+        )),
+        "{ttft}"
+    );
+    assert!(
+        doc.contains(&format!("gives back {ttft} ± 0 / 10 ± 0")),
+        "{ttft}"
+    );
+}

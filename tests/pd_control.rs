@@ -647,3 +647,110 @@ fn vllms_own_decoders_read_the_prefill_handshake() {
         "{stdout}"
     );
 }
+
+/// A `/proc/<pid>/status` field in KiB (`VmHWM`: the peak resident memory).
+fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Everything the peer sends until it closes (or resets, or `limit` passes).
+fn read_all(c: &mut TcpStream, limit: Duration) -> String {
+    c.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = c.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// A hostile client cannot make the proxy hold what it sends: a 300 MB body is refused
+/// with 413 while the proxy's memory stays small (it used to buffer it whole: RSS 9 ->
+/// 315 MB), and connections that stop in the middle of their headers are answered 408 and
+/// closed after `--header-timeout` (they used to be held open for ever). No frontend is
+/// needed: neither request reaches one.
+#[test]
+fn the_proxy_refuses_a_huge_body_and_drops_clients_stalled_in_their_headers() {
+    let [port, nobody] = ports(2)[..] else {
+        unreachable!()
+    };
+    let nobody = format!("http://127.0.0.1:{nobody}");
+    let p = Proc::start(
+        &s(&[
+            "pd-proxy",
+            "--prefill",
+            &nobody,
+            "--decode",
+            &nobody,
+            "--port",
+            &port.to_string(),
+            "--header-timeout",
+            "1",
+        ]),
+        "limits",
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || p.log().contains("pd-proxy on")),
+        "{}",
+        p.log()
+    );
+    let pid = p.child.id();
+
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 300000000\r\n\r\n",
+    )
+    .unwrap();
+    let mut w = c.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![b' '; 1 << 20];
+        for _ in 0..300 {
+            if w.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+    });
+    let answer = read_all(&mut c, Duration::from_secs(60));
+    drop(c);
+    writer.join().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer:.300}");
+    assert!(answer.contains("--max-body-mib"), "{answer:.300}");
+    let peak = proc_status_kib(pid, "VmHWM:");
+    assert!(peak < 100 * 1024, "the proxy's peak RSS is {peak} KiB");
+
+    let before = open_fds(pid);
+    let mut stalled: Vec<TcpStream> = (0..50)
+        .map(|_| {
+            let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            c.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+                .unwrap();
+            c
+        })
+        .collect();
+    let t0 = Instant::now();
+    let answer = read_all(&mut stalled[0], Duration::from_secs(20));
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(answer.contains("--header-timeout"), "{answer}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    // every stalled connection is closed, not only the first
+    assert!(
+        wait_until(Duration::from_secs(10), || open_fds(pid) <= before),
+        "{} fds open, {before} before the stalled clients",
+        open_fds(pid)
+    );
+    drop(stalled);
+}

@@ -288,3 +288,74 @@ fn a_fixed_ttft_does_not_grow_with_concurrency() {
         "step mode queues the burst behind its prefills: {step:?}"
     );
 }
+
+/// The first token's time of each request, ms after `origin_ms`.
+fn first_token_ms(outputs: &[vllm_vcr::play::offline::TimedOutput]) -> BTreeMap<String, f64> {
+    let mut first = BTreeMap::new();
+    for o in outputs {
+        for x in &o.outputs.outputs {
+            if !x.new_token_ids.is_empty() {
+                first
+                    .entry(x.request_id.to_string())
+                    .or_insert(o.at.as_secs_f64() * 1000.0);
+            }
+        }
+    }
+    first
+}
+
+/// A fully cached prompt still costs a forward pass: on an idle engine the second of two
+/// identical 460-token prompts gets its first token no sooner than a decode step (10 ms)
+/// after it arrives, in every latency mode (it used to come after 0.2 ms: only the 12
+/// uncached tokens' share of the TTFT knob, or nothing at all with a 0 TTFT). A cold
+/// prompt's TTFT knob is still what it costs.
+#[test]
+fn a_fully_cached_prompt_costs_at_least_a_decode_step() {
+    use vllm_vcr::play::engine_args::TtftMode;
+    let prompt: Vec<u32> = (0..460).map(|i| 3 + (i * 7) % 250).collect();
+    for (mode, ttft) in [
+        (TtftMode::Step, 0.0),
+        (TtftMode::Step, 100.0),
+        (TtftMode::Fixed, 5.0),
+        (TtftMode::Fixed, 40.0),
+    ] {
+        let mut a = args();
+        a.time_to_first_token = ttft;
+        a.inter_token_latency = 10.0;
+        a.ttft_mode = mode;
+        let cfg = PlayConfig::try_from(&a).unwrap();
+        let line = cfg.line;
+        let mut run = OfflineDriver::new(cfg.build_engine(0));
+        for (id, at) in [("cold", 0), ("cached", 1000)] {
+            let mut req = request(id, &prompt, 2);
+            req.wire_len = line.request_len();
+            run.add(Duration::from_millis(at), 0, req);
+        }
+        let first = first_token_ms(&run.run_until_idle());
+        let what = format!("{mode:?} ttft {ttft}: {first:?}");
+        let cold = first["cold"];
+        let cached = first["cached"] - 1000.0;
+        // a cold prompt: the knob, and no less than a step
+        assert!(cold >= ttft.max(10.0) - 0.01, "{what}");
+        assert!(cold <= ttft + 10.01, "{what}");
+        assert!(cached >= 10.0 - 0.01, "{what}");
+        if mode == TtftMode::Step {
+            assert!(cached < cold.max(10.0) + 0.01, "{what}");
+        }
+    }
+}
+
+/// The engine's description (logged at start) names the latency in force: under
+/// `--ttft-mode fixed` the TTFT knob, not the 0 ms the steps are given.
+#[test]
+fn the_logged_latency_names_a_fixed_ttft() {
+    let mut a = args();
+    a.ttft_mode = vllm_vcr::play::engine_args::TtftMode::Fixed;
+    a.time_to_first_token = 50.0;
+    a.inter_token_latency = 10.0;
+    let cfg = PlayConfig::try_from(&a).unwrap();
+    let text = cfg.build_engine(0).describe();
+    assert!(text.contains("ttft fixed 50 ms"), "{text}");
+    assert!(!text.contains("ttft 0 ms"), "{text}");
+    assert!(text.contains("itl 10 ms"), "{text}");
+}

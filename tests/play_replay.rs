@@ -171,9 +171,10 @@ async fn prefixes_match_whole_prompts_and_misses_are_loud() {
         })
         .collect();
     assert!(
-        errors
-            .iter()
-            .any(|e| e.starts_with("replay_miss") && e.contains("1 of 2 blocks")),
+        errors.iter().any(
+            |e| e.starts_with("validation_error: replay_miss: no recorded output")
+                && e.contains("1 of 2 blocks")
+        ),
         "{errors:?}"
     );
     assert!(

@@ -267,3 +267,43 @@ async fn a_remote_prefill_request_pulls_its_kv_instead_of_computing_it() {
     );
     w.stop().await.unwrap();
 }
+
+/// A prefill engine reads `kv_transfer_params.do_remote_decode` as vLLM's connector does
+/// (Python truthiness): `"yes"`, `1`, even `"false"` keep the KV for a decode engine and
+/// answer with where it is; `0` and `""` do not. Non-booleans used to be taken as false
+/// without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_engine_reads_do_remote_decode_with_pythons_truthiness() {
+    let mut a = args();
+    a.pd_role = vllm_vcr::play::pd::PdRole::Prefill;
+    a.side_channel_port = vllm_vcr::child::free_ports(1).unwrap()[0];
+    let mut w = Wire::start(a).await;
+    let cases = [
+        ("bool", rmpv::Value::from(true), true),
+        ("yes", rmpv::Value::from("yes"), true),
+        ("one", rmpv::Value::from(1), true),
+        ("false-string", rmpv::Value::from("false"), true),
+        ("zero", rmpv::Value::from(0), false),
+        ("empty", rmpv::Value::from(""), false),
+    ];
+    for (id, v, _) in &cases {
+        let mut r = request(id, &[5; 40], 1);
+        r.sampling_params.as_mut().unwrap().extra_args = Some(rmpv::Value::Map(vec![(
+            "kv_transfer_params".into(),
+            rmpv::Value::Map(vec![("do_remote_decode".into(), v.clone())]),
+        )]));
+        w.send(&sim_protocol::InputMessage::Add(Box::new(r))).await;
+    }
+    let ids: Vec<&str> = cases.iter().map(|c| c.0).collect();
+    let c = w.collect(&ids).await;
+    for (id, v, keeps) in &cases {
+        let params = c
+            .envelopes
+            .iter()
+            .flat_map(|e| &e.outputs)
+            .find(|o| o.request_id.as_str() == *id && o.finish_reason.is_some())
+            .and_then(|o| o.kv_transfer_params.as_ref());
+        assert_eq!(params.is_some(), *keeps, "do_remote_decode {v}: {params:?}");
+    }
+    w.stop().await.unwrap();
+}

@@ -739,3 +739,46 @@ fn lora_token_in_token_out_and_responses_routes_through_both_frontends() {
     unsafe { std::env::set_var("VLLM_ENABLE_RESPONSES_API_STORE", "1") };
     openai_checks(&py, "python 0.33 routes");
 }
+
+/// Why a request failed reaches the client through vllm-rs 0.33: a `--replay-miss fail`
+/// miss and a schema no output can satisfy are HTTP 400 with the engine's reason (they
+/// used to be a bare 500 "Internal server error": vllm-rs passes the message of an
+/// engine error on only for `validation_error` and retryable ones).
+#[test]
+fn a_replay_miss_and_an_impossible_schema_tell_the_client_why() {
+    let trace = std::env::temp_dir().join(format!("vcr-serve-miss-{}.jsonl", std::process::id()));
+    std::fs::write(
+        &trace,
+        "{\"meta\":{\"block_size\":16}}\n{\"request_id\":\"a\",\"prompt_tokens\":4,\
+         \"output_tokens\":2,\"arrival_ms\":0,\"output_token_ids\":[70,71],\
+         \"finish_reason\":\"length\"}\n",
+    )
+    .unwrap();
+    let trace_arg = trace.display().to_string();
+    let mut serve = Serve::start(&["--replay-tokens", &trace_arg, "--replay-miss", "fail"]);
+    let (_, frontend_pid) = serve.wait_ready();
+    let (status, body) = post(
+        serve.port,
+        "/v1/completions",
+        r#"{"model":"tiny","prompt":"hi","max_tokens":2}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.starts_with("replay_miss: no recorded output") && msg.contains("replay-<"),
+        "{msg}"
+    );
+    let (status, body) = post(
+        serve.port,
+        "/v1/completions",
+        r#"{"model":"tiny","prompt":"hi","max_tokens":8,
+            "structured_outputs":{"json":{"type":"integer","minimum":5,"maximum":3}}}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("structured_output_unsupported") && msg.contains("minimum (5)"),
+        "{msg}"
+    );
+    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+}

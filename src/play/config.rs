@@ -64,6 +64,11 @@ pub struct EngineConfig {
     /// `--ttft-mode fixed`: each request's first token is due this long (mean, std-dev;
     /// ms, already divided by --time-scale) after its arrival.
     pub fixed_ttft_ms: Option<(f64, f64)>,
+    /// The least a step that samples a request's first token costs when it has no decodes:
+    /// a forward pass, which a real engine runs even for a fully cached prompt (vLLM
+    /// recomputes the last prompt token). The median of a one-decode step of the latency
+    /// model; set by [`PlayConfig::build_engine`].
+    pub first_token_floor: Duration,
     /// Generation or pooling (`--runner`), and the embedding length of the latter.
     pub runner: Runner,
     pub embedding_dim: u32,
@@ -133,6 +138,19 @@ impl TryFrom<&PlayArgs> for PlayConfig {
     type Error = anyhow::Error;
 
     fn try_from(a: &PlayArgs) -> Result<Self> {
+        Self::build(a, None)
+    }
+}
+
+impl PlayConfig {
+    /// The configuration of `a` with the replay indexes an earlier configuration of the
+    /// same flags loaded (`serve` checks the flags before it starts anything, then runs
+    /// the engine: the traces are read and logged once).
+    pub fn with_replay(a: &PlayArgs, replay: Option<ReplaySetup>) -> Result<Self> {
+        Self::build(a, Some(replay))
+    }
+
+    fn build(a: &PlayArgs, preloaded: Option<Option<ReplaySetup>>) -> Result<Self> {
         if let Some(summary) = &a.replay_summary {
             check_outputs(&engine_inputs(a), &[named("--replay-summary", summary)])?;
         }
@@ -216,14 +234,17 @@ impl TryFrom<&PlayArgs> for PlayConfig {
             Some(p) => Arc::new(Vocabulary::load(&vocab::model_dir_of(p))?),
             None => Vocabulary::embedded(),
         };
-        let replay = ReplaySetup::load(
-            a.replay_tokens.as_deref(),
-            a.replay_steps.as_deref(),
-            a.replay_match,
-            a.replay_miss,
-            &vocab,
-            a.replay_allow_mismatch,
-        )?;
+        let replay = match preloaded {
+            Some(r) => r,
+            None => ReplaySetup::load(
+                a.replay_tokens.as_deref(),
+                a.replay_steps.as_deref(),
+                a.replay_match,
+                a.replay_miss,
+                &vocab,
+                a.replay_allow_mismatch,
+            )?,
+        };
         if let (Some(expected), Some(r)) = (&a.expect_config_hash, &replay) {
             // concatenated captures carry several meta lines: every one must agree
             r.check_config_hashes(expected)?;
@@ -333,6 +354,7 @@ impl TryFrom<&PlayArgs> for PlayConfig {
                     )
                 },
             ),
+            first_token_floor: Duration::ZERO,
             runner: a.runner,
             embedding_dim: a.embedding_dim,
             pd: PdConfig {
@@ -471,11 +493,34 @@ impl PlayConfig {
             Some(m) => Box::new(m.clone().latency(seed, self.knobs.time_scale)),
             None => latency::from_knobs(self.knobs, seed),
         };
+        cfg.first_token_floor = self.decode_step_floor();
         let mut engine = SimEngine::new(cfg, self.token_source(), latency, self.policy.build());
         if let Some(r) = &self.replay {
             engine.set_replay(r.engine_replay());
         }
         engine
+    }
+
+    /// The median duration of a step that decodes one token for one request: the knob ITL,
+    /// or the fitted model's law and median ratio for such a step (divided by the time
+    /// scale either way).
+    fn decode_step_floor(&self) -> Duration {
+        let ms = match &self.model {
+            Some(m) => {
+                let shape = latency::StepShape {
+                    decodes: vec![latency::DecodeSlot::default()],
+                    running: 1,
+                    max_num_seqs: self.engine.rules.max_num_seqs as u64,
+                    max_num_batched_tokens: self.engine.rules.max_num_batched_tokens,
+                    ..Default::default()
+                };
+                m.expected_ms(&shape)
+            }
+            None => self.knobs.itl_ms,
+        } / self.knobs.time_scale;
+        // a model that yields no sane duration adds no floor (load-time checks refuse such
+        // models; this only must not panic)
+        Duration::try_from_secs_f64(ms / 1e3).unwrap_or(Duration::ZERO)
     }
 
     /// The ready response of DP rank `rank` (what the engine advertises at the handshake).

@@ -172,7 +172,17 @@ impl std::ops::DerefMut for PlayArgs {
 
 /// Run `play` until shutdown (or until the frontend goes away).
 pub async fn run(args: PlayArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
-    let cfg = std::sync::Arc::new(PlayConfig::try_from(&args)?);
+    run_config(PlayConfig::try_from(&args)?, &args, shutdown).await
+}
+
+/// [`run`] with the configuration already built from `args` (`serve` builds it to check
+/// the flags before it starts the frontend, and keeps its loaded traces).
+pub async fn run_config(
+    cfg: PlayConfig,
+    args: &PlayArgs,
+    shutdown: watch::Receiver<bool>,
+) -> Result<()> {
+    let cfg = std::sync::Arc::new(cfg);
     let mut tasks = Vec::new();
     for rank in cfg.ranks.clone() {
         let cfg = cfg.clone();

@@ -127,18 +127,59 @@ pub fn transfer_params(extra_args: Option<&Value>) -> Option<&Value> {
 
 /// `do_remote_decode` is set: a request whose KV a decode engine will read.
 pub fn wants_remote_decode(params: Option<&Value>) -> bool {
-    params
-        .and_then(|p| get(p, "do_remote_decode"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
+    flag(params, "do_remote_decode")
 }
 
 /// `do_remote_prefill` is set (the decode side of a P/D pair).
 pub fn wants_remote_prefill(params: Option<&Value>) -> bool {
-    params
-        .and_then(|p| get(p, "do_remote_prefill"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
+    flag(params, "do_remote_prefill")
+}
+
+/// A `kv_transfer_params` flag read as vLLM's NixlConnector reads it: `params.get(key)`
+/// in an `if`, so Python's truthiness (absent, null, false, 0, "", [] and {} are false;
+/// anything else, `"yes"`, `1` and also `"false"`, is true). A value that is not a boolean
+/// is most likely a client's mistake: it is taken the way vLLM takes it, with a warning
+/// (the first time each flag is seen so; later ones at debug level).
+fn flag(params: Option<&Value>, key: &str) -> bool {
+    let Some(v) = params.and_then(|p| get(p, key)) else {
+        return false;
+    };
+    if let Some(b) = v.as_bool() {
+        return b;
+    }
+    let taken = truthy(v);
+    static WARNED: [std::sync::atomic::AtomicBool; 2] = [
+        std::sync::atomic::AtomicBool::new(false),
+        std::sync::atomic::AtomicBool::new(false),
+    ];
+    let first = !WARNED[usize::from(key == "do_remote_prefill")]
+        .swap(true, std::sync::atomic::Ordering::Relaxed);
+    if first {
+        tracing::warn!(
+            "kv_transfer_params.{key} is {v}, not a boolean: taken as {taken}, as vLLM's \
+             connector takes it (Python truthiness; further such values are logged at debug)"
+        );
+    } else {
+        tracing::debug!("kv_transfer_params.{key} is {v}: taken as {taken}");
+    }
+    taken
+}
+
+/// Python's `bool()` of the value the frontend decoded from the request's JSON.
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Nil => false,
+        Value::Boolean(b) => *b,
+        Value::Integer(i) => i.as_i64() != Some(0) && i.as_u64() != Some(0),
+        // NaN is true in Python too (it is not equal to 0)
+        Value::F32(x) => *x != 0.0,
+        Value::F64(x) => *x != 0.0,
+        Value::String(s) => !s.as_bytes().is_empty(),
+        Value::Binary(b) => !b.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Map(m) => !m.is_empty(),
+        Value::Ext(..) => true,
+    }
 }
 
 /// The remote fields of a `do_remote_prefill` request; `Err` names what is missing.
@@ -301,6 +342,32 @@ mod tests {
             block_bytes: 4096,
             registration_generation: true,
         }
+    }
+
+    /// L10: what vLLM's connector does with `if params.get("do_remote_decode"):`.
+    #[test]
+    fn transfer_flags_are_read_with_pythons_truthiness() {
+        let with = |v: Value| Value::Map(vec![("do_remote_decode".into(), v)]);
+        for (v, want) in [
+            (Value::from(true), true),
+            (Value::from(false), false),
+            (Value::from("yes"), true),
+            (Value::from("false"), true),
+            (Value::from(""), false),
+            (Value::from(1), true),
+            (Value::from(0), false),
+            (Value::from(-1), true),
+            (Value::from(0.0), false),
+            (Value::from(0.5), true),
+            (Value::Nil, false),
+            (Value::Array(vec![]), false),
+            (Value::Array(vec![Value::from(0)]), true),
+            (Value::Map(vec![]), false),
+        ] {
+            assert_eq!(wants_remote_decode(Some(&with(v.clone()))), want, "{v}");
+        }
+        assert!(!wants_remote_decode(None));
+        assert!(!wants_remote_decode(Some(&Value::Map(vec![]))));
     }
 
     #[test]

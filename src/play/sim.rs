@@ -213,12 +213,24 @@ impl SimEngine {
     }
 
     pub fn describe(&self) -> String {
+        let mut latency = self.latency.describe();
+        if let Some((mean, std)) = self.cfg.fixed_ttft_ms {
+            // the knobs' step TTFT is 0 under --ttft-mode fixed: name the delay in force
+            // (unscaled, as the knobs are printed)
+            let ts = self.cfg.time_scale;
+            latency = latency.replacen("ttft 0 ms (sd 0), ", "", 1);
+            latency = format!(
+                "{latency}, ttft fixed {} ms (sd {}) after arrival",
+                mean * ts,
+                std * ts
+            );
+        }
         format!(
             "engine {}: vLLM {} wire, tokens {}, latency {}, queue {}, max_num_seqs {}",
             self.cfg.engine_index,
             self.cfg.line,
             self.tokens.describe(),
-            self.latency.describe(),
+            latency,
             self.batch.policy_name(),
             self.cfg.rules.max_num_seqs
         )
@@ -397,22 +409,20 @@ impl SimEngine {
             Ok(None) => self.tokens.stream_for(&req),
             Err(msg) => {
                 tracing::warn!(request_id = %id, "{msg}");
-                self.reject_error(
-                    out,
-                    client,
-                    id,
-                    "structured_output_unsupported",
-                    msg,
-                    false,
-                    now,
-                );
+                // `validation_error`: the one non-retryable code both frontends turn into
+                // an answer that carries the message (HTTP 400); any other code reaches a
+                // vllm-rs client as a bare "Internal server error"
+                let msg = format!("structured_output_unsupported: {msg}");
+                self.reject_error(out, client, id, "validation_error", msg, false, now);
                 return;
             }
         };
         let served = match self.replay.resolve(&req, stream, self.cfg.log_requests) {
             Ok(served) => served,
             Err(msg) => {
-                self.reject_error(out, client, id, "replay_miss", msg, false, now);
+                // `validation_error`, so that the client reads why (see above)
+                let msg = format!("replay_miss: {msg}");
+                self.reject_error(out, client, id, "validation_error", msg, false, now);
                 return;
             }
         };
@@ -524,7 +534,20 @@ impl SimEngine {
             return;
         }
         if let Some(plan) = self.batch.compose(&self.cfg.rules, start) {
-            let timing = self.latency.step(&plan.shape);
+            let mut timing = self.latency.step(&plan.shape);
+            // a step that samples a first token runs the model at least once, even when
+            // the whole prompt was cached (vLLM recomputes its last token): no cheaper than
+            // a decode step. Steps with decodes already cost one; chunks that do not finish
+            // their prompt sample nothing and keep the model's price.
+            let shape = &plan.shape;
+            if shape.decodes.is_empty()
+                && shape
+                    .prefills
+                    .iter()
+                    .any(|c| c.context + c.tokens >= c.uncached_prompt)
+            {
+                timing.duration = timing.duration.max(self.cfg.first_token_floor);
+            }
             self.in_flight = Some(InFlight {
                 end: start + timing.duration,
                 plan,
