@@ -649,3 +649,58 @@ fn absurd_durations_are_refused_by_name_not_by_a_panic() {
     assert_eq!(out.status.code(), Some(1), "{e}");
     assert!(e.contains("`r0`") && e.contains("itl_ms[1] = 1e300"), "{e}");
 }
+
+/// A model fitted under another configuration than the trace's (another host, rig or
+/// engine flags: its captures' config_hash differs) is called out on stderr, in the text
+/// report and in JSON; a model of the same configuration is not.
+#[test]
+fn a_model_of_another_configuration_is_called_out() {
+    let trace = fixture("trace.jsonl.gz");
+    let model = tmp("other-config-model.json");
+    ok(&bin()
+        .args(["inspect", "fit"])
+        .arg(&trace)
+        .arg("-o")
+        .arg(&model)
+        .output()
+        .unwrap());
+    let other = tmp("other-config-trace.jsonl");
+    let mut w = sim_trace::trace::TraceWriter::create_without_meta(&other).unwrap();
+    for item in sim_trace::trace::TraceReader::open(&trace).unwrap() {
+        match item.unwrap() {
+            sim_trace::trace::TraceItem::Meta(mut m) => {
+                m.config_hash = Some("0123456789abcdef".into());
+                w.write_meta(&m).unwrap();
+            }
+            sim_trace::trace::TraceItem::Record(r) => w.write_record(&r).unwrap(),
+        }
+    }
+    w.finish().unwrap();
+
+    let args = ["--latency-trace", s(&model), "--requests", "20"];
+    let mut json_args = vec![s(&other), "--json"];
+    json_args.extend(args);
+    let out = simulate(&json_args);
+    let (stdout, stderr) = ok(&out);
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["other_configuration"], true, "{v}");
+    assert_eq!(v["config_hashes"]["trace"], "0123456789abcdef");
+    assert!(
+        stderr.contains("simulate: WARNING: the model was fitted on another configuration"),
+        "{stderr}"
+    );
+    let mut text_args = vec![s(&other)];
+    text_args.extend(args);
+    let (text, _) = ok(&simulate(&text_args));
+    assert!(
+        text.contains("WARNING: the model was fitted on another configuration"),
+        "{text}"
+    );
+    // the trace the model was fitted on: same configuration, no warning
+    let mut same = vec![s(&trace), "--json"];
+    same.extend(args);
+    let (stdout, stderr) = ok(&simulate(&same));
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["other_configuration"], false, "{v}");
+    assert!(!stderr.contains("WARNING"), "{stderr}");
+}

@@ -347,6 +347,13 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     }
     let work = Workload::load(&a.trace, a.engine.block_size, a.requests)
         .with_context(|| format!("reading {}", a.trace.display()))?;
+    let other_config = crate::inspect::fit_config::other_config(
+        work.meta.config_hash.as_deref(),
+        &crate::inspect::fit_config::fit_set_hashes(&a.engine.latency_trace)?,
+    );
+    if let Some(o) = &other_config {
+        crate::errln!("simulate: WARNING: {}", o.describe());
+    }
     let engine = engine_for(&work, &a.engine);
     let block_size = engine.block_size_or_default();
     let opts = RunOptions {
@@ -369,6 +376,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
 
     let report = Report {
         args: a,
+        other_config,
         concurrency,
         work: &work,
         summary: &summary,
@@ -670,6 +678,8 @@ fn hex(b: &[u8]) -> String {
 /// Everything the summary shows.
 struct Report<'a> {
     args: &'a SimulateArgs,
+    /// The latency model was fitted under another configuration than the trace's.
+    other_config: Option<crate::inspect::fit_config::OtherConfig>,
     /// `--replay-concurrency`, resolved.
     concurrency: Option<usize>,
     work: &'a Workload,
@@ -720,6 +730,8 @@ impl Report<'_> {
             "never_sent": c.never_sent,
             "replay": c.replay.as_ref().map(|r| &r.1),
             "dump_trace": self.args.dump_trace,
+            "other_configuration": self.other_config.is_some(),
+            "config_hashes": self.other_config.as_ref().map(|o| o.json()),
             "summary": self.summary.to_json(),
         })
     }
@@ -751,6 +763,9 @@ impl Report<'_> {
             self.work.records_in_trace
         )?;
         writeln!(out, "{}", c.describe)?;
+        if let Some(o) = &self.other_config {
+            writeln!(out, "WARNING: {}", o.describe())?;
+        }
         self.summary.write_text(out)?;
         let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |x| format!("{x:.d$}"));
         writeln!(
