@@ -163,19 +163,21 @@ impl Shaping {
         }
     }
 
-    /// The grammar `req` is answered under, not yet compiled (`Ok(None)`: the token source
-    /// decides). Cheap: compiling is [`GrammarJob::compile`]'s, which can take long.
+    /// The grammar `req` is answered under, not yet built nor compiled (`Ok(None)`: the
+    /// token source decides; `Err`: a `structured_outputs` map the engine cannot read).
+    /// Cheap, for the engine thread: building and compiling the grammar is
+    /// [`GrammarJob::compile`]'s, which can take long (a schema with a 60k-entry enum).
     pub fn plan(&self, req: &EngineCoreRequest, seed: u64) -> Result<Option<GrammarJob>, String> {
         let structured = req
             .sampling_params
             .as_ref()
             .and_then(|sp| sp.structured_outputs.as_ref());
         let stream_seed = stream_seed(seed, req);
-        let (grammar, kind) = match structured {
+        let (recipe, kind) = match structured {
             Some(v) => {
                 let so = StructuredOutputs::parse(v)?;
                 let kind = so.constraint.kind();
-                let grammar = match &so.constraint {
+                let recipe = match &so.constraint {
                     Constraint::StructuralTag(text) => {
                         let tools = self.prompt_tools(req);
                         let fail = |why: String| {
@@ -195,18 +197,16 @@ impl Shaping {
                             }
                             f.insert("at_least_one".into(), Value::Bool(true));
                         }
-                        TopLevelGrammar::from_lark(
-                            structural_tag_to_lark(&tag, &tools).map_err(fail)?,
-                        )
+                        Recipe::Tag(tag, tools)
                     }
-                    _ => grammar_for(&so, &PromptTools::default())?,
+                    _ => Recipe::Structured(so),
                 };
-                (grammar, kind)
+                (recipe, kind)
             }
             None if self.tool_calls.rate > 0.0 => {
                 let tools = self.prompt_tools(req);
                 match self.tool_calls.decide(&tools, stream_seed) {
-                    Some(g) => (g, "tool call"),
+                    Some(g) => (Recipe::Grammar(g), "tool call"),
                     None => return Ok(None),
                 }
             }
@@ -215,7 +215,7 @@ impl Shaping {
         let sp = req.sampling_params.as_ref();
         Ok(Some(GrammarJob {
             vocab: self.vocab.clone(),
-            grammar,
+            recipe,
             kind,
             seed: stream_seed,
             eos: sp.and_then(|sp| sp.eos_token_id).unwrap_or(self.vocab.eos),
@@ -231,11 +231,11 @@ impl Shaping {
     }
 }
 
-/// A request's grammar and what its stream needs, ready to compile (see
-/// [`Shaping::plan`]). Owns everything it uses, so it can be compiled on another thread.
+/// A request's grammar and what its stream needs, ready to build and compile (see
+/// [`Shaping::plan`]). Owns everything it uses, so it can run on another thread.
 pub struct GrammarJob {
     vocab: Arc<Vocabulary>,
-    grammar: TopLevelGrammar,
+    recipe: Recipe,
     /// The constraint's kind, for messages.
     pub kind: &'static str,
     /// The request's stream seed ([`stream_seed`]).
@@ -244,13 +244,69 @@ pub struct GrammarJob {
     max_tokens: Option<u64>,
 }
 
+/// What a [`GrammarJob`] builds its grammar from.
+enum Recipe {
+    /// A request's structured outputs other than a structural tag.
+    Structured(StructuredOutputs),
+    /// A structural tag, read (and, for an open `triggered_tags`, decided), with the tools
+    /// the prompt shows.
+    Tag(Value, PromptTools),
+    /// A grammar already built (a tool call under `auto`).
+    Grammar(TopLevelGrammar),
+}
+
+impl std::fmt::Debug for GrammarJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarJob")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
 impl GrammarJob {
-    /// Compile the grammar into the request's stream; `Err` says why it cannot be
-    /// generated (naming the kind).
+    /// Build and compile the grammar into the request's stream; `Err` says why it cannot
+    /// be generated (naming the kind).
     pub fn compile(self) -> Result<ConstrainedStream, String> {
-        let kind = self.kind;
-        ConstrainedStream::from_job(self)
-            .map_err(|e| format!("structured outputs of kind `{kind}` cannot be generated: {e}"))
+        let GrammarJob {
+            vocab,
+            recipe,
+            kind,
+            seed,
+            eos,
+            max_tokens,
+        } = self;
+        let fail =
+            |why: String| format!("structured outputs of kind `{kind}` cannot be generated: {why}");
+        let grammar = match recipe {
+            Recipe::Structured(so) => grammar_for(&so, &PromptTools::default())?,
+            Recipe::Tag(tag, tools) => {
+                TopLevelGrammar::from_lark(structural_tag_to_lark(&tag, &tools).map_err(fail)?)
+            }
+            Recipe::Grammar(g) => g,
+        };
+        let parser = vocab
+            .factory()
+            .create_parser(grammar)
+            .map_err(|e| fail(first_line(&e.to_string())))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(fail(first_line(&e)));
+        }
+        Ok(ConstrainedStream {
+            matcher,
+            rng: SplitMix64(seed),
+            prose: Prose::new(seed ^ 0x5eed),
+            vocab,
+            word: VecDeque::new(),
+            forced: VecDeque::new(),
+            sampled: 0,
+            emitted: 0,
+            max_tokens,
+            eos,
+            done: false,
+            kind,
+            failure: None,
+        })
     }
 }
 
@@ -863,43 +919,15 @@ impl ConstrainedStream {
         seed: u64,
     ) -> Result<Self, String> {
         let sp = req.sampling_params.as_ref();
-        Self::from_job(GrammarJob {
+        GrammarJob {
             eos: sp.and_then(|sp| sp.eos_token_id).unwrap_or(vocab.eos),
             vocab,
-            grammar,
+            recipe: Recipe::Grammar(grammar),
             kind: "grammar",
             seed: stream_seed(seed, req),
             max_tokens: sp.and_then(|sp| sp.max_tokens).map(u64::from),
-        })
-    }
-
-    /// Compile a job's grammar; `Err` when it does not compile.
-    fn from_job(job: GrammarJob) -> Result<Self, String> {
-        let parser = job
-            .vocab
-            .factory()
-            .create_parser(job.grammar)
-            .map_err(|e| first_line(&e.to_string()))?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(first_line(&e));
         }
-        let s = job.seed;
-        Ok(ConstrainedStream {
-            matcher,
-            rng: SplitMix64(s),
-            prose: Prose::new(s ^ 0x5eed),
-            vocab: job.vocab,
-            word: VecDeque::new(),
-            forced: VecDeque::new(),
-            sampled: 0,
-            emitted: 0,
-            max_tokens: job.max_tokens,
-            eos: job.eos,
-            done: false,
-            kind: job.kind,
-            failure: None,
-        })
+        .compile()
     }
 
     fn unit(&mut self) -> f64 {
