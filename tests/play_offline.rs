@@ -289,6 +289,9 @@ fn a_fixed_ttft_does_not_grow_with_concurrency() {
     );
 }
 
+/// A request's tokens, the virtual times of its outputs and its finish.
+type Answer = (Vec<u32>, Vec<Duration>, Option<FinishReason>);
+
 /// Issue 22 M4: live, a grammar compiles off the step loop while its request waits; the
 /// offline driver compiles it at once at the current virtual time, so a simulated run with
 /// structured outputs answers them and is the same run every time.
@@ -312,8 +315,7 @@ fn the_offline_driver_compiles_grammars_at_once_and_deterministically() {
         let mut p = request("plain", &[10, 12], 4);
         p.wire_len = line.request_len();
         d.add(Duration::from_millis(5), 0, p);
-        let mut got: BTreeMap<String, (Vec<u32>, Vec<Duration>, Option<FinishReason>)> =
-            BTreeMap::new();
+        let mut got: BTreeMap<String, Answer> = BTreeMap::new();
         for o in d.run_until_idle() {
             for out in &o.outputs.outputs {
                 let e = got.entry(out.request_id.to_string()).or_default();
