@@ -359,3 +359,56 @@ fn the_logged_latency_names_a_fixed_ttft() {
     assert!(!text.contains("ttft 0 ms"), "{text}");
     assert!(text.contains("itl 10 ms"), "{text}");
 }
+
+/// A request's tokens, the virtual times of its outputs and its finish.
+type Answer = (Vec<u32>, Vec<Duration>, Option<FinishReason>);
+
+/// Issue 22 M4: live, a grammar compiles off the step loop while its request waits; the
+/// offline driver compiles it at once at the current virtual time, so a simulated run with
+/// structured outputs answers them and is the same run every time.
+#[test]
+fn the_offline_driver_compiles_grammars_at_once_and_deterministically() {
+    let schema =
+        r#"{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}"#;
+    let once = || {
+        let mut a = args();
+        a.inter_token_latency = 10.0;
+        let line = a.vllm_version;
+        let cfg = PlayConfig::try_from(&a).unwrap();
+        let mut d = OfflineDriver::new(cfg.build_engine(0));
+        let mut j = request("json", &[10, 11], 100);
+        j.wire_len = line.request_len();
+        j.sampling_params.as_mut().unwrap().structured_outputs = Some(rmpv::Value::Map(vec![(
+            rmpv::Value::from("json"),
+            rmpv::Value::from(schema),
+        )]));
+        d.add(Duration::ZERO, 0, j);
+        let mut p = request("plain", &[10, 12], 4);
+        p.wire_len = line.request_len();
+        d.add(Duration::from_millis(5), 0, p);
+        let mut got: BTreeMap<String, Answer> = BTreeMap::new();
+        for o in d.run_until_idle() {
+            for out in &o.outputs.outputs {
+                let e = got.entry(out.request_id.to_string()).or_default();
+                e.0.extend(&out.new_token_ids);
+                e.1.push(o.at);
+                e.2 = e.2.or(out.finish_reason);
+            }
+        }
+        got
+    };
+    let first = once();
+    assert_eq!(first, once(), "the same run every time");
+    let (ids, _, finish) = &first["json"];
+    assert_eq!(*finish, Some(FinishReason::Stop));
+    let text: String = ids[..ids.len() - 1]
+        .iter()
+        .map(|t| char::from((t - 3) as u8))
+        .collect();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(v["n"].is_i64(), "{text}");
+    // no wait for the compile on the virtual clock: it answered no later than a request
+    // without a grammar that arrived after it
+    assert!(first["json"].1[0] <= first["plain"].1[0], "{first:?}");
+    assert_eq!(first["plain"].2, Some(FinishReason::Length));
+}

@@ -102,16 +102,28 @@ pub struct ToolCalls {
 }
 
 impl ToolCalls {
-    /// The grammar of an unprompted tool call for this request, if it makes one: a prompt
-    /// with tools whose last message is not a tool result, and a draw under the rate.
-    pub fn decide(&self, tools: &PromptTools, seed: u64) -> Option<TopLevelGrammar> {
-        if tools.tools.is_empty() || tools.after_tool_result || self.rate <= 0.0 {
+    /// Whether this request answers with a tool call where it may choose (a draw under
+    /// the rate), given that the last message is not a tool result.
+    pub fn calls(&self, tools: &PromptTools, seed: u64) -> bool {
+        self.draw(tools, seed).is_some()
+    }
+
+    /// The draw behind [`ToolCalls::calls`]; on a call, the generator that picks the tool.
+    fn draw(&self, tools: &PromptTools, seed: u64) -> Option<SplitMix64> {
+        if tools.after_tool_result || self.rate <= 0.0 {
             return None;
         }
         let mut rng = SplitMix64(seed ^ 0x7001_ca11);
-        if (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 >= self.rate {
+        (((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < self.rate).then_some(rng)
+    }
+
+    /// The grammar of an unprompted tool call for this request, if it makes one: a prompt
+    /// with tools whose last message is not a tool result, and a draw under the rate.
+    pub fn decide(&self, tools: &PromptTools, seed: u64) -> Option<TopLevelGrammar> {
+        if tools.tools.is_empty() {
             return None;
         }
+        let mut rng = self.draw(tools, seed)?;
         let tool = &tools.tools[(rng.next_u64() % tools.tools.len() as u64) as usize];
         let begin = format!(
             "<tool_call>\n{{\"name\": {}, \"arguments\": ",
@@ -143,34 +155,72 @@ impl Shaping {
         req: &EngineCoreRequest,
         seed: u64,
     ) -> Result<Option<Box<dyn TokenStream>>, String> {
+        match self.plan(req, seed)? {
+            Some(job) => job
+                .compile()
+                .map(|s| Some(Box::new(s) as Box<dyn TokenStream>)),
+            None => Ok(None),
+        }
+    }
+
+    /// The grammar `req` is answered under, not yet built nor compiled (`Ok(None)`: the
+    /// token source decides; `Err`: a `structured_outputs` map the engine cannot read).
+    /// Cheap, for the engine thread: building and compiling the grammar is
+    /// [`GrammarJob::compile`]'s, which can take long (a schema with a 60k-entry enum).
+    pub fn plan(&self, req: &EngineCoreRequest, seed: u64) -> Result<Option<GrammarJob>, String> {
         let structured = req
             .sampling_params
             .as_ref()
             .and_then(|sp| sp.structured_outputs.as_ref());
-        let grammar = match structured {
+        let stream_seed = stream_seed(seed, req);
+        let (recipe, kind) = match structured {
             Some(v) => {
                 let so = StructuredOutputs::parse(v)?;
-                let tools = match so.constraint {
-                    Constraint::StructuralTag(_) => self.prompt_tools(req),
-                    _ => PromptTools::default(),
+                let kind = so.constraint.kind();
+                let recipe = match &so.constraint {
+                    Constraint::StructuralTag(text) => {
+                        let tools = self.prompt_tools(req);
+                        let fail = |why: String| {
+                            format!(
+                                "structured outputs of kind `{kind}` cannot be generated: {why}"
+                            )
+                        };
+                        let mut tag: Value = serde_json::from_str(text)
+                            .map_err(|e| fail(format!("it is not JSON: {e}")))?;
+                        let mut tag = upgrade_legacy_tag(&mut tag).map_err(fail)?;
+                        // text or tool calls, the model's choice: the engine chooses as it
+                        // does under `auto` (`--tool-call-rate`); text comes from the token
+                        // source, a call starts the answer
+                        if let Some(f) = open_triggered_tags(&mut tag) {
+                            if !self.tool_calls.calls(&tools, stream_seed) {
+                                return Ok(None);
+                            }
+                            f.insert("at_least_one".into(), Value::Bool(true));
+                        }
+                        Recipe::Tag(tag, tools)
+                    }
+                    _ => Recipe::Structured(so),
                 };
-                grammar_for(&so, &tools)?
+                (recipe, kind)
             }
             None if self.tool_calls.rate > 0.0 => {
                 let tools = self.prompt_tools(req);
-                match self.tool_calls.decide(&tools, stream_seed(seed, req)) {
-                    Some(g) => g,
+                match self.tool_calls.decide(&tools, stream_seed) {
+                    Some(g) => (Recipe::Grammar(g), "tool call"),
                     None => return Ok(None),
                 }
             }
             None => return Ok(None),
         };
-        let kind = structured
-            .and_then(|v| StructuredOutputs::parse(v).ok())
-            .map_or("tool call", |s| s.constraint.kind());
-        ConstrainedStream::new(self.vocab.clone(), grammar, req, seed)
-            .map(|s| Some(Box::new(s) as Box<dyn TokenStream>))
-            .map_err(|e| format!("structured outputs of kind `{kind}` cannot be generated: {e}"))
+        let sp = req.sampling_params.as_ref();
+        Ok(Some(GrammarJob {
+            vocab: self.vocab.clone(),
+            recipe,
+            kind,
+            seed: stream_seed,
+            eos: sp.and_then(|sp| sp.eos_token_id).unwrap_or(self.vocab.eos),
+            max_tokens: sp.and_then(|sp| sp.max_tokens).map(u64::from),
+        }))
     }
 
     fn prompt_tools(&self, req: &EngineCoreRequest) -> PromptTools {
@@ -178,6 +228,85 @@ impl Shaping {
             Some(ids) => PromptTools::from_prompt(&self.vocab.decode(ids)),
             None => PromptTools::default(),
         }
+    }
+}
+
+/// A request's grammar and what its stream needs, ready to build and compile (see
+/// [`Shaping::plan`]). Owns everything it uses, so it can run on another thread.
+pub struct GrammarJob {
+    vocab: Arc<Vocabulary>,
+    recipe: Recipe,
+    /// The constraint's kind, for messages.
+    pub kind: &'static str,
+    /// The request's stream seed ([`stream_seed`]).
+    seed: u64,
+    eos: u32,
+    max_tokens: Option<u64>,
+}
+
+/// What a [`GrammarJob`] builds its grammar from.
+enum Recipe {
+    /// A request's structured outputs other than a structural tag.
+    Structured(StructuredOutputs),
+    /// A structural tag, read (and, for an open `triggered_tags`, decided), with the tools
+    /// the prompt shows.
+    Tag(Value, PromptTools),
+    /// A grammar already built (a tool call under `auto`).
+    Grammar(TopLevelGrammar),
+}
+
+impl std::fmt::Debug for GrammarJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarJob")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GrammarJob {
+    /// Build and compile the grammar into the request's stream; `Err` says why it cannot
+    /// be generated (naming the kind).
+    pub fn compile(self) -> Result<ConstrainedStream, String> {
+        let GrammarJob {
+            vocab,
+            recipe,
+            kind,
+            seed,
+            eos,
+            max_tokens,
+        } = self;
+        let fail =
+            |why: String| format!("structured outputs of kind `{kind}` cannot be generated: {why}");
+        let grammar = match recipe {
+            Recipe::Structured(so) => grammar_for(&so, &PromptTools::default())?,
+            Recipe::Tag(tag, tools) => {
+                TopLevelGrammar::from_lark(structural_tag_to_lark(&tag, &tools).map_err(fail)?)
+            }
+            Recipe::Grammar(g) => g,
+        };
+        let parser = vocab
+            .factory()
+            .create_parser(grammar)
+            .map_err(|e| fail(first_line(&e.to_string())))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(fail(first_line(&e)));
+        }
+        Ok(ConstrainedStream {
+            matcher,
+            rng: SplitMix64(seed),
+            prose: Prose::new(seed ^ 0x5eed),
+            vocab,
+            word: VecDeque::new(),
+            forced: VecDeque::new(),
+            sampled: 0,
+            emitted: 0,
+            max_tokens,
+            eos,
+            done: false,
+            kind,
+            failure: None,
+        })
     }
 }
 
@@ -217,11 +346,55 @@ pub fn grammar_for(so: &StructuredOutputs, tools: &PromptTools) -> Result<TopLev
             TopLevelGrammar::from_lark(lark)
         }
         Constraint::StructuralTag(text) => {
-            let v: Value =
+            let mut v: Value =
                 serde_json::from_str(text).map_err(|e| fail(format!("it is not JSON: {e}")))?;
+            let v = upgrade_legacy_tag(&mut v).map_err(fail)?;
             TopLevelGrammar::from_lark(structural_tag_to_lark(&v, tools).map_err(fail)?)
         }
     })
+}
+
+/// The legacy structural tag (`{"structures": [{"begin", "schema", "end"}], "triggers"}`,
+/// the only form vLLM's `guidance` backend reads) as the `triggered_tags` format it
+/// means; any other tag as it is.
+fn upgrade_legacy_tag(tag: &mut Value) -> Result<Value, String> {
+    let Some(structures) = tag.get("structures") else {
+        return Ok(tag.take());
+    };
+    let structures = structures.as_array().ok_or("`structures` is not a list")?;
+    let tags = structures
+        .iter()
+        .map(|s| {
+            let field = |k: &str| {
+                s.get(k)
+                    .cloned()
+                    .ok_or_else(|| format!("a structure has no `{k}`"))
+            };
+            Ok(json!({"type": "tag", "begin": field("begin")?,
+                "content": {"type": "json_schema", "json_schema": field("schema")?},
+                "end": field("end")?}))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let triggers = tag.get("triggers").cloned().unwrap_or(json!([]));
+    Ok(json!({"type": "structural_tag",
+        "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}}))
+}
+
+/// The top-level `triggered_tags` format of a structural tag when it leaves the model free
+/// to answer with text (`at_least_one` false): what the frontends send for `tool_choice`
+/// `auto` with strict tools.
+fn open_triggered_tags(tag: &mut Value) -> Option<&mut serde_json::Map<String, Value>> {
+    let format = match tag.get("format") {
+        Some(_) => tag.get_mut("format")?,
+        None => tag,
+    };
+    let f = format.as_object_mut()?;
+    let open = f.get("type").and_then(Value::as_str) == Some("triggered_tags")
+        && !f
+            .get("at_least_one")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+    open.then_some(f)
 }
 
 /// `additionalProperties: false` on every object schema that does not say otherwise
@@ -273,9 +446,10 @@ fn compact(schema: Value, whitespace_pattern: Option<&str>) -> Value {
 }
 
 /// xgrammar's structural tag (`{"type": "structural_tag", "format": …}`, what the frontends
-/// send for `tool_choice` `required` and named functions) as a Lark grammar. A
-/// `json_schema` of `true` inside a tag that names a tool the prompt shows becomes that
-/// tool's parameter schema, as a model that follows its tool signatures would write.
+/// send for tool calls: `tool_choice` `required` and named functions, and `auto` with
+/// strict tools) as a Lark grammar. A `json_schema` of `true` inside a tag that names a
+/// tool the prompt shows becomes that tool's parameter schema, as a model that follows its
+/// tool signatures would write.
 fn structural_tag_to_lark(tag: &Value, tools: &PromptTools) -> Result<String, String> {
     let format = tag.get("format").unwrap_or(tag);
     let mut rules = Vec::new();
@@ -307,17 +481,10 @@ fn format_rule(
             .and_then(Value::as_str)
             .ok_or_else(|| format!("format `{ty}` has no `{key}` string"))
     };
-    let new_rule = |body: String, rules: &mut Vec<String>| {
-        let name = format!("r{}", rules.len());
-        rules.push(format!("{name}: {body}"));
-        name
-    };
+    let flag = |key: &str| f.get(key).and_then(Value::as_bool).unwrap_or(false);
     Ok(match ty {
         "const_string" => lark_str(string("value")?),
-        "regex" => {
-            let rx = string("pattern")?;
-            new_rule(format!("/{}/", rx.replace('/', "\\/")), rules)
-        }
+        "regex" => new_rule(format!("/{}/", lark_regex(string("pattern")?)), rules),
         "json_schema" => {
             let style = f.get("style").and_then(Value::as_str).unwrap_or("json");
             if style != "json" {
@@ -347,21 +514,8 @@ fn format_rule(
             format!("({})", parts.join(" | "))
         }
         "tag" => {
-            let begin = string("begin")?;
-            let named = tool_named_in(begin);
-            let content = f
-                .get("content")
-                .ok_or("a tag has no `content`".to_string())?;
-            let inner = format_rule(content, named.as_deref().or(tool), tools, rules)?;
-            let end = match f.get("end") {
-                Some(Value::String(s)) => lark_str(s),
-                Some(Value::Array(a)) => {
-                    let e: Vec<String> = a.iter().filter_map(Value::as_str).map(lark_str).collect();
-                    format!("({})", e.join(" | "))
-                }
-                _ => return Err("a tag has no `end`".into()),
-            };
-            new_rule(format!("{} {inner} {end}", lark_str(begin)), rules)
+            let t = tag_parts(f, tool, tools, rules)?;
+            new_rule(lark_seq(&[&lark_lit(&t.begin), &t.content, &t.end]), rules)
         }
         "tags_with_separator" => {
             let tags = list("tags")?
@@ -372,34 +526,249 @@ fn format_rule(
                 return Err("tags_with_separator has no tags".into());
             }
             let one = new_rule(tags.join(" | "), rules);
-            let at_least_one = f
-                .get("at_least_one")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            let first = f
-                .get("stop_after_first")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
             let sep = f.get("separator").and_then(Value::as_str).unwrap_or("");
-            let sep = if sep.is_empty() {
-                String::new()
-            } else {
-                format!("{} ", lark_str(sep))
-            };
-            let body = match (first, at_least_one) {
+            let sep = lark_lit(sep);
+            let more = format!("({})*", lark_seq(&[&sep, &one]));
+            let body = match (flag("stop_after_first"), flag("at_least_one")) {
                 (true, true) => one,
                 (true, false) => format!("{one}?"),
-                (false, true) => format!("{one} ({sep}{one})*"),
-                (false, false) => format!("({one} ({sep}{one})*)?"),
+                (false, true) => format!("{one} {more}"),
+                (false, false) => format!("({one} {more})?"),
             };
             new_rule(body, rules)
         }
+        "triggered_tags" => triggered_tags(f, tool, tools, rules)?,
         other => {
             return Err(format!(
-                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, sequence, or, tag and tags_with_separator are)"
+                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, sequence, or, tag, tags_with_separator and triggered_tags are)"
             ));
         }
     })
+}
+
+/// A sub-rule with `body`; its name.
+fn new_rule(body: String, rules: &mut Vec<String>) -> String {
+    let name = format!("r{}", rules.len());
+    rules.push(format!("{name}: {body}"));
+    name
+}
+
+/// A `tag` format's parts: its begin string, and the Lark expressions of its content and
+/// of its end.
+struct TagParts {
+    begin: String,
+    content: String,
+    end: String,
+}
+
+fn tag_parts(
+    f: &Value,
+    tool: Option<&str>,
+    tools: &PromptTools,
+    rules: &mut Vec<String>,
+) -> Result<TagParts, String> {
+    let begin = match f.get("begin") {
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => {
+            return Err("a tag's `begin` is not a string (token begins are not supported)".into());
+        }
+        None => return Err("a tag has no `begin`".into()),
+    };
+    let named = tool_named_in(&begin);
+    let content = f
+        .get("content")
+        .ok_or_else(|| format!("the tag {begin:?} has no `content`"))?;
+    let content = format_rule(content, named.as_deref().or(tool), tools, rules)?;
+    let end = match f.get("end") {
+        Some(Value::String(s)) => lark_lit(s),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(format!(
+                "the tag {begin:?} has an empty `end` list: it could never close (give at least one end string, \"\" for none)"
+            ));
+        }
+        Some(Value::Array(a)) => {
+            let ends = a
+                .iter()
+                .map(|e| e.as_str().map(lark_lit))
+                .collect::<Option<Vec<String>>>()
+                .ok_or_else(|| {
+                    format!("the tag {begin:?} has an `end` list that is not all strings")
+                })?;
+            // `""` is no Lark expression: an empty end makes the whole choice optional
+            let (empty, ends): (Vec<String>, Vec<String>) =
+                ends.into_iter().partition(String::is_empty);
+            let alts = format!("({})", ends.join(" | "));
+            match (empty.is_empty(), ends.is_empty()) {
+                (_, true) => String::new(),
+                (true, false) => alts,
+                (false, false) => format!("{alts}?"),
+            }
+        }
+        Some(_) => {
+            return Err(format!(
+                "the tag {begin:?} has an `end` that is neither a string nor a list of strings (token ends are not supported)"
+            ));
+        }
+        None => return Err(format!("the tag {begin:?} has no `end`")),
+    };
+    Ok(TagParts {
+        begin,
+        content,
+        end,
+    })
+}
+
+/// xgrammar's `triggered_tags`: free text, in which each trigger starts one of the tags
+/// that begin with it; after a tag's end, free text again (`stop_after_first`: nothing
+/// more). Free text never holds a trigger or an `excludes` string. `at_least_one`: the
+/// answer starts with a tag (xgrammar's reading: the first tag is not preceded by text).
+fn triggered_tags(
+    f: &Value,
+    tool: Option<&str>,
+    tools: &PromptTools,
+    rules: &mut Vec<String>,
+) -> Result<String, String> {
+    let strings = |key: &str, required: bool| -> Result<Vec<String>, String> {
+        let Some(v) = f.get(key) else {
+            return if required {
+                Err(format!("triggered_tags has no `{key}` list"))
+            } else {
+                Ok(Vec::new())
+            };
+        };
+        v.as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|x| x.as_str().map(str::to_string))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .ok_or_else(|| format!("triggered_tags `{key}` is not a list of strings"))
+    };
+    let triggers = strings("triggers", true)?;
+    if triggers.is_empty() || triggers.iter().any(String::is_empty) {
+        return Err("triggered_tags needs at least one trigger, and no empty one".into());
+    }
+    let excludes: Vec<String> = strings("excludes", false)?
+        .into_iter()
+        .filter(|e| !e.is_empty())
+        .collect();
+    let tags = f
+        .get("tags")
+        .and_then(Value::as_array)
+        .filter(|t| !t.is_empty())
+        .ok_or("triggered_tags has no tags")?;
+    let flag = |key: &str| f.get(key).and_then(Value::as_bool).unwrap_or(false);
+    let n = rules.len();
+    // free text: anything that holds no trigger and no excluded string
+    let text = format!("TT{n}_TEXT");
+    let banned: Vec<String> = triggers
+        .iter()
+        .chain(&excludes)
+        .map(|t| regex_escape(t))
+        .collect();
+    rules.push(format!(
+        "{text}: /(.|\\n)*/ & ~/(.|\\n)*({})(.|\\n)*/",
+        banned.join("|")
+    ));
+    // text up to a trigger, as one lazy lexeme: it ends where the trigger does
+    for (i, t) in triggers.iter().enumerate() {
+        rules.push(format!("tt{n}_trigger{i}[lazy]: {text} {}", lark_str(t)));
+    }
+    let mut first = Vec::new();
+    let mut after_text = Vec::new();
+    for tag in tags {
+        let t = tag_parts(tag, tool, tools, rules)?;
+        let Some(i) = triggers
+            .iter()
+            .position(|tr| t.begin.starts_with(tr.as_str()))
+        else {
+            return Err(format!(
+                "the tag {:?} begins with none of the triggers {triggers:?}",
+                t.begin
+            ));
+        };
+        let rest = &t.begin[triggers[i].len()..];
+        first.push(lark_seq(&[&lark_lit(&t.begin), &t.content, &t.end]));
+        after_text.push(lark_seq(&[
+            &format!("tt{n}_trigger{i}"),
+            &lark_lit(rest),
+            &t.content,
+            &t.end,
+        ]));
+    }
+    let first = new_rule(first.join(" | "), rules);
+    let call = new_rule(after_text.join(" | "), rules);
+    let tail = new_rule(text, rules);
+    let body = match (flag("at_least_one"), flag("stop_after_first")) {
+        (false, false) => format!("{call}* {tail}"),
+        (false, true) => format!("{call} | {tail}"),
+        (true, false) => format!("{first} {call}* {tail}"),
+        (true, true) => first,
+    };
+    Ok(new_rule(body, rules))
+}
+
+/// A Lark string literal, or nothing for `""` (which is no Lark expression).
+fn lark_lit(s: &str) -> String {
+    if s.is_empty() {
+        String::new()
+    } else {
+        lark_str(s)
+    }
+}
+
+/// Lark expressions in sequence, the empty ones left out (`""` when all are).
+fn lark_seq(parts: &[&str]) -> String {
+    let parts: Vec<&str> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+    if parts.is_empty() {
+        "\"\"".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// A regex as the body of a Lark `/…/` literal: an unescaped `/` gets its backslash (one
+/// already escaped, `a\/b`, keeps the one it has), and a line break is written `\n`.
+fn lark_regex(rx: &str) -> String {
+    let mut out = String::with_capacity(rx.len() + 2);
+    let mut chars = rx.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                out.push('\\');
+                match chars.next() {
+                    Some('\n') => out.push('n'),
+                    Some(e) => out.push(e),
+                    None => out.push('\\'),
+                }
+            }
+            '/' => out.push_str("\\/"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `s` as a regex that matches it literally, ready for a Lark `/…/` literal.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for c in s.chars() {
+        match c {
+            '\\' | '.' | '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$'
+            | '#' | '&' | '-' | '~' | '/' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\x{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `"name": "X"` in a tag's `begin`: the tool that tag calls.
@@ -414,12 +783,25 @@ fn tool_named_in(begin: &str) -> Option<String> {
 /// `root` becomes `start`, rule names are made Lark-safe, character classes become regex
 /// terminals and comments go.
 pub fn gbnf_to_lark(g: &str) -> Result<String, String> {
+    // Lark rule names are lower case: `_` is written `__`, `-` `_d` and a capital `X`
+    // `_ux`, so that distinct GBNF names (`a-b` and `a_b`, `A` and `a`) stay distinct
     let name_of = |n: &str| -> String {
         if n == "root" {
-            "start".into()
-        } else {
-            format!("g_{}", n.replace('-', "_").to_lowercase())
+            return "start".into();
         }
+        let mut out = String::from("g_");
+        for c in n.chars() {
+            match c {
+                '_' => out.push_str("__"),
+                '-' => out.push_str("_d"),
+                c if c.is_ascii_uppercase() => {
+                    out.push_str("_u");
+                    out.push(c.to_ascii_lowercase());
+                }
+                c => out.push(c),
+            }
+        }
+        out
     };
     let mut out = String::new();
     let chars: Vec<char> = g.chars().collect();
@@ -457,7 +839,7 @@ pub fn gbnf_to_lark(g: &str) -> Result<String, String> {
                 i += 1;
                 let class: String = chars[start..i.min(chars.len())].iter().collect();
                 out.push('/');
-                out.push_str(&class.replace('/', "\\/"));
+                out.push_str(&lark_regex(&class));
                 out.push('/');
             }
             '{' => return Err("GBNF repetition ranges `{m,n}` are not supported".into()),
@@ -514,9 +896,18 @@ pub struct ConstrainedStream {
     /// Tokens the grammar forced, already consumed by the matcher.
     forced: VecDeque<u32>,
     sampled: u32,
+    /// Tokens handed out so far, forced ones included.
+    emitted: u64,
+    /// The request's `max_tokens`: what is left of it decides whether another structure
+    /// is opened and how soon open ones close.
+    max_tokens: Option<u64>,
     /// What the request stops on once the grammar is complete.
     eos: u32,
     done: bool,
+    /// The constraint's kind, for the failure message.
+    kind: &'static str,
+    /// Why the grammar could not be followed (see [`TokenStream::failure`]).
+    failure: Option<String>,
 }
 
 impl ConstrainedStream {
@@ -527,31 +918,16 @@ impl ConstrainedStream {
         req: &EngineCoreRequest,
         seed: u64,
     ) -> Result<Self, String> {
-        let parser = vocab
-            .factory()
-            .create_parser(grammar)
-            .map_err(|e| e.to_string())?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(e);
-        }
-        let s = stream_seed(seed, req);
-        let eos = req
-            .sampling_params
-            .as_ref()
-            .and_then(|sp| sp.eos_token_id)
-            .unwrap_or(vocab.eos);
-        Ok(ConstrainedStream {
-            matcher,
-            rng: SplitMix64(s),
-            prose: Prose::new(s ^ 0x5eed),
+        let sp = req.sampling_params.as_ref();
+        GrammarJob {
+            eos: sp.and_then(|sp| sp.eos_token_id).unwrap_or(vocab.eos),
             vocab,
-            word: VecDeque::new(),
-            forced: VecDeque::new(),
-            sampled: 0,
-            eos,
-            done: false,
-        })
+            recipe: Recipe::Grammar(grammar),
+            kind: "grammar",
+            seed: stream_seed(seed, req),
+            max_tokens: sp.and_then(|sp| sp.max_tokens).map(u64::from),
+        }
+        .compile()
     }
 
     fn unit(&mut self) -> f64 {
@@ -563,25 +939,66 @@ impl ConstrainedStream {
         self.eos
     }
 
+    /// The grammar cannot be followed any further: say why (its backend's reason, without
+    /// the parser dump llguidance appends) and end the stream.
+    fn fail(&mut self, why: &str) -> u32 {
+        let why = first_line(why);
+        let why = if why.is_empty() {
+            "the grammar allows no further token".to_string()
+        } else {
+            why
+        };
+        self.failure = Some(format!(
+            "structured outputs of kind `{}` could not be completed after {} tokens: {why} \
+             (the grammar is too large, or recursive without a way out, for the engine's grammar backend)",
+            self.kind, self.emitted
+        ));
+        self.finish()
+    }
+
+    /// Tokens left under `max_tokens` after the one being chosen.
+    fn left(&self) -> Option<u64> {
+        self.max_tokens.map(|m| m.saturating_sub(self.emitted + 1))
+    }
+
     fn pick(&mut self, mask: &SimpleVob, avoid: &[u32]) -> Option<u32> {
         let n = f64::from(self.sampled);
         let trie_eos = self.vocab.eos;
+        let left = self.left();
+        // the budget is nearly spent: close what is open as fast as the grammar allows, so
+        // the answer is complete rather than cut at `length`
+        let tight = left
+            .zip(self.max_tokens)
+            .is_some_and(|(l, m)| l < (m / 4).max(8));
         // 1. go on spelling the current word
         if let Some(&w) = self.word.front() {
-            if mask.is_allowed(w) && self.unit() < 0.9 {
+            if mask.is_allowed(w) && !tight && self.unit() < 0.9 {
                 self.word.pop_front();
                 return Some(w);
             }
             self.word.clear();
         }
-        // 2. at a word boundary, end what is open, more likely the longer the output
-        let p_end = if self.sampled > 400 {
+        let space = self.vocab.encode(" ");
+        let free_text = matches!(space[..], [t] if mask.is_allowed(t));
+        let can_end = mask.is_allowed(trie_eos) && !avoid.contains(&self.eos);
+        // 2. the grammar is complete and could go on with another structure (a further
+        //    tool call, another item): end here when one more like what was written so far
+        //    would not fit in what is left of `max_tokens`, and mostly end anyway (a model
+        //    that has made its call stops)
+        if can_end && !free_text {
+            let no_room = left.is_some_and(|l| l < self.emitted);
+            if no_room || tight || self.unit() < 0.85 {
+                return Some(trie_eos);
+            }
+        }
+        // 3. at a word boundary, end what is open, more likely the longer the output
+        let p_end = if self.sampled > 400 || tight {
             1.0
         } else {
             (0.08 + n / 60.0).min(0.95)
         };
         if self.unit() < p_end {
-            if mask.is_allowed(trie_eos) && !avoid.contains(&self.eos) {
+            if can_end {
                 return Some(trie_eos);
             }
             // a quote first: inside a string it is the only closer (a bracket there is text)
@@ -596,10 +1013,8 @@ impl ConstrainedStream {
                 }
             }
         }
-        // 3. start a new word where free text goes (the grammar takes a space here)
-        let space = self.vocab.encode(" ");
-        let free_text = matches!(space[..], [t] if mask.is_allowed(t));
-        if free_text && self.unit() < 0.75 {
+        // 4. start a new word where free text goes (the grammar takes a space here)
+        if free_text && !tight && self.unit() < 0.75 {
             let w = self.prose.next_word();
             for text in [w.as_str(), w.trim_start()] {
                 let ids = self.vocab.encode(text);
@@ -611,7 +1026,7 @@ impl ConstrainedStream {
                 }
             }
         }
-        // 4. a class of allowed tokens (letters, digits, a closer, other punctuation, …),
+        // 5. a class of allowed tokens (letters, digits, a closer, other punctuation, …),
         //    then a token of that class: short lexemes, and closing grows likelier
         let mut classes: Vec<(Class, Vec<u32>)> = Vec::new();
         mask.iter_set_entries(|t| {
@@ -642,6 +1057,12 @@ impl ConstrainedStream {
         }
         mask.first_bit_set().map(|t| t as u32)
     }
+}
+
+/// The first line of a grammar backend's error: llguidance appends its parser state and
+/// the grammar, which are no use to a client.
+fn first_line(e: &str) -> String {
+    e.lines().next().unwrap_or_default().trim().to_string()
 }
 
 /// What a token looks like, for step 4 of [`ConstrainedStream::pick`].
@@ -686,27 +1107,62 @@ impl Class {
 
 impl TokenStream for ConstrainedStream {
     fn next_token(&mut self, avoid: &[u32]) -> u32 {
+        let t = self.next_inner(avoid);
+        if self.failure.is_none() && !self.done {
+            self.emitted += 1;
+        }
+        t
+    }
+
+    fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+}
+
+impl ConstrainedStream {
+    fn next_inner(&mut self, avoid: &[u32]) -> u32 {
         if let Some(t) = self.forced.pop_front() {
             return t;
         }
-        if self.done || self.matcher.is_stopped() {
-            return self.finish();
+        if self.failure.is_some() || self.done {
+            return self.eos;
+        }
+        if self.matcher.is_stopped() {
+            // a stop the grammar reached (complete, nothing can follow) ends the answer;
+            // any other (an error, a lexer or parser past its limits) is a failure
+            let reason = self.matcher.stop_reason();
+            return match self.matcher.get_error() {
+                Some(e) => self.fail(&e),
+                None if reason.is_ok() => self.finish(),
+                None => self.fail(&format!("the grammar backend stopped ({reason})")),
+            };
         }
         let ff = self.matcher.consume_ff_tokens();
+        if let Some(e) = self.matcher.get_error() {
+            return self.fail(&e);
+        }
         if let Some((&first, rest)) = ff.split_first() {
             self.word.clear();
             self.forced.extend(rest);
             return first;
         }
+        if self.matcher.is_stopped() {
+            return self.next_inner(avoid);
+        }
         let mask = match self.matcher.compute_mask() {
             Ok(m) if !m.is_zero() => m,
-            _ => return self.finish(),
+            Ok(_) => return self.fail(""),
+            Err(e) => return self.fail(&e.to_string()),
         };
         let Some(t) = self.pick(&mask, avoid) else {
-            return self.finish();
+            return self.fail("");
         };
-        if t == self.vocab.eos || self.matcher.consume_token(t).is_err() {
+        if t == self.vocab.eos {
+            // only offered where the mask allows it: the grammar is complete
             return self.finish();
+        }
+        if let Err(e) = self.matcher.consume_token(t) {
+            return self.fail(&e.to_string());
         }
         self.sampled += 1;
         t
@@ -717,18 +1173,6 @@ impl TokenStream for ConstrainedStream {
 mod tests {
     use super::*;
     use sim_protocol::SamplingParams;
-
-    fn req(id: &str) -> EngineCoreRequest {
-        EngineCoreRequest {
-            request_id: id.into(),
-            prompt_token_ids: Some(vec![10, 11]),
-            sampling_params: Some(SamplingParams {
-                eos_token_id: Some(crate::tiny_model::EOS_TOKEN_ID),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
 
     fn so(c: Constraint) -> StructuredOutputs {
         StructuredOutputs {
@@ -754,6 +1198,308 @@ mod tests {
             ids.push(t);
         }
         (vocab.decode(&ids), false)
+    }
+
+    fn req(id: &str) -> EngineCoreRequest {
+        req_max(id, None)
+    }
+
+    fn req_max(id: &str, max_tokens: Option<u32>) -> EngineCoreRequest {
+        EngineCoreRequest {
+            request_id: id.into(),
+            prompt_token_ids: Some(vec![10, 11]),
+            sampling_params: Some(SamplingParams {
+                eos_token_id: Some(crate::tiny_model::EOS_TOKEN_ID),
+                max_tokens,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// How a stream under `max_tokens` ends, as the engine would end it.
+    #[derive(Debug, PartialEq)]
+    enum End {
+        Eos,
+        Length,
+        Failed(String),
+    }
+
+    /// Run `g` for request `id` as the engine would: to EOS, a failure or `max_tokens`.
+    fn run(g: TopLevelGrammar, id: &str, max_tokens: u32) -> (String, End) {
+        let vocab = Vocabulary::embedded();
+        let mut s =
+            ConstrainedStream::new(vocab.clone(), g, &req_max(id, Some(max_tokens)), 1).unwrap();
+        let mut ids = Vec::new();
+        while ids.len() < max_tokens as usize {
+            let t = s.next_token(&[]);
+            if let Some(why) = s.failure() {
+                return (vocab.decode(&ids), End::Failed(why.to_string()));
+            }
+            if t == crate::tiny_model::EOS_TOKEN_ID {
+                return (vocab.decode(&ids), End::Eos);
+            }
+            ids.push(t);
+        }
+        (vocab.decode(&ids), End::Length)
+    }
+
+    /// Whether the grammar accepts `text` whole (its tokens in the embedded vocabulary,
+    /// then EOS).
+    fn accepts(g: TopLevelGrammar, text: &str) -> bool {
+        let vocab = Vocabulary::embedded();
+        let parser = vocab.factory().create_parser(g).unwrap();
+        let mut m = Matcher::new(Ok(parser));
+        vocab
+            .encode(text)
+            .iter()
+            .all(|t| m.consume_token(*t).is_ok())
+            && m.is_accepting().unwrap_or(false)
+    }
+
+    fn tag_grammar(tag: &Value, tools: &PromptTools) -> TopLevelGrammar {
+        grammar_for(&so(Constraint::StructuralTag(tag.to_string())), tools)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// What vLLM 0.33's hermes tool parser builds for a strict tool (two layouts of the
+    /// call, with and without line breaks), as `triggered_tags`.
+    fn hermes_triggered(name: &str, params: Value, at_least_one: bool, first: bool) -> Value {
+        let tags: Vec<Value> = [
+            ("<tool_call>\n", "}\n</tool_call>"),
+            ("<tool_call>", "}</tool_call>"),
+        ]
+        .iter()
+        .map(|(b, e)| {
+            json!({"type": "tag", "begin": format!("{b}{{\"name\": \"{name}\", \"arguments\": "),
+                    "content": {"type": "json_schema", "json_schema": params.clone()}, "end": e})
+        })
+        .collect();
+        json!({"type": "structural_tag", "format": {"type": "triggered_tags",
+            "triggers": ["<tool_call>"], "tags": tags,
+            "at_least_one": at_least_one, "stop_after_first": first}})
+    }
+
+    fn strict_params() -> Value {
+        json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": false})
+    }
+
+    /// The calls in a hermes answer, parsed (`Err`: a call that is not valid JSON).
+    fn hermes_calls(text: &str) -> Result<Vec<Value>, String> {
+        text.split("<tool_call>")
+            .skip(1)
+            .map(|c| {
+                let body = c.split("</tool_call>").next().unwrap_or(c).trim();
+                serde_json::from_str(body).map_err(|e| format!("{e}: {text}"))
+            })
+            .collect()
+    }
+
+    /// Issue 22 H6: `tools` with `strict: true` made the frontends send a `triggered_tags`
+    /// structural tag, which was refused (HTTP 500). As xgrammar reads it: free text with
+    /// calls where a trigger starts them; `at_least_one` starts with a call;
+    /// `stop_after_first` ends after one; a tag must begin with a trigger.
+    #[test]
+    fn triggered_tags_are_text_with_calls_where_a_trigger_starts_them() {
+        let none = PromptTools::default();
+        let open = hermes_triggered("f", strict_params(), false, false);
+        let call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"x\"}}\n</tool_call>";
+        let g = || tag_grammar(&open, &none);
+        assert!(accepts(g(), "just text"));
+        assert!(accepts(g(), ""));
+        assert!(accepts(g(), &format!("Let me look. {call}")));
+        assert!(accepts(g(), &format!("{call} and {call} done")));
+        assert!(accepts(
+            g(),
+            "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"\"}}</tool_call>"
+        ));
+        // a trigger commits to a call that follows the schema
+        assert!(!accepts(g(), "text <tool_call> more text"));
+        assert!(!accepts(
+            g(),
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"b\": 1}}\n</tool_call>"
+        ));
+        assert!(!accepts(
+            g(),
+            "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"a\": \"x\"}}\n</tool_call>"
+        ));
+        let first = hermes_triggered("f", strict_params(), false, true);
+        assert!(accepts(tag_grammar(&first, &none), &format!("hm {call}")));
+        assert!(!accepts(
+            tag_grammar(&first, &none),
+            &format!("{call} more")
+        ));
+        let required = hermes_triggered("f", strict_params(), true, false);
+        assert!(accepts(
+            tag_grammar(&required, &none),
+            &format!("{call} ok {call}")
+        ));
+        assert!(!accepts(
+            tag_grammar(&required, &none),
+            &format!("hm {call}")
+        ));
+        assert!(!accepts(tag_grammar(&required, &none), "no call"));
+        let one = hermes_triggered("f", strict_params(), true, true);
+        assert!(accepts(tag_grammar(&one, &none), call));
+        assert!(!accepts(tag_grammar(&one, &none), &format!("{call} more")));
+        // excluded strings stay out of the free text
+        let mut ex = open.clone();
+        ex["format"]["excludes"] = json!(["<think>"]);
+        assert!(!accepts(tag_grammar(&ex, &none), "a <think> b"));
+        assert!(accepts(tag_grammar(&ex, &none), "a <thin b"));
+        // the legacy form (`structures` + `triggers`) means the same
+        let legacy = json!({"type": "structural_tag", "triggers": ["<tool_call>"],
+            "structures": [{"begin": "<tool_call>\n{\"name\": \"f\", \"arguments\": ",
+                            "schema": strict_params(), "end": "}\n</tool_call>"}]});
+        assert!(accepts(tag_grammar(&legacy, &none), &format!("so {call}")));
+        // a tag no trigger starts is refused with the reason
+        let mut bad = open.clone();
+        bad["format"]["triggers"] = json!(["<call>"]);
+        let e = grammar_for(&so(Constraint::StructuralTag(bad.to_string())), &none).unwrap_err();
+        assert!(e.contains("none of the triggers"), "{e}");
+        // generated: a call whose arguments follow the schema, every time
+        for i in 0..20 {
+            let (t, end) = run(tag_grammar(&one, &none), &format!("s{i}"), 300);
+            assert_eq!(end, End::Eos, "{t}");
+            let calls = hermes_calls(&t).unwrap();
+            assert_eq!(calls.len(), 1, "{t}");
+            assert_eq!(calls[0]["name"], "f");
+            assert!(calls[0]["arguments"]["a"].is_string(), "{t}");
+        }
+    }
+
+    /// Issue 22 H6: under `tool_choice: auto` the model chooses between text and a call;
+    /// the engine draws it under `--tool-call-rate`, as it does for tools without `strict`.
+    /// A call starts the answer and follows the schema; text comes from the token source.
+    #[test]
+    fn an_open_triggered_tag_is_a_call_or_text_under_the_tool_call_rate() {
+        let vocab = Vocabulary::embedded();
+        let tag = hermes_triggered("f", strict_params(), false, false);
+        let prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+        let mut r = req_max("a", Some(300));
+        r.prompt_token_ids = Some(vocab.encode(prompt));
+        r.sampling_params.as_mut().unwrap().structured_outputs = Some(rmpv::Value::Map(vec![(
+            "structural_tag".into(),
+            tag.to_string().into(),
+        )]));
+        let shaping = |rate| Shaping {
+            vocab: vocab.clone(),
+            tool_calls: ToolCalls { rate },
+        };
+        assert!(shaping(0.0).plan(&r, 1).unwrap().is_none(), "rate 0: text");
+        let mut s = shaping(1.0)
+            .stream_for(&r, 1)
+            .unwrap()
+            .expect("rate 1: a call");
+        let ids: Vec<u32> = (0..300)
+            .map(|_| s.next_token(&[]))
+            .take_while(|t| *t != crate::tiny_model::EOS_TOKEN_ID)
+            .collect();
+        let t = vocab.decode(&ids);
+        assert!(t.starts_with("<tool_call>"), "{t}");
+        assert!(
+            hermes_calls(&t).unwrap()[0]["arguments"]["a"].is_string(),
+            "{t}"
+        );
+        // after a tool's result the answer is text
+        let answered = prompt.replace("user\nhi", "tool\n<tool_response>\n{}\n</tool_response>");
+        r.prompt_token_ids = Some(vocab.encode(&answered));
+        assert!(shaping(1.0).plan(&r, 1).unwrap().is_none());
+    }
+
+    /// Issue 22 H1: a grammar the backend cannot follow (a lexer past its limits, a
+    /// required recursion) ended the answer with EOS, so it finished as `stop` with "" or
+    /// "{". It fails, with the backend's reason and the kind.
+    #[test]
+    fn a_grammar_the_backend_cannot_follow_fails_with_its_reason() {
+        let none = PromptTools::default();
+        let rx = grammar_for(&so(Constraint::Regex("a{300000}".into())), &none).unwrap();
+        let (text, end) = run(rx, "rx", 50);
+        let End::Failed(why) = end else {
+            panic!("{end:?}: {text}")
+        };
+        assert!(
+            why.contains("lexer error") && why.contains("after 0 tokens"),
+            "{why}"
+        );
+        assert!(!why.contains("<state>"), "no parser dump: {why}");
+        let recursive = r##"{"$ref": "#/$defs/n", "$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]}}}"##;
+        let g = grammar_for(&so(Constraint::JsonSchema(recursive.into())), &none).unwrap();
+        let (text, end) = run(g, "rec", 200);
+        assert!(
+            matches!(&end, End::Failed(w) if w.contains("parser error")),
+            "{end:?}: {text}"
+        );
+    }
+
+    /// Issue 22 L14: with `tool_choice: "required"` and a small `max_tokens`, the engine
+    /// opened a second call it had no room to finish (cut at `length`, unparsable). A
+    /// further call is opened only when one like the first fits, and open structures close
+    /// as the budget runs out: at 128 tokens every answer is complete calls.
+    #[test]
+    fn tool_calls_near_the_token_limit_end_after_a_complete_call() {
+        let tag = json!({"type": "structural_tag", "format": {"type": "tags_with_separator",
+            "tags": [{"type": "tag", "begin": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ",
+                      "content": {"type": "json_schema", "json_schema": true}, "end": "}\n</tool_call>"}],
+            "separator": "", "at_least_one": true, "stop_after_first": false}});
+        let mut complete = 0;
+        for i in 0..100 {
+            let (t, end) = run(tag_grammar(&tag, &weather_tools()), &format!("l{i}"), 128);
+            if end == End::Eos && hermes_calls(&t).is_ok_and(|c| !c.is_empty()) {
+                complete += 1;
+            } else {
+                assert!(
+                    !t.contains("</tool_call>"),
+                    "a second call opened without room: {t}"
+                );
+            }
+        }
+        assert!(
+            complete >= 97,
+            "{complete}/100 complete calls at max_tokens 128"
+        );
+    }
+
+    /// Issue 22 L1: a structural-tag regex with an escaped slash (`a\/b`) became
+    /// `a\\/b`, a Lark lexer error (HTTP 500). Only an unescaped `/` gets a backslash.
+    #[test]
+    fn a_structural_tag_regex_keeps_its_escaped_slashes() {
+        let none = PromptTools::default();
+        let rx =
+            json!({"type": "structural_tag", "format": {"type": "regex", "pattern": "a\\/b|c/d"}});
+        assert!(accepts(tag_grammar(&rx, &none), "a/b"));
+        assert!(accepts(tag_grammar(&rx, &none), "c/d"));
+        assert!(!accepts(tag_grammar(&rx, &none), "a\\/b"));
+    }
+
+    /// Issue 22 L2: GBNF rules `a-b` and `a_b` both became `g_a_b` ("duplicate rule",
+    /// HTTP 500). Names map to Lark without collisions (case included).
+    #[test]
+    fn gbnf_rule_names_stay_distinct_in_lark() {
+        let g = "root ::= a-b a_b A a\na-b ::= \"x\"\na_b ::= \"y\"\nA ::= [\\/]\na ::= \"z\"\n";
+        let lark = gbnf_to_lark(g).unwrap();
+        assert!(
+            accepts(TopLevelGrammar::from_lark(lark.clone()), "xy/z"),
+            "{lark}"
+        );
+    }
+
+    /// Issue 22 L3: a tag with `"end": []` generated `<a>x` with no end. It is refused with
+    /// the reason; an empty string among the ends makes the end optional.
+    #[test]
+    fn a_tag_with_an_empty_end_list_is_refused() {
+        let none = PromptTools::default();
+        let tag = json!({"type": "structural_tag", "format": {"type": "tag", "begin": "<a>",
+            "content": {"type": "const_string", "value": "x"}, "end": []}});
+        let e = grammar_for(&so(Constraint::StructuralTag(tag.to_string())), &none).unwrap_err();
+        assert!(
+            e.contains("structural_tag") && e.contains("empty `end` list"),
+            "{e}"
+        );
+        let tag = json!({"type": "structural_tag", "format": {"type": "tag", "begin": "<a>",
+            "content": {"type": "const_string", "value": "x"}, "end": ["</a>", ""]}});
+        assert!(accepts(tag_grammar(&tag, &none), "<a>x</a>"));
+        assert!(accepts(tag_grammar(&tag, &none), "<a>x"));
     }
 
     #[test]

@@ -2,12 +2,18 @@
 //! speculative burst, or a burst the latency model drew), stop checks, injected failures,
 //! logprobs, prefill stats on its first output and spec-decode metrics on its last.
 
-use sim_protocol::{EngineCoreOutput, FinishReason, PrefillStats, StopReason};
+use sim_protocol::{EngineCoreOutput, FinishReason, PrefillStats, RequestError, StopReason};
 
 use super::config::EngineConfig;
 use super::logprobs::{resolve_num_logprobs, sample_logprobs, sample_prompt_logprobs};
 use super::request::SimRequest;
 use super::spec_decode::SpecStepStats;
+
+/// The prefix of the error message of a request whose structured output failed
+/// mid-answer (its grammar could not be followed to its end). The error's code is
+/// `validation_error`, the one non-retryable code both frontends pass to the client with
+/// its message (any other reaches a vllm-rs client as a bare "Internal server error").
+pub const STRUCTURED_OUTPUT_FAILED: &str = "structured_output_failed";
 
 /// How many tokens a sampled request delivers in this step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +90,25 @@ pub fn emit_into(
             stop = Some((reason, why));
             break;
         }
-        let (t, s) = r.generate_one(cfg.max_model_len);
+        let (t, s) = match r.generate_one(cfg.max_model_len) {
+            Ok(g) => g,
+            Err(why) => {
+                // a grammar the stream could not follow to its end: an error with the
+                // reason, never `stop` on an unfinished structure
+                tracing::warn!(
+                    request_id = %r.id,
+                    output_tokens = r.num_output,
+                    "structured output failed: {why}"
+                );
+                o.error = Some(Box::new(RequestError {
+                    code: "validation_error".to_string(),
+                    message: format!("{STRUCTURED_OUTPUT_FAILED}: {why}"),
+                    retryable: false,
+                }));
+                stop = Some((FinishReason::Error, None));
+                break;
+            }
+        };
         o.new_token_ids.push(t);
         if s.is_some() {
             stop = s;

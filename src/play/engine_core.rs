@@ -23,6 +23,46 @@ pub enum EngineInput {
     Bad { client: u32, error: DecodeError },
     /// Prefill/decode: the side channel or a KV pull reports.
     Pd(super::pd::PdEvent),
+    /// A request's grammar, compiled off the engine thread (see [`Outbound::Compile`]).
+    Grammar(GrammarReady),
+}
+
+/// A grammar to compile away from the step loop: vLLM compiles structured-output grammars
+/// in a thread pool while the request waits (`WAITING_FOR_FSM`) and the others keep
+/// stepping. The engine hands the job out; the loop's side runs it and hands the result
+/// back as [`EngineInput::Grammar`] (the offline driver runs it at once, on its clock).
+#[derive(Debug)]
+pub struct GrammarCompile {
+    pub request_id: String,
+    pub job: super::constrained::GrammarJob,
+}
+
+impl GrammarCompile {
+    /// Build and compile the grammar (slow for a big one: run it on a blocking thread).
+    pub fn run(self) -> EngineInput {
+        EngineInput::Grammar(GrammarReady {
+            request_id: self.request_id,
+            result: self
+                .job
+                .compile()
+                .map(|s| Box::new(s) as Box<dyn super::tokens::TokenStream>),
+        })
+    }
+}
+
+/// A compiled grammar: the request's stream, or why it cannot be generated.
+pub struct GrammarReady {
+    pub request_id: String,
+    pub result: Result<Box<dyn super::tokens::TokenStream>, String>,
+}
+
+impl std::fmt::Debug for GrammarReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarReady")
+            .field("request_id", &self.request_id)
+            .field("result", &self.result.as_ref().map(|_| "stream"))
+            .finish()
+    }
 }
 
 /// Something the engine wants sent.
@@ -38,6 +78,9 @@ pub enum Outbound {
     /// Prefill/decode: pull a decode request's KV from its prefill engine; the answer
     /// comes back as [`EngineInput::Pd`].
     Pull(super::pd::Pull),
+    /// Compile a request's grammar off the engine thread; the result comes back as
+    /// [`EngineInput::Grammar`].
+    Compile(GrammarCompile),
 }
 
 /// Collects what one engine callback wants sent.
@@ -53,6 +96,10 @@ impl Outbox {
 
     pub fn pull(&mut self, pull: super::pd::Pull) {
         self.items.push(Outbound::Pull(pull));
+    }
+
+    pub fn compile(&mut self, job: GrammarCompile) {
+        self.items.push(Outbound::Compile(job));
     }
 }
 
@@ -325,6 +372,7 @@ mod tests {
             }
             Outbound::Dead => panic!("dead"),
             Outbound::Pull(p) => panic!("unexpected pull {p:?}"),
+            Outbound::Compile(c) => panic!("unexpected compile {c:?}"),
         }
     }
 

@@ -322,6 +322,23 @@ async fn output_task<S: SocketSend>(
             Outbound::Pull(p) => {
                 tokio::spawn(super::side_channel::pull(p, side.clone(), plane.clone()));
             }
+            Outbound::Compile(c) => {
+                // on tokio's blocking pool: a big grammar takes a while, and neither the
+                // engine's steps nor this task's sends wait for it
+                let side = side.clone();
+                tokio::spawn(async move {
+                    let request_id = c.request_id.clone();
+                    let ready = tokio::task::spawn_blocking(move || c.run())
+                        .await
+                        .unwrap_or_else(|e| {
+                            EngineInput::Grammar(super::engine_core::GrammarReady {
+                                request_id,
+                                result: Err(format!("the grammar compile failed: {e}")),
+                            })
+                        });
+                    let _ = side.send(ready);
+                });
+            }
         }
     }
     for (client, n) in failed.iter().enumerate().filter(|(_, n)| **n > 1) {

@@ -183,6 +183,12 @@ impl<E: EngineCore> OfflineDriver<E> {
                 // offline there is no prefill engine to read from: the pull succeeds at
                 // once (its time is the latency model's KV-transfer cost)
                 Outbound::Pull(p) => pulled.push(p),
+                // offline the grammar compiles at once, at the current virtual time: runs
+                // stay deterministic (the live wait for a compile is wall-clock time)
+                Outbound::Compile(c) => {
+                    let ready = c.run();
+                    self.push(self.now, ready);
+                }
             }
         }
         for p in pulled {

@@ -7,6 +7,9 @@ use super::failures::InjectedFailure;
 use super::spec_decode::RequestSpecTracker;
 use super::tokens::{SplitMix64, TokenStream};
 
+/// A token drawn by [`SimRequest::generate_one`], and the stop it triggered.
+pub type Generated = (u32, Option<(FinishReason, Option<StopReason>)>);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     Waiting,
@@ -175,20 +178,21 @@ impl SimRequest {
     }
 
     /// Draw the next token the way vLLM's sampler would see it (stop ids masked before
-    /// `min_tokens`), append it, and apply the engine's stop checks.
-    pub fn generate_one(
-        &mut self,
-        max_model_len: u64,
-    ) -> (u32, Option<(FinishReason, Option<StopReason>)>) {
+    /// `min_tokens`), append it, and apply the engine's stop checks. `Err` says why the
+    /// request's stream failed (a grammar it could not follow); nothing was appended.
+    pub fn generate_one(&mut self, max_model_len: u64) -> Result<Generated, String> {
         let avoid: &[u32] = if self.num_output < self.min_tokens {
             &self.masked_until_min
         } else {
             &[]
         };
         let t = self.stream.next_token(avoid);
+        if let Some(why) = self.stream.failure() {
+            return Err(why.to_string());
+        }
         self.num_output += 1;
         self.tokens.push(t);
-        (t, self.check_stop(t, max_model_len))
+        Ok((t, self.check_stop(t, max_model_len)))
     }
 
     /// vLLM's `check_stop` (`vllm/v1/core/sched/utils.py`): EOS, then stop token ids, then
@@ -259,7 +263,7 @@ mod tests {
     fn run(r: &mut SimRequest, mml: u64) -> (Vec<u32>, (FinishReason, Option<StopReason>)) {
         let mut out = vec![];
         loop {
-            let (t, stop) = r.generate_one(mml);
+            let (t, stop) = r.generate_one(mml).unwrap();
             out.push(t);
             if let Some(s) = stop {
                 return (out, s);

@@ -29,7 +29,7 @@ use sim_trace::stats::Samples;
 use super::batch::{Batch, StepPlan};
 use super::config::EngineConfig;
 use super::emit::{Burst, emit, emit_into};
-use super::engine_core::{EngineCore, EngineInput, Outbox};
+use super::engine_core::{EngineCore, EngineInput, GrammarCompile, GrammarReady, Outbox};
 use super::kv_events::KvEventPublisher;
 use super::pooling::{PoolingRequest, Runner};
 use super::queue_policy::QueuePolicy;
@@ -83,6 +83,16 @@ pub struct SimEngine {
     /// When an idle engine last tried to admit requests whose `--ttft-mode fixed` delay
     /// had passed.
     due_tried: Option<Instant>,
+    /// Requests waiting for their grammar to compile (vLLM's `WAITING_FOR_FSM`), by id.
+    compiling: BTreeMap<String, Compiling>,
+}
+
+/// A request whose grammar is being compiled off the step loop.
+struct Compiling {
+    client: u32,
+    req: Box<EngineCoreRequest>,
+    /// When it was taken in: its QUEUED event's time once it joins the queue.
+    queued_at: Instant,
 }
 
 /// Keeps a flood of undecodable frames from flooding the log.
@@ -156,6 +166,7 @@ impl SimEngine {
             scripts: Scripts::default(),
             bad_frames: BadFrames::default(),
             due_tried: None,
+            compiling: BTreeMap::new(),
             cfg,
         }
     }
@@ -369,7 +380,7 @@ impl SimEngine {
             }
             _ => {}
         }
-        if self.batch.contains(id) {
+        if self.batch.contains(id) || self.compiling.contains_key(id) {
             tracing::warn!(request_id = %id, "duplicate request id ignored");
             return;
         }
@@ -402,21 +413,82 @@ impl SimEngine {
         let shaped = if pooling {
             Ok(None)
         } else {
-            self.cfg.shaping.stream_for(&req, self.cfg.seed)
+            self.cfg.shaping.plan(&req, self.cfg.seed)
         };
         let stream = match shaped {
-            Ok(Some(s)) => s,
+            Ok(Some(job)) => {
+                // its grammar compiles off the step loop; it waits (not scheduled) until
+                // the grammar is ready, and the other requests keep their pace
+                let request_id = id.to_string();
+                let queued_at = self.input_taken_at(now);
+                self.compiling.insert(
+                    request_id.clone(),
+                    Compiling {
+                        client,
+                        req,
+                        queued_at,
+                    },
+                );
+                out.compile(GrammarCompile { request_id, job });
+                return;
+            }
             Ok(None) => self.tokens.stream_for(&req),
             Err(msg) => {
-                tracing::warn!(request_id = %id, "{msg}");
-                // `validation_error`: the one non-retryable code both frontends turn into
-                // an answer that carries the message (HTTP 400); any other code reaches a
-                // vllm-rs client as a bare "Internal server error"
-                let msg = format!("structured_output_unsupported: {msg}");
-                self.reject_error(out, client, id, "validation_error", msg, false, now);
+                self.reject_structured(out, client, id, msg, now);
                 return;
             }
         };
+        let queued_at = self.input_taken_at(now);
+        self.admit(client, req, stream, queued_at, now, out);
+    }
+
+    /// A request's structured outputs cannot be generated: finish it with the reason.
+    fn reject_structured(
+        &self,
+        out: &mut Outbox,
+        client: u32,
+        id: &str,
+        msg: String,
+        now: Instant,
+    ) {
+        tracing::warn!(request_id = %id, "{msg}");
+        // `validation_error`: the one non-retryable code both frontends turn into an
+        // answer that carries the message (HTTP 400); any other code reaches a vllm-rs
+        // client as a bare "Internal server error"
+        let msg = format!("structured_output_unsupported: {msg}");
+        self.reject_error(out, client, id, "validation_error", msg, false, now);
+    }
+
+    /// A request's grammar is compiled: the request joins the waiting queue (its QUEUED
+    /// event keeps its arrival), or finishes with the reason its grammar failed.
+    fn on_grammar(&mut self, ready: GrammarReady, now: Instant, out: &mut Outbox) {
+        let Some(c) = self.compiling.remove(&ready.request_id) else {
+            tracing::debug!(request_id = %ready.request_id, "grammar of an aborted request dropped");
+            return;
+        };
+        match ready.result {
+            Ok(stream) => self.admit(c.client, c.req, stream, c.queued_at, now, out),
+            Err(msg) => {
+                self.reject_structured(out, c.client, &ready.request_id, msg, now);
+                self.complete_drain(now, out);
+            }
+        }
+    }
+
+    /// Admit a validated request whose token stream is ready: replay, the P/D role,
+    /// failures and spec decoding set it up, and it joins the waiting queue as of
+    /// `queued_at`.
+    fn admit(
+        &mut self,
+        client: u32,
+        req: Box<EngineCoreRequest>,
+        stream: Box<dyn super::tokens::TokenStream>,
+        queued_at: Instant,
+        now: Instant,
+        out: &mut Outbox,
+    ) {
+        let id = req.request_id.as_str();
+        let pooling = self.cfg.runner == Runner::Pooling;
         let served = match self.replay.resolve(&req, stream, self.cfg.log_requests) {
             Ok(served) => served,
             Err(msg) => {
@@ -471,9 +543,9 @@ impl SimEngine {
             }
             Some(s) => {
                 r.script = Some(s);
-                self.batch.insert(r, self.input_taken_at(now));
+                self.batch.insert(r, queued_at);
             }
-            None => self.batch.insert(r, self.input_taken_at(now)),
+            None => self.batch.insert(r, queued_at),
         }
         if req.abort_immediately {
             // vLLM admits and aborts at once so connector cleanup runs; no output.
@@ -493,6 +565,10 @@ impl SimEngine {
 
     /// Remove a request without telling the frontend (client aborts, as vLLM does).
     fn finish_silently(&mut self, id: &str) -> bool {
+        if self.compiling.remove(id).is_some() {
+            // its grammar is still compiling: the result is dropped when it comes
+            return true;
+        }
         let Some(r) = self.batch.remove(id).or_else(|| self.scripts.remove(id)) else {
             return false;
         };
@@ -559,6 +635,16 @@ impl SimEngine {
     /// Finish every request with ABORT outputs (pause in abort mode, shutdown).
     fn abort_everything(&mut self, now: Instant, out: &mut Outbox) {
         let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
+        for (id, c) in std::mem::take(&mut self.compiling) {
+            by_client
+                .entry(c.client)
+                .or_default()
+                .push(EngineCoreOutput {
+                    request_id: id.as_str().into(),
+                    finish_reason: Some(FinishReason::Abort),
+                    ..Default::default()
+                });
+        }
         let mut all = self.batch.drain();
         all.extend(self.scripts.drain());
         for r in all {
@@ -613,7 +699,8 @@ impl SimEngine {
         let (g, prefix) = self.batch.take_stats();
         SchedulerStats {
             num_running_reqs: g.running + self.scripts.len() as u64,
-            num_waiting_reqs: g.waiting,
+            // vLLM counts a request waiting for its grammar as waiting
+            num_waiting_reqs: g.waiting + self.compiling.len() as u64,
             num_skipped_waiting_reqs: g.skipped_waiting,
             step_counter: self.step_counter,
             kv_cache_usage: g.kv_cache_usage,
@@ -756,7 +843,7 @@ impl SimEngine {
 
     /// Total requests known (waiting + running).
     pub fn num_requests(&self) -> usize {
-        self.batch.len() + self.scripts.len()
+        self.batch.len() + self.scripts.len() + self.compiling.len()
     }
 
     /// A recorded duration on this engine's clock (`--time-scale`).
@@ -894,10 +981,10 @@ impl SimEngine {
         if !matches!(self.util.pause, PauseState::Draining { .. }) {
             return;
         }
-        for (client, call_id) in self
-            .util
-            .complete_drain(self.batch.num_unheld() + self.scripts.len(), now)
-        {
+        for (client, call_id) in self.util.complete_drain(
+            self.batch.num_unheld() + self.scripts.len() + self.compiling.len(),
+            now,
+        ) {
             self.reply(out, client, call_id, Ok(Value::Nil), now);
         }
     }
@@ -937,6 +1024,7 @@ impl EngineCore for SimEngine {
             },
             EngineInput::Bad { client, error } => self.on_bad_frame(client, error, now, out),
             EngineInput::Pd(ev) => self.on_pd(ev, now, out),
+            EngineInput::Grammar(ready) => self.on_grammar(ready, now, out),
         }
     }
 
@@ -1026,7 +1114,7 @@ impl EngineCore for SimEngine {
     }
 
     fn is_idle(&self) -> bool {
-        self.batch.is_empty() && self.scripts.is_empty()
+        self.batch.is_empty() && self.scripts.is_empty() && self.compiling.is_empty()
     }
 }
 

@@ -11,6 +11,14 @@ pub trait TokenStream: Send {
     /// The next token. `avoid` lists ids the engine's sampler would mask right now (the stop
     /// ids while `min_tokens` is not reached, as vLLM's sampler does).
     fn next_token(&mut self, avoid: &[u32]) -> u32;
+
+    /// Why the stream cannot go on: set when a stream that must follow a grammar could not
+    /// (its grammar backend failed, or left no token to take). The token `next_token`
+    /// returned with it is not an answer: the engine finishes the request with an error
+    /// instead of emitting it, never with `stop` on an unfinished structure.
+    fn failure(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Creates a stream per request.
@@ -193,6 +201,10 @@ impl TokenStream for RecordedStream {
             }
             None => self.after.next_token(avoid),
         }
+    }
+
+    fn failure(&self) -> Option<&str> {
+        self.after.failure()
     }
 }
 

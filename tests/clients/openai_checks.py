@@ -393,6 +393,53 @@ def _():
     return f"{calls} calls, {texts} text answers"
 
 
+STRICT_TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string"}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@check("strict tool under auto (the Agents SDK's default): calls follow the schema, a result gets text")
+def _():
+    # issue 22 H6: the frontends turn a strict tool into a `triggered_tags` structural tag,
+    # which the engine refused (HTTP 500)
+    calls = texts = 0
+    for i in range(12):
+        msgs = user(f"time {i}")
+        r = client.chat.completions.create(
+            model=MODEL, messages=msgs, max_tokens=300, tools=[STRICT_TIME], seed=i,
+        )
+        m = r.choices[0]
+        if not m.message.tool_calls:
+            readable(m.message.content)
+            texts += 1
+            continue
+        valid_calls(m.message.tool_calls, only="get_time")
+        assert m.finish_reason == "tool_calls", m.finish_reason
+        calls += 1
+        call = m.message.tool_calls[0]
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments}}]})
+        msgs.append({"role": "tool", "tool_call_id": call.id, "content": "12:00"})
+        r = client.chat.completions.create(
+            model=MODEL, messages=msgs, max_tokens=60, tools=[STRICT_TIME], seed=i,
+        )
+        assert not r.choices[0].message.tool_calls, r.choices[0].message.tool_calls
+        readable(r.choices[0].message.content)
+    assert calls >= 2 and texts >= 2, (calls, texts)
+    return f"{calls} calls (each answered after its result), {texts} text answers"
+
+
 @check("streamed tool call: the deltas add up to a valid call")
 def _():
     s = client.chat.completions.create(

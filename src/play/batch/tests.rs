@@ -82,7 +82,7 @@ fn finish(e: &mut Bench, scheduled: &[(String, u64)]) {
         };
         if let Some(r) = e.batch.advance(slot, *n) {
             r.started = true;
-            r.generate_one(4096);
+            r.generate_one(4096).unwrap();
         }
     }
 }
