@@ -131,9 +131,11 @@ pub struct RecordArgs {
     pub connect_timeout: f64,
 
     /// Largest data-plane message the tap buffers and decodes for the trace, MiB. A larger
-    /// one is still relayed unchanged, streamed through without being buffered or decoded
-    /// (it is counted as undecodable), so a hostile frame cannot make the tap allocate
-    /// gigabytes.
+    /// one from the frontend is still relayed unchanged, streamed through without being
+    /// buffered or decoded (counted as undecodable); an engine-side connection sending a
+    /// larger one is dropped before any of it is relayed (engines' outputs share one
+    /// stream to the frontend, which a half-relayed message would corrupt). Either way a
+    /// hostile frame cannot make the tap allocate gigabytes.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_frame_size: u64,
 }
