@@ -11,9 +11,11 @@
 //! 4. Replay cost: engine CPU per token serving recorded ids against random ones.
 //! 5. Offline simulation: `inspect simulate` on the CPU-engine capture and on synthetic
 //!    workloads; simulated seconds per wall second (must be ≥ 100).
+//! 6. Grammars off the step loop: a 10 ms-ITL stream's gaps while six requests with huge
+//!    JSON schemas compile their grammars, against the same stream alone.
 //!
 //! Environment: `BENCH_QUICK=1` shrinks every run (smoke mode); `BENCH_SKIP_FRONTEND=1`
-//! skips part 3; `BENCH_ONLY=throughput,pacing,soak,replay,simulate,frontend` runs only those;
+//! skips part 3; `BENCH_ONLY=throughput,pacing,grammar,soak,replay,simulate,frontend` runs only those;
 //! `BENCH_CONCURRENCY=N` runs only that row of part 1; `BENCH_BIN=PATH` runs another build.
 
 use std::collections::HashSet;
@@ -222,6 +224,78 @@ async fn direct_run(
         },
         log,
     )
+}
+
+/// The inter-token gaps (engine timestamps, ms) of one stream at a fixed 10 ms ITL while
+/// `grammars` requests with a 60,000-entry enum schema arrive (each compiles a grammar of
+/// some hundreds of milliseconds); `grammars = 0` is the baseline. Returns the stream's
+/// gaps and the wall time until every grammar request finished.
+async fn grammar_run(grammars: usize, log: &Path) -> (Vec<f64>, f64) {
+    use rmpv::Value;
+    let line = VllmLine::new(0, 33);
+    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let engine = Engine::start(
+        fl.handshake_address(),
+        &["--inter-token-latency", "10", "--time-to-first-token", "10"],
+        log,
+    );
+    let engines = fl.accept_engines(1, Duration::from_secs(30)).await.unwrap();
+    let identity = engines[0].identity.clone();
+    let mut socks = fl.into_sockets();
+    let mut input = socks.inputs.remove(0);
+    let mut output = socks.outputs.remove(0);
+    let words: Vec<String> = (0..60_000)
+        .map(|i| format!("option-{i:06}-{}", (i * 7919) % 100_003))
+        .collect();
+    let schema = serde_json::json!({"type": "object", "properties": {"pick": {"enum": words}},
+        "required": ["pick"]})
+    .to_string();
+    let send = |r: &EngineCoreRequest| {
+        let mut frames = vec![identity.clone()];
+        frames.extend(encode_request(line, r));
+        frames
+    };
+    let stream = request("stream".into(), 16, 200);
+    send_frames(&mut input, send(&stream)).await.unwrap();
+    let mut stamps: Vec<f64> = Vec::new();
+    let mut pending: HashSet<String> = (0..grammars).map(|i| format!("g{i}")).collect();
+    let mut stream_done = false;
+    let mut sent = false;
+    let start = Instant::now();
+    let mut grammars_done_at = 0.0;
+    while !stream_done || !pending.is_empty() {
+        let frames: Vec<Bytes> = recv_frames(&mut output).await.unwrap();
+        let Ok(DecodedOutputs::Outputs(env)) = decode_outputs_for(line, &frames) else {
+            continue;
+        };
+        for o in &env.outputs {
+            if o.request_id.as_str() == "stream" {
+                stamps.push(env.timestamp);
+                stream_done |= o.finish_reason.is_some();
+            } else if o.finish_reason.is_some() && pending.remove(o.request_id.as_str()) {
+                grammars_done_at = start.elapsed().as_secs_f64();
+            }
+        }
+        // the grammars arrive once the stream is in its stride
+        if !sent && stamps.len() == 20 {
+            for i in 0..grammars {
+                let mut r = request(format!("g{i}"), 16, 8);
+                if let Some(sp) = r.sampling_params.as_mut() {
+                    sp.structured_outputs = Some(Value::Map(vec![
+                        (Value::from("json"), Value::from(schema.clone())),
+                        (Value::from("_backend"), Value::from("xgrammar")),
+                    ]));
+                }
+                send_frames(&mut input, send(&r)).await.unwrap();
+            }
+            sent = true;
+        }
+    }
+    drop(input);
+    drop(output);
+    engine.stop();
+    let gaps = stamps.windows(2).map(|p| (p[1] - p[0]) * 1e3).collect();
+    (gaps, grammars_done_at)
 }
 
 /// A capture of `n` requests with `tokens` recorded ids each, for `--replay-tokens`.
@@ -584,6 +658,33 @@ fn main() {
                 log_field(&log, "lateness_p50_us").unwrap_or(f64::NAN),
                 log_field(&log, "lateness_p99_us").unwrap_or(f64::NAN),
                 log_field(&log, "lateness_max_us").unwrap_or(f64::NAN),
+            );
+        }
+    }
+    if part("grammar") {
+        println!(
+            "\n## A stream's pace while grammars compile (10 ms ITL; 60,000-entry enum schemas)\n"
+        );
+        println!(
+            "| grammar requests | stream gaps | gap p50 ms | gap p99 ms | gap max ms | grammars done after s |"
+        );
+        println!("|---:|---:|---:|---:|---:|---:|");
+        for &g in &[0usize, 6] {
+            let (mut gaps, done) =
+                rt.block_on(grammar_run(g, &dir.join(format!("grammar-{g}.log"))));
+            gaps.sort_by(f64::total_cmp);
+            let q = |p: f64| gaps[((gaps.len() - 1) as f64 * p).round() as usize];
+            println!(
+                "| {g} | {} | {:.1} | {:.1} | {:.1} | {} |",
+                gaps.len(),
+                q(0.5),
+                q(0.99),
+                q(1.0),
+                if g == 0 {
+                    "-".to_string()
+                } else {
+                    format!("{done:.2}")
+                }
             );
         }
     }

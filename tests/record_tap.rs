@@ -604,6 +604,103 @@ async fn a_2_pow_62_frame_on_the_handshake_port_drops_only_that_peer() {
     let _ = tokio::time::timeout(WAIT, engine).await;
 }
 
+/// A stranger connects to the tap's output port as a PUSH and sends the start of a frame
+/// declaring 2^40 bytes: the tap drops that connection, nothing of it reaches the
+/// frontend, and the engine's outputs keep arriving whole (before the fix the tap spliced
+/// the partial message into the shared stream and the frontend failed every request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_2_pow_40_message_on_the_output_port_never_reaches_the_frontend() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use zeromq::{SocketRecv, SocketSend, ZmqMessage};
+    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let trace = tmp("hostile-output.jsonl");
+    let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
+    let hs = tap.engine_handshake.clone();
+    let engine = tokio::spawn(async move {
+        connect_to_frontend(
+            &hs,
+            0,
+            &ReadyResponse::default(),
+            &ConnectOptions::default(),
+        )
+        .await
+        .unwrap()
+    });
+    let accepted = fl.accept_engines(1, WAIT).await.unwrap();
+    let mut eng = engine.await.unwrap();
+    // the tap's output port, as the engine learned it from the rewritten INIT
+    let tap_output = eng.init.outputs[0].trim_start_matches("tcp://").to_string();
+    let mut stranger = tokio::net::TcpStream::connect(&tap_output).await.unwrap();
+    sim_protocol::zmtp::handshake(&mut stranger, "PUSH", None, &["PULL"])
+        .await
+        .unwrap();
+    let mut partial = vec![sim_protocol::zmtp::FLAG_LONG];
+    partial.extend_from_slice(&(1u64 << 40).to_be_bytes());
+    partial.extend_from_slice(&[7u8; 4096]);
+    let _ = stranger.write_all(&partial).await;
+    let mut sink = [0u8; 64];
+    let closed = tokio::time::timeout(WAIT, async {
+        loop {
+            match stranger.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the tap drops the stranger: {}",
+        tap.log_text()
+    );
+
+    // a request and its answer cross the tap as before
+    fl.send(
+        0,
+        &accepted[0].identity,
+        encode_input(LINE, &add("after", &[1, 2], 1)),
+    )
+    .await
+    .unwrap();
+    let _ = tokio::time::timeout(WAIT, eng.inputs[0].recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let out = EngineCoreOutputs {
+        outputs: vec![EngineCoreOutput {
+            request_id: "after".into(),
+            new_token_ids: [5].into_iter().collect(),
+            finish_reason: Some(FinishReason::Length),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let frames = encode_outputs(LINE, &out).unwrap();
+    eng.outputs[0]
+        .send(ZmqMessage::try_from(frames).unwrap())
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(WAIT, fl.recv_output(0))
+        .await
+        .expect("the answer reaches the frontend")
+        .unwrap();
+    let Ok(DecodedOutputs::Outputs(o)) = decode_outputs_for(LINE, &got) else {
+        panic!("the frontend got a message it cannot decode: {got:?}");
+    };
+    assert_eq!(o.outputs[0].request_id.as_str(), "after");
+    assert!(
+        tap.child.try_wait().unwrap().is_none(),
+        "the tap is alive: {}",
+        tap.log_text()
+    );
+    assert!(
+        tap.log_text().contains("--max-frame-size"),
+        "the drop is logged with the limit: {}",
+        tap.log_text()
+    );
+    drop(eng);
+}
+
 /// The frontend goes away: the capture ends normally (exit 0) with a valid trace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frontend_exit_ends_the_capture_cleanly() {
