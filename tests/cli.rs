@@ -637,6 +637,50 @@ fn shell_commands(line: &str) -> Vec<Vec<String>> {
 fn every_vllm_vcr_command_in_the_docs_parses() {
     use clap::Parser;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for (name, start, args) in documented_commands() {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        checked += 1;
+        match vllm_vcr::cli::Cli::try_parse_from(&args) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+                ) => {}
+            Err(e) => failures.push(format!(
+                "{name}:{start}: {}\n  {}",
+                args.join(" "),
+                e.to_string().lines().next().unwrap_or_default()
+            )),
+        }
+    }
+    assert!(
+        checked > 40,
+        "only {checked} commands found: is the extraction broken?"
+    );
+    // docs/inspect.md names the help's heading of the engine flags
+    let heading = "Engine (the flags of `play`)";
+    let help = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["inspect", "simulate", "--help"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains(&format!("{heading}:")));
+    let inspect_md = std::fs::read_to_string(root.join("docs/inspect.md")).unwrap();
+    assert!(inspect_md.contains(heading));
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} documented commands do not parse:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Every `vllm-vcr …` (or `cargo run … -- …`, as `vllm-vcr …`) command in the bash/sh
+/// blocks of README.md and docs/*.md, in file and line order: (file, line, argv).
+fn documented_commands() -> Vec<(String, usize, Vec<String>)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = vec![root.join("README.md")];
     let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
         .unwrap()
@@ -645,8 +689,7 @@ fn every_vllm_vcr_command_in_the_docs_parses() {
         .collect();
     docs.sort();
     files.extend(docs);
-    let mut checked = 0;
-    let mut failures = Vec::new();
+    let mut found = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
         let name = file.strip_prefix(root).unwrap().display().to_string();
@@ -694,43 +737,106 @@ fn every_vllm_vcr_command_in_the_docs_parses() {
                     },
                     _ => continue,
                 };
-                checked += 1;
-                match vllm_vcr::cli::Cli::try_parse_from(&args) {
-                    Ok(_) => {}
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            clap::error::ErrorKind::DisplayHelp
-                                | clap::error::ErrorKind::DisplayVersion
-                        ) => {}
-                    Err(e) => failures.push(format!(
-                        "{name}:{start}: {}\n  {}",
-                        args.join(" "),
-                        e.to_string().lines().next().unwrap_or_default()
-                    )),
-                }
+                found.push((
+                    name.clone(),
+                    start,
+                    args.iter().map(|a| a.to_string()).collect(),
+                ));
             }
         }
     }
-    assert!(
-        checked > 40,
-        "only {checked} commands found: is the extraction broken?"
-    );
-    // docs/inspect.md names the help's heading of the engine flags
-    let heading = "Engine (the flags of `play`)";
-    let help = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-        .args(["inspect", "simulate", "--help"])
-        .output()
+    found
+}
+
+/// Every offline `inspect` example in the docs runs as written, in the docs' order, in a
+/// directory that holds the files the examples name (the repo's CPU-engine capture as
+/// `trace.jsonl.gz`, its sidecar as `steps.jsonl.gz`, the Mooncake and guidellm fixtures
+/// under the names the examples use, `tests/` and `conformance/` as in the repo): each
+/// exits 0, except a `calibrate` whose gate fails, which exits 1 with its FAIL report.
+/// Left out: `--open` (a server until Ctrl-C), `calibrate-e2e` (a real frontend: its own
+/// tests run it) and placeholder synopses (`TRACE…`).
+#[test]
+fn every_offline_inspect_example_in_the_docs_runs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("vllm-vcr-doc-examples-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixtures = root.join("tests/fixtures");
+    let copy = |from: &str, to: &str| {
+        std::fs::copy(fixtures.join(from), dir.join(to)).unwrap();
+    };
+    for name in [
+        "trace.jsonl.gz",
+        "a.jsonl.gz",
+        "b.jsonl.gz",
+        "capture.jsonl.gz",
+    ] {
+        copy("cpu-engine-capture/trace.jsonl.gz", name);
+    }
+    for name in ["steps.jsonl.gz", "a-steps.jsonl.gz"] {
+        copy("cpu-engine-capture/steps.jsonl.gz", name);
+    }
+    copy("mooncake/sample.jsonl", "mooncake_trace.jsonl");
+    {
+        use std::io::Read;
+        let mut json = String::new();
+        flate2::read::GzDecoder::new(
+            std::fs::File::open(fixtures.join("guidellm/report.json.gz")).unwrap(),
+        )
+        .read_to_string(&mut json)
         .unwrap();
-    assert!(String::from_utf8_lossy(&help.stdout).contains(&format!("{heading}:")));
-    let inspect_md = std::fs::read_to_string(root.join("docs/inspect.md")).unwrap();
-    assert!(inspect_md.contains(heading));
+        std::fs::write(dir.join("report.json"), json).unwrap();
+    }
+    for linked in ["tests", "conformance"] {
+        std::os::unix::fs::symlink(root.join(linked), dir.join(linked)).unwrap();
+    }
+    let mut ran = 0;
+    let mut failures = Vec::new();
+    for (name, line, args) in documented_commands() {
+        let runnable = args.get(1).is_some_and(|a| a == "inspect")
+            && !args.iter().any(|a| {
+                a == "--open" || a == "calibrate-e2e" || a.contains('…') || a.starts_with('[')
+            });
+        if !runnable {
+            continue;
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+            .args(&args[1..])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        ran += 1;
+        // calibrate gates every run: exit 1 with a FAIL verdict is its answer, not an error
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let verdict = args.get(2).is_some_and(|a| a == "calibrate")
+            && out.status.code() == Some(1)
+            && (stdout.contains("result: FAIL") || stdout.contains("\"pass\": false"));
+        let ok = out.status.success() || verdict;
+        if !ok {
+            failures.push(format!(
+                "{name}:{line}: {} → {:?}\n  {}",
+                args.join(" "),
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .rev()
+                    .take(3)
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            ));
+        }
+    }
+    assert!(
+        ran >= 25,
+        "only {ran} examples ran: is the extraction broken?"
+    );
     assert!(
         failures.is_empty(),
-        "{} of {checked} documented commands do not parse:\n{}",
+        "{} of {ran} documented inspect examples fail:\n{}",
         failures.len(),
         failures.join("\n")
     );
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// `record` mode names the trace's model as clients send it: SERVED_MODEL_NAME before
