@@ -583,7 +583,6 @@ fn open_serves_the_file_with_cors_for_the_hosted_ui() {
 /// served to the next client.
 #[test]
 fn open_bounds_what_a_client_can_send() {
-    use std::io::{Read, Write};
     let trace = tmp("open-hostile.jsonl");
     std::fs::write(&trace, SMALL).unwrap();
     let mut child = bin()
@@ -609,6 +608,51 @@ fn open_bounds_what_a_client_can_send() {
             "{answer}"
         );
     }
+    check_served(&host, &path);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Fuzz: whatever bytes clients send the viewer server (random bytes, request lines with
+/// junk, cut-off headers), each gets an answer or a closed connection and the server
+/// keeps serving the file. 128 cases, about a second.
+#[test]
+fn open_survives_any_bytes_a_client_sends() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let trace = tmp("open-fuzz.jsonl");
+    std::fs::write(&trace, SMALL).unwrap();
+    let mut child = bin()
+        .args(["inspect", "perfetto", "--open", "--port", "0", "-o"])
+        .arg(tmp("open-fuzz.json"))
+        .arg(&trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (host, path) = served_url(&mut child);
+    let nasty = prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..4096),
+        "[A-Z]{0,8} [ -~]{0,200}( HTTP/1\\.[01])?(\r\n[ -~]{0,60}){0,8}(\r\n\r\n)?"
+            .prop_map(String::into_bytes),
+    ];
+    let mut runner = TestRunner::new(Config {
+        cases: 128,
+        ..Config::default()
+    });
+    runner
+        .run(&nasty, |bytes| {
+            let mut s = std::net::TcpStream::connect(&host).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(15)))
+                .unwrap();
+            let _ = s.write_all(&bytes);
+            let _ = s.shutdown(std::net::Shutdown::Write);
+            let mut sink = Vec::new();
+            let _ = s.read_to_end(&mut sink);
+            Ok(())
+        })
+        .unwrap();
+    assert!(child.try_wait().unwrap().is_none(), "the server died");
     check_served(&host, &path);
     let _ = child.kill();
     let _ = child.wait();
