@@ -701,6 +701,41 @@ async fn a_partial_2_pow_40_message_on_the_output_port_never_reaches_the_fronten
     drop(eng);
 }
 
+/// Each record says when the tap relayed its request (`sent_ms`) beside when the engine
+/// queued it (`arrival_ms`, never earlier).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_record_says_when_its_request_was_sent() {
+    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let trace = tmp("sent.jsonl");
+    let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
+    let (stop, rx) = watch::channel(false);
+    let engine = tokio::spawn(vllm_vcr::play::run(play_args(&tap.engine_handshake), rx));
+    let accepted = fl.accept_engines(1, WAIT).await.unwrap();
+    for id in ["s1", "s2"] {
+        fl.send(
+            0,
+            &accepted[0].identity,
+            encode_input(LINE, &add(id, &[1, 2], 4)),
+        )
+        .await
+        .unwrap();
+    }
+    collect(&mut fl, &["s1", "s2"]).await;
+    drop(fl);
+    assert!(tap.wait_exit(WAIT).success(), "{}", tap.log_text());
+    let (_, records) = read_trace(&tap.trace);
+    assert_eq!(records.len(), 2);
+    for r in &records {
+        let (sent, arrival) = (r.sent_ms.unwrap(), r.arrival_ms.unwrap());
+        assert!(
+            sent <= arrival && arrival - sent < 1000.0,
+            "sent {sent} ms, queued {arrival} ms"
+        );
+    }
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(WAIT, engine).await;
+}
+
 /// The frontend goes away: the capture ends normally (exit 0) with a valid trace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frontend_exit_ends_the_capture_cleanly() {

@@ -636,6 +636,7 @@ impl Observer {
             cached_tokens: r.cached_tokens,
             output_tokens: r.output_tokens,
             arrival_ms: Some(self.ms(arrival)),
+            sent_ms: Some(self.ms(r.relayed)),
             ttft_ms: r
                 .first_token
                 .map(|f| (((f - arrival) * 1000.0).max(0.0) * 1000.0).round() / 1000.0),

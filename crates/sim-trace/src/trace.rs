@@ -259,6 +259,12 @@ pub struct TraceRecord {
     /// (e.g. converted client reports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arrival_ms: Option<f64>,
+    /// When the frontend's request reached the engine's socket (the tap relayed its ADD),
+    /// on the same clock as `arrival_ms`. `arrival_ms` is the engine's QUEUED time, which
+    /// comes after the step in flight (vLLM's engine-core takes in requests between
+    /// steps). Absent in traces written before it was recorded, and in converted ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_ms: Option<f64>,
     /// Time to first token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<f64>,

@@ -18,6 +18,8 @@ struct Flight {
     index: usize,
     /// When it was sent, then (once its QUEUED event is seen) when the engine queued it.
     arrival: Duration,
+    /// When it was sent.
+    sent: Duration,
     queued: bool,
     prompt_tokens: u32,
     cached_tokens: Option<u32>,
@@ -100,6 +102,7 @@ impl Follower {
             Flight {
                 index,
                 arrival: at,
+                sent: at,
                 queued: false,
                 prompt_tokens: req.prompt_len() as u32,
                 cached_tokens: None,
@@ -242,6 +245,7 @@ fn finish(
         cached_tokens: f.cached_tokens,
         output_tokens: f.output_tokens,
         arrival_ms: Some(ms(f.arrival)),
+        sent_ms: Some(ms(f.sent)),
         ttft_ms: f.first_token.map(|t| ms(t.saturating_sub(f.arrival))),
         itl_ms: f.itl_ms,
         itl_tokens: f.itl_tokens,
