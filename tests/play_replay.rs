@@ -209,6 +209,63 @@ fn a_trace_of_another_configuration_is_refused_before_the_handshake() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// A latency model fitted under another configuration than the replayed capture is
+/// called out when `play` starts (without `--expect-config-hash`, which would refuse it):
+/// the capture's requests would be paced with another engine's step times.
+#[test]
+fn a_model_of_another_configuration_than_the_replayed_capture_is_called_out() {
+    use std::io::{BufRead, BufReader};
+    let dir = tmp("other-config-model");
+    let trace = fixture(&dir);
+    let capture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cpu-engine-capture");
+    let port = vllm_vcr::child::free_ports(1).unwrap()[0];
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args([
+            "play",
+            "--handshake-address",
+            &format!("tcp://127.0.0.1:{port}"),
+        ])
+        .arg("--replay-tokens")
+        .arg(&trace)
+        .arg("--latency-trace")
+        .arg(capture.join("trace.jsonl.gz"))
+        .arg("--latency-steps")
+        .arg(capture.join("steps.jsonl.gz"))
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut seen = Vec::new();
+    let found = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains("fitted on another configuration") => break line,
+            Ok(line) => seen.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("no warning in time:\n{}", seen.join("\n"));
+            }
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        found.contains("WARN") && found.contains("abc123") && found.contains("727153f7"),
+        "{found}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
     let dir = tmp("steps");

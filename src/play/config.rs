@@ -134,6 +134,27 @@ pub fn engine_inputs(e: &EngineArgs) -> Vec<Named<'_>> {
     inputs
 }
 
+/// A latency model fitted under another configuration (host, rig, engine flags: the
+/// `config_hash`) than the capture being replayed paces that capture's requests with
+/// another engine's step times: say so loudly (`--expect-config-hash` makes it an error).
+fn warn_other_config(model: &FittedModel, replay: &ReplaySetup) {
+    let replayed = replay.config_hashes();
+    let fit: Vec<String> = model
+        .meta
+        .sources
+        .iter()
+        .filter_map(|s| s.config_hash.as_ref().map(|h| h.to_ascii_lowercase()))
+        .collect();
+    if replayed.is_empty() || fit.is_empty() || fit.iter().any(|h| replayed.contains(h)) {
+        return;
+    }
+    tracing::warn!(
+        "the latency model was fitted on another configuration (config_hash {}) than the replayed capture ({}): its step times are another engine's; pass --expect-config-hash to refuse such a pairing",
+        fit.join(", "),
+        replayed.join(", ")
+    );
+}
+
 impl TryFrom<&PlayArgs> for PlayConfig {
     type Error = anyhow::Error;
 
@@ -248,6 +269,9 @@ impl PlayConfig {
         if let (Some(expected), Some(r)) = (&a.expect_config_hash, &replay) {
             // concatenated captures carry several meta lines: every one must agree
             r.check_config_hashes(expected)?;
+        }
+        if let (None, Some(m), Some(r)) = (&a.expect_config_hash, &model, &replay) {
+            warn_other_config(m, r);
         }
         let kv_events = a
             .kv_events_config

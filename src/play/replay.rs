@@ -520,6 +520,20 @@ impl ReplaySetup {
         }))
     }
 
+    /// The config hashes of every replayed file's meta lines (lower case).
+    pub fn config_hashes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for index in self.tokens.iter().chain(self.steps.iter()) {
+            let index = index.lock().unwrap_or_else(|p| p.into_inner());
+            for f in index.files() {
+                out.extend(f.config_hashes.iter().map(|h| h.to_ascii_lowercase()));
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Every meta line of every replayed file must carry `expected` as its config hash.
     pub fn check_config_hashes(&self, expected: &str) -> Result<()> {
         let expected = expected.trim().to_ascii_lowercase();
