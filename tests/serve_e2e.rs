@@ -593,6 +593,75 @@ fn a_mooncake_trace_of_long_prompts_replays_through_bench_serve_with_no_failures
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `inspect suite` drives the calibration suite's three loads through a real frontend
+/// (`serve`, vllm-rs 0.33's `bench serve`): each command is printed before it runs, every
+/// request succeeds, and the shared-prefix load shows as prefix-cache hits in the
+/// frontend's metrics.
+#[test]
+fn the_calibration_suite_runs_against_a_frontend() {
+    let mut serve = Serve::start(&["--max-model-len", "2048"]);
+    let (_, frontend_pid) = serve.wait_ready();
+    let base = format!("http://127.0.0.1:{}", serve.port);
+    let mut models = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+    write!(models, "GET /v1/models HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    models.read_to_string(&mut raw).unwrap();
+    let models: serde_json::Value =
+        serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap();
+    let model_dir = models["data"][0]["root"].as_str().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        .args(["inspect", "suite", "--base-url", &base, "--model", "tiny"])
+        .args(["--tokenizer", &model_dir])
+        .arg("--bench-bin")
+        .arg(vllm_rs("0.33.0"))
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in sim_trace::loads::CALIBRATION_SUITE {
+        let w = sim_trace::loads::workload(name).unwrap();
+        let args = w.bench_args(w.requests, 0);
+        let line = report
+            .lines()
+            .find(|l| l.contains(" bench serve ") && l.contains(&args[3]) && l.contains(&args[5]))
+            .unwrap_or_else(|| panic!("no command for {name}:\n{report}"));
+        assert!(line.contains(&format!("--base-url {base}")), "{line}");
+    }
+    let succeeded: Vec<u64> = report
+        .lines()
+        .filter_map(|l| l.strip_prefix("Successful requests:"))
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    let wanted: Vec<u64> = sim_trace::loads::CALIBRATION_SUITE
+        .iter()
+        .map(|n| u64::from(sim_trace::loads::workload(n).unwrap().requests))
+        .collect();
+    assert_eq!(succeeded, wanted, "{report}");
+    let failed: Vec<&str> = report
+        .lines()
+        .filter_map(|l| l.strip_prefix("Failed requests:"))
+        .map(str::trim)
+        .collect();
+    assert_eq!(failed, vec!["0"; 3], "{report}");
+    let mut metrics = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+    write!(metrics, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    metrics.read_to_string(&mut text).unwrap();
+    let hits: f64 = text
+        .lines()
+        .find(|l| l.starts_with("vllm:prefix_cache_hits_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(hits > 10_000.0, "prefix-cache hits {hits}");
+    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+}
+
 /// A venv of the cache (installed by `cargo xtask fetch --python --cpu-engine`, which CI's
 /// fetch stage runs): a test that needs it fails, it does not skip.
 fn cached_venv(package: &str, version: &str) -> PathBuf {

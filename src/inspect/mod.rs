@@ -17,6 +17,7 @@ pub mod perfetto;
 pub mod plot;
 pub mod progress;
 pub mod simulate;
+pub mod suite;
 pub mod summarize;
 
 use anyhow::Result;
@@ -65,6 +66,10 @@ pub enum InspectCommand {
     /// p99 per concurrency cohort and each trace's Δ % against the first (two captures of
     /// one workload, a capture and its simulation, two configurations); draw SVG figures.
     Compare(compare::CompareArgs),
+    /// Drive the calibration suite's load (a few `bench serve` runs, printed as they run)
+    /// against a frontend while `record` taps its engine: the captures a latency model for
+    /// that engine is fitted on.
+    Suite(suite::SuiteArgs),
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
@@ -78,6 +83,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         InspectCommand::Calibrate(a) => calibrate::run(&a),
         InspectCommand::CalibrateE2e(a) => calibrate_e2e::run(&a),
         InspectCommand::Compare(a) => compare::run(&a),
+        InspectCommand::Suite(a) => suite::run(&a),
     };
     match r {
         // `inspect … | head` closed our stdout: not an error.

@@ -31,6 +31,9 @@ pub struct Shape {
     /// random ids: with one that does not, some seeds fail ("encode/decode roundtrip
     /// cannot converge").
     pub cache: Option<(f64, f64)>,
+    /// A prefix of this many tokens shared by every prompt, before its own `input` tokens
+    /// (`--random-prefix-len`; sent as token ids, so any tokenizer will do). 0: none.
+    pub prefix: u32,
 }
 
 impl Shape {
@@ -41,6 +44,7 @@ impl Shape {
             output,
             range: (0.0, 0.0),
             cache: None,
+            prefix: 0,
         }
     }
 
@@ -51,7 +55,13 @@ impl Shape {
             output,
             range: (input_r, output_r),
             cache: None,
+            prefix: 0,
         }
+    }
+
+    /// Every prompt starts with the same `prefix` tokens.
+    pub const fn with_prefix(self, prefix: u32) -> Self {
+        Self { prefix, ..self }
     }
 
     /// With a prefix-cache mix.
@@ -65,12 +75,12 @@ impl Shape {
     /// The longest prompt plus answer this shape can draw, tokens.
     pub fn max_total(&self) -> u32 {
         let up = |len: u32, r: f64| (f64::from(len) * (1.0 + r)).ceil() as u32;
-        up(self.input, self.range.0) + up(self.output, self.range.1)
+        self.prefix + up(self.input, self.range.0) + up(self.output, self.range.1)
     }
 
     /// Whether every request has the same lengths.
     pub fn is_fixed(&self) -> bool {
-        self.range == (0.0, 0.0) && self.cache.is_none()
+        self.range == (0.0, 0.0) && self.cache.is_none() && self.prefix == 0
     }
 
     fn describe(&self) -> String {
@@ -88,6 +98,12 @@ impl Shape {
             len(self.input, self.range.0),
             len(self.output, self.range.1)
         );
+        if self.prefix > 0 {
+            s.push_str(&format!(
+                " after a {}-token prefix every prompt shares",
+                self.prefix
+            ));
+        }
         if let Some((hit, ratio)) = self.cache {
             s.push_str(&format!(
                 ", {:.0} % of prompts share a prefix of {:.0} % of their length",
@@ -243,7 +259,7 @@ pub const WORKLOADS: &[Workload] = &[
     ),
     load(
         "suite-prefix-poisson6",
-        Shape::varied(512, 64, 0.5, 0.5).with_cache(0.5, 0.75),
+        Shape::varied(128, 64, 0.5, 0.5).with_prefix(384),
         Arrivals::Rate {
             rate: 6.0,
             burstiness: 1.0,
@@ -523,6 +539,9 @@ impl Workload {
                         &format!(r#"{{"input":{ri},"output":{ro}}}"#),
                     ]);
                 }
+                if self.shape.prefix > 0 {
+                    push(&["--random-prefix-len", &s(self.shape.prefix)]);
+                }
                 if let Some((hit, ratio)) = self.shape.cache {
                     push(&[
                         "--random-cache-hit-fraction",
@@ -592,11 +611,16 @@ mod tests {
             a.contains(r#"--random-range-ratio {"input":0.5,"output":0.5}"#),
             "{a}"
         );
-        assert!(
-            a.contains("--random-cache-hit-fraction 0.5 --random-cache-ratio 0.75"),
-            "{a}"
-        );
+        assert!(a.contains("--random-prefix-len 384"), "{a}");
         assert!(a.contains("--request-rate 6 --burstiness 1"), "{a}");
+        let mix = workload("prefix-mix-poisson4")
+            .unwrap()
+            .bench_args(10, 0)
+            .join(" ");
+        assert!(
+            mix.contains("--random-cache-hit-fraction 0.6 --random-cache-ratio 0.5"),
+            "{mix}"
+        );
         assert!(a.contains("--seed 3"), "{a}");
         assert!(a.contains("--prompt-token-ids"), "{a}");
         let fixed = workload("concurrency-8")

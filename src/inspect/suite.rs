@@ -1,0 +1,131 @@
+//! `inspect suite`: drive the calibration suite's load against a frontend, so that a
+//! `record` tap in front of the engine captures what a model for that engine is fitted on.
+//!
+//! The suite is a short fixed set of `bench serve` loads ([`sim_trace::loads`]: lengths
+//! from short to near a 2,048-token context at 2 in flight, a batch of 12, a prefix-cache
+//! mix at 6 requests a second), the same the project's own fidelity table is fitted on.
+//! Each load's command is printed before it runs, so it can be reproduced with `vllm bench
+//! serve` (Python) as well as with `vllm-rs bench serve`; `--dry-run` only prints them.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use sim_trace::loads::{CALIBRATION_SUITE, workload};
+
+#[derive(Debug, Clone, Args)]
+pub struct SuiteArgs {
+    /// The frontend to load: its base URL (`http://host:port`), as `bench serve` takes it.
+    #[arg(long, value_name = "URL")]
+    pub base_url: String,
+
+    /// The model name the frontend serves.
+    #[arg(long)]
+    pub model: String,
+
+    /// The model's tokenizer (a local model directory or a Hugging Face id), for
+    /// `bench serve` to make prompts of the suite's lengths.
+    #[arg(long, value_name = "DIR_OR_ID")]
+    pub tokenizer: String,
+
+    /// The `vllm-rs` binary whose `bench serve` sends the load (default: `vllm-rs` on
+    /// $PATH, else the one of the default vLLM line from the cache, downloaded once).
+    #[arg(long, value_name = "PATH")]
+    pub bench_bin: Option<PathBuf>,
+
+    /// Seed of the loads' prompts and lengths.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Only these workloads of the suite (comma-separated names).
+    #[arg(long, value_delimiter = ',', value_name = "NAME,…")]
+    pub only: Vec<String>,
+
+    /// Print the commands without running them.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The `bench serve` argument lists of the selected suite workloads: (name, what it is,
+/// arguments after `bench serve`).
+pub fn commands(a: &SuiteArgs) -> Result<Vec<(&'static str, String, Vec<String>)>> {
+    for name in &a.only {
+        if !CALIBRATION_SUITE.contains(&name.as_str()) {
+            bail!(
+                "--only {name}: not a workload of the calibration suite ({})",
+                CALIBRATION_SUITE.join(", ")
+            );
+        }
+    }
+    let mut out = Vec::new();
+    for name in CALIBRATION_SUITE {
+        if !a.only.is_empty() && !a.only.iter().any(|o| o == name) {
+            continue;
+        }
+        let w = workload(name).with_context(|| format!("the suite names {name}, not declared"))?;
+        let mut args: Vec<String> = [
+            "--base-url",
+            &a.base_url,
+            "--model",
+            &a.model,
+            "--tokenizer",
+            &a.tokenizer,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(w.bench_args(w.requests, a.seed));
+        out.push((*name, w.describe(), args));
+    }
+    Ok(out)
+}
+
+/// A shell word: quoted when it holds anything a shell would read.
+fn shell_word(w: &str) -> String {
+    let plain = !w.is_empty()
+        && w.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c));
+    if plain {
+        w.to_string()
+    } else {
+        format!("'{}'", w.replace('\'', r"'\''"))
+    }
+}
+
+pub fn run(a: &SuiteArgs) -> Result<()> {
+    let commands = commands(a)?;
+    let bench = match (&a.bench_bin, a.dry_run) {
+        (Some(p), _) => p.clone(),
+        (None, true) => PathBuf::from("vllm-rs"),
+        (None, false) => crate::frontends::find_vllm_rs(None, env!("VLLM_VCR_DEFAULT_TAG"))?,
+    };
+    crate::outln!(
+        "# the calibration suite: {} load(s); run `vllm-vcr record` between the frontend and the engine while they run",
+        commands.len()
+    );
+    for (name, what, args) in &commands {
+        let line = std::iter::once(bench.display().to_string())
+            .chain(["bench".into(), "serve".into()])
+            .chain(args.iter().cloned())
+            .map(|w| shell_word(&w))
+            .collect::<Vec<_>>()
+            .join(" ");
+        crate::outln!("\n# {name}: {what}\n{line}");
+        if a.dry_run {
+            continue;
+        }
+        let status = Command::new(&bench)
+            .args(["bench", "serve"])
+            .args(args)
+            .status()
+            .with_context(|| format!("running {}", bench.display()))?;
+        if !status.success() {
+            bail!("the suite's {name} load failed ({status}); the command is above");
+        }
+    }
+    crate::outln!(
+        "\n# then stop the tap and fit: vllm-vcr inspect fit TRACE --steps SIDECAR -o model.json"
+    );
+    Ok(())
+}
