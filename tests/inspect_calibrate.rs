@@ -743,17 +743,7 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
 fn another_configuration_and_too_few_requests_are_said_plainly() {
     // the capture, stamped as another configuration's
     let other = tmp("other-config.jsonl");
-    let mut w = sim_trace::trace::TraceWriter::create_without_meta(&other).unwrap();
-    for item in sim_trace::trace::TraceReader::open(fixture("trace.jsonl.gz")).unwrap() {
-        match item.unwrap() {
-            sim_trace::trace::TraceItem::Meta(mut m) => {
-                m.config_hash = Some("0123456789abcdef".into());
-                w.write_meta(&m).unwrap();
-            }
-            sim_trace::trace::TraceItem::Record(r) => w.write_record(&r).unwrap(),
-        }
-    }
-    w.finish().unwrap();
+    support::copy_with_config_hash(&fixture("trace.jsonl.gz"), &other, "0123456789abcdef");
     let model = fixture_model();
     let base = ["--latency-trace", s(&model), "--max-num-seqs", "128"];
 

@@ -558,19 +558,26 @@ fn check_served(host: &str, path: &str) {
     assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
 }
 
-#[test]
-fn open_serves_the_file_with_cors_for_the_hosted_ui() {
-    let trace = tmp("open.jsonl");
+/// `inspect perfetto --open -o OUT` of the small trace, written as `trace_name`: the
+/// server process and the host and path it serves the file at.
+fn open_small(trace_name: &str, out: &str) -> (std::process::Child, String, String) {
+    let trace = tmp(trace_name);
     std::fs::write(&trace, SMALL).unwrap();
     let mut child = bin()
         .args(["inspect", "perfetto", "--open", "--port", "0", "-o"])
-        .arg(tmp("open out.json"))
+        .arg(tmp(out))
         .arg(&trace)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let (host, path) = served_url(&mut child);
+    (child, host, path)
+}
+
+#[test]
+fn open_serves_the_file_with_cors_for_the_hosted_ui() {
+    let (mut child, host, path) = open_small("open.jsonl", "open out.json");
     // a URL-safe name
     assert_eq!(path, "/open_out.json");
     check_served(&host, &path);
@@ -583,17 +590,7 @@ fn open_serves_the_file_with_cors_for_the_hosted_ui() {
 /// served to the next client.
 #[test]
 fn open_bounds_what_a_client_can_send() {
-    let trace = tmp("open-hostile.jsonl");
-    std::fs::write(&trace, SMALL).unwrap();
-    let mut child = bin()
-        .args(["inspect", "perfetto", "--open", "--port", "0", "-o"])
-        .arg(tmp("open-hostile.json"))
-        .arg(&trace)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (host, path) = served_url(&mut child);
+    let (mut child, host, path) = open_small("open-hostile.jsonl", "open-hostile.json");
     for hostile in [
         format!("GET /{} HTTP/1.1", "a".repeat(1 << 20)),
         format!("GET {path} HTTP/1.1\r\n{}", "X-Pad: y\r\n".repeat(100_000)),
@@ -620,17 +617,7 @@ fn open_bounds_what_a_client_can_send() {
 fn open_survives_any_bytes_a_client_sends() {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
-    let trace = tmp("open-fuzz.jsonl");
-    std::fs::write(&trace, SMALL).unwrap();
-    let mut child = bin()
-        .args(["inspect", "perfetto", "--open", "--port", "0", "-o"])
-        .arg(tmp("open-fuzz.json"))
-        .arg(&trace)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (host, path) = served_url(&mut child);
+    let (mut child, host, path) = open_small("open-fuzz.jsonl", "open-fuzz.json");
     let nasty = prop_oneof![
         proptest::collection::vec(any::<u8>(), 0..4096),
         "[A-Z]{0,8} [ -~]{0,200}( HTTP/1\\.[01])?(\r\n[ -~]{0,60}){0,8}(\r\n\r\n)?"

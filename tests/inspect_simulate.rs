@@ -1,6 +1,8 @@
 //! `inspect simulate`, through the binary: what a user sees in the summary and in the
 //! simulated trace.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -665,17 +667,7 @@ fn a_model_of_another_configuration_is_called_out() {
         .output()
         .unwrap());
     let other = tmp("other-config-trace.jsonl");
-    let mut w = sim_trace::trace::TraceWriter::create_without_meta(&other).unwrap();
-    for item in sim_trace::trace::TraceReader::open(&trace).unwrap() {
-        match item.unwrap() {
-            sim_trace::trace::TraceItem::Meta(mut m) => {
-                m.config_hash = Some("0123456789abcdef".into());
-                w.write_meta(&m).unwrap();
-            }
-            sim_trace::trace::TraceItem::Record(r) => w.write_record(&r).unwrap(),
-        }
-    }
-    w.finish().unwrap();
+    support::copy_with_config_hash(&trace, &other, "0123456789abcdef");
 
     let args = ["--latency-trace", s(&model), "--requests", "20"];
     let mut json_args = vec![s(&other), "--json"];

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use sim_protocol::decode::{DecodedOutputs, decode_input, decode_outputs_for};
 use sim_protocol::encode::{encode_input, encode_outputs};
-use sim_protocol::transport::{ConnectOptions, FrontendListener, connect_to_frontend};
+use sim_protocol::transport::{
+    ConnectOptions, EngineSockets, FrontendListener, connect_to_frontend,
+};
 use sim_protocol::{
     ENGINE_CORE_DEAD, EngineCoreEvent, EngineCoreOutput, EngineCoreOutputs, EventType,
     FinishReason, InputMessage, ReadyResponse, VllmLine,
@@ -518,13 +520,13 @@ async fn engine_killed_mid_run_leaves_a_valid_plain_trace() {
     engine_killed("killed.jsonl").await;
 }
 
-/// ENGINE_CORE_DEAD reaches the frontend unchanged, and the trace is closed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn engine_core_dead_is_relayed_and_closes_the_trace() {
-    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
-    let trace = tmp("dead.jsonl.gz");
-    let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
-    let hs = tap.engine_handshake.clone();
+/// An engine driven by hand (its sockets in the test's hands) joined through the tap at
+/// `engine_handshake`: the frontend's view of it, and its sockets.
+async fn hand_driven_engine(
+    fl: &mut FrontendListener,
+    engine_handshake: &str,
+) -> (Vec<sim_protocol::transport::AcceptedEngine>, EngineSockets) {
+    let hs = engine_handshake.to_string();
     let engine = tokio::spawn(async move {
         connect_to_frontend(
             &hs,
@@ -536,7 +538,16 @@ async fn engine_core_dead_is_relayed_and_closes_the_trace() {
         .unwrap()
     });
     let accepted = fl.accept_engines(1, WAIT).await.unwrap();
-    let mut eng = engine.await.unwrap();
+    (accepted, engine.await.unwrap())
+}
+
+/// ENGINE_CORE_DEAD reaches the frontend unchanged, and the trace is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_core_dead_is_relayed_and_closes_the_trace() {
+    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let trace = tmp("dead.jsonl.gz");
+    let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
+    let (accepted, mut eng) = hand_driven_engine(&mut fl, &tap.engine_handshake).await;
     fl.send(
         0,
         &accepted[0].identity,
@@ -615,19 +626,7 @@ async fn a_partial_2_pow_40_message_on_the_output_port_never_reaches_the_fronten
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
     let trace = tmp("hostile-output.jsonl");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
-    let hs = tap.engine_handshake.clone();
-    let engine = tokio::spawn(async move {
-        connect_to_frontend(
-            &hs,
-            0,
-            &ReadyResponse::default(),
-            &ConnectOptions::default(),
-        )
-        .await
-        .unwrap()
-    });
-    let accepted = fl.accept_engines(1, WAIT).await.unwrap();
-    let mut eng = engine.await.unwrap();
+    let (accepted, mut eng) = hand_driven_engine(&mut fl, &tap.engine_handshake).await;
     // the tap's output port, as the engine learned it from the rewritten INIT
     let tap_output = eng.init.outputs[0].trim_start_matches("tcp://").to_string();
     let mut stranger = tokio::net::TcpStream::connect(&tap_output).await.unwrap();

@@ -514,6 +514,16 @@ fn max_model_len_reaches_the_frontend_for_long_contexts() {
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
 }
 
+/// `GET /v1/models` of the frontend on `port`: the served model, its directory (`root`,
+/// the tokenizer a benchmark loads) and its `max_model_len`.
+fn served_models(port: u16) -> serde_json::Value {
+    let mut models = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(models, "GET /v1/models HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    models.read_to_string(&mut raw).unwrap();
+    serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap()
+}
+
 #[test]
 fn a_mooncake_trace_of_long_prompts_replays_through_bench_serve_with_no_failures() {
     // what a user does with a public Mooncake trace: `vllm-rs bench serve --dataset-name
@@ -551,12 +561,7 @@ fn a_mooncake_trace_of_long_prompts_replays_through_bench_serve_with_no_failures
     let (_, frontend_pid) = serve.wait_ready();
     let base = format!("http://127.0.0.1:{}", serve.port);
     // the model directory `serve` generated: the benchmark tokenizes with it
-    let mut models = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
-    write!(models, "GET /v1/models HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    models.read_to_string(&mut raw).unwrap();
-    let models: serde_json::Value =
-        serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap();
+    let models = served_models(serve.port);
     let model_dir = models["data"][0]["root"].as_str().unwrap().to_string();
     assert_eq!(models["data"][0]["max_model_len"], 131_072);
 
@@ -602,13 +607,10 @@ fn the_calibration_suite_runs_against_a_frontend() {
     let mut serve = Serve::start(&["--max-model-len", "2048"]);
     let (_, frontend_pid) = serve.wait_ready();
     let base = format!("http://127.0.0.1:{}", serve.port);
-    let mut models = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
-    write!(models, "GET /v1/models HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    models.read_to_string(&mut raw).unwrap();
-    let models: serde_json::Value =
-        serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap();
-    let model_dir = models["data"][0]["root"].as_str().unwrap().to_string();
+    let model_dir = served_models(serve.port)["data"][0]["root"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
         .args(["inspect", "suite", "--base-url", &base, "--model", "tiny"])
         .args(["--tokenizer", &model_dir])

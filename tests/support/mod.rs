@@ -268,3 +268,20 @@ pub async fn send_a_2_pow_62_frame_header(endpoint: &str, socket_type: &str) -> 
     .await
     .unwrap_or(false)
 }
+
+/// Copy the trace `from` to `to` with its meta's `config_hash` set to `hash`: the same
+/// capture, as another configuration's (host, rig, engine flags).
+pub fn copy_with_config_hash(from: &std::path::Path, to: &std::path::Path, hash: &str) {
+    use sim_trace::trace::{TraceItem, TraceReader, TraceWriter};
+    let mut w = TraceWriter::create_without_meta(to).unwrap();
+    for item in TraceReader::open(from).unwrap() {
+        match item.unwrap() {
+            TraceItem::Meta(mut m) => {
+                m.config_hash = Some(hash.into());
+                w.write_meta(&m).unwrap();
+            }
+            TraceItem::Record(r) => w.write_record(&r).unwrap(),
+        }
+    }
+    w.finish().unwrap();
+}
