@@ -1,7 +1,7 @@
 //! The committed conformance corpus is what its manifest says it is.
 //!
-//! `conformance/manifest.toml` (written by `cargo xtask corpus`, see conformance/README.md)
-//! lists every capture of the corpus. This test, which needs no engine, fails when the
+//! `conformance/manifest.toml` and `conformance/v2/manifest.toml` (written by `cargo xtask
+//! corpus`, see conformance/README.md) list every capture of the two corpora. This test, which needs no engine, fails when the
 //! corpus was edited by hand or truncated: every listed trace and step-stats sidecar
 //! exists, parses to the end and has the listed sha256; the trace meta's `config_hash` is
 //! the listed one; every trace comes from the same host CPU (meta `host_cpu`); roles are
@@ -106,7 +106,15 @@ fn manifest_parser_rejects_what_it_does_not_know() {
 
 #[test]
 fn conformance_corpus_matches_its_manifest() {
-    let dir = corpus_dir();
+    check_corpus(&corpus_dir());
+}
+
+#[test]
+fn corpus_v2_matches_its_manifest() {
+    check_corpus(&corpus_dir().join("v2"));
+}
+
+fn check_corpus(dir: &Path) {
     let path = dir.join("manifest.toml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::json;
-use sim_trace::fit::{FitInput, FittedModel, InputKind, fit, sniff};
+use sim_trace::fit::{FitInput, FitOptions, FittedModel, InputKind, fit_with, sniff};
 
 use crate::io_guard::{check_outputs, named};
 
@@ -36,6 +36,15 @@ pub struct FitArgs {
     /// Print a JSON summary of the fit on standard output.
     #[arg(long)]
     pub json: bool,
+
+    /// Fit one host speed per capture (written into the model's sources) and the law on
+    /// the captures brought to their average speed. For captures taken at different times
+    /// on a machine whose speed drifts, when each capture varies its shapes (the
+    /// calibration suite does); not for captures that each hold one shape (one
+    /// concurrency, one prompt length), whose speeds would absorb what differs between
+    /// them.
+    #[arg(long)]
+    pub per_capture_speed: bool,
 }
 
 /// What the capture rig names a sidecar next to its trace.
@@ -82,7 +91,10 @@ pub fn run(a: &FitArgs) -> Result<()> {
         }
     }
     let t = std::time::Instant::now();
-    let model = fit(&inputs).context("fitting the latency model")?;
+    let opts = FitOptions {
+        per_capture_speed: a.per_capture_speed,
+    };
+    let model = fit_with(&inputs, &opts).context("fitting the latency model")?;
     let secs = t.elapsed().as_secs_f64();
     model
         .save(&a.output)
@@ -160,10 +172,18 @@ fn report(m: &FittedModel, output: &Path, bytes: usize, secs: f64) -> String {
         (l.per_context_token_ms, "Σ decode context"),
         (l.per_burst_token_ms, "extra burst tokens"),
         (l.per_prefill_depth_ms, "Σ (d1² − d0²)/2"),
+        (l.after_prefill_ms, "Σ γ^k"),
+        (l.per_after_prefill_token_ms, "Σ P·γ^k"),
     ] {
         if c != 0.0 {
             law += &format!(" + {c}·{what}");
         }
+    }
+    if l.after_prefill_ms != 0.0 || l.per_after_prefill_token_ms != 0.0 {
+        law += &format!(
+            " (earlier prefills: P tokens k steps ago, γ = {})",
+            l.after_prefill_decay
+        );
     }
     let mut out = format!(
         "fitted {records} records → {observations} observations{} in {secs:.2} s → {} ({bytes} bytes)\n  law: {law} ms (floor {} ms)\n",

@@ -436,7 +436,10 @@ impl PlayConfig {
 
 /// `--latency-trace` / `--latency-steps`: a saved model file, or traces (with their
 /// sidecars, in order) to fit now.
-fn load_latency_model(traces: &[PathBuf], steps: &[PathBuf]) -> Result<Option<FittedModel>> {
+pub(crate) fn load_latency_model(
+    traces: &[PathBuf],
+    steps: &[PathBuf],
+) -> Result<Option<FittedModel>> {
     if traces.is_empty() {
         return Ok(None);
     }

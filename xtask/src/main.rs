@@ -24,6 +24,7 @@ mod containers;
 mod corpus;
 mod e2e;
 mod figures;
+mod heldout;
 mod http;
 mod lines;
 mod load;
@@ -121,7 +122,7 @@ commands:
              (load + engine flags; --list shows them) for each seed through the capture rig,
              into DIR/<line>/<workload>-s<seed>.{trace,steps}.jsonl.gz, and rewrite
              DIR/manifest.toml (entries of workloads not re-run are kept)
-               --out DIR       the corpus directory (default: conformance)
+               --out DIR       the corpus directory (default: conformance/v2)
                --only A,B      only these workloads (comma list; repeatable)
                --seeds N       seeds 0..N per workload (default 2: one fit, one gate)
                --requests N    requests per capture instead of each workload's own
@@ -130,7 +131,10 @@ commands:
   figures    regenerate docs/fidelity-table.md and docs/figures/ from the conformance corpus:
              a model per configuration fitted on its fit captures, every gate capture
              calibrated against it, the engine's own run-to-run distance and prefix caching
-             on/off compared (deterministic: the simulation runs on a virtual clock)
+             on/off compared; then docs/heldout-table.md from corpus v2 (a model fitted on
+             the calibration suite judged on every held-out workload, with each workload's
+             own repeat distance, a heatmap and step-class figures). Deterministic: the
+             simulation runs on a virtual clock
                --engine-bin P  the vllm-vcr binary (default: cargo build)
   cpu-engine start one real frontend in external-engine mode with the real vLLM engine-core
              for CPU behind it (installing it if needed), time engine start -> /health 200,
@@ -484,7 +488,10 @@ fn real_main() -> Result<bool> {
         }
         "corpus" => {
             let opts = corpus::Options {
-                out: args.out.clone().unwrap_or_else(|| root.join("conformance")),
+                out: args
+                    .out
+                    .clone()
+                    .unwrap_or_else(|| root.join("conformance").join("v2")),
                 only: args.only.clone(),
                 seeds: args.seeds.unwrap_or(2),
                 requests: args.requests,

@@ -19,6 +19,7 @@
 
 pub mod compare;
 mod knobs;
+mod steps;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -89,6 +90,22 @@ pub struct CalibrateArgs {
     /// distribution when the capture has multi-token chunks.
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
+
+    /// The capture's step-stats sidecar (`record --step-stats-out`): adds the step-level
+    /// check, each class of captured step (decode-only, prefill-only, mixed; decode-only
+    /// also per batch size) against durations the model draws for the same shapes, at
+    /// p10 / p50 / p90 / p99 / p99.9. Reported, not gated; a Q-Q figure per class under
+    /// --plot. Needs a fitted model (--latency-trace).
+    #[arg(long, value_name = "SIDECAR")]
+    pub steps: Option<PathBuf>,
+
+    /// Scale the model to the capture's host speed before simulating: the median of the
+    /// capture's step durations over the model's law (from --steps), printed. Captures
+    /// taken at different times run at different speeds on a shared machine; scaled, the
+    /// comparison judges the model's shape (prefill against decode, batch size, the
+    /// carry-over of prefills, scheduling) rather than the host's drift since the fit.
+    #[arg(long, requires = "steps")]
+    pub match_host_speed: bool,
 
     #[command(flatten, next_help_heading = "Engine (the flags of `play`)")]
     pub engine: EngineArgs,
@@ -202,12 +219,37 @@ pub fn run_with(
     if let Some(o) = &fit_set.other_config {
         crate::errln!("calibrate: WARNING: {}", o.describe());
     }
+    let (step_check, speed) = match &a.steps {
+        Some(sidecar) => {
+            let m = crate::play::config::load_latency_model(
+                &engine.latency_trace,
+                &engine.latency_steps,
+            )?
+            .context("--steps checks a fitted model: --latency-trace gives none")?;
+            let speed = steps::host_speed(&m, &a.trace, sidecar, a.match_host_speed)?;
+            (
+                Some(steps::check(&m, &a.trace, sidecar, engine.seed)?),
+                Some(speed),
+            )
+        }
+        None => (None, None),
+    };
+    // the model's run only: the knobs are fitted to the capture as it is
+    let mut model_engine = engine.clone();
+    if let Some(s) = speed.as_ref().filter(|s| s.applied) {
+        model_engine.time_scale = engine.time_scale / s.factor;
+        crate::errln!(
+            "calibrate: host speed: the capture's steps ran {:.3}× the model's law (median over {} steps); the model is scaled by it",
+            s.factor,
+            s.steps
+        );
+    }
     let ModelRun {
         samples: mod_samples,
         chunks: model_chunks,
         counts: model_counts,
         failed,
-    } = model(&work, &engine, &opts)?;
+    } = model(&work, &model_engine, &opts)?;
     let cap_samples: Vec<Option<&Sample>> = cap.iter().map(|c| c.sample.as_ref()).collect();
     let knobs = fit_knobs(&work, &engine, &opts, &cap_samples)?;
     let knob_samples = &knobs.samples;
@@ -298,6 +340,9 @@ pub fn run_with(
                 a.min_requests.min(10),
             )
         };
+        if let Some(c) = &step_check {
+            plots.extend(steps::plots(dir, &a.trace, c)?);
+        }
         let (cap_turns, mod_turns) = (of(0), of(1));
         if !cap_turns.is_empty() {
             let path = plot::file(dir, "ttft-per-turn.svg")?;
@@ -335,6 +380,8 @@ pub fn run_with(
         knobs: &knobs,
         cohorts: &cohorts,
         plots: &plots,
+        steps: step_check.as_ref().zip(a.steps.as_deref()),
+        speed: speed.as_ref(),
         wall: started.elapsed().as_secs_f64(),
     };
     if a.json {
@@ -395,6 +442,7 @@ pub fn check_calibrate_outputs(
     more_outputs: &[Named],
 ) -> Result<()> {
     let mut inputs = vec![named("the trace", &a.trace)];
+    inputs.extend(a.steps.iter().map(|p| named("--steps", p)));
     inputs.extend(crate::play::config::engine_inputs(&a.engine));
     inputs.extend(more_inputs.iter().cloned());
     let mut outputs: Vec<Named> = a
@@ -538,6 +586,10 @@ struct Report<'a> {
     knobs: &'a KnobFit,
     cohorts: &'a [Cohort],
     plots: &'a [PathBuf],
+    /// The step-level check and its sidecar (`--steps`).
+    steps: Option<(&'a sim_trace::fit::StepCheck, &'a Path)>,
+    /// The capture's host speed against the model (`--steps`), and whether it was applied.
+    speed: Option<&'a steps::HostSpeed>,
     wall: f64,
 }
 
@@ -617,6 +669,10 @@ impl Report<'_> {
             "failures": failures,
             "pass": failures.is_empty(),
             "plots": self.plots,
+            "steps": self.steps.map(|(c, p)| steps::json(c, p)),
+            "host_speed": self.speed.map(|s| json!({
+                "factor": s.factor, "steps": s.steps, "applied": s.applied,
+            })),
             "dump_samples": self.args.dump_samples,
             "preemptions": {
                 "modelled": self.modelled.preemptions,
@@ -742,6 +798,22 @@ impl Report<'_> {
             "\n* not gated (fewer than {} requests); ! out of tolerance: |Δ| > {} % at p50, {} % at p90, {} % at p99 (modelled against captured; the knobs are for reference)",
             a.min_requests, t[0], t[1], t[2]
         )?;
+        if let Some((c, p)) = self.steps {
+            steps::write_text(out, c, p)?;
+        }
+        if let Some(s) = self.speed {
+            writeln!(
+                out,
+                "host speed: the capture's steps ran {:.3}× the model's law (median over {} steps){}",
+                s.factor,
+                s.steps,
+                if s.applied {
+                    "; the model was scaled by it (--match-host-speed)"
+                } else {
+                    ""
+                }
+            )?;
+        }
         let failures = self.failures();
         if failures.is_empty() {
             writeln!(

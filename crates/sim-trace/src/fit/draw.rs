@@ -9,7 +9,7 @@
 //! prefilled tokens, else the closest class by ratio of sizes.
 
 use super::model::{DecodeBin, FittedModel, PrefillClass};
-use super::observe::{NF, mean_burst};
+use super::observe::{AfterPrefill, NF, mean_burst};
 use super::residual;
 use crate::latency::{LatencyModel, StepShape, StepTiming};
 
@@ -21,6 +21,8 @@ pub struct FittedLatency {
     time_scale: f64,
     /// Cumulative burst distribution: `burst_cdf[n − 1]` = P(burst ≤ n).
     burst_cdf: Vec<f64>,
+    /// The prefills of the steps paced so far, fading.
+    after: AfterPrefill,
 }
 
 impl FittedModel {
@@ -42,6 +44,7 @@ impl FittedModel {
             None => Vec::new(),
         };
         FittedLatency {
+            after: AfterPrefill::new(self.law.after_prefill_decay),
             model: self,
             rng: seed ^ 0x6669_7474_6564_0002,
             time_scale: if time_scale.is_finite() && time_scale > 0.0 {
@@ -54,15 +57,16 @@ impl FittedModel {
     }
 
     /// The law's value for a step of this shape, ms, when its decodes deliver one token
-    /// each (before the ratio is drawn).
+    /// each and no prefill ran before it (before the ratio is drawn).
     pub fn law_ms(&self, shape: &StepShape) -> f64 {
-        self.law.ms(&features(shape, None))
+        self.law.ms(&features(shape, None, [0.0; 2]))
     }
 
     /// The median duration of a step of this shape, ms, when its decodes deliver one token
-    /// each: the law times the median ratio of the step's state.
+    /// each and no prefill ran before it: the law times the median ratio of the step's
+    /// state.
     pub fn expected_ms(&self, shape: &StepShape) -> f64 {
-        self.law.ms(&features(shape, None)) * self.ratio(shape, None, 0.5)
+        self.law_ms(shape) * self.ratio(shape, None, 0.5)
     }
 
     fn decode_bin(&self, decodes: u32) -> Option<&DecodeBin> {
@@ -83,6 +87,30 @@ impl FittedModel {
                 b.tokens[1],
             ))
         })
+    }
+
+    /// The ratio at `u` of the state an observation of this kind belongs to (decodes of
+    /// `burst` tokens each for a decode step).
+    pub(crate) fn ratio_of(&self, kind: super::observe::Kind, burst: Option<u32>, u: f64) -> f64 {
+        use super::observe::Kind;
+        match kind {
+            Kind::Decode { decodes, .. } => {
+                let Some(b) = self.decode_bin(decodes) else {
+                    return 1.0;
+                };
+                let m = burst.unwrap_or(1);
+                let cell = b
+                    .cells
+                    .iter()
+                    .min_by_key(|c| (c.burst.abs_diff(m), c.burst))
+                    .expect("a bin has cells");
+                residual::inverse(&self.levels, &cell.ratio, u)
+            }
+            Kind::Prefill { per_step } => match self.prefill_class(u64::from(per_step)) {
+                Some(c) => residual::inverse(&self.levels, &c.ratio, u),
+                None => 1.0,
+            },
+        }
     }
 
     /// The ratio at `u` of the state nearest to this step, whose decodes deliver `tokens`
@@ -120,8 +148,8 @@ impl FittedModel {
 }
 
 /// The law's features for a step of this shape whose decodes deliver `tokens` (`None`:
-/// one each).
-fn features(shape: &StepShape, tokens: Option<&[u32]>) -> [f64; NF] {
+/// one each), carrying `after` from the steps before it ([`AfterPrefill::sums`]).
+fn features(shape: &StepShape, tokens: Option<&[u32]>, after: [f64; 2]) -> [f64; NF] {
     let decodes = shape.decodes.len() as f64;
     let delivered: f64 = tokens.map_or(decodes, |t| t.iter().map(|&n| f64::from(n)).sum());
     let ctx: f64 = shape.decodes.iter().map(|d| d.context as f64).sum();
@@ -143,6 +171,8 @@ fn features(shape: &StepShape, tokens: Option<&[u32]>) -> [f64; NF] {
         ctx,
         (delivered - decodes).max(0.0),
         depth,
+        after[0],
+        after[1],
     ]
 }
 
@@ -153,6 +183,10 @@ impl FittedLatency {
     }
 
     /// A uniform draw in [0, 1) (SplitMix64).
+    pub(crate) fn uniform(&mut self) -> f64 {
+        self.unit()
+    }
+
     fn unit(&mut self) -> f64 {
         self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.rng;
@@ -181,7 +215,8 @@ impl LatencyModel for FittedLatency {
         let tokens = (!decode_tokens.is_empty()).then_some(decode_tokens.as_slice());
         let u = self.unit();
         let m = &self.model;
-        let ms = m.law.ms(&features(shape, tokens)) * m.ratio(shape, tokens, u);
+        let ms = m.law.ms(&features(shape, tokens, self.after.sums())) * m.ratio(shape, tokens, u);
+        self.after.after_step(shape.prefill_tokens());
         StepTiming {
             duration: crate::latency::duration_from_ms(ms / self.time_scale),
             decode_tokens,
@@ -199,6 +234,8 @@ impl LatencyModel for FittedLatency {
             (l.per_context_token_ms, "context token"),
             (l.per_burst_token_ms, "burst token"),
             (l.per_prefill_depth_ms, "prefill token·depth"),
+            (l.after_prefill_ms, "earlier prefill step"),
+            (l.per_after_prefill_token_ms, "earlier prefill token"),
         ] {
             if c != 0.0 {
                 law += &format!(" + {c:.4e}/{what}");

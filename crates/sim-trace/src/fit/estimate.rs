@@ -94,8 +94,20 @@ fn outlier_note(obs: &[Obs], intercept: f64) -> Option<String> {
 }
 
 /// Build the model from the observations of every capture.
-pub(crate) fn build(sources: Vec<ModelSource>, obs: &[Obs], bursts: Vec<u64>) -> FittedModel {
-    let sel = regress::select(obs);
+pub(crate) fn build(
+    sources: Vec<ModelSource>,
+    obs: &[Obs],
+    bursts: Vec<u64>,
+    after_prefill_decay: f64,
+) -> FittedModel {
+    let mut sel = regress::select(obs);
+    if after_prefill_decay == 0.0 {
+        for t in sel.terms.iter_mut().filter(|t| {
+            t.term.starts_with("after_prefill") || t.term.starts_with("per_after_prefill")
+        }) {
+            t.why = "the captures fit best without a carry-over from earlier prefills".into();
+        }
+    }
     let mut notes = Vec::new();
     let mut coef = sel.coef.map(sig);
     let has_prefill = obs.iter().any(|o| matches!(o.kind, Kind::Prefill { .. }));
@@ -119,6 +131,9 @@ pub(crate) fn build(sources: Vec<ModelSource>, obs: &[Obs], bursts: Vec<u64>) ->
         per_context_token_ms: coef[4],
         per_burst_token_ms: coef[5],
         per_prefill_depth_ms: coef[6],
+        after_prefill_ms: coef[7],
+        per_after_prefill_token_ms: coef[8],
+        after_prefill_decay,
         floor_ms: sig(floor_ms),
         residual_autocorrelation: sel.rho,
         terms: sel.terms,
@@ -212,6 +227,17 @@ pub(crate) fn build(sources: Vec<ModelSource>, obs: &[Obs], bursts: Vec<u64>) ->
         prefill,
         bursts,
     }
+}
+
+/// Σ weight · (captured / law − 1)² over the observations: how well a law fits, in the
+/// fit's own (relative) terms.
+pub(crate) fn relative_rss(law: &StepLaw, obs: &[Obs]) -> f64 {
+    obs.iter()
+        .map(|o| {
+            let e = f64::from(o.y) / law.ms(&o.xf()) - 1.0;
+            f64::from(o.weight) * e * e
+        })
+        .sum()
 }
 
 /// The smallest range covering every key's range.

@@ -57,6 +57,11 @@ pub struct ModelSource {
     /// Observations the fit took from this capture (a step, or the steps of a chunked
     /// prefill).
     pub observations: u64,
+    /// How fast this capture's host ran against the law (its median captured / law
+    /// ratio; the fit set's speeds average 1): the law describes the fit set's average
+    /// host, each capture keeps its own drift here. Absent for a fit of one capture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<f64>,
 }
 
 /// Where a model came from.
@@ -88,6 +93,16 @@ pub struct StepLaw {
     /// Per prefilled token per token of depth below it: a chunk from depth `d0` to `d1`
     /// costs this × `(d1² − d0²)/2`.
     pub per_prefill_depth_ms: f64,
+    /// Per earlier step with prefill work, discounted by `after_prefill_decay` per step
+    /// since (a prefill slows the steps after it).
+    #[serde(default)]
+    pub after_prefill_ms: f64,
+    /// Per token those steps prefilled, discounted the same way.
+    #[serde(default)]
+    pub per_after_prefill_token_ms: f64,
+    /// The discount per step of the two terms above (0: no carry-over), chosen by the fit.
+    #[serde(default)]
+    pub after_prefill_decay: f64,
     /// No step is predicted faster than the fastest captured one.
     pub floor_ms: f64,
     /// Lag-1 autocorrelation of the fit's relative residuals in capture order (the
@@ -111,6 +126,8 @@ impl StepLaw {
             self.per_context_token_ms,
             self.per_burst_token_ms,
             self.per_prefill_depth_ms,
+            self.after_prefill_ms,
+            self.per_after_prefill_token_ms,
         ]
     }
 
@@ -311,6 +328,11 @@ impl FittedModel {
             ("law.per_context_token_ms", l.per_context_token_ms),
             ("law.per_burst_token_ms", l.per_burst_token_ms),
             ("law.per_prefill_depth_ms", l.per_prefill_depth_ms),
+            ("law.after_prefill_ms", l.after_prefill_ms),
+            (
+                "law.per_after_prefill_token_ms",
+                l.per_after_prefill_token_ms,
+            ),
         ];
         for (name, c) in coefficients {
             if !is_sane_ms(c) {
@@ -319,6 +341,12 @@ impl FittedModel {
                     show_number(c)
                 ));
             }
+        }
+        if !(0.0..=0.99).contains(&l.after_prefill_decay) {
+            return Err(format!(
+                "law.after_prefill_decay is {}: a discount per step must be between 0 and 0.99",
+                show_number(l.after_prefill_decay)
+            ));
         }
         if !(l.floor_ms.is_finite() && (0.0..=MAX_DURATION_MS).contains(&l.floor_ms)) {
             return Err(format!(

@@ -13,12 +13,18 @@
 //! * A step that emitted nothing at all (after the last request finished), or that
 //!   recomputed a preempted request (prefill work and no first token), is skipped: its
 //!   work is not attributable.
+//! * A prefill slows the steps after it, fading over about ten steps, more after a longer
+//!   prompt (on the CPU engine the first decode step after a 1,200-token prefill takes
+//!   10.9 ms, the twelfth 7.7 ms). Each step therefore carries the prefills before it,
+//!   discounted by `decay` per step since: `after_prefill = Σ decay^k` and
+//!   `after_prefill_tokens = Σ P·decay^k` over earlier steps with prefill work (`k` steps
+//!   ago, `P` tokens). The pacer keeps the same sums ([`AfterPrefill`]).
 
 use super::capture::{Capture, Step, UNKNOWN};
 
 /// Features of the law, in selection order: when the captures vary two terms only
 /// together, the later one is dropped.
-pub(crate) const NF: usize = 7;
+pub(crate) const NF: usize = 9;
 /// Names of the features, as the model file calls their coefficients.
 pub(crate) const TERMS: [&str; NF] = [
     "step_ms",
@@ -28,7 +34,46 @@ pub(crate) const TERMS: [&str; NF] = [
     "per_context_token_ms",
     "per_burst_token_ms",
     "per_prefill_depth_ms",
+    "after_prefill_ms",
+    "per_after_prefill_token_ms",
 ];
+
+/// The prefills before a step, discounted per step since: `[Σ decay^k, Σ P·decay^k]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct AfterPrefill {
+    decay: f64,
+    sums: [f64; 2],
+}
+
+impl AfterPrefill {
+    pub fn new(decay: f64) -> Self {
+        Self {
+            decay: if decay.is_finite() {
+                decay.clamp(0.0, 0.99)
+            } else {
+                0.0
+            },
+            sums: [0.0; 2],
+        }
+    }
+    /// What the next step carries.
+    pub fn sums(&self) -> [f64; 2] {
+        self.sums
+    }
+    /// A step ran that prefilled `tokens` (0: none).
+    pub fn after_step(&mut self, tokens: u64) {
+        let d = self.decay;
+        let work = if tokens > 0 { 1.0 } else { 0.0 };
+        self.sums = [
+            d * (self.sums[0] + work),
+            d * (self.sums[1] + tokens as f64),
+        ];
+        // a long run of decode steps: nothing left worth carrying
+        if self.sums[0] < 1e-6 {
+            self.sums = [0.0; 2];
+        }
+    }
+}
 
 /// Which residual distribution an observation belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,8 +104,8 @@ impl Obs {
     }
 }
 
-/// The features of one step.
-fn features(s: &Step, prefill_work: bool) -> [f32; NF] {
+/// The features of one step, which carries `after` ([`AfterPrefill::sums`]).
+fn features(s: &Step, prefill_work: bool, after: [f64; 2]) -> [f32; NF] {
     let decodes = s.decodes as f32;
     [
         1.0,
@@ -70,6 +115,8 @@ fn features(s: &Step, prefill_work: bool) -> [f32; NF] {
         s.ctx,
         (s.tokens.saturating_sub(s.decodes)) as f32,
         s.depth,
+        after[0] as f32,
+        after[1] as f32,
     ]
 }
 
@@ -96,16 +143,20 @@ struct Episode {
     valid: bool,
 }
 
-/// Append the observations of a capture to `out`.
-pub(crate) fn observations(cap: &Capture, out: &mut Vec<Obs>) {
+/// Append the observations of a capture to `out`, prefills fading by `decay` per step.
+pub(crate) fn observations(cap: &Capture, decay: f64, out: &mut Vec<Obs>) {
     let mut open: Option<Episode> = None;
     let mut engine = None;
+    let mut after = AfterPrefill::new(decay);
     for s in &cap.steps {
         if engine != Some(s.engine) {
             // another engine's steps: an episode does not span engines
             open = None;
             engine = Some(s.engine);
+            after = AfterPrefill::new(decay);
         }
+        let carried = after.sums();
+        after.after_step(u64::from(s.prefill));
         let outputs = s.decodes + s.firsts;
         let partial = if s.running == UNKNOWN {
             0
@@ -120,7 +171,7 @@ pub(crate) fn observations(cap: &Capture, out: &mut Vec<Obs>) {
             open = None;
             if let (Some(y), true) = (dur, s.decodes > 0) {
                 out.push(Obs {
-                    x: features(s, false),
+                    x: features(s, false, carried),
                     y,
                     weight: 1.0,
                     kind: Kind::Decode {
@@ -139,7 +190,7 @@ pub(crate) fn observations(cap: &Capture, out: &mut Vec<Obs>) {
             prefill: 0,
             valid: true,
         });
-        for (a, b) in ep.x.iter_mut().zip(features(s, true)) {
+        for (a, b) in ep.x.iter_mut().zip(features(s, true, carried)) {
             *a += b;
         }
         ep.y += dur.unwrap_or(f32::NAN);
@@ -173,6 +224,8 @@ pub(crate) fn observations(cap: &Capture, out: &mut Vec<Obs>) {
                 0.0,
                 d * g.ctx as f32,
                 d * (burst - 1) as f32,
+                0.0,
+                0.0,
                 0.0,
             ],
             y: g.ms,

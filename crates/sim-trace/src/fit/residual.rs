@@ -85,6 +85,16 @@ pub(crate) fn median(v: &mut [f32]) -> f64 {
     (f64::from(v[(n - 1) / 2]) + f64::from(v[n / 2])) / 2.0
 }
 
+/// The median of `v` (sorts it); NaN when empty.
+pub(crate) fn median_f64(v: &mut [f64]) -> f64 {
+    v.sort_unstable_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    (v[(n - 1) / 2] + v[n / 2]) / 2.0
+}
+
 /// Distance from `x` to the range `[lo, hi]` (0 inside).
 pub(crate) fn distance(x: u32, lo: u32, hi: u32) -> u32 {
     if x < lo { lo - x } else { x.saturating_sub(hi) }
