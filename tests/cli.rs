@@ -773,7 +773,7 @@ fn every_offline_inspect_example_in_the_docs_runs() {
     ] {
         copy("cpu-engine-capture/trace.jsonl.gz", name);
     }
-    for name in ["steps.jsonl.gz", "a-steps.jsonl.gz"] {
+    for name in ["steps.jsonl.gz", "a-steps.jsonl.gz", "b-steps.jsonl.gz"] {
         copy("cpu-engine-capture/steps.jsonl.gz", name);
     }
     copy("mooncake/sample.jsonl", "mooncake_trace.jsonl");
