@@ -910,3 +910,93 @@ fn the_documented_calibrate_examples_are_what_the_binary_prints() {
         "{ttft}"
     );
 }
+
+#[test]
+fn the_step_check_and_the_host_speed_judge_the_model_on_the_captured_steps() {
+    let (trace, steps) = (fixture("trace.jsonl.gz"), fixture("steps.jsonl.gz"));
+    let model = tmp("steps-model.json");
+    ok(&run(
+        "fit",
+        &[s(&trace), "--steps", s(&steps), "-o", s(&model)],
+    ));
+    // in sample: the capture ran at the model's speed, and every class of its steps is
+    // reproduced at the median
+    let (out, _) = ok(&calibrate(&[
+        s(&trace),
+        "--latency-trace",
+        s(&model),
+        "--steps",
+        s(&steps),
+        "--json",
+        // the gate's verdict on this capture is calibrate's own business (docs: 24 of
+        // 36 cells out with recorded arrivals); this test reads the step check
+        "--tolerance",
+        "100000",
+    ]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let speed = v["host_speed"]["factor"].as_f64().unwrap();
+    assert!((0.97..=1.03).contains(&speed), "{}", v["host_speed"]);
+    assert_eq!(v["host_speed"]["applied"], false);
+    let classes = v["steps"]["classes"].as_array().unwrap();
+    let decode = classes
+        .iter()
+        .find(|c| c["class"] == "decode-only")
+        .expect("a decode-only class");
+    assert!(decode["steps"].as_u64().unwrap() > 1000, "{decode}");
+    let p50 = decode["delta_pct"][1].as_f64().unwrap();
+    assert!(p50.abs() < 5.0, "decode-only p50 {p50:+.1} %");
+    assert!(classes.iter().any(|c| c["class"] == "mixed"), "{classes:?}");
+
+    // the same capture judged against a model 25 % too fast: the host speed says so, and
+    // --match-host-speed brings the simulated TTFT and ITL back to the capture's
+    let fast = tmp("steps-model-fast.json");
+    let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&model).unwrap()).unwrap();
+    for k in [
+        "step_ms",
+        "per_decode_ms",
+        "per_prefill_token_ms",
+        "floor_ms",
+    ] {
+        let x = m["law"][k].as_f64().unwrap();
+        m["law"][k] = json!(x * 0.8);
+    }
+    std::fs::write(&fast, serde_json::to_string(&m).unwrap()).unwrap();
+    let pooled = |args: &[&str]| -> (f64, [f64; 2]) {
+        let (out, _) = text(&calibrate(args));
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let all = v["cohorts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["cohort"] == "all")
+            .unwrap()
+            .clone();
+        (
+            v["host_speed"]["factor"].as_f64().unwrap(),
+            [
+                all["ttft_ms"]["modelled_delta_pct"]["p50"]
+                    .as_f64()
+                    .unwrap(),
+                all["itl_ms"]["modelled_delta_pct"]["p50"].as_f64().unwrap(),
+            ],
+        )
+    };
+    let base = [
+        s(&trace),
+        "--latency-trace",
+        s(&fast),
+        "--steps",
+        s(&steps),
+        "--json",
+    ];
+    let (speed, raw) = pooled(&base);
+    assert!((1.2..=1.3).contains(&speed), "host speed {speed}");
+    assert!(
+        raw[1] < -15.0,
+        "a 20 % faster law gives a faster ITL: {raw:?}"
+    );
+    let mut matched = base.to_vec();
+    matched.push("--match-host-speed");
+    let (_, fixed) = pooled(&matched);
+    assert!(fixed[0].abs() < 5.0 && fixed[1].abs() < 5.0, "{fixed:?}");
+}

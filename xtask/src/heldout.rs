@@ -307,7 +307,8 @@ pub fn render(rows: &[Row], heatmap: &str, step_figures: &dyn Fn(&str) -> Vec<St
         s,
         "\n## Step classes\n\n\
          `calibrate --steps`: each class of captured step against durations the suite's\n\
-         model draws for the same shapes, Δ % at p10 / p50 / p90 / p99 / p99.9 (n steps).\n"
+         model draws for the same shapes, speed-matched, Δ % at p10 / p50 / p90 / p99 /\n\
+         p99.9 (n steps).\n"
     );
     let _ = writeln!(s, "| workload | decode-only | prefill-only | mixed |");
     let _ = writeln!(s, "|---|---|---|---|");

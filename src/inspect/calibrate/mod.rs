@@ -227,10 +227,9 @@ pub fn run_with(
             )?
             .context("--steps checks a fitted model: --latency-trace gives none")?;
             let speed = steps::host_speed(&m, &a.trace, sidecar, a.match_host_speed)?;
-            (
-                Some(steps::check(&m, &a.trace, sidecar, engine.seed)?),
-                Some(speed),
-            )
+            let scale = if speed.applied { speed.factor } else { 1.0 };
+            let check = steps::check(&m, &a.trace, sidecar, scale, engine.seed)?;
+            (Some(check), Some(speed))
         }
         None => (None, None),
     };

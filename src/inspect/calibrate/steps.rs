@@ -15,13 +15,20 @@ use sim_trace::fit::{CHECK_LEVELS, FitInput, FittedModel, StepCheck};
 
 use crate::inspect::plot;
 
-/// Run the check of `model` on `trace` with its `sidecar`.
-pub fn check(model: &FittedModel, trace: &Path, sidecar: &Path, seed: u64) -> Result<StepCheck> {
+/// Run the check of `model`, its durations multiplied by `scale`, on `trace` with its
+/// `sidecar`.
+pub fn check(
+    model: &FittedModel,
+    trace: &Path,
+    sidecar: &Path,
+    scale: f64,
+    seed: u64,
+) -> Result<StepCheck> {
     let input = FitInput {
         trace: trace.to_path_buf(),
         steps: Some(sidecar.to_path_buf()),
     };
-    sim_trace::fit::check_steps(model, &input, seed)
+    sim_trace::fit::check_steps(model, &input, scale, seed)
         .with_context(|| format!("--steps {}: the step-level check", sidecar.display()))
 }
 

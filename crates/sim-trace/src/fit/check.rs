@@ -86,10 +86,13 @@ pub struct StepCheck {
 }
 
 /// Check `model` against the steps of `input` (a trace with its sidecar: without one, only
-/// the decode gaps of the trace's records are seen). Draws are seeded by `seed`.
+/// the decode gaps of the trace's records are seen), every modelled duration multiplied by
+/// `scale` (1, or the capture's [`host_speed`] to judge the model's shape). Draws are
+/// seeded by `seed`.
 pub fn check_steps(
     model: &FittedModel,
     input: &FitInput,
+    scale: f64,
     seed: u64,
 ) -> Result<StepCheck, FitError> {
     let cap = capture::read(input)?;
@@ -105,7 +108,7 @@ pub fn check_steps(
             Kind::Decode { burst, .. } => Some(burst),
             Kind::Prefill { .. } => None,
         };
-        let modelled = model.law.ms(&o.xf()) * model.ratio_of(o.kind, burst, u);
+        let modelled = scale * model.law.ms(&o.xf()) * model.ratio_of(o.kind, burst, u);
         let e = by.entry(StepClass::of(o)).or_default();
         e.0.push(f64::from(o.y));
         e.1.push(modelled);
