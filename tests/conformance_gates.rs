@@ -18,6 +18,8 @@
 //! p99). Which cells are gated, and why the others are not, is [`GATED`]'s table and
 //! docs/fidelity.md. Every cell is printed, gated or not.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -185,12 +187,7 @@ fn gated(workload: &str, metric: &str, q: &str) -> bool {
 /// quantiles, as `inspect calibrate` computes them: `inspect compare --json`).
 fn distance(a: &str, b: &str) -> BTreeMap<(&'static str, &'static str), f64> {
     let v = json_of(&["inspect", "compare", a, b, "--json"]);
-    let all = v["cohorts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["cohort"] == "all")
-        .unwrap();
+    let all = support::pooled_cohort(&v);
     let mut out = BTreeMap::new();
     for m in METRICS {
         for q in QUANTILES {
@@ -308,12 +305,7 @@ fn the_fitted_models_reproduce_unseen_captures_within_the_engines_own_noise() {
             "the gate trace must not be in the fit set: {}",
             v["fit_set"]
         );
-        let all = v["cohorts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["cohort"] == "all")
-            .unwrap();
+        let all = support::pooled_cohort(&v);
         let mut line = format!("{:<26} n={:<4}", g.workload, all["requests"]);
         for m in METRICS {
             line.push_str(&format!("  {m}"));
@@ -545,12 +537,7 @@ fn a_model_fitted_on_the_calibration_suite_predicts_the_held_out_shapes() {
         ];
         args.extend(gate.calibrate_args.split_whitespace());
         let v = json_of(&args);
-        let all = v["cohorts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["cohort"] == "all")
-            .unwrap();
+        let all = support::pooled_cohort(&v);
         let mut line = format!(
             "{w:<26} n={:<4} host speed {:.2}",
             all["requests"],

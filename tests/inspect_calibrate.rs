@@ -964,13 +964,7 @@ fn the_step_check_and_the_host_speed_judge_the_model_on_the_captured_steps() {
     let pooled = |args: &[&str]| -> (f64, [f64; 2]) {
         let (out, _) = text(&calibrate(args));
         let v: Value = serde_json::from_str(&out).unwrap();
-        let all = v["cohorts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["cohort"] == "all")
-            .unwrap()
-            .clone();
+        let all = support::pooled_cohort(&v).clone();
         (
             v["host_speed"]["factor"].as_f64().unwrap(),
             [

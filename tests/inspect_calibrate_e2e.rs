@@ -4,6 +4,8 @@
 //! agree with the offline one (`calibrate`, same model, same requests): the live stack
 //! runs the same engine on the wall clock. ~10 s.
 
+mod support;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -31,12 +33,7 @@ fn stderr(o: &Output) -> String {
 }
 
 fn pooled(v: &Value, metric: &str, q: &str) -> f64 {
-    let all = v["cohorts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["cohort"] == "all")
-        .unwrap();
+    let all = support::pooled_cohort(v);
     all[metric]["modelled_delta_pct"][q].as_f64().unwrap()
 }
 

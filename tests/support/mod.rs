@@ -285,3 +285,12 @@ pub fn copy_with_config_hash(from: &std::path::Path, to: &std::path::Path, hash:
     }
     w.finish().unwrap();
 }
+
+/// The pooled cohort (`"all"`) of an `inspect calibrate --json` or `inspect compare --json`
+/// report.
+pub fn pooled_cohort(report: &serde_json::Value) -> &serde_json::Value {
+    report["cohorts"]
+        .as_array()
+        .and_then(|c| c.iter().find(|x| x["cohort"] == "all"))
+        .unwrap_or_else(|| panic!("no pooled cohort in {report}"))
+}

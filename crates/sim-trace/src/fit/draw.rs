@@ -98,19 +98,23 @@ impl FittedModel {
                 let Some(b) = self.decode_bin(decodes) else {
                     return 1.0;
                 };
-                let m = burst.unwrap_or(1);
-                let cell = b
-                    .cells
-                    .iter()
-                    .min_by_key(|c| (c.burst.abs_diff(m), c.burst))
-                    .expect("a bin has cells");
-                residual::inverse(&self.levels, &cell.ratio, u)
+                self.bin_ratio(b, burst.unwrap_or(1), u)
             }
             Kind::Prefill { per_step } => match self.prefill_class(u64::from(per_step)) {
                 Some(c) => residual::inverse(&self.levels, &c.ratio, u),
                 None => 1.0,
             },
         }
+    }
+
+    /// The ratio at `u` of the cell of bin `b` nearest to a mean burst of `burst` tokens.
+    fn bin_ratio(&self, b: &DecodeBin, burst: u32, u: f64) -> f64 {
+        let cell = b
+            .cells
+            .iter()
+            .min_by_key(|c| (c.burst.abs_diff(burst), c.burst))
+            .expect("a bin has cells");
+        residual::inverse(&self.levels, &cell.ratio, u)
     }
 
     /// The ratio at `u` of the state nearest to this step, whose decodes deliver `tokens`
@@ -121,12 +125,7 @@ impl FittedModel {
         let from_class = |c: &PrefillClass| residual::inverse(&self.levels, &c.ratio, u);
         let from_bin = |b: &DecodeBin| {
             let m = tokens.map_or(1, |t| mean_burst(t.iter().sum(), decodes));
-            let cell = b
-                .cells
-                .iter()
-                .min_by_key(|c| (c.burst.abs_diff(m), c.burst))
-                .expect("a bin has cells");
-            residual::inverse(&self.levels, &cell.ratio, u)
+            self.bin_ratio(b, m, u)
         };
         if prefill > 0 {
             if let Some(c) = self.prefill_class(prefill) {
