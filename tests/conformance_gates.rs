@@ -72,13 +72,13 @@ const QUANTILES: [&str; 3] = ["p50", "p90", "p99"];
 /// Not gated today (docs/fidelity.md has the table and the reasons): every ITL p99 (the
 /// engine's own ITL p99 moved 13 % between two identical runs); concurrency 16's TTFT
 /// p50/p90 and total p50 (its two runs differ by 38 % and 10 %), concurrency 4's total
-/// p99 (10.2 %); concurrency 1's TTFT
-/// p99 and total p90/p99 (−8.6, −7.2, −14.7 %: 97 requests); poisson's total p90
-/// (−7.7 %); bursts' TTFT p50/p90, ITL p90, total p90 (−5.6 … −11.4 %); the ITL p50 of
+/// p99 (10.2 %); concurrency 1's TTFT p99 and total p90/p99 (−8.7, −7.4, −14.9 %: 97
+/// requests); bursts' TTFT p50/p90, ITL p90, total p90 (−5.2 … −11.8 %); the ITL p50 of
 /// sessions (+8.3 %: its two captures' own ITL medians differ by 9 %);
-/// sessions-no-prefix-cache's TTFT p50/p99, ITL p90 and totals (−15, −7, +8.5, +7, −16 %);
-/// and spec-ngram's TTFT p50/p90 and total p90/p99 (−29, −6, −11, −11 %: one capture of
-/// its configuration to fit).
+/// sessions-no-prefix-cache's TTFT p50/p99, ITL p90 and totals (−15, −7, +8.4, +7, −15 %);
+/// and spec-ngram's TTFT p50/p90 and total p90/p99 (−30, −7, −11, −12 %: one capture of
+/// its configuration to fit). Poisson's total p90 came within with the prefill
+/// carry-over terms (−7.7 → −3.9 %) and is gated.
 /// A metric and its gated quantiles.
 type Cells = &'static [(&'static str, &'static [&'static str])];
 
@@ -128,7 +128,7 @@ const GATED: &[(&str, Cells)] = &[
         &[
             ("ttft_ms", &["p50", "p90", "p99"]),
             ("itl_ms", &["p50", "p90"]),
-            ("request_total_ms", &["p50", "p99"]),
+            ("request_total_ms", &["p50", "p90", "p99"]),
         ],
     ),
     (
@@ -358,7 +358,7 @@ fn the_fitted_models_reproduce_unseen_captures_within_the_engines_own_noise() {
         "Δ % modelled against captured, p50 p90 p99 (* gated and within tolerance, ! gated and out):\n{}",
         report.join("\n")
     );
-    assert!(gated_cells >= 55, "only {gated_cells} cells gated");
+    assert!(gated_cells >= 59, "only {gated_cells} cells gated");
     eprintln!("{gated_cells} cells gated");
     assert!(
         failed.is_empty(),
