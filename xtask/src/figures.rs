@@ -167,7 +167,7 @@ pub fn run(root: &Path, engine: &Path) -> Result<()> {
     Ok(())
 }
 
-fn run_quiet(cmd: &mut Command, what: &str) -> Result<()> {
+pub(crate) fn run_quiet(cmd: &mut Command, what: &str) -> Result<()> {
     let out = cmd.output().with_context(|| format!("running {what}"))?;
     if !out.status.success() {
         bail!(
@@ -181,7 +181,7 @@ fn run_quiet(cmd: &mut Command, what: &str) -> Result<()> {
 
 /// The JSON a command prints (calibrate exits 1 when a cell is out of its default
 /// tolerance: the JSON is still the result).
-fn json_of(cmd: &mut Command, what: &str) -> Result<Value> {
+pub(crate) fn json_of(cmd: &mut Command, what: &str) -> Result<Value> {
     let out = cmd.output().with_context(|| format!("running {what}"))?;
     serde_json::from_slice(&out.stdout).with_context(|| {
         format!(

@@ -20,6 +20,7 @@ use serde_json::Value;
 use sim_trace::loads::{CALIBRATION_SUITE, WORKLOADS};
 
 use crate::corpus::{self, Entry};
+use crate::figures::{json_of, run_quiet};
 
 pub const METRICS: [(&str, &str); 3] = [
     ("ttft_ms", "TTFT"),
@@ -82,18 +83,6 @@ fn all_cohort(v: &Value) -> &Value {
         .unwrap_or(&Value::Null)
 }
 
-fn json_of(cmd: &mut Command, what: &str) -> Result<Value> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {what}: {cmd:?}"))?;
-    serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "{what}: not JSON ({cmd:?}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
 fn fit(engine: &Path, dir: &Path, fit: &[&Entry], out: &Path) -> Result<()> {
     let mut cmd = Command::new(engine);
     cmd.args(["inspect", "fit", "--per-capture-speed"])
@@ -102,14 +91,7 @@ fn fit(engine: &Path, dir: &Path, fit: &[&Entry], out: &Path) -> Result<()> {
         .args(fit.iter().map(|e| dir.join(&e.steps)))
         .arg("-o")
         .arg(out);
-    let o = cmd.output().context("running inspect fit")?;
-    if !o.status.success() {
-        bail!(
-            "inspect fit failed ({cmd:?}): {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    Ok(())
+    run_quiet(&mut cmd, "inspect fit")
 }
 
 fn calibrate(

@@ -145,16 +145,7 @@ pub fn host_speed(model: &FittedModel, input: &FitInput) -> Result<(f64, u64), F
     let cap = capture::read(input)?;
     let mut obs = Vec::new();
     observe::observations(&cap, model.law.after_prefill_decay, &mut obs);
-    let mut r: Vec<f64> = obs
-        .iter()
-        .map(|o| f64::from(o.y) / model.law.ms(&o.xf()))
-        .filter(|r| r.is_finite() && *r > 0.0)
-        .collect();
-    if r.is_empty() {
-        return Err(FitError::NoSteps);
-    }
-    let n = r.len() as u64;
-    Ok((residual::median_f64(&mut r), n))
+    super::estimate::median_speed(&model.law, obs.iter().map(|o| (o.y, o))).ok_or(FitError::NoSteps)
 }
 
 fn mean(v: &[f64]) -> f64 {

@@ -240,6 +240,20 @@ pub(crate) fn relative_rss(law: &StepLaw, obs: &[Obs]) -> f64 {
         .sum()
 }
 
+/// How fast a capture ran against `law`: the median of its captured / law ratios over the
+/// given (captured duration, observation) pairs, and how many it rests on; `None` when
+/// none is usable. One measure for a fit's per-capture speeds and a judged capture's.
+pub(crate) fn median_speed<'a>(
+    law: &StepLaw,
+    obs: impl Iterator<Item = (f32, &'a Obs)>,
+) -> Option<(f64, u64)> {
+    let mut r: Vec<f64> = obs
+        .map(|(y, o)| f64::from(y) / law.ms(&o.xf()))
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .collect();
+    (!r.is_empty()).then(|| (super::residual::median_f64(&mut r), r.len() as u64))
+}
+
 /// The smallest range covering every key's range.
 fn span<'a>(keys: impl Iterator<Item = &'a (u32, u32)>) -> (u32, u32) {
     keys.fold((u32::MAX, 0), |(lo, hi), k| (lo.min(k.0), hi.max(k.1)))

@@ -246,16 +246,8 @@ fn fit_speeds(
     for _ in 0..rounds {
         let mut log_sum = 0.0;
         for (c, span) in spans.iter().enumerate() {
-            let mut r: Vec<f64> = span
-                .clone()
-                .map(|i| f64::from(raw[i]) / model.law.ms(&obs[i].xf()))
-                .filter(|r| r.is_finite() && *r > 0.0)
-                .collect();
-            speed[c] = if r.is_empty() {
-                1.0
-            } else {
-                residual::median_f64(&mut r)
-            };
+            let pairs = span.clone().map(|i| (raw[i], &obs[i]));
+            speed[c] = estimate::median_speed(&model.law, pairs).map_or(1.0, |(s, _)| s);
             log_sum += speed[c].ln() * span.len() as f64;
         }
         let mean = (log_sum / obs.len() as f64).exp();
