@@ -115,6 +115,32 @@ fn a_sidecar_beside_the_trace_is_not_used_unless_given() {
 }
 
 #[test]
+fn one_steps_flag_takes_a_sidecar_for_each_trace() {
+    let (trace, steps) = (fixture("trace.jsonl.gz"), fixture("steps.jsonl.gz"));
+    let model = tmp("two.json");
+    let (trace, steps) = (s(&trace), s(&steps));
+    ok(&fit(&[
+        trace,
+        trace,
+        "--steps",
+        steps,
+        steps,
+        "-o",
+        s(&model),
+    ]));
+    let m = FittedModel::load(&model).unwrap();
+    assert_eq!(
+        m.meta.sources.len(),
+        2,
+        "two captures, no sidecar read as a trace"
+    );
+    for src in &m.meta.sources {
+        assert_eq!(src.steps.as_deref(), Some(steps));
+        assert_eq!(src.sidecar_steps, 2476);
+    }
+}
+
+#[test]
 fn bad_invocations_say_what_is_wrong() {
     let trace = fixture("trace.jsonl.gz");
     let steps = fixture("steps.jsonl.gz");
@@ -138,6 +164,12 @@ fn bad_invocations_say_what_is_wrong() {
     ok(&fit(&[s(&trace), "-o", s(&model)]));
     let e = failed(&fit(&[s(&model), "-o", &out]));
     assert!(e.contains("is a latency model file, not a trace"), "{e}");
+    // a sidecar is not a trace (`--steps a b` once read `b` as a second trace)
+    let e = failed(&fit(&[s(&trace), s(&steps), "-o", &out]));
+    assert!(
+        e.contains("is a step-stats sidecar, not a trace: give it after --steps"),
+        "{e}"
+    );
     // a sidecar of another capture
     let other = tmp("other-steps.jsonl");
     let lines: String = (0..200)

@@ -245,10 +245,11 @@ fn a_request_arriving_during_a_step_is_queued_when_the_step_ends() {
 
 /// `--ttft-mode fixed`: each request's first token comes the knob's TTFT after its
 /// arrival, plus at most the decode step in flight, however many arrive at once; under the
-/// default `step` mode the same burst queues behind its own prefills.
+/// default `step` mode a burst (a request every 0.1 ms) queues behind its own prefills:
+/// the first starts a step alone, the rest wait for it.
 #[test]
 fn a_fixed_ttft_does_not_grow_with_concurrency() {
-    let first_tokens = |mode: vllm_vcr::play::engine_args::TtftMode| -> Vec<f64> {
+    let first_tokens = |mode: vllm_vcr::play::engine_args::TtftMode, spread_us: u64| -> Vec<f64> {
         let mut a = args();
         a.time_to_first_token = 40.0;
         a.inter_token_latency = 8.0;
@@ -256,32 +257,34 @@ fn a_fixed_ttft_does_not_grow_with_concurrency() {
         let cfg = PlayConfig::try_from(&a).unwrap();
         let line = cfg.line;
         let mut run = OfflineDriver::new(cfg.build_engine(0));
+        let sent = |i: u64| Duration::from_micros(100_000 + spread_us * i);
         for i in 0..16 {
-            // a steady decode load, then a burst of 16 at 100 ms
-            let mut req = request(&format!("r{i}"), &[5, 6, 7, 8], 20);
+            // a burst of 16 from 100 ms
+            let mut req = request(&format!("r{i:02}"), &[5, 6, 7, 8], 20);
             req.wire_len = line.request_len();
-            run.add(Duration::from_millis(100), 0, req);
+            run.add(sent(i), 0, req);
         }
         let outputs = run.run_until_idle();
         let mut first: BTreeMap<String, f64> = BTreeMap::new();
         for o in &outputs {
             for x in &o.outputs.outputs {
                 if !x.new_token_ids.is_empty() {
-                    first
-                        .entry(x.request_id.to_string())
-                        .or_insert(o.at.as_secs_f64() * 1000.0 - 100.0);
+                    let id = x.request_id.to_string();
+                    let i: u64 = id[1..].parse().unwrap();
+                    let ttft = (o.at - sent(i)).as_secs_f64() * 1000.0;
+                    first.entry(id).or_insert(ttft);
                 }
             }
         }
         first.into_values().collect()
     };
     use vllm_vcr::play::engine_args::TtftMode;
-    let fixed = first_tokens(TtftMode::Fixed);
+    let fixed = first_tokens(TtftMode::Fixed, 0);
     assert_eq!(fixed.len(), 16);
     for t in &fixed {
         assert!((40.0..=48.01).contains(t), "fixed TTFTs {fixed:?}");
     }
-    let step = first_tokens(TtftMode::Step);
+    let step = first_tokens(TtftMode::Step, 100);
     let worst = step.iter().cloned().fold(0.0, f64::max);
     assert!(
         worst > 60.0,

@@ -136,6 +136,11 @@ fn wire_run(
         .enable_all()
         .build()?;
     let mut stack = start(a, work, engine, &dir, &trace, &rt)?;
+    // the real frontend and load take their own turnaround: no modelled one on top
+    let opts = &RunOptions {
+        think: a.calibrate.arrivals.think(),
+        ..opts.clone()
+    };
     let sent = Instant::now();
     let outcome = drive(a, work, engine, opts, &mut stack);
     let wall = sent.elapsed();

@@ -23,10 +23,10 @@ pub struct FitArgs {
     #[arg(required = true, value_name = "TRACE")]
     pub traces: Vec<PathBuf>,
 
-    /// The step-stats sidecar (`record --step-stats-out`) of a trace. Give one per trace,
-    /// in the traces' order (the first goes with the first trace, …); traces after the last
-    /// sidecar are fitted from their records alone.
-    #[arg(long = "steps", value_name = "SIDECAR")]
+    /// The step-stats sidecars (`record --step-stats-out`) of the traces, in the traces'
+    /// order (the first goes with the first trace, …): `--steps a b` or `--steps a --steps
+    /// b`. Traces after the last sidecar are fitted from their records alone.
+    #[arg(long = "steps", value_name = "SIDECAR", num_args = 1..)]
     pub steps: Vec<PathBuf>,
 
     /// Write the model here (`-` for standard output).
@@ -65,11 +65,16 @@ pub fn run(a: &FitArgs) -> Result<()> {
     inputs.extend(a.steps.iter().map(|s| named("--steps", s)));
     check_outputs(&inputs, &[named("-o", &a.output)])?;
     for t in &a.traces {
-        if sniff(t).with_context(|| format!("reading {}", t.display()))? == InputKind::Model {
-            bail!(
+        match sniff(t).with_context(|| format!("reading {}", t.display()))? {
+            InputKind::Model => bail!(
                 "{} is a latency model file, not a trace: `inspect fit` fits traces (`play --latency-trace` takes the model as it is)",
                 t.display()
-            );
+            ),
+            InputKind::Sidecar => bail!(
+                "{} is a step-stats sidecar, not a trace: give it after --steps, in its trace's place (`inspect fit a.trace b.trace --steps a.steps b.steps`)",
+                t.display()
+            ),
+            InputKind::Trace => {}
         }
     }
     let inputs: Vec<FitInput> = a

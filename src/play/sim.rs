@@ -61,6 +61,10 @@ pub struct SimEngine {
     latency: Box<dyn LatencyModel>,
     batch: Batch,
     in_flight: Option<InFlight>,
+    /// An idle engine that took in a request starts its step at this time, after every
+    /// other input of the same instant: vLLM's engine-core drains its input queue before
+    /// it schedules, so requests that reach it together share the first step.
+    wake: Option<Instant>,
     step_counter: u64,
     /// Speculative-decoding counters of the step being reported.
     spec_step: Option<SpecStepStats>,
@@ -151,6 +155,7 @@ impl SimEngine {
             latency,
             batch: Batch::new(cfg.num_gpu_blocks, cfg.block_size, cfg.log_requests, policy),
             in_flight: None,
+            wake: None,
             step_counter: 0,
             spec_step: None,
             shutting_down: false,
@@ -556,7 +561,9 @@ impl SimEngine {
         if let Some(p) = pull {
             out.pull(p);
         }
-        self.start_step_if_idle(now);
+        if self.in_flight.is_none() {
+            self.wake = Some(now);
+        }
         if pulling {
             // vLLM keeps stepping while a request waits for its KV: its stats show it
             self.flush_stats(now, out);
@@ -1039,9 +1046,13 @@ impl EngineCore for SimEngine {
             self.flush_stats(now, out);
         }
         if self.in_flight.is_none() {
-            // nothing in flight: a request held back by --ttft-mode fixed may be due
+            // nothing in flight: the requests that woke the engine, or a request held back
+            // by --ttft-mode fixed, may be due. A woken step starts when the first of them
+            // arrived (a live loop reaches its deadline a little late; the step clock does
+            // not move with it, as for back-to-back steps below)
+            let start = self.wake.take().map_or(now, |w| w.min(now));
             self.due_tried = Some(now);
-            self.start_step_if_idle(now);
+            self.start_step_if_idle(start);
             return;
         }
         if self.in_flight.as_ref().is_some_and(|s| s.end > now) {
@@ -1086,6 +1097,7 @@ impl EngineCore for SimEngine {
         };
         [
             step,
+            self.wake,
             self.scripts.next_due(),
             self.batch.next_held_expiry(),
             due,

@@ -24,7 +24,7 @@ mod steps;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -211,6 +211,7 @@ pub fn run_with(
     // the model's run and every knob-fitting run use the same arrivals
     let opts = a.arrivals.options(&work, &engine)?;
     let replay_concurrency = opts.concurrency;
+    let think = opts.think;
     let fit_set = FitSet::of(
         &a.trace,
         &engine.latency_trace,
@@ -369,6 +370,7 @@ pub fn run_with(
     let report = Report {
         args: a,
         concurrency: replay_concurrency,
+        think,
         records: cap.len(),
         timed,
         compared: triples.len(),
@@ -575,6 +577,8 @@ struct Report<'a> {
     args: &'a CalibrateArgs,
     /// `--replay-concurrency`, resolved.
     concurrency: Option<usize>,
+    /// The closed loop's turnaround, resolved.
+    think: Duration,
     records: usize,
     timed: usize,
     compared: usize,
@@ -685,7 +689,7 @@ impl Report<'_> {
     fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
         let a = self.args;
         let how = if let Some(c) = self.concurrency {
-            a.arrivals.describe(c)
+            a.arrivals.describe(c, self.think)
         } else if a.arrivals.replay_sessions {
             "session turns after their parents".to_string()
         } else {

@@ -107,9 +107,13 @@ pub struct ArrivalArgs {
     pub replay_concurrency: Option<ReplayConcurrency>,
 
     /// With --replay-concurrency: the time from a finish to the next request's (or
-    /// session's) arrival (default 0: a load generator on the same host answers within
-    /// a step, and the engine queues what arrives during a step when the step ends, so a
-    /// capture's arrivals — its engine's QUEUED times — already include that wait).
+    /// session's) arrival at the engine. Default: the capture's own turnaround when its
+    /// tap recorded each send (`sent_ms`): the median time from a finish to the next send,
+    /// plus the time a send took to reach an idle engine — a few ms, enough that the next
+    /// request misses the step that starts as the last one finishes, as on the real
+    /// engine; 0 for traces without sends (and for sessions, whose turns keep their own
+    /// recorded gaps). `calibrate-e2e` sends through a real frontend, which takes its own
+    /// turnaround: there the default is 0.
     #[arg(long, value_name = "MS", requires = "replay_concurrency", value_parser = parse_think_ms)]
     pub replay_think_ms: Option<f64>,
 }
@@ -146,10 +150,16 @@ impl ArrivalArgs {
     pub fn options(&self, work: &Workload, engine: &EngineArgs) -> Result<RunOptions> {
         let concurrency = self.resolve(work)?;
         notes(self.replay_sessions, work, engine);
+        let think = match (self.replay_think_ms, concurrency) {
+            (None, Some(c)) if !self.replay_sessions => {
+                duration_ms(work.turnaround_ms(work.ramp(c)).unwrap_or(0.0))
+            }
+            _ => self.think(),
+        };
         Ok(RunOptions {
             replay_sessions: self.replay_sessions,
             concurrency,
-            think: self.think(),
+            think,
             cold_prompts: self.cold_prompts,
             hash_blocks: None,
             record_tokens: false,
@@ -195,13 +205,15 @@ impl ArrivalArgs {
     }
 
     /// The report's words for the arrivals: `closed loop, N in flight (…)`.
-    pub fn describe(&self, n: usize) -> String {
+    pub fn describe(&self, n: usize, think: Duration) -> String {
         let how = match self.replay_concurrency {
             Some(ReplayConcurrency::Auto) => " (auto: the capture's)",
             _ => "",
         };
+        let ms = think.as_secs_f64() * 1e3;
         let when = match self.replay_think_ms {
             Some(t) if t > 0.0 => format!("{t} ms after one finishes"),
+            None if ms > 0.0 => format!("{ms:.2} ms after one finishes (the capture's turnaround)"),
             _ => "when one finishes".to_string(),
         };
         if self.replay_sessions {
@@ -362,6 +374,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         ..a.arrivals.options(&work, &engine)?
     };
     let concurrency = opts.concurrency;
+    let think = opts.think;
     let cfg = PlayConfig::offline(&engine)?;
     let mut sink = Sink::open(a, &work.meta, &cfg)?;
 
@@ -378,6 +391,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         args: a,
         other_config,
         concurrency,
+        think,
         work: &work,
         summary: &summary,
         counts: &counts,
@@ -682,6 +696,8 @@ struct Report<'a> {
     other_config: Option<crate::inspect::fit_config::OtherConfig>,
     /// `--replay-concurrency`, resolved.
     concurrency: Option<usize>,
+    /// The closed loop's turnaround, resolved.
+    think: Duration,
     work: &'a Workload,
     summary: &'a Summary,
     counts: &'a Counts,
@@ -748,7 +764,7 @@ impl Report<'_> {
                 }
             ),
             None => match self.concurrency {
-                Some(c) => self.args.arrivals.describe(c),
+                Some(c) => self.args.arrivals.describe(c, self.think),
                 None => "arrivals at their recorded offsets".to_string(),
             },
         };

@@ -49,6 +49,9 @@ const UNIQUE_SALT: u64 = 0x5eed_b10c_0000_0002;
 pub struct Planned {
     /// Recorded arrival, ms from the trace's zero.
     pub arrival_ms: Option<f64>,
+    /// When the tap relayed the request to the engine, same clock (traces recorded by a
+    /// tap that kept it).
+    pub sent_ms: Option<f64>,
     pub prompt_tokens: u32,
     pub output_tokens: u32,
     /// Recorded end to end: TTFT plus every inter-token gap (records with a TTFT).
@@ -137,6 +140,7 @@ impl Workload {
                     let gaps: f64 = r.itl_ms.iter().sum();
                     staged.push(Planned {
                         arrival_ms: r.arrival_ms.filter(|a| a.is_finite()),
+                        sent_ms: r.sent_ms.filter(|a| a.is_finite()),
                         prompt_tokens: r.prompt_tokens,
                         output_tokens: r.output_tokens,
                         e2e_ms: r.ttft_ms.map(|t| t + gaps),
@@ -272,6 +276,78 @@ impl Workload {
         )
     }
 
+    /// How long a request the tap relayed took to reach the queue of an idle engine, ms:
+    /// the median of `arrival − sent` over the records sent while no earlier-sent request
+    /// was unfinished (an engine mid-step queues a request only when the step ends), else
+    /// the 10th percentile over all. `None` without sends.
+    pub fn intake_ms(&self) -> Option<f64> {
+        let mut starts: Vec<f64> = self
+            .reqs
+            .iter()
+            .filter_map(|p| p.sent_ms.or(p.arrival_ms))
+            .collect();
+        let mut ends: Vec<f64> = self
+            .reqs
+            .iter()
+            .filter_map(|p| Some(p.arrival_ms? + p.e2e_ms?.max(0.0)))
+            .collect();
+        starts.sort_by(f64::total_cmp);
+        ends.sort_by(f64::total_cmp);
+        let in_flight = |t: f64| {
+            starts
+                .partition_point(|a| *a < t)
+                .saturating_sub(ends.partition_point(|e| *e <= t))
+        };
+        let mut idle = Vec::new();
+        let mut all = Vec::new();
+        for p in &self.reqs {
+            let (Some(a), Some(s)) = (p.arrival_ms, p.sent_ms) else {
+                continue;
+            };
+            let lag = (a - s).max(0.0);
+            all.push(lag);
+            if in_flight(s) == 0 {
+                idle.push(lag);
+            }
+        }
+        let pick = |mut v: Vec<f64>, at: fn(usize) -> usize| {
+            v.sort_by(f64::total_cmp);
+            v.get(at(v.len())).copied()
+        };
+        if idle.is_empty() {
+            pick(all, |n| n.saturating_sub(1) / 10)
+        } else {
+            pick(idle, |n| (n - 1) / 2)
+        }
+    }
+
+    /// A closed loop's turnaround, ms: from a request's finish to its successor reaching
+    /// the engine — the median of `sent −` the latest recorded end before it, over the
+    /// requests after the first `ramp`, plus [`Self::intake_ms`]. `None` without sends.
+    pub fn turnaround_ms(&self, ramp: usize) -> Option<f64> {
+        let mut ends: Vec<f64> = self
+            .reqs
+            .iter()
+            .filter_map(|p| Some(p.arrival_ms? + p.e2e_ms?.max(0.0)))
+            .collect();
+        ends.sort_by(f64::total_cmp);
+        let mut gaps: Vec<f64> = self
+            .reqs
+            .iter()
+            .skip(ramp)
+            .filter_map(|p| {
+                let s = p.sent_ms?;
+                let i = ends.partition_point(|e| *e <= s);
+                (i > 0).then(|| s - ends[i - 1])
+            })
+            .collect();
+        if gaps.is_empty() {
+            return None;
+        }
+        gaps.sort_by(f64::total_cmp);
+        Some(gaps[(gaps.len() - 1) / 2] + self.intake_ms().unwrap_or(0.0))
+    }
+
     /// How many leading requests of a closed-loop replay at `n` in flight are the ramp
     /// (`--replay-concurrency`): every request up to the one whose recorded arrival first
     /// found `n` requests in flight (itself included; by the recorded arrivals and ends),
@@ -298,22 +374,33 @@ impl Workload {
         n.min(self.reqs.len())
     }
 
-    /// When the load generator sent each of the first `ramp` requests of a closed loop,
-    /// ms. A record's arrival is when the engine *queued* it, and vLLM's engine-core takes
-    /// in new requests only between steps: of a burst sent at once, the first one starts a
-    /// step of its own and the rest are queued when that step ends — as its first token
-    /// comes out. So a ramp request queued no later than 1 ms after an earlier ramp
-    /// request's first token was sent with it (transitively); any other at its recorded
-    /// arrival.
+    /// When the first `ramp` requests of a closed loop reach the simulated engine, ms. A
+    /// record's arrival is when the engine *queued* it, and vLLM's engine-core takes in new
+    /// requests only between steps: of a burst sent at once, the engine's first step takes
+    /// what its intake has handed over (one request, or six of sixteen) and the rest are
+    /// queued when that step ends — as its first tokens come out. So a ramp request queued
+    /// with an earlier one (within 0.1 ms) arrives with it, one queued within 1 ms of an
+    /// earlier one's first token arrives just after that one (while its step runs, whatever
+    /// the step's modelled length), transitively; any other at its recorded arrival.
     pub fn ramp_sends(&self, ramp: usize) -> Vec<Option<f64>> {
+        /// How much after the request whose step it waited for.
+        const JUST_AFTER_MS: f64 = 0.01;
+        /// Requests one drain of the engine's input queue took share their QUEUED time to
+        /// within tens of µs (corpus v2: six of a burst within 26 µs).
+        const SAME_DRAIN_MS: f64 = 0.1;
         let mut sent: Vec<Option<f64>> = Vec::with_capacity(ramp);
         for i in 0..ramp.min(self.reqs.len()) {
             let p = &self.reqs[i];
             let with = p.arrival_ms.and_then(|a| {
-                (0..i).find_map(|j| {
-                    let q = &self.reqs[j];
-                    let (qa, t) = (q.arrival_ms?, q.ttft_ms?);
-                    (qa <= a && a <= qa + t + 1.0).then_some(sent[j])?
+                let earlier = || (0..i).filter_map(|j| Some((j, self.reqs[j].arrival_ms?)));
+                if let Some(s) = earlier()
+                    .find_map(|(j, qa)| ((a - qa).abs() <= SAME_DRAIN_MS).then_some(sent[j])?)
+                {
+                    return Some(s);
+                }
+                earlier().find_map(|(j, qa)| {
+                    let t = self.reqs[j].ttft_ms?;
+                    ((a - (qa + t)).abs() <= 1.0).then_some(sent[j]? + JUST_AFTER_MS)
                 })
             });
             sent.push(with.or(p.arrival_ms));
@@ -520,6 +607,7 @@ mod tests {
                 hashes.extend_from_slice(h);
                 Planned {
                     arrival_ms: Some(*a),
+                    sent_ms: None,
                     prompt_tokens: *p,
                     output_tokens: 4,
                     e2e_ms: *e2e,
@@ -630,6 +718,39 @@ mod tests {
         // session 0 spans 0..501 (request 4 ends at 501, 2 at 340, 3 and 6 untimed),
         // session 1 50..60: two at once
         assert_eq!(g.captured_concurrency(&w), Some(2));
+    }
+
+    #[test]
+    fn a_closed_loops_turnaround_is_the_median_gap_from_a_finish_to_the_next_send_plus_intake() {
+        // two in flight, each 10 ms long; the engine queued each send 1 ms after it
+        let records: Vec<(f64, u32, &[u64], Option<f64>)> = [0.0, 0.0, 13.0, 14.0, 28.0, 29.0]
+            .iter()
+            .map(|&a| (a, 8, &[][..], Some(10.0)))
+            .collect();
+        let mut w = workload(&records, 4);
+        assert_eq!(w.turnaround_ms(2), None, "no sends recorded");
+        for p in &mut w.reqs {
+            p.sent_ms = p.arrival_ms.map(|a| a - 1.0);
+        }
+        // the first two found an idle engine
+        assert_eq!(w.intake_ms(), Some(1.0));
+        // sends at 12, 13, 27, 28 after ends at 10, 10, 24, 24: gaps 2, 3, 3, 4
+        assert_eq!(w.turnaround_ms(2), Some(3.0 + 1.0));
+    }
+
+    #[test]
+    fn a_ramp_request_queued_as_an_earlier_ones_first_token_came_out_arrives_just_after_it() {
+        // a burst sent at once, which the engine took in two steps
+        let records: Vec<(f64, u32, &[u64], Option<f64>)> = [5.0, 5.0, 40.0]
+            .iter()
+            .map(|&a| (a, 8, &[][..], Some(100.0)))
+            .collect();
+        let mut w = workload(&records, 4);
+        for (p, t) in w.reqs.iter_mut().zip([1.0, 1.5, 2.0]) {
+            p.ttft_ms = Some(35.0);
+            p.sent_ms = Some(t);
+        }
+        assert_eq!(w.ramp_sends(3), vec![Some(5.0), Some(5.0), Some(5.01)]);
     }
 
     #[test]

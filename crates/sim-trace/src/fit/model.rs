@@ -407,9 +407,12 @@ pub enum InputKind {
     Model,
     /// A trace to fit.
     Trace,
+    /// A step-stats sidecar (`record --step-stats-out`): it goes with a trace, not in its
+    /// place.
+    Sidecar,
 }
 
-/// Tell a model file from a trace by its head, so `--latency-trace PATH…` takes either.
+/// Tell a model file, a trace and a step-stats sidecar apart by their heads, so `--latency-trace PATH…` takes either.
 /// A trace's first line is a whole JSON object (its meta line or a record; `.gz` is
 /// opened); a model file is one JSON object with a `format` field, pretty-printed (its
 /// first line is `{`) or on one line.
@@ -439,6 +442,8 @@ pub fn sniff(path: &Path) -> Result<InputKind, FitError> {
     if let Ok(serde_json::Value::Object(o)) = serde_json::from_str::<serde_json::Value>(first) {
         return Ok(if o.contains_key("format") {
             InputKind::Model
+        } else if o.contains_key("step_counter") && o.contains_key("num_running_reqs") {
+            InputKind::Sidecar
         } else {
             InputKind::Trace
         });
