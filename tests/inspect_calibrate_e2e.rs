@@ -72,24 +72,16 @@ fn the_wire_agrees_with_the_offline_simulation() {
     let offline: Value = serde_json::from_slice(&offline.stdout).unwrap();
 
     // Same engine, same model, same requests: the wire-level deltas follow the offline
-    // ones. Seen: within 0.5 percentage points. Allowed: 3 at the median, 5 at p90 — the
-    // live engine paces steps on the wall clock of 2 cores shared with the frontend, the
-    // tap and 8 client threads (its step lateness is ~0.2–0.3 ms on ~5.5 ms steps). Another
-    // process's burst on those 2 cores stretches the live run's tail (seen once in CI: ITL
-    // p90 +3.7 % on the wire against -4.1 % offline), so a run that misses is run once more;
-    // the second decides, and both are printed.
+    // ones. Seen: within 0.5 percentage points. Allowed: 3 at the median, 5 at p90, plus
+    // what the run's own disturbance explains — the live engine paces its steps on the
+    // wall clock of 2 cores shared with the frontend, the tap and 8 client threads, and
+    // reports how late it emitted them; a step emitted L ms late moves a quantile of
+    // value V by up to 100·L/V points (its p50 lateness for the medians, its p99 for the
+    // p90s). One run, judged against the disturbance it measured: no second try.
     let dump = tmp("tapped.jsonl");
-    let mut misses = Vec::new();
-    for attempt in 1..=2 {
-        match wire_run(&common, &dump, &offline) {
-            Ok(()) => break,
-            Err(miss) => {
-                eprintln!("attempt {attempt}: {miss}");
-                misses.push(miss);
-            }
-        }
+    if let Err(miss) = wire_run(&common, &dump, &offline) {
+        panic!("{miss}");
     }
-    assert!(misses.len() < 2, "both runs missed: {misses:?}");
 
     // the tap's trace: one complete record per request, named after its index
     let mut text = String::new();
@@ -138,8 +130,16 @@ fn wire_run(common: &[&str], dump: &Path, offline: &Value) -> Result<(), String>
     assert_eq!(wire["compared"], 80);
     assert_eq!(wire["replay_concurrency"], 8);
     assert_eq!(wire["arrivals"], "concurrency");
+    let pacing = &wire["engine_pacing"];
+    let late = |q: &str| -> f64 {
+        let key = if q == "p50" { "p50_ms" } else { "p99_ms" };
+        pacing[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no engine_pacing.{key} in the wire report: {pacing}"))
+    };
+    eprintln!("engine pacing on the wire: {pacing}");
     let mut misses = Vec::new();
-    for (metric, q, within) in [
+    for (metric, q, base) in [
         ("ttft_ms", "p50", 3.0),
         ("ttft_ms", "p90", 5.0),
         ("itl_ms", "p50", 3.0),
@@ -148,10 +148,14 @@ fn wire_run(common: &[&str], dump: &Path, offline: &Value) -> Result<(), String>
         ("request_total_ms", "p90", 5.0),
     ] {
         let (w, o) = (pooled(&wire, metric, q), pooled(offline, metric, q));
-        eprintln!("{metric} {q}: wire {w:+.1} %, offline {o:+.1} %");
+        let captured = support::pooled_cohort(offline)[metric]["captured"][q]
+            .as_f64()
+            .unwrap();
+        let within = base + 100.0 * late(q) / captured;
+        eprintln!("{metric} {q}: wire {w:+.1} %, offline {o:+.1} % (allowed ±{within:.1} points)");
         if (w - o).abs() > within {
             misses.push(format!(
-                "{metric} {q}: wire {w:+.1} % against offline {o:+.1} %"
+                "{metric} {q}: wire {w:+.1} % against offline {o:+.1} % (allowed ±{within:.1}: {base} + the engine's lateness)"
             ));
         }
     }

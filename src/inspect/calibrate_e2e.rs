@@ -152,6 +152,8 @@ fn wire_run(
     let _ = stack.engine_stop.send(true);
     let _ = rt
         .block_on(async { tokio::time::timeout(Duration::from_secs(10), &mut stack.engine).await });
+    // the in-process engine logged its pacing as it stopped
+    let pacing = crate::play::io::take_pacing().pop();
     let failed = match outcome {
         Ok(f) => f,
         Err(e) => {
@@ -193,6 +195,7 @@ fn wire_run(
             replay: None,
         },
         failed,
+        pacing,
     })
 }
 

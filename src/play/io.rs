@@ -2,6 +2,7 @@
 //! the engine emits for the configured line, and keep the engine loop on its own thread so
 //! socket work never delays pacing.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -16,6 +17,30 @@ use zeromq::{SocketRecv, SocketSend, ZmqMessage};
 use super::config::PlayConfig;
 use super::engine_core::{EngineInput, LoopControl, LoopExit, Outbound, run_loop};
 use super::sim::SimEngine;
+
+/// How late one engine emitted its steps (and scripted chunks) against their deadlines,
+/// over a whole run: the disturbance a wall-clock run suffered from the machine, which a
+/// check of its timing is judged against.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Pacing {
+    /// Emissions measured.
+    pub steps: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// The pacing of every engine this process ran, as each stopped.
+static PACING: Mutex<Vec<Pacing>> = Mutex::new(Vec::new());
+
+/// The pacing of the engines this process ran and stopped since the last call, in stop
+/// order (an in-process caller such as `calibrate-e2e` reads its engine's here).
+pub fn take_pacing() -> Vec<Pacing> {
+    PACING
+        .lock()
+        .map(|mut v| std::mem::take(&mut *v))
+        .unwrap_or_default()
+}
 
 /// Connect one engine (DP rank `rank`) to the frontend and serve it until shutdown.
 /// Returns the engine's replay counts when it replayed a capture.
@@ -228,14 +253,24 @@ fn report_pacing(rank: u16, engine: &SimEngine) {
     if s.is_empty() {
         return;
     }
+    let ms = |v: Option<f64>| v.unwrap_or(0.0) / 1e3;
+    let pacing = Pacing {
+        steps: s.count(),
+        p50_ms: ms(s.quantile(0.5)),
+        p99_ms: ms(s.quantile(0.99)),
+        max_ms: ms(s.max()),
+    };
     tracing::info!(
         rank,
-        steps = s.count(),
-        lateness_p50_us = format!("{:.1}", s.quantile(0.5).unwrap_or(0.0)),
-        lateness_p99_us = format!("{:.1}", s.quantile(0.99).unwrap_or(0.0)),
-        lateness_max_us = format!("{:.1}", s.max().unwrap_or(0.0)),
+        steps = pacing.steps,
+        lateness_p50_us = format!("{:.1}", pacing.p50_ms * 1e3),
+        lateness_p99_us = format!("{:.1}", pacing.p99_ms * 1e3),
+        lateness_max_us = format!("{:.1}", pacing.max_ms * 1e3),
         "pacing: step emission lateness against the scheduled deadlines"
     );
+    if let Ok(mut v) = PACING.lock() {
+        v.push(pacing);
+    }
 }
 
 async fn input_task<S: SocketRecv>(

@@ -73,7 +73,8 @@ pub struct SimEngine {
     warned_request_lens: HashSet<usize>,
     /// Finished request ids not yet reported, per client (with `report_finished`).
     unreported_finished: BTreeMap<u32, Vec<String>>,
-    /// Step emission lateness against the scheduled deadline, microseconds.
+    /// Step (and scripted chunk) emission lateness against the scheduled deadline,
+    /// microseconds.
     lateness_us: Samples,
     kv_publisher: Option<KvEventPublisher>,
     /// Where a P/D prefill request's KV bytes are published (no-op unless NIXL).
@@ -861,6 +862,10 @@ impl SimEngine {
 
     /// Emit every scripted chunk that is due: one envelope per client, with stats.
     fn fire_scripts(&mut self, now: Instant, out: &mut Outbox) {
+        if let Some(due) = self.scripts.next_due() {
+            self.lateness_us
+                .push(now.saturating_duration_since(due).as_secs_f64() * 1e6);
+        }
         let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
         let cfg = &self.cfg;
         let k = self.replay.script_k;

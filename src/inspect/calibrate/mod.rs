@@ -138,6 +138,9 @@ pub struct ModelRun {
     /// Requests that failed (HTTP errors of a run through a frontend): the calibration
     /// is reported, then fails.
     pub failed: Vec<String>,
+    /// How late the live engine paced its steps (a run through a frontend): the run's
+    /// disturbance, which its deltas are judged against. `None` offline.
+    pub pacing: Option<crate::play::io::Pacing>,
 }
 
 pub fn run(a: &CalibrateArgs) -> Result<()> {
@@ -156,6 +159,7 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
             chunks,
             counts: modelled.counts,
             failed: Vec::new(),
+            pacing: None,
         })
     })
 }
@@ -249,6 +253,7 @@ pub fn run_with(
         chunks: model_chunks,
         counts: model_counts,
         failed,
+        pacing,
     } = model(&work, &model_engine, &opts)?;
     let cap_samples: Vec<Option<&Sample>> = cap.iter().map(|c| c.sample.as_ref()).collect();
     let knobs = fit_knobs(&work, &engine, &opts, &cap_samples)?;
@@ -378,6 +383,7 @@ pub fn run_with(
         concurrency_from_records: from_records,
         fit_set: &fit_set,
         modelled: &model_counts,
+        pacing,
         knobs: &knobs,
         cohorts: &cohorts,
         plots: &plots,
@@ -586,6 +592,8 @@ struct Report<'a> {
     concurrency_from_records: bool,
     fit_set: &'a FitSet,
     modelled: &'a Counts,
+    /// The live engine's pacing lateness (a run through a frontend).
+    pacing: Option<crate::play::io::Pacing>,
     knobs: &'a KnobFit,
     cohorts: &'a [Cohort],
     plots: &'a [PathBuf],
@@ -652,6 +660,7 @@ impl Report<'_> {
                 "config_hashes": self.fit_set.other_config.as_ref().map(OtherConfig::json),
             },
             "engine": self.modelled.describe,
+            "engine_pacing": self.pacing,
             "knobs": {
                 "time_to_first_token": k.ttft_ms,
                 "time_to_first_token_std_dev": k.ttft_std_ms,
@@ -726,6 +735,13 @@ impl Report<'_> {
             }
         )?;
         writeln!(out, "modelled: {}", self.modelled.describe)?;
+        if let Some(p) = &self.pacing {
+            writeln!(
+                out,
+                "engine pacing: emissions late by p50 {:.3} / p99 {:.3} / max {:.3} ms over {} (the disturbance this wall-clock run suffered)",
+                p.p50_ms, p.p99_ms, p.max_ms, p.steps
+            )?;
+        }
         let k = self.knobs;
         writeln!(out, "knobs: {}", k.flags())?;
         if k.converged() {

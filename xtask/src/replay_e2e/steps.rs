@@ -7,6 +7,7 @@ use anyhow::{Context, Result, ensure};
 use serde_json::json;
 
 use super::*;
+use crate::stack::Pacing;
 
 // ------------------------------------------------------------------ 4. verbatim steps
 
@@ -45,7 +46,9 @@ pub(super) fn steps(env: &Env, rs: &Path, line: &str, dir: &Path, out: &mut Chec
         ensure!(r.status == 200, "HTTP {} {}", r.status, snippet(&r.text()));
         Ok(())
     });
+    let capture_log = stack.engine_log.clone();
     let tap = stack.stop();
+    let capture_pacing = Pacing::from_log(&capture_log).unwrap_or_default();
     all_ok("capture requests", sent)?;
     ensure!(
         tap.contains("exit status: 0"),
@@ -77,54 +80,21 @@ pub(super) fn steps(env: &Env, rs: &Path, line: &str, dir: &Path, out: &mut Chec
     );
 
     // The replay, recorded by a second tap; rounds at concurrency 1, 16 and 64. The timing
-    // checks hold the replay to 0.5/2.5/10 ms of the capture, and a 2-core machine can stall
-    // the engine's thread from outside for longer than that (another process's burst: seen
-    // once in CI, a 27 ms stall that the engine's absolute clock then caught up). When a
-    // round fails, all rounds are replayed once more on a fresh stack and the second
-    // attempt decides; the first attempt's failure stays in the detail.
+    // checks hold the replay to 0.5/2.5/10 ms of the capture on a quiet machine; a 2-core
+    // machine can stall an engine's thread from outside for longer than that (another
+    // process's burst: seen once in CI, a 27 ms stall that the engine's absolute clock then
+    // caught up). Both engines say how late they emitted (their pacing at exit), and the
+    // bounds are widened by what the two runs suffered: p50 by their p50 lateness, p95 by
+    // their p99, p99 by their worst. One attempt, judged against its own disturbance.
     let t = Instant::now();
-    let first = replay_rounds(
-        env,
-        &frontend,
-        line,
-        &trace,
-        &captured,
-        &dir.join("replay"),
-        "",
-    )?;
-    let mut verdicts = ROUNDS.map(|(c, n)| compare_steps(&captured, &first.replayed, c, n, ""));
-    let mut attempt = first;
-    if verdicts.iter().any(Result::is_err) {
-        let failed: Vec<String> = ROUNDS
-            .iter()
-            .zip(&verdicts)
-            .filter_map(|((c, _), v)| v.as_ref().err().map(|e| format!("c{c}: {e:#}")))
-            .collect();
-        eprintln!("  a round missed its tolerance; replaying every round once more");
-        let again = replay_rounds(
-            env,
-            &frontend,
-            line,
-            &trace,
-            &captured,
-            &dir.join("replay-again"),
-            "again-",
-        )?;
-        verdicts = ROUNDS.map(|(c, n)| {
-            compare_steps(&captured, &again.replayed, c, n, "again-").map(|d| {
-                format!(
-                    "{d} (second attempt; the first missed: {})",
-                    failed.join("; ")
-                )
-            })
-        });
-        attempt = again;
-    }
+    let attempt = replay_rounds(env, &frontend, line, &trace, &captured, &dir.join("replay"))?;
+    let slack = capture_pacing.plus(attempt.pacing);
+    let verdicts = ROUNDS.map(|(c, n)| compare_steps(&captured, &attempt.replayed, c, n, slack));
     out.push("replay rounds at concurrency 1, 16, 64", t, attempt.served);
     for ((c, _), verdict) in ROUNDS.iter().zip(verdicts) {
         out.push(
             &format!(
-                "concurrency {c}: chunks and ids identical, gaps and drift p50/p95/p99 within {STEP_P50_MS}/{STEP_P95_MS}/{STEP_P99_MS} ms"
+                "concurrency {c}: chunks and ids identical, gaps and drift p50/p95/p99 within {STEP_P50_MS}/{STEP_P95_MS}/{STEP_P99_MS} ms plus the engines' lateness"
             ),
             Instant::now(),
             verdict,
@@ -137,13 +107,15 @@ pub(super) fn steps(env: &Env, rs: &Path, line: &str, dir: &Path, out: &mut Chec
 const ROUNDS: [(usize, usize); 3] = [(1, 16), (16, STEPS_REQUESTS), (64, STEPS_REQUESTS)];
 
 /// One replay of the capture: a fresh stack replaying `trace`, recorded by a second tap, and
-/// the [`ROUNDS`], their requests named `<prefix>c<C>-replay-<i>` (the replay index reads
+/// the [`ROUNDS`], their requests named `c<C>-replay-<i>` (the replay index reads
 /// the `replay-<i>`).
 struct Attempt {
     replayed: Vec<TraceRecord>,
     /// Every request served from the capture, none missed (the detail says how long each
     /// round took).
     served: Result<String>,
+    /// How late the replaying engine emitted.
+    pacing: Pacing,
 }
 
 fn replay_rounds(
@@ -153,7 +125,6 @@ fn replay_rounds(
     trace: &Path,
     captured: &[TraceRecord],
     dir: &Path,
-    prefix: &str,
 ) -> Result<Attempt> {
     let replay_trace = dir.join("trace.jsonl.gz");
     let summary = dir.join("summary.json");
@@ -190,11 +161,11 @@ fn replay_rounds(
                 "POST",
                 "/v1/completions",
                 Some(&body),
-                &[("X-Request-Id", &format!("{prefix}c{c}-replay-{i}"))],
+                &[("X-Request-Id", &format!("c{c}-replay-{i}"))],
             )?;
             ensure!(
                 resp.status == 200,
-                "{prefix}c{c}-replay-{i}: HTTP {} {}",
+                "c{c}-replay-{i}: HTTP {} {}",
                 resp.status,
                 snippet(&resp.text())
             );
@@ -207,7 +178,9 @@ fn replay_rounds(
         sent_total += n;
         round_secs.push(format!("c{c}: {n} in {:.1} s", tr.elapsed().as_secs_f64()));
     }
+    let engine_log = stack.engine_log.clone();
     let tap = stack.stop();
+    let pacing = Pacing::from_log(&engine_log).unwrap_or_default();
     ensure!(
         tap.contains("exit status: 0"),
         "the replay tap ended: {tap}"
@@ -225,11 +198,16 @@ fn replay_rounds(
             round_secs.join(", ")
         ))
     });
-    Ok(Attempt { replayed, served })
+    Ok(Attempt {
+        replayed,
+        served,
+        pacing,
+    })
 }
 
 /// The replayed records of round `c` against the captured ones: chunk sizes and ids equal;
-/// the p95 and p99 of the gap deviation and of the drift within the tolerances. The detail also gives the
+/// the p50, p95 and p99 of the gap deviation and of the drift within the tolerances plus
+/// `slack`, the two engines' lateness (p50, p99 and worst). The detail also gives the
 /// worst gap and the TTFT deviation (informational: the first chunk is due the recorded TTFT
 /// after the request reached the engine, and the tap sees the request arrive a hop earlier).
 pub(super) fn compare_steps(
@@ -237,9 +215,9 @@ pub(super) fn compare_steps(
     replayed: &[TraceRecord],
     c: usize,
     n: usize,
-    prefix: &str,
+    slack: Pacing,
 ) -> Result<String> {
-    let tag = format!("{prefix}c{c}-replay-");
+    let tag = format!("c{c}-replay-");
     let mut seen = vec![false; n];
     let mut gap_dev = Vec::new();
     let mut drift = Vec::new();
@@ -302,11 +280,20 @@ pub(super) fn compare_steps(
         quantile(&ttft_dev, 0.5),
         quantile(&ttft_dev, 0.99)
     );
+    let bounds = [
+        STEP_P50_MS + slack.p50_ms,
+        STEP_P95_MS + slack.p99_ms,
+        STEP_P99_MS + slack.max_ms,
+    ];
+    let stats = format!(
+        "{stats}; bounds {:.2} / {:.2} / {:.2} ms (the engines' lateness p50 {:.3} / p99 {:.3} / max {:.3} ms added)",
+        bounds[0], bounds[1], bounds[2], slack.p50_ms, slack.p99_ms, slack.max_ms
+    );
     eprintln!("  concurrency {c}: {stats}");
     ensure!(
-        gap_p50.max(drift_p50) <= STEP_P50_MS
-            && gap_p95.max(drift_p95) <= STEP_P95_MS
-            && gap_p99.max(drift_p99) <= STEP_P99_MS,
+        gap_p50.max(drift_p50) <= bounds[0]
+            && gap_p95.max(drift_p95) <= bounds[1]
+            && gap_p99.max(drift_p99) <= bounds[2],
         "{stats}; worst gap: {}",
         worst.1
     );
