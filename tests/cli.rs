@@ -277,7 +277,7 @@ fn outputs_never_overwrite_inputs() {
     std::fs::copy(fixtures.join("trace.jsonl.gz"), &trace).unwrap();
     std::fs::copy(fixtures.join("steps.jsonl.gz"), &steps).unwrap();
     let model = dir.join("model.json");
-    let run = |args: &[&str]| vcr().current_dir(&dir).args(args).output();
+    let run = |args: &[&str]| vcr().current_dir(dir).args(args).output();
     let fit = run(&["inspect", "fit", "trace.jsonl.gz", "-o", "model.json"]);
     assert!(
         fit.status.success(),
@@ -785,7 +785,7 @@ fn every_offline_inspect_example_in_the_docs_runs() {
         if !runnable {
             continue;
         }
-        let out = vcr().args(&args[1..]).current_dir(&dir).output();
+        let out = vcr().args(&args[1..]).current_dir(dir).output();
         ran += 1;
         // calibrate gates every run: exit 1 with a FAIL verdict is its answer, not an error
         let stdout = String::from_utf8_lossy(&out.stdout);
