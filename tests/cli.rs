@@ -1,18 +1,18 @@
 //! The command line itself: completions for every shell, and `--help` that explains every
 //! flag.
 
+mod support;
+
 use std::process::Command;
 
 use clap::CommandFactory;
+use support::{TestDir, fixture, process_dir, vcr, vcr_command};
 use vllm_vcr::cli::Cli;
 
 #[test]
 fn completions_for_every_shell() {
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-            .args(["completions", shell])
-            .output()
-            .unwrap();
+        let out = vcr().args(["completions", shell]).output();
         assert!(out.status.success(), "{shell}");
         let text = String::from_utf8(out.stdout).unwrap();
         // fish lists long flags without their dashes
@@ -20,10 +20,7 @@ fn completions_for_every_shell() {
             assert!(text.contains(word), "{shell} completion lacks {word}");
         }
     }
-    let bad = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-        .args(["completions", "tcsh"])
-        .output()
-        .unwrap();
+    let bad = vcr().args(["completions", "tcsh"]).output();
     assert!(!bad.status.success());
 }
 
@@ -167,7 +164,7 @@ fn bad_flag_values_get_clear_errors() {
             "requests per second must be between 1e-5 and 1000000",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        let out = vcr_command()
             .args(&args)
             // a `play` that got past its flags gives up on the (absent) frontend at once
             .args(
@@ -192,7 +189,7 @@ fn a_closed_stdout_is_not_an_error() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/cpu-engine-capture/trace.jsonl.gz"
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let mut child = vcr_command()
         .args(["inspect", "summarize", "--json", trace])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -213,7 +210,7 @@ fn a_closed_stdout_is_not_an_error() {
 #[test]
 fn completions_into_a_closed_pipe_end_quietly() {
     for shell in ["bash", "zsh", "fish"] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        let mut child = vcr_command()
             .args(["completions", shell])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -232,7 +229,7 @@ fn completions_into_a_closed_pipe_end_quietly() {
 #[test]
 fn serve_stops_cleanly_when_its_output_pipes_are_closed() {
     let port = vllm_vcr::child::free_ports(1).unwrap()[0];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let mut child = vcr_command()
         .args(["serve", "--port", &port.to_string()])
         .env("NO_COLOR", "1")
         .stdout(std::process::Stdio::piped())
@@ -271,23 +268,16 @@ fn serve_stops_cleanly_when_its_output_pipes_are_closed() {
 /// meta-only file.)
 #[test]
 fn outputs_never_overwrite_inputs() {
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-cli-outputs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let fixtures =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cpu-engine-capture");
+    let tmp = TestDir::new("cli-outputs");
+    let dir = tmp.root();
+    let fixtures = fixture("tests/fixtures/cpu-engine-capture");
     // copies: a regression must not destroy the fixtures
     let trace = dir.join("trace.jsonl.gz");
     let steps = dir.join("steps.jsonl.gz");
     std::fs::copy(fixtures.join("trace.jsonl.gz"), &trace).unwrap();
     std::fs::copy(fixtures.join("steps.jsonl.gz"), &steps).unwrap();
     let model = dir.join("model.json");
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-            .current_dir(&dir)
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| vcr().current_dir(dir).args(args).output();
     let fit = run(&["inspect", "fit", "trace.jsonl.gz", "-o", "model.json"]);
     assert!(
         fit.status.success(),
@@ -409,7 +399,6 @@ fn outputs_never_overwrite_inputs() {
             "{args:?}: record created its trace"
         );
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// The image's entrypoint (docker/entrypoint.sh), run with bash directly: `vllm-vcr` and
@@ -422,8 +411,7 @@ fn entrypoint(mode: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
     // "Text file busy"
     static SHIMS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     let bin = SHIMS.get_or_init(|| {
-        let bin = std::env::temp_dir().join(format!("vcr-entrypoint-shims-{}", std::process::id()));
-        std::fs::create_dir_all(&bin).unwrap();
+        let bin = process_dir("vcr-entrypoint-shims");
         for name in ["vllm-vcr", "vllm-rs"] {
             let p = bin.join(name);
             std::fs::write(&p, "#!/bin/sh\nexit 0\n").unwrap();
@@ -503,8 +491,9 @@ fn the_entrypoint_reads_numbers_in_base_10_and_enums_exactly() {
 #[test]
 fn serve_warns_about_frontend_flags_that_have_no_effect() {
     let port = vllm_vcr::child::free_ports(1).unwrap()[0];
-    let log = std::env::temp_dir().join(format!("vcr-cli-ignored-{}.err", std::process::id()));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let tmp = TestDir::new("cli-ignored");
+    let log = tmp.path("serve.err");
+    let mut child = vcr_command()
         .args(["serve", "--port", &port.to_string(), "--"])
         .args(["--max-model-len", "10", "--bogus-flag"])
         .args(["--served-model-name", "other"])
@@ -539,9 +528,9 @@ fn serve_warns_about_frontend_flags_that_have_no_effect() {
 /// read twice).
 #[test]
 fn serve_indexes_a_replay_trace_once() {
-    let dir = std::env::temp_dir();
-    let trace = dir.join(format!("vcr-cli-replay-{}.jsonl", std::process::id()));
-    let log = dir.join(format!("vcr-cli-replay-{}.err", std::process::id()));
+    let tmp = TestDir::new("cli-replay");
+    let trace = tmp.path("replay.jsonl");
+    let log = tmp.path("serve.err");
     std::fs::write(
         &trace,
         "{\"meta\":{\"block_size\":16}}\n{\"request_id\":\"a\",\"prompt_tokens\":4,\
@@ -550,7 +539,7 @@ fn serve_indexes_a_replay_trace_once() {
     )
     .unwrap();
     let port = vllm_vcr::child::free_ports(1).unwrap()[0];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let mut child = vcr_command()
         .args(["serve", "--port", &port.to_string(), "--replay-tokens"])
         .arg(&trace)
         .env("NO_COLOR", "1")
@@ -662,10 +651,7 @@ fn every_vllm_vcr_command_in_the_docs_parses() {
     );
     // docs/inspect.md names the help's heading of the engine flags
     let heading = "Engine (the flags of `play`)";
-    let help = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-        .args(["inspect", "simulate", "--help"])
-        .output()
-        .unwrap();
+    let help = vcr().args(["inspect", "simulate", "--help"]).output();
     assert!(String::from_utf8_lossy(&help.stdout).contains(&format!("{heading}:")));
     let inspect_md = std::fs::read_to_string(root.join("docs/inspect.md")).unwrap();
     assert!(inspect_md.contains(heading));
@@ -758,9 +744,8 @@ fn documented_commands() -> Vec<(String, usize, Vec<String>)> {
 #[test]
 fn every_offline_inspect_example_in_the_docs_runs() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-doc-examples-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = TestDir::new("doc-examples");
+    let dir = tmp.root();
     let fixtures = root.join("tests/fixtures");
     let copy = |from: &str, to: &str| {
         std::fs::copy(fixtures.join(from), dir.join(to)).unwrap();
@@ -800,11 +785,7 @@ fn every_offline_inspect_example_in_the_docs_runs() {
         if !runnable {
             continue;
         }
-        let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-            .args(&args[1..])
-            .current_dir(&dir)
-            .output()
-            .unwrap();
+        let out = vcr().args(&args[1..]).current_dir(dir).output();
         ran += 1;
         // calibrate gates every run: exit 1 with a FAIL verdict is its answer, not an error
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -836,7 +817,6 @@ fn every_offline_inspect_example_in_the_docs_runs() {
         failures.len(),
         failures.join("\n")
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// `record` mode names the trace's model as clients send it: SERVED_MODEL_NAME before

@@ -21,19 +21,11 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 use serde_json::Value;
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-}
-
-fn conformance() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("conformance")
-}
+use support::{TestDir, fixture, vcr};
 
 #[derive(Debug, Deserialize)]
 struct Manifest {
@@ -52,7 +44,7 @@ struct Entry {
 }
 
 fn json_of(args: &[&str]) -> Value {
-    let out = bin().args(args).output().unwrap();
+    let out = vcr().args(args).output();
     let stdout = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(&stdout).unwrap_or_else(|e| {
         panic!(
@@ -200,9 +192,9 @@ fn distance(a: &str, b: &str) -> BTreeMap<(&'static str, &'static str), f64> {
 
 #[test]
 fn the_fitted_models_reproduce_unseen_captures_within_the_engines_own_noise() {
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-gates-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let root = conformance();
+    let tmp = TestDir::new("gates");
+    let dir = tmp.root();
+    let root = fixture("conformance");
     let manifest: Manifest =
         toml::from_str(&std::fs::read_to_string(root.join("manifest.toml")).unwrap()).unwrap();
     let path = |f: &str| root.join(f).to_str().unwrap().to_string();
@@ -260,7 +252,7 @@ fn the_fitted_models_reproduce_unseen_captures_within_the_engines_own_noise() {
             g.file
         );
         let model = dir.join(format!("fit-{}.json", &g.config_hash[..12]));
-        let mut cmd = bin();
+        let mut cmd = vcr();
         cmd.args(["inspect", "fit"]);
         for e in &fit {
             cmd.arg(path(&e.file));
@@ -269,12 +261,7 @@ fn the_fitted_models_reproduce_unseen_captures_within_the_engines_own_noise() {
         for e in &fit {
             cmd.arg(path(&e.steps));
         }
-        let out = cmd.arg("-o").arg(&model).output().unwrap();
-        assert!(
-            out.status.success(),
-            "inspect fit: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        cmd.arg("-o").arg(&model).run();
         models.insert(g.config_hash.clone(), model);
     }
     for (w, _) in GATED {
@@ -479,9 +466,9 @@ const HELD_OUT_GATED: &[(&str, Cells)] = &[
 
 #[test]
 fn a_model_fitted_on_the_calibration_suite_predicts_the_held_out_shapes() {
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-heldout-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let root = conformance().join("v2");
+    let tmp = TestDir::new("heldout");
+    let dir = tmp.root();
+    let root = fixture("conformance").join("v2");
     let manifest: Manifest =
         toml::from_str(&std::fs::read_to_string(root.join("manifest.toml")).unwrap()).unwrap();
     let path = |f: &str| root.join(f).to_str().unwrap().to_string();
@@ -497,17 +484,12 @@ fn a_model_fitted_on_the_calibration_suite_predicts_the_held_out_shapes() {
         .map(|w| of(w, "fit").unwrap_or_else(|| panic!("no fit capture of the suite's {w}")))
         .collect();
     let model = dir.join("suite-model.json");
-    let mut cmd = bin();
+    let mut cmd = vcr();
     cmd.args(["inspect", "fit", "--per-capture-speed"]);
     cmd.args(suite.iter().map(|e| path(&e.file)));
     cmd.arg("--steps");
     cmd.args(suite.iter().map(|e| path(&e.steps)));
-    let out = cmd.arg("-o").arg(&model).output().unwrap();
-    assert!(
-        out.status.success(),
-        "inspect fit: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cmd.arg("-o").arg(&model).run();
     let model = model.to_str().unwrap().to_string();
 
     let mut report = Vec::new();
@@ -571,7 +553,6 @@ fn a_model_fitted_on_the_calibration_suite_predicts_the_held_out_shapes() {
         report.join("\n")
     );
     eprintln!("{gated_cells} held-out cells gated");
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         failed.is_empty(),
         "out of tolerance:\n  {}\nall cells:\n  {}",

@@ -8,12 +8,15 @@
 //! `fit`, `gate` or `noise`, no file is listed twice (so none is both fit and gate); and
 //! the manifest lists at least one capture.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use sha2::{Digest, Sha256};
 use sim_trace::steps::StepStatsReader;
 use sim_trace::trace::{TraceItem, TraceReader};
+use support::fixture;
 
 type Table = BTreeMap<String, Value>;
 
@@ -89,10 +92,6 @@ fn sha256_hex(path: &Path) -> String {
         .collect()
 }
 
-fn corpus_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("conformance")
-}
-
 #[test]
 fn manifest_parser_rejects_what_it_does_not_know() {
     assert!(parse_manifest("[[capture]]\nfile = 'x'\n").is_err());
@@ -106,12 +105,12 @@ fn manifest_parser_rejects_what_it_does_not_know() {
 
 #[test]
 fn conformance_corpus_matches_its_manifest() {
-    check_corpus(&corpus_dir());
+    check_corpus(&fixture("conformance"));
 }
 
 #[test]
 fn corpus_v2_matches_its_manifest() {
-    check_corpus(&corpus_dir().join("v2"));
+    check_corpus(&fixture("conformance").join("v2"));
 }
 
 fn check_corpus(dir: &Path) {

@@ -2,22 +2,17 @@
 //! loads with the trace reader and holds what its README describes, so later work can fit
 //! and gate timing models on it.
 
-use std::path::PathBuf;
+mod support;
 
 use sim_trace::config_hash::ConfigFingerprint;
 use sim_trace::trace::{TraceItem, TraceReader};
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/cpu-engine-capture")
-        .join(name)
-}
+use support::cpu_capture;
 
 #[test]
 fn the_capture_loads_with_its_meta_and_every_request() {
     let mut meta = None;
     let mut records = Vec::new();
-    for item in TraceReader::open(fixture("trace.jsonl.gz")).unwrap() {
+    for item in TraceReader::open(cpu_capture("trace.jsonl.gz")).unwrap() {
         match item.unwrap() {
             TraceItem::Meta(m) => meta = Some(m),
             TraceItem::Record(r) => records.push(r),
@@ -66,7 +61,7 @@ fn the_capture_loads_with_its_meta_and_every_request() {
 fn the_step_stats_sidecar_is_on_the_trace_clock() {
     let text = {
         use std::io::Read;
-        let f = std::fs::File::open(fixture("steps.jsonl.gz")).unwrap();
+        let f = std::fs::File::open(cpu_capture("steps.jsonl.gz")).unwrap();
         let mut s = String::new();
         flate2::read::MultiGzDecoder::new(f)
             .read_to_string(&mut s)

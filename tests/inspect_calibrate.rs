@@ -4,56 +4,25 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::{Value, json};
 use support::svg::check_xml;
+use support::{TestCommand, TestDir, cohort, cpu_capture, fixture, process_dir, s, texts, vcr};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+fn inspect(sub: &str, args: &[&str]) -> TestCommand {
+    let mut c = vcr();
+    c.args(["inspect", sub]).args(args);
+    c
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("vllm-vcr-inspect-calibrate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/cpu-engine-capture")
-        .join(name)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn run(sub: &str, args: &[&str]) -> Output {
-    bin().args(["inspect", sub]).args(args).output().unwrap()
-}
-
-fn calibrate(args: &[&str]) -> Output {
-    run("calibrate", args)
-}
-
-fn text(out: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
-fn ok(out: &Output) -> (String, String) {
-    let (o, e) = text(out);
-    assert!(out.status.success(), "stdout:\n{o}\nstderr:\n{e}");
-    (o, e)
+fn calibrate(args: &[&str]) -> TestCommand {
+    inspect("calibrate", args)
 }
 
 /// Exit status 1 (out of tolerance, or bad input): what the process printed.
 fn exit_1(out: &Output) -> (String, String) {
-    let (o, e) = text(out);
+    let (o, e) = texts(out);
     assert_eq!(out.status.code(), Some(1), "stdout:\n{o}\nstderr:\n{e}");
     (o, e)
 }
@@ -68,17 +37,18 @@ fn fixture_model() -> PathBuf {
     static MODEL: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     MODEL
         .get_or_init(|| {
-            let model = tmp("fixture-model.json");
-            ok(&run(
+            let model = process_dir("inspect-calibrate").join("fixture-model.json");
+            inspect(
                 "fit",
                 &[
-                    s(&fixture("trace.jsonl.gz")),
+                    s(&cpu_capture("trace.jsonl.gz")),
                     "--steps",
-                    s(&fixture("steps.jsonl.gz")),
+                    s(&cpu_capture("steps.jsonl.gz")),
                     "-o",
                     s(&model),
                 ],
-            ));
+            )
+            .run();
             model
         })
         .clone()
@@ -88,7 +58,7 @@ fn fixture_model() -> PathBuf {
 /// `max_num_seqs` (block size 128 comes from the trace).
 fn fixture_args(model: &Path, extra: &[&str]) -> Vec<String> {
     let mut a = vec![
-        s(&fixture("trace.jsonl.gz")).to_string(),
+        s(&cpu_capture("trace.jsonl.gz")).to_string(),
         "--latency-trace".into(),
         s(model).to_string(),
         "--max-num-seqs".into(),
@@ -98,19 +68,10 @@ fn fixture_args(model: &Path, extra: &[&str]) -> Vec<String> {
     a
 }
 
-fn calibrate_fixture(extra: &[&str]) -> Output {
+fn calibrate_fixture(extra: &[&str]) -> TestCommand {
     let model = fixture_model();
     let a = fixture_args(&model, extra);
     calibrate(&a.iter().map(String::as_str).collect::<Vec<_>>())
-}
-
-fn cohort<'a>(v: &'a Value, name: &str) -> &'a Value {
-    v["cohorts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["cohort"] == name)
-        .unwrap_or_else(|| panic!("no cohort {name} in {}", v["cohorts"]))
 }
 
 #[test]
@@ -121,10 +82,7 @@ fn in_sample_on_the_cpu_engine_capture() {
     // a batch than they did, and the modelled ITL tail is far above the captured one —
     // ITL p99 +268 % pooled and +1,800 % in the 5-8 cohort at this seed. That is what
     // calibrate is for; the loose gate here only checks the exit status.
-    let (out, err) = ok(&calibrate_fixture(&[
-        "--tolerance",
-        "p50=50,p90=100,p99=5000",
-    ]));
+    let (out, err) = texts(&calibrate_fixture(&["--tolerance", "p50=50,p90=100,p99=5000"]).run());
     assert!(
         out.starts_with("calibrate: ") && out.contains("(301 records, 301 with captured timing, 301 compared; arrivals at their recorded offsets)"),
         "{out}"
@@ -155,7 +113,7 @@ fn in_sample_on_the_cpu_engine_capture() {
     assert!(!err.contains("error"), "{err}");
 
     let loose = ["--json", "--tolerance", "p50=50,p90=100,p99=5000"];
-    let v: Value = serde_json::from_str(&ok(&calibrate_fixture(&loose)).0).unwrap();
+    let v: Value = serde_json::from_str(&texts(&calibrate_fixture(&loose).run()).0).unwrap();
     assert_eq!(v["pass"], true);
     let all = cohort(&v, "all");
     let d = |m: &str, q: &str| f(&all[m]["modelled_delta_pct"][q]);
@@ -177,7 +135,7 @@ fn in_sample_on_the_cpu_engine_capture() {
     assert_eq!(cohort(&v, "5-8")["requests"], 185);
 
     // the default gate (2 / 2 / 5 %) fails; a strict one fails every cell, and says which
-    let (out, err) = exit_1(&calibrate_fixture(&["--tolerance", "0.01"]));
+    let (out, err) = exit_1(&calibrate_fixture(&["--tolerance", "0.01"]).output());
     assert!(
         out.contains("result: FAIL — 36 of 36 gated cells out of tolerance"),
         "{out}"
@@ -191,12 +149,12 @@ fn in_sample_on_the_cpu_engine_capture() {
         "{err}"
     );
     assert!(err.contains("and 30 more"), "{err}");
-    exit_1(&calibrate_fixture(&[]));
+    exit_1(&calibrate_fixture(&[]).output());
 }
 
 /// A trace of `n` requests of 64 prompt / 32 output tokens (distinct prompts, blocks of
 /// 16), Poisson arrivals at `rate` per second from a fixed generator.
-fn hand_trace(name: &str, n: usize, rate: f64, seed: u64) -> PathBuf {
+fn hand_trace(tmp: &TestDir, name: &str, n: usize, rate: f64, seed: u64) -> PathBuf {
     let mut x = seed;
     let mut uniform = || {
         x = x
@@ -213,41 +171,42 @@ fn hand_trace(name: &str, n: usize, rate: f64, seed: u64) -> PathBuf {
                        "arrival_ms": (t * 1000.0).round() / 1000.0, "block_hashes": hashes});
         text += &(r.to_string() + "\n");
     }
-    let path = tmp(name);
+    let path = tmp.path(name);
     std::fs::write(&path, text).unwrap();
     path
 }
 
 /// A synthetic capture: `trace` simulated with knobs, dumped as a trace.
-fn synthetic_capture(trace: &Path, name: &str, knobs: &[&str]) -> PathBuf {
-    let dump = tmp(name);
+fn synthetic_capture(tmp: &TestDir, trace: &Path, name: &str, knobs: &[&str]) -> PathBuf {
+    let dump = tmp.path(name);
     let mut a = vec![s(trace), "--dump-trace", s(&dump)];
     a.extend_from_slice(knobs);
-    ok(&run("simulate", &a));
+    inspect("simulate", &a).run();
     dump
 }
 
-fn fit(traces: &[&Path], name: &str) -> PathBuf {
-    let model = tmp(name);
+fn fit(tmp: &TestDir, traces: &[&Path], name: &str) -> PathBuf {
+    let model = tmp.path(name);
     let mut a: Vec<&str> = traces.iter().map(|t| s(t)).collect();
     a.extend(["-o", s(&model)]);
-    ok(&run("fit", &a));
+    inspect("fit", &a).run();
     model
 }
 
 #[test]
 fn a_synthetic_capture_made_with_known_knobs() {
+    let tmp = TestDir::new("a_synthetic_capture_made_with_known_knobs");
     // 400 requests at 10/s, each 50 ms to the first token then 10 ms a token: about 7 in
     // flight, cohorts 1 to 17-32
     let knobs = ["--time-to-first-token", "50", "--inter-token-latency", "10"];
-    let trace = hand_trace("hand.jsonl", 400, 10.0, 7);
-    let capture = synthetic_capture(&trace, "synthetic.jsonl", &knobs);
-    let model = fit(&[&capture], "synthetic-model.json");
-    let out = calibrate(&[s(&capture), "--latency-trace", s(&model), "--json"]);
+    let trace = hand_trace(&tmp, "hand.jsonl", 400, 10.0, 7);
+    let capture = synthetic_capture(&tmp, &trace, "synthetic.jsonl", &knobs);
+    let model = fit(&tmp, &[&capture], "synthetic-model.json");
+    let out = calibrate(&[s(&capture), "--latency-trace", s(&model), "--json"]).output();
     // the pooled cells pass; some cohort cells of ~100 requests miss 2 % (the model
     // draws a prefill step's cost from its captured spread, 50 ms alone or 60 ms beside
     // decodes, where the knobs were exact): the exit status is not the point here
-    let v: Value = serde_json::from_str(&text(&out).0).unwrap();
+    let v: Value = serde_json::from_str(&texts(&out).0).unwrap();
     assert_eq!(v["fit_set"]["relation"], "in-sample", "{}", v["fit_set"]);
     assert_eq!(v["compared"], 400);
     let all = cohort(&v, "all");
@@ -286,13 +245,14 @@ fn a_synthetic_capture_made_with_known_knobs() {
 
     // against a model fitted to another workload of the same engine: counterfactual
     let other = synthetic_capture(
-        &hand_trace("hand-2.jsonl", 300, 8.0, 11),
+        &tmp,
+        &hand_trace(&tmp, "hand-2.jsonl", 300, 8.0, 11),
         "synthetic-2.jsonl",
         &knobs,
     );
-    let model_2 = fit(&[&other], "synthetic-model-2.json");
-    let out = calibrate(&[s(&capture), "--latency-trace", s(&model_2)]);
-    let (o, _) = text(&out);
+    let model_2 = fit(&tmp, &[&other], "synthetic-model-2.json");
+    let out = calibrate(&[s(&capture), "--latency-trace", s(&model_2)]).output();
+    let (o, _) = texts(&out);
     assert!(
         o.contains("— counterfactual: the trace is not in the fit set"),
         "{o}"
@@ -304,8 +264,9 @@ fn a_synthetic_capture_made_with_known_knobs() {
         s(&other),
         s(&capture),
         "--json",
-    ]);
-    let v: Value = serde_json::from_str(&text(&out).0).unwrap();
+    ])
+    .output();
+    let v: Value = serde_json::from_str(&texts(&out).0).unwrap();
     assert_eq!(v["fit_set"]["in_sample"], true, "{}", v["fit_set"]);
 }
 
@@ -353,8 +314,8 @@ fn num(v: &Value) -> String {
 
 #[test]
 fn json_has_the_numbers_of_the_table() {
-    let (out, _) = exit_1(&calibrate_fixture(&[]));
-    let (js, _) = exit_1(&calibrate_fixture(&["--json"]));
+    let (out, _) = exit_1(&calibrate_fixture(&[]).output());
+    let (js, _) = exit_1(&calibrate_fixture(&["--json"]).output());
     let v: Value = serde_json::from_str(&js).unwrap();
     assert_eq!(v["records"], 301);
     assert_eq!(v["pass"], false);
@@ -411,9 +372,10 @@ fn json_has_the_numbers_of_the_table() {
 
 #[test]
 fn plot_writes_svg_figures_of_every_gated_cohort() {
-    let dir = tmp("plots");
+    let tmp = TestDir::new("plot_writes_svg_figures_of_every_gated_cohort");
+    let dir = tmp.path("plots");
     let _ = std::fs::remove_dir_all(&dir);
-    let (out, _) = exit_1(&calibrate_fixture(&["--plot", s(&dir)]));
+    let (out, _) = exit_1(&calibrate_fixture(&["--plot", s(&dir)]).output());
     assert!(
         out.contains(&format!("plots: 16 SVG files in {}", dir.display())),
         "{out}"
@@ -453,8 +415,9 @@ fn plot_writes_svg_figures_of_every_gated_cohort() {
     assert!(all.contains("fraction of samples ≥ x (log scale)"));
 
     // a capture with multi-token chunks (speculative decoding) also gets its chunk sizes
-    let trace = hand_trace("spec.jsonl", 120, 10.0, 3);
+    let trace = hand_trace(&tmp, "spec.jsonl", 120, 10.0, 3);
     let capture = synthetic_capture(
+        &tmp,
         &trace,
         "spec-capture.jsonl",
         &[
@@ -466,11 +429,11 @@ fn plot_writes_svg_figures_of_every_gated_cohort() {
             "2",
         ],
     );
-    let model = fit(&[&capture], "spec-model.json");
-    let dir = tmp("spec-plots");
+    let model = fit(&tmp, &[&capture], "spec-model.json");
+    let dir = tmp.path("spec-plots");
     // the gate does not matter here: plots are written either way
-    let out = calibrate(&[s(&capture), "--latency-trace", s(&model), "--plot", s(&dir)]);
-    let (o, e) = text(&out);
+    let out = calibrate(&[s(&capture), "--latency-trace", s(&model), "--plot", s(&dir)]).output();
+    let (o, e) = texts(&out);
     assert!(matches!(out.status.code(), Some(0 | 1)), "{o}\n{e}");
     let svg = check_xml(&dir.join("chunk-sizes.svg"));
     assert!(
@@ -482,8 +445,9 @@ fn plot_writes_svg_figures_of_every_gated_cohort() {
 
 #[test]
 fn dump_samples_writes_one_row_per_request() {
-    let path = tmp("samples.jsonl");
-    exit_1(&calibrate_fixture(&["--dump-samples", s(&path)]));
+    let tmp = TestDir::new("dump_samples_writes_one_row_per_request");
+    let path = tmp.path("samples.jsonl");
+    exit_1(&calibrate_fixture(&["--dump-samples", s(&path)]).output());
     let text = std::fs::read_to_string(&path).unwrap();
     let rows: Vec<Value> = text
         .lines()
@@ -508,8 +472,8 @@ fn dump_samples_writes_one_row_per_request() {
     assert_eq!(rows[0]["captured"]["itl_ms"].as_array().unwrap().len(), 3);
     assert!(rows.iter().all(|r| r["request_id"].is_string()));
 
-    let csv = tmp("samples.csv");
-    exit_1(&calibrate_fixture(&["--dump-samples", s(&csv)]));
+    let csv = tmp.path("samples.csv");
+    exit_1(&calibrate_fixture(&["--dump-samples", s(&csv)]).output());
     let text = std::fs::read_to_string(&csv).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 302, "a header and a row per request");
@@ -525,54 +489,59 @@ fn dump_samples_writes_one_row_per_request() {
 
 #[test]
 fn bad_input_is_refused_with_a_clear_error() {
+    let tmp = TestDir::new("bad_input_is_refused_with_a_clear_error");
     let model = fixture_model();
-    let (_, e) = exit_1(&calibrate(&[
-        "/nonexistent/trace.jsonl",
-        "--latency-trace",
-        s(&model),
-    ]));
+    let (_, e) =
+        exit_1(&calibrate(&["/nonexistent/trace.jsonl", "--latency-trace", s(&model)]).output());
     assert!(e.contains("/nonexistent/trace.jsonl"), "{e}");
 
     // the model under test is required
-    let (_, e) = exit_1(&calibrate(&[s(&fixture("trace.jsonl.gz"))]));
+    let (_, e) = exit_1(&calibrate(&[s(&cpu_capture("trace.jsonl.gz"))]).output());
     assert!(e.contains("pass --latency-trace MODEL"), "{e}");
 
     // a JSON file of another format
-    let not_model = tmp("not-a-model.json");
+    let not_model = tmp.path("not-a-model.json");
     std::fs::write(
         &not_model,
         "{\"format\": \"something-else\", \"version\": 3}\n",
     )
     .unwrap();
-    let (_, e) = exit_1(&calibrate(&[
-        s(&fixture("trace.jsonl.gz")),
-        "--latency-trace",
-        s(&not_model),
-    ]));
+    let (_, e) = exit_1(
+        &calibrate(&[
+            s(&cpu_capture("trace.jsonl.gz")),
+            "--latency-trace",
+            s(&not_model),
+        ])
+        .output(),
+    );
     assert!(e.contains("is not a latency model this build reads"), "{e}");
     // a file that is neither a model nor a trace
-    let junk = tmp("junk.txt");
+    let junk = tmp.path("junk.txt");
     std::fs::write(&junk, "hello\n").unwrap();
-    let (_, e) = exit_1(&calibrate(&[
-        s(&fixture("trace.jsonl.gz")),
-        "--latency-trace",
-        s(&junk),
-    ]));
+    let (_, e) = exit_1(
+        &calibrate(&[
+            s(&cpu_capture("trace.jsonl.gz")),
+            "--latency-trace",
+            s(&junk),
+        ])
+        .output(),
+    );
     assert!(e.contains("junk.txt:1: invalid trace line"), "{e}");
 
     // a converted Mooncake trace has arrivals and lengths, no timing
-    let mooncake = tmp("mooncake.jsonl");
-    ok(&run(
+    let mooncake = tmp.path("mooncake.jsonl");
+    inspect(
         "convert",
         &[
             "--from",
             "mooncake",
-            s(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mooncake/sample.jsonl")),
+            s(&fixture("tests/fixtures/mooncake/sample.jsonl")),
             "-o",
             s(&mooncake),
         ],
-    ));
-    let (_, e) = exit_1(&calibrate(&[s(&mooncake), "--latency-trace", s(&model)]));
+    )
+    .run();
+    let (_, e) = exit_1(&calibrate(&[s(&mooncake), "--latency-trace", s(&model)]).output());
     assert!(
         e.contains("no complete record has captured timing (ttft_ms)"),
         "{e}"
@@ -580,40 +549,46 @@ fn bad_input_is_refused_with_a_clear_error() {
     assert!(e.contains("Mooncake"), "{e}");
 
     // timing without arrivals (a converted client report without them)
-    let untimed = tmp("no-arrivals.jsonl");
+    let untimed = tmp.path("no-arrivals.jsonl");
     std::fs::write(
         &untimed,
         "{\"meta\":{\"block_size\":16}}\n{\"prompt_tokens\":8,\"output_tokens\":2,\"ttft_ms\":5,\"itl_ms\":[1]}\n",
     )
     .unwrap();
-    let (_, e) = exit_1(&calibrate(&[s(&untimed), "--latency-trace", s(&model)]));
+    let (_, e) = exit_1(&calibrate(&[s(&untimed), "--latency-trace", s(&model)]).output());
     assert!(e.contains("no record has an arrival_ms"), "{e}");
 
-    let trace = fixture("trace.jsonl.gz");
+    let trace = cpu_capture("trace.jsonl.gz");
     for (flag, msg) in [
         ("--tolerance=p95=3", "the quantiles are p50, p90 and p99"),
         ("--tolerance=-2", "not a percentage"),
     ] {
-        let out = calibrate(&[s(&trace), "--latency-trace", s(&model), flag]);
-        let (_, e) = text(&out);
+        let out = calibrate(&[s(&trace), "--latency-trace", s(&model), flag]).output();
+        let (_, e) = texts(&out);
         assert!(!out.status.success() && e.contains(msg), "{flag}: {e}");
     }
-    let (_, e) = exit_1(&calibrate(&[
-        s(&trace),
-        "--latency-trace",
-        s(&model),
-        "--dump-samples",
-        s(&trace),
-    ]));
+    let (_, e) = exit_1(
+        &calibrate(&[
+            s(&trace),
+            "--latency-trace",
+            s(&model),
+            "--dump-samples",
+            s(&trace),
+        ])
+        .output(),
+    );
     assert!(e.contains("is the same file as the trace"), "{e}");
     // knobs and a model do not mix, as in `play`
-    let (_, e) = exit_1(&calibrate(&[
-        s(&trace),
-        "--latency-trace",
-        s(&model),
-        "--inter-token-latency",
-        "5",
-    ]));
+    let (_, e) = exit_1(
+        &calibrate(&[
+            s(&trace),
+            "--latency-trace",
+            s(&model),
+            "--inter-token-latency",
+            "5",
+        ])
+        .output(),
+    );
     assert!(
         e.contains("does not combine with --inter-token-latency"),
         "{e}"
@@ -622,7 +597,7 @@ fn bad_input_is_refused_with_a_clear_error() {
 
 #[test]
 fn help_explains_every_flag() {
-    let (help, _) = ok(&calibrate(&["--help"]));
+    let (help, _) = texts(&calibrate(&["--help"]).run());
     for flag in [
         "--latency-trace",
         "--replay-arrivals",
@@ -663,7 +638,7 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
     let json = |extra: &[&str]| -> Value {
         let mut a = vec!["--json", "--tolerance", "5000"];
         a.extend_from_slice(extra);
-        let (out, _) = ok(&calibrate_fixture(&a));
+        let (out, _) = texts(&calibrate_fixture(&a).run());
         serde_json::from_str(&out).unwrap()
     };
     // open loop: the medians are close, the ITL tail is not (+268 % at this seed)
@@ -709,8 +684,8 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
     );
 
     // the header says how the requests arrived
-    let out = calibrate_fixture(&["--replay-concurrency", "8", "--tolerance", "1000"]);
-    let (out, err) = ok(&out);
+    let out = calibrate_fixture(&["--replay-concurrency", "8", "--tolerance", "1000"]).run();
+    let (out, err) = texts(&out);
     assert!(
         out.contains(
             "301 compared; closed loop, 8 in flight, each next request when one finishes)"
@@ -728,8 +703,9 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
         "--replay-sessions",
         "--tolerance",
         "1000",
-    ]);
-    let (out, _) = ok(&out);
+    ])
+    .run();
+    let (out, _) = texts(&out);
     assert!(
         out.contains("closed loop over sessions, 8 in flight, each next session when one finishes"),
         "{out}"
@@ -741,9 +717,10 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
 /// to have quantiles ends with a message saying that, not with a pooled FAIL.
 #[test]
 fn another_configuration_and_too_few_requests_are_said_plainly() {
+    let tmp = TestDir::new("another_configuration_and_too_few_requests_are_said_plainly");
     // the capture, stamped as another configuration's
-    let other = tmp("other-config.jsonl");
-    support::copy_with_config_hash(&fixture("trace.jsonl.gz"), &other, "0123456789abcdef");
+    let other = tmp.path("other-config.jsonl");
+    support::copy_with_config_hash(&cpu_capture("trace.jsonl.gz"), &other, "0123456789abcdef");
     let model = fixture_model();
     let base = ["--latency-trace", s(&model), "--max-num-seqs", "128"];
 
@@ -757,7 +734,7 @@ fn another_configuration_and_too_few_requests_are_said_plainly() {
     ];
     args.extend(base);
     args.extend(["--min-requests", "10"]);
-    let (out, err) = ok(&calibrate(&args));
+    let (out, err) = texts(&calibrate(&args).run());
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         v["fit_set"]["other_configuration"], true,
@@ -780,7 +757,7 @@ fn another_configuration_and_too_few_requests_are_said_plainly() {
 
     let mut args = vec![s(&other), "--requests", "1"];
     args.extend(base);
-    let (out, err) = exit_1(&calibrate(&args));
+    let (out, err) = exit_1(&calibrate(&args).output());
     let fit_line = out.lines().find(|l| l.starts_with("fit set:")).unwrap();
     assert!(
         fit_line.contains(
@@ -801,15 +778,20 @@ fn another_configuration_and_too_few_requests_are_said_plainly() {
 /// and the synthetic run's knob line. The docs' figures used to drift from the binary.
 #[test]
 fn the_documented_calibrate_examples_are_what_the_binary_prints() {
+    let tmp = TestDir::new("the_documented_calibrate_examples_are_what_the_binary_prints");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(root.join("docs/inspect.md")).unwrap();
     // the commands as written, from a directory where the fixture's relative path holds
-    let dir = tmp("doc-example");
+    let dir = tmp.path("doc-example");
     std::fs::create_dir_all(&dir).unwrap();
     let _ = std::os::unix::fs::symlink(root.join("tests"), dir.join("tests"));
-    let in_dir = |args: &[&str]| bin().current_dir(&dir).args(args).output().unwrap();
+    let in_dir = |args: &[&str]| {
+        let mut c = vcr();
+        c.current_dir(&dir).args(args);
+        c
+    };
     let trace = "tests/fixtures/cpu-engine-capture/trace.jsonl.gz";
-    ok(&in_dir(&[
+    in_dir(&[
         "inspect",
         "fit",
         trace,
@@ -817,18 +799,22 @@ fn the_documented_calibrate_examples_are_what_the_binary_prints() {
         "tests/fixtures/cpu-engine-capture/steps.jsonl.gz",
         "-o",
         "model.json",
-    ]));
-    let (out, _) = exit_1(&in_dir(&[
-        "inspect",
-        "calibrate",
-        trace,
-        "--latency-trace",
-        "model.json",
-        "--plot",
-        "figures",
-        "--dump-samples",
-        "samples.jsonl",
-    ]));
+    ])
+    .run();
+    let (out, _) = exit_1(
+        &in_dir(&[
+            "inspect",
+            "calibrate",
+            trace,
+            "--latency-trace",
+            "model.json",
+            "--plot",
+            "figures",
+            "--dump-samples",
+            "samples.jsonl",
+        ])
+        .output(),
+    );
     let first = out.lines().next().unwrap();
     let start = doc
         .find(first)
@@ -869,7 +855,7 @@ fn the_documented_calibrate_examples_are_what_the_binary_prints() {
     assert!(doc.contains(&format!("lone requests {} %", last(ttft_rows[4]))));
 
     // the synthetic example: the knob row gives back what made the capture
-    ok(&in_dir(&[
+    in_dir(&[
         "inspect",
         "simulate",
         trace,
@@ -879,21 +865,26 @@ fn the_documented_calibrate_examples_are_what_the_binary_prints() {
         "10",
         "--dump-trace",
         "synthetic.jsonl.gz",
-    ]));
-    ok(&in_dir(&[
+    ])
+    .run();
+    in_dir(&[
         "inspect",
         "fit",
         "synthetic.jsonl.gz",
         "-o",
         "synthetic-model.json",
-    ]));
-    let (out, _) = ok(&in_dir(&[
-        "inspect",
-        "calibrate",
-        "synthetic.jsonl.gz",
-        "--latency-trace",
-        "synthetic-model.json",
-    ]));
+    ])
+    .run();
+    let (out, _) = texts(
+        &in_dir(&[
+            "inspect",
+            "calibrate",
+            "synthetic.jsonl.gz",
+            "--latency-trace",
+            "synthetic-model.json",
+        ])
+        .run(),
+    );
     let ttft = out
         .split("--time-to-first-token ")
         .nth(1)
@@ -913,26 +904,28 @@ fn the_documented_calibrate_examples_are_what_the_binary_prints() {
 
 #[test]
 fn the_step_check_and_the_host_speed_judge_the_model_on_the_captured_steps() {
-    let (trace, steps) = (fixture("trace.jsonl.gz"), fixture("steps.jsonl.gz"));
-    let model = tmp("steps-model.json");
-    ok(&run(
-        "fit",
-        &[s(&trace), "--steps", s(&steps), "-o", s(&model)],
-    ));
+    let tmp =
+        TestDir::new("the_step_check_and_the_host_speed_judge_the_model_on_the_captured_steps");
+    let (trace, steps) = (cpu_capture("trace.jsonl.gz"), cpu_capture("steps.jsonl.gz"));
+    let model = tmp.path("steps-model.json");
+    inspect("fit", &[s(&trace), "--steps", s(&steps), "-o", s(&model)]).run();
     // in sample: the capture ran at the model's speed, and every class of its steps is
     // reproduced at the median
-    let (out, _) = ok(&calibrate(&[
-        s(&trace),
-        "--latency-trace",
-        s(&model),
-        "--steps",
-        s(&steps),
-        "--json",
-        // the gate's verdict on this capture is calibrate's own business (docs: 24 of
-        // 36 cells out with recorded arrivals); this test reads the step check
-        "--tolerance",
-        "100000",
-    ]));
+    let (out, _) = texts(
+        &calibrate(&[
+            s(&trace),
+            "--latency-trace",
+            s(&model),
+            "--steps",
+            s(&steps),
+            "--json",
+            // the gate's verdict on this capture is calibrate's own business (docs: 24 of
+            // 36 cells out with recorded arrivals); this test reads the step check
+            "--tolerance",
+            "100000",
+        ])
+        .run(),
+    );
     let v: Value = serde_json::from_str(&out).unwrap();
     let speed = v["host_speed"]["factor"].as_f64().unwrap();
     assert!((0.97..=1.03).contains(&speed), "{}", v["host_speed"]);
@@ -949,7 +942,7 @@ fn the_step_check_and_the_host_speed_judge_the_model_on_the_captured_steps() {
 
     // the same capture judged against a model 25 % too fast: the host speed says so, and
     // --match-host-speed brings the simulated TTFT and ITL back to the capture's
-    let fast = tmp("steps-model-fast.json");
+    let fast = tmp.path("steps-model-fast.json");
     let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&model).unwrap()).unwrap();
     for k in [
         "step_ms",
@@ -962,7 +955,7 @@ fn the_step_check_and_the_host_speed_judge_the_model_on_the_captured_steps() {
     }
     std::fs::write(&fast, serde_json::to_string(&m).unwrap()).unwrap();
     let pooled = |args: &[&str]| -> (f64, [f64; 2]) {
-        let (out, _) = text(&calibrate(args));
+        let (out, _) = texts(&calibrate(args).output());
         let v: Value = serde_json::from_str(&out).unwrap();
         let all = support::pooled_cohort(&v).clone();
         (

@@ -7,30 +7,10 @@
 mod support;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
 use serde_json::Value;
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-}
-
-fn corpus(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("conformance/0.32")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("vllm-vcr-cal-e2e-{}-{name}", std::process::id()))
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use support::{TestDir, corpus, stderr, vcr};
 
 fn pooled(v: &Value, metric: &str, q: &str) -> f64 {
     let all = support::pooled_cohort(v);
@@ -39,17 +19,16 @@ fn pooled(v: &Value, metric: &str, q: &str) -> f64 {
 
 #[test]
 fn the_wire_agrees_with_the_offline_simulation() {
-    let model = tmp("model.json");
-    let fit = bin()
+    let tmp = TestDir::new("the_wire_agrees_with_the_offline_simulation");
+    let model = tmp.path("model.json");
+    vcr()
         .args(["inspect", "fit"])
         .arg(corpus("concurrency-8-s0.trace.jsonl.gz"))
         .arg("--steps")
         .arg(corpus("concurrency-8-s0.steps.jsonl.gz"))
         .arg("-o")
         .arg(&model)
-        .output()
-        .unwrap();
-    assert!(fit.status.success(), "{}", stderr(&fit));
+        .run();
     let gate = corpus("concurrency-8-s1.trace.jsonl.gz");
     let common = [
         gate.as_str(),
@@ -63,12 +42,7 @@ fn the_wire_agrees_with_the_offline_simulation() {
         "1000",
         "--json",
     ];
-    let offline = bin()
-        .args(["inspect", "calibrate"])
-        .args(common)
-        .output()
-        .unwrap();
-    assert!(offline.status.success(), "{}", stderr(&offline));
+    let offline = vcr().args(["inspect", "calibrate"]).args(common).run();
     let offline: Value = serde_json::from_slice(&offline.stdout).unwrap();
 
     // Same engine, same model, same requests: the wire-level deltas follow the offline
@@ -78,7 +52,7 @@ fn the_wire_agrees_with_the_offline_simulation() {
     // reports how late it emitted them; a step emitted L ms late moves a quantile of
     // value V by up to 100·L/V points (its p50 lateness for the medians, its p99 for the
     // p90s). One run, judged against the disturbance it measured: no second try.
-    let dump = tmp("tapped.jsonl");
+    let dump = tmp.path("tapped.jsonl");
     if let Err(miss) = wire_run(&common, &dump, &offline) {
         panic!("{miss}");
     }
@@ -101,20 +75,17 @@ fn the_wire_agrees_with_the_offline_simulation() {
     // the capture's load: a 4-token warm-up, then 128/64-token requests
     let long = records.iter().filter(|r| r["output_tokens"] == 64).count();
     assert_eq!(long, 79);
-    let _ = std::fs::remove_file(&dump);
-    let _ = std::fs::remove_file(&model);
 }
 
 /// One live run of `calibrate-e2e` (its tapped trace in `dump`); `Err` says which pooled
 /// delta strayed from the offline one by more than allowed.
 fn wire_run(common: &[&str], dump: &Path, offline: &Value) -> Result<(), String> {
-    let wire = bin()
+    let wire = vcr()
         .args(["inspect", "calibrate-e2e"])
         .args(common)
         .arg("--dump-trace")
         .arg(dump)
-        .output()
-        .unwrap();
+        .output();
     let err = stderr(&wire);
     assert!(
         wire.status.success(),
@@ -168,14 +139,12 @@ fn wire_run(common: &[&str], dump: &Path, offline: &Value) -> Result<(), String>
 
 #[test]
 fn bad_input_is_refused_with_a_clear_error() {
+    let tmp = TestDir::new("bad_input_is_refused_with_a_clear_error");
     let gate = corpus("concurrency-8-s1.trace.jsonl.gz");
-    let out = bin()
-        .args(["inspect", "calibrate-e2e", &gate])
-        .output()
-        .unwrap();
+    let out = vcr().args(["inspect", "calibrate-e2e", &gate]).output();
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--latency-trace"), "{}", stderr(&out));
-    let out = bin()
+    let out = vcr()
         .args([
             "inspect",
             "calibrate-e2e",
@@ -185,8 +154,7 @@ fn bad_input_is_refused_with_a_clear_error() {
             "--frontend",
             "python",
         ])
-        .output()
-        .unwrap();
+        .output();
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("--frontend python needs --python-venv"),
@@ -201,7 +169,7 @@ fn bad_input_is_refused_with_a_clear_error() {
         ("1.0", "outside the supported window"),
         ("../../x", "is not a vLLM version"),
     ] {
-        let trace = tmp(&format!("meta-{}.jsonl", version.replace('/', "_")));
+        let trace = tmp.path(&format!("meta-{}.jsonl", version.replace('/', "_")));
         std::fs::write(
             &trace,
             format!(
@@ -211,10 +179,9 @@ fn bad_input_is_refused_with_a_clear_error() {
         .unwrap();
         let t = trace.to_str().unwrap();
         let started = std::time::Instant::now();
-        let out = bin()
+        let out = vcr()
             .args(["inspect", "calibrate-e2e", t, "--latency-trace", &gate])
-            .output()
-            .unwrap();
+            .output();
         let e = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{version}: {e}");
         assert!(

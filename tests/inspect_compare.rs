@@ -3,56 +3,27 @@
 
 mod support;
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
 use serde_json::Value;
+use std::io::Read;
 use support::svg::check_xml;
+use support::{TestCommand, TestDir, cohort, corpus, fixture, vcr};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+/// `name`'s trace in the conformance corpus.
+fn capture(name: &str) -> String {
+    corpus(&format!("{name}.trace.jsonl.gz"))
 }
 
-fn corpus(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("conformance/0.32")
-        .join(format!("{name}.trace.jsonl.gz"))
-        .display()
-        .to_string()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("vllm-vcr-compare-{}-{name}", std::process::id()))
-}
-
-fn compare(args: &[&str]) -> Output {
-    bin()
-        .args(["inspect", "compare"])
-        .args(args)
-        .output()
-        .unwrap()
+fn compare(args: &[&str]) -> TestCommand {
+    let mut c = vcr();
+    c.args(["inspect", "compare"]).args(args);
+    c
 }
 
 fn json(args: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.push("--json");
-    let out = compare(&a);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = compare(&a).run();
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn cohort<'a>(v: &'a Value, name: &str) -> &'a Value {
-    v["cohorts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["cohort"] == name)
-        .unwrap_or_else(|| panic!("no cohort {name}"))
 }
 
 /// The TTFTs and gaps of a trace's complete records, read here (not by the binary).
@@ -91,8 +62,8 @@ fn nearest_rank(v: &[f64], q: f64) -> f64 {
 
 #[test]
 fn a_trace_against_itself_is_zero_and_against_its_repeat_is_the_engines_noise() {
-    let a = corpus("concurrency-8-s0");
-    let b = corpus("concurrency-8-s0-repeat");
+    let a = capture("concurrency-8-s0");
+    let b = capture("concurrency-8-s0-repeat");
     let same = json(&[&a, &a]);
     for c in same["cohorts"].as_array().unwrap() {
         for m in ["ttft_ms", "itl_ms", "request_total_ms"] {
@@ -133,7 +104,7 @@ fn a_trace_against_itself_is_zero_and_against_its_repeat_is_the_engines_noise() 
     assert_eq!(cohort(&v, "5-8")["traces"][0]["small"], false);
 
     // the table says the same
-    let out = compare(&[&a, &b, "--label", "seed 0", "--label", "again"]);
+    let out = compare(&[&a, &b, "--label", "seed 0", "--label", "again"]).output();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.starts_with("compare: 2 traces; Δ % against the first"),
@@ -157,10 +128,10 @@ fn a_trace_against_itself_is_zero_and_against_its_repeat_is_the_engines_noise() 
 
 #[test]
 fn plot_draws_every_trace_and_session_turns() {
-    let dir = tmp("plots");
-    let _ = std::fs::remove_dir_all(&dir);
-    let on = corpus("sessions-s1");
-    let off = corpus("sessions-no-prefix-cache-s1");
+    let tmp = TestDir::new("plot_draws_every_trace_and_session_turns");
+    let dir = tmp.path("plots");
+    let on = capture("sessions-s1");
+    let off = capture("sessions-no-prefix-cache-s1");
     let v = json(&[
         &on,
         &off,
@@ -213,48 +184,36 @@ fn plot_draws_every_trace_and_session_turns() {
             assert!(svg.contains("no prefix caching"), "{name}");
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn bad_input_is_refused_with_a_clear_error() {
-    let a = corpus("concurrency-8-s0");
-    let err = |out: Output| -> String {
-        assert!(!out.status.success());
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
-    let e = err(compare(&[&a]));
+    let tmp = TestDir::new("bad_input_is_refused_with_a_clear_error");
+    let a = capture("concurrency-8-s0");
+    let e = compare(&[&a]).run_failing();
     assert!(e.contains("TRACE"), "{e}");
-    let e = err(compare(&[&a, "/nonexistent/trace.jsonl"]));
+    let e = compare(&[&a, "/nonexistent/trace.jsonl"]).run_failing();
     assert!(e.contains("/nonexistent/trace.jsonl"), "{e}");
     // a converted Mooncake trace has arrivals and lengths but no latencies
-    let mooncake = tmp("mooncake.jsonl");
-    let conv = bin()
+    let mooncake = tmp.path("mooncake.jsonl");
+    vcr()
         .args(["inspect", "convert", "--from", "mooncake"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mooncake/sample.jsonl"))
+        .arg(fixture("tests/fixtures/mooncake/sample.jsonl"))
         .arg("-o")
         .arg(&mooncake)
-        .output()
-        .unwrap();
-    assert!(
-        conv.status.success(),
-        "{}",
-        String::from_utf8_lossy(&conv.stderr)
-    );
-    let e = err(compare(&[&a, mooncake.to_str().unwrap()]));
+        .run();
+    let e = compare(&[&a, mooncake.to_str().unwrap()]).run_failing();
     assert!(e.contains("no complete record has timing"), "{e}");
-    let e = err(compare(&[
-        &a, &a, "--label", "x", "--label", "y", "--label", "z",
-    ]));
+    let e = compare(&[&a, &a, "--label", "x", "--label", "y", "--label", "z"]).run_failing();
     assert!(e.contains("3 --label for 2 traces"), "{e}");
     // a capture that ended before any request: said so, not "no records to simulate"
-    let meta_only = tmp("meta-only.jsonl");
+    let meta_only = tmp.path("meta-only.jsonl");
     std::fs::write(
         &meta_only,
         "{\"meta\": {\"version\": 1, \"block_size\": 16}}\n",
     )
     .unwrap();
-    let e = err(compare(&[&a, meta_only.to_str().unwrap()]));
+    let e = compare(&[&a, meta_only.to_str().unwrap()]).run_failing();
     assert!(
         e.contains("holds no request records, only its meta line") && !e.contains("simulate"),
         "{e}"

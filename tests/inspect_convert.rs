@@ -2,58 +2,38 @@
 //! `vllm-rs bench serve --dataset-name timed_trace` replays with the recorded lengths), and
 //! real guidellm reports whose converted numbers agree with guidellm's own.
 
+mod support;
+
 use std::collections::HashSet;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sim_trace::trace::{BlockHash, TraceItem, TraceMeta, TraceReader, TraceRecord};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-convert-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
+use support::{TestCommand, TestDir, fixture, http_get_ok, vcr, vcr_command};
 
 /// `vllm-vcr inspect convert ARGS… -o OUTPUT INPUT`.
-fn convert(args: &[&str], output: &Path, input: &Path) -> Output {
-    bin()
-        .args(["inspect", "convert"])
+fn convert(args: &[&str], output: &Path, input: &Path) -> TestCommand {
+    let mut c = vcr();
+    c.args(["inspect", "convert"])
         .args(args)
         .arg("-o")
         .arg(output)
-        .arg(input)
-        .output()
-        .unwrap()
+        .arg(input);
+    c
 }
 
 /// As [`convert`], expecting success; returns stdout.
 fn convert_ok(args: &[&str], output: &Path, input: &Path) -> String {
-    let out = convert(args, output, input);
-    assert!(
-        out.status.success(),
-        "convert {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = convert(args, output, input).run();
     String::from_utf8(out.stdout).unwrap()
 }
 
 /// As [`convert`], expecting exit code 1 (an error, not a panic); returns stderr.
 fn convert_err(args: &[&str], output: &Path, input: &Path) -> String {
-    let out = convert(args, output, input);
+    let out = convert(args, output, input).output();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(out.status.code(), Some(1), "convert {args:?}: {err}");
     assert!(!err.contains("panicked"), "{err}");
@@ -112,9 +92,10 @@ fn same_value(a: &Value, b: &Value) -> bool {
 
 #[test]
 fn the_hand_made_mooncake_file_round_trips_byte_for_byte() {
-    let src = fixture("mooncake/sample.jsonl");
-    let trace = tmp("sample-trace.jsonl");
-    let back = tmp("sample-back.jsonl");
+    let tmp = TestDir::new("the_hand_made_mooncake_file_round_trips_byte_for_byte");
+    let src = fixture("tests/fixtures/mooncake/sample.jsonl");
+    let trace = tmp.path("sample-trace.jsonl");
+    let back = tmp.path("sample-back.jsonl");
     let summary: Value =
         serde_json::from_str(&convert_ok(&["--from", "mooncake", "--json"], &trace, &src)).unwrap();
     assert_eq!(summary["written"], 8);
@@ -154,9 +135,11 @@ fn the_hand_made_mooncake_file_round_trips_byte_for_byte() {
 
 #[test]
 fn a_file_with_python_spacing_and_float_timestamps_round_trips_value_for_value() {
-    let src = fixture("mooncake/spaced.jsonl");
-    let trace = tmp("spaced-trace.jsonl.gz");
-    let back = tmp("spaced-back.jsonl.gz");
+    let tmp =
+        TestDir::new("a_file_with_python_spacing_and_float_timestamps_round_trips_value_for_value");
+    let src = fixture("tests/fixtures/mooncake/spaced.jsonl");
+    let trace = tmp.path("spaced-trace.jsonl.gz");
+    let back = tmp.path("spaced-back.jsonl.gz");
     convert_ok(&["--from", "mooncake"], &trace, &src);
     convert_ok(&["--to", "mooncake"], &back, &trace);
     let (a, b) = (jsonl(&src), jsonl(&back));
@@ -208,10 +191,11 @@ fn mooncake_lines(n: usize, block: usize) -> String {
 
 #[test]
 fn a_few_hundred_generated_lines_round_trip_byte_for_byte() {
-    let src = tmp("gen.jsonl");
+    let tmp = TestDir::new("a_few_hundred_generated_lines_round_trip_byte_for_byte");
+    let src = tmp.path("gen.jsonl");
     std::fs::write(&src, mooncake_lines(400, 16)).unwrap();
-    let trace = tmp("gen-trace.jsonl.gz");
-    let back = tmp("gen-back.jsonl");
+    let trace = tmp.path("gen-trace.jsonl.gz");
+    let back = tmp.path("gen-back.jsonl");
     let summary: Value = serde_json::from_str(&convert_ok(
         &["--from", "mooncake", "--block-size", "16", "--json"],
         &trace,
@@ -230,6 +214,7 @@ fn a_few_hundred_generated_lines_round_trip_byte_for_byte() {
 
 #[test]
 fn bad_mooncake_lines_name_file_and_line_and_leave_no_output() {
+    let tmp = TestDir::new("bad_mooncake_lines_name_file_and_line_and_leave_no_output");
     let good = "{\"timestamp\":0,\"input_length\":5,\"output_length\":1,\"hash_ids\":[1]}";
     for (bad, what) in [
         (
@@ -244,9 +229,9 @@ fn bad_mooncake_lines_name_file_and_line_and_leave_no_output() {
         ("{\"input_length\":5,\"output_length\":1}", "timestamp"),
         ("[1, 2]", "JSON object"),
     ] {
-        let src = tmp("bad.jsonl");
+        let src = tmp.path("bad.jsonl");
         std::fs::write(&src, format!("{good}\n\n{bad}\n{good}\n")).unwrap();
-        let out = tmp("bad-trace.jsonl");
+        let out = tmp.path("bad-trace.jsonl");
         let err = convert_err(&["--from", "mooncake"], &out, &src);
         assert!(err.contains(&format!("{}:3", src.display())), "{err}");
         assert!(err.contains(what), "{what}: {err}");
@@ -257,17 +242,21 @@ fn bad_mooncake_lines_name_file_and_line_and_leave_no_output() {
     }
 
     // A bad trace line on the way back names file and line too.
-    let trace = tmp("bad-back.jsonl");
+    let trace = tmp.path("bad-back.jsonl");
     std::fs::write(
         &trace,
         "{\"meta\":{\"block_size\":16}}\n{\"prompt_tokens\":3,\"arrival_ms\":1}\n{\"prompt_tokens\":\"x\"}\n",
     )
     .unwrap();
-    let err = convert_err(&["--to", "mooncake"], &tmp("bad-back-out.jsonl"), &trace);
+    let err = convert_err(
+        &["--to", "mooncake"],
+        &tmp.path("bad-back-out.jsonl"),
+        &trace,
+    );
     assert!(err.contains(&format!("{}:3", trace.display())), "{err}");
 
     // The input is never the output.
-    let src = tmp("self.jsonl");
+    let src = tmp.path("self.jsonl");
     std::fs::write(&src, format!("{good}\n")).unwrap();
     let err = convert_err(&["--from", "mooncake"], &src, &src);
     assert!(err.contains("is the same file as the input file"), "{err}");
@@ -301,9 +290,10 @@ fn tap_like_trace(path: &Path) {
 
 #[test]
 fn a_tap_trace_exports_sorted_with_ids_covering_every_prompt() {
-    let trace = tmp("tap.jsonl");
+    let tmp = TestDir::new("a_tap_trace_exports_sorted_with_ids_covering_every_prompt");
+    let trace = tmp.path("tap.jsonl");
     tap_like_trace(&trace);
-    let out = tmp("tap-mooncake.jsonl");
+    let out = tmp.path("tap-mooncake.jsonl");
     let summary: Value =
         serde_json::from_str(&convert_ok(&["--to", "mooncake", "--json"], &out, &trace)).unwrap();
     assert_eq!(summary["written"], 5);
@@ -348,7 +338,7 @@ fn a_tap_trace_exports_sorted_with_ids_covering_every_prompt() {
     assert!(notes.contains("sorted by arrival"), "{notes}");
 
     // Coarser ids: a multiple of 16 merges hashes, keeping exactly what is shared.
-    let coarse = tmp("tap-32.jsonl");
+    let coarse = tmp.path("tap-32.jsonl");
     convert_ok(&["--to", "mooncake", "--block-size", "32"], &coarse, &trace);
     let c = jsonl(&coarse);
     let cid = |i: usize| -> Vec<u64> {
@@ -368,29 +358,29 @@ fn a_tap_trace_exports_sorted_with_ids_covering_every_prompt() {
     for bs in ["8", "24"] {
         let err = convert_err(
             &["--to", "mooncake", "--block-size", bs],
-            &tmp("tap-bad.jsonl"),
+            &tmp.path("tap-bad.jsonl"),
             &trace,
         );
         assert!(err.contains("16 tokens each"), "{err}");
     }
     // Hashes without a block size in the meta line: the user must say.
-    let bare = tmp("bare.jsonl");
+    let bare = tmp.path("bare.jsonl");
     std::fs::write(
         &bare,
         "{\"prompt_tokens\":20,\"arrival_ms\":0,\"block_hashes\":[3]}\n",
     )
     .unwrap();
-    let err = convert_err(&["--to", "mooncake"], &tmp("bare-out.jsonl"), &bare);
+    let err = convert_err(&["--to", "mooncake"], &tmp.path("bare-out.jsonl"), &bare);
     assert!(err.contains("--block-size"), "{err}");
     convert_ok(
         &["--to", "mooncake", "--block-size", "16"],
-        &tmp("bare-out.jsonl"),
+        &tmp.path("bare-out.jsonl"),
         &bare,
     );
     // Flags of another format are refused.
     let err = convert_err(
         &["--to", "mooncake", "--all-requests"],
-        &tmp("x.jsonl"),
+        &tmp.path("x.jsonl"),
         &trace,
     );
     assert!(err.contains("guidellm only"), "{err}");
@@ -399,7 +389,7 @@ fn a_tap_trace_exports_sorted_with_ids_covering_every_prompt() {
 // ---------------------------------------------------------------- guidellm
 
 fn report(name: &str) -> Value {
-    let f = std::fs::File::open(fixture(name)).unwrap();
+    let f = std::fs::File::open(fixture(&format!("tests/fixtures/{name}"))).unwrap();
     let mut s = String::new();
     flate2::read::MultiGzDecoder::new(f)
         .read_to_string(&mut s)
@@ -486,11 +476,12 @@ fn check_against_report(name: &str, records: &[TraceRecord]) {
 
 #[test]
 fn a_real_guidellm_report_agrees_with_guidellm_within_one_percent() {
-    let trace = tmp("guidellm.jsonl");
+    let tmp = TestDir::new("a_real_guidellm_report_agrees_with_guidellm_within_one_percent");
+    let trace = tmp.path("guidellm.jsonl");
     convert_ok(
         &["--from", "guidellm"],
         &trace,
-        &fixture("guidellm/report.json.gz"),
+        &fixture("tests/fixtures/guidellm/report.json.gz"),
     );
     let (meta, records) = read_trace(&trace);
     assert_eq!(meta.unwrap().model.as_deref(), Some("tiny"));
@@ -512,24 +503,25 @@ fn a_real_guidellm_report_agrees_with_guidellm_within_one_percent() {
     );
 
     // `summarize` reads the result.
-    let out = bin()
+    let out = vcr()
         .args(["inspect", "summarize", "--json"])
         .arg(&trace)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+        .run();
     let s: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["records"], 50);
 }
 
 #[test]
 fn errored_and_cancelled_requests_of_a_two_benchmark_report_become_incomplete_records() {
+    let tmp = TestDir::new(
+        "errored_and_cancelled_requests_of_a_two_benchmark_report_become_incomplete_records",
+    );
     let name = "guidellm/report-errors.json.gz";
-    let trace = tmp("guidellm-errors.jsonl.gz");
+    let trace = tmp.path("guidellm-errors.jsonl.gz");
     let summary: Value = serde_json::from_str(&convert_ok(
         &["--from", "guidellm", "--json"],
         &trace,
-        &fixture(name),
+        &fixture(&format!("tests/fixtures/{name}")),
     ))
     .unwrap();
     let (_, records) = read_trace(&trace);
@@ -575,58 +567,42 @@ fn errored_and_cancelled_requests_of_a_two_benchmark_report_become_incomplete_re
     );
 
     // --all-requests keeps the two outside the window as well.
-    let all = tmp("guidellm-all.jsonl");
+    let all = tmp.path("guidellm-all.jsonl");
     convert_ok(
         &["--from", "guidellm", "--all-requests"],
         &all,
-        &fixture(name),
+        &fixture(&format!("tests/fixtures/{name}")),
     );
     assert_eq!(read_trace(&all).1.len(), records.len() + 2);
 }
 
 #[test]
 fn not_a_guidellm_report_is_a_clear_error() {
-    let src = tmp("notreport.json");
+    let tmp = TestDir::new("not_a_guidellm_report_is_a_clear_error");
+    let src = tmp.path("notreport.json");
     std::fs::write(&src, "{\"hello\": 1}").unwrap();
-    let err = convert_err(&["--from", "guidellm"], &tmp("x.jsonl"), &src);
+    let err = convert_err(&["--from", "guidellm"], &tmp.path("x.jsonl"), &src);
     assert!(err.contains("not a guidellm report"), "{err}");
 
-    let src = tmp("broken.json");
+    let src = tmp.path("broken.json");
     std::fs::write(&src, "{\"benchmarks\": [\n  {\"requests\": }\n]}").unwrap();
-    let err = convert_err(&["--from", "guidellm"], &tmp("x.jsonl"), &src);
+    let err = convert_err(&["--from", "guidellm"], &tmp.path("x.jsonl"), &src);
     assert!(err.contains(&format!("{}:2:", src.display())), "{err}");
 
-    let src = tmp("report.yaml");
+    let src = tmp.path("report.yaml");
     std::fs::write(&src, "benchmarks:\n- config: {}\n").unwrap();
-    let err = convert_err(&["--from", "guidellm"], &tmp("x.jsonl"), &src);
+    let err = convert_err(&["--from", "guidellm"], &tmp.path("x.jsonl"), &src);
     assert!(err.contains("guidellm export"), "{err}");
 
     let err = convert_err(
         &["--from", "guidellm", "--block-size", "16"],
-        &tmp("x.jsonl"),
-        &fixture("guidellm/report.json.gz"),
+        &tmp.path("x.jsonl"),
+        &fixture("tests/fixtures/guidellm/report.json.gz"),
     );
     assert!(err.contains("Mooncake format only"), "{err}");
 }
 
 // ---------------------------------------------------------------- vllm-rs bench serve
-
-fn http_get_ok(port: u16, path: &str) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .is_err()
-    {
-        return false;
-    }
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    buf.starts_with("HTTP/1.1 200")
-}
 
 /// Stops `vllm-vcr serve` when the test ends, however it ends.
 struct Serve(std::process::Child);
@@ -644,26 +620,27 @@ impl Drop for Serve {
 /// (a tap trace's partial tail blocks need the fresh ids for that).
 #[test]
 fn vllm_rs_bench_serve_replays_exported_timed_traces() {
+    let tmp = TestDir::new("vllm_rs_bench_serve_replays_exported_timed_traces");
     let rs = vllm_vcr::frontends::ensure_vllm_rs("0.33.0").unwrap_or_else(|e| {
         panic!("vllm-rs 0.33.0 is not available (run `cargo xtask fetch` first): {e:#}")
     });
     // A Mooncake file through the round trip, and a tap-like trace.
-    let src = tmp("replay.jsonl");
+    let src = tmp.path("replay.jsonl");
     std::fs::write(&src, mooncake_lines(20, 16)).unwrap();
-    let trace = tmp("replay-trace.jsonl");
-    let round_trip = tmp("replay-export.jsonl");
+    let trace = tmp.path("replay-trace.jsonl");
+    let round_trip = tmp.path("replay-export.jsonl");
     convert_ok(&["--from", "mooncake", "--block-size", "16"], &trace, &src);
     convert_ok(&["--to", "mooncake"], &round_trip, &trace);
-    let tap = tmp("replay-tap.jsonl");
+    let tap = tmp.path("replay-tap.jsonl");
     tap_like_trace(&tap);
-    let tap_export = tmp("replay-tap-export.jsonl");
+    let tap_export = tmp.path("replay-tap-export.jsonl");
     convert_ok(&["--to", "mooncake"], &tap_export, &tap);
 
     let ports = vllm_vcr::child::free_ports(2).unwrap();
-    let model = tmp("model");
+    let model = tmp.path("model");
     vllm_vcr::tiny_model::write_to(&model).unwrap();
     let _serve = Serve(
-        bin()
+        vcr_command()
             .args(["serve", "--port", &ports[0].to_string()])
             .args(["--handshake-port", &ports[1].to_string()])
             .stdout(Stdio::null())
@@ -730,10 +707,11 @@ fn vllm_rs_bench_serve_replays_exported_timed_traces() {
 /// embedded model once capped the context at 2,048 and 236 of 300 such requests failed).
 #[test]
 fn a_long_context_mooncake_trace_replays_against_serve_with_no_failures() {
+    let tmp = TestDir::new("a_long_context_mooncake_trace_replays_against_serve_with_no_failures");
     let rs = vllm_vcr::frontends::ensure_vllm_rs("0.33.0").unwrap_or_else(|e| {
         panic!("vllm-rs 0.33.0 is not available (run `cargo xtask fetch` first): {e:#}")
     });
-    let src = tmp("long.jsonl");
+    let src = tmp.path("long.jsonl");
     let mut lines = String::new();
     let (mut total_in, mut total_out) = (0u64, 0u64);
     let n: usize = 10;
@@ -762,10 +740,10 @@ fn a_long_context_mooncake_trace_replays_against_serve_with_no_failures() {
     }
     std::fs::write(&src, lines).unwrap();
     let ports = vllm_vcr::child::free_ports(2).unwrap();
-    let model = tmp("long-model");
+    let model = tmp.path("long-model");
     vllm_vcr::tiny_model::write_to(&model).unwrap();
     let _serve = Serve(
-        bin()
+        vcr_command()
             .args(["serve", "--port", &ports[0].to_string()])
             .args(["--handshake-port", &ports[1].to_string()])
             .args(["--max-model-len", "131072"])

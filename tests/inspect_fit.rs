@@ -1,54 +1,25 @@
 //! `inspect fit`, through the binary, on the real CPU-engine capture.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod support;
+
+use std::path::Path;
 
 use serde_json::Value;
 use sim_trace::fit::FittedModel;
+use support::{TestCommand, TestDir, cpu_capture, s, texts, vcr};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/cpu-engine-capture")
-        .join(name)
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-inspect-fit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn fit(args: &[&str]) -> Output {
-    bin().args(["inspect", "fit"]).args(args).output().unwrap()
-}
-
-fn ok(out: &Output) -> (String, String) {
-    let (o, e) = (
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    );
-    assert!(out.status.success(), "stdout:\n{o}\nstderr:\n{e}");
-    (o, e)
-}
-
-fn failed(out: &Output) -> String {
-    assert!(!out.status.success(), "expected a failure");
-    String::from_utf8_lossy(&out.stderr).to_string()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+fn fit(args: &[&str]) -> TestCommand {
+    let mut c = vcr();
+    c.args(["inspect", "fit"]).args(args);
+    c
 }
 
 #[test]
 fn fits_the_capture_and_saves_a_loadable_model() {
-    let (trace, steps) = (fixture("trace.jsonl.gz"), fixture("steps.jsonl.gz"));
-    let model = tmp("model.json");
-    let (_, err) = ok(&fit(&[s(&trace), "--steps", s(&steps), "-o", s(&model)]));
+    let tmp = TestDir::new("fits_the_capture_and_saves_a_loadable_model");
+    let (trace, steps) = (cpu_capture("trace.jsonl.gz"), cpu_capture("steps.jsonl.gz"));
+    let model = tmp.path("model.json");
+    let (_, err) = texts(&fit(&[s(&trace), "--steps", s(&steps), "-o", s(&model)]).run());
     assert!(
         err.contains("fitted 301 records → 2474 observations (2476 sidecar steps)"),
         "{err}"
@@ -71,14 +42,17 @@ fn fits_the_capture_and_saves_a_loadable_model() {
     assert!(FittedModel::is_model_file(&model));
 
     // --json: the same fit, summarised on stdout
-    let (out, _) = ok(&fit(&[
-        s(&trace),
-        "--steps",
-        s(&steps),
-        "-o",
-        s(&tmp("model2.json")),
-        "--json",
-    ]));
+    let (out, _) = texts(
+        &fit(&[
+            s(&trace),
+            "--steps",
+            s(&steps),
+            "-o",
+            s(&tmp.path("model2.json")),
+            "--json",
+        ])
+        .run(),
+    );
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["records"], 301);
     assert_eq!(v["observations"], 2474);
@@ -94,7 +68,7 @@ fn fits_the_capture_and_saves_a_loadable_model() {
     assert!(v["bytes"].as_u64().unwrap() > 1000);
 
     // -o -: the model itself on stdout
-    let (out, _) = ok(&fit(&[s(&trace), "--steps", s(&steps), "-o", "-"]));
+    let (out, _) = texts(&fit(&[s(&trace), "--steps", s(&steps), "-o", "-"]).run());
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["format"], "vllm-vcr-latency-model");
     assert_eq!(v["version"], 2);
@@ -102,8 +76,9 @@ fn fits_the_capture_and_saves_a_loadable_model() {
 
 #[test]
 fn a_sidecar_beside_the_trace_is_not_used_unless_given() {
-    let model = tmp("records-only.json");
-    let (_, err) = ok(&fit(&[s(&fixture("trace.jsonl.gz")), "-o", s(&model)]));
+    let tmp = TestDir::new("a_sidecar_beside_the_trace_is_not_used_unless_given");
+    let model = tmp.path("records-only.json");
+    let (_, err) = texts(&fit(&[s(&cpu_capture("trace.jsonl.gz")), "-o", s(&model)]).run());
     assert!(
         err.contains("is fitted from its records alone")
             && err.contains("steps.jsonl.gz is not used"),
@@ -116,18 +91,11 @@ fn a_sidecar_beside_the_trace_is_not_used_unless_given() {
 
 #[test]
 fn one_steps_flag_takes_a_sidecar_for_each_trace() {
-    let (trace, steps) = (fixture("trace.jsonl.gz"), fixture("steps.jsonl.gz"));
-    let model = tmp("two.json");
+    let tmp = TestDir::new("one_steps_flag_takes_a_sidecar_for_each_trace");
+    let (trace, steps) = (cpu_capture("trace.jsonl.gz"), cpu_capture("steps.jsonl.gz"));
+    let model = tmp.path("two.json");
     let (trace, steps) = (s(&trace), s(&steps));
-    ok(&fit(&[
-        trace,
-        trace,
-        "--steps",
-        steps,
-        steps,
-        "-o",
-        s(&model),
-    ]));
+    fit(&[trace, trace, "--steps", steps, steps, "-o", s(&model)]).run();
     let m = FittedModel::load(&model).unwrap();
     assert_eq!(
         m.meta.sources.len(),
@@ -142,10 +110,11 @@ fn one_steps_flag_takes_a_sidecar_for_each_trace() {
 
 #[test]
 fn bad_invocations_say_what_is_wrong() {
-    let trace = fixture("trace.jsonl.gz");
-    let steps = fixture("steps.jsonl.gz");
-    let out = s(&tmp("never.json")).to_string();
-    let e = failed(&fit(&[
+    let tmp = TestDir::new("bad_invocations_say_what_is_wrong");
+    let trace = cpu_capture("trace.jsonl.gz");
+    let steps = cpu_capture("steps.jsonl.gz");
+    let out = s(&tmp.path("never.json")).to_string();
+    let e = fit(&[
         s(&trace),
         "--steps",
         s(&steps),
@@ -153,25 +122,26 @@ fn bad_invocations_say_what_is_wrong() {
         s(&steps),
         "-o",
         &out,
-    ]));
+    ])
+    .run_failing();
     assert!(e.contains("2 sidecars for 1 traces"), "{e}");
-    let e = failed(&fit(&[s(&trace), "-o", "-", "--json"]));
+    let e = fit(&[s(&trace), "-o", "-", "--json"]).run_failing();
     assert!(e.contains("pick one"), "{e}");
-    let e = failed(&fit(&["/nonexistent/trace.jsonl", "-o", &out]));
+    let e = fit(&["/nonexistent/trace.jsonl", "-o", &out]).run_failing();
     assert!(e.contains("/nonexistent/trace.jsonl"), "{e}");
     // a model is not a trace
-    let model = tmp("m.json");
-    ok(&fit(&[s(&trace), "-o", s(&model)]));
-    let e = failed(&fit(&[s(&model), "-o", &out]));
+    let model = tmp.path("m.json");
+    fit(&[s(&trace), "-o", s(&model)]).run();
+    let e = fit(&[s(&model), "-o", &out]).run_failing();
     assert!(e.contains("is a latency model file, not a trace"), "{e}");
     // a sidecar is not a trace (`--steps a b` once read `b` as a second trace)
-    let e = failed(&fit(&[s(&trace), s(&steps), "-o", &out]));
+    let e = fit(&[s(&trace), s(&steps), "-o", &out]).run_failing();
     assert!(
         e.contains("is a step-stats sidecar, not a trace: give it after --steps"),
         "{e}"
     );
     // a sidecar of another capture
-    let other = tmp("other-steps.jsonl");
+    let other = tmp.path("other-steps.jsonl");
     let lines: String = (0..200)
         .map(|i| {
             format!(
@@ -181,7 +151,7 @@ fn bad_invocations_say_what_is_wrong() {
         })
         .collect();
     std::fs::write(&other, lines).unwrap();
-    let e = failed(&fit(&[s(&trace), "--steps", s(&other), "-o", &out]));
+    let e = fit(&[s(&trace), "--steps", s(&other), "-o", &out]).run_failing();
     assert!(e.contains("is not that trace's step-stats sidecar"), "{e}");
     assert!(!Path::new(&out).exists(), "nothing written on failure");
 }
@@ -191,12 +161,13 @@ fn bad_invocations_say_what_is_wrong() {
 /// `--json`. A gap past a day is refused, naming the record and field.
 #[test]
 fn an_outlier_gap_is_warned_about_and_an_absurd_one_refused() {
+    let tmp = TestDir::new("an_outlier_gap_is_warned_about_and_an_absurd_one_refused");
     use sim_trace::trace::{TraceItem, TraceReader, TraceWriter};
     let write = |name: &str, gap: f64| {
-        let path = tmp(name);
+        let path = tmp.path(name);
         let mut w = TraceWriter::create_without_meta(&path).unwrap();
         let mut edited = false;
-        for item in TraceReader::open(fixture("trace.jsonl.gz")).unwrap() {
+        for item in TraceReader::open(cpu_capture("trace.jsonl.gz")).unwrap() {
             match item.unwrap() {
                 TraceItem::Meta(m) => w.write_meta(&m).unwrap(),
                 TraceItem::Record(mut r) => {
@@ -215,33 +186,28 @@ fn an_outlier_gap_is_warned_about_and_an_absurd_one_refused() {
         path
     };
     let outlier = write("outlier.jsonl", 1e7);
-    let model = tmp("outlier-model.json");
-    let (_, err) = ok(&fit(&[
-        outlier.to_str().unwrap(),
-        "-o",
-        model.to_str().unwrap(),
-    ]));
+    let model = tmp.path("outlier-model.json");
+    let (_, err) = texts(&fit(&[outlier.to_str().unwrap(), "-o", model.to_str().unwrap()]).run());
     assert!(
         err.contains("WARNING: 1 observation(s) last more than 1000× the median step")
             && err.contains("the largest 10000000 ms"),
         "{err}"
     );
-    let (out, err) = ok(&fit(&[
-        outlier.to_str().unwrap(),
-        "-o",
-        model.to_str().unwrap(),
-        "--json",
-    ]));
+    let (out, err) = texts(
+        &fit(&[
+            outlier.to_str().unwrap(),
+            "-o",
+            model.to_str().unwrap(),
+            "--json",
+        ])
+        .run(),
+    );
     assert!(err.contains("WARNING"), "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert!(v["law"]["notes"].to_string().contains("WARNING"), "{v}");
 
     let absurd = write("absurd.jsonl", 1e20);
-    let err = failed(&fit(&[
-        absurd.to_str().unwrap(),
-        "-o",
-        model.to_str().unwrap(),
-    ]));
+    let err = fit(&[absurd.to_str().unwrap(), "-o", model.to_str().unwrap()]).run_failing();
     assert!(
         err.contains("itl_ms[2] = 1e20 ms") && err.contains("a day"),
         "{err}"

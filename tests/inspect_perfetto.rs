@@ -3,6 +3,8 @@
 //! without arrival are reported, the step-stats sidecar becomes per-engine step tracks, and
 //! `--open` serves the file to the hosted UI.
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -10,16 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-perfetto-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
+use support::{TestDir, fixture, vcr, vcr_command};
 
 fn read_json(path: &Path) -> Value {
     let bytes = std::fs::read(path).unwrap();
@@ -35,15 +28,19 @@ fn read_json(path: &Path) -> Value {
 }
 
 /// Convert into `out_name` (in the temp dir); return (the JSON summary, the events, stderr).
-fn perfetto_to(trace: &Path, out_name: &str, extra: &[&str]) -> (Value, Vec<Value>, String) {
-    let out_path = tmp(out_name);
-    let out = bin()
+fn perfetto_to(
+    tmp: &TestDir,
+    trace: &Path,
+    out_name: &str,
+    extra: &[&str],
+) -> (Value, Vec<Value>, String) {
+    let out_path = tmp.path(out_name);
+    let out = vcr()
         .args(["inspect", "perfetto", "--json", "-o"])
         .arg(&out_path)
         .arg(trace)
         .args(extra)
-        .output()
-        .unwrap();
+        .output();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{stderr}");
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -54,9 +51,9 @@ fn perfetto_to(trace: &Path, out_name: &str, extra: &[&str]) -> (Value, Vec<Valu
     (summary, events, stderr)
 }
 
-fn perfetto(trace: &Path, extra: &[&str]) -> (Value, Vec<Value>, String) {
+fn perfetto(tmp: &TestDir, trace: &Path, extra: &[&str]) -> (Value, Vec<Value>, String) {
     let name = format!("{}.json", trace.file_name().unwrap().to_string_lossy());
-    perfetto_to(trace, &name, extra)
+    perfetto_to(tmp, trace, &name, extra)
 }
 
 /// Every rule of the Chrome Trace Event format this output relies on:
@@ -168,9 +165,11 @@ fn peak(events: &[Value], counter: &str) -> f64 {
 
 #[test]
 fn the_cpu_engine_capture_with_its_step_stats_is_a_valid_chrome_trace() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cpu-engine-capture");
+    let tmp = TestDir::new("the_cpu_engine_capture_with_its_step_stats_is_a_valid_chrome_trace");
+    let dir = fixture("tests/fixtures/cpu-engine-capture");
     let steps = dir.join("steps.jsonl.gz");
     let (summary, events, _) = perfetto(
+        &tmp,
         &dir.join("trace.jsonl.gz"),
         &["--step-stats", steps.to_str().unwrap()],
     );
@@ -252,9 +251,10 @@ const SMALL: &str = concat!(
 
 #[test]
 fn lanes_chunks_token_ids_and_records_without_arrival() {
-    let trace = tmp("small.jsonl");
+    let tmp = TestDir::new("lanes_chunks_token_ids_and_records_without_arrival");
+    let trace = tmp.path("small.jsonl");
     std::fs::write(&trace, SMALL).unwrap();
-    let (summary, events, stderr) = perfetto(&trace, &[]);
+    let (summary, events, stderr) = perfetto(&tmp, &trace, &[]);
     validate(&events);
     assert_eq!(summary["lanes"], 3, "peak concurrency is 3");
     assert_eq!(summary["requests"], 6);
@@ -341,6 +341,7 @@ fn lanes_chunks_token_ids_and_records_without_arrival() {
 
     // one row per request, gzip output
     let (summary, events, _) = perfetto_to(
+        &tmp,
         &trace,
         "small-rows.json.gz",
         &["--track-per-request", "--name", "mine"],
@@ -359,20 +360,16 @@ fn lanes_chunks_token_ids_and_records_without_arrival() {
 /// not a terminal), JSON with `--format json`.
 #[test]
 fn stdout_is_the_default_output() {
-    let trace = tmp("stdout.jsonl");
+    let tmp = TestDir::new("stdout_is_the_default_output");
+    let trace = tmp.path("stdout.jsonl");
     std::fs::write(&trace, SMALL).unwrap();
-    let out = bin()
-        .args(["inspect", "perfetto"])
-        .arg(&trace)
-        .output()
-        .unwrap();
+    let out = vcr().args(["inspect", "perfetto"]).arg(&trace).output();
     assert!(out.status.success());
     assert!(packets(&out.stdout) > 6, "a stream of TracePackets");
-    let out = bin()
+    let out = vcr()
         .args(["inspect", "perfetto", "--format", "json"])
         .arg(&trace)
-        .output()
-        .unwrap();
+        .output();
     assert!(out.status.success());
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     validate(doc["traceEvents"].as_array().unwrap());
@@ -380,9 +377,10 @@ fn stdout_is_the_default_output() {
 
 #[test]
 fn step_stats_of_two_engines_with_drafting() {
-    let trace = tmp("dp.jsonl");
+    let tmp = TestDir::new("step_stats_of_two_engines_with_drafting");
+    let trace = tmp.path("dp.jsonl");
     std::fs::write(&trace, SMALL).unwrap();
-    let steps = tmp("dp-steps.jsonl");
+    let steps = tmp.path("dp-steps.jsonl");
     let spec = |acc: u32| json!({"num_spec_tokens": 2, "num_drafts": 2, "num_draft_tokens": 4, "num_accepted_tokens": acc});
     let lines = [
         json!({"ts_ms": 10.0, "engine": 0, "step_ms": null, "num_running_reqs": 1, "num_waiting_reqs": 2, "kv_cache_usage": 0.1, "prefill_requests": 1, "prefill_tokens": 4}),
@@ -398,7 +396,7 @@ fn step_stats_of_two_engines_with_drafting() {
         lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
     )
     .unwrap();
-    let (summary, events, _) = perfetto(&trace, &["--step-stats", steps.to_str().unwrap()]);
+    let (summary, events, _) = perfetto(&tmp, &trace, &["--step-stats", steps.to_str().unwrap()]);
     validate(&events);
     assert_eq!(summary["steps"], 5);
     assert_eq!(summary["engines"], 2);
@@ -560,12 +558,12 @@ fn check_served(host: &str, path: &str) {
 
 /// `inspect perfetto --open -o OUT` of the small trace, written as `trace_name`: the
 /// server process and the host and path it serves the file at.
-fn open_small(trace_name: &str, out: &str) -> (std::process::Child, String, String) {
-    let trace = tmp(trace_name);
+fn open_small(tmp: &TestDir, trace_name: &str, out: &str) -> (std::process::Child, String, String) {
+    let trace = tmp.path(trace_name);
     std::fs::write(&trace, SMALL).unwrap();
-    let mut child = bin()
+    let mut child = vcr_command()
         .args(["inspect", "perfetto", "--open", "--port", "0", "-o"])
-        .arg(tmp(out))
+        .arg(tmp.path(out))
         .arg(&trace)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -577,7 +575,8 @@ fn open_small(trace_name: &str, out: &str) -> (std::process::Child, String, Stri
 
 #[test]
 fn open_serves_the_file_with_cors_for_the_hosted_ui() {
-    let (mut child, host, path) = open_small("open.jsonl", "open out.json");
+    let tmp = TestDir::new("open_serves_the_file_with_cors_for_the_hosted_ui");
+    let (mut child, host, path) = open_small(&tmp, "open.jsonl", "open out.json");
     // a URL-safe name
     assert_eq!(path, "/open_out.json");
     check_served(&host, &path);
@@ -590,7 +589,8 @@ fn open_serves_the_file_with_cors_for_the_hosted_ui() {
 /// served to the next client.
 #[test]
 fn open_bounds_what_a_client_can_send() {
-    let (mut child, host, path) = open_small("open-hostile.jsonl", "open-hostile.json");
+    let tmp = TestDir::new("open_bounds_what_a_client_can_send");
+    let (mut child, host, path) = open_small(&tmp, "open-hostile.jsonl", "open-hostile.json");
     for hostile in [
         format!("GET /{} HTTP/1.1", "a".repeat(1 << 20)),
         format!("GET {path} HTTP/1.1\r\n{}", "X-Pad: y\r\n".repeat(100_000)),
@@ -615,9 +615,10 @@ fn open_bounds_what_a_client_can_send() {
 /// keeps serving the file. 128 cases, about a second.
 #[test]
 fn open_survives_any_bytes_a_client_sends() {
+    let tmp = TestDir::new("open_survives_any_bytes_a_client_sends");
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
-    let (mut child, host, path) = open_small("open-fuzz.jsonl", "open-fuzz.json");
+    let (mut child, host, path) = open_small(&tmp, "open-fuzz.jsonl", "open-fuzz.json");
     let nasty = prop_oneof![
         proptest::collection::vec(any::<u8>(), 0..4096),
         "[A-Z]{0,8} [ -~]{0,200}( HTTP/1\\.[01])?(\r\n[ -~]{0,60}){0,8}(\r\n\r\n)?"
@@ -647,9 +648,10 @@ fn open_survives_any_bytes_a_client_sends() {
 
 #[test]
 fn open_without_output_leaves_no_file_behind() {
-    let trace = tmp("open-temp.jsonl");
+    let tmp = TestDir::new("open_without_output_leaves_no_file_behind");
+    let trace = tmp.path("open-temp.jsonl");
     std::fs::write(&trace, SMALL).unwrap();
-    let mut child = bin()
+    let mut child = vcr_command()
         .args(["inspect", "perfetto", "--open", "--port", "0"])
         .arg(&trace)
         .stdout(Stdio::piped())
@@ -668,11 +670,12 @@ fn open_without_output_leaves_no_file_behind() {
 
 #[test]
 fn open_started_in_the_background_stops_on_sigint() {
+    let tmp = TestDir::new("open_started_in_the_background_stops_on_sigint");
     // what `vllm-vcr inspect perfetto t --open &` gets from a shell: SIGINT ignored
     use std::os::unix::process::CommandExt;
-    let trace = tmp("open-bg.jsonl");
+    let trace = tmp.path("open-bg.jsonl");
     std::fs::write(&trace, SMALL).unwrap();
-    let mut cmd = bin();
+    let mut cmd = vcr_command();
     cmd.args(["inspect", "perfetto", "--open", "--port", "0"])
         .arg(&trace)
         .stdout(Stdio::piped())
@@ -775,12 +778,13 @@ pub fn write_synthetic_trace(path: &Path, requests: usize) -> usize {
 /// generated trace for timing the release binary.
 #[test]
 fn a_2500_request_trace() {
+    let tmp = TestDir::new("a_2500_request_trace");
     let trace = match std::env::var_os("PERFETTO_BENCH_TRACE") {
         Some(p) => PathBuf::from(p),
-        None => tmp("synthetic-2500.jsonl"),
+        None => tmp.path("synthetic-2500.jsonl"),
     };
     let peak_concurrency = write_synthetic_trace(&trace, 2500);
-    let (summary, events, _) = perfetto(&trace, &[]);
+    let (summary, events, _) = perfetto(&tmp, &trace, &[]);
     validate(&events);
     assert_eq!(summary["requests"], 2500);
     assert_eq!(summary["lanes"], peak_concurrency);
@@ -811,15 +815,16 @@ fn a_2500_request_trace() {
 /// anything is written, and a run that fails removes its partial output.
 #[test]
 fn the_output_never_overwrites_an_input_and_a_failure_leaves_nothing() {
+    let tmp = TestDir::new("the_output_never_overwrites_an_input_and_a_failure_leaves_nothing");
     let fixture = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/cpu-engine-capture"
     );
-    let trace = tmp("own-trace.jsonl.gz");
-    let steps = tmp("own-steps.jsonl.gz");
+    let trace = tmp.path("own-trace.jsonl.gz");
+    let steps = tmp.path("own-steps.jsonl.gz");
     std::fs::copy(format!("{fixture}/trace.jsonl.gz"), &trace).unwrap();
     std::fs::copy(format!("{fixture}/steps.jsonl.gz"), &steps).unwrap();
-    let link = tmp("own-link.jsonl.gz");
+    let link = tmp.path("own-link.jsonl.gz");
     let _ = std::fs::remove_file(&link);
     std::fs::hard_link(&trace, &link).unwrap();
     let before = std::fs::read(&trace).unwrap();
@@ -829,15 +834,14 @@ fn the_output_never_overwrites_an_input_and_a_failure_leaves_nothing() {
         (&link, "the trace"),
         (&steps, "--step-stats"),
     ] {
-        let o = bin()
+        let o = vcr()
             .args(["inspect", "perfetto"])
             .arg(&trace)
             .arg("--step-stats")
             .arg(&steps)
             .arg("-o")
             .arg(out)
-            .output()
-            .unwrap();
+            .output();
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{}: {err}", out.display());
         assert!(
@@ -857,27 +861,25 @@ fn the_output_never_overwrites_an_input_and_a_failure_leaves_nothing() {
     );
 
     // a trace that fails mid-way (not gzip at all): no output is left
-    let bad = tmp("own-bad.jsonl.gz");
+    let bad = tmp.path("own-bad.jsonl.gz");
     std::fs::write(&bad, b"this is not gzip").unwrap();
-    let out = tmp("own-bad-out.json");
+    let out = tmp.path("own-bad-out.json");
     let _ = std::fs::remove_file(&out);
-    let o = bin()
+    let o = vcr()
         .args(["inspect", "perfetto"])
         .arg(&bad)
         .arg("-o")
         .arg(&out)
-        .output()
-        .unwrap();
+        .output();
     assert!(!o.status.success());
     assert!(!out.exists(), "a failed run left {}", out.display());
     // a missing input: no output either
-    let o = bin()
+    let o = vcr()
         .args(["inspect", "perfetto"])
-        .arg(tmp("own-missing.jsonl"))
+        .arg(tmp.path("own-missing.jsonl"))
         .arg("-o")
         .arg(&out)
-        .output()
-        .unwrap();
+        .output();
     assert!(!o.status.success());
     assert!(!out.exists());
 }
@@ -886,6 +888,7 @@ fn the_output_never_overwrites_an_input_and_a_failure_leaves_nothing() {
 /// arriving in it, at most N of them, and the steps ending in it.
 #[test]
 fn a_window_and_a_request_cap_draw_part_of_the_trace() {
+    let tmp = TestDir::new("a_window_and_a_request_cap_draw_part_of_the_trace");
     let fixture = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/cpu-engine-capture"
@@ -893,11 +896,11 @@ fn a_window_and_a_request_cap_draw_part_of_the_trace() {
     let trace = format!("{fixture}/trace.jsonl.gz");
     let steps = format!("{fixture}/steps.jsonl.gz");
     let run = |extra: &[&str]| -> Value {
-        let out = tmp(&format!(
+        let out = tmp.path(&format!(
             "window-{}.json",
             extra.join("_").replace(['-', '.'], "")
         ));
-        let o = bin()
+        let o = vcr()
             .args([
                 "inspect",
                 "perfetto",
@@ -909,8 +912,7 @@ fn a_window_and_a_request_cap_draw_part_of_the_trace() {
             ])
             .arg(&out)
             .args(extra)
-            .output()
-            .unwrap();
+            .output();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         serde_json::from_slice(&o.stdout).unwrap()
     };
@@ -969,7 +971,7 @@ fn perfetto_python() -> PathBuf {
 
 /// Decode a protobuf trace with `tests/perfetto_decode.py` (Perfetto's generated classes).
 fn decode_proto(path: &Path) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/perfetto_decode.py");
+    let script = fixture("tests/perfetto_decode.py");
     let out = Command::new(perfetto_python())
         .arg(script)
         .arg(path)
@@ -1111,17 +1113,16 @@ fn canonical_args(args: &Value) -> String {
 /// Convert `trace` to both formats with the same flags; the protobuf one, decoded by
 /// Perfetto's own classes, shows exactly what the JSON one shows. Returns (JSON summary,
 /// protobuf summary, what is drawn).
-fn both_formats(trace: &Path, stem: &str, extra: &[&str]) -> (Value, Value, Drawn) {
-    let (json_summary, events, _) = perfetto_to(trace, &format!("{stem}.json"), extra);
+fn both_formats(tmp: &TestDir, trace: &Path, stem: &str, extra: &[&str]) -> (Value, Value, Drawn) {
+    let (json_summary, events, _) = perfetto_to(tmp, trace, &format!("{stem}.json"), extra);
     validate(&events);
-    let proto = tmp(&format!("{stem}.pftrace"));
-    let out = bin()
+    let proto = tmp.path(&format!("{stem}.pftrace"));
+    let out = vcr()
         .args(["inspect", "perfetto", "--json", "-o"])
         .arg(&proto)
         .arg(trace)
         .args(extra)
-        .output()
-        .unwrap();
+        .output();
     assert!(
         out.status.success(),
         "{}",
@@ -1160,9 +1161,11 @@ fn both_formats(trace: &Path, stem: &str, extra: &[&str]) -> (Value, Value, Draw
 /// in a third of the bytes or less.
 #[test]
 fn the_protobuf_trace_decodes_to_the_same_timeline_as_the_json() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cpu-engine-capture");
+    let tmp = TestDir::new("the_protobuf_trace_decodes_to_the_same_timeline_as_the_json");
+    let dir = fixture("tests/fixtures/cpu-engine-capture");
     let steps = dir.join("steps.jsonl.gz");
     let (json_summary, proto_summary, drawn) = both_formats(
+        &tmp,
         &dir.join("trace.jsonl.gz"),
         "both-capture",
         &["--step-stats", steps.to_str().unwrap()],
@@ -1187,9 +1190,10 @@ fn the_protobuf_trace_decodes_to_the_same_timeline_as_the_json() {
 /// `--from-ms` / `--to-ms` / `--max-requests`: the same in both formats.
 #[test]
 fn both_formats_agree_on_rows_chunks_steps_and_windows() {
-    let trace = tmp("both-small.jsonl");
+    let tmp = TestDir::new("both_formats_agree_on_rows_chunks_steps_and_windows");
+    let trace = tmp.path("both-small.jsonl");
     std::fs::write(&trace, SMALL).unwrap();
-    let (summary, _, drawn) = both_formats(&trace, "both-small", &[]);
+    let (summary, _, drawn) = both_formats(&tmp, &trace, "both-small", &[]);
     assert_eq!(summary["requests"], 6);
     let x3 = drawn.slices.iter().find(|s| s.2 == "decode x3").unwrap();
     assert_eq!((x3.4, x3.5), (15_000_000, 5_000_000));
@@ -1207,13 +1211,14 @@ fn both_formats_agree_on_rows_chunks_steps_and_windows() {
     assert!(c.6.contains(r#""incomplete":true"#));
 
     let (_, _, rows) = both_formats(
+        &tmp,
         &trace,
         "both-rows",
         &["--track-per-request", "--name", "mine"],
     );
     assert!(rows.tracks.contains(&("mine".to_string(), "b".to_string())));
 
-    let steps = tmp("both-steps.jsonl");
+    let steps = tmp.path("both-steps.jsonl");
     let spec = json!({"num_spec_tokens": 2, "num_drafts": 2, "num_draft_tokens": 4, "num_accepted_tokens": 3});
     let lines = [
         json!({"ts_ms": 10.0, "engine": 0, "step_ms": null, "num_running_reqs": 1, "num_waiting_reqs": 2, "kv_cache_usage": 0.1, "prefill_requests": 1, "prefill_tokens": 4}),
@@ -1227,6 +1232,7 @@ fn both_formats_agree_on_rows_chunks_steps_and_windows() {
     )
     .unwrap();
     let (summary, _, drawn) = both_formats(
+        &tmp,
         &trace,
         "both-steps",
         &["--step-stats", steps.to_str().unwrap()],
@@ -1247,6 +1253,7 @@ fn both_formats_agree_on_rows_chunks_steps_and_windows() {
 
     // a window: only requests arriving in [1, 150) ms, and steps ending in it, at most 2
     let (summary, _, drawn) = both_formats(
+        &tmp,
         &trace,
         "both-window",
         &[
@@ -1280,18 +1287,18 @@ fn both_formats_agree_on_rows_chunks_steps_and_windows() {
 /// else protobuf; `.gz` compresses either; a failed protobuf run leaves no file behind.
 #[test]
 fn the_output_name_or_the_flag_chooses_the_format() {
-    let trace = tmp("format.jsonl");
+    let tmp = TestDir::new("the_output_name_or_the_flag_chooses_the_format");
+    let trace = tmp.path("format.jsonl");
     std::fs::write(&trace, SMALL).unwrap();
     let run = |name: &str, extra: &[&str]| -> (Vec<u8>, String) {
-        let out = tmp(name);
-        let o = bin()
+        let out = tmp.path(name);
+        let o = vcr()
             .args(["inspect", "perfetto"])
             .arg(&trace)
             .arg("-o")
             .arg(&out)
             .args(extra)
-            .output()
-            .unwrap();
+            .output();
         let stderr = String::from_utf8_lossy(&o.stderr).to_string();
         assert!(o.status.success(), "{stderr}");
         let mut bytes = std::fs::read(&out).unwrap();
@@ -1326,29 +1333,27 @@ fn the_output_name_or_the_flag_chooses_the_format() {
     let (b, _) = run("g.json", &["--format", "proto"]);
     assert!(packets(&b) > 6);
     // the gzip protobuf decodes too (the trace processor reads gzip)
-    let drawn = drawn_from_proto(&decode_proto(&tmp("f.pftrace.gz")));
+    let drawn = drawn_from_proto(&decode_proto(&tmp.path("f.pftrace.gz")));
     assert_eq!(drawn.slices.iter().filter(|s| s.2 == "prefill").count(), 6);
 
     // a trace that fails mid-way: no protobuf file is left either
-    let bad = tmp("format-bad.jsonl.gz");
+    let bad = tmp.path("format-bad.jsonl.gz");
     std::fs::write(&bad, b"this is not gzip").unwrap();
-    let out = tmp("format-bad.pftrace");
+    let out = tmp.path("format-bad.pftrace");
     let _ = std::fs::remove_file(&out);
-    let o = bin()
+    let o = vcr()
         .args(["inspect", "perfetto"])
         .arg(&bad)
         .arg("-o")
         .arg(&out)
-        .output()
-        .unwrap();
+        .output();
     assert!(!o.status.success());
     assert!(!out.exists(), "a failed run left {}", out.display());
     // a bad --format value is a clear error
-    let o = bin()
+    let o = vcr()
         .args(["inspect", "perfetto", "--format", "xml"])
         .arg(&trace)
-        .output()
-        .unwrap();
+        .output();
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("proto") && err.contains("json"), "{err}");
@@ -1358,22 +1363,22 @@ fn the_output_name_or_the_flag_chooses_the_format() {
 /// clear error that points to JSON (and leaves no file), while JSON still draws it.
 #[test]
 fn a_time_before_zero_is_refused_by_the_protobuf_format_only() {
-    let trace = tmp("negative.jsonl");
+    let tmp = TestDir::new("a_time_before_zero_is_refused_by_the_protobuf_format_only");
+    let trace = tmp.path("negative.jsonl");
     std::fs::write(
         &trace,
         r#"{"request_id":"early","prompt_tokens":4,"output_tokens":2,"arrival_ms":-5,"ttft_ms":10,"itl_ms":[5]}
 "#,
     )
     .unwrap();
-    let out = tmp("negative.pftrace");
+    let out = tmp.path("negative.pftrace");
     let _ = std::fs::remove_file(&out);
-    let o = bin()
+    let o = vcr()
         .args(["inspect", "perfetto"])
         .arg(&trace)
         .arg("-o")
         .arg(&out)
-        .output()
-        .unwrap();
+        .output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
@@ -1381,14 +1386,13 @@ fn a_time_before_zero_is_refused_by_the_protobuf_format_only() {
         "{err}"
     );
     assert!(!out.exists(), "a failed run left {}", out.display());
-    let json = tmp("negative.json");
-    let o = bin()
+    let json = tmp.path("negative.json");
+    let o = vcr()
         .args(["inspect", "perfetto"])
         .arg(&trace)
         .arg("-o")
         .arg(&json)
-        .output()
-        .unwrap();
+        .output();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(
         std::fs::read_to_string(&json)
@@ -1401,7 +1405,8 @@ fn a_time_before_zero_is_refused_by_the_protobuf_format_only() {
 /// pseudo-terminal wrapper): the error says what to do instead, and JSON still goes there.
 #[test]
 fn the_protobuf_format_is_not_written_to_a_terminal() {
-    let trace = tmp("tty.jsonl");
+    let tmp = TestDir::new("the_protobuf_format_is_not_written_to_a_terminal");
+    let trace = tmp.path("tty.jsonl");
     std::fs::write(&trace, SMALL).unwrap();
     let on_a_terminal = |extra: &str| {
         let cmd = format!(

@@ -4,64 +4,27 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::{Value, json};
+use support::{TestCommand, TestDir, cpu_capture, s, texts, vcr};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("vllm-vcr-inspect-simulate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/cpu-engine-capture")
-        .join(name)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn simulate(args: &[&str]) -> Output {
-    bin()
-        .args(["inspect", "simulate"])
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(out: &Output) -> (String, String) {
-    let (o, e) = (
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    );
-    assert!(out.status.success(), "stdout:\n{o}\nstderr:\n{e}");
-    (o, e)
-}
-
-fn failed(out: &Output) -> String {
-    assert!(!out.status.success(), "expected a failure");
-    String::from_utf8_lossy(&out.stderr).to_string()
+fn simulate(args: &[&str]) -> TestCommand {
+    let mut c = vcr();
+    c.args(["inspect", "simulate"]).args(args);
+    c
 }
 
 /// The `--json` summary of a run.
 fn simulate_json(args: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.push("--json");
-    let (out, _) = ok(&simulate(&a));
+    let (out, _) = texts(&simulate(&a).run());
     serde_json::from_str(&out).unwrap()
 }
 
 /// A trace file: a meta line, then the records as given.
-fn write_trace(name: &str, meta: Value, records: &[Value]) -> PathBuf {
-    let path = tmp(name);
+fn write_trace(tmp: &TestDir, name: &str, meta: Value, records: &[Value]) -> PathBuf {
+    let path = tmp.path(name);
     let mut text = json!({ "meta": meta }).to_string() + "\n";
     for r in records {
         text += &(r.to_string() + "\n");
@@ -97,6 +60,7 @@ fn end_ms(r: &Value) -> f64 {
 
 #[test]
 fn unloaded_requests_see_the_latency_knobs() {
+    let tmp = TestDir::new("unloaded_requests_see_the_latency_knobs");
     // five requests a second apart: never two in flight
     let recs: Vec<Value> = (0..5)
         .map(|i| {
@@ -104,8 +68,8 @@ fn unloaded_requests_see_the_latency_knobs() {
                    "block_hashes": [100 + i, 200 + i, 300 + i, 400 + i]})
         })
         .collect();
-    let trace = write_trace("knobs.jsonl", json!({"block_size": 16}), &recs);
-    let dump = tmp("knobs-sim.jsonl");
+    let trace = write_trace(&tmp, "knobs.jsonl", json!({"block_size": 16}), &recs);
+    let dump = tmp.path("knobs-sim.jsonl");
     let v = simulate_json(&[
         s(&trace),
         "--time-to-first-token",
@@ -142,12 +106,11 @@ fn unloaded_requests_see_the_latency_knobs() {
         assert_eq!(f(&r["arrival_ms"]), 1000.0 * i as f64);
     }
     // the dump is a trace: summarize reads it and agrees
-    let out = bin()
+    let out = vcr()
         .args(["inspect", "summarize", "--json"])
         .arg(&dump)
-        .output()
-        .unwrap();
-    let (o, _) = ok(&out);
+        .run();
+    let (o, _) = texts(&out);
     let again: Value = serde_json::from_str(&o).unwrap();
     assert_eq!(again["ttft_ms"], sum["ttft_ms"]);
     assert_eq!(again["meta"]["gpu"], "simulated");
@@ -157,15 +120,16 @@ fn unloaded_requests_see_the_latency_knobs() {
 
 #[test]
 fn shared_prefixes_hit_the_prefix_cache_unless_the_prompts_are_cold() {
+    let tmp = TestDir::new("shared_prefixes_hit_the_prefix_cache_unless_the_prompts_are_cold");
     // block size 16; requests a second apart so that nothing queues
     let recs = [
         json!({"prompt_tokens": 56, "output_tokens": 2, "arrival_ms": 0, "block_hashes": [1, 2, 3]}),
         json!({"prompt_tokens": 56, "output_tokens": 2, "arrival_ms": 1000, "block_hashes": [1, 2, 4]}),
         json!({"prompt_tokens": 60, "output_tokens": 2, "arrival_ms": 2000, "block_hashes": [1, 2, 3]}),
     ];
-    let trace = write_trace("shared.jsonl", json!({"block_size": 16}), &recs);
+    let trace = write_trace(&tmp, "shared.jsonl", json!({"block_size": 16}), &recs);
     let cached = |extra: &[&str]| -> Vec<u64> {
-        let dump = tmp("shared-sim.jsonl");
+        let dump = tmp.path("shared-sim.jsonl");
         let mut a = vec![
             s(&trace),
             "--time-to-first-token",
@@ -174,7 +138,7 @@ fn shared_prefixes_hit_the_prefix_cache_unless_the_prompts_are_cold() {
             s(&dump),
         ];
         a.extend_from_slice(extra);
-        ok(&simulate(&a));
+        simulate(&a).run();
         records(&dump)
             .values()
             .map(|r| r["cached_tokens"].as_u64().unwrap())
@@ -203,6 +167,7 @@ fn shared_prefixes_hit_the_prefix_cache_unless_the_prompts_are_cold() {
 
 #[test]
 fn session_turns_arrive_after_their_parent_finished_plus_the_think_gap() {
+    let tmp = TestDir::new("session_turns_arrive_after_their_parent_finished_plus_the_think_gap");
     // replay-0: a root that took 100 + 9×10 = 190 ms when captured; replay-2 continues it
     // (its prompt extends replay-0's two blocks) and arrived 500 ms after it: a 310 ms
     // think gap. replay-1 is an unrelated root.
@@ -214,9 +179,9 @@ fn session_turns_arrive_after_their_parent_finished_plus_the_think_gap() {
         json!({"prompt_tokens": 70, "output_tokens": 4, "arrival_ms": 500, "ttft_ms": 10,
                "itl_ms": [10, 10, 10], "block_hashes": [1, 2, 3, 4]}),
     ];
-    let trace = write_trace("sessions.jsonl", json!({"block_size": 16}), &recs);
+    let trace = write_trace(&tmp, "sessions.jsonl", json!({"block_size": 16}), &recs);
     for itl in ["10", "100"] {
-        let dump = tmp("sessions-sim.jsonl");
+        let dump = tmp.path("sessions-sim.jsonl");
         let v = simulate_json(&[
             s(&trace),
             "--replay-sessions",
@@ -253,15 +218,16 @@ fn session_turns_arrive_after_their_parent_finished_plus_the_think_gap() {
         );
     }
     // open loop: the recorded offset, whatever the parent does
-    let dump = tmp("sessions-open.jsonl");
-    ok(&simulate(&[
+    let dump = tmp.path("sessions-open.jsonl");
+    simulate(&[
         s(&trace),
         "--replay-arrivals",
         "--inter-token-latency",
         "100",
         "--dump-trace",
         s(&dump),
-    ]));
+    ])
+    .run();
     // (sent at 500 ms; queued when the 100 ms step then in flight ended)
     let queued = f(&records(&dump)["replay-2"]["arrival_ms"]);
     assert!((500.0..=600.0).contains(&queued), "{queued}");
@@ -269,6 +235,7 @@ fn session_turns_arrive_after_their_parent_finished_plus_the_think_gap() {
 
 #[test]
 fn replay_tokens_serve_each_request_its_recorded_ids() {
+    let tmp = TestDir::new("replay_tokens_serve_each_request_its_recorded_ids");
     // records in finish order, not arrival order: replay-<i> is the i-th by arrival
     let ids = |i: u32| -> Vec<u32> { (0..6).map(|k| 10 + i * 7 + k).collect() };
     let recs: Vec<Value> = [2u32, 0, 1]
@@ -278,8 +245,8 @@ fn replay_tokens_serve_each_request_its_recorded_ids() {
                    "arrival_ms": 100 * i, "output_token_ids": ids(i), "finish_reason": "length"})
         })
         .collect();
-    let trace = write_trace("tokens.jsonl", json!({"block_size": 16}), &recs);
-    let dump = tmp("tokens-sim.jsonl");
+    let trace = write_trace(&tmp, "tokens.jsonl", json!({"block_size": 16}), &recs);
+    let dump = tmp.path("tokens-sim.jsonl");
     let v = simulate_json(&[
         s(&trace),
         "--replay-tokens",
@@ -296,12 +263,7 @@ fn replay_tokens_serve_each_request_its_recorded_ids() {
         assert_eq!(rec["prompt_tokens"], 20 + i);
     }
     // without it, random ids of the same length
-    ok(&simulate(&[
-        s(&trace),
-        "--dump-trace",
-        s(&dump),
-        "--record-tokens",
-    ]));
+    simulate(&[s(&trace), "--dump-trace", s(&dump), "--record-tokens"]).run();
     let r = records(&dump);
     assert_ne!(r["replay-0"]["output_token_ids"], json!(ids(0)));
     assert_eq!(
@@ -312,24 +274,24 @@ fn replay_tokens_serve_each_request_its_recorded_ids() {
 
 #[test]
 fn the_cpu_engine_capture_simulated_with_its_fitted_model_matches_its_latencies() {
-    let trace = fixture("trace.jsonl.gz");
-    let model = tmp("fixture-model.json");
-    let out = bin()
+    let tmp = TestDir::new(
+        "the_cpu_engine_capture_simulated_with_its_fitted_model_matches_its_latencies",
+    );
+    let trace = cpu_capture("trace.jsonl.gz");
+    let model = tmp.path("fixture-model.json");
+    vcr()
         .args(["inspect", "fit"])
         .arg(&trace)
         .arg("--steps")
-        .arg(fixture("steps.jsonl.gz"))
+        .arg(cpu_capture("steps.jsonl.gz"))
         .arg("-o")
         .arg(&model)
-        .output()
-        .unwrap();
-    ok(&out);
-    let captured = bin()
+        .run();
+    let captured = vcr()
         .args(["inspect", "summarize", "--json"])
         .arg(&trace)
-        .output()
-        .unwrap();
-    let captured: Value = serde_json::from_str(&ok(&captured).0).unwrap();
+        .run();
+    let captured: Value = serde_json::from_str(&texts(&captured).0).unwrap();
     // the captured engine's scheduler settings (max_num_seqs 128, block size 128 from the
     // trace)
     let v = simulate_json(&[
@@ -364,12 +326,13 @@ fn the_cpu_engine_capture_simulated_with_its_fitted_model_matches_its_latencies(
 
 #[test]
 fn requests_limits_the_run_to_the_first_arrivals() {
+    let tmp = TestDir::new("requests_limits_the_run_to_the_first_arrivals");
     let recs: Vec<Value> = (0..10)
         .rev()
         .map(|i| json!({"prompt_tokens": 16, "output_tokens": 2, "arrival_ms": 10 * i}))
         .collect();
-    let trace = write_trace("limit.jsonl", json!({"block_size": 16}), &recs);
-    let dump = tmp("limit-sim.jsonl");
+    let trace = write_trace(&tmp, "limit.jsonl", json!({"block_size": 16}), &recs);
+    let dump = tmp.path("limit-sim.jsonl");
     let v = simulate_json(&[s(&trace), "--requests", "3", "--dump-trace", s(&dump)]);
     assert_eq!(v["requests"], 3);
     assert_eq!(v["records_in_trace"], 10);
@@ -382,6 +345,7 @@ fn requests_limits_the_run_to_the_first_arrivals() {
 
 #[test]
 fn requests_no_engine_could_serve_are_refused_and_do_not_block_the_rest() {
+    let tmp = TestDir::new("requests_no_engine_could_serve_are_refused_and_do_not_block_the_rest");
     // replay-0 needs more KV than 9 blocks of 16 hold: the engine caps its maximum model
     // length at 144 tokens, so a real frontend never lets it in; FCFS behind it, the
     // others would wait forever
@@ -390,8 +354,8 @@ fn requests_no_engine_could_serve_are_refused_and_do_not_block_the_rest() {
         json!({"prompt_tokens": 20, "output_tokens": 4, "arrival_ms": 5}),
         json!({"prompt_tokens": 40, "output_tokens": 4, "arrival_ms": 100}),
     ];
-    let trace = write_trace("too-long.jsonl", json!({"block_size": 16}), &recs);
-    let dump = tmp("too-long-sim.jsonl");
+    let trace = write_trace(&tmp, "too-long.jsonl", json!({"block_size": 16}), &recs);
+    let dump = tmp.path("too-long-sim.jsonl");
     let out = simulate(&[
         s(&trace),
         "--num-gpu-blocks",
@@ -401,8 +365,9 @@ fn requests_no_engine_could_serve_are_refused_and_do_not_block_the_rest() {
         "--dump-trace",
         s(&dump),
         "--json",
-    ]);
-    let (o, e) = ok(&out);
+    ])
+    .run();
+    let (o, e) = texts(&out);
     assert!(e.contains("1 request(s) refused before the engine"), "{e}");
     let v: Value = serde_json::from_str(&o).unwrap();
     assert_eq!(v["rejected"], 1);
@@ -426,63 +391,60 @@ fn requests_no_engine_could_serve_are_refused_and_do_not_block_the_rest() {
 
 #[test]
 fn bad_input_is_refused_with_a_clear_error() {
-    let e = failed(&simulate(&["/nonexistent/trace.jsonl"]));
+    let tmp = TestDir::new("bad_input_is_refused_with_a_clear_error");
+    let e = simulate(&["/nonexistent/trace.jsonl"]).run_failing();
     assert!(e.contains("/nonexistent/trace.jsonl"), "{e}");
 
-    let no_meta = tmp("no-meta.jsonl");
+    let no_meta = tmp.path("no-meta.jsonl");
     std::fs::write(&no_meta, "{\"prompt_tokens\":4,\"output_tokens\":2}\n").unwrap();
-    let e = failed(&simulate(&[s(&no_meta)]));
+    let e = simulate(&[s(&no_meta)]).run_failing();
     assert!(e.contains("has no meta line"), "{e}");
 
     let no_bs = write_trace(
+        &tmp,
         "no-block-size.jsonl",
         json!({"version": 1}),
         &[json!({"prompt_tokens": 40, "output_tokens": 2, "block_hashes": [1, 2]})],
     );
-    let e = failed(&simulate(&[s(&no_bs)]));
+    let e = simulate(&[s(&no_bs)]).run_failing();
     assert!(e.contains("pass --block-size"), "{e}");
     // with it, the run goes
-    ok(&simulate(&[s(&no_bs), "--block-size", "16"]));
+    simulate(&[s(&no_bs), "--block-size", "16"]).run();
 
     let trace = write_trace(
+        &tmp,
         "ok.jsonl",
         json!({"block_size": 16}),
         &[json!({"prompt_tokens": 40, "output_tokens": 2, "arrival_ms": 0})],
     );
-    let e = failed(&simulate(&[
-        s(&trace),
-        "--replay-arrivals",
-        "--replay-sessions",
-    ]));
+    let e = simulate(&[s(&trace), "--replay-arrivals", "--replay-sessions"]).run_failing();
     assert!(e.contains("cannot be used with"), "{e}");
-    let e = failed(&simulate(&[
+    let e = simulate(&[
         s(&trace),
         "--latency-trace",
-        s(&fixture("trace.jsonl.gz")),
+        s(&cpu_capture("trace.jsonl.gz")),
         "--time-to-first-token",
         "5",
-    ]));
+    ])
+    .run_failing();
     assert!(
         e.contains("does not combine with --time-to-first-token"),
         "{e}"
     );
-    let e = failed(&simulate(&[s(&trace), "--dump-trace", s(&trace)]));
+    let e = simulate(&[s(&trace), "--dump-trace", s(&trace)]).run_failing();
     assert!(e.contains("is the same file as the trace"), "{e}");
-    let e = failed(&simulate(&[s(&trace), "--dump-trace", "-", "--json"]));
+    let e = simulate(&[s(&trace), "--dump-trace", "-", "--json"]).run_failing();
     assert!(e.contains("pick one"), "{e}");
-    let e = failed(&simulate(&[s(&trace), "--record-tokens"]));
+    let e = simulate(&[s(&trace), "--record-tokens"]).run_failing();
     assert!(e.contains("--dump-trace"), "{e}");
-    let e = failed(&simulate(&[s(&trace), "--replay-tokens", s(&trace)]));
+    let e = simulate(&[s(&trace), "--replay-tokens", s(&trace)]).run_failing();
     assert!(e.contains("record --record-tokens"), "{e}");
 }
 
 #[test]
 fn help_explains_every_flag() {
-    let out = bin()
-        .args(["inspect", "simulate", "--help"])
-        .output()
-        .unwrap();
-    let (help, _) = ok(&out);
+    let out = vcr().args(["inspect", "simulate", "--help"]).run();
+    let (help, _) = texts(&out);
     for flag in [
         "--replay-arrivals",
         "--replay-sessions",
@@ -529,6 +491,9 @@ fn help_explains_every_flag() {
 
 #[test]
 fn replay_concurrency_keeps_n_requests_in_flight_and_starts_each_next_at_a_finish() {
+    let tmp = TestDir::new(
+        "replay_concurrency_keeps_n_requests_in_flight_and_starts_each_next_at_a_finish",
+    );
     // 12 requests, all recorded within 5 ms (an open loop would run them all at once),
     // of a few lengths so that they finish at different times
     let recorded: Vec<Value> = (0..12)
@@ -541,8 +506,13 @@ fn replay_concurrency_keeps_n_requests_in_flight_and_starts_each_next_at_a_finis
             })
         })
         .collect();
-    let trace = write_trace("closed-loop.jsonl", json!({"block_size": 16}), &recorded);
-    let dump = tmp("closed-loop-sim.jsonl");
+    let trace = write_trace(
+        &tmp,
+        "closed-loop.jsonl",
+        json!({"block_size": 16}),
+        &recorded,
+    );
+    let dump = tmp.path("closed-loop-sim.jsonl");
     let v = simulate_json(&[
         s(&trace),
         "--replay-concurrency",
@@ -595,9 +565,9 @@ fn replay_concurrency_keeps_n_requests_in_flight_and_starts_each_next_at_a_finis
         assert!(a >= spans[i - 1].0, "arrival order is kept");
     }
     // auto: the trace has no `concurrency` nor timings to tell it from
-    let err = failed(&simulate(&[s(&trace), "--replay-concurrency", "auto"]));
+    let err = simulate(&[s(&trace), "--replay-concurrency", "auto"]).run_failing();
     assert!(err.contains("--replay-concurrency auto"), "{err}");
-    let err = failed(&simulate(&[s(&trace), "--replay-concurrency", "0"]));
+    let err = simulate(&[s(&trace), "--replay-concurrency", "0"]).run_failing();
     assert!(err.contains("not a number of requests in flight"), "{err}");
 }
 
@@ -605,20 +575,20 @@ fn replay_concurrency_keeps_n_requests_in_flight_and_starts_each_next_at_a_finis
 /// a model whose law says 1e300 ms, prefill ratios of 1e300, a replayed gap of 1e300 ms.
 #[test]
 fn absurd_durations_are_refused_by_name_not_by_a_panic() {
-    let trace = fixture("trace.jsonl.gz");
-    let model = tmp("absurd-base.json");
-    ok(&bin()
+    let tmp = TestDir::new("absurd_durations_are_refused_by_name_not_by_a_panic");
+    let trace = cpu_capture("trace.jsonl.gz");
+    let model = tmp.path("absurd-base.json");
+    vcr()
         .args(["inspect", "fit"])
         .arg(&trace)
         .arg("-o")
         .arg(&model)
-        .output()
-        .unwrap());
+        .run();
     let base: Value = serde_json::from_slice(&std::fs::read(&model).unwrap()).unwrap();
     let edited = |name: &str, edit: &dyn Fn(&mut Value)| {
         let mut v = base.clone();
         edit(&mut v);
-        let p = tmp(name);
+        let p = tmp.path(name);
         std::fs::write(&p, v.to_string()).unwrap();
         p
     };
@@ -633,12 +603,13 @@ fn absurd_durations_are_refused_by_name_not_by_a_panic() {
         (&step, "law.step_ms is 1e300"),
         (&ratios, "ratio 1e300 is out of range"),
     ] {
-        let out = simulate(&[s(&trace), "--latency-trace", s(m), "--requests", "5"]);
+        let out = simulate(&[s(&trace), "--latency-trace", s(m), "--requests", "5"]).output();
         let e = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{e}");
         assert!(e.contains(needle) && e.contains(s(m)), "{e}");
     }
     let gaps = write_trace(
+        &tmp,
         "absurd-gaps.jsonl",
         json!({"block_size": 16}),
         &[
@@ -646,7 +617,7 @@ fn absurd_durations_are_refused_by_name_not_by_a_panic() {
                  "ttft_ms": 5, "itl_ms": [1, 1e300], "finish_reason": "length"}),
         ],
     );
-    let out = simulate(&[s(&gaps), "--replay-steps", s(&gaps)]);
+    let out = simulate(&[s(&gaps), "--replay-steps", s(&gaps)]).output();
     let e = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{e}");
     assert!(e.contains("`r0`") && e.contains("itl_ms[1] = 1e300"), "{e}");
@@ -657,23 +628,23 @@ fn absurd_durations_are_refused_by_name_not_by_a_panic() {
 /// report and in JSON; a model of the same configuration is not.
 #[test]
 fn a_model_of_another_configuration_is_called_out() {
-    let trace = fixture("trace.jsonl.gz");
-    let model = tmp("other-config-model.json");
-    ok(&bin()
+    let tmp = TestDir::new("a_model_of_another_configuration_is_called_out");
+    let trace = cpu_capture("trace.jsonl.gz");
+    let model = tmp.path("other-config-model.json");
+    vcr()
         .args(["inspect", "fit"])
         .arg(&trace)
         .arg("-o")
         .arg(&model)
-        .output()
-        .unwrap());
-    let other = tmp("other-config-trace.jsonl");
+        .run();
+    let other = tmp.path("other-config-trace.jsonl");
     support::copy_with_config_hash(&trace, &other, "0123456789abcdef");
 
     let args = ["--latency-trace", s(&model), "--requests", "20"];
     let mut json_args = vec![s(&other), "--json"];
     json_args.extend(args);
-    let out = simulate(&json_args);
-    let (stdout, stderr) = ok(&out);
+    let out = simulate(&json_args).run();
+    let (stdout, stderr) = texts(&out);
     let v: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["other_configuration"], true, "{v}");
     assert_eq!(v["config_hashes"]["trace"], "0123456789abcdef");
@@ -683,7 +654,7 @@ fn a_model_of_another_configuration_is_called_out() {
     );
     let mut text_args = vec![s(&other)];
     text_args.extend(args);
-    let (text, _) = ok(&simulate(&text_args));
+    let (text, _) = texts(&simulate(&text_args).run());
     assert!(
         text.contains("WARNING: the model was fitted on another configuration"),
         "{text}"
@@ -691,7 +662,7 @@ fn a_model_of_another_configuration_is_called_out() {
     // the trace the model was fitted on: same configuration, no warning
     let mut same = vec![s(&trace), "--json"];
     same.extend(args);
-    let (stdout, stderr) = ok(&simulate(&same));
+    let (stdout, stderr) = texts(&simulate(&same).run());
     let v: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["other_configuration"], false, "{v}");
     assert!(!stderr.contains("WARNING"), "{stderr}");

@@ -1,37 +1,24 @@
 //! `inspect summarize` and `inspect gen-demo`, through the binary.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod support;
+
+use std::path::Path;
 
 use serde_json::Value;
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-inspect-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
+use support::{TestDir, cpu_capture, vcr, vcr_command};
 
 fn summarize_json(path: &Path) -> Value {
-    let out = bin()
+    let out = vcr()
         .args(["inspect", "summarize", "--json"])
         .arg(path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .run();
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[test]
 fn summarize_reports_what_the_records_hold() {
-    let trace = tmp("hand.jsonl");
+    let tmp = TestDir::new("summarize_reports_what_the_records_hold");
+    let trace = tmp.path("hand.jsonl");
     std::fs::write(
         &trace,
         concat!(
@@ -71,11 +58,7 @@ fn summarize_reports_what_the_records_hold() {
     assert_eq!(s["output_tokens"]["p50"], 1.0, "nearest rank of 0, 1, 4, 5");
     assert_eq!(s["concurrency_at_arrival"]["max"], 2.0);
 
-    let table = bin()
-        .args(["inspect", "summarize"])
-        .arg(&trace)
-        .output()
-        .unwrap();
+    let table = vcr().args(["inspect", "summarize"]).arg(&trace).output();
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(
         text.contains("requests: 4 (1 incomplete, 1 without arrival time)"),
@@ -86,8 +69,7 @@ fn summarize_reports_what_the_records_hold() {
 
 #[test]
 fn summarize_of_the_cpu_capture_matches_exact_quantiles() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/cpu-engine-capture/trace.jsonl.gz");
+    let path = cpu_capture("trace.jsonl.gz");
     let s = summarize_json(&path);
     assert_eq!(s["records"], 301);
     let mut gaps: Vec<f64> = sim_trace::trace::TraceReader::open(&path)
@@ -109,24 +91,20 @@ fn summarize_of_the_cpu_capture_matches_exact_quantiles() {
 
 #[test]
 fn a_bad_line_is_an_error_naming_file_and_line() {
-    let trace = tmp("bad.jsonl");
+    let tmp = TestDir::new("a_bad_line_is_an_error_naming_file_and_line");
+    let trace = tmp.path("bad.jsonl");
     std::fs::write(
         &trace,
         "{\"meta\":{}}\n{\"prompt_tokens\":1,\"output_tokens\":1}\n{not json\n",
     )
     .unwrap();
-    let out = bin()
-        .args(["inspect", "summarize"])
-        .arg(&trace)
-        .output()
-        .unwrap();
+    let out = vcr().args(["inspect", "summarize"]).arg(&trace).output();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("{}:3", trace.display())), "{err}");
-    let out = bin()
+    let out = vcr()
         .args(["inspect", "summarize", "/nonexistent/trace.jsonl"])
-        .output()
-        .unwrap();
+        .output();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/trace.jsonl"), "{err}");
@@ -138,7 +116,7 @@ fn a_bad_line_is_an_error_naming_file_and_line() {
 fn traces_can_be_written_to_a_pipe() {
     // `-o -` is standard output; a pipe cannot be fsynced, which must not fail the write
     for target in ["-", "/dev/stdout"] {
-        let out = bin()
+        let out = vcr_command()
             .args(["inspect", "gen-demo", "--records", "4", "-o", target])
             .stdout(std::process::Stdio::piped())
             .output()
@@ -158,7 +136,7 @@ fn traces_can_be_written_to_a_pipe() {
 
     // a reader that goes away early (`| head -1`) is not an error
     use std::io::BufRead;
-    let mut child = bin()
+    let mut child = vcr_command()
         .args(["inspect", "gen-demo", "--records", "200000", "-o", "-"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -178,22 +156,21 @@ fn traces_can_be_written_to_a_pipe() {
 }
 
 fn gen_demo(path: &Path, extra: &[&str]) {
-    let out = bin()
+    vcr()
         .args(["inspect", "gen-demo", "-o"])
         .arg(path)
         .args(extra)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .run();
 }
 
 #[test]
 fn gen_demo_is_deterministic_and_heavy_tailed() {
-    let (a, b, c) = (tmp("d1.jsonl"), tmp("d2.jsonl"), tmp("d3.jsonl"));
+    let tmp = TestDir::new("gen_demo_is_deterministic_and_heavy_tailed");
+    let (a, b, c) = (
+        tmp.path("d1.jsonl"),
+        tmp.path("d2.jsonl"),
+        tmp.path("d3.jsonl"),
+    );
     gen_demo(&a, &["--records", "500", "--seed", "7"]);
     gen_demo(&b, &["--records", "500", "--seed", "7"]);
     gen_demo(&c, &["--records", "500", "--seed", "8"]);
@@ -226,7 +203,8 @@ fn gen_demo_is_deterministic_and_heavy_tailed() {
 
 #[test]
 fn gen_demo_fast_and_arrivals() {
-    let p = tmp("fast.jsonl.gz");
+    let tmp = TestDir::new("gen_demo_fast_and_arrivals");
+    let p = tmp.path("fast.jsonl.gz");
     gen_demo(&p, &["--fast", "--records", "400", "--arrival-rate", "50"]);
     let s = summarize_json(&p);
     let ttft50 = s["ttft_ms"]["p50"].as_f64().unwrap();
@@ -243,18 +221,19 @@ fn gen_demo_fast_and_arrivals() {
 /// converted Mooncake trace) feed no chunk histogram and no mean concurrency.
 #[test]
 fn a_cut_trace_an_empty_one_and_one_without_timing_are_summarized_honestly() {
+    let tmp =
+        TestDir::new("a_cut_trace_an_empty_one_and_one_without_timing_are_summarized_honestly");
     let full = std::fs::read(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/cpu-engine-capture/trace.jsonl.gz"
     ))
     .unwrap();
-    let cut = tmp("cut.jsonl.gz");
+    let cut = tmp.path("cut.jsonl.gz");
     std::fs::write(&cut, &full[..full.len() / 2]).unwrap();
-    let out = bin()
+    let out = vcr()
         .args(["inspect", "summarize", "--json"])
         .arg(&cut)
-        .output()
-        .unwrap();
+        .output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("ends early"), "{err}");
@@ -269,37 +248,27 @@ fn a_cut_trace_an_empty_one_and_one_without_timing_are_summarized_honestly() {
         "{v}"
     );
 
-    let empty = tmp("empty.jsonl");
+    let empty = tmp.path("empty.jsonl");
     std::fs::write(&empty, "").unwrap();
-    let out = bin()
-        .args(["inspect", "summarize"])
-        .arg(&empty)
-        .output()
-        .unwrap();
+    let out = vcr().args(["inspect", "summarize"]).arg(&empty).output();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("the trace is empty"));
 
     // a Mooncake trace converted to ours: lengths and arrivals, no timing
-    let mc = tmp("mc.jsonl");
+    let mc = tmp.path("mc.jsonl");
     let lines: String = (0..300)
         .map(|i| format!("{{\"timestamp\": {}, \"input_length\": 100, \"output_length\": {}, \"hash_ids\": [{i}]}}\n", i * 10, 1 + i))
         .collect();
     std::fs::write(&mc, lines).unwrap();
-    let conv = tmp("mc-trace.jsonl");
+    let conv = tmp.path("mc-trace.jsonl");
     let _ = std::fs::remove_file(&conv);
-    let o = bin()
+    vcr()
         .args(["inspect", "convert", "--from", "mooncake"])
         .arg(&mc)
         .arg("-o")
         .arg(&conv)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let out = bin()
-        .args(["inspect", "summarize"])
-        .arg(&conv)
-        .output()
-        .unwrap();
+        .run();
+    let out = vcr().args(["inspect", "summarize"]).arg(&conv).output();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("output chunks: - (no timing in the trace)"),
@@ -313,7 +282,8 @@ fn a_cut_trace_an_empty_one_and_one_without_timing_are_summarized_honestly() {
 /// Many distinct chunk sizes are bucketed in power-of-two ranges.
 #[test]
 fn long_chunk_histograms_are_bucketed() {
-    let trace = tmp("chunks.jsonl");
+    let tmp = TestDir::new("long_chunk_histograms_are_bucketed");
+    let trace = tmp.path("chunks.jsonl");
     let mut s = String::from("{\"type\":\"meta\",\"format_version\":1}\n");
     for i in 1..40u32 {
         s.push_str(&format!(
@@ -322,11 +292,7 @@ fn long_chunk_histograms_are_bucketed() {
         ));
     }
     std::fs::write(&trace, s).unwrap();
-    let out = bin()
-        .args(["inspect", "summarize"])
-        .arg(&trace)
-        .output()
-        .unwrap();
+    let out = vcr().args(["inspect", "summarize"]).arg(&trace).output();
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
         .lines()
@@ -345,13 +311,14 @@ fn long_chunk_histograms_are_bucketed() {
 /// sets the cap.
 #[test]
 fn one_huge_line_is_refused_in_bounded_memory() {
+    let tmp = TestDir::new("one_huge_line_is_refused_in_bounded_memory");
     use std::io::Write;
     use std::os::unix::process::CommandExt;
     // one gzip member of 1 MiB of `a` (no newline), repeated: the reader sees one stream
     let mut member = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     member.write_all(&vec![b'a'; 1 << 20]).unwrap();
     let member = member.finish().unwrap();
-    let path = tmp("one-huge-line.jsonl.gz");
+    let path = tmp.path("one-huge-line.jsonl.gz");
     let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
     for _ in 0..1536 {
         f.write_all(&member).unwrap();
@@ -359,7 +326,7 @@ fn one_huge_line_is_refused_in_bounded_memory() {
     f.into_inner().unwrap().sync_all().unwrap();
 
     let limited = |args: &[&str]| {
-        let mut cmd = bin();
+        let mut cmd = vcr_command();
         cmd.args(args).arg(&path);
         unsafe {
             cmd.pre_exec(|| {
@@ -395,13 +362,11 @@ fn one_huge_line_is_refused_in_bounded_memory() {
     }
 
     // the cap is a flag: a real trace whose lines exceed a small cap is refused by line
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/cpu-engine-capture/trace.jsonl.gz");
-    let out = bin()
+    let fixture = cpu_capture("trace.jsonl.gz");
+    let out = vcr()
         .args(["inspect", "summarize", "--max-line-bytes", "1024"])
         .arg(&fixture)
-        .output()
-        .unwrap();
+        .output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("line longer than 1024 bytes"),
@@ -414,9 +379,9 @@ fn one_huge_line_is_refused_in_bounded_memory() {
 /// value"), and a flipped byte inside a `.gz` is reported as damage, not as a JSON error.
 #[test]
 fn gzip_by_content_and_damage_by_name() {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/cpu-engine-capture/trace.jsonl.gz");
-    let renamed = tmp("renamed-gzip.jsonl");
+    let tmp = TestDir::new("gzip_by_content_and_damage_by_name");
+    let fixture = cpu_capture("trace.jsonl.gz");
+    let renamed = tmp.path("renamed-gzip.jsonl");
     std::fs::copy(&fixture, &renamed).unwrap();
     let v = summarize_json(&renamed);
     assert_eq!(v, summarize_json(&fixture));
@@ -424,13 +389,9 @@ fn gzip_by_content_and_damage_by_name() {
     let mut bytes = std::fs::read(&fixture).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x55;
-    let damaged = tmp("damaged.jsonl.gz");
+    let damaged = tmp.path("damaged.jsonl.gz");
     std::fs::write(&damaged, &bytes).unwrap();
-    let out = bin()
-        .args(["inspect", "summarize"])
-        .arg(&damaged)
-        .output()
-        .unwrap();
+    let out = vcr().args(["inspect", "summarize"]).arg(&damaged).output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -445,7 +406,8 @@ fn gzip_by_content_and_damage_by_name() {
 /// accepted without a word).
 #[test]
 fn a_newer_schema_is_read_with_a_warning() {
-    let trace = tmp("v999.jsonl");
+    let tmp = TestDir::new("a_newer_schema_is_read_with_a_warning");
+    let trace = tmp.path("v999.jsonl");
     std::fs::write(
         &trace,
         "{\"meta\": {\"version\": 999}}\n{\"request_id\": \"a\", \"prompt_tokens\": 4, \"output_tokens\": 1, \"ttft_ms\": 3}\n",

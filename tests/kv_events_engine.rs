@@ -12,20 +12,10 @@ use serde_json::Value;
 use support::*;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-fn venv_python() -> std::path::PathBuf {
-    let cache = vllm_vcr::frontends::cache_root().unwrap();
-    let python = vllm_vcr::frontends::python_venv(&cache, "vllm", "0.33.0").join("bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: this test needs vLLM's own Python code; run `cargo xtask fetch --python`",
-        python.display()
-    );
-    python
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_subscriber_matches_stored_and_removed_blocks_to_the_prompts() {
-    let python = venv_python();
+    let python =
+        vllm_python("this test needs vLLM's own Python code; run `cargo xtask fetch --python`");
     let port = vllm_vcr::child::free_ports(1).unwrap()[0];
     let mut a = args();
     a.block_size = Some(16);

@@ -7,7 +7,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,7 @@ use rmpv::Value as Msgpack;
 use serde_json::{Value, json};
 use sim_protocol::VllmLine;
 use sim_protocol::kv_events::{KvEvent, KvEventsConfig, decode_kv_event_batch};
+use support::{fixture, vllm_python};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 use vllm_vcr::play::kv_events::{END_SEQ, KvEventPublisher};
@@ -25,21 +26,6 @@ use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage
 fn free_ports() -> (u16, u16) {
     let p = vllm_vcr::child::free_ports(2).expect("two free ports");
     (p[0], p[1])
-}
-
-fn venv_python() -> PathBuf {
-    let cache = vllm_vcr::frontends::cache_root().expect("cache root");
-    let python = vllm_vcr::frontends::python_venv(&cache, "vllm", "0.33.0")
-        .join("bin")
-        .join("python");
-    assert!(
-        python.exists(),
-        "{} is missing: the KV-events subscriber test needs vLLM 0.33.0's venv to decode with \
-         vLLM's own classes. Install it with `cargo xtask fetch --python-only` (or point \
-         $VLLM_VCR_CACHE at a cache that has py/vllm-0.33.0).",
-        python.display()
-    );
-    python
 }
 
 struct Subscriber {
@@ -103,7 +89,7 @@ impl Subscriber {
 }
 
 fn spawn_subscriber(python: &Path, endpoint: &str, replay: &str, topic: &str) -> Subscriber {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kv_events_subscriber.py");
+    let script = fixture("tests/kv_events_subscriber.py");
     let mut child = tokio::process::Command::new(python)
         .arg(script)
         .args([endpoint, replay, topic])
@@ -223,7 +209,11 @@ fn assert_known(batch: &Value, i: usize, seq: u64, topic: &str) {
 /// Publish, subscribe with vLLM's own decoder, replay — against pyzmq + msgspec.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_subscriber_decodes_published_and_replayed_batches() {
-    let python = venv_python();
+    let python = vllm_python(
+        "the KV-events subscriber test needs vLLM 0.33.0's venv to decode with \
+         vLLM's own classes. Install it with `cargo xtask fetch --python-only` (or point \
+         $VLLM_VCR_CACHE at a cache that has py/vllm-0.33.0).",
+    );
     let started = Instant::now();
     let (pub_port, replay_port) = free_ports();
     // Rank 1 offsets both ports by +1, as vLLM does.

@@ -7,28 +7,39 @@
 //! lease ends; a pull that fails follows --kv-load-failure-policy; a client that leaves
 //! mid-pull leaves nothing behind.
 
+mod support;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use support::{TestDir, vcr_command, wait_until};
+
 struct Proc {
     child: Child,
     log: PathBuf,
+    /// Holds the logs: kept when the test fails.
+    _dir: TestDir,
 }
 
 impl Proc {
     fn start(args: &[String], name: &str) -> Proc {
-        let log = std::env::temp_dir().join(format!("vcr-pd-{}-{name}.log", std::process::id()));
-        let child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        let dir = TestDir::new(&format!("pd-{name}"));
+        let log = dir.path(&format!("{name}.log"));
+        let child = vcr_command()
             .args(args)
             .env("NO_COLOR", "1")
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
             .spawn()
             .unwrap();
-        Proc { child, log }
+        Proc {
+            child,
+            log,
+            _dir: dir,
+        }
     }
 
     fn log(&self) -> String {
@@ -179,17 +190,6 @@ fn log_field(log: &str, what: &str, key: &str) -> Option<String> {
     let line = log.lines().find(|l| l.contains(what))?;
     let rest = line.split(&format!("{key}=")).nth(1)?;
     Some(rest.split_whitespace().next()?.to_string())
-}
-
-fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    done()
 }
 
 #[test]

@@ -51,7 +51,7 @@ fn write_trace(path: &Path, recs: &[Rec]) {
     w.finish().unwrap();
 }
 
-fn fixture(dir: &Path) -> std::path::PathBuf {
+fn write_fixture(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("trace.jsonl.gz");
     write_trace(
         &path,
@@ -78,16 +78,11 @@ fn fixture(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("vllm-vcr-replay-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn index_ids_get_their_records_tokens_and_finish_reasons() {
-    let dir = tmp("index");
-    let trace = fixture(&dir);
+    let tmp = TestDir::new("replay-index");
+    let dir = tmp.root();
+    let trace = write_fixture(dir);
     let mut a = args();
     a.replay_tokens = Some(trace.clone());
     a.replay_summary = Some(dir.join("summary.json"));
@@ -126,13 +121,13 @@ async fn index_ids_get_their_records_tokens_and_finish_reasons() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["tokens"]["served"], 5, "{summary}");
     assert_eq!(summary["tokens"]["reserved"], 1, "{summary}");
-    std::fs::remove_dir_all(dir).ok();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefixes_match_whole_prompts_and_misses_are_loud() {
-    let dir = tmp("prefix");
-    let trace = fixture(&dir);
+    let tmp = TestDir::new("replay-prefix");
+    let dir = tmp.root();
+    let trace = write_fixture(dir);
     let mut a = args();
     a.replay_tokens = Some(trace);
     a.replay_match = MatchMode::Prefix;
@@ -190,13 +185,13 @@ async fn prefixes_match_whole_prompts_and_misses_are_loud() {
         "{summary}"
     );
     assert_eq!(summary["tokens"]["missed"]["short_prompt"], 1, "{summary}");
-    std::fs::remove_dir_all(dir).ok();
 }
 
 #[test]
 fn a_trace_of_another_configuration_is_refused_before_the_handshake() {
-    let dir = tmp("hash");
-    let trace = fixture(&dir);
+    let tmp = TestDir::new("replay-hash");
+    let dir = tmp.root();
+    let trace = write_fixture(dir);
     let mut a = args();
     a.replay_tokens = Some(trace);
     a.expect_config_hash = Some("ffff".into());
@@ -206,7 +201,6 @@ fn a_trace_of_another_configuration_is_refused_before_the_handshake() {
         msg.contains("config_hash abc123") && msg.contains("ffff"),
         "{msg}"
     );
-    std::fs::remove_dir_all(dir).ok();
 }
 
 /// A latency model fitted under another configuration than the replayed capture is
@@ -215,11 +209,12 @@ fn a_trace_of_another_configuration_is_refused_before_the_handshake() {
 #[test]
 fn a_model_of_another_configuration_than_the_replayed_capture_is_called_out() {
     use std::io::{BufRead, BufReader};
-    let dir = tmp("other-config-model");
-    let trace = fixture(&dir);
-    let capture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cpu-engine-capture");
+    let tmp = TestDir::new("replay-other-config-model");
+    let dir = tmp.root();
+    let trace = write_fixture(dir);
+    let capture = fixture("tests/fixtures/cpu-engine-capture");
     let port = vllm_vcr::child::free_ports(1).unwrap()[0];
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let mut child = vcr_command()
         .args([
             "play",
             "--handshake-address",
@@ -263,12 +258,12 @@ fn a_model_of_another_configuration_than_the_replayed_capture_is_called_out() {
         found.contains("WARN") && found.contains("abc123") && found.contains("727153f7"),
         "{found}"
     );
-    std::fs::remove_dir_all(dir).ok();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
-    let dir = tmp("steps");
+    let tmp = TestDir::new("replay-steps");
+    let dir = tmp.root();
     let path = dir.join("steps.jsonl");
     let meta = TraceMeta {
         block_size: Some(BLOCK as u32),
@@ -357,7 +352,6 @@ async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
     // (typically under 0.5 ms; 3.7 ms seen once with the whole test suite running in
     // parallel on 2 cores)
     assert!(worst < 0.005, "worst deviation {:.3} ms", worst * 1e3);
-    std::fs::remove_dir_all(dir).ok();
 }
 
 /// Hostile replay inputs are refused before the handshake, each naming what is wrong: a
@@ -367,7 +361,8 @@ async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
 /// replay summary written over the trace it counts.
 #[test]
 fn hostile_replay_traces_are_refused_at_load() {
-    let dir = tmp("hostile");
+    let tmp = TestDir::new("replay-hostile");
+    let dir = tmp.root();
     let try_load = |f: &dyn Fn(&mut vllm_vcr::play::PlayArgs)| -> String {
         let mut a = args();
         f(&mut a);
@@ -445,7 +440,7 @@ fn hostile_replay_traces_are_refused_at_load() {
     assert!(e.contains("block_size is 0"), "{e}");
 
     // H5: the summary may not be written over the trace (by another name either)
-    let good = fixture(&dir);
+    let good = write_fixture(dir);
     let alias = dir.join(".").join("trace.jsonl.gz");
     let e = try_load(&|a| {
         a.replay_tokens = Some(good.clone());
@@ -455,7 +450,6 @@ fn hostile_replay_traces_are_refused_at_load() {
         e.contains("--replay-summary") && e.contains("is the same file as --replay-tokens"),
         "{e}"
     );
-    std::fs::remove_dir_all(dir).ok();
 }
 
 /// `--replay-tokens A --replay-steps B` of two captures were paired record by record
@@ -463,7 +457,8 @@ fn hostile_replay_traces_are_refused_at_load() {
 /// `--replay-allow-mismatch` asks for it.
 #[test]
 fn tokens_and_steps_of_different_captures_are_not_paired_silently() {
-    let dir = tmp("pairing");
+    let tmp = TestDir::new("replay-pairing");
+    let dir = tmp.root();
     let write = |name: &str, hash: &str, ids: &[&str]| {
         let path = dir.join(name);
         let meta = TraceMeta {
@@ -511,5 +506,4 @@ fn tokens_and_steps_of_different_captures_are_not_paired_silently() {
     load(&a, &b, true).unwrap();
     // two files of one capture pair as before
     load(&a, &same_a, false).unwrap();
-    std::fs::remove_dir_all(dir).ok();
 }

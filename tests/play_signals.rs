@@ -3,20 +3,20 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use sim_protocol::decode::{DecodedOutputs, decode_outputs_for};
 use sim_protocol::encode::encode_input;
 use sim_protocol::transport::FrontendListener;
 use sim_protocol::{FinishReason, VllmLine};
-use support::add;
+use support::{add, vcr_command};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_then_aborts_and_exits_zero() {
     let line = VllmLine::new(0, 33);
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let mut child = vcr_command()
         .args(["play", "--handshake-address", fl.handshake_address()])
         .args(["--inter-token-latency", "10", "--shutdown-timeout", "0.3"])
         .stdout(Stdio::null())

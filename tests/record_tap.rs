@@ -9,7 +9,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -23,7 +23,7 @@ use sim_protocol::{
     FinishReason, InputMessage, ReadyResponse, VllmLine,
 };
 use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
-use support::{Collected, add};
+use support::{Collected, TestDir, add, vcr, vcr_command};
 use tokio::sync::watch;
 use vllm_vcr::child::free_ports;
 
@@ -42,18 +42,22 @@ struct Tap {
     engine_handshake: String,
     trace: PathBuf,
     log: PathBuf,
+    /// Where the log of a tap writing to a device goes.
+    _log_dir: Option<TestDir>,
 }
 
 impl Tap {
     fn start(frontend_handshake: &str, trace: &Path, extra: &[&str]) -> Tap {
         let port = free_ports(1).unwrap()[0];
         let engine_handshake = format!("tcp://127.0.0.1:{port}");
-        let log = if trace.starts_with("/dev") {
-            tmp("dev-trace.log")
-        } else {
-            trace.with_extension("log")
+        let log_dir = trace
+            .starts_with("/dev")
+            .then(|| TestDir::new("record-dev-trace"));
+        let log = match &log_dir {
+            Some(dir) => dir.path("dev-trace.log"),
+            None => trace.with_extension("log"),
         };
-        let child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        let child = vcr_command()
             .env("NO_COLOR", "1")
             .args(["record", "--frontend-handshake", frontend_handshake])
             .args(["--engine-handshake", &engine_handshake])
@@ -69,6 +73,7 @@ impl Tap {
             engine_handshake,
             trace: trace.to_path_buf(),
             log,
+            _log_dir: log_dir,
         }
     }
 
@@ -102,14 +107,6 @@ impl Drop for Tap {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-record-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    let _ = std::fs::remove_file(&p);
-    p
 }
 
 /// The whole trace: meta and records; fails the test on any error (truncation included).
@@ -159,10 +156,11 @@ async fn collect(fl: &mut FrontendListener, ids: &[&str]) -> Collected {
 /// A hand-driven engine: every byte it sends and receives is the test's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_frame_crosses_unchanged_in_both_directions() {
+    let tmp = TestDir::new("every_frame_crosses_unchanged_in_both_directions");
     let mut fl = FrontendListener::bind("127.0.0.1", 2).await.unwrap();
-    let trace = tmp("bytes.jsonl");
+    let trace = tmp.path("bytes.jsonl");
     // the engine host's CPU, from a copy of its /proc/cpuinfo
-    let cpuinfo = tmp("bytes.cpuinfo");
+    let cpuinfo = tmp.path("bytes.cpuinfo");
     std::fs::write(&cpuinfo, OTHER_HOST_CPUINFO).unwrap();
     let mut tap = Tap::start(
         fl.handshake_address(),
@@ -335,9 +333,10 @@ async fn every_frame_crosses_unchanged_in_both_directions() {
 /// `play` behind the tap: records match what the frontend saw, TTFT within 1 ms of the
 /// engine's own timestamps, and SIGTERM mid-run leaves a valid, complete trace.
 async fn sigterm_mid_run(trace_name: &str) {
+    let tmp = TestDir::new(trace_name);
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
-    let trace = tmp(trace_name);
-    let steps = tmp(&format!("{trace_name}.steps.jsonl"));
+    let trace = tmp.path(trace_name);
+    let steps = tmp.path(&format!("{trace_name}.steps.jsonl"));
     let steps_arg = steps.to_str().unwrap().to_string();
     let mut tap = Tap::start(
         fl.handshake_address(),
@@ -463,10 +462,11 @@ async fn sigterm_mid_run_leaves_a_valid_gzip_trace() {
 /// The engine process is killed mid-run: the tap notices, closes the trace (finished
 /// requests kept, in-flight ones incomplete) and exits non-zero.
 async fn engine_killed(trace_name: &str) {
+    let tmp = TestDir::new(trace_name);
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
-    let trace = tmp(trace_name);
+    let trace = tmp.path(trace_name);
     let mut tap = Tap::start(fl.handshake_address(), &trace, &["--host-cpu", "none"]);
-    let mut engine = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let mut engine = vcr_command()
         .args(["play", "--handshake-address", &tap.engine_handshake])
         .args(["--inter-token-latency", "5"])
         .stdout(Stdio::null())
@@ -544,8 +544,9 @@ async fn hand_driven_engine(
 /// ENGINE_CORE_DEAD reaches the frontend unchanged, and the trace is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_core_dead_is_relayed_and_closes_the_trace() {
+    let tmp = TestDir::new("engine_core_dead_is_relayed_and_closes_the_trace");
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
-    let trace = tmp("dead.jsonl.gz");
+    let trace = tmp.path("dead.jsonl.gz");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
     let (accepted, mut eng) = hand_driven_engine(&mut fl, &tap.engine_handshake).await;
     fl.send(
@@ -581,8 +582,9 @@ async fn engine_core_dead_is_relayed_and_closes_the_trace() {
 /// the tap lives on, and an engine that joins afterwards is relayed and recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_2_pow_62_frame_on_the_handshake_port_drops_only_that_peer() {
+    let tmp = TestDir::new("a_2_pow_62_frame_on_the_handshake_port_drops_only_that_peer");
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
-    let trace = tmp("hostile-handshake.jsonl");
+    let trace = tmp.path("hostile-handshake.jsonl");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
     assert!(
         support::send_a_2_pow_62_frame_header(&tap.engine_handshake, "DEALER").await,
@@ -621,10 +623,12 @@ async fn a_2_pow_62_frame_on_the_handshake_port_drops_only_that_peer() {
 /// the partial message into the shared stream and the frontend failed every request).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_2_pow_40_message_on_the_output_port_never_reaches_the_frontend() {
+    let tmp =
+        TestDir::new("a_partial_2_pow_40_message_on_the_output_port_never_reaches_the_frontend");
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use zeromq::{SocketRecv, SocketSend, ZmqMessage};
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
-    let trace = tmp("hostile-output.jsonl");
+    let trace = tmp.path("hostile-output.jsonl");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
     let (accepted, mut eng) = hand_driven_engine(&mut fl, &tap.engine_handshake).await;
     // the tap's output port, as the engine learned it from the rewritten INIT
@@ -704,8 +708,9 @@ async fn a_partial_2_pow_40_message_on_the_output_port_never_reaches_the_fronten
 /// queued it (`arrival_ms`, never earlier).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_record_says_when_its_request_was_sent() {
+    let tmp = TestDir::new("each_record_says_when_its_request_was_sent");
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
-    let trace = tmp("sent.jsonl");
+    let trace = tmp.path("sent.jsonl");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
     let (stop, rx) = watch::channel(false);
     let engine = tokio::spawn(vllm_vcr::play::run(play_args(&tap.engine_handshake), rx));
@@ -738,8 +743,9 @@ async fn each_record_says_when_its_request_was_sent() {
 /// The frontend goes away: the capture ends normally (exit 0) with a valid trace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frontend_exit_ends_the_capture_cleanly() {
+    let tmp = TestDir::new("frontend_exit_ends_the_capture_cleanly");
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
-    let trace = tmp("frontend-gone.jsonl.gz");
+    let trace = tmp.path("frontend-gone.jsonl.gz");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
     let (stop, rx) = watch::channel(false);
     let engine = tokio::spawn(vllm_vcr::play::run(play_args(&tap.engine_handshake), rx));
@@ -766,9 +772,10 @@ async fn frontend_exit_ends_the_capture_cleanly() {
 /// frontend clients are relayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_first_with_two_engines_and_two_clients() {
+    let tmp = TestDir::new("engines_first_with_two_engines_and_two_clients");
     let ports = free_ports(2).unwrap();
     let fe_hs = format!("tcp://127.0.0.1:{}", ports[0]);
-    let trace = tmp("dp.jsonl");
+    let trace = tmp.path("dp.jsonl");
     let mut tap = Tap::start(&fe_hs, &trace, &[]);
     let mut args = play_args(&tap.engine_handshake);
     args.engine_count = 2;
@@ -829,14 +836,14 @@ async fn engines_first_with_two_engines_and_two_clients() {
 /// Refuses to overwrite a capture, and explains a partial config-hash request.
 #[test]
 fn refuses_to_overwrite_and_checks_hash_flags() {
-    let trace = tmp("exists.jsonl");
+    let tmp = TestDir::new("refuses_to_overwrite_and_checks_hash_flags");
+    let trace = tmp.path("exists.jsonl");
     std::fs::write(&trace, b"{\"meta\":{}}\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let out = vcr()
         .args(["record", "--frontend-handshake", "tcp://127.0.0.1:1"])
         .args(["--engine-handshake", "tcp://127.0.0.1:0", "--trace-out"])
         .arg(&trace)
-        .output()
-        .unwrap();
+        .output();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -849,13 +856,12 @@ fn refuses_to_overwrite_and_checks_hash_flags() {
         "untouched"
     );
 
-    let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let out = vcr()
         .args(["record", "--frontend-handshake", "tcp://127.0.0.1:1"])
         .args(["--engine-handshake", "tcp://127.0.0.1:0", "--trace-out"])
-        .arg(tmp("hash.jsonl"))
+        .arg(tmp.path("hash.jsonl"))
         .args(["--engine-config", "model=x"])
-        .output()
-        .unwrap();
+        .output();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -867,13 +873,12 @@ fn refuses_to_overwrite_and_checks_hash_flags() {
         (&["--note", "no-equals-sign"][..], "KEY=VALUE"),
         (&["--host-cpu", "/nonexistent/cpuinfo"][..], "--host-cpu"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        let out = vcr()
             .args(["record", "--frontend-handshake", "tcp://127.0.0.1:1"])
             .args(["--engine-handshake", "tcp://127.0.0.1:0", "--trace-out"])
-            .arg(tmp("bad-flag.jsonl"))
+            .arg(tmp.path("bad-flag.jsonl"))
             .args(bad)
-            .output()
-            .unwrap();
+            .output();
         assert_eq!(out.status.code(), Some(1), "{bad:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{bad:?}: {err}");
@@ -884,10 +889,11 @@ fn refuses_to_overwrite_and_checks_hash_flags() {
 /// trace (it once took the tap's observer to gigabytes); the capture goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_frame_is_relayed_but_not_decoded() {
+    let tmp = TestDir::new("an_oversized_frame_is_relayed_but_not_decoded");
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
-    let trace = tmp("oversized.jsonl");
+    let trace = tmp.path("oversized.jsonl");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &["--max-frame-size", "1"]);
-    let mut engine = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let mut engine = vcr_command()
         .args(["play", "--handshake-address", &tap.engine_handshake])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -936,7 +942,7 @@ async fn a_full_disk_keeps_the_relay_going_and_counts_what_was_lost() {
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
     let full = Path::new("/dev/full");
     let mut tap = Tap::start(fl.handshake_address(), full, &["--force"]);
-    let mut engine = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let mut engine = vcr_command()
         .args(["play", "--handshake-address", &tap.engine_handshake])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -1002,8 +1008,9 @@ fn wire_message(rank: u8, i: u32) -> Vec<Bytes> {
 /// engine byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dp_outputs_merge_whole_and_unaltered() {
+    let tmp = TestDir::new("dp_outputs_merge_whole_and_unaltered");
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
-    let trace = tmp("wire.jsonl");
+    let trace = tmp.path("wire.jsonl");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
     let ready = ReadyResponse {
         vllm_version: "0.33.0".into(),

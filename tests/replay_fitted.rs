@@ -4,15 +4,12 @@
 //! measures with what it measured against the real engine. In-sample (the same workload the
 //! model was fitted to): TTFT and ITL p50/p90 within 10 %.
 
-use std::path::{Path, PathBuf};
+mod support;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/cpu-engine-capture")
-        .join(name)
-}
+use support::{TestDir, cpu_capture, http_get_ok, vcr, vcr_command};
 
 /// `Median TTFT (ms): 391.68` → 391.68
 fn stat(report: &str, name: &str) -> f64 {
@@ -24,49 +21,28 @@ fn stat(report: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no `{name}` in the report:\n{report}"))
 }
 
-fn healthy(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_err() {
-        return false;
-    }
-    let mut r = String::new();
-    let _ = s.read_to_string(&mut r);
-    r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200")
-}
-
 #[test]
 fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
     let rs = vllm_vcr::frontends::ensure_vllm_rs("0.33.0")
         .unwrap_or_else(|e| panic!("cannot obtain vllm-rs: {e:#}"));
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-fitted-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = TestDir::new("replay_fitted");
+    let dir = tmp.root();
     let model = dir.join("model.json");
-    let bin = env!("CARGO_BIN_EXE_vllm-vcr");
-    let fit = Command::new(bin)
+    vcr()
         .args(["inspect", "fit"])
-        .arg(fixture("trace.jsonl.gz"))
+        .arg(cpu_capture("trace.jsonl.gz"))
         .arg("--steps")
-        .arg(fixture("steps.jsonl.gz"))
+        .arg(cpu_capture("steps.jsonl.gz"))
         .arg("-o")
         .arg(&model)
-        .output()
-        .unwrap();
-    assert!(
-        fit.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fit.stderr)
-    );
+        .run();
     let tokenizer = dir.join("model-dir");
     vllm_vcr::tiny_model::write_to(&tokenizer).unwrap();
 
     let ports = vllm_vcr::child::free_ports(2).unwrap();
     let (port, hs) = (ports[0], ports[1]);
     // the capture's engine: block size 128, 128 sequences, context 2048
-    let mut serve = Command::new(bin)
+    let mut serve = vcr_command()
         .args(["serve", "--port", &port.to_string()])
         .args(["--handshake-port", &hs.to_string()])
         .arg("--latency-trace")
@@ -78,7 +54,7 @@ fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !healthy(port) {
+    while !http_get_ok(port, "/health") {
         assert!(Instant::now() < deadline, "serve did not become healthy");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -106,7 +82,7 @@ fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
         "{report}\n{}",
         String::from_utf8_lossy(&bench.stderr)
     );
-    let captured = std::fs::read_to_string(fixture("bench-serve.txt")).unwrap();
+    let captured = std::fs::read_to_string(cpu_capture("bench-serve.txt")).unwrap();
     let mut lines = Vec::new();
     for name in ["Median TTFT", "P90 TTFT", "Median ITL", "P90 ITL"] {
         let (sim, real) = (stat(&report, name), stat(&captured, name));
@@ -118,5 +94,4 @@ fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
         assert!(err < 0.10, "{}", lines.join("\n"));
     }
     eprintln!("{}", lines.join("\n"));
-    std::fs::remove_dir_all(dir).ok();
 }

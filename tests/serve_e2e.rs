@@ -2,12 +2,16 @@
 //! on first use — never skipped) with `play` behind it; chat completions over HTTP; Ctrl-C
 //! stops both; a frontend that dies, or a `serve` that is killed, leaves nothing behind.
 
+mod support;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
+
+use support::{TestDir, vcr, vcr_command, wait_until};
 
 fn free_port() -> u16 {
     vllm_vcr::child::free_ports(1).expect("a free port")[0]
@@ -66,22 +70,13 @@ fn vllm_rs_matching(needle: &str) -> Vec<u32> {
     out
 }
 
-fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    done()
-}
-
 /// A `vllm-vcr serve` child: stdout lines arrive on a channel, stderr goes to a file.
 struct Serve {
     child: Child,
     stdout: Receiver<String>,
     stderr: PathBuf,
+    /// Holds `stderr`: kept when the test fails.
+    _dir: TestDir,
     port: u16,
     handshake_port: u16,
     frontend: String,
@@ -91,11 +86,9 @@ impl Serve {
     fn start(extra: &[&str]) -> Serve {
         let port = free_port();
         let handshake_port = free_port();
-        let stderr = std::env::temp_dir().join(format!(
-            "vllm-vcr-serve-e2e-{}-{port}.stderr",
-            std::process::id()
-        ));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+        let dir = TestDir::new(&format!("serve-e2e-{port}"));
+        let stderr = dir.path("serve.stderr");
+        let mut child = vcr_command()
             .args(["serve", "--port", &port.to_string()])
             .args(["--handshake-port", &handshake_port.to_string()])
             // the Python frontend inspects the model in a subprocess before it listens:
@@ -118,6 +111,7 @@ impl Serve {
             child,
             stdout,
             stderr,
+            _dir: dir,
             port,
             handshake_port,
             frontend: String::new(),
@@ -182,7 +176,6 @@ impl Drop for Serve {
         // a failed assertion must not leave serve running (its frontend dies with it)
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.stderr);
     }
 }
 
@@ -421,10 +414,7 @@ fn killing_serve_takes_the_frontend_down() {
 fn a_busy_port_is_a_clear_error_before_anything_starts() {
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().port();
-    let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
-        .args(["serve", "--port", &port.to_string()])
-        .output()
-        .unwrap();
+    let out = vcr().args(["serve", "--port", &port.to_string()]).output();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -529,8 +519,8 @@ fn a_mooncake_trace_of_long_prompts_replays_through_bench_serve_with_no_failures
     // what a user does with a public Mooncake trace: `vllm-rs bench serve --dataset-name
     // timed_trace` against `serve --max-model-len 131072`, prompts of 20k–60k tokens fired at
     // their timestamps (this used to fail most requests with "maximum context length is 2048")
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-mooncake-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = TestDir::new("serve-mooncake");
+    let dir = tmp.root();
     let trace = dir.join("mooncake.jsonl");
     let (mut lines, mut input_tokens, mut output_tokens) = (String::new(), 0u64, 0u64);
     let (mut t_ms, mut seed) = (0u64, 0x9e37_79b9_7f4a_7c15u64);
@@ -595,7 +585,6 @@ fn a_mooncake_trace_of_long_prompts_replays_through_bench_serve_with_no_failures
     assert_eq!(field("Total input tokens:"), input_tokens, "{report}");
     assert_eq!(field("Total generated tokens:"), output_tokens, "{report}");
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `inspect suite` drives the calibration suite's three loads through a real frontend
@@ -611,14 +600,13 @@ fn the_calibration_suite_runs_against_a_frontend() {
         .as_str()
         .unwrap()
         .to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
+    let out = vcr()
         .args(["inspect", "suite", "--base-url", &base, "--model", "tiny"])
         .args(["--tokenizer", &model_dir])
         .arg("--bench-bin")
         .arg(vllm_rs("0.33.0"))
         .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
+        .output();
     let report = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
@@ -767,11 +755,10 @@ fn embeddings_through_the_python_frontend_with_runner_pooling() {
 
 /// An adapter directory the frontends accept for `--lora-modules` (no weights: the engine
 /// never loads them).
-fn lora_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-lora-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+fn lora_dir() -> TestDir {
+    let dir = TestDir::new("serve-lora");
     std::fs::write(
-        dir.join("adapter_config.json"),
+        dir.path("adapter_config.json"),
         r#"{"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "peft_type": "LORA", "base_model_name_or_path": "tiny"}"#,
     )
     .unwrap();
@@ -782,7 +769,8 @@ fn lora_dir() -> PathBuf {
 /// token-in/token-out generation, and (Python) `/v1/responses` with store and retrieval.
 #[test]
 fn lora_token_in_token_out_and_responses_routes_through_both_frontends() {
-    let lora = format!("sql={}", lora_dir().display());
+    let lora_dir = lora_dir();
+    let lora = format!("sql={}", lora_dir.root().display());
     let venv = cached_venv("vllm", "0.33.0");
     let common = ["--inter-token-latency", "5"];
     let passthrough = [
@@ -817,7 +805,8 @@ fn lora_token_in_token_out_and_responses_routes_through_both_frontends() {
 /// engine error on only for `validation_error` and retryable ones).
 #[test]
 fn a_replay_miss_and_an_impossible_schema_tell_the_client_why() {
-    let trace = std::env::temp_dir().join(format!("vcr-serve-miss-{}.jsonl", std::process::id()));
+    let tmp = TestDir::new("serve-miss");
+    let trace = tmp.path("miss.jsonl");
     std::fs::write(
         &trace,
         "{\"meta\":{\"block_size\":16}}\n{\"request_id\":\"a\",\"prompt_tokens\":4,\

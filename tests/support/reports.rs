@@ -1,0 +1,37 @@
+//! Traces and reports as the `inspect` tests read and rewrite them.
+
+/// Copy the trace `from` to `to` with its meta's `config_hash` set to `hash`: the same
+/// capture, as another configuration's (host, rig, engine flags).
+pub fn copy_with_config_hash(from: &std::path::Path, to: &std::path::Path, hash: &str) {
+    use sim_trace::trace::{TraceItem, TraceReader, TraceWriter};
+    let mut w = TraceWriter::create_without_meta(to).unwrap();
+    for item in TraceReader::open(from).unwrap() {
+        match item.unwrap() {
+            TraceItem::Meta(mut m) => {
+                m.config_hash = Some(hash.into());
+                w.write_meta(&m).unwrap();
+            }
+            TraceItem::Record(r) => w.write_record(&r).unwrap(),
+        }
+    }
+    w.finish().unwrap();
+}
+
+/// The pooled cohort (`"all"`) of an `inspect calibrate --json` or `inspect compare --json`
+/// report.
+pub fn pooled_cohort(report: &serde_json::Value) -> &serde_json::Value {
+    report["cohorts"]
+        .as_array()
+        .and_then(|c| c.iter().find(|x| x["cohort"] == "all"))
+        .unwrap_or_else(|| panic!("no pooled cohort in {report}"))
+}
+
+/// The cohort `name` of an `inspect calibrate --json` or `inspect compare --json` report.
+pub fn cohort<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    report["cohorts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["cohort"] == name)
+        .unwrap_or_else(|| panic!("no cohort {name} in {}", report["cohorts"]))
+}
