@@ -9,9 +9,9 @@ use clap::{Args, ValueEnum};
 use sim_protocol::VllmLine;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
+use vcr_host::child::{ChildGuard, free_ports, tail};
+use vcr_host::frontends;
 
-use crate::child::{ChildGuard, free_ports, tail};
-use crate::frontends;
 use crate::play::pooling::Runner;
 use crate::play::{PlayArgs, TokenMode};
 
@@ -374,13 +374,13 @@ async fn health_ok(host: &str, port: u16) -> bool {
 /// `max_position_embeddings`, which the frontends enforce), into the cache (or, if that is
 /// not writable, a temp dir).
 pub(crate) fn write_embedded_model(cache: &Path, max_model_len: u64) -> Result<PathBuf> {
-    let name = if max_model_len == u64::from(crate::tiny_model::MAX_MODEL_LEN) {
+    let name = if max_model_len == u64::from(vcr_host::tiny_model::MAX_MODEL_LEN) {
         format!("tiny-{}", env!("CARGO_PKG_VERSION"))
     } else {
         format!("tiny-{}-ctx{max_model_len}", env!("CARGO_PKG_VERSION"))
     };
     let dir = cache.join("model").join(&name);
-    match crate::tiny_model::write_with_context_to(&dir, max_model_len) {
+    match vcr_host::tiny_model::write_with_context_to(&dir, max_model_len) {
         Ok(()) => Ok(dir),
         Err(e) => {
             // SAFETY: getuid has no preconditions.
@@ -391,7 +391,7 @@ pub(crate) fn write_embedded_model(cache: &Path, max_model_len: u64) -> Result<P
                 dir.display(),
                 tmp.display()
             );
-            crate::tiny_model::write_with_context_to(&tmp, max_model_len)
+            vcr_host::tiny_model::write_with_context_to(&tmp, max_model_len)
                 .with_context(|| format!("writing the embedded model to {}", tmp.display()))?;
             Ok(tmp)
         }
@@ -623,14 +623,14 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             if play.vocab_size == defaults.vocab_size && play.min_token_id == defaults.min_token_id
             {
                 // printable ASCII: readable random text from the byte-level tokenizer
-                play.min_token_id = crate::tiny_model::byte_token_id(b' ');
-                play.vocab_size = crate::tiny_model::byte_token_id(b'~') + 1;
+                play.min_token_id = vcr_host::tiny_model::byte_token_id(b' ');
+                play.vocab_size = vcr_host::tiny_model::byte_token_id(b'~') + 1;
             }
-            if play.vocab_size > crate::tiny_model::TOKENIZER_VOCAB {
+            if play.vocab_size > vcr_host::tiny_model::TOKENIZER_VOCAB {
                 bail!(
                     "--vocab-size {} is larger than the embedded model's {} token ids (pass --model DIR to serve a bigger vocabulary)",
                     play.vocab_size,
-                    crate::tiny_model::TOKENIZER_VOCAB
+                    vcr_host::tiny_model::TOKENIZER_VOCAB
                 );
             }
             (dir, "tiny".to_string())
@@ -905,10 +905,10 @@ mod tests {
     #[test]
     fn vocab_of_the_embedded_model() {
         let dir = std::env::temp_dir().join(format!("vllm-vcr-vocab-{}", std::process::id()));
-        crate::tiny_model::write_to(&dir).unwrap();
+        vcr_host::tiny_model::write_to(&dir).unwrap();
         assert_eq!(
             vocab_size_of(&dir).unwrap(),
-            crate::tiny_model::TOKENIZER_VOCAB
+            vcr_host::tiny_model::TOKENIZER_VOCAB
         );
         assert_eq!(model_max_len(&dir), Some(2048));
         std::fs::remove_dir_all(&dir).unwrap();

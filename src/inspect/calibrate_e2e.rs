@@ -19,6 +19,8 @@ use clap::Args;
 use serde_json::{Value, json};
 use sim_protocol::VllmLine;
 use sim_trace::trace::{TraceItem, TraceReader};
+use vcr_host::child::{ChildGuard, free_ports, wait_listening};
+use vcr_host::frontends;
 
 use super::calibrate::compare::{Sample, chunk_sizes};
 use super::calibrate::{CalibrateArgs, ModelRun, check_calibrate_outputs, run_with};
@@ -26,11 +28,10 @@ use super::progress::Progress;
 use super::simulate::arrivals::Arrivals;
 use super::simulate::workload::Workload;
 use super::simulate::{Counts, RunOptions};
-use crate::child::{ChildGuard, free_ports, wait_listening};
+use crate::compat;
 use crate::io_guard::{Named, named};
 use crate::play::{EngineArgs, PlayArgs};
 use crate::serve::{self, Frontend};
-use crate::{compat, frontends};
 
 #[derive(Debug, Clone, Args)]
 #[command(after_help = "\
@@ -306,7 +307,7 @@ fn start(
     play.engine.vocab_size = play
         .engine
         .vocab_size
-        .min(crate::tiny_model::TOKENIZER_VOCAB);
+        .min(vcr_host::tiny_model::TOKENIZER_VOCAB);
     if let Some(m) = serve::model_max_len(&model) {
         play.engine.max_model_len = play.engine.max_model_len.min(m);
     }
@@ -380,7 +381,7 @@ fn drive(
     let lo = engine.min_token_id.max(3);
     let hi = engine
         .vocab_size
-        .min(crate::tiny_model::TOKENIZER_VOCAB)
+        .min(vcr_host::tiny_model::TOKENIZER_VOCAB)
         .max(lo + 1);
     let mut arrivals = Arrivals::new(work, opts);
     let (tx, rx) = mpsc::channel::<(usize, Duration, Result<()>)>();

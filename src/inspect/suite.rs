@@ -98,7 +98,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
     let bench = match (&a.bench_bin, a.dry_run) {
         (Some(p), _) => p.clone(),
         (None, true) => PathBuf::from("vllm-rs"),
-        (None, false) => crate::frontends::find_vllm_rs(None, env!("VLLM_VCR_DEFAULT_TAG"))?,
+        (None, false) => vcr_host::frontends::find_vllm_rs(None, env!("VLLM_VCR_DEFAULT_TAG"))?,
     };
     crate::outln!(
         "# the calibration suite: {} load(s); run `vllm-vcr record` between the frontend and the engine while they run",

@@ -1192,7 +1192,7 @@ mod tests {
         let mut ids = Vec::new();
         for _ in 0..2000 {
             let t = s.next_token(&[]);
-            if t == crate::tiny_model::EOS_TOKEN_ID {
+            if t == vcr_host::tiny_model::EOS_TOKEN_ID {
                 return (vocab.decode(&ids), true);
             }
             ids.push(t);
@@ -1209,7 +1209,7 @@ mod tests {
             request_id: id.into(),
             prompt_token_ids: Some(vec![10, 11]),
             sampling_params: Some(SamplingParams {
-                eos_token_id: Some(crate::tiny_model::EOS_TOKEN_ID),
+                eos_token_id: Some(vcr_host::tiny_model::EOS_TOKEN_ID),
                 max_tokens,
                 ..Default::default()
             }),
@@ -1236,7 +1236,7 @@ mod tests {
             if let Some(why) = s.failure() {
                 return (vocab.decode(&ids), End::Failed(why.to_string()));
             }
-            if t == crate::tiny_model::EOS_TOKEN_ID {
+            if t == vcr_host::tiny_model::EOS_TOKEN_ID {
                 return (vocab.decode(&ids), End::Eos);
             }
             ids.push(t);
@@ -1393,7 +1393,7 @@ mod tests {
             .expect("rate 1: a call");
         let ids: Vec<u32> = (0..300)
             .map(|_| s.next_token(&[]))
-            .take_while(|t| *t != crate::tiny_model::EOS_TOKEN_ID)
+            .take_while(|t| *t != vcr_host::tiny_model::EOS_TOKEN_ID)
             .collect();
         let t = vocab.decode(&ids);
         assert!(t.starts_with("<tool_call>"), "{t}");

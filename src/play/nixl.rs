@@ -7,7 +7,7 @@
 //! Runtime: `nixl-sys` is built with `stub-api`, which dlopens `libnixl_capi.so` at its
 //! first call and ABORTS the process when it is missing. [`load_runtime`] therefore loads
 //! the library first, by absolute path, from `$VLLM_VCR_NIXL_LIB_DIR`, else from the cache
-//! (`cargo xtask fetch --nixl`, [`crate::frontends::nixl_lib_dir`]), else by name (the
+//! (`cargo xtask fetch --nixl`, [`vcr_host::frontends::nixl_lib_dir`]), else by name (the
 //! loader's `LD_LIBRARY_PATH`), and returns an error when none loads. Every entry point
 //! here calls it before touching NIXL. The stub's own `dlopen("libnixl_capi.so")` then
 //! finds the loaded library by its soname, and the wheel's libraries carry `$ORIGIN`
@@ -27,8 +27,7 @@ use nixl_sys::{
     Agent, MemType, MemoryRegion, NixlDescriptor, NotificationMap, OptArgs, RegistrationHandle,
     XferDescList, XferOp,
 };
-
-use crate::frontends;
+use vcr_host::frontends;
 
 /// Set to a directory holding `libnixl_capi.so` to use that NIXL runtime.
 pub const LIB_DIR_ENV: &str = "VLLM_VCR_NIXL_LIB_DIR";

@@ -64,11 +64,11 @@ impl Vocabulary {
         static EMBEDDED: OnceLock<Arc<Vocabulary>> = OnceLock::new();
         EMBEDDED
             .get_or_init(|| {
-                let json = crate::tiny_model::tokenizer_json_text();
+                let json = vcr_host::tiny_model::tokenizer_json_text();
                 Arc::new(
                     Self::from_json(
                         &json,
-                        crate::tiny_model::EOS_TOKEN_ID,
+                        vcr_host::tiny_model::EOS_TOKEN_ID,
                         "the embedded tiny model",
                     )
                     .expect("the embedded tokenizer loads"),
@@ -207,22 +207,22 @@ mod tests {
     #[test]
     fn the_embedded_vocabulary_round_trips_text() {
         let v = Vocabulary::embedded();
-        assert_eq!(v.size(), crate::tiny_model::TOKENIZER_VOCAB);
-        assert_eq!(v.eos, crate::tiny_model::EOS_TOKEN_ID);
+        assert_eq!(v.size(), vcr_host::tiny_model::TOKENIZER_VOCAB);
+        assert_eq!(v.eos, vcr_host::tiny_model::EOS_TOKEN_ID);
         let text = "Héllo, 東京 {\"a\": 1}";
         let ids = v.encode(text);
-        assert_eq!(ids, crate::tiny_model::encode_text(text));
+        assert_eq!(ids, vcr_host::tiny_model::encode_text(text));
         assert_eq!(v.decode(&ids), text);
-        assert!(v.is_special(crate::tiny_model::EOS_TOKEN_ID));
+        assert!(v.is_special(vcr_host::tiny_model::EOS_TOKEN_ID));
         assert_eq!(v.decode(&[1]), "<|im_start|>");
     }
 
     #[test]
     fn a_model_directory_loads_with_its_eos() {
         let dir = std::env::temp_dir().join(format!("vcr-vocab-{}", std::process::id()));
-        crate::tiny_model::write_to(&dir).unwrap();
+        vcr_host::tiny_model::write_to(&dir).unwrap();
         let v = Vocabulary::load(&dir).unwrap();
-        assert_eq!(v.eos, crate::tiny_model::EOS_TOKEN_ID);
+        assert_eq!(v.eos, vcr_host::tiny_model::EOS_TOKEN_ID);
         assert_eq!(v.encode("ab"), vec![3 + 97, 3 + 98]);
         let e = Vocabulary::load(&dir.join("nope")).unwrap_err().to_string();
         assert!(e.contains("cannot read"), "{e}");

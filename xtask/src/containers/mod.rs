@@ -31,9 +31,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
+use vcr_host::frontends;
 
 use crate::compat::Compat;
-use crate::frontends;
+use crate::fetch;
 use crate::http::{Client, snippet};
 
 /// The base image the tests build on (the Dockerfile's `BASE` build argument).
@@ -203,7 +204,7 @@ fn run_steps(root: &Path, t: &mut Timings) -> Result<()> {
     remove_leftovers(&podman);
     t.step("base image", || base_image(&podman, &dir))?;
     let tools = t.step("python tools (kubernetes-validate, pyzmq)", || {
-        frontends::fetch_container_tools(&cache)
+        fetch::fetch_container_tools(&cache)
     })?;
     t.step("validate deploy/ manifests", || {
         validate_manifests(root, &tools.join("bin").join("kubernetes-validate"))
@@ -257,7 +258,7 @@ fn ensure_tools() -> Result<()> {
             eprintln!("  {bin}: installed");
             continue;
         }
-        frontends::apt_install(
+        fetch::apt_install(
             package,
             &format!("{bin} is missing (the container checks need it)"),
             "the container checks need podman, runc and debootstrap and installing them with \
@@ -396,7 +397,7 @@ fn build_image(
         }
         std::fs::copy(frontend, ctx.join("prebuilt/vllm-rs"))
             .with_context(|| format!("copying {}", frontend.display()))?;
-        crate::tiny_model::write_to(&ctx.join("prebuilt/model"))?;
+        vcr_host::tiny_model::write_to(&ctx.join("prebuilt/model"))?;
         let version = env!("CARGO_PKG_VERSION");
         let versioned = format!("{IMAGE_REPO}:{version}-vllm{line}");
         let floating = format!("{IMAGE_REPO}:vllm{line}");

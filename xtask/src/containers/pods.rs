@@ -100,7 +100,7 @@ pub(super) fn play(
 }
 
 pub(super) fn check_mock_pod(root: &Path, podman: &Podman, dir: &Path) -> Result<()> {
-    let port = crate::proc::free_ports(1)?[0];
+    let port = vcr_host::child::free_ports(1)?[0];
     let file = variant_file(root, dir, "mock/deployment.yaml", &[(8000, port)])?;
     let _down = Cleanup::Kube(podman, file.clone());
     let secs = play(podman, &file, "vllm-vcr-mock-pod-0", "vllm", port)?;
@@ -125,7 +125,7 @@ pub(super) fn check_mock_pod(root: &Path, podman: &Podman, dir: &Path) -> Result
 pub(super) fn check_capture_replay(root: &Path, podman: &Podman, dir: &Path) -> Result<()> {
     let volume = "vllm-vcr-traces";
     let _ = podman.output(&["volume", "rm", "-f", volume]);
-    let p = crate::proc::free_ports(5)?;
+    let p = vcr_host::child::free_ports(5)?;
     let capture = variant_file(
         root,
         dir,
@@ -204,7 +204,7 @@ pub(super) fn check_capture_replay(root: &Path, podman: &Podman, dir: &Path) -> 
 /// (a Go program no registry serves here) is replaced by `vllm-vcr pd-proxy`, which makes
 /// the same two requests; the pod IP (`status.podIP`) is the loopback on the host network.
 pub(super) fn check_pd_pods(root: &Path, podman: &Podman, dir: &Path) -> Result<()> {
-    let p = crate::proc::free_ports(4)?;
+    let p = vcr_host::child::free_ports(4)?;
     let (prefill_port, side_port, proxy_port, decode_port) = (p[0], p[1], p[2], p[3]);
     let prefill = variant_file(
         root,
@@ -339,7 +339,7 @@ pub(super) fn check_kv_events_pod(
     venv: &Path,
 ) -> Result<()> {
     use std::io::BufRead;
-    let p = crate::proc::free_ports(2)?;
+    let p = vcr_host::child::free_ports(2)?;
     let (port, sub_port) = (p[0], p[1]);
     let file = variant_file(root, dir, "kv-events/deployment.yaml", &[(8000, port)])?;
     let text = std::fs::read_to_string(&file)?;

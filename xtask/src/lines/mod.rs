@@ -268,7 +268,7 @@ fn download_sources(cache: &Path, tag: &str) -> Result<()> {
                 format!("pip download left no vllm-{tag}-*.whl in {}", tmp.display())
             })?;
         let src = tmp.join("src");
-        let want_rs = !crate::frontends::vllm_rs_cached(cache, tag);
+        let want_rs = !vcr_host::frontends::vllm_rs_cached(cache, tag);
         let rs = tmp.join("vllm-rs");
         let out = Command::new(python())
             .arg("-c")
@@ -292,7 +292,7 @@ fn download_sources(cache: &Path, tag: &str) -> Result<()> {
             .with_context(|| format!("moving the sources to {}", dest.display()))?;
         std::fs::write(dest.join(".complete"), format!("{sha}\n"))?;
         if want_rs {
-            let bin = crate::frontends::vllm_rs_path(cache, tag);
+            let bin = vcr_host::frontends::vllm_rs_path(cache, tag);
             let dir = bin.parent().context("cache path has a parent")?;
             std::fs::create_dir_all(dir)?;
             let _ = std::fs::remove_file(dir.join("wheel.sha256"));
@@ -363,7 +363,7 @@ pub fn wire_diff_cmd(root: &Path, a: &str, b: &str) -> Result<String> {
             .unwrap_or_else(|| s.to_string())
     };
     let (ta, tb) = (tag_of(a), tag_of(b));
-    let cache = crate::frontends::cache_root()?;
+    let cache = vcr_host::frontends::cache_root()?;
     let old = snapshot_for(&cache, &ta)?;
     let new = snapshot_for(&cache, &tb)?;
     let line = tb.rsplit_once('.').map_or(tb.as_str(), |x| x.0).to_string();

@@ -239,7 +239,7 @@ fn a_tree_without_the_engine_structs_is_refused() {
 /// The sources of two supported lines, read from the cache (`cargo xtask fetch --python
 /// --cpu-engine` installs both; otherwise their wheels are downloaded once).
 fn real(tag: &str) -> compare::Snapshot {
-    let cache = crate::frontends::cache_root().unwrap();
+    let cache = vcr_host::frontends::cache_root().unwrap();
     snapshot_for(&cache, tag).unwrap_or_else(|e| {
         panic!("the vllm {tag} sources are needed (and could not be had): {e:#}")
     })
@@ -323,7 +323,7 @@ fn add_line_on_a_window_ending_at_032_adds_033_and_prints_its_differences() {
     std::fs::write(&path, &text).unwrap();
     let before = lines_of(&path);
     assert_eq!(before.last().map(String::as_str), Some("0.32"));
-    let cache = crate::frontends::cache_root().unwrap();
+    let cache = vcr_host::frontends::cache_root().unwrap();
     let report = add_line(&AddLine {
         compat: &path,
         cache: &cache,

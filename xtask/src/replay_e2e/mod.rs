@@ -26,11 +26,11 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 use sim_trace::replay::parse_replay_index;
 use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
+use vcr_host::child::read_log;
 
 use crate::e2e::{CheckResult, Frontend};
 use crate::http::{Client, snippet};
 use crate::load::prompt_of;
-use crate::proc::read_log;
 use crate::stack::{Backend, Checks, play_args, run_pool, start_stack};
 
 mod agent;

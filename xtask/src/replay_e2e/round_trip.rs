@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
+use vcr_host::tiny_model::encode_text;
 
 use super::client::{Req, Seen, miss_is_visible, same_views, send};
 use super::*;
-use crate::tiny_model::encode_text;
 
 // ------------------------------------------------------------------ 1. round trip
 

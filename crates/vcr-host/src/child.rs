@@ -1,6 +1,6 @@
 //! Child processes (the frontends of `serve` and of the e2e run): spawning with logs,
 //! bounded waits, and a guard that always stops what it started (on every exit path,
-//! panics and Ctrl-C included). Shared with the xtask through `#[path]`.
+//! panics and Ctrl-C included).
 
 use std::fs::File;
 use std::net::TcpListener;

@@ -1,6 +1,6 @@
 //! Printing that never panics: a closed stdout or stderr (`… | head`, `… 2>&1 | tee log`
-//! and then Ctrl-C) is not worth dying for. Shared with the xtask, which includes this
-//! file.
+//! and then Ctrl-C) is not worth dying for. Exported at this crate's root; `vllm_vcr`
+//! re-exports them (`crate::errln!` in the root crate) and the xtask imports them.
 
 /// `println!` that never panics: a closed stdout (`… | head`) is not worth dying for.
 #[macro_export]
