@@ -4,11 +4,12 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
 use serde_json::{Value, json};
 use support::svg::check_xml;
-use support::{TestCommand, TestDir, cohort, cpu_capture, fixture, process_dir, s, texts, vcr};
+use support::{
+    TestCommand, TestDir, cohort, cpu_capture, fixture, number, process_dir, s, texts, vcr,
+};
 
 fn inspect(sub: &str, args: &[&str]) -> TestCommand {
     let mut c = vcr();
@@ -21,14 +22,16 @@ fn calibrate(args: &[&str]) -> TestCommand {
 }
 
 /// Exit status 1 (out of tolerance, or bad input): what the process printed.
-fn exit_1(out: &Output) -> (String, String) {
-    let (o, e) = texts(out);
-    assert_eq!(out.status.code(), Some(1), "stdout:\n{o}\nstderr:\n{e}");
+fn exit_1(mut cmd: TestCommand) -> (String, String) {
+    let out = cmd.output();
+    let (o, e) = texts(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}\nstdout:\n{o}\nstderr:\n{e}",
+        cmd.describe()
+    );
     (o, e)
-}
-
-fn f(v: &Value) -> f64 {
-    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
 /// The model `inspect fit` makes of the committed capture (with its sidecar), once per
@@ -116,17 +119,17 @@ fn in_sample_on_the_cpu_engine_capture() {
     let v: Value = serde_json::from_str(&texts(&calibrate_fixture(&loose).run()).0).unwrap();
     assert_eq!(v["pass"], true);
     let all = cohort(&v, "all");
-    let d = |m: &str, q: &str| f(&all[m]["modelled_delta_pct"][q]);
+    let d = |m: &str, q: &str| number(&all[m]["modelled_delta_pct"][q]);
     // Observed over seeds 0–7: TTFT p50 +2.0 … +5.3 %, ITL p50 +0.2 … +0.9 %; the open
     // loop lets requests overlap a little more than they did.
     assert!(d("ttft_ms", "p50").abs() < 8.0, "{}", all["ttft_ms"]);
     assert!(d("itl_ms", "p50").abs() < 3.0, "{}", all["itl_ms"]);
     // the capture's own numbers: exact nearest-rank quantiles
-    assert_eq!(f(&all["ttft_ms"]["captured"]["p50"]), 336.669);
+    assert_eq!(number(&all["ttft_ms"]["captured"]["p50"]), 336.669);
     assert_eq!(all["ttft_ms"]["samples"]["captured"], 301);
     assert_eq!(all["itl_ms"]["samples"]["captured"], 18903);
     // the knobs match the medians by construction; their spread runs out in the tail
-    let k = |m: &str, q: &str| f(&all[m]["knobs_delta_pct"][q]);
+    let k = |m: &str, q: &str| number(&all[m]["knobs_delta_pct"][q]);
     assert!(k("ttft_ms", "p50").abs() < 1.0, "{}", all["ttft_ms"]);
     assert!(k("itl_ms", "p50").abs() < 1.0, "{}", all["itl_ms"]);
     assert!(k("ttft_ms", "p99") < -15.0, "{}", all["ttft_ms"]);
@@ -135,7 +138,7 @@ fn in_sample_on_the_cpu_engine_capture() {
     assert_eq!(cohort(&v, "5-8")["requests"], 185);
 
     // the default gate (2 / 2 / 5 %) fails; a strict one fails every cell, and says which
-    let (out, err) = exit_1(&calibrate_fixture(&["--tolerance", "0.01"]).output());
+    let (out, err) = exit_1(calibrate_fixture(&["--tolerance", "0.01"]));
     assert!(
         out.contains("result: FAIL — 36 of 36 gated cells out of tolerance"),
         "{out}"
@@ -149,7 +152,7 @@ fn in_sample_on_the_cpu_engine_capture() {
         "{err}"
     );
     assert!(err.contains("and 30 more"), "{err}");
-    exit_1(&calibrate_fixture(&[]).output());
+    exit_1(calibrate_fixture(&[]));
 }
 
 /// A trace of `n` requests of 64 prompt / 32 output tokens (distinct prompts, blocks of
@@ -215,23 +218,29 @@ fn a_synthetic_capture_made_with_known_knobs() {
     // p50 / p90 and 5 % at p99, holds for every pooled cell.
     for m in ["ttft_ms", "itl_ms", "request_total_ms"] {
         for (q, tol) in [("p50", 2.0), ("p90", 2.0), ("p99", 5.0)] {
-            let d = f(&all[m]["modelled_delta_pct"][q]);
+            let d = number(&all[m]["modelled_delta_pct"][q]);
             assert!(d.abs() < tol, "{m} {q}: {d:+.2} % in {}", all[m]);
         }
         assert!(all[m]["out_of_tolerance"].as_array().unwrap().is_empty());
     }
     for q in ["p50", "p90", "p99"] {
-        let d = f(&all["ttft_ms"]["modelled_delta_pct"][q]);
+        let d = number(&all["ttft_ms"]["modelled_delta_pct"][q]);
         assert!(d.abs() < 1.0, "ttft {q}: {d:+.2} %");
     }
     // the knob row gives back the knobs the capture was made with (observed 49.5 ms with
     // a spread of 2.1, and 10 / 0: the TTFT median is matched to the captured p50, which
     // includes the wait for the step in flight, within 1 %)
     let k = &v["knobs"];
-    assert!((f(&k["time_to_first_token"]) - 50.0).abs() < 2.0, "{k}");
-    assert!((f(&k["inter_token_latency"]) - 10.0).abs() < 0.2, "{k}");
-    assert!(f(&k["time_to_first_token_std_dev"]) < 3.0, "{k}");
-    assert!(f(&k["inter_token_latency_std_dev"]) < 0.5, "{k}");
+    assert!(
+        (number(&k["time_to_first_token"]) - 50.0).abs() < 2.0,
+        "{k}"
+    );
+    assert!(
+        (number(&k["inter_token_latency"]) - 10.0).abs() < 0.2,
+        "{k}"
+    );
+    assert!(number(&k["time_to_first_token_std_dev"]) < 3.0, "{k}");
+    assert!(number(&k["inter_token_latency_std_dev"]) < 0.5, "{k}");
     let cohorts: Vec<&str> = v["cohorts"]
         .as_array()
         .unwrap()
@@ -304,7 +313,7 @@ fn table(out: &str) -> Vec<(String, String, String, Vec<String>)> {
 }
 
 fn num(v: &Value) -> String {
-    let x = f(v);
+    let x = number(v);
     if x.abs() >= 100.0 {
         format!("{x:.1}")
     } else {
@@ -314,8 +323,8 @@ fn num(v: &Value) -> String {
 
 #[test]
 fn json_has_the_numbers_of_the_table() {
-    let (out, _) = exit_1(&calibrate_fixture(&[]).output());
-    let (js, _) = exit_1(&calibrate_fixture(&["--json"]).output());
+    let (out, _) = exit_1(calibrate_fixture(&[]));
+    let (js, _) = exit_1(calibrate_fixture(&["--json"]));
     let v: Value = serde_json::from_str(&js).unwrap();
     assert_eq!(v["records"], 301);
     assert_eq!(v["pass"], false);
@@ -340,7 +349,7 @@ fn json_has_the_numbers_of_the_table() {
     };
     for (metric, co, q, cells) in &rows {
         let c = &cohort(&v, co)[key(metric)];
-        let delta = |x: &Value| format!("{:+.1}", f(x));
+        let delta = |x: &Value| format!("{:+.1}", number(x));
         let want = [
             num(&c["captured"][q]),
             num(&c["modelled"][q]),
@@ -375,7 +384,7 @@ fn plot_writes_svg_figures_of_every_gated_cohort() {
     let tmp = TestDir::new("plot_writes_svg_figures_of_every_gated_cohort");
     let dir = tmp.path("plots");
     let _ = std::fs::remove_dir_all(&dir);
-    let (out, _) = exit_1(&calibrate_fixture(&["--plot", s(&dir)]).output());
+    let (out, _) = exit_1(calibrate_fixture(&["--plot", s(&dir)]));
     assert!(
         out.contains(&format!("plots: 16 SVG files in {}", dir.display())),
         "{out}"
@@ -447,7 +456,7 @@ fn plot_writes_svg_figures_of_every_gated_cohort() {
 fn dump_samples_writes_one_row_per_request() {
     let tmp = TestDir::new("dump_samples_writes_one_row_per_request");
     let path = tmp.path("samples.jsonl");
-    exit_1(&calibrate_fixture(&["--dump-samples", s(&path)]).output());
+    exit_1(calibrate_fixture(&["--dump-samples", s(&path)]));
     let text = std::fs::read_to_string(&path).unwrap();
     let rows: Vec<Value> = text
         .lines()
@@ -459,9 +468,9 @@ fn dump_samples_writes_one_row_per_request() {
         assert_eq!(r["compared"], true);
         for src in ["captured", "modelled", "knobs"] {
             let x = &r[src];
-            let gaps: f64 = x["itl_ms"].as_array().unwrap().iter().map(f).sum();
+            let gaps: f64 = x["itl_ms"].as_array().unwrap().iter().map(number).sum();
             assert!(
-                (f(&x["ttft_ms"]) + gaps - f(&x["total_ms"])).abs() < 1e-6,
+                (number(&x["ttft_ms"]) + gaps - number(&x["total_ms"])).abs() < 1e-6,
                 "{r}"
             );
         }
@@ -473,7 +482,7 @@ fn dump_samples_writes_one_row_per_request() {
     assert!(rows.iter().all(|r| r["request_id"].is_string()));
 
     let csv = tmp.path("samples.csv");
-    exit_1(&calibrate_fixture(&["--dump-samples", s(&csv)]).output());
+    exit_1(calibrate_fixture(&["--dump-samples", s(&csv)]));
     let text = std::fs::read_to_string(&csv).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 302, "a header and a row per request");
@@ -483,7 +492,7 @@ fn dump_samples_writes_one_row_per_request() {
     let first: Vec<&str> = lines[1].split(',').collect();
     assert_eq!(
         first[6].parse::<f64>().unwrap(),
-        f(&rows[0]["captured"]["ttft_ms"])
+        number(&rows[0]["captured"]["ttft_ms"])
     );
 }
 
@@ -491,12 +500,15 @@ fn dump_samples_writes_one_row_per_request() {
 fn bad_input_is_refused_with_a_clear_error() {
     let tmp = TestDir::new("bad_input_is_refused_with_a_clear_error");
     let model = fixture_model();
-    let (_, e) =
-        exit_1(&calibrate(&["/nonexistent/trace.jsonl", "--latency-trace", s(&model)]).output());
+    let (_, e) = exit_1(calibrate(&[
+        "/nonexistent/trace.jsonl",
+        "--latency-trace",
+        s(&model),
+    ]));
     assert!(e.contains("/nonexistent/trace.jsonl"), "{e}");
 
     // the model under test is required
-    let (_, e) = exit_1(&calibrate(&[s(&cpu_capture("trace.jsonl.gz"))]).output());
+    let (_, e) = exit_1(calibrate(&[s(&cpu_capture("trace.jsonl.gz"))]));
     assert!(e.contains("pass --latency-trace MODEL"), "{e}");
 
     // a JSON file of another format
@@ -506,26 +518,20 @@ fn bad_input_is_refused_with_a_clear_error() {
         "{\"format\": \"something-else\", \"version\": 3}\n",
     )
     .unwrap();
-    let (_, e) = exit_1(
-        &calibrate(&[
-            s(&cpu_capture("trace.jsonl.gz")),
-            "--latency-trace",
-            s(&not_model),
-        ])
-        .output(),
-    );
+    let (_, e) = exit_1(calibrate(&[
+        s(&cpu_capture("trace.jsonl.gz")),
+        "--latency-trace",
+        s(&not_model),
+    ]));
     assert!(e.contains("is not a latency model this build reads"), "{e}");
     // a file that is neither a model nor a trace
     let junk = tmp.path("junk.txt");
     std::fs::write(&junk, "hello\n").unwrap();
-    let (_, e) = exit_1(
-        &calibrate(&[
-            s(&cpu_capture("trace.jsonl.gz")),
-            "--latency-trace",
-            s(&junk),
-        ])
-        .output(),
-    );
+    let (_, e) = exit_1(calibrate(&[
+        s(&cpu_capture("trace.jsonl.gz")),
+        "--latency-trace",
+        s(&junk),
+    ]));
     assert!(e.contains("junk.txt:1: invalid trace line"), "{e}");
 
     // a converted Mooncake trace has arrivals and lengths, no timing
@@ -541,7 +547,7 @@ fn bad_input_is_refused_with_a_clear_error() {
         ],
     )
     .run();
-    let (_, e) = exit_1(&calibrate(&[s(&mooncake), "--latency-trace", s(&model)]).output());
+    let (_, e) = exit_1(calibrate(&[s(&mooncake), "--latency-trace", s(&model)]));
     assert!(
         e.contains("no complete record has captured timing (ttft_ms)"),
         "{e}"
@@ -555,7 +561,7 @@ fn bad_input_is_refused_with_a_clear_error() {
         "{\"meta\":{\"block_size\":16}}\n{\"prompt_tokens\":8,\"output_tokens\":2,\"ttft_ms\":5,\"itl_ms\":[1]}\n",
     )
     .unwrap();
-    let (_, e) = exit_1(&calibrate(&[s(&untimed), "--latency-trace", s(&model)]).output());
+    let (_, e) = exit_1(calibrate(&[s(&untimed), "--latency-trace", s(&model)]));
     assert!(e.contains("no record has an arrival_ms"), "{e}");
 
     let trace = cpu_capture("trace.jsonl.gz");
@@ -567,28 +573,22 @@ fn bad_input_is_refused_with_a_clear_error() {
         let (_, e) = texts(&out);
         assert!(!out.status.success() && e.contains(msg), "{flag}: {e}");
     }
-    let (_, e) = exit_1(
-        &calibrate(&[
-            s(&trace),
-            "--latency-trace",
-            s(&model),
-            "--dump-samples",
-            s(&trace),
-        ])
-        .output(),
-    );
+    let (_, e) = exit_1(calibrate(&[
+        s(&trace),
+        "--latency-trace",
+        s(&model),
+        "--dump-samples",
+        s(&trace),
+    ]));
     assert!(e.contains("is the same file as the trace"), "{e}");
     // knobs and a model do not mix, as in `play`
-    let (_, e) = exit_1(
-        &calibrate(&[
-            s(&trace),
-            "--latency-trace",
-            s(&model),
-            "--inter-token-latency",
-            "5",
-        ])
-        .output(),
-    );
+    let (_, e) = exit_1(calibrate(&[
+        s(&trace),
+        "--latency-trace",
+        s(&model),
+        "--inter-token-latency",
+        "5",
+    ]));
     assert!(
         e.contains("does not combine with --inter-token-latency"),
         "{e}"
@@ -630,7 +630,7 @@ fn help_explains_every_flag() {
 /// The modelled Δ % of a pooled cell: `metric` (`ttft_ms`, `itl_ms`,
 /// `request_total_ms`), quantile index 0/1/2 (p50/p90/p99).
 fn pooled_delta(v: &Value, metric: &str, q: usize) -> f64 {
-    f(&cohort(v, "all")[metric]["modelled_delta_pct"][["p50", "p90", "p99"][q]])
+    number(&cohort(v, "all")[metric]["modelled_delta_pct"][["p50", "p90", "p99"][q]])
 }
 
 #[test]
@@ -757,7 +757,7 @@ fn another_configuration_and_too_few_requests_are_said_plainly() {
 
     let mut args = vec![s(&other), "--requests", "1"];
     args.extend(base);
-    let (out, err) = exit_1(&calibrate(&args).output());
+    let (out, err) = exit_1(calibrate(&args));
     let fit_line = out.lines().find(|l| l.starts_with("fit set:")).unwrap();
     assert!(
         fit_line.contains(
@@ -801,20 +801,17 @@ fn the_documented_calibrate_examples_are_what_the_binary_prints() {
         "model.json",
     ])
     .run();
-    let (out, _) = exit_1(
-        &in_dir(&[
-            "inspect",
-            "calibrate",
-            trace,
-            "--latency-trace",
-            "model.json",
-            "--plot",
-            "figures",
-            "--dump-samples",
-            "samples.jsonl",
-        ])
-        .output(),
-    );
+    let (out, _) = exit_1(in_dir(&[
+        "inspect",
+        "calibrate",
+        trace,
+        "--latency-trace",
+        "model.json",
+        "--plot",
+        "figures",
+        "--dump-samples",
+        "samples.jsonl",
+    ]));
     let first = out.lines().next().unwrap();
     let start = doc
         .find(first)

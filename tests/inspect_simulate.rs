@@ -6,7 +6,7 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use support::{TestCommand, TestDir, cpu_capture, s, texts, vcr};
+use support::{TestCommand, TestDir, cpu_capture, number, s, texts, vcr};
 
 fn simulate(args: &[&str]) -> TestCommand {
     let mut c = vcr();
@@ -45,17 +45,13 @@ fn records(path: &Path) -> std::collections::BTreeMap<String, Value> {
         .collect()
 }
 
-fn f(v: &Value) -> f64 {
-    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
-}
-
 /// Arrival + TTFT + every gap.
 fn end_ms(r: &Value) -> f64 {
-    f(&r["arrival_ms"])
-        + f(&r["ttft_ms"])
+    number(&r["arrival_ms"])
+        + number(&r["ttft_ms"])
         + r["itl_ms"]
             .as_array()
-            .map_or(0.0, |g| g.iter().map(f).sum::<f64>())
+            .map_or(0.0, |g| g.iter().map(number).sum::<f64>())
 }
 
 #[test]
@@ -83,15 +79,15 @@ fn unloaded_requests_see_the_latency_knobs() {
     assert_eq!(v["arrivals"], "recorded");
     assert_eq!(v["block_size"], 16, "the trace's block size");
     // 4 s of arrivals, then the last request: 50 ms + 7 gaps of 10 ms
-    assert!((f(&v["simulated_ms"]) - 4120.0).abs() < 0.01, "{v}");
-    assert!(f(&v["speedup"]) > 0.0);
+    assert!((number(&v["simulated_ms"]) - 4120.0).abs() < 0.01, "{v}");
+    assert!(number(&v["speedup"]) > 0.0);
     let sum = &v["summary"];
     assert_eq!(sum["records"], 5);
     assert_eq!(sum["finish_reasons"]["length"], 5);
-    assert!((f(&sum["ttft_ms"]["p50"]) - 50.0).abs() < 0.5, "{sum}");
-    assert!((f(&sum["itl_ms"]["p99"]) - 10.0).abs() < 0.1, "{sum}");
+    assert!((number(&sum["ttft_ms"]["p50"]) - 50.0).abs() < 0.5, "{sum}");
+    assert!((number(&sum["itl_ms"]["p99"]) - 10.0).abs() < 0.1, "{sum}");
     // 40 tokens over 4.12 s
-    assert!((f(&v["output_tokens_per_s"]) - 40.0 / 4.12).abs() < 0.01);
+    assert!((number(&v["output_tokens_per_s"]) - 40.0 / 4.12).abs() < 0.01);
 
     let recs = records(&dump);
     assert_eq!(recs.len(), 5);
@@ -103,7 +99,7 @@ fn unloaded_requests_see_the_latency_knobs() {
         assert_eq!(r["concurrency"], 1);
         assert_eq!(r["cached_tokens"], 0);
         assert_eq!(r["block_hashes"].as_array().unwrap().len(), 4, "{r}");
-        assert_eq!(f(&r["arrival_ms"]), 1000.0 * i as f64);
+        assert_eq!(number(&r["arrival_ms"]), 1000.0 * i as f64);
     }
     // the dump is a trace: summarize reads it and agrees
     let out = vcr()
@@ -154,14 +150,14 @@ fn shared_prefixes_hit_the_prefix_cache_unless_the_prompts_are_cold() {
 
     // a cache hit shortens the first token: replay-2 prefills 12 of its 60 tokens
     let v = simulate_json(&[s(&trace), "--time-to-first-token", "50"]);
-    let hit = f(&v["prefix_cache_hit_ratio"]);
+    let hit = number(&v["prefix_cache_hit_ratio"]);
     assert!((hit - 80.0 / 172.0).abs() < 1e-9, "{hit}");
     assert!(
-        (f(&v["summary"]["ttft_ms"]["mean"]) - (50.0 + 50.0 * 24.0 / 56.0 + 10.0) / 3.0).abs()
+        (number(&v["summary"]["ttft_ms"]["mean"]) - (50.0 + 50.0 * 24.0 / 56.0 + 10.0) / 3.0).abs()
             < 0.1
     );
     let v = simulate_json(&[s(&trace), "--time-to-first-token", "50", "--cold-prompts"]);
-    assert_eq!(f(&v["prefix_cache_hit_ratio"]), 0.0);
+    assert_eq!(number(&v["prefix_cache_hit_ratio"]), 0.0);
     assert_eq!(v["cold_prompts"], true);
 }
 
@@ -199,14 +195,14 @@ fn session_turns_arrive_after_their_parent_finished_plus_the_think_gap() {
         );
         let r = records(&dump);
         let parent_end = end_ms(&r["replay-0"]);
-        let child = f(&r["replay-2"]["arrival_ms"]);
+        let child = number(&r["replay-2"]["arrival_ms"]);
         assert!(
             (child - (parent_end + 310.0)).abs() < 0.01,
             "ITL {itl}: the turn arrived at {child}, its parent ended at {parent_end}"
         );
         // roots keep their arrival: sent at 200 ms, queued by the engine when the step
         // in flight then (one of replay-0's: at most one ITL long) ends
-        let queued = f(&r["replay-1"]["arrival_ms"]);
+        let queued = number(&r["replay-1"]["arrival_ms"]);
         let step: f64 = itl.parse().unwrap();
         assert!(
             (200.0..=200.0 + step).contains(&queued),
@@ -229,7 +225,7 @@ fn session_turns_arrive_after_their_parent_finished_plus_the_think_gap() {
     ])
     .run();
     // (sent at 500 ms; queued when the 100 ms step then in flight ended)
-    let queued = f(&records(&dump)["replay-2"]["arrival_ms"]);
+    let queued = number(&records(&dump)["replay-2"]["arrival_ms"]);
     assert!((500.0..=600.0).contains(&queued), "{queued}");
 }
 
@@ -305,7 +301,7 @@ fn the_cpu_engine_capture_simulated_with_its_fitted_model_matches_its_latencies(
     assert_eq!(sim["records"], 301);
     assert_eq!(v["block_size"], 128);
     let rel = |what: &str, q: &str| {
-        let (a, b) = (f(&sim[what][q]), f(&captured[what][q]));
+        let (a, b) = (number(&sim[what][q]), number(&captured[what][q]));
         eprintln!(
             "{what} {q}: simulated {a:.2}, captured {b:.2} ({:+.1} %)",
             (a / b - 1.0) * 100.0
@@ -320,7 +316,7 @@ fn the_cpu_engine_capture_simulated_with_its_fitted_model_matches_its_latencies(
     assert!(rel("itl_ms", "p50") < 0.05);
     assert!(rel("output_tokens", "mean") < 1e-9);
     // the simulated span is the capture's: arrivals are the recorded ones
-    let (a, b) = (f(&v["simulated_ms"]), f(&captured["duration_ms"]));
+    let (a, b) = (number(&v["simulated_ms"]), number(&captured["duration_ms"]));
     assert!((a / b - 1.0).abs() < 0.02, "{a} vs {b}");
 }
 
@@ -338,7 +334,7 @@ fn requests_limits_the_run_to_the_first_arrivals() {
     assert_eq!(v["records_in_trace"], 10);
     let arrivals: Vec<f64> = records(&dump)
         .values()
-        .map(|r| f(&r["arrival_ms"]))
+        .map(|r| number(&r["arrival_ms"]))
         .collect();
     assert_eq!(arrivals, vec![0.0, 10.0, 20.0]);
 }
@@ -532,7 +528,7 @@ fn replay_concurrency_keeps_n_requests_in_flight_and_starts_each_next_at_a_finis
         .map(|i| {
             let r = &recs[&format!("replay-{i}")];
             (
-                f(&r["arrival_ms"]),
+                number(&r["arrival_ms"]),
                 end_ms(r),
                 r["concurrency"].as_u64().unwrap(),
             )

@@ -55,6 +55,7 @@ impl TestCommand {
 
     /// The process's output, whatever its exit status (`Command::output`: stdout and
     /// stderr captured, nothing on stdin).
+    #[track_caller]
     pub fn output(&mut self) -> Output {
         self.cmd
             .output()
@@ -63,6 +64,7 @@ impl TestCommand {
 
     /// Run to the end; panic, with the command, its directory and what it printed, when it
     /// fails (or, after [`expect_failure`](Self::expect_failure), when it succeeds).
+    #[track_caller]
     pub fn run(&mut self) -> Output {
         let out = self.output();
         if out.status.success() == self.expect_failure {
@@ -81,6 +83,7 @@ impl TestCommand {
     }
 
     /// Run to the end, expecting a non-zero exit; what it printed on stderr.
+    #[track_caller]
     pub fn run_failing(&mut self) -> String {
         self.expect_failure = true;
         stderr(&self.run())

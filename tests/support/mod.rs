@@ -9,7 +9,7 @@
 //!   kept when it fails; [`process_dir`] for a file that several tests of a process share.
 //! - [`paths`]: [`fixture`] (a path under the repository root), [`cpu_capture`] and
 //!   [`corpus`] (the committed captures), [`s`] (a path as `&str`).
-//! - [`reports`]: traces and `inspect` reports ([`pooled_cohort`], [`cohort`],
+//! - [`reports`]: traces and `inspect` reports ([`pooled_cohort`], [`cohort`], [`number`],
 //!   [`copy_with_config_hash`]).
 //! - [`svg`]: [`svg::check_xml`], for the `--plot` figures.
 //! - [`wait`]: [`wait_until`] a condition, [`http_get_ok`] (is a server up), [`vllm_python`]

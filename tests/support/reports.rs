@@ -35,3 +35,8 @@ pub fn cohort<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::
         .find(|c| c["cohort"] == name)
         .unwrap_or_else(|| panic!("no cohort {name} in {}", report["cohorts"]))
 }
+
+/// A number of a report, failing the test when it is not one.
+pub fn number(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
