@@ -292,6 +292,7 @@ async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
     w.finish().unwrap();
     let mut a = args();
     a.replay_steps = Some(path);
+    let disturbance = Disturbance::start();
     let mut wire = Wire::start(a).await;
     let ids: Vec<String> = (0..16).map(|i| format!("cmpl-replay-{i}-x")).collect();
     for id in &ids {
@@ -300,7 +301,9 @@ async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     let c = wire.collect(&refs).await;
     wire.stop().await.unwrap();
+    let stalled_ms = disturbance.worst_ms();
     let mut worst: f64 = 0.0;
+    let mut deviations = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         let mut queued = None;
         let mut chunks: Vec<(f64, usize)> = Vec::new();
@@ -328,10 +331,10 @@ async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
         // engine-stamped times against the script: TTFT from arrival, then each gap
         let q = queued.expect("a QUEUED event");
         let mut planned = q + ttft / 1e3;
-        worst = worst.max((chunks[0].0 - planned).abs());
+        deviations.push((chunks[0].0 - planned).abs());
         for (k, gap) in gaps.iter().enumerate() {
             planned += gap / 1e3;
-            worst = worst.max((chunks[k + 1].0 - planned).abs());
+            deviations.push((chunks[k + 1].0 - planned).abs());
         }
     }
     // spec-decode stats re-derived from the bursts: K = 4 − 1, a burst of N = 1 + N−1
@@ -348,10 +351,22 @@ async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
         }
     }
     assert_eq!((k, drafts, accepted), (3, 16 * 4, 16 * (2 + 3 + 1)));
-    // every chunk within 5 ms of its scripted time: the loop's lateness on a busy machine
-    // (typically under 0.5 ms; 3.7 ms seen once with the whole test suite running in
-    // parallel on 2 cores)
-    assert!(worst < 0.005, "worst deviation {:.3} ms", worst * 1e3);
+    // Every chunk at its scripted time, engine-stamped: the median within 1 ms (chunks on
+    // a step grid would move it by half a step) and the worst within 5 ms plus the longest
+    // stall the run suffered from the machine (a probe's overrun of a 1 ms sleep): the
+    // loop's lateness is typically under 0.5 ms, and a busy 2-core machine stalls it by as
+    // much as it stalls everything else.
+    deviations.sort_by(f64::total_cmp);
+    let median = deviations[deviations.len() / 2];
+    for d in &deviations {
+        worst = worst.max(*d);
+    }
+    assert!(median < 0.001, "median deviation {:.3} ms", median * 1e3);
+    assert!(
+        worst * 1e3 < 5.0 + stalled_ms,
+        "worst deviation {:.3} ms, allowed 5 ms + the run's longest stall {stalled_ms:.3} ms",
+        worst * 1e3
+    );
 }
 
 /// Hostile replay inputs are refused before the handshake, each naming what is wrong: a

@@ -7,6 +7,8 @@
 //!   `Command` for a process the test spawns (a server, a tap).
 //! - [`dir`]: [`TestDir`], a test's own scratch directory, removed when the test passes and
 //!   kept when it fails; [`process_dir`] for a file that several tests of a process share.
+//! - [`disturbance`]: [`Disturbance`], how much the machine stalled a wall-clock test
+//!   while it ran (a timing check is judged against it, never run twice).
 //! - [`paths`]: [`fixture`] (a path under the repository root), [`cpu_capture`] and
 //!   [`corpus`] (the committed captures), [`s`] (a path as `&str`).
 //! - [`reports`]: traces and `inspect` reports ([`pooled_cohort`], [`cohort`], [`number`],
@@ -22,6 +24,7 @@
 
 pub mod cmd;
 pub mod dir;
+pub mod disturbance;
 pub mod paths;
 pub mod reports;
 pub mod svg;
@@ -30,6 +33,7 @@ pub mod wire;
 
 pub use cmd::*;
 pub use dir::*;
+pub use disturbance::*;
 pub use paths::*;
 pub use reports::*;
 pub use wait::*;
