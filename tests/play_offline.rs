@@ -243,6 +243,38 @@ fn a_request_arriving_during_a_step_is_queued_when_the_step_ends() {
     assert!(near(queued["alone"], 500.0), "{queued:?}");
 }
 
+/// Requests that reach an idle engine at the same instant share its first step (vLLM
+/// drains its input queue before it schedules); an abort in that instant starts the step
+/// itself, and the engine then runs to the end instead of waking again and again.
+#[test]
+fn requests_of_one_instant_share_the_first_step_and_an_abort_among_them_starts_it() {
+    let mut a = args();
+    a.time_to_first_token = 20.0;
+    a.inter_token_latency = 5.0;
+    let cfg = PlayConfig::try_from(&a).unwrap();
+    let line = cfg.line;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut run = OfflineDriver::new(cfg.build_engine(0));
+        for id in ["a", "b", "gone"] {
+            let mut req = request(id, &[5, 6, 7, 8], 3);
+            req.wire_len = line.request_len();
+            run.add(Duration::ZERO, 0, req);
+        }
+        run.abort(Duration::ZERO, 0, vec!["gone".into()]);
+        let _ = tx.send(first_token_ms(&run.run_until_idle()));
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the offline run ends");
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!((first["a"] - 20.0).abs() < 0.01, "{first:?}");
+    assert!(
+        (first["b"] - 20.0).abs() < 0.01,
+        "one step for both: {first:?}"
+    );
+}
+
 /// `--ttft-mode fixed`: each request's first token comes the knob's TTFT after its
 /// arrival, plus at most the decode step in flight, however many arrive at once; under the
 /// default `step` mode a burst (a request every 0.1 ms) queues behind its own prefills:

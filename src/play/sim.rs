@@ -614,6 +614,8 @@ impl SimEngine {
 
     /// Compose the next step, starting at `start`.
     fn start_step(&mut self, start: Instant) {
+        // whatever started this step, a pending wake has been answered
+        self.wake = None;
         if !self.util.scheduling_enabled() {
             return;
         }

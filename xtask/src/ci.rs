@@ -119,8 +119,8 @@ fn use_build_cache() -> Result<()> {
     if std::env::var_os("CARGO_TARGET_DIR").is_some_and(|v| !v.is_empty()) {
         return Ok(());
     }
-    let dir = crate::frontends::cache_root()?.join("target");
-    let size = dir_bytes(&dir);
+    let dir = vcr_host::frontends::cache_root()?.join("target");
+    let (_, size) = crate::figures::dir_size(&dir);
     if size > BUILD_CACHE_MAX_BYTES {
         eprintln!(
             "ci: the build cache {} holds {:.1} GB (more than {} GB): starting it afresh",
@@ -135,25 +135,6 @@ fn use_build_cache() -> Result<()> {
     // SAFETY: set before any thread is spawned; every later cargo and e2e build reads it
     unsafe { std::env::set_var("CARGO_TARGET_DIR", &dir) };
     Ok(())
-}
-
-/// Bytes under `dir` (0 when it does not exist); symlinks are not followed.
-fn dir_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            match e.file_type() {
-                Ok(t) if t.is_dir() => stack.push(e.path()),
-                Ok(t) if t.is_file() => total += e.metadata().map_or(0, |m| m.len()),
-                _ => {}
-            }
-        }
-    }
-    total
 }
 
 /// Run every stage, or only those named in `only` (in the usual order).

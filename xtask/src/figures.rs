@@ -204,7 +204,8 @@ fn keep_figures(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-fn dir_size(dir: &Path) -> (usize, u64) {
+/// Files and bytes under `dir` (none when it does not exist).
+pub(crate) fn dir_size(dir: &Path) -> (usize, u64) {
     let mut n = 0;
     let mut bytes = 0;
     for d in std::fs::read_dir(dir).into_iter().flatten().flatten() {

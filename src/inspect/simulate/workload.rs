@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use sim_protocol::ReadyResponse;
+use sim_trace::stats::quantile_of;
 use sim_trace::trace::{BlockHash, TraceItem, TraceMeta, TraceReader, TraceRecord};
 
 use crate::inspect::progress::Progress;
@@ -276,61 +277,45 @@ impl Workload {
         )
     }
 
-    /// How long a request the tap relayed took to reach the queue of an idle engine, ms:
-    /// the median of `arrival − sent` over the records sent while no earlier-sent request
-    /// was unfinished (an engine mid-step queues a request only when the step ends), else
-    /// the 10th percentile over all. `None` without sends.
-    pub fn intake_ms(&self) -> Option<f64> {
-        let mut starts: Vec<f64> = self
-            .reqs
-            .iter()
-            .filter_map(|p| p.sent_ms.or(p.arrival_ms))
-            .collect();
+    /// The recorded ends (arrival + end to end) of the records with both, ascending.
+    fn sorted_ends(&self) -> Vec<f64> {
         let mut ends: Vec<f64> = self
             .reqs
             .iter()
             .filter_map(|p| Some(p.arrival_ms? + p.e2e_ms?.max(0.0)))
             .collect();
-        starts.sort_by(f64::total_cmp);
         ends.sort_by(f64::total_cmp);
+        ends
+    }
+
+    /// How long a request the tap relayed took to reach the queue of an idle engine, ms:
+    /// the median of `arrival − sent` over the records sent while no earlier-sent request
+    /// was unfinished (an engine mid-step queues a request only when the step ends; the
+    /// first send always finds it idle). `None` without sends.
+    pub fn intake_ms(&self) -> Option<f64> {
+        let mut sends: Vec<f64> = self.reqs.iter().filter_map(|p| p.sent_ms).collect();
+        sends.sort_by(f64::total_cmp);
+        let ends = self.sorted_ends();
         let in_flight = |t: f64| {
-            starts
-                .partition_point(|a| *a < t)
+            sends
+                .partition_point(|s| *s < t)
                 .saturating_sub(ends.partition_point(|e| *e <= t))
         };
-        let mut idle = Vec::new();
-        let mut all = Vec::new();
-        for p in &self.reqs {
-            let (Some(a), Some(s)) = (p.arrival_ms, p.sent_ms) else {
-                continue;
-            };
-            let lag = (a - s).max(0.0);
-            all.push(lag);
-            if in_flight(s) == 0 {
-                idle.push(lag);
-            }
-        }
-        let pick = |mut v: Vec<f64>, at: fn(usize) -> usize| {
-            v.sort_by(f64::total_cmp);
-            v.get(at(v.len())).copied()
-        };
-        if idle.is_empty() {
-            pick(all, |n| n.saturating_sub(1) / 10)
-        } else {
-            pick(idle, |n| (n - 1) / 2)
-        }
+        let mut idle: Vec<f64> = self
+            .reqs
+            .iter()
+            .filter_map(|p| Some((p.arrival_ms?, p.sent_ms?)))
+            .filter(|&(_, s)| in_flight(s) == 0)
+            .map(|(a, s)| (a - s).max(0.0))
+            .collect();
+        quantile_of(&mut idle, 0.5)
     }
 
     /// A closed loop's turnaround, ms: from a request's finish to its successor reaching
     /// the engine — the median of `sent −` the latest recorded end before it, over the
     /// requests after the first `ramp`, plus [`Self::intake_ms`]. `None` without sends.
     pub fn turnaround_ms(&self, ramp: usize) -> Option<f64> {
-        let mut ends: Vec<f64> = self
-            .reqs
-            .iter()
-            .filter_map(|p| Some(p.arrival_ms? + p.e2e_ms?.max(0.0)))
-            .collect();
-        ends.sort_by(f64::total_cmp);
+        let ends = self.sorted_ends();
         let mut gaps: Vec<f64> = self
             .reqs
             .iter()
@@ -341,11 +326,7 @@ impl Workload {
                 (i > 0).then(|| s - ends[i - 1])
             })
             .collect();
-        if gaps.is_empty() {
-            return None;
-        }
-        gaps.sort_by(f64::total_cmp);
-        Some(gaps[(gaps.len() - 1) / 2] + self.intake_ms().unwrap_or(0.0))
+        Some(quantile_of(&mut gaps, 0.5)? + self.intake_ms().unwrap_or(0.0))
     }
 
     /// How many leading requests of a closed-loop replay at `n` in flight are the ramp
