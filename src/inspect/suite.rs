@@ -75,10 +75,15 @@ pub fn commands(a: &SuiteArgs) -> Result<Vec<(&'static str, String, Vec<String>)
         .iter()
         .map(|s| s.to_string())
         .collect();
-        args.extend(w.bench_args(w.requests, a.seed));
+        args.extend(w.bench_args(w.requests, a.seed, &dataset_dir()));
         out.push((*name, w.describe(), args));
     }
     Ok(out)
+}
+
+/// Where a prefix-cache mix's `timed_trace` dataset is written before its load runs.
+fn dataset_dir() -> PathBuf {
+    std::env::temp_dir().join("vllm-vcr-suite-datasets")
 }
 
 /// A shell word: quoted when it holds anything a shell would read.
@@ -114,6 +119,12 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         crate::outln!("\n# {name}: {what}\n{line}");
         if a.dry_run {
             continue;
+        }
+        if let Some((file, text)) = workload(name).and_then(|w| w.dataset(w.requests, a.seed)) {
+            let dir = dataset_dir();
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(dir.join(&file), text))
+                .with_context(|| format!("writing {name}'s dataset into {}", dir.display()))?;
         }
         let status = Command::new(&bench)
             .args(["bench", "serve"])

@@ -217,6 +217,7 @@ fn capture_all(
     if let Some((w, _, _)) = plan.first() {
         let logs = work.join("series-warm-up");
         let _ = std::fs::remove_dir_all(&logs);
+        write_dataset(w, 24, 99, &logs)?;
         eprintln!(
             "\n=== corpus: warm-up capture ({}, 24 requests, discarded)",
             w.name
@@ -227,7 +228,7 @@ fn capture_all(
             steps: logs.join("steps.jsonl.gz"),
             engine_args: w.engine_args.iter().map(|s| s.to_string()).collect(),
             notes: vec!["corpus_warm_up=1".to_string()],
-            bench_args: w.bench_args(24, 99),
+            bench_args: w.bench_args(24, 99, &logs),
             full_batch: None,
             input_len: None,
         };
@@ -256,6 +257,7 @@ fn capture_all(
         );
         let logs = work.join(&stem);
         let _ = std::fs::remove_dir_all(&logs);
+        write_dataset(w, requests, *seed, &logs)?;
         let job = Job {
             dir: &logs,
             trace: logs.join("trace.jsonl.gz"),
@@ -267,7 +269,7 @@ fn capture_all(
                 format!("corpus_seed={seed}"),
                 format!("corpus_load={}", w.describe()),
             ],
-            bench_args: w.bench_args(requests, *seed),
+            bench_args: w.bench_args(requests, *seed, &logs),
             full_batch: w.full_batch(),
             // the summary's full-batch steps need one prompt length
             input_len: match w.arrivals {
@@ -418,6 +420,17 @@ fn engine_line() -> String {
         .join(".")
 }
 
+/// A prefix-cache mix's prompts (its `timed_trace` dataset) into the capture's directory,
+/// where its `bench serve` arguments point.
+fn write_dataset(w: &Workload, requests: u32, seed: u64, dir: &Path) -> Result<()> {
+    if let Some((file, text)) = w.dataset(requests, seed) {
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(dir.join(&file), text))
+            .with_context(|| format!("writing {}'s dataset into {}", w.name, dir.display()))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,13 +475,13 @@ mod tests {
     #[test]
     fn bench_args_carry_seed_and_arrivals() {
         let w = WORKLOADS.iter().find(|w| w.name == "bursts").unwrap();
-        let a = w.bench_args(10, 1).join(" ");
+        let a = w.bench_args(10, 1, Path::new("/tmp")).join(" ");
         assert!(
             a.contains("--seed 1") && a.contains("--burstiness 0.2"),
             "{a}"
         );
         let s = WORKLOADS.iter().find(|w| w.name == "sessions").unwrap();
-        let a = s.bench_args(64, 0).join(" ");
+        let a = s.bench_args(64, 0, Path::new("/tmp")).join(" ");
         assert!(
             a.contains("--multi-turn") && a.contains("--num-prompts 16"),
             "{a}"

@@ -4,8 +4,8 @@
 //!
 //! A fitted model is judged on shapes it was not fitted on, so the loads vary what a fixed
 //! 128/64-token sweep holds fixed: prompt and answer lengths (`--random-range-ratio`),
-//! prompts near the context limit, prefix-cache mixes (`--random-cache-hit-fraction`,
-//! `--random-cache-ratio`), rates, bursts, concurrency, multi-turn sessions, speculative
+//! prompts near the context limit, prefix-cache mixes (a `timed_trace` dataset of shared
+//! and private hash ids), rates, bursts, concurrency, multi-turn sessions, speculative
 //! decoding and a KV cache small enough to preempt. The **calibration suite** is the short
 //! fixed subset a user runs against their own engine to fit a model for it
 //! ([`CALIBRATION_SUITE`]); every other workload is a held-out shape for that model.
@@ -13,6 +13,8 @@
 //! Both the corpus rig (`cargo xtask corpus`) and `vllm-vcr inspect suite` read this one
 //! list, so the suite a user runs is the suite the project's own fidelity table was
 //! fitted on.
+
+use std::path::Path;
 
 /// Prompt and answer lengths of a random-dataset load.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,11 +27,11 @@ pub struct Shape {
     /// separately for prompts and answers; `(0, 0)` for exact lengths.
     pub range: (f64, f64),
     /// Prefix-cache mix: the fraction of prompts that start with a shared prefix, and the
-    /// share of such a prompt the prefix takes (`--random-cache-hit-fraction`,
-    /// `--random-cache-ratio`); `None` for unrelated prompts. `bench serve` builds these
-    /// prompts as text and re-encodes them, so the model's tokenizer must round-trip
-    /// random ids: with one that does not, some seeds fail ("encode/decode roundtrip
-    /// cannot converge").
+    /// share of such a prompt the prefix takes; `None` for unrelated prompts. Sent as a
+    /// `timed_trace` dataset of hash ids ([`Workload::dataset`]): `bench serve`'s own
+    /// mix (`--random-cache-hit-fraction`) decodes random ids to text and re-encodes
+    /// them, which never converges with a byte-level tokenizer, while a hash id stands
+    /// for 16 fixed token ids sent as ids, so any tokenizer will do.
     pub cache: Option<(f64, f64)>,
     /// A prefix of this many tokens shared by every prompt, before its own `input` tokens
     /// (`--random-prefix-len`; sent as token ids, so any tokenizer will do). 0: none.
@@ -484,8 +486,10 @@ impl Workload {
     }
 
     /// The `bench serve` arguments of this load for `requests` requests and `seed`, less
-    /// the target (`--base-url`/`--model`/`--tokenizer`, which the caller adds).
-    pub fn bench_args(&self, requests: u32, seed: u64) -> Vec<String> {
+    /// the target (`--base-url`/`--model`/`--tokenizer`, which the caller adds). A
+    /// prefix-cache mix reads its prompts from `dataset_dir`/[`Self::dataset`]'s file,
+    /// which the caller writes there first.
+    pub fn bench_args(&self, requests: u32, seed: u64, dataset_dir: &Path) -> Vec<String> {
         let s = |v: u32| v.to_string();
         let mut a: Vec<String> = Vec::new();
         let mut push = |xs: &[&str]| a.extend(xs.iter().map(|x| x.to_string()));
@@ -520,6 +524,22 @@ impl Workload {
                     &s(conversations),
                 ]);
             }
+            _ if self.shape.cache.is_some() => {
+                let (file, _) = self.dataset(requests, seed).unwrap_or_default();
+                push(&[
+                    "--dataset-name",
+                    "timed_trace",
+                    "--dataset-path",
+                    &dataset_dir.join(file).to_string_lossy(),
+                    "--timed-trace-chunk-hash-size",
+                    &s(HASH_BLOCK),
+                    // the arrivals below, not the dataset's timestamps
+                    "--no-self-timed",
+                    "--num-prompts",
+                    &s(requests),
+                    "--prompt-token-ids",
+                ]);
+            }
             _ => {
                 push(&[
                     "--dataset-name",
@@ -542,14 +562,6 @@ impl Workload {
                 if self.shape.prefix > 0 {
                     push(&["--random-prefix-len", &s(self.shape.prefix)]);
                 }
-                if let Some((hit, ratio)) = self.shape.cache {
-                    push(&[
-                        "--random-cache-hit-fraction",
-                        &hit.to_string(),
-                        "--random-cache-ratio",
-                        &ratio.to_string(),
-                    ]);
-                }
             }
         }
         push(&["--ignore-eos", "--seed", &seed.to_string()]);
@@ -564,6 +576,71 @@ impl Workload {
             Arrivals::Sessions { .. } => {}
         }
         a
+    }
+}
+
+/// Tokens per hash id of a `timed_trace` dataset (the engine's block size, so a shared
+/// hash id is a cacheable block).
+const HASH_BLOCK: u32 = 16;
+
+impl Workload {
+    /// A prefix-cache mix's prompts as a `timed_trace` dataset (`bench serve
+    /// --dataset-name timed_trace`: one JSON object a line, `input_length`,
+    /// `output_length` and `hash_ids`, each id standing for [`HASH_BLOCK`] fixed tokens):
+    /// the file name and its text, `None` for any other load. Lengths are drawn as
+    /// `--random-range-ratio` draws them; a warm prompt (the shape's hit fraction) starts
+    /// with the whole blocks of one shared prefix chain that fit its share, the rest of it
+    /// and every cold prompt are blocks no other prompt has. Deterministic in `seed`.
+    pub fn dataset(&self, requests: u32, seed: u64) -> Option<(String, String)> {
+        let (hit, ratio) = self.shape.cache?;
+        let mut rng = SplitMix(seed ^ 0x7072_6566_6978_6d69);
+        let draw = |rng: &mut SplitMix, len: u32, r: f64| -> u32 {
+            let lo = (f64::from(len) * (1.0 - r)).floor() as u32;
+            let hi = (f64::from(len) * (1.0 + r)).ceil() as u32;
+            lo.max(1) + (rng.unit() * f64::from(hi - lo.max(1) + 1)) as u32
+        };
+        let blocks = |tokens: u32| tokens.div_ceil(HASH_BLOCK);
+        // private ids start past any shared chain a prompt can hold
+        let mut next_private = u64::from(blocks(self.shape.max_total())) + 1;
+        let mut text = String::new();
+        for _ in 0..requests {
+            let input = draw(&mut rng, self.shape.input, self.shape.range.0);
+            let output = draw(&mut rng, self.shape.output, self.shape.range.1);
+            let shared = if rng.unit() < hit {
+                (f64::from(input) * ratio) as u32 / HASH_BLOCK
+            } else {
+                0
+            };
+            let mut ids: Vec<u64> = (1..=u64::from(shared)).collect();
+            for _ in shared..blocks(input) {
+                ids.push(next_private);
+                next_private += 1;
+            }
+            let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+            text.push_str(&format!(
+                "{{\"timestamp\": 0, \"input_length\": {input}, \"output_length\": {output}, \"hash_ids\": [{}]}}\n",
+                ids.join(", ")
+            ));
+        }
+        Some((
+            format!("{}-s{seed}-n{requests}.timed-trace.jsonl", self.name),
+            text,
+        ))
+    }
+}
+
+/// SplitMix64: a small seeded generator, so a dataset is the same on every host.
+struct SplitMix(u64);
+
+impl SplitMix {
+    /// A uniform draw in [0, 1).
+    fn unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
@@ -606,7 +683,8 @@ mod tests {
     #[test]
     fn a_varied_cached_load_asks_bench_serve_for_both() {
         let w = workload("suite-prefix-poisson6").unwrap();
-        let a = w.bench_args(10, 3).join(" ");
+        let dir = Path::new("/data");
+        let a = w.bench_args(10, 3, dir).join(" ");
         assert!(
             a.contains(r#"--random-range-ratio {"input":0.5,"output":0.5}"#),
             "{a}"
@@ -615,20 +693,64 @@ mod tests {
         assert!(a.contains("--request-rate 6 --burstiness 1"), "{a}");
         let mix = workload("prefix-mix-poisson4")
             .unwrap()
-            .bench_args(10, 0)
+            .bench_args(10, 0, dir)
             .join(" ");
         assert!(
-            mix.contains("--random-cache-hit-fraction 0.6 --random-cache-ratio 0.5"),
+            mix.contains(
+                "--dataset-name timed_trace --dataset-path \
+                 /data/prefix-mix-poisson4-s0-n10.timed-trace.jsonl"
+            ),
             "{mix}"
         );
+        assert!(mix.contains("--no-self-timed"), "{mix}");
+        assert!(mix.contains("--request-rate 4 --burstiness 1"), "{mix}");
         assert!(a.contains("--seed 3"), "{a}");
         assert!(a.contains("--prompt-token-ids"), "{a}");
         let fixed = workload("concurrency-8")
             .unwrap()
-            .bench_args(320, 0)
+            .bench_args(320, 0, dir)
             .join(" ");
         assert!(!fixed.contains("range-ratio"), "{fixed}");
         assert!(fixed.ends_with("--max-concurrency 8"), "{fixed}");
+    }
+
+    #[test]
+    fn a_prefix_mix_shares_whole_blocks_of_one_chain_in_its_warm_share_of_prompts() {
+        let w = workload("prefix-mix-c8").unwrap();
+        let (name, text) = w.dataset(400, 1).unwrap();
+        assert_eq!(name, "prefix-mix-c8-s1-n400.timed-trace.jsonl");
+        assert_eq!(w.dataset(400, 1).unwrap().1, text, "deterministic");
+        let (mut warm, mut seen) = (0, std::collections::BTreeSet::new());
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let input = v["input_length"].as_u64().unwrap();
+            let ids: Vec<u64> = v["hash_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i.as_u64().unwrap())
+                .collect();
+            assert!((256..=768).contains(&input), "{line}");
+            assert_eq!(ids.len() as u64, input.div_ceil(16), "{line}");
+            let shared = ids.iter().take_while(|&&i| i <= 48).count() as u64;
+            assert!(
+                ids[..shared as usize].iter().copied().eq(1..=shared),
+                "{line}"
+            );
+            if shared > 0 {
+                warm += 1;
+                assert_eq!(
+                    shared,
+                    input / 2 / 16,
+                    "half the prompt, whole blocks: {line}"
+                );
+            }
+            for id in &ids[shared as usize..] {
+                assert!(seen.insert(*id), "private block {id} twice");
+            }
+        }
+        assert!((200..280).contains(&warm), "60 % of 400 warm, got {warm}");
+        assert!(workload("concurrency-8").unwrap().dataset(10, 0).is_none());
     }
 
     #[test]
