@@ -1,12 +1,10 @@
 //! `inspect compare`, through the binary: the quantiles and Δ % a user reads, `--json`,
 //! `--plot`, TTFT per session turn, and bad input.
 
-mod support;
-
+use crate::support::svg::check_xml;
+use crate::support::{TestCommand, TestDir, cohort, corpus, fixture, vcr};
 use serde_json::Value;
 use std::io::Read;
-use support::svg::check_xml;
-use support::{TestCommand, TestDir, cohort, corpus, fixture, vcr};
 
 /// `name`'s trace in the conformance corpus.
 fn capture(name: &str) -> String {

@@ -1,12 +1,10 @@
 //! The command line itself: completions for every shell, and `--help` that explains every
 //! flag.
 
-mod support;
-
 use std::process::Command;
 
+use crate::support::{TestDir, fixture, process_dir, vcr, vcr_command};
 use clap::CommandFactory;
-use support::{TestDir, fixture, process_dir, vcr, vcr_command};
 use vllm_vcr::cli::Cli;
 
 #[test]

@@ -1,16 +1,14 @@
 //! The `play` binary and signals: SIGTERM drains for --shutdown-timeout, then finishes the
 //! rest with ABORT (as vLLM does), refuses new requests meanwhile, and exits 0.
 
-mod support;
-
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::support::{add, vcr_command};
 use sim_protocol::decode::{DecodedOutputs, decode_outputs_for};
 use sim_protocol::encode::encode_input;
 use sim_protocol::transport::FrontendListener;
 use sim_protocol::{FinishReason, VllmLine};
-use support::{add, vcr_command};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_then_aborts_and_exits_zero() {

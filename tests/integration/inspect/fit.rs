@@ -1,12 +1,10 @@
 //! `inspect fit`, through the binary, on the real CPU-engine capture.
 
-mod support;
-
 use std::path::Path;
 
+use crate::support::{TestCommand, TestDir, cpu_capture, s, texts, vcr};
 use serde_json::Value;
 use sim_trace::fit::FittedModel;
-use support::{TestCommand, TestDir, cpu_capture, s, texts, vcr};
 
 fn fit(args: &[&str]) -> TestCommand {
     let mut c = vcr();

@@ -3,13 +3,11 @@
 //! hashes a real engine would report; eviction and `reset_prefix_cache` are reported.
 //! Needs the Python frontend venv (`cargo xtask fetch --python`); fails without it.
 
-mod support;
-
 use std::process::Stdio;
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::Value;
-use support::*;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

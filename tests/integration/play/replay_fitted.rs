@@ -4,12 +4,10 @@
 //! measures with what it measured against the real engine. In-sample (the same workload the
 //! model was fitted to): TTFT and ITL p50/p90 within 10 %.
 
-mod support;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{TestDir, cpu_capture, http_get_ok, vcr, vcr_command};
+use crate::support::{TestDir, cpu_capture, http_get_ok, vcr, vcr_command};
 
 /// `Median TTFT (ms): 391.68` → 391.68
 fn stat(report: &str, name: &str) -> f64 {

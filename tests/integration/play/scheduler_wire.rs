@@ -1,10 +1,8 @@
 //! The step scheduler as a frontend sees it over the wire: prefix-cache hits, chunked
 //! prefill, KV-capacity preemption and step-batched outputs.
 
-mod support;
-
+use crate::support::*;
 use sim_protocol::{EventType, FinishReason};
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_prompt_is_served_from_the_prefix_cache() {

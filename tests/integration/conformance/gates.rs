@@ -18,14 +18,12 @@
 //! p99). Which cells are gated, and why the others are not, is [`GATED`]'s table and
 //! docs/fidelity.md. Every cell is printed, gated or not.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::support::{TestDir, fixture, vcr};
 use serde::Deserialize;
 use serde_json::Value;
-use support::{TestDir, fixture, vcr};
 
 #[derive(Debug, Deserialize)]
 struct Manifest {
@@ -179,7 +177,7 @@ fn gated(workload: &str, metric: &str, q: &str) -> bool {
 /// quantiles, as `inspect calibrate` computes them: `inspect compare --json`).
 fn distance(a: &str, b: &str) -> BTreeMap<(&'static str, &'static str), f64> {
     let v = json_of(&["inspect", "compare", a, b, "--json"]);
-    let all = support::pooled_cohort(&v);
+    let all = crate::support::pooled_cohort(&v);
     let mut out = BTreeMap::new();
     for m in METRICS {
         for q in QUANTILES {
@@ -292,7 +290,7 @@ fn the_fitted_models_reproduce_unseen_captures_within_the_engines_own_noise() {
             "the gate trace must not be in the fit set: {}",
             v["fit_set"]
         );
-        let all = support::pooled_cohort(&v);
+        let all = crate::support::pooled_cohort(&v);
         let mut line = format!("{:<26} n={:<4}", g.workload, all["requests"]);
         for m in METRICS {
             line.push_str(&format!("  {m}"));
@@ -518,7 +516,7 @@ fn a_model_fitted_on_the_calibration_suite_predicts_the_held_out_shapes() {
         ];
         args.extend(gate.calibrate_args.split_whitespace());
         let v = json_of(&args);
-        let all = support::pooled_cohort(&v);
+        let all = crate::support::pooled_cohort(&v);
         let mut line = format!(
             "{w:<26} n={:<4} host speed {:.2}",
             all["requests"],

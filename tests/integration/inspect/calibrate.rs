@@ -1,15 +1,13 @@
 //! `inspect calibrate`, through the binary: the comparison table, the gate and its exit
 //! status, `--json`, `--plot`, `--dump-samples`, bad input.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
-use support::svg::check_xml;
-use support::{
+use crate::support::svg::check_xml;
+use crate::support::{
     TestCommand, TestDir, cohort, cpu_capture, fixture, number, process_dir, s, texts, vcr,
 };
+use serde_json::{Value, json};
 
 fn inspect(sub: &str, args: &[&str]) -> TestCommand {
     let mut c = vcr();
@@ -720,7 +718,11 @@ fn another_configuration_and_too_few_requests_are_said_plainly() {
     let tmp = TestDir::new("another_configuration_and_too_few_requests_are_said_plainly");
     // the capture, stamped as another configuration's
     let other = tmp.path("other-config.jsonl");
-    support::copy_with_config_hash(&cpu_capture("trace.jsonl.gz"), &other, "0123456789abcdef");
+    crate::support::copy_with_config_hash(
+        &cpu_capture("trace.jsonl.gz"),
+        &other,
+        "0123456789abcdef",
+    );
     let model = fixture_model();
     let base = ["--latency-trace", s(&model), "--max-num-seqs", "128"];
 
@@ -954,7 +956,7 @@ fn the_step_check_and_the_host_speed_judge_the_model_on_the_captured_steps() {
     let pooled = |args: &[&str]| -> (f64, [f64; 2]) {
         let (out, _) = texts(&calibrate(args).output());
         let v: Value = serde_json::from_str(&out).unwrap();
-        let all = support::pooled_cohort(&v).clone();
+        let all = crate::support::pooled_cohort(&v).clone();
         (
             v["host_speed"]["factor"].as_f64().unwrap(),
             [

@@ -1,13 +1,11 @@
 //! Wire-level tests: a Rust frontend stand-in drives `play` over real ZMQ sockets and checks
 //! what a frontend would observe.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use rmpv::Value;
 use sim_protocol::{EventType, FinishReason, InputMessage, StopReason, VllmLine};
-use support::*;
 use vllm_vcr::play::TokenMode;
 
 fn line(s: &str) -> VllmLine {

@@ -2,11 +2,9 @@
 //! loads with the trace reader and holds what its README describes, so later work can fit
 //! and gate timing models on it.
 
-mod support;
-
+use crate::support::cpu_capture;
 use sim_trace::config_hash::ConfigFingerprint;
 use sim_trace::trace::{TraceItem, TraceReader};
-use support::cpu_capture;
 
 #[test]
 fn the_capture_loads_with_its_meta_and_every_request() {

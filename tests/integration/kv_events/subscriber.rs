@@ -5,18 +5,16 @@
 //!
 //! The 0.25 replay frame layout and the replay ring are checked with a Rust DEALER.
 
-mod support;
-
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::support::{fixture, vllm_python};
 use bytes::Bytes;
 use rmpv::Value as Msgpack;
 use serde_json::{Value, json};
 use sim_protocol::VllmLine;
 use sim_protocol::kv_events::{KvEvent, KvEventsConfig, decode_kv_event_batch};
-use support::{fixture, vllm_python};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 use vllm_vcr::play::kv_events::{END_SEQ, KvEventPublisher};
@@ -447,8 +445,8 @@ async fn a_2_pow_62_frame_on_either_port_drops_only_that_peer() {
         .unwrap();
     let pub_ep = format!("tcp://127.0.0.1:{pub_port}");
     let replay_ep = format!("tcp://127.0.0.1:{replay_port}");
-    assert!(support::send_a_2_pow_62_frame_header(&pub_ep, "SUB").await);
-    assert!(support::send_a_2_pow_62_frame_header(&replay_ep, "DEALER").await);
+    assert!(crate::support::send_a_2_pow_62_frame_header(&pub_ep, "SUB").await);
+    assert!(crate::support::send_a_2_pow_62_frame_header(&replay_ep, "DEALER").await);
 
     let mut sub = SubSocket::new();
     sub.subscribe("").await.unwrap();

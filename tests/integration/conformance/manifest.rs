@@ -8,15 +8,13 @@
 //! `fit`, `gate` or `noise`, no file is listed twice (so none is both fit and gate); and
 //! the manifest lists at least one capture.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use crate::support::fixture;
 use sha2::{Digest, Sha256};
 use sim_trace::steps::StepStatsReader;
 use sim_trace::trace::{TraceItem, TraceReader};
-use support::fixture;
 
 type Table = BTreeMap<String, Value>;
 

@@ -2,17 +2,15 @@
 //! `vllm-rs bench serve --dataset-name timed_trace` replays with the recorded lengths), and
 //! real guidellm reports whose converted numbers agree with guidellm's own.
 
-mod support;
-
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::{TestCommand, TestDir, fixture, http_get_ok, vcr, vcr_command};
 use serde_json::{Value, json};
 use sim_trace::trace::{BlockHash, TraceItem, TraceMeta, TraceReader, TraceRecord};
-use support::{TestCommand, TestDir, fixture, http_get_ok, vcr, vcr_command};
 
 /// `vllm-vcr inspect convert ARGS… -o OUTPUT INPUT`.
 fn convert(args: &[&str], output: &Path, input: &Path) -> TestCommand {

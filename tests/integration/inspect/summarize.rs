@@ -1,11 +1,9 @@
 //! `inspect summarize` and `inspect gen-demo`, through the binary.
 
-mod support;
-
 use std::path::Path;
 
+use crate::support::{TestDir, cpu_capture, vcr, vcr_command};
 use serde_json::Value;
-use support::{TestDir, cpu_capture, vcr, vcr_command};
 
 fn summarize_json(path: &Path) -> Value {
     let out = vcr()

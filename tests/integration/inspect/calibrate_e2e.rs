@@ -4,16 +4,14 @@
 //! agree with the offline one (`calibrate`, same model, same requests): the live stack
 //! runs the same engine on the wall clock. ~10 s.
 
-mod support;
-
 use std::io::Read;
 use std::path::Path;
 
+use crate::support::{TestDir, corpus, stderr, vcr};
 use serde_json::Value;
-use support::{TestDir, corpus, stderr, vcr};
 
 fn pooled(v: &Value, metric: &str, q: &str) -> f64 {
-    let all = support::pooled_cohort(v);
+    let all = crate::support::pooled_cohort(v);
     all[metric]["modelled_delta_pct"][q].as_f64().unwrap()
 }
 
@@ -119,7 +117,7 @@ fn wire_run(common: &[&str], dump: &Path, offline: &Value) -> Result<(), String>
         ("request_total_ms", "p90", 5.0),
     ] {
         let (w, o) = (pooled(&wire, metric, q), pooled(offline, metric, q));
-        let captured = support::pooled_cohort(offline)[metric]["captured"][q]
+        let captured = crate::support::pooled_cohort(offline)[metric]["captured"][q]
             .as_f64()
             .unwrap();
         let within = base + 100.0 * late(q) / captured;

@@ -2,13 +2,11 @@
 //! the engine-side arrival time of each request, gives the same tokens, the same step
 //! sequence and the same step durations.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::*;
 use sim_protocol::{EngineCoreOutputs, EventType, FinishReason};
-use support::*;
 use vllm_vcr::play::config::PlayConfig;
 use vllm_vcr::play::offline::OfflineDriver;
 use vllm_vcr::play::timer::instant_to_monotonic;

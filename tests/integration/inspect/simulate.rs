@@ -1,12 +1,10 @@
 //! `inspect simulate`, through the binary: what a user sees in the summary and in the
 //! simulated trace.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 
+use crate::support::{TestCommand, TestDir, cpu_capture, number, s, texts, vcr};
 use serde_json::{Value, json};
-use support::{TestCommand, TestDir, cpu_capture, number, s, texts, vcr};
 
 fn simulate(args: &[&str]) -> TestCommand {
     let mut c = vcr();
@@ -634,7 +632,7 @@ fn a_model_of_another_configuration_is_called_out() {
         .arg(&model)
         .run();
     let other = tmp.path("other-config-trace.jsonl");
-    support::copy_with_config_hash(&trace, &other, "0123456789abcdef");
+    crate::support::copy_with_config_hash(&trace, &other, "0123456789abcdef");
 
     let args = ["--latency-trace", s(&model), "--requests", "20"];
     let mut json_args = vec![s(&other), "--json"];

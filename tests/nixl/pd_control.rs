@@ -7,15 +7,13 @@
 //! lease ends; a pull that fails follows --kv-load-failure-policy; a client that leaves
 //! mid-pull leaves nothing behind.
 
-mod support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use support::{TestDir, vcr_command, wait_until};
+use crate::support::{TestDir, vcr_command, wait_until};
 
 struct Proc {
     child: Child,

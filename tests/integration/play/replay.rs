@@ -2,13 +2,11 @@
 //! them (by `replay-<i>` id or by prompt prefix), with the recorded finish reasons; misses
 //! are counted and, under `--replay-miss fail`, finish with an error saying why.
 
-mod support;
-
 use std::path::Path;
 
+use crate::support::*;
 use sim_protocol::{FinishReason, StopReason};
 use sim_trace::trace::{BlockHash, TraceMeta, TraceRecord, TraceWriter};
-use support::*;
 use vllm_vcr::play::block_hash;
 use vllm_vcr::play::replay::MatchMode;
 

@@ -1,11 +1,10 @@
-//! `play` may start before the frontend (its own test binary: it reserves and releases a
-//! port, which must not race other tests' ephemeral binds).
-
-mod support;
+//! `play` may start before the frontend. The test reserves and releases a port; other
+//! tests of this process cannot take it meanwhile: `free_ports` picks below the kernel's
+//! ephemeral range (where `bind(:0)` never lands) and never hands a port out twice.
 
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn play_waits_for_a_frontend_that_starts_later() {

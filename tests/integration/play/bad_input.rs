@@ -1,12 +1,10 @@
 //! Bad input never takes the engine down: each malformed frame gets the vLLM-style answer
 //! where one exists, and the engine keeps serving.
 
-mod support;
-
+use crate::support::*;
 use bytes::Bytes;
 use rmpv::Value;
 use sim_protocol::{CallId, FinishReason};
-use support::*;
 
 fn msgpack(v: &Value) -> Bytes {
     let mut buf = Vec::new();

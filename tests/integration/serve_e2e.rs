@@ -2,8 +2,6 @@
 //! on first use — never skipped) with `play` behind it; chat completions over HTTP; Ctrl-C
 //! stops both; a frontend that dies, or a `serve` that is killed, leaves nothing behind.
 
-mod support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -11,7 +9,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use support::{TestDir, vcr, vcr_command, wait_until};
+use crate::support::{TestDir, vcr, vcr_command, wait_until};
 
 fn free_port() -> u16 {
     vllm_vcr::child::free_ports(1).expect("a free port")[0]
@@ -84,6 +82,12 @@ struct Serve {
 
 impl Serve {
     fn start(extra: &[&str]) -> Serve {
+        Serve::start_with_env(extra, &[])
+    }
+
+    /// [`Serve::start`] with `env` set for serve and what it starts (never on this
+    /// process: other tests' children would inherit it).
+    fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Serve {
         let port = free_port();
         let handshake_port = free_port();
         let dir = TestDir::new(&format!("serve-e2e-{port}"));
@@ -95,6 +99,7 @@ impl Serve {
             // on a loaded 2-core machine that took longer than serve's default 120 s
             .args(["--startup-timeout", "600"])
             .args(extra)
+            .envs(env.iter().copied())
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).unwrap())
@@ -668,8 +673,13 @@ fn cached_venv(package: &str, version: &str) -> PathBuf {
 /// Run tests/clients/openai_checks.py (OpenAI SDK + jsonschema, from vLLM 0.33.0's venv)
 /// against a `serve` started with `extra`; every check must pass.
 fn openai_checks(extra: &[&str], label: &str) {
+    openai_checks_with_env(extra, &[], label)
+}
+
+/// [`openai_checks`] against a serve started with `env`.
+fn openai_checks_with_env(extra: &[&str], env: &[(&str, &str)], label: &str) {
     let python = cached_venv("vllm", "0.33.0").join("bin").join("python");
-    let mut serve = Serve::start(extra);
+    let mut serve = Serve::start_with_env(extra, env);
     let (base, _) = serve.wait_ready();
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -793,10 +803,12 @@ fn lora_token_in_token_out_and_responses_routes_through_both_frontends() {
     .chain(passthrough.iter())
     .copied()
     .collect();
-    // SAFETY: set before serve starts; the child inherits it (the Python frontend keeps
-    // stored responses only with it)
-    unsafe { std::env::set_var("VLLM_ENABLE_RESPONSES_API_STORE", "1") };
-    openai_checks(&py, "python 0.33 routes");
+    // the Python frontend keeps stored responses only with it
+    openai_checks_with_env(
+        &py,
+        &[("VLLM_ENABLE_RESPONSES_API_STORE", "1")],
+        "python 0.33 routes",
+    );
 }
 
 /// Why a request failed reaches the client through vllm-rs 0.33: a `--replay-miss fail`

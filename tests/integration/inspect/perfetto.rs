@@ -3,16 +3,14 @@
 //! without arrival are reported, the step-stats sidecar becomes per-engine step tracks, and
 //! `--open` serves the file to the hosted UI.
 
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::support::{TestDir, fixture, vcr, vcr_command};
 use serde_json::{Value, json};
-use support::{TestDir, fixture, vcr, vcr_command};
 
 fn read_json(path: &Path) -> Value {
     let bytes = std::fs::read(path).unwrap();

@@ -6,12 +6,11 @@
 //! complete however the capture ends (SIGTERM, engine killed, ENGINE_CORE_DEAD, frontend
 //! gone), gzip or plain.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::{Collected, TestDir, add, vcr, vcr_command};
 use bytes::Bytes;
 use sim_protocol::decode::{DecodedOutputs, decode_input, decode_outputs_for};
 use sim_protocol::encode::{encode_input, encode_outputs};
@@ -23,7 +22,6 @@ use sim_protocol::{
     FinishReason, InputMessage, ReadyResponse, VllmLine,
 };
 use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
-use support::{Collected, TestDir, add, vcr, vcr_command};
 use tokio::sync::watch;
 use vllm_vcr::child::free_ports;
 
@@ -587,7 +585,7 @@ async fn a_2_pow_62_frame_on_the_handshake_port_drops_only_that_peer() {
     let trace = tmp.path("hostile-handshake.jsonl");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
     assert!(
-        support::send_a_2_pow_62_frame_header(&tap.engine_handshake, "DEALER").await,
+        crate::support::send_a_2_pow_62_frame_header(&tap.engine_handshake, "DEALER").await,
         "the tap closes the stranger's connection: {}",
         tap.log_text()
     );
@@ -790,7 +788,7 @@ async fn engines_first_with_two_engines_and_two_clients() {
     for (e, eng) in accepted.iter().enumerate() {
         for client in 0..2u32 {
             let rid = format!("e{e}c{client}");
-            let msg = support::with_client(add(&rid, &[1, 2, 3], 5), client);
+            let msg = crate::support::with_client(add(&rid, &[1, 2, 3], 5), client);
             fl.send(client as usize, &eng.identity, encode_input(LINE, &msg))
                 .await
                 .unwrap();
