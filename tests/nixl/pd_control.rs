@@ -26,15 +26,15 @@ fn ports(n: usize) -> Vec<u16> {
     vllm_vcr::child::free_ports(n).expect("free ports")
 }
 
-fn s(v: &[&str]) -> Vec<String> {
+fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
 
 /// A `serve` with vllm-rs 0.33 and these engine flags, up and answering /health.
 fn serve(port: u16, extra: &[String], name: &str) -> TestProcess {
-    let mut args = s(&["serve", "--port"]);
+    let mut args = strings(&["serve", "--port"]);
     args.push(port.to_string());
-    args.extend(s(&["--log-requests"]));
+    args.extend(strings(&["--log-requests"]));
     args.extend_from_slice(extra);
     let p = start(&args, name);
     wait_health(port, &p);
@@ -45,7 +45,7 @@ fn serve(port: u16, extra: &[String], name: &str) -> TestProcess {
 /// /health.
 fn proxy(prefill: u16, decode: u16, port: u16, name: &str) -> TestProcess {
     let p = start(
-        &s(&[
+        &strings(&[
             "pd-proxy",
             "--prefill",
             &format!("http://127.0.0.1:{prefill}"),
@@ -121,7 +121,7 @@ fn a_prefill_decode_pair_behind_the_proxy_serves_whole_answers_and_frees_the_kv(
     let (pf_port, dec_port, proxy_port, side) = (p[0], p[1], p[2], p[3]);
     let prefill = serve(
         pf_port,
-        &s(&[
+        &strings(&[
             "--pd-role",
             "prefill",
             "--engine-id",
@@ -135,7 +135,7 @@ fn a_prefill_decode_pair_behind_the_proxy_serves_whole_answers_and_frees_the_kv(
     );
     let decode = serve(
         dec_port,
-        &s(&["--pd-role", "decode", "--engine-id", "decode-0"]),
+        &strings(&["--pd-role", "decode", "--engine-id", "decode-0"]),
         "decode",
     );
     let _proxy = proxy(pf_port, dec_port, proxy_port, "proxy");
@@ -288,10 +288,10 @@ fn a_failed_pull_follows_the_load_failure_policy_and_an_abort_mid_pull_cleans_up
     let params = serde_json::json!({"do_remote_prefill": true, "do_remote_decode": false,
         "remote_engine_id": "gone", "remote_request_id": "cmpl-gone-0", "remote_host": "127.0.0.1",
         "remote_port": dead, "remote_block_ids": [[1, 2, 3]], "remote_num_tokens": 40});
-    let fail = serve(p[0], &s(&["--pd-role", "decode"]), "fail");
+    let fail = serve(p[0], &strings(&["--pd-role", "decode"]), "fail");
     let recompute = serve(
         p[1],
-        &s(&[
+        &strings(&[
             "--pd-role",
             "decode",
             "--kv-load-failure-policy",
@@ -453,7 +453,7 @@ fn kv_events_of_both_sides_name_the_same_blocks() {
     };
     let prefill = serve(
         pf_port,
-        &s(&[
+        &strings(&[
             "--pd-role",
             "prefill",
             "--engine-id",
@@ -467,7 +467,7 @@ fn kv_events_of_both_sides_name_the_same_blocks() {
     );
     let decode = serve(
         dec_port,
-        &s(&[
+        &strings(&[
             "--pd-role",
             "decode",
             "--engine-id",
@@ -538,7 +538,7 @@ fn vllms_own_decoders_read_the_prefill_handshake() {
     let p = ports(2);
     let prefill = serve(
         p[0],
-        &s(&[
+        &strings(&[
             "--pd-role",
             "prefill",
             "--engine-id",
@@ -613,7 +613,7 @@ fn the_proxy_refuses_a_huge_body_and_drops_clients_stalled_in_their_headers() {
     };
     let nobody = format!("http://127.0.0.1:{nobody}");
     let p = start(
-        &s(&[
+        &strings(&[
             "pd-proxy",
             "--prefill",
             &nobody,
@@ -689,7 +689,7 @@ fn the_proxy_survives_any_bytes_a_client_sends() {
     let p = ports(3);
     // the frontends are never started: the proxy answers 502 for a request it can parse
     let proc_ = start(
-        &s(&[
+        &strings(&[
             "pd-proxy",
             "--prefill",
             &format!("http://127.0.0.1:{}", p[0]),

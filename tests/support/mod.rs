@@ -1,7 +1,7 @@
 //! The integration tests' kit, shared by the two test binaries (`tests/integration/` and
 //! `tests/nixl/`, each declaring it with `#[path = "../support/mod.rs"] mod support;`).
 //!
-//! - [`cmd`]: [`vcr()`], the binary under test as a [`TestCommand`] (a `Command` that
+//! - [`cmd`]: [`vcr()`] (and [`inspect()`]), the binary under test as a [`TestCommand`] (a `Command` that
 //!   panics with the command line, its directory and its output when it fails), and
 //!   [`stdout`], [`stderr`] and [`texts`] (both) of an `Output`; [`vcr_command()`], a plain
 //!   `Command` for a process the test spawns (a server, a tap).
@@ -15,7 +15,7 @@
 //!   [`corpus`] (the committed captures), [`s`] (a path as `&str`).
 //! - [`process`]: [`TestProcess`], a process the test drives (a server, a tap, a proxy):
 //!   logs kept and printed when the test fails, stopped when the test ends.
-//! - [`reports`]: traces and `inspect` reports ([`pooled_cohort`], [`cohort`], [`number`],
+//! - [`reports`]: traces and `inspect` reports ([`read_trace`], [`pooled_cohort`], [`cohort`], [`number`],
 //!   [`copy_with_config_hash`]).
 //! - [`svg`]: [`svg::check_xml`], for the `--plot` figures.
 //! - [`wait`]: [`wait_until`] a condition, [`vllm_python`]

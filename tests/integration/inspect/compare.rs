@@ -12,9 +12,7 @@ fn capture(name: &str) -> String {
 }
 
 fn compare(args: &[&str]) -> TestCommand {
-    let mut c = vcr();
-    c.args(["inspect", "compare"]).args(args);
-    c
+    crate::support::inspect("compare", args)
 }
 
 fn json(args: &[&str]) -> Value {

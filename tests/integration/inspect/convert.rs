@@ -8,9 +8,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{TestCommand, TestDir, TestProcess, fixture, http_get_ok, vcr, vcr_command};
+use crate::support::{
+    TestCommand, TestDir, TestProcess, fixture, http_get_ok, read_trace, vcr, vcr_command,
+};
 use serde_json::{Value, json};
-use sim_trace::trace::{BlockHash, TraceItem, TraceMeta, TraceReader, TraceRecord};
+use sim_trace::trace::{BlockHash, TraceRecord};
 
 /// `vllm-vcr inspect convert ARGS… -o OUTPUT INPUT`.
 fn convert(args: &[&str], output: &Path, input: &Path) -> TestCommand {
@@ -36,18 +38,6 @@ fn convert_err(args: &[&str], output: &Path, input: &Path) -> String {
     assert_eq!(out.status.code(), Some(1), "convert {args:?}: {err}");
     assert!(!err.contains("panicked"), "{err}");
     err
-}
-
-fn read_trace(path: &Path) -> (Option<TraceMeta>, Vec<TraceRecord>) {
-    let mut meta = None;
-    let mut records = Vec::new();
-    for item in TraceReader::open(path).unwrap() {
-        match item.unwrap() {
-            TraceItem::Meta(m) => meta = meta.or(Some(m)),
-            TraceItem::Record(r) => records.push(r),
-        }
-    }
-    (meta, records)
 }
 
 fn jsonl(path: &Path) -> Vec<Value> {

@@ -2,14 +2,12 @@
 
 use std::path::Path;
 
-use crate::support::{TestCommand, TestDir, cpu_capture, s, texts, vcr};
+use crate::support::{TestCommand, TestDir, cpu_capture, s, texts};
 use serde_json::Value;
 use sim_trace::fit::FittedModel;
 
 fn fit(args: &[&str]) -> TestCommand {
-    let mut c = vcr();
-    c.args(["inspect", "fit"]).args(args);
-    c
+    crate::support::inspect("fit", args)
 }
 
 #[test]

@@ -7,9 +7,7 @@ use crate::support::{TestCommand, TestDir, cpu_capture, number, s, texts, vcr};
 use serde_json::{Value, json};
 
 fn simulate(args: &[&str]) -> TestCommand {
-    let mut c = vcr();
-    c.args(["inspect", "simulate"]).args(args);
-    c
+    crate::support::inspect("simulate", args)
 }
 
 /// The `--json` summary of a run.

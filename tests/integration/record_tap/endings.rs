@@ -43,7 +43,7 @@ async fn sigterm_mid_run(trace_name: &str) {
     let _ = stop.send(true);
     let _ = tokio::time::timeout(WAIT, engine).await;
 
-    let (meta, records) = read_trace(&trace);
+    let (meta, records) = tap_trace(&trace);
     assert_eq!(meta.block_size, Some(16));
     // --host-cpu auto (the default): this host's CPU
     assert_eq!(
@@ -173,7 +173,7 @@ async fn engine_killed(trace_name: &str) {
         "the frontend never got ENGINE_CORE_DEAD:\n{}",
         tap.log_text()
     );
-    let (meta, records) = read_trace(&tap.trace);
+    let (meta, records) = tap_trace(&tap.trace);
     assert_eq!(meta.host_cpu, None, "--host-cpu none");
     assert_eq!(records.len(), 3);
     for rid in ["done1", "done2"] {
@@ -224,7 +224,7 @@ async fn engine_core_dead_is_relayed_and_closes_the_trace() {
     assert_eq!(got, vec![Bytes::from_static(ENGINE_CORE_DEAD)]);
     let status = tap.wait_exit(WAIT);
     assert_eq!(status.code(), Some(1), "{}", tap.log_text());
-    let (_, records) = read_trace(&tap.trace);
+    let (_, records) = tap_trace(&tap.trace);
     let x = record(&records, "x");
     assert!(x.incomplete);
     assert_eq!(x.abort_reason.as_deref(), Some("engine core dead"));
@@ -252,7 +252,7 @@ async fn frontend_exit_ends_the_capture_cleanly() {
     drop(fl);
     let status = tap.wait_exit(WAIT);
     assert!(status.success(), "{}", tap.log_text());
-    let (_, records) = read_trace(&tap.trace);
+    let (_, records) = tap_trace(&tap.trace);
     assert_eq!(records.len(), 1);
     assert!(!records[0].incomplete);
     let _ = stop.send(true);

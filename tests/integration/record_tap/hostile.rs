@@ -36,7 +36,7 @@ async fn a_2_pow_62_frame_on_the_handshake_port_drops_only_that_peer() {
     drop(fl);
     let status = tap.wait_exit(WAIT);
     assert!(status.success(), "{}", tap.log_text());
-    let (_, records) = read_trace(&tap.trace);
+    let (_, records) = tap_trace(&tap.trace);
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].output_tokens, 4);
     let _ = stop.send(true);

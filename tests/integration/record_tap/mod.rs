@@ -24,7 +24,7 @@ use sim_protocol::{
     ENGINE_CORE_DEAD, EngineCoreEvent, EngineCoreOutput, EngineCoreOutputs, EventType,
     FinishReason, InputMessage, ReadyResponse, VllmLine,
 };
-use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
+use sim_trace::trace::{TraceMeta, TraceRecord};
 use tokio::sync::watch;
 use vllm_vcr::child::free_ports;
 
@@ -83,15 +83,8 @@ impl Tap {
 }
 
 /// The whole trace: meta and records; fails the test on any error (truncation included).
-fn read_trace(path: &Path) -> (TraceMeta, Vec<TraceRecord>) {
-    let mut meta = None;
-    let mut records = Vec::new();
-    for item in TraceReader::open(path).unwrap() {
-        match item.unwrap_or_else(|e| panic!("reading {}: {e}", path.display())) {
-            TraceItem::Meta(m) => meta = Some(m),
-            TraceItem::Record(r) => records.push(r),
-        }
-    }
+fn tap_trace(path: &Path) -> (TraceMeta, Vec<TraceRecord>) {
+    let (meta, records) = crate::support::read_trace(path);
     (meta.expect("a meta line"), records)
 }
 

@@ -150,7 +150,7 @@ async fn every_frame_crosses_unchanged_in_both_directions() {
 
     tap.signal(libc::SIGTERM);
     assert!(tap.wait_exit(WAIT).success(), "{}", tap.log_text());
-    let (meta, records) = read_trace(&trace);
+    let (meta, records) = tap_trace(&trace);
     assert_eq!(meta.gpu.as_deref(), Some("cpu"));
     let cpu = sim_trace::host::parse_cpuinfo(OTHER_HOST_CPUINFO).unwrap();
     assert_eq!(meta.host_cpu.as_deref(), Some(&cpu));
@@ -211,7 +211,7 @@ async fn each_record_says_when_its_request_was_sent() {
     collect(&mut fl, &["s1", "s2"]).await;
     drop(fl);
     assert!(tap.wait_exit(WAIT).success(), "{}", tap.log_text());
-    let (_, records) = read_trace(&tap.trace);
+    let (_, records) = tap_trace(&tap.trace);
     assert_eq!(records.len(), 2);
     for r in &records {
         let (sent, arrival) = (r.sent_ms.unwrap(), r.arrival_ms.unwrap());
@@ -278,7 +278,7 @@ async fn engines_first_with_two_engines_and_two_clients() {
     }
     tap.signal(libc::SIGINT);
     assert!(tap.wait_exit(WAIT).success(), "{}", tap.log_text());
-    let (_, records) = read_trace(&trace);
+    let (_, records) = tap_trace(&trace);
     assert_eq!(records.len(), 4, "{records:?}");
     assert!(
         records
@@ -328,7 +328,7 @@ async fn an_oversized_frame_is_relayed_but_not_decoded() {
         "{}",
         tap.log_text()
     );
-    let (_, records) = read_trace(&tap.trace);
+    let (_, records) = tap_trace(&tap.trace);
     assert_eq!(
         records.len(),
         1,

@@ -8,19 +8,13 @@ use std::path::{Path, PathBuf};
 
 use crate::support::svg::check_xml;
 use crate::support::{
-    TestCommand, TestDir, cohort, cpu_capture, fixture, number, process_dir, s, texts, vcr,
+    TestCommand, TestDir, cohort, cpu_capture, fixture, inspect, number, process_dir, s, texts, vcr,
 };
 use serde_json::{Value, json};
 
 mod gate;
 mod reports;
 mod usage;
-
-fn inspect(sub: &str, args: &[&str]) -> TestCommand {
-    let mut c = vcr();
-    c.args(["inspect", sub]).args(args);
-    c
-}
 
 fn calibrate(args: &[&str]) -> TestCommand {
     inspect("calibrate", args)
