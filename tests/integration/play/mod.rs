@@ -4,7 +4,6 @@
 mod bad_input;
 mod offline;
 mod replay;
-mod replay_fitted;
 mod scheduler_wire;
 mod signals;
 mod start_order;

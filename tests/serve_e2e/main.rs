@@ -2,6 +2,9 @@
 //! on first use — never skipped) with `play` behind it; chat completions over HTTP; Ctrl-C
 //! stops both; a frontend that dies, or a `serve` that is killed, leaves nothing behind.
 //! What OpenAI clients see is checked in [`openai`], benchmark clients in [`bench`].
+//!
+//! A binary of its own: real frontends (Python ones included) load the machine, and their
+//! start-up and shutdown checks are bounded.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
@@ -13,6 +16,9 @@ use std::time::{Duration, Instant};
 use crate::support::{
     TestDir, TestProcess, http_get, http_post_json, vcr, vcr_command, wait_until,
 };
+
+#[path = "../support/mod.rs"]
+mod support;
 
 mod bench;
 mod openai;

@@ -3,6 +3,11 @@
 //! (`vllm-rs bench serve`, random 128/64 tokens, concurrency 8) and compare what the client
 //! measures with what it measured against the real engine. In-sample (the same workload the
 //! model was fitted to): TTFT and ITL p50/p90 within 10 %.
+//!
+//! A binary of its own, so that nothing else runs while it measures wall-clock latencies.
+
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
