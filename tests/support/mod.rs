@@ -1,10 +1,11 @@
-//! The integration tests' kit, shared by the two test binaries (`tests/integration/` and
-//! `tests/nixl/`, each declaring it with `#[path = "../support/mod.rs"] mod support;`).
+//! The integration tests' kit, shared by the root crate's test binaries (`tests/*/main.rs`,
+//! each declaring it with `#[path = "../support/mod.rs"] mod support;`).
 //!
-//! - [`cmd`]: [`vcr()`] (and [`inspect()`]), the binary under test as a [`TestCommand`] (a `Command` that
+//! - [`cmd`]: [`vcr()`], the binary under test as a [`TestCommand`] (a `Command` that
 //!   panics with the command line, its directory and its output when it fails), and
-//!   [`stdout`], [`stderr`] and [`texts`] (both) of an `Output`; [`vcr_command()`], a plain
-//!   `Command` for a process the test spawns (a server, a tap).
+//!   [`inspect()`] for `vllm-vcr inspect <sub>`; [`stdout`], [`stderr`] and [`texts`]
+//!   (both) of an `Output`; [`vcr_command()`], a plain `Command` for a process the test
+//!   spawns (a server, a tap).
 //! - [`dir`]: [`TestDir`], a test's own scratch directory, removed when the test passes and
 //!   kept when it fails; [`process_dir`] for a file that several tests of a process share.
 //! - [`disturbance`]: [`Disturbance`], how much the machine stalled a wall-clock test
@@ -15,11 +16,11 @@
 //!   [`corpus`] (the committed captures), [`s`] (a path as `&str`).
 //! - [`process`]: [`TestProcess`], a process the test drives (a server, a tap, a proxy):
 //!   logs kept and printed when the test fails, stopped when the test ends.
-//! - [`reports`]: traces and `inspect` reports ([`read_trace`], [`pooled_cohort`], [`cohort`], [`number`],
-//!   [`copy_with_config_hash`]).
+//! - [`reports`]: traces and `inspect` reports ([`read_trace`], [`pooled_cohort`],
+//!   [`cohort`], [`number`], [`copy_with_config_hash`]).
 //! - [`svg`]: [`svg::check_xml`], for the `--plot` figures.
-//! - [`wait`]: [`wait_until`] a condition, [`vllm_python`]
-//!   (the cached vLLM venv's Python, or a failed test saying why it is needed).
+//! - [`wait`]: [`wait_until`] a condition, [`vllm_python`] (the cached vLLM venv's Python,
+//!   or a failed test saying why it is needed).
 //! - [`wire`]: a Rust stand-in for a vLLM frontend, driving `play` over real ZMQ sockets
 //!   ([`Wire`], [`Collected`], [`add`], [`request`], ...).
 
