@@ -1,4 +1,4 @@
-"""A real KV-events consumer for tests/kv_events_subscriber.rs.
+"""A real KV-events consumer for tests/kv_events_e2e/subscriber.rs.
 
 Subscribes to a vllm-vcr KV-event publisher with pyzmq and decodes every batch with vLLM's
 OWN msgspec classes (`vllm.distributed.kv_events.KVEventBatch`), so a byte the real

@@ -139,6 +139,13 @@ pub fn texts(out: &Output) -> (String, String) {
     (stdout(out), stderr(out))
 }
 
+/// `vllm-vcr inspect <sub> <args>`.
+pub fn inspect(sub: &str, args: &[&str]) -> TestCommand {
+    let mut c = vcr();
+    c.args(["inspect", sub]).args(args);
+    c
+}
+
 /// The `vllm-vcr` binary as a plain `Command`, for a process the test spawns and drives
 /// (a server, a tap) rather than runs to its end.
 pub fn vcr_command() -> Command {

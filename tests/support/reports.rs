@@ -17,6 +17,28 @@ pub fn copy_with_config_hash(from: &std::path::Path, to: &std::path::Path, hash:
     w.finish().unwrap();
 }
 
+/// A trace's meta (the first, if any) and records; fails the test on any error, a
+/// truncated file included.
+pub fn read_trace(
+    path: &std::path::Path,
+) -> (
+    Option<sim_trace::trace::TraceMeta>,
+    Vec<sim_trace::trace::TraceRecord>,
+) {
+    use sim_trace::trace::{TraceItem, TraceReader};
+    let mut meta = None;
+    let mut records = Vec::new();
+    let reader =
+        TraceReader::open(path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+    for item in reader {
+        match item.unwrap_or_else(|e| panic!("reading {}: {e}", path.display())) {
+            TraceItem::Meta(m) => meta = meta.or(Some(m)),
+            TraceItem::Record(r) => records.push(r),
+        }
+    }
+    (meta, records)
+}
+
 /// The pooled cohort (`"all"`) of an `inspect calibrate --json` or `inspect compare --json`
 /// report.
 pub fn pooled_cohort(report: &serde_json::Value) -> &serde_json::Value {

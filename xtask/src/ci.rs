@@ -70,18 +70,7 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
                 let cache = vcr_host::frontends::cache_root()?;
                 let lib = crate::fetch::fetch_nixl(&cache)?;
                 eprintln!("  NIXL runtime: {}", lib.display());
-                cargo(
-                    root,
-                    &[
-                        "test",
-                        "--features",
-                        "nixl",
-                        "--test",
-                        "nixl_loopback",
-                        "--test",
-                        "pd_control",
-                    ],
-                )
+                cargo(root, &["test", "--features", "nixl", "--test", "nixl"])
             }),
         ),
         ("build", Box::new(|| cargo(root, &["build"]))),

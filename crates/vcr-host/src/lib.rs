@@ -5,6 +5,8 @@
 //!   and the NIXL runtime's library directory;
 //! - [`child`]: child processes (spawn with a log, a guard that always stops the process
 //!   group, free ports, waiting for a listener, reading logs);
+//! - [`http`]: a small blocking HTTP/1.1 client (JSON requests, event streams, Prometheus
+//!   text), for the xtask's checks and the integration tests;
 //! - [`tiny_model`]: the tiny model directory the real frontends load (no weights);
 //! - the printing macros [`outln!`], [`errln!`] and [`errp!`] (never panic on a closed pipe).
 //!
@@ -18,4 +20,5 @@ mod print;
 
 pub mod child;
 pub mod frontends;
+pub mod http;
 pub mod tiny_model;

@@ -1,0 +1,11 @@
+//! `vllm-vcr inspect`: summarize, convert, fit, calibrate, compare, simulate and the
+//! Perfetto export, each driven through the binary.
+
+mod calibrate;
+mod calibrate_e2e;
+mod compare;
+mod convert;
+mod fit;
+mod perfetto;
+mod simulate;
+mod summarize;

