@@ -1,5 +1,10 @@
-//! `cargo xtask e2e`: the end-to-end matrix and its legs.
+//! `cargo xtask e2e`: the end-to-end matrix, legs built on [`crate::stack`]. The runner
+//! ([`runner`]) picks the legs the flags select and runs them; each group of legs builds and
+//! runs its own: the basic legs ([`basic`]: the check catalogue [`checks`] against `play`
+//! behind every frontend), the scheduler legs ([`scheduler`], loaded by [`load`]), the
+//! record legs ([`record`]), the replay legs ([`replay`]) and the parity leg ([`parity`]).
 
+pub(crate) mod basic;
 pub(crate) mod checks;
 pub(crate) mod load;
 pub(crate) mod parity;
@@ -8,4 +13,4 @@ pub(crate) mod replay;
 pub(crate) mod runner;
 pub(crate) mod scheduler;
 
-pub use runner::{Options, SchedulerLegs, run};
+pub use runner::{GroupPick, Options, run};

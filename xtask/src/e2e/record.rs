@@ -8,7 +8,6 @@
 //! request, token counts, finish reasons, plausible engine-side timing, the meta line).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -16,9 +15,11 @@ use serde_json::{Value, json};
 use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
 use vcr_host::child::{ChildGuard, free_ports, wait_listening};
 
-use crate::e2e::runner::{CheckResult, Frontend, start_frontend, wait_health};
 use crate::http::Client;
-use crate::stack::chain::{Backend, spawn_engine};
+use crate::stack::engine::{Backend, spawn_engine};
+use crate::stack::frontend::{Frontend, start_frontend, wait_health};
+use crate::stack::result::CheckResult;
+use crate::stack::tap::start_tap;
 
 /// Pacing of `play` in the record legs (the timing check compares against it).
 pub const TTFT_MS: f64 = 40.0;
@@ -230,32 +231,6 @@ fn run_once(
         steps,
         tap_stop,
     })
-}
-
-/// Start `vllm-vcr record` between the frontend's handshake port and `tap_port`.
-pub(crate) fn start_tap(
-    engine_bin: &Path,
-    frontend_port: u16,
-    tap_port: u16,
-    trace: &Path,
-    steps: &Path,
-    extra: &[&str],
-    log: &Path,
-) -> Result<ChildGuard> {
-    let mut cmd = Command::new(engine_bin);
-    cmd.env("NO_COLOR", "1")
-        .arg("record")
-        .arg("--frontend-handshake")
-        .arg(format!("tcp://127.0.0.1:{frontend_port}"))
-        .arg("--engine-handshake")
-        .arg(format!("tcp://127.0.0.1:{tap_port}"))
-        .arg("--trace-out")
-        .arg(trace)
-        .arg("--step-stats-out")
-        .arg(steps)
-        .args(["--force", "--model", "tiny", "--gpu", "cpu"])
-        .args(extra);
-    ChildGuard::spawn("record", cmd, log, Duration::from_secs(10))
 }
 
 /// Start the engine joining `port`; returns it and how long it may take to serve.

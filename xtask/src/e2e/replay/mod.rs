@@ -29,9 +29,12 @@ use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
 use vcr_host::child::read_log;
 
 use crate::e2e::load::prompt_of;
-use crate::e2e::runner::{CheckResult, Frontend};
 use crate::http::{Client, snippet};
-use crate::stack::chain::{Backend, Checks, play_args, run_pool, start_stack};
+use crate::stack::chain::start_stack;
+use crate::stack::engine::{Backend, play_args};
+use crate::stack::frontend::Frontend;
+use crate::stack::pool::run_pool;
+use crate::stack::result::{CheckResult, Checks};
 
 mod agent;
 mod client;
