@@ -5,7 +5,7 @@
 //! `calibrate_args` say); the engine's own run-to-run distance (`inspect compare` of the
 //! `noise` capture and its `fit` twin) and prefix caching on against off (`inspect compare`
 //! of the two session captures). Writes `docs/fidelity-table.md` and the pooled figures
-//! under `docs/figures/`, then the held-out evaluation of corpus v2 ([`crate::heldout`]:
+//! under `docs/figures/`, then the held-out evaluation of corpus v2 ([`crate::rig::heldout`]:
 //! `docs/heldout-table.md`, its heatmap and step-class figures). The simulation runs on a virtual clock, so the output is the same
 //! on every run of the same binary.
 
