@@ -1,6 +1,6 @@
 //! `cargo xtask e2e`: the end-to-end matrix, legs built on [`crate::stack`]. The runner
-//! ([`runner`]) picks the legs the flags select and runs them; each group of legs builds and
-//! runs its own: the basic legs ([`basic`]: the check catalogue [`checks`] against `play`
+//! ([`runner`]) builds the legs the flags select ([`select`]) and runs them; each group of
+//! legs builds and runs its own: the basic legs ([`basic`]: the check catalogue [`checks`] against `play`
 //! behind every frontend), the scheduler legs ([`scheduler`], loaded by [`load`]), the
 //! record legs ([`record`]), the replay legs ([`replay`]) and the parity leg ([`parity`]).
 
@@ -14,5 +14,6 @@ pub(crate) mod runner;
 pub(crate) mod scheduler;
 pub(crate) mod select;
 
+// what `main` and `ci` call
 pub use runner::run;
 pub use select::{GroupPick, Options};

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::e2e::checks::{Ctx, metric, metrics, poll};
 use crate::e2e::load::*;
-use crate::e2e::scheduler::config::*;
+use crate::e2e::scheduler::config::{BLOCK_SIZE, MAX_NUM_SEQS, NUM_GPU_BLOCKS};
 use crate::http::{Sample, metric_sum};
 
 /// Same long prompt twice: the second finds all its full blocks but the last token's in

@@ -5,7 +5,7 @@ use anyhow::{Result, bail, ensure};
 
 use crate::e2e::checks::{Ctx, metric};
 use crate::e2e::load::*;
-use crate::e2e::scheduler::config::*;
+use crate::e2e::scheduler::config::{LORAS, MAX_LORAS, MAX_NUM_SEQS};
 
 /// Requests for l1 and l2 at once, `per_adapter` each, `max_tokens` 60; the distinct
 /// `(running, waiting)` label pairs of `vllm:lora_requests_info` seen meanwhile (samples

@@ -7,7 +7,9 @@ use anyhow::{Result, ensure};
 
 use crate::e2e::checks::{Ctx, metric, metrics, poll};
 use crate::e2e::load::*;
-use crate::e2e::scheduler::config::*;
+use crate::e2e::scheduler::config::{
+    NUM_SPECULATIVE_TOKENS, SPEC_FLAG, SPECULATIVE_ACCEPTANCE_RATE,
+};
 use crate::http::{Sample, metric_sum};
 
 pub(crate) fn spec_decode_metrics(ctx: &Ctx) -> Result<String> {
