@@ -122,7 +122,7 @@ pub fn find_tcmalloc() -> Option<PathBuf> {
         .filter(|p| p.exists())
 }
 
-/// The capture rig preloads tcmalloc into the real CPU engine (xtask `real_engine::Rig`):
+/// The capture rig preloads tcmalloc into the real CPU engine (xtask `stack::cpu_rig::Rig`):
 /// install Debian's libtcmalloc-minimal4 with apt-get when it is missing. Best effort: the
 /// engine runs without it (slower prefills), so a failed install is one log line.
 fn ensure_tcmalloc() {
@@ -270,7 +270,7 @@ pub fn cpu_engine_dtype() -> &'static str {
 /// A real vLLM engine-core on CPU with random weights (`--load-format dummy`), joining the
 /// handshake at `host:port`: headless, one DP rank, eager mode, seed 0 (greedy output is
 /// deterministic). It spawns worker processes: run it in its own process group and stop
-/// the group (the xtask's `real_engine::CpuEngine` does, and so does `ChildGuard`).
+/// the group (the xtask's `stack::cpu_engine::CpuEngine` does, and so does `ChildGuard`).
 pub fn cpu_engine_command(venv: &Path, model: &Path, host: &str, port: u16) -> Command {
     let mut cmd = Command::new(venv.join("bin").join("python"));
     cmd.arg(venv.join(CPU_ENGINE_SHIM_FILE))

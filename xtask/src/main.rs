@@ -16,26 +16,18 @@
 //! cargo xtask matrix | newest-release | lint-workflows
 //! ```
 
-mod capture;
-mod checks;
-mod ci;
+// The rooms, bottom up: the shared leaves (compat.toml, the HTTP client, the downloads),
+// the stack layer (starters and guards), then the e2e legs, the rig and the release.
 mod compat;
-mod containers;
-mod corpus;
 mod e2e;
 mod fetch;
-mod figures;
-mod heldout;
 mod http;
-mod lines;
-mod load;
-mod parity;
-mod real_engine;
-mod record_e2e;
-mod replay_e2e;
-mod scheduler;
+mod release;
+mod rig;
 mod stack;
-mod workflows;
+
+use release::{ci, containers, lines, workflows};
+use rig::{capture, corpus, figures, smoke};
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -341,7 +333,7 @@ pub fn fetch_cmd(
     Ok(())
 }
 
-/// `cpu-engine`: see [`real_engine::smoke`].
+/// `cpu-engine`: see [`smoke::smoke`].
 fn cpu_engine_cmd(root: &Path, args: &Args) -> Result<bool> {
     let compat = compat::Compat::load(root)?;
     let cache = frontends::cache_root()?;
@@ -350,7 +342,7 @@ fn cpu_engine_cmd(root: &Path, args: &Args) -> Result<bool> {
     }
     let frontend = if args.python {
         let py = &compat.python_frontend;
-        e2e::Frontend::Python {
+        stack::frontend::Frontend::Python {
             venv: fetch::fetch_python(&cache, &py.package, &py.version)?,
             api_servers: 1,
             dev_mode: false,
@@ -370,7 +362,7 @@ fn cpu_engine_cmd(root: &Path, args: &Args) -> Result<bool> {
             }
             picked.remove(0)
         };
-        e2e::Frontend::Rs {
+        stack::frontend::Frontend::Rs {
             bin: frontends::fetch_vllm_rs(&cache, &line.tag)?,
         }
     };
@@ -382,14 +374,14 @@ fn cpu_engine_cmd(root: &Path, args: &Args) -> Result<bool> {
         ),
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let opts = real_engine::SmokeOptions {
+    let opts = smoke::SmokeOptions {
         frontend,
         dir: dir.clone(),
         engine_args: args.engine_args.clone(),
         hold: args.hold,
         crash: args.crash,
     };
-    let result = real_engine::smoke(&cache, &opts);
+    let result = smoke::smoke(&cache, &opts);
     if temporary && matches!(result, Ok(true)) {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
@@ -424,12 +416,12 @@ fn real_main() -> Result<bool> {
             Ok(true)
         }
         "e2e" => {
-            let pick = |only: bool, no: bool, name: &str| -> Result<e2e::SchedulerLegs> {
+            let pick = |only: bool, no: bool, name: &str| -> Result<e2e::GroupPick> {
                 match (only, no) {
                     (true, true) => bail!("--{name}-only and --no-{name} exclude each other"),
-                    (true, false) => Ok(e2e::SchedulerLegs::Only),
-                    (false, true) => Ok(e2e::SchedulerLegs::Skip),
-                    (false, false) => Ok(e2e::SchedulerLegs::Also),
+                    (true, false) => Ok(e2e::GroupPick::Only),
+                    (false, true) => Ok(e2e::GroupPick::Skip),
+                    (false, false) => Ok(e2e::GroupPick::Also),
                 }
             };
             let opts = e2e::Options {
@@ -462,7 +454,7 @@ fn real_main() -> Result<bool> {
                 .context("capture needs an output directory")?;
             let engine = match args.engine_bin {
                 Some(p) => p,
-                None => e2e::build_engine(&root)?,
+                None => stack::engine::build_engine(&root)?,
             };
             let opts = capture::Options {
                 requests: args.requests.unwrap_or(300),
@@ -487,7 +479,7 @@ fn real_main() -> Result<bool> {
             let engine = match (&args.engine_bin, args.list) {
                 (_, true) => PathBuf::new(),
                 (Some(p), false) => p.clone(),
-                (None, false) => e2e::build_engine(&root)?,
+                (None, false) => stack::engine::build_engine(&root)?,
             };
             corpus::run(&root, &engine, &opts)?;
             Ok(true)
@@ -495,7 +487,7 @@ fn real_main() -> Result<bool> {
         "figures" => {
             let engine = match &args.engine_bin {
                 Some(p) => p.clone(),
-                None => e2e::build_engine(&root)?,
+                None => stack::engine::build_engine(&root)?,
             };
             figures::run(&root, &engine)?;
             Ok(true)

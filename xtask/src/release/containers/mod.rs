@@ -211,7 +211,7 @@ fn run_steps(root: &Path, t: &mut Timings) -> Result<()> {
     })?;
     let (engine, frontend) = t.step("binaries (cargo build, cached vllm-rs)", || {
         Ok((
-            crate::e2e::build_engine(root)?,
+            crate::stack::engine::build_engine(root)?,
             frontends::fetch_vllm_rs(&cache, &line.tag)?,
         ))
     })?;

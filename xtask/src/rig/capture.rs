@@ -7,7 +7,7 @@
 //! One warm-up request runs before the load (a fresh engine's first request is slow); it
 //! is the trace's first record.
 //!
-//! The engine runs in the capture rig ([`crate::real_engine::Rig`], docs/fidelity.md):
+//! The engine runs in the capture rig ([`crate::stack::cpu_rig::Rig`], docs/fidelity.md):
 //! tcmalloc and Intel OpenMP preloaded, the model's threads on a CPU of their own and the
 //! frontend, the tap and the load generator pinned with the rest of the engine. The tap
 //! stamps the host CPU into the trace meta (`host_cpu`) and the rig into `notes.rig`; the
@@ -25,11 +25,12 @@ use vcr_host::child::{free_ports, wait_listening};
 use vcr_host::frontends;
 
 use crate::compat::Compat;
-use crate::e2e::{Frontend, start_frontend, wait_health};
 use crate::fetch;
 use crate::http::Client;
-use crate::real_engine::{BOOT_TIMEOUT, CpuEngine, Rig};
-use crate::record_e2e::start_tap;
+use crate::stack::cpu_engine::{BOOT_TIMEOUT, CpuEngine};
+use crate::stack::cpu_rig::Rig;
+use crate::stack::frontend::{Frontend, start_frontend, wait_health};
+use crate::stack::tap::start_tap;
 
 pub struct Options {
     pub requests: u32,

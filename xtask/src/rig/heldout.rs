@@ -19,8 +19,8 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use sim_trace::loads::{CALIBRATION_SUITE, WORKLOADS};
 
-use crate::corpus::{self, Entry};
-use crate::figures::{json_of, run_quiet};
+use crate::rig::corpus::{self, Entry};
+use crate::rig::tool::{json_of, run_quiet};
 
 pub const METRICS: [(&str, &str); 3] = [
     ("ttft_ms", "TTFT"),

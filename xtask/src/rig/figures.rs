@@ -5,7 +5,7 @@
 //! `calibrate_args` say); the engine's own run-to-run distance (`inspect compare` of the
 //! `noise` capture and its `fit` twin) and prefix caching on against off (`inspect compare`
 //! of the two session captures). Writes `docs/fidelity-table.md` and the pooled figures
-//! under `docs/figures/`, then the held-out evaluation of corpus v2 ([`crate::heldout`]:
+//! under `docs/figures/`, then the held-out evaluation of corpus v2 ([`crate::rig::heldout`]:
 //! `docs/heldout-table.md`, its heatmap and step-class figures). The simulation runs on a virtual clock, so the output is the same
 //! on every run of the same binary.
 
@@ -18,7 +18,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::corpus::{self, Entry};
+use crate::rig::corpus::{self, Entry};
+use crate::rig::tool::{json_of, run_quiet};
 
 /// The figures kept per calibrated workload (the pooled cohort; calibrate also draws the
 /// per-cohort ones, left out to keep the repository small).
@@ -152,7 +153,7 @@ pub fn run(root: &Path, engine: &Path) -> Result<()> {
     let table = render(&results, &comparisons, &fig_root, &docs);
     let out = docs.join("fidelity-table.md");
     std::fs::write(&out, table).with_context(|| format!("writing {}", out.display()))?;
-    if let Some(held) = crate::heldout::write(engine, root, &work)? {
+    if let Some(held) = crate::rig::heldout::write(engine, root, &work)? {
         eprintln!("figures: wrote {}", held.display());
     }
     let _ = std::fs::remove_dir_all(&work);
@@ -165,31 +166,6 @@ pub fn run(root: &Path, engine: &Path) -> Result<()> {
         t0.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-pub(crate) fn run_quiet(cmd: &mut Command, what: &str) -> Result<()> {
-    let out = cmd.output().with_context(|| format!("running {what}"))?;
-    if !out.status.success() {
-        bail!(
-            "{what} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
-}
-
-/// The JSON a command prints (calibrate exits 1 when a cell is out of its default
-/// tolerance: the JSON is still the result).
-pub(crate) fn json_of(cmd: &mut Command, what: &str) -> Result<Value> {
-    let out = cmd.output().with_context(|| format!("running {what}"))?;
-    serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "{what} ({}) printed no JSON: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 /// Move the [`KEPT`] figures of `from` into `to`.

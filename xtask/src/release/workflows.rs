@@ -154,7 +154,7 @@ mod tests {
     fn the_ci_workflow_runs_every_ci_stage_and_a_job_per_line() {
         let root = crate::root();
         let ci = std::fs::read_to_string(root.join(".github/workflows/ci.yml")).unwrap();
-        for (stage, _) in crate::ci::stages(&root) {
+        for (stage, _) in crate::release::ci::stages(&root) {
             // fetch and e2e are split per line / per frontend: their xtask commands appear
             let how = match stage {
                 "fetch" => "cargo xtask fetch".to_string(),

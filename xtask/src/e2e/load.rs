@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Result, anyhow, ensure};
 use serde_json::{Value, json};
 
-use crate::checks::{Ctx, metric, metrics, poll, post_json, usage};
+use crate::e2e::checks::{Ctx, metric, metrics, poll, post_json, usage};
 use crate::http::{Client, Sample, metric_sum, parse_metrics, snippet};
 
 /// What a `/metrics` poller saw while a load ran.
