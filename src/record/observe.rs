@@ -30,8 +30,8 @@ use sim_protocol::{
 use sim_trace::steps::{StepPrefixCache, StepSpecDecoding, StepStats};
 use sim_trace::trace::{BlockHash, ItlCtx, TraceMeta, TraceRecord, TraceWriter};
 
+use super::handoff::Seen;
 use super::handoff::{Recv, SeenReceiver};
-use super::relay::Seen;
 use crate::play::block_hash::{self, ExtraKey};
 use crate::play::timer::now_monotonic;
 
