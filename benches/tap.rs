@@ -242,8 +242,8 @@ async fn throughput(p: &mut Pair, messages: usize) -> f64 {
 
 /// The observer alone: how many output messages per second it decodes and follows.
 fn observer_capacity(messages: usize, trace: &PathBuf) -> f64 {
+    use vllm_vcr::record::handoff::Seen;
     use vllm_vcr::record::observe::{Observer, ObserverConfig};
-    use vllm_vcr::record::relay::Seen;
     let _ = std::fs::remove_file(trace);
     let obs = Observer::create(ObserverConfig {
         max_frame_bytes: usize::MAX,

@@ -1,17 +1,49 @@
-//! The queue from the relay to the observer: unbounded (the relay never waits, nothing is
-//! dropped) and cheap for the relay. A `std::sync::mpsc` channel woke the observer's thread
-//! on almost every message (a futex syscall on the relay's path, and a thread competing
-//! for a core at the moment the next message is due). Here the relay only appends under a
-//! mutex; the observer takes everything queued at once and, while messages keep coming,
-//! comes back on its own: [`POLL`] after a look that found some, twice as long after each
-//! that found none (up to [`POLL_MAX`]), so a slow stream costs it no more looks than it
-//! has messages. Only after [`IDLE`] without any does it park, and then the next message
-//! wakes it: one wake-up per quiet spell, not per message.
+//! The queue from the relay to the observer, and what goes through it ([`Seen`]):
+//! unbounded (the relay never waits, nothing is dropped) and cheap for the relay. Waking
+//! the observer's thread per message would put a futex syscall on the relay's path and a
+//! thread competing for a core at the moment the next message is due, so the relay only
+//! appends under a mutex; the observer takes everything queued at once and, while
+//! messages keep coming, comes back on its own: [`POLL`] after a look that found some,
+//! twice as long after each that found none (up to [`POLL_MAX`]), so a slow stream costs
+//! it no more looks than it has messages. Only after [`IDLE`] without any does it park,
+//! and then the next message wakes it: one wake-up per quiet spell, not per message.
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::relay::Seen;
+use bytes::Bytes;
+
+/// A copy of what crossed the tap, for the observer. `t` is the tap's receive time on the
+/// monotonic clock (seconds), taken before the frame is forwarded.
+#[derive(Debug)]
+pub enum Seen {
+    /// An engine's ready response on client `client`'s input socket.
+    Ready {
+        engine: Bytes,
+        client: usize,
+        payload: Bytes,
+    },
+    /// A frontend → engine message `[type, payload, aux…]`.
+    Input {
+        t: f64,
+        client: usize,
+        engine: Bytes,
+        frames: Vec<Bytes>,
+    },
+    /// An engine → frontend message `[payload, aux…]`.
+    Output {
+        t: f64,
+        client: usize,
+        frames: Vec<Bytes>,
+    },
+    /// An engine's connection closed.
+    EngineGone { engine: Bytes },
+    /// A message larger than `--max-frame-size` was relayed without being buffered, so it
+    /// cannot be decoded.
+    Streamed { what: String },
+    /// The capture ends; in-flight requests are written as incomplete with this reason.
+    Stop { reason: String },
+}
 
 /// How long the observer sleeps after a look at the queue that found messages.
 pub const POLL: Duration = Duration::from_millis(1);

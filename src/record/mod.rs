@@ -24,8 +24,9 @@ use sim_trace::config_hash::ConfigFingerprint;
 use sim_trace::host::{HostCpu, parse_cpuinfo};
 use tokio::sync::{mpsc, watch};
 
+use handoff::Seen;
 use observe::{MetaOverrides, Observer, ObserverConfig, Summary};
-use relay::{Event, RelayConfig, Seen};
+use relay::{Event, RelayConfig};
 
 /// Sit between a real vLLM frontend and a real engine-core, relay every frame unchanged,
 /// and write a JSONL trace of every request (and optionally of every engine step).

@@ -22,12 +22,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
+pub use serve::PERFETTO_UI_PORT;
 pub use timeline::{Summary, convert};
-
-/// The only port the hosted UI (ui.perfetto.dev) may fetch from: its Content-Security-Policy
-/// allows `http://127.0.0.1:9001` (trace_processor's port, which Perfetto's own
-/// `open_trace_in_ui` script reuses for this reason).
-pub const PERFETTO_UI_PORT: u16 = 9001;
 
 #[derive(Debug, Clone, Args)]
 pub struct PerfettoArgs {

@@ -105,10 +105,10 @@ const SEQUENCE: u64 = 1;
 /// once costs more than writing it).
 const MAX_INTERNED_NAMES: usize = 4096;
 
-/// A multiply-rotate hash for the writer's own small keys (ids, a handful of names). The
-/// std default, SipHash, was 15 % of writing a protobuf trace, every slice looking up its
-/// track and three names; resistance to chosen keys does not matter for keys the program
-/// makes itself.
+/// A multiply-rotate hash for the writer's own small keys (ids, a handful of names): every
+/// slice looks up its track and three names, so the hash is on the writer's hot path, and
+/// resistance to chosen keys (what SipHash, the std default, pays for) does not matter for
+/// keys the program makes itself.
 #[derive(Default, Clone, Copy)]
 struct QuickHasher(u64);
 

@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
-use super::PERFETTO_UI_PORT;
+/// The only port the hosted UI (ui.perfetto.dev) may fetch from: its Content-Security-Policy
+/// allows `http://127.0.0.1:9001` (trace_processor's port, which Perfetto's own
+/// `open_trace_in_ui` script reuses for this reason).
+pub const PERFETTO_UI_PORT: u16 = 9001;
 
 /// The file's name as a URL path segment (characters outside `[A-Za-z0-9._-]` → `_`).
 pub fn url_name(path: &Path) -> String {

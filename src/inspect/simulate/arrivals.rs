@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use super::RunOptions;
+use super::options::RunOptions;
 use super::workload::{Children, Sessions, Turn, Workload, duration_ms};
 
 pub struct Arrivals<'a> {

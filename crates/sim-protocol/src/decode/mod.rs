@@ -12,6 +12,7 @@
 
 mod input;
 mod output;
+mod structured;
 pub(crate) mod value;
 
 use std::fmt;

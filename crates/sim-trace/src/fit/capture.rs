@@ -23,13 +23,22 @@
 //! reports) still give their gaps, each a decode step of `itl_ctx.num_running` decodes, when
 //! there is no sidecar.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use super::FitError;
-use super::FitInput;
+use super::error::FitError;
 use super::model::ModelSource;
 use crate::steps::StepStatsReader;
 use crate::trace::{TraceError, TraceItem, TraceReader, TraceRecord, record_name};
+
+/// A capture to fit: a trace (`record --trace-out`) and, optionally, its step-stats sidecar
+/// (`record --step-stats-out`). `.gz` files are read transparently.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FitInput {
+    /// The request trace.
+    pub trace: PathBuf,
+    /// The step-stats sidecar written by the same capture, if any.
+    pub steps: Option<PathBuf>,
+}
 
 /// Token times this close to a step's time belong to it. The trace keeps times to the
 /// microsecond, and a token time adds up to a few hundred rounded gaps (6 µs apart at

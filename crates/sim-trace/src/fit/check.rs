@@ -11,10 +11,12 @@
 use std::collections::BTreeMap;
 
 use super::capture;
+use super::capture::FitInput;
+use super::error::FitError;
+use super::features::{Kind, Obs};
 use super::model::FittedModel;
-use super::observe::{self, Kind, Obs};
+use super::observe;
 use super::residual;
-use super::{FitError, FitInput};
 
 /// The quantile levels of a [`ClassCheck`].
 pub const CHECK_LEVELS: [f64; 5] = [0.1, 0.5, 0.9, 0.99, 0.999];

@@ -8,8 +8,9 @@
 //! bin. The nearest state of a step with prefill work is the prefill class of its
 //! prefilled tokens, else the closest class by ratio of sizes.
 
+use super::features::NF;
 use super::model::{DecodeBin, FittedModel, PrefillClass};
-use super::observe::{AfterPrefill, NF, mean_burst};
+use super::observe::{AfterPrefill, mean_burst};
 use super::residual;
 use crate::latency::{LatencyModel, StepShape, StepTiming};
 
@@ -91,8 +92,8 @@ impl FittedModel {
 
     /// The ratio at `u` of the state an observation of this kind belongs to (decodes of
     /// `burst` tokens each for a decode step).
-    pub(crate) fn ratio_of(&self, kind: super::observe::Kind, burst: Option<u32>, u: f64) -> f64 {
-        use super::observe::Kind;
+    pub(crate) fn ratio_of(&self, kind: super::features::Kind, burst: Option<u32>, u: f64) -> f64 {
+        use super::features::Kind;
         match kind {
             Kind::Decode { decodes, .. } => {
                 let Some(b) = self.decode_bin(decodes) else {

@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use super::features::{Kind, Obs, TERMS};
+use super::format::{FORMAT, VERSION};
 use super::model::{
-    Bursts, DecodeBin, FORMAT, FittedModel, ModelMeta, ModelSource, PrefillClass, RatioCell,
-    StepLaw, VERSION,
+    Bursts, DecodeBin, FittedModel, ModelMeta, ModelSource, PrefillClass, RatioCell, StepLaw,
 };
-use super::observe::{Kind, Obs, TERMS};
 use super::regress;
 use super::residual::{self, LEVELS, MIN_CELL};
 

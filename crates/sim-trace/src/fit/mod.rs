@@ -39,105 +39,31 @@
 //! steps into observations (durations corrected for idle time, chunked prefills summed over
 //! the steps that computed them); `regress` selects and fits the law; `residual` keeps the
 //! ratio distributions; `estimate` builds the model from them; `model` is the file;
-//! `draw` paces an engine.
+//! `draw` paces an engine. The leaves they share sit below them all: `features` (the
+//! law's terms and one observation), `format` (the model file's identity) and `error`.
 
 mod capture;
 mod check;
 mod draw;
+mod error;
 mod estimate;
+mod features;
+mod format;
 mod model;
 mod observe;
 mod regress;
 mod residual;
 
-use std::path::PathBuf;
-
-use crate::trace::TraceError;
-
+pub use capture::FitInput;
 pub use check::{CHECK_LEVELS, ClassCheck, StepCheck, StepClass, check_steps, host_speed};
 pub use draw::FittedLatency;
+pub use error::FitError;
+pub use format::{FORMAT, VERSION};
 pub use model::{
-    Bursts, DecodeBin, FORMAT, FittedModel, InputKind, ModelMeta, ModelSource, PrefillClass,
-    RatioCell, StepLaw, VERSION, sniff,
+    Bursts, DecodeBin, FittedModel, InputKind, ModelMeta, ModelSource, PrefillClass, RatioCell,
+    StepLaw, sniff,
 };
 pub use regress::TermFit;
-
-/// A capture to fit: a trace (`record --trace-out`) and, optionally, its step-stats sidecar
-/// (`record --step-stats-out`). `.gz` files are read transparently.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FitInput {
-    /// The request trace.
-    pub trace: PathBuf,
-    /// The step-stats sidecar written by the same capture, if any.
-    pub steps: Option<PathBuf>,
-}
-
-/// Why a fit, or reading or writing a model file, failed.
-#[derive(Debug, thiserror::Error)]
-pub enum FitError {
-    /// A trace or sidecar could not be read.
-    #[error(transparent)]
-    Trace(#[from] TraceError),
-    /// A model file could not be read or written.
-    #[error("{}: {cause}", path.display())]
-    Io {
-        /// The model file.
-        path: PathBuf,
-        /// What the OS said.
-        cause: std::io::Error,
-    },
-    /// The file is not JSON of a model's shape.
-    #[error("{}: not a vllm-vcr latency model file: {cause}", path.display())]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// What serde said.
-        cause: serde_json::Error,
-    },
-    /// The file is of another format or version.
-    #[error(
-        "{}: {found} is not a latency model this build reads (it reads format {FORMAT:?} version {VERSION}; refit with `vllm-vcr inspect fit TRACE --steps SIDECAR -o MODEL`)",
-        path.display()
-    )]
-    Version {
-        /// The file.
-        path: PathBuf,
-        /// What the file claims to be.
-        found: String,
-    },
-    /// The file has the right format but impossible contents.
-    #[error("{}: invalid latency model: {why}", path.display())]
-    Invalid {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        why: String,
-    },
-    /// A sidecar that does not belong to its trace: their steps do not line up.
-    #[error(
-        "{}: only {matched} of the {total} token times of {} fall on one of its steps: it is not that trace's step-stats sidecar (--steps pairs with the traces in order)",
-        steps.display(),
-        trace.display()
-    )]
-    Mismatch {
-        /// The trace.
-        trace: PathBuf,
-        /// The sidecar given with it.
-        steps: PathBuf,
-        /// Token times of the trace that fell on a sidecar step.
-        matched: u64,
-        /// Token times of the trace.
-        total: u64,
-    },
-    /// The captures hold no step with a usable duration.
-    #[error(
-        "nothing to fit: the captures hold no engine step with a duration (a trace from `vllm-vcr record`, ideally with its --step-stats-out sidecar)"
-    )]
-    NoSteps,
-    /// The model could not be encoded (never happens with finite numbers).
-    #[error("encoding the model: {0}")]
-    Encode(serde_json::Error),
-}
 
 /// Fit a model to captures: read every trace (and sidecar), reconstruct the engine steps,
 /// fit the law and keep the ratio distributions. Memory grows with the captured steps
@@ -219,7 +145,7 @@ pub fn fit_with(inputs: &[FitInput], opts: &FitOptions) -> Result<FittedModel, F
 fn fit_speeds(
     caps: &[capture::Capture],
     spans: &[std::ops::Range<usize>],
-    obs: &mut [observe::Obs],
+    obs: &mut [features::Obs],
     bursts: &[u64],
     decay: f64,
     per_capture_speed: bool,

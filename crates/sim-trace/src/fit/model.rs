@@ -11,16 +11,11 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::FitError;
-use super::observe::NF;
+use super::error::FitError;
+use super::features::NF;
+use super::format::{FORMAT, VERSION};
 use super::regress::{self, TermFit};
 use crate::latency::{MAX_DURATION_MS, is_sane_ms, show_number};
-
-/// The `format` of a model file.
-pub const FORMAT: &str = "vllm-vcr-latency-model";
-/// The model file version this build writes and reads (1 was the batch-quantile model of
-/// earlier builds).
-pub const VERSION: u32 = 2;
 
 /// The largest model file read: fitted models are a few KB.
 const MAX_MODEL_BYTES: usize = 16 << 20;

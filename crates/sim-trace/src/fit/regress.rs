@@ -23,7 +23,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::observe::{NF, Obs, TERMS};
+use super::features::{NF, Obs, TERMS};
 
 /// Standard errors a kept coefficient must be away from zero.
 pub(crate) const MIN_T: f64 = 3.0;

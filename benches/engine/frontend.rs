@@ -1,0 +1,138 @@
+//! Through a real frontend: `vllm-rs` in front of `play`, loaded by `vllm-rs bench serve`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::process::{Engine, cpu_seconds, free_port, wait_health};
+
+pub(crate) struct FrontendResult {
+    pub(crate) output_tok_s: f64,
+    pub(crate) engine_cpu: f64,
+    pub(crate) frontend_cpu: f64,
+    pub(crate) wall: f64,
+    pub(crate) concurrency: usize,
+}
+
+pub(crate) fn vllm_rs_path() -> Option<PathBuf> {
+    let home = std::env::var_os("VLLM_VCR_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/vllm-vcr")))?;
+    let p = home.join("vllm-rs/0.33.0/vllm-rs");
+    p.exists().then_some(p)
+}
+
+pub(crate) fn frontend_run(
+    dir: &Path,
+    concurrency: usize,
+    prompts: usize,
+) -> Option<FrontendResult> {
+    let rs = vllm_rs_path()?;
+    std::fs::create_dir_all(dir).ok()?;
+    let model = dir.join("model");
+    vllm_vcr::tiny_model::write_to(&model).unwrap();
+    let (hp, port) = (free_port(), free_port());
+    let mut front = Command::new(&rs)
+        .args([
+            "serve",
+            model.to_str().unwrap(),
+            "--data-parallel-size-local",
+            "0",
+        ])
+        .args([
+            "--handshake-host",
+            "127.0.0.1",
+            "--handshake-port",
+            &hp.to_string(),
+        ])
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args([
+            "--served-model-name",
+            "tiny",
+            "--reasoning-parser",
+            "none",
+            "--disable-log-stats",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("frontend.log")).unwrap())
+        .spawn()
+        .ok()?;
+    let engine = Engine::start(
+        &format!("tcp://127.0.0.1:{hp}"),
+        &["--max-num-seqs", "1024"],
+        &dir.join("engine-frontend.log"),
+    );
+    if !wait_health(port, Duration::from_secs(30)) {
+        let _ = front.kill();
+        engine.stop();
+        return None;
+    }
+    let (fcpu0, ecpu0) = (cpu_seconds(front.id()), cpu_seconds(engine.child.id()));
+    let start = Instant::now();
+    let out = Command::new(&rs)
+        .args([
+            "bench",
+            "serve",
+            "--port",
+            &port.to_string(),
+            "--model",
+            "tiny",
+        ])
+        .args([
+            "--tokenizer",
+            model.to_str().unwrap(),
+            "--dataset-name",
+            "random",
+        ])
+        .args(["--random-input-len", "64", "--random-output-len", "256"])
+        .args(["--num-prompts", &prompts.to_string()])
+        .args(["--max-concurrency", &concurrency.to_string()])
+        .args(["--prompt-token-ids", "--disable-tqdm", "--ignore-eos"])
+        .args(["--save-result", "--result-dir", dir.to_str().unwrap()])
+        .output()
+        .ok()?;
+    let wall = start.elapsed().as_secs_f64();
+    let (fcpu, ecpu) = (
+        cpu_seconds(front.id()) - fcpu0,
+        cpu_seconds(engine.child.id()) - ecpu0,
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(front.id() as i32, libc::SIGTERM) };
+    let _ = front.wait();
+    engine.stop();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    std::fs::write(dir.join("bench-serve.txt"), &text).ok();
+    if !out.status.success() {
+        eprintln!(
+            "vllm-rs bench serve failed:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    let output_tok_s = result_json_value(dir, "output_throughput").or_else(|| {
+        text.lines()
+            .find(|l| l.to_lowercase().contains("output token throughput"))
+            .and_then(|l| l.split_whitespace().last()?.parse().ok())
+    })?;
+    Some(FrontendResult {
+        output_tok_s,
+        engine_cpu: ecpu,
+        frontend_cpu: fcpu,
+        wall,
+        concurrency,
+    })
+}
+
+pub(crate) fn result_json_value(dir: &Path, key: &str) -> Option<f64> {
+    for e in std::fs::read_dir(dir).ok()? {
+        let p = e.ok()?.path();
+        if p.extension().is_some_and(|x| x == "json") {
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&p).ok()?).ok()?;
+            if let Some(x) = v.get(key).and_then(|x| x.as_f64()) {
+                return Some(x);
+            }
+        }
+    }
+    None
+}

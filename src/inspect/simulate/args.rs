@@ -1,0 +1,205 @@
+//! The flags of `inspect simulate`, and how the arrival flags become a run's options.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use super::options::{RunOptions, notes};
+use super::workload::{Sessions, Workload, duration_ms};
+use crate::play::EngineArgs;
+
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// The trace whose requests to simulate: a capture (`record --trace-out`), or a public
+    /// workload converted with `inspect convert` (`.gz` read transparently).
+    pub trace: PathBuf,
+
+    #[command(flatten)]
+    pub arrivals: ArrivalArgs,
+
+    /// Simulate only the first N requests (in arrival order).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub requests: Option<u64>,
+
+    /// Write the simulated trace here (the capture schema: a meta line with the engine's
+    /// configuration, then one record per request, in finish order; `.gz` compresses, `-`
+    /// is standard output and sends the summary to standard error).
+    #[arg(long, value_name = "PATH")]
+    pub dump_trace: Option<PathBuf>,
+
+    /// Write every request's output token ids into the --dump-trace records (like
+    /// `record --record-tokens`).
+    #[arg(long, requires = "dump_trace")]
+    pub record_tokens: bool,
+
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten, next_help_heading = "Engine (the flags of `play`)")]
+    pub engine: EngineArgs,
+}
+
+/// How the workload arrives, and whether prompts share their prefixes: shared by `inspect
+/// simulate` and `inspect calibrate`.
+#[derive(Debug, Clone, Args)]
+pub struct ArrivalArgs {
+    /// Open loop (the default): every request arrives at its recorded `arrival_ms`
+    /// offset, whatever the engine does. Records without one arrive at 0.
+    #[arg(long, conflicts_with = "replay_sessions")]
+    pub replay_arrivals: bool,
+
+    /// Closed loop over sessions inferred from the block-hash chains: a record continues
+    /// the latest earlier record whose complete blocks are a prefix of its prompt (the
+    /// longest such), and arrives when that parent finished in the simulation plus the
+    /// recorded think gap (its arrival − the parent's recorded arrival, TTFT and gaps;
+    /// ≥ 0). Records that continue none arrive at their recorded offset.
+    #[arg(long)]
+    pub replay_sessions: bool,
+
+    /// No prefix reuse between requests: every block of every prompt is unique to its
+    /// request (the workload without its shared prefixes).
+    #[arg(long)]
+    pub cold_prompts: bool,
+
+    /// Closed loop at N requests in flight, as a load generator with a concurrency cap
+    /// (`bench serve --max-concurrency N`) sends them: in arrival order, the first N (and
+    /// any before the capture first had N in flight) when the load generator sent them
+    /// (a record's arrival is its engine's QUEUED time; one queued within 1 ms of an
+    /// earlier one's first token was sent with that one), or when a slot frees if later;
+    /// then each next one the moment a request finishes in the simulation (plus
+    /// --replay-think-ms; the recorded arrivals of the later requests are not used). `auto`: N is the capture's concurrency — the largest of the
+    /// records' `concurrency`, else the most requests in flight at once by the recorded
+    /// arrivals and ends. With --replay-sessions, N counts sessions, as a multi-turn load
+    /// generator keeps N conversations going: the first N sessions start at their
+    /// recorded offsets, each next one when a session's last turn finishes (plus
+    /// --replay-think-ms); `auto` is then the most sessions in flight at once in the
+    /// capture (a session spans its first arrival to its last recorded end).
+    #[arg(
+        long,
+        value_name = "N|auto",
+        value_parser = parse_replay_concurrency,
+        conflicts_with = "replay_arrivals"
+    )]
+    pub replay_concurrency: Option<ReplayConcurrency>,
+
+    /// With --replay-concurrency: the time from a finish to the next request's (or
+    /// session's) arrival at the engine. Default: the capture's own turnaround when its
+    /// tap recorded each send (`sent_ms`): the median time from a finish to the next send,
+    /// plus the time a send took to reach an idle engine — a few ms, enough that the next
+    /// request misses the step that starts as the last one finishes, as on the real
+    /// engine; 0 for traces without sends (and for sessions, whose turns keep their own
+    /// recorded gaps). `calibrate-e2e` sends through a real frontend, which takes its own
+    /// turnaround: there the default is 0.
+    #[arg(long, value_name = "MS", requires = "replay_concurrency", value_parser = parse_think_ms)]
+    pub replay_think_ms: Option<f64>,
+}
+
+fn parse_think_ms(s: &str) -> std::result::Result<f64, String> {
+    let max = sim_trace::latency::MAX_DURATION_MS;
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=max).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a time in ms from 0 to {max} (a day)")),
+    }
+}
+
+/// `--replay-concurrency`: a number of requests in flight, or the capture's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ReplayConcurrency {
+    Fixed(usize),
+    Auto,
+}
+
+fn parse_replay_concurrency(s: &str) -> std::result::Result<ReplayConcurrency, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(ReplayConcurrency::Auto);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(ReplayConcurrency::Fixed(n)),
+        _ => Err(format!(
+            "`{s}` is not a number of requests in flight (1 or more) or `auto`"
+        )),
+    }
+}
+
+impl ArrivalArgs {
+    /// Resolve the arrival mode for `work` (printing notes on it) into run options.
+    pub fn options(&self, work: &Workload, engine: &EngineArgs) -> Result<RunOptions> {
+        let concurrency = self.resolve(work)?;
+        notes(self.replay_sessions, work, engine);
+        let think = match (self.replay_think_ms, concurrency) {
+            (None, Some(c)) if !self.replay_sessions => {
+                duration_ms(work.turnaround_ms(work.ramp(c)).unwrap_or(0.0))
+            }
+            _ => self.think(),
+        };
+        Ok(RunOptions {
+            replay_sessions: self.replay_sessions,
+            concurrency,
+            think,
+            cold_prompts: self.cold_prompts,
+            hash_blocks: None,
+            record_tokens: false,
+        })
+    }
+
+    /// The arrival mode, for `--json`: `sessions`, `concurrency` or `recorded`.
+    pub fn mode(&self, concurrency: Option<usize>) -> &'static str {
+        if self.replay_sessions {
+            if concurrency.is_some() {
+                "sessions-concurrency"
+            } else {
+                "sessions"
+            }
+        } else if concurrency.is_some() {
+            "concurrency"
+        } else {
+            "recorded"
+        }
+    }
+
+    /// The number of requests in flight for `work`, when closed loop.
+    pub fn resolve(&self, work: &Workload) -> Result<Option<usize>> {
+        Ok(match self.replay_concurrency {
+            None => None,
+            Some(ReplayConcurrency::Fixed(n)) => Some(n),
+            Some(ReplayConcurrency::Auto) if self.replay_sessions => Some(
+                Sessions::of(&work.sessions())
+                    .captured_concurrency(work)
+                    .context(
+                        "--replay-concurrency auto: the trace tells no session concurrency (no record has both an arrival_ms and a ttft_ms): pass a number",
+                    )?,
+            ),
+            Some(ReplayConcurrency::Auto) => Some(work.captured_concurrency().context(
+                "--replay-concurrency auto: the trace tells no concurrency (no record has `concurrency`, nor both an arrival_ms and a ttft_ms): pass a number",
+            )?),
+        })
+    }
+
+    /// The time from a finish to the next arrival.
+    pub fn think(&self) -> Duration {
+        duration_ms(self.replay_think_ms.unwrap_or(0.0))
+    }
+
+    /// The report's words for the arrivals: `closed loop, N in flight (…)`.
+    pub fn describe(&self, n: usize, think: Duration) -> String {
+        let how = match self.replay_concurrency {
+            Some(ReplayConcurrency::Auto) => " (auto: the capture's)",
+            _ => "",
+        };
+        let ms = think.as_secs_f64() * 1e3;
+        let when = match self.replay_think_ms {
+            Some(t) if t > 0.0 => format!("{t} ms after one finishes"),
+            None if ms > 0.0 => format!("{ms:.2} ms after one finishes (the capture's turnaround)"),
+            _ => "when one finishes".to_string(),
+        };
+        if self.replay_sessions {
+            return format!(
+                "closed loop over sessions, {n} in flight{how}, each next session {when}"
+            );
+        }
+        format!("closed loop, {n} in flight{how}, each next request {when}")
+    }
+}
