@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use vcr_host::child::{ChildGuard, free_ports, tail};
 use vcr_host::frontends;
 
-use crate::play::pooling::Runner;
+use crate::play::content::pooling::Runner;
 use crate::play::{PlayArgs, TokenMode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

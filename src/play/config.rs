@@ -13,21 +13,21 @@ use sim_protocol::kv_events::KvEventsConfig;
 use sim_trace::fit::{FitInput, FittedModel};
 use sim_trace::latency::{self, Knobs, LatencyModel};
 
-use super::batch::ComposeRules;
-use super::constrained::{Shaping, ToolCalls};
 use super::engine_args::TtftMode;
-use super::failures::FailureInjector;
 use super::pd::PdConfig;
-use super::pooling::Runner;
-use super::queue_policy::SchedulingPolicy;
-use super::replay::ReplaySetup;
-use super::sim::SimEngine;
-use super::spec_decode::{SpecMetricsLevel, SpecModel};
-use super::text::TextTokens;
-use super::tokens::{EchoTokens, RandomTokens, TokenSource};
-use super::vocab::{self, Vocabulary};
 use super::{EngineArgs, PlayArgs, TokenMode};
 use crate::io_guard::{Named, check_outputs, named};
+use crate::play::content::constrained::{Shaping, ToolCalls};
+use crate::play::content::failures::FailureInjector;
+use crate::play::content::pooling::Runner;
+use crate::play::content::replay::ReplaySetup;
+use crate::play::content::spec_decode::{SpecMetricsLevel, SpecModel};
+use crate::play::content::text::TextTokens;
+use crate::play::content::tokens::{EchoTokens, RandomTokens, TokenSource};
+use crate::play::content::vocab::{self, Vocabulary};
+use crate::play::engine::batch::ComposeRules;
+use crate::play::engine::queue_policy::SchedulingPolicy;
+use crate::play::engine::sim::SimEngine;
 
 /// Engine settings, validated.
 #[derive(Debug, Clone)]
@@ -249,7 +249,7 @@ impl PlayConfig {
                     "--expect-config-hash checks the traces given to --latency-trace, --replay-tokens or --replay-steps, and none was given"
                 );
             }
-            super::replay::check_config_hash(expected, &paths)?;
+            crate::play::content::replay::check_config_hash(expected, &paths)?;
         }
         let vocab = match &a.tokenizer {
             Some(p) => Arc::new(Vocabulary::load(&vocab::model_dir_of(p))?),
@@ -276,7 +276,7 @@ impl PlayConfig {
         let kv_events = a
             .kv_events_config
             .as_deref()
-            .map(super::kv_events::parse_kv_events_config)
+            .map(crate::play::pd::kv_events::parse_kv_events_config)
             .transpose()
             .context("--kv-events-config")?;
         let spec = (a.num_speculative_tokens > 0)

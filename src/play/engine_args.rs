@@ -19,12 +19,12 @@ pub enum TtftMode {
     /// A per-request delay to the first token.
     Fixed,
 }
-use super::failures::FailureType;
 use super::pd::{LoadFailurePolicy, PdRole};
-use super::pooling::Runner;
-use super::queue_policy::SchedulingPolicy;
-use super::replay::{MatchMode, MissPolicy};
-use super::spec_decode::SpecMetricsLevel;
+use crate::play::content::failures::FailureType;
+use crate::play::content::pooling::Runner;
+use crate::play::content::replay::{MatchMode, MissPolicy};
+use crate::play::content::spec_decode::SpecMetricsLevel;
+use crate::play::engine::queue_policy::SchedulingPolicy;
 
 /// The KV-cache block size when `--block-size` is not given.
 pub const DEFAULT_BLOCK_SIZE: u64 = 16;

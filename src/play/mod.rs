@@ -1,35 +1,17 @@
 //! `vllm-vcr play`: a simulated vLLM engine-core behind a real frontend.
+//!
+//! Three rooms and the edge around them: `engine/` is the clock-free engine (the steps,
+//! the batch, the KV cache, the outputs), `content/` decides what a request's tokens are
+//! (random, echo, text, replayed, constrained, with logprobs, pooled, failed), `pd/` is
+//! what the engines say to their peers (P/D transfer, side channel, data plane, KV events).
+//! At the top: the flags, the checked configuration and the sockets' I/O loop.
 
-pub mod batch;
-pub mod block_hash;
 pub mod config;
-pub mod constrained;
-pub mod data_plane;
-pub mod emit;
+pub mod content;
+pub mod engine;
 pub mod engine_args;
-pub mod engine_core;
-pub mod failures;
 pub mod io;
-pub mod kv_cache;
-pub mod kv_events;
-pub mod logprobs;
-#[cfg(feature = "nixl")]
-pub mod nixl;
-pub mod offline;
 pub mod pd;
-pub mod pooling;
-pub mod queue_policy;
-pub mod replay;
-pub mod request;
-pub mod scripted;
-pub mod side_channel;
-pub mod sim;
-pub mod spec_decode;
-pub mod text;
-pub mod timer;
-pub mod tokens;
-pub mod utility;
-pub mod vocab;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};

@@ -32,8 +32,8 @@ use sim_trace::trace::{BlockHash, ItlCtx, TraceMeta, TraceRecord, TraceWriter};
 
 use super::handoff::{Recv, SeenReceiver};
 use super::relay::Seen;
-use crate::play::block_hash::{self, ExtraKey};
-use crate::play::timer::now_monotonic;
+use crate::play::engine::block_hash::{self, ExtraKey};
+use crate::play::engine::timer::now_monotonic;
 
 /// Meta fields given on the command line (they win over what the engine reports).
 #[derive(Debug, Clone, Default)]

@@ -47,7 +47,7 @@ use zeromq::{DealerSendHalf, DealerSocket, Socket, SocketRecv, SocketSend, ZmqMe
 use super::handoff::SeenSender;
 use sim_protocol::zmtp;
 
-use crate::play::timer::now_monotonic;
+use crate::play::engine::timer::now_monotonic;
 
 /// Where the tap sits.
 #[derive(Debug, Clone)]

@@ -25,7 +25,7 @@ use super::progress::Progress;
 use super::summarize::Summary;
 use crate::play::EngineArgs;
 use crate::play::config::PlayConfig;
-use crate::play::offline::OfflineDriver;
+use crate::play::engine::offline::OfflineDriver;
 use arrivals::Arrivals;
 pub use follow::Finished;
 use follow::Follower;
@@ -428,7 +428,7 @@ pub fn run_workload(
     let mut follower = Follower::new(
         opts.hash_blocks,
         opts.record_tokens,
-        crate::play::timer::instant_to_monotonic(driver.origin()),
+        crate::play::engine::timer::instant_to_monotonic(driver.origin()),
     );
     let mut finished = Vec::new();
     let mut progress = Progress::new("simulate:");

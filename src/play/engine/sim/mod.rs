@@ -27,19 +27,19 @@ use sim_trace::latency::{LatencyModel, StepTiming};
 use sim_trace::stats::Samples;
 
 use super::batch::{Batch, StepPlan};
-use super::config::EngineConfig;
 use super::emit::{Burst, emit, emit_into};
 use super::engine_core::{EngineCore, EngineInput, GrammarCompile, GrammarReady, Outbox};
-use super::kv_events::KvEventPublisher;
-use super::pooling::{PoolingRequest, Runner};
 use super::queue_policy::QueuePolicy;
-use super::replay::Replay;
 use super::request::SimRequest;
 use super::scripted::Scripts;
-use super::spec_decode::{RequestSpecTracker, SpecStepStats};
 use super::timer::instant_to_monotonic;
-use super::tokens::{SplitMix64, TokenSource, request_seed};
 use super::utility::{EngineView, PauseState, UtilityEffect, UtilityState};
+use crate::play::config::EngineConfig;
+use crate::play::content::pooling::{PoolingRequest, Runner};
+use crate::play::content::replay::Replay;
+use crate::play::content::spec_decode::{RequestSpecTracker, SpecStepStats};
+use crate::play::content::tokens::{SplitMix64, TokenSource, request_seed};
+use crate::play::pd::kv_events::KvEventPublisher;
 
 /// The P/D side of the engine: admission of transfer requests, the side channel's and
 /// the pulls' reports, and prefill requests that keep their KV.
@@ -78,7 +78,7 @@ pub struct SimEngine {
     lateness_us: Samples,
     kv_publisher: Option<KvEventPublisher>,
     /// Where a P/D prefill request's KV bytes are published (no-op unless NIXL).
-    data_plane: std::sync::Arc<dyn super::data_plane::DataPlane>,
+    data_plane: std::sync::Arc<dyn crate::play::pd::data_plane::DataPlane>,
     /// Recorded content and timing (`--replay-tokens`, `--replay-steps`).
     replay: Replay,
     /// Requests following their recorded timing.
@@ -167,7 +167,7 @@ impl SimEngine {
             // default million grew RSS by 0.24 MiB per 5 minutes of a soak at 100 steps/s
             lateness_us: Samples::with_capacity(1 << 16),
             kv_publisher: None,
-            data_plane: std::sync::Arc::new(super::data_plane::NoopDataPlane),
+            data_plane: std::sync::Arc::new(crate::play::pd::data_plane::NoopDataPlane),
             replay: Replay::default(),
             scripts: Scripts::default(),
             bad_frames: BadFrames::default(),
@@ -203,7 +203,10 @@ impl SimEngine {
     }
 
     /// The data plane a P/D prefill engine publishes finished requests' KV on.
-    pub fn set_data_plane(&mut self, plane: std::sync::Arc<dyn super::data_plane::DataPlane>) {
+    pub fn set_data_plane(
+        &mut self,
+        plane: std::sync::Arc<dyn crate::play::pd::data_plane::DataPlane>,
+    ) {
         self.data_plane = plane;
     }
 
@@ -488,7 +491,7 @@ impl SimEngine {
         &mut self,
         client: u32,
         req: Box<EngineCoreRequest>,
-        stream: Box<dyn super::tokens::TokenStream>,
+        stream: Box<dyn crate::play::content::tokens::TokenStream>,
         queued_at: Instant,
         now: Instant,
         out: &mut Outbox,

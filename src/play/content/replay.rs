@@ -16,9 +16,9 @@ use sim_protocol::{EngineCoreRequest, FinishReason};
 use sim_trace::replay::{ReplayIndex, ReplayLoadOptions};
 use sim_trace::trace::TraceReader;
 
-use super::block_hash::{self, ExtraKey};
 use super::tokens::{RecordedStream, TokenStream};
 use super::vocab::Vocabulary;
+use crate::play::engine::block_hash::{self, ExtraKey};
 
 /// How a request finds its record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Serialize)]

@@ -1,4 +1,4 @@
-//! `SimEngine`'s prefill/decode handling (see `play/pd.rs` for the protocol): which side
+//! `SimEngine`'s prefill/decode handling (see `play/pd/mod.rs` for the protocol): which side
 //! of a transfer a request is on, what the side channel and the pulls report, and the
 //! prefill requests whose blocks stay for a decode engine.
 
@@ -8,9 +8,9 @@ use rmpv::Value;
 use sim_protocol::{EngineCoreRequest, FinishReason};
 
 use super::super::engine_core::Outbox;
-use super::super::pd::{self, LoadFailurePolicy, PdEvent, PdRole, Pull};
 use super::super::request::SimRequest;
 use super::SimEngine;
+use crate::play::pd::{self, LoadFailurePolicy, PdEvent, PdRole, Pull};
 
 impl SimEngine {
     /// P/D on admission: which side of a transfer the request is on for this engine's
@@ -46,7 +46,7 @@ impl SimEngine {
                     request_id: r.id.to_string(),
                     engine_id: pd.engine_id.clone(),
                     remote,
-                    timeout: super::super::side_channel::PULL_TIMEOUT,
+                    timeout: crate::play::pd::side_channel::PULL_TIMEOUT,
                 })
             }
             // a decode engine cannot pull without the remote fields; vLLM would leave the
