@@ -646,9 +646,11 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         play.max_model_len = play.max_model_len.min(m);
     }
 
-    // the engine's flags are checked before anything starts; the traces it loads are kept
+    // the engine's flags are checked before anything starts; the files they name are kept
     // for the engine (read and logged once)
-    let replay = crate::play::config::PlayConfig::try_from(&play)?.replay;
+    crate::play::config::check_flags(&play)?;
+    let artifacts = crate::play::artifacts::Artifacts::load(&play)?;
+    crate::play::config::PlayConfig::new(&play, artifacts.clone())?;
     ensure_free(&args.host, args.port, "--port")?;
     let hs_port = match handshake_port(&args)? {
         0 => free_ports(1)?[0],
@@ -670,7 +672,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 .iter()
                 .map(|s| crate::io_guard::named("--replay-summary", s)),
         );
-        crate::io_guard::check_outputs(&crate::play::config::engine_inputs(&play), &outputs)?;
+        crate::io_guard::check_outputs(&crate::play::artifacts::engine_inputs(&play), &outputs)?;
     }
     // a fresh log per run; never unlink what is not a regular file (/dev/stderr)
     if std::fs::symlink_metadata(&log).is_ok_and(|m| m.is_file()) {
@@ -744,7 +746,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         }
     };
 
-    let engine_cfg = crate::play::config::PlayConfig::with_replay(&play, replay)?;
+    let engine_cfg = crate::play::config::PlayConfig::new(&play, artifacts)?;
     crate::errln!("starting the frontend (log: {})", log.display());
     let line = play.vllm_version;
     let mut cmd = cmd;

@@ -76,7 +76,7 @@ pub struct CalibrateE2eArgs {
 }
 
 pub fn run(a: &CalibrateE2eArgs) -> Result<()> {
-    if a.calibrate.engine.latency_trace.is_empty() {
+    if !a.calibrate.engine.uses_latency_model() {
         bail!(
             "calibrate-e2e runs `play` under a latency model: pass --latency-trace MODEL (from `inspect fit`)"
         );

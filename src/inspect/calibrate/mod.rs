@@ -226,7 +226,7 @@ pub fn run_with(
     }
     let (step_check, speed) = match &a.steps {
         Some(sidecar) => {
-            let m = crate::play::config::load_latency_model(
+            let m = crate::play::artifacts::load_latency_model(
                 &engine.latency_trace,
                 &engine.latency_steps,
             )?
@@ -450,7 +450,7 @@ pub fn check_calibrate_outputs(
 ) -> Result<()> {
     let mut inputs = vec![named("the trace", &a.trace)];
     inputs.extend(a.steps.iter().map(|p| named("--steps", p)));
-    inputs.extend(crate::play::config::engine_inputs(&a.engine));
+    inputs.extend(crate::play::artifacts::engine_inputs(&a.engine));
     inputs.extend(more_inputs.iter().cloned());
     let mut outputs: Vec<Named> = a
         .dump_samples

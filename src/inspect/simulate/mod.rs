@@ -622,7 +622,7 @@ pub fn notes(replay_sessions: bool, work: &Workload, engine: &EngineArgs) {
 }
 
 use crate::io_guard::{check_outputs, named};
-use crate::play::config::engine_inputs;
+use crate::play::artifacts::engine_inputs;
 
 /// Where simulated records go: the `--dump-trace` file, if any.
 struct Sink {

@@ -5,7 +5,7 @@
 use sim_protocol::{EngineCoreOutput, FinishReason, PrefillStats, RequestError, StopReason};
 
 use super::request::SimRequest;
-use crate::play::config::EngineConfig;
+use super::sim::config::EngineConfig;
 use crate::play::content::logprobs::{
     resolve_num_logprobs, sample_logprobs, sample_prompt_logprobs,
 };

@@ -34,16 +34,18 @@ use super::request::SimRequest;
 use super::scripted::Scripts;
 use super::timer::instant_to_monotonic;
 use super::utility::{EngineView, PauseState, UtilityEffect, UtilityState};
-use crate::play::config::EngineConfig;
 use crate::play::content::pooling::{PoolingRequest, Runner};
 use crate::play::content::replay::Replay;
 use crate::play::content::spec_decode::{RequestSpecTracker, SpecStepStats};
 use crate::play::content::tokens::{SplitMix64, TokenSource, request_seed};
 use crate::play::pd::kv_events::KvEventPublisher;
 
+pub mod config;
 /// The P/D side of the engine: admission of transfer requests, the side channel's and
 /// the pulls' reports, and prefill requests that keep their KV.
 mod pd_flow;
+
+pub use config::EngineConfig;
 
 /// A step emitted this late restarts the step clock at the moment it was emitted.
 const STALL: std::time::Duration = std::time::Duration::from_millis(20);
