@@ -19,32 +19,33 @@ use std::time::{Duration, Instant};
 use rmpv::Value;
 use sim_protocol::kv_events::KvEvent;
 use sim_protocol::{
-    CallId, EngineCoreEvent, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EventType,
-    FinishReason, InputMessage, RequestError, SchedulerStats, UtilityCall, UtilityOutput, VllmLine,
-    describe_lines,
+    CallId, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason, InputMessage,
+    UtilityCall, UtilityOutput,
 };
 use sim_trace::latency::{LatencyModel, StepTiming};
 use sim_trace::stats::Samples;
 
 use super::batch::{Batch, StepPlan};
-use super::emit::{Burst, emit, emit_into};
-use super::engine_core::{EngineCore, EngineInput, GrammarCompile, GrammarReady, Outbox};
+use super::engine_core::{EngineCore, EngineInput, Outbox};
 use super::queue_policy::QueuePolicy;
 use super::request::SimRequest;
 use super::scripted::Scripts;
 use super::timer::instant_to_monotonic;
 use super::utility::{EngineView, PauseState, UtilityEffect, UtilityState};
-use crate::play::content::pooling::{PoolingRequest, Runner};
 use crate::play::content::replay::Replay;
-use crate::play::content::spec_decode::{RequestSpecTracker, SpecStepStats};
-use crate::play::content::tokens::{SplitMix64, TokenSource, request_seed};
+use crate::play::content::spec_decode::SpecStepStats;
+use crate::play::content::tokens::{SplitMix64, TokenSource};
 use crate::play::pd::kv_events::KvEventPublisher;
 
+mod admit;
+mod bad_frames;
 pub mod config;
 /// The P/D side of the engine: admission of transfer requests, the side channel's and
 /// the pulls' reports, and prefill requests that keep their KV.
 mod pd_flow;
+mod steps;
 
+use bad_frames::BadFrames;
 pub use config::EngineConfig;
 
 /// A step emitted this late restarts the step clock at the moment it was emitted.
@@ -100,49 +101,6 @@ struct Compiling {
     req: Box<EngineCoreRequest>,
     /// When it was taken in: its QUEUED event's time once it joins the queue.
     queued_at: Instant,
-}
-
-/// Keeps a flood of undecodable frames from flooding the log.
-#[derive(Debug, Default)]
-struct BadFrames {
-    total: u64,
-    unreported: u64,
-    last_report: Option<Instant>,
-}
-
-impl BadFrames {
-    /// Logged one by one, up to this many.
-    const LOUD: u64 = 10;
-
-    /// Count a bad frame at `now`; `true` when it should be logged in full. Past the first
-    /// [`Self::LOUD`], a summary line comes at most once a second.
-    fn note(&mut self, now: Instant) -> bool {
-        self.total += 1;
-        if self.total <= Self::LOUD {
-            if self.total == Self::LOUD {
-                tracing::warn!(
-                    "{} undecodable frames so far: from now on they are counted, and reported once a second",
-                    self.total
-                );
-                self.last_report = Some(now);
-            }
-            return true;
-        }
-        self.unreported += 1;
-        if self
-            .last_report
-            .is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(1))
-        {
-            tracing::error!(
-                total = self.total,
-                "{} more undecodable frames dropped or rejected since the last report",
-                self.unreported
-            );
-            self.unreported = 0;
-            self.last_report = Some(now);
-        }
-        false
-    }
 }
 
 impl SimEngine {
@@ -267,315 +225,6 @@ impl SimEngine {
         }
     }
 
-    /// A request that never entered the engine (or leaves it at once) finishes with
-    /// `reason` and an optional error, the way vLLM answers rejected requests.
-    fn reject(
-        &self,
-        out: &mut Outbox,
-        client: u32,
-        request_id: &str,
-        reason: FinishReason,
-        error: Option<RequestError>,
-        now: Instant,
-    ) {
-        let error = if self.cfg.line.has_output_error() {
-            error
-        } else {
-            None
-        };
-        let o = EngineCoreOutput {
-            request_id: request_id.into(),
-            finish_reason: Some(reason),
-            error: error.map(Box::new),
-            ..Default::default()
-        };
-        let mut env = self.envelope(vec![o], now);
-        if self.cfg.report_finished {
-            env.finished_requests = Some(vec![request_id.to_string()]);
-        }
-        out.send(client, env);
-    }
-
-    /// Finish a request with `error` and vLLM's `RequestError` (on lines that carry it).
-    #[allow(clippy::too_many_arguments)]
-    fn reject_error(
-        &self,
-        out: &mut Outbox,
-        client: u32,
-        request_id: &str,
-        code: &str,
-        message: impl Into<String>,
-        retryable: bool,
-        now: Instant,
-    ) {
-        let error = RequestError {
-            code: code.into(),
-            message: message.into(),
-            retryable,
-        };
-        self.reject(
-            out,
-            client,
-            request_id,
-            FinishReason::Error,
-            Some(error),
-            now,
-        );
-    }
-
-    fn on_add(&mut self, client: u32, req: Box<EngineCoreRequest>, now: Instant, out: &mut Outbox) {
-        let client = if req.client_index != client && req.client_index != 0 {
-            req.client_index
-        } else {
-            client.max(req.client_index)
-        };
-        let id = req.request_id.as_str();
-        let expected = self.cfg.line.request_len();
-        if req.wire_len != expected {
-            let likely = VllmLine::lines_with_request_len(req.wire_len);
-            let guess = if likely.is_empty() {
-                "its line is none of the supported ones (vllm-vcr speaks 0.25–0.33)".to_string()
-            } else {
-                format!(
-                    "the frontend looks like vLLM {}. Restart vllm-vcr (play or serve) with --vllm-version set to the frontend's line",
-                    describe_lines(&likely)
-                )
-            };
-            let msg = format!(
-                "the frontend sent a {}-element EngineCoreRequest, but vLLM {} sends {}: {guess}",
-                req.wire_len, self.cfg.line, expected,
-            );
-            if self.warned_request_lens.insert(req.wire_len) {
-                tracing::error!(request_id = %id, "wire version mismatch: {msg}");
-            } else {
-                tracing::debug!(request_id = %id, "wire version mismatch");
-            }
-            // The reply must be readable by the frontend that sent the request, not only by
-            // the configured line: an `EngineCoreOutput` holding just the request id, no
-            // tokens and the finish reason has the same layout on every line (the fields that
-            // differ all come later and are trimmed), so vLLM's `error` field is added only
-            // when every line the frontend may be has it. A reply in the configured layout
-            // kills an older vllm-rs's output dispatcher, which then fails every request.
-            let error =
-                (!likely.is_empty() && likely.iter().all(|l| l.has_output_error())).then(|| {
-                    RequestError {
-                        code: "version_mismatch".into(),
-                        message: msg,
-                        retryable: false,
-                    }
-                });
-            self.reject(out, client, id, FinishReason::Error, error, now);
-            return;
-        }
-        if self.shutting_down {
-            tracing::info!(request_id = %id, "engine is shutting down: request aborted");
-            self.reject(out, client, id, FinishReason::Abort, None, now);
-            return;
-        }
-        if self.util.rejects_new_requests() {
-            let msg = "Generation is paused. Please retry after it resumes.";
-            self.reject_error(out, client, id, "engine_paused", msg, true, now);
-            return;
-        }
-        let pooling = self.cfg.runner == Runner::Pooling;
-        match (&req.sampling_params, pooling) {
-            (None, false) => {
-                let msg = "a pooling request reached a generating engine: start play with --runner pooling (and the frontend with --runner pooling) to serve embeddings";
-                self.reject_error(out, client, id, "validation_error", msg, false, now);
-                return;
-            }
-            (Some(_), true) => {
-                let msg = "a generation request reached a pooling engine (--runner pooling): it only serves embeddings";
-                self.reject_error(out, client, id, "validation_error", msg, false, now);
-                return;
-            }
-            _ => {}
-        }
-        if self.batch.contains(id) || self.compiling.contains_key(id) {
-            tracing::warn!(request_id = %id, "duplicate request id ignored");
-            return;
-        }
-        if req.prompt_len() as u64 >= self.cfg.max_model_len {
-            // vLLM's frontends refuse these; a client that does not would otherwise wait
-            // forever for a request no KV cache of this size can hold
-            let msg = format!(
-                "the prompt has {} tokens, and this engine's maximum model length is {} (the most its KV cache holds): at least one token must be left to generate",
-                req.prompt_len(),
-                self.cfg.max_model_len
-            );
-            tracing::warn!(request_id = %id, "{msg}");
-            self.reject_error(out, client, id, "validation_error", msg, false, now);
-            return;
-        }
-        if let Some(lora) = &req.lora_request {
-            // vLLM loads an adapter the first time a request names it.
-            self.util.register_lora(lora.int_id, &lora.name, &lora.path);
-        }
-        if self.cfg.log_requests {
-            tracing::info!(
-                request_id = %id,
-                engine = self.cfg.engine_index,
-                client,
-                prompt_tokens = req.prompt_len(),
-                max_tokens = ?req.sampling_params.as_ref().and_then(|s| s.max_tokens),
-                "request added"
-            );
-        }
-        let shaped = if pooling {
-            Ok(None)
-        } else {
-            self.cfg.shaping.plan(&req, self.cfg.seed)
-        };
-        let stream = match shaped {
-            Ok(Some(job)) => {
-                // its grammar compiles off the step loop; it waits (not scheduled) until
-                // the grammar is ready, and the other requests keep their pace
-                let request_id = id.to_string();
-                let queued_at = self.input_taken_at(now);
-                self.compiling.insert(
-                    request_id.clone(),
-                    Compiling {
-                        client,
-                        req,
-                        queued_at,
-                    },
-                );
-                out.compile(GrammarCompile { request_id, job });
-                return;
-            }
-            Ok(None) => self.tokens.stream_for(&req),
-            Err(msg) => {
-                self.reject_structured(out, client, id, msg, now);
-                return;
-            }
-        };
-        let queued_at = self.input_taken_at(now);
-        self.admit(client, req, stream, queued_at, now, out);
-    }
-
-    /// A request's structured outputs cannot be generated: finish it with the reason.
-    fn reject_structured(
-        &self,
-        out: &mut Outbox,
-        client: u32,
-        id: &str,
-        msg: String,
-        now: Instant,
-    ) {
-        tracing::warn!(request_id = %id, "{msg}");
-        // `validation_error`: the one non-retryable code both frontends turn into an
-        // answer that carries the message (HTTP 400); any other code reaches a vllm-rs
-        // client as a bare "Internal server error"
-        let msg = format!("structured_output_unsupported: {msg}");
-        self.reject_error(out, client, id, "validation_error", msg, false, now);
-    }
-
-    /// A request's grammar is compiled: the request joins the waiting queue (its QUEUED
-    /// event keeps its arrival), or finishes with the reason its grammar failed.
-    fn on_grammar(&mut self, ready: GrammarReady, now: Instant, out: &mut Outbox) {
-        let Some(c) = self.compiling.remove(&ready.request_id) else {
-            tracing::debug!(request_id = %ready.request_id, "grammar of an aborted request dropped");
-            return;
-        };
-        match ready.result {
-            Ok(stream) => self.admit(c.client, c.req, stream, c.queued_at, now, out),
-            Err(msg) => {
-                self.reject_structured(out, c.client, &ready.request_id, msg, now);
-                self.complete_drain(now, out);
-            }
-        }
-    }
-
-    /// Admit a validated request whose token stream is ready: replay, the P/D role,
-    /// failures and spec decoding set it up, and it joins the waiting queue as of
-    /// `queued_at`.
-    fn admit(
-        &mut self,
-        client: u32,
-        req: Box<EngineCoreRequest>,
-        stream: Box<dyn crate::play::content::tokens::TokenStream>,
-        queued_at: Instant,
-        now: Instant,
-        out: &mut Outbox,
-    ) {
-        let id = req.request_id.as_str();
-        let pooling = self.cfg.runner == Runner::Pooling;
-        let served = match self.replay.resolve(&req, stream, self.cfg.log_requests) {
-            Ok(served) => served,
-            Err(msg) => {
-                // `validation_error`, so that the client reads why (see above)
-                let msg = format!("replay_miss: {msg}");
-                self.reject_error(out, client, id, "validation_error", msg, false, now);
-                return;
-            }
-        };
-        let script = served.script;
-        let mut r = SimRequest::new(&req, served.stream, 0);
-        if let Some((len, reason)) = served.recorded_end {
-            // the stream ends where the capture did
-            r.max_tokens = Some(r.max_tokens.map_or(len, |m| m.min(len)));
-            r.recorded_end = Some((len, reason));
-        }
-        r.client = client;
-        if pooling {
-            r.pooling = Some(PoolingRequest::from_params(req.pooling_params.as_ref()));
-        }
-        r.rng = SplitMix64(request_seed(self.cfg.seed ^ 0x1f1f, &r.id));
-        if let Some(f) = &self.cfg.failures {
-            r.failure = f.decide_bounded(&mut r.rng, r.min_tokens, r.max_tokens);
-        }
-        let k = self
-            .cfg
-            .spec
-            .map(|m| m.num_spec_tokens)
-            .or_else(|| self.latency.num_spec_tokens());
-        if let Some(k) = k {
-            r.spec = RequestSpecTracker::for_level(self.cfg.spec_metrics, k);
-        }
-        r.held = self.util.holds_new_requests();
-        if let Some((mean, std)) = self.cfg.fixed_ttft_ms {
-            let ms = lognormal(&mut r.rng, mean, std);
-            r.not_before = Some(now + sim_trace::latency::duration_from_ms(ms));
-        }
-        let pull = self.pd_admit(&mut r, &req);
-        let id = r.id.clone();
-        match script {
-            Some(s) if !self.cfg.modeled_prefill => {
-                // the recorded TTFT includes the recorded queueing: follow it verbatim
-                for kind in [EventType::Queued, EventType::Scheduled] {
-                    r.pending_events.push(EngineCoreEvent {
-                        kind,
-                        timestamp: instant_to_monotonic(now),
-                    });
-                }
-                let due = now + self.scaled(s.ttft);
-                self.scripts.insert(r, s, 0, due);
-                return;
-            }
-            Some(s) => {
-                r.script = Some(s);
-                self.batch.insert(r, queued_at);
-            }
-            None => self.batch.insert(r, queued_at),
-        }
-        if req.abort_immediately {
-            // vLLM admits and aborts at once so connector cleanup runs; no output.
-            self.finish_silently(&id);
-            return;
-        }
-        let pulling = pull.is_some();
-        if let Some(p) = pull {
-            out.pull(p);
-        }
-        if self.in_flight.is_none() {
-            self.wake = Some(now);
-        }
-        if pulling {
-            // vLLM keeps stepping while a request waits for its KV: its stats show it
-            self.flush_stats(now, out);
-        }
-    }
-
     /// Remove a request without telling the frontend (client aborts, as vLLM does).
     fn finish_silently(&mut self, id: &str) -> bool {
         if self.compiling.remove(id).is_some() {
@@ -609,44 +258,6 @@ impl SimEngine {
         self.in_flight.as_ref().map_or(now, |s| s.end.max(now))
     }
 
-    /// Start a step if none is running and there is work (after arrivals, aborts,
-    /// resumes).
-    fn start_step_if_idle(&mut self, now: Instant) {
-        if self.in_flight.is_none() {
-            self.start_step(now);
-        }
-    }
-
-    /// Compose the next step, starting at `start`.
-    fn start_step(&mut self, start: Instant) {
-        // whatever started this step, a pending wake has been answered
-        self.wake = None;
-        if !self.util.scheduling_enabled() {
-            return;
-        }
-        if let Some(plan) = self.batch.compose(&self.cfg.rules, start) {
-            let mut timing = self.latency.step(&plan.shape);
-            // a step that samples a first token runs the model at least once, even when
-            // the whole prompt was cached (vLLM recomputes its last token): no cheaper than
-            // a decode step. Steps with decodes already cost one; chunks that do not finish
-            // their prompt sample nothing and keep the model's price.
-            let shape = &plan.shape;
-            if shape.decodes.is_empty()
-                && shape
-                    .prefills
-                    .iter()
-                    .any(|c| c.context + c.tokens >= c.uncached_prompt)
-            {
-                timing.duration = timing.duration.max(self.cfg.first_token_floor);
-            }
-            self.in_flight = Some(InFlight {
-                end: start + timing.duration,
-                plan,
-                timing,
-            });
-        }
-    }
-
     /// Finish every request with ABORT outputs (pause in abort mode, shutdown).
     fn abort_everything(&mut self, now: Instant, out: &mut Outbox) {
         let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
@@ -677,185 +288,6 @@ impl SimEngine {
         self.send_step(by_client, true, now, out);
     }
 
-    /// Send one step's envelopes: one per client with outputs, the scheduler stats to
-    /// client 0 (in its own envelope if it had no outputs) when `stats` or the gauges
-    /// changed, and any finished ids not yet reported to their clients.
-    fn send_step(
-        &mut self,
-        mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>>,
-        stats: bool,
-        now: Instant,
-        out: &mut Outbox,
-    ) {
-        let mut stats = (stats || self.batch.is_dirty()).then(|| self.take_stats());
-        let mut finished = std::mem::take(&mut self.unreported_finished);
-        by_client.entry(0).or_default();
-        for client in finished.keys() {
-            by_client.entry(*client).or_default();
-        }
-        for (client, outputs) in by_client {
-            let mut env = self.envelope(outputs, now);
-            if client == 0 {
-                env.scheduler_stats = stats.take().map(Box::new);
-            }
-            env.finished_requests = finished.remove(&client).filter(|f| !f.is_empty());
-            let empty = env.outputs.is_empty()
-                && env.scheduler_stats.is_none()
-                && env.finished_requests.is_none();
-            if !empty {
-                out.send(client, env);
-            }
-        }
-    }
-
-    /// Stats for the step that just ran: gauges now, counters since the last stats.
-    fn take_stats(&mut self) -> SchedulerStats {
-        self.step_counter += 1;
-        let (g, prefix) = self.batch.take_stats();
-        SchedulerStats {
-            num_running_reqs: g.running + self.scripts.len() as u64,
-            // vLLM counts a request waiting for its grammar as waiting
-            num_waiting_reqs: g.waiting + self.compiling.len() as u64,
-            num_skipped_waiting_reqs: g.skipped_waiting,
-            step_counter: self.step_counter,
-            kv_cache_usage: g.kv_cache_usage,
-            prefix_cache_stats: prefix,
-            spec_decoding_stats: self.spec_step.take().and_then(SpecStepStats::into_stats),
-            running_lora_adapters: g.running_lora,
-            waiting_lora_adapters: g.waiting_lora,
-            ..Default::default()
-        }
-    }
-
-    /// Send a stats-only envelope if the gauges changed outside a step (aborts, pauses) and
-    /// no step is in flight: vLLM reports such a change from the next step it runs (a
-    /// finished or aborted request alone makes it step), so a step in flight reports it
-    /// when it ends — with the requests that step admitted, not before them.
-    fn flush_stats(&mut self, now: Instant, out: &mut Outbox) {
-        if self.in_flight.is_some() {
-            return;
-        }
-        if self.batch.is_dirty() || !self.unreported_finished.is_empty() {
-            self.send_step(BTreeMap::new(), true, now, out);
-        }
-    }
-
-    /// The step in flight ends: requests that completed their prefill or decoded emit
-    /// their new tokens.
-    fn complete_step(&mut self, step: InFlight, now: Instant, out: &mut Outbox) {
-        if !self.latency.is_instant() {
-            self.lateness_us
-                .push(now.saturating_duration_since(step.end).as_secs_f64() * 1e6);
-        }
-        let InFlight { plan, timing, end } = step;
-        let mut to_script: Vec<String> = Vec::new();
-        let k = self.latency.num_spec_tokens();
-        let bursts: BTreeMap<u64, u32> = plan
-            .shape
-            .decodes
-            .iter()
-            .zip(&timing.decode_tokens)
-            .map(|(d, n)| (d.request_key, *n))
-            .collect();
-        let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
-        let mut finished: Vec<String> = Vec::new();
-        let capacity = plan.scheduled.len();
-        for (slot, n) in plan.scheduled {
-            let Some(r) = self.batch.advance(slot, n) else {
-                continue; // a partial prefill, or aborted / preempted during the step
-            };
-            let burst = match bursts.get(&r.key) {
-                Some(&n) if r.started => Burst::Model { n, k },
-                _ => Burst::Engine,
-            };
-            // one vector per client, sized for the whole step: growing it moved every
-            // output several times at thousands of streams
-            let outputs = by_client
-                .entry(r.client)
-                .or_insert_with(|| Vec::with_capacity(capacity));
-            outputs.push(EngineCoreOutput::default());
-            let o = outputs.last_mut().expect("just pushed");
-            let done = emit_into(o, r, &self.cfg, burst, &mut self.spec_step);
-            let keeps_kv = done
-                && r.remote_decode
-                && matches!(
-                    o.finish_reason,
-                    Some(FinishReason::Stop | FinishReason::Length)
-                );
-            if keeps_kv {
-                let id = r.id.clone();
-                o.kv_transfer_params = self.finish_keeping_kv(&id, now).map(Box::new);
-            } else if done {
-                finished.push(r.id.to_string());
-            } else if r.script.is_some() {
-                to_script.push(r.id.to_string());
-            }
-        }
-        for id in &finished {
-            self.finish_silently(id);
-        }
-        // the prefill was modeled; the rest follows the recorded gaps from this step's end
-        for id in to_script {
-            if let Some(mut r) = self.batch.remove(&id)
-                && let Some(s) = r.script.take()
-            {
-                let due = end
-                    + s.chunks
-                        .first()
-                        .map_or(Duration::ZERO, |c| self.scaled(c.0));
-                self.scripts.insert(r, s, 1, due);
-            }
-        }
-        // every step reports stats, like vLLM's scheduler
-        self.send_step(by_client, true, now, out);
-        if !finished.is_empty() && self.is_idle() {
-            // vLLM steps once more to hand the finished ids to its workers: an empty step
-            // whose stats (nothing running or waiting) close the burst
-            self.send_step(BTreeMap::new(), true, now, out);
-        }
-        self.publish_kv_events();
-        self.complete_drain(now, out);
-    }
-
-    fn on_bad_frame(
-        &mut self,
-        client: u32,
-        error: sim_protocol::decode::DecodeError,
-        now: Instant,
-        out: &mut Outbox,
-    ) {
-        let ctx = &error.context;
-        let loud = self.bad_frames.note(now);
-        match (ctx.request_type, &ctx.request_id, ctx.call_id) {
-            (Some(sim_protocol::RequestType::Add), Some(id), _) => {
-                if loud {
-                    tracing::error!(request_id = %id, client, "rejecting an undecodable ADD: {error}");
-                }
-                let client = ctx.client_index.unwrap_or(client);
-                let id = id.clone();
-                let msg = error.to_string();
-                self.reject_error(out, client, &id, "invalid_request", msg, false, now);
-            }
-            (Some(sim_protocol::RequestType::Utility), _, Some(call_id)) => {
-                let method = ctx.method.clone().unwrap_or_else(|| "<unknown>".into());
-                if loud {
-                    tracing::error!(
-                        client,
-                        method,
-                        "failing an undecodable utility call: {error}"
-                    );
-                }
-                let client = ctx.client_index.unwrap_or(client);
-                let msg = format!("Call to {method} method failed: {error}");
-                self.reply(out, client, call_id, Err(msg), now);
-            }
-            _ if loud => {
-                tracing::error!(client, "dropping an undecodable frame: {error}");
-            }
-            _ => {}
-        }
-    }
-
     /// Total requests known (waiting + running).
     pub fn num_requests(&self) -> usize {
         self.batch.len() + self.scripts.len() + self.compiling.len()
@@ -865,48 +297,6 @@ impl SimEngine {
     fn scaled(&self, d: Duration) -> Duration {
         // `div_f64` panics on overflow; the scale is range-checked, and this never panics
         sim_trace::latency::secs_to_duration(d.as_secs_f64() / self.cfg.time_scale)
-    }
-
-    /// Emit every scripted chunk that is due: one envelope per client, with stats.
-    fn fire_scripts(&mut self, now: Instant, out: &mut Outbox) {
-        if let Some(due) = self.scripts.next_due() {
-            self.lateness_us
-                .push(now.saturating_duration_since(due).as_secs_f64() * 1e6);
-        }
-        let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
-        let cfg = &self.cfg;
-        let k = self.replay.script_k;
-        let spec_step = &mut self.spec_step;
-        let ended = self.scripts.fire(now, |r, n| {
-            let (o, done) = emit(r, cfg, Burst::Model { n, k }, spec_step);
-            by_client.entry(r.client).or_default().push(o);
-            done
-        });
-        for (r, done) in ended {
-            if !done {
-                // the script ran out before the request's stop rules ended it: end it
-                // where the capture did
-                let reason = r.recorded_end.map_or(FinishReason::Length, |e| e.1);
-                let outputs = by_client.entry(r.client).or_default();
-                match outputs.iter_mut().rev().find(|o| o.request_id == r.id) {
-                    Some(o) => o.finish_reason = Some(reason),
-                    None => outputs.push(EngineCoreOutput {
-                        request_id: r.id.clone(),
-                        finish_reason: Some(reason),
-                        ..Default::default()
-                    }),
-                }
-            }
-            self.latency.forget(r.key);
-            if self.cfg.report_finished {
-                self.unreported_finished
-                    .entry(r.client)
-                    .or_default()
-                    .push(r.id.into());
-            }
-        }
-        self.send_step(by_client, true, now, out);
-        self.complete_drain(now, out);
     }
 
     /// Send a utility reply on its own (never mixed with request outputs).
@@ -1153,24 +543,4 @@ fn lognormal(rng: &mut SplitMix64, mean: f64, std: f64) -> f64 {
     let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
     let sigma2 = (1.0 + (std / mean).powi(2)).ln();
     (mean.ln() - sigma2 / 2.0 + sigma2.sqrt() * z).exp()
-}
-
-#[cfg(test)]
-mod bad_frame_tests {
-    use super::*;
-
-    #[test]
-    fn a_flood_of_bad_frames_logs_ten_then_a_count_a_second() {
-        let mut b = BadFrames::default();
-        let t0 = Instant::now();
-        // 20,000 garbage frames within half a second: ten logged in full
-        let loud = (0..20_000u64)
-            .filter(|i| b.note(t0 + Duration::from_micros(i * 25)))
-            .count();
-        assert_eq!(loud, BadFrames::LOUD as usize);
-        assert_eq!(b.total, 20_000);
-        // the summary of the rest comes once the second is over
-        assert!(!b.note(t0 + Duration::from_millis(1500)));
-        assert_eq!(b.unreported, 0, "reported and reset");
-    }
 }
