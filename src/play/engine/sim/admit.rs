@@ -7,36 +7,38 @@
 use std::time::Instant;
 
 use sim_protocol::{
-    EngineCoreEvent, EngineCoreOutput, EngineCoreRequest, EventType, FinishReason, RequestError,
-    VllmLine, describe_lines,
+    EngineCoreEvent, EngineCoreOutput, EngineCoreRequest, EventType, FinishReason, VllmLine,
+    describe_lines,
 };
 
 use crate::play::content::pooling::{PoolingRequest, Runner};
 use crate::play::content::spec_decode::RequestSpecTracker;
-use crate::play::content::tokens::{SplitMix64, request_seed};
+use crate::play::content::tokens::{SplitMix64, TokenStream, request_seed};
 use crate::play::engine::engine_core::{GrammarCompile, GrammarReady, Outbox};
 use crate::play::engine::request::SimRequest;
 use crate::play::engine::timer::instant_to_monotonic;
 
+use super::reject::{Refusal, Reject};
 use super::{Compiling, SimEngine, lognormal};
 
 impl SimEngine {
-    /// A request that never entered the engine (or leaves it at once) finishes with
-    /// `reason` and an optional error, the way vLLM answers rejected requests.
-    pub(super) fn reject(
+    /// Tell the frontend a request it sent will not run (an ignored duplicate is told
+    /// nothing): one output finishing it, with vLLM's `RequestError` for a [`Reject`] on
+    /// lines that carry one.
+    pub(super) fn refuse(
         &self,
         out: &mut Outbox,
         client: u32,
         request_id: &str,
-        reason: FinishReason,
-        error: Option<RequestError>,
+        refusal: Refusal,
         now: Instant,
     ) {
-        let error = if self.cfg.line.has_output_error() {
-            error
-        } else {
-            None
+        let (reason, error) = match refusal {
+            Refusal::Duplicate => return,
+            Refusal::Finish(reason) => (reason, None),
+            Refusal::Reject(r) => (FinishReason::Error, Some(r.request_error())),
         };
+        let error = error.filter(|_| self.cfg.line.has_output_error());
         let o = EngineCoreOutput {
             request_id: request_id.into(),
             finish_reason: Some(reason),
@@ -50,33 +52,8 @@ impl SimEngine {
         out.send(client, env);
     }
 
-    /// Finish a request with `error` and vLLM's `RequestError` (on lines that carry it).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn reject_error(
-        &self,
-        out: &mut Outbox,
-        client: u32,
-        request_id: &str,
-        code: &str,
-        message: impl Into<String>,
-        retryable: bool,
-        now: Instant,
-    ) {
-        let error = RequestError {
-            code: code.into(),
-            message: message.into(),
-            retryable,
-        };
-        self.reject(
-            out,
-            client,
-            request_id,
-            FinishReason::Error,
-            Some(error),
-            now,
-        );
-    }
-
+    /// A request from the frontend (vLLM's `EngineCore.add_request`): checked, then
+    /// admitted once its token stream is ready (at once, or when its grammar compiles).
     pub(super) fn on_add(
         &mut self,
         client: u32,
@@ -84,11 +61,58 @@ impl SimEngine {
         now: Instant,
         out: &mut Outbox,
     ) {
-        let client = if req.client_index != client && req.client_index != 0 {
-            req.client_index
+        let client = reply_client(client, &req);
+        if let Err(refusal) = self.check_add(&req) {
+            self.refuse(out, client, &req.request_id, refusal, now);
+            return;
+        }
+        if let Some(lora) = &req.lora_request {
+            // vLLM loads an adapter the first time a request names it.
+            self.util.register_lora(lora.int_id, &lora.name, &lora.path);
+        }
+        if self.cfg.log_requests {
+            tracing::info!(
+                request_id = %req.request_id,
+                engine = self.cfg.engine_index,
+                client,
+                prompt_tokens = req.prompt_len(),
+                max_tokens = ?req.sampling_params.as_ref().and_then(|s| s.max_tokens),
+                "request added"
+            );
+        }
+        let job = if self.cfg.runner == Runner::Pooling {
+            Ok(None)
         } else {
-            client.max(req.client_index)
+            self.cfg.shaping.plan(&req, self.cfg.seed)
         };
+        match job.map_err(|why| self.unsupported_grammar(&req.request_id, why)) {
+            Ok(Some(job)) => {
+                // its grammar compiles off the step loop; it waits (not scheduled) until
+                // the grammar is ready, and the other requests keep their pace
+                let request_id = req.request_id.clone();
+                let queued_at = self.input_taken_at(now);
+                self.compiling.insert(
+                    request_id.clone(),
+                    Compiling {
+                        client,
+                        req,
+                        queued_at,
+                    },
+                );
+                out.compile(GrammarCompile { request_id, job });
+            }
+            Ok(None) => {
+                let stream = self.tokens.stream_for(&req);
+                let queued_at = self.input_taken_at(now);
+                self.admit(client, req, stream, queued_at, now, out);
+            }
+            Err(reject) => self.refuse(out, client, &req.request_id, reject.into(), now),
+        }
+    }
+
+    /// The checks a request passes before anything is planned for it, in vLLM's order:
+    /// the wire line, the engine's state, the runner, a known id, the prompt length.
+    fn check_add(&mut self, req: &EngineCoreRequest) -> Result<(), Refusal> {
         let id = req.request_id.as_str();
         let expected = self.cfg.line.request_len();
         if req.wire_len != expected {
@@ -116,44 +140,32 @@ impl SimEngine {
             // differ all come later and are trimmed), so vLLM's `error` field is added only
             // when every line the frontend may be has it. A reply in the configured layout
             // kills an older vllm-rs's output dispatcher, which then fails every request.
-            let error =
-                (!likely.is_empty() && likely.iter().all(|l| l.has_output_error())).then(|| {
-                    RequestError {
-                        code: "version_mismatch".into(),
-                        message: msg,
-                        retryable: false,
-                    }
-                });
-            self.reject(out, client, id, FinishReason::Error, error, now);
-            return;
+            let readable = !likely.is_empty() && likely.iter().all(|l| l.has_output_error());
+            return Err(if readable {
+                Reject::version_mismatch(msg).into()
+            } else {
+                Refusal::Finish(FinishReason::Error)
+            });
         }
         if self.shutting_down {
             tracing::info!(request_id = %id, "engine is shutting down: request aborted");
-            self.reject(out, client, id, FinishReason::Abort, None, now);
-            return;
+            return Err(Refusal::Finish(FinishReason::Abort));
         }
         if self.util.rejects_new_requests() {
-            let msg = "Generation is paused. Please retry after it resumes.";
-            self.reject_error(out, client, id, "engine_paused", msg, true, now);
-            return;
+            return Err(Reject::paused().into());
         }
-        let pooling = self.cfg.runner == Runner::Pooling;
-        match (&req.sampling_params, pooling) {
+        match (&req.sampling_params, self.cfg.runner == Runner::Pooling) {
             (None, false) => {
-                let msg = "a pooling request reached a generating engine: start play with --runner pooling (and the frontend with --runner pooling) to serve embeddings";
-                self.reject_error(out, client, id, "validation_error", msg, false, now);
-                return;
+                return Err(Reject::invalid("a pooling request reached a generating engine: start play with --runner pooling (and the frontend with --runner pooling) to serve embeddings").into());
             }
             (Some(_), true) => {
-                let msg = "a generation request reached a pooling engine (--runner pooling): it only serves embeddings";
-                self.reject_error(out, client, id, "validation_error", msg, false, now);
-                return;
+                return Err(Reject::invalid("a generation request reached a pooling engine (--runner pooling): it only serves embeddings").into());
             }
             _ => {}
         }
         if self.batch.contains(id) || self.compiling.contains_key(id) {
             tracing::warn!(request_id = %id, "duplicate request id ignored");
-            return;
+            return Err(Refusal::Duplicate);
         }
         if req.prompt_len() as u64 >= self.cfg.max_model_len {
             // vLLM's frontends refuse these; a client that does not would otherwise wait
@@ -164,70 +176,15 @@ impl SimEngine {
                 self.cfg.max_model_len
             );
             tracing::warn!(request_id = %id, "{msg}");
-            self.reject_error(out, client, id, "validation_error", msg, false, now);
-            return;
+            return Err(Reject::invalid(msg).into());
         }
-        if let Some(lora) = &req.lora_request {
-            // vLLM loads an adapter the first time a request names it.
-            self.util.register_lora(lora.int_id, &lora.name, &lora.path);
-        }
-        if self.cfg.log_requests {
-            tracing::info!(
-                request_id = %id,
-                engine = self.cfg.engine_index,
-                client,
-                prompt_tokens = req.prompt_len(),
-                max_tokens = ?req.sampling_params.as_ref().and_then(|s| s.max_tokens),
-                "request added"
-            );
-        }
-        let shaped = if pooling {
-            Ok(None)
-        } else {
-            self.cfg.shaping.plan(&req, self.cfg.seed)
-        };
-        let stream = match shaped {
-            Ok(Some(job)) => {
-                // its grammar compiles off the step loop; it waits (not scheduled) until
-                // the grammar is ready, and the other requests keep their pace
-                let request_id = id.to_string();
-                let queued_at = self.input_taken_at(now);
-                self.compiling.insert(
-                    request_id.clone(),
-                    Compiling {
-                        client,
-                        req,
-                        queued_at,
-                    },
-                );
-                out.compile(GrammarCompile { request_id, job });
-                return;
-            }
-            Ok(None) => self.tokens.stream_for(&req),
-            Err(msg) => {
-                self.reject_structured(out, client, id, msg, now);
-                return;
-            }
-        };
-        let queued_at = self.input_taken_at(now);
-        self.admit(client, req, stream, queued_at, now, out);
+        Ok(())
     }
 
-    /// A request's structured outputs cannot be generated: finish it with the reason.
-    pub(super) fn reject_structured(
-        &self,
-        out: &mut Outbox,
-        client: u32,
-        id: &str,
-        msg: String,
-        now: Instant,
-    ) {
-        tracing::warn!(request_id = %id, "{msg}");
-        // `validation_error`: the one non-retryable code both frontends turn into an
-        // answer that carries the message (HTTP 400); any other code reaches a vllm-rs
-        // client as a bare "Internal server error"
-        let msg = format!("structured_output_unsupported: {msg}");
-        self.reject_error(out, client, id, "validation_error", msg, false, now);
+    /// A request's structured outputs cannot be generated: logged, and refused with why.
+    fn unsupported_grammar(&self, id: &str, why: String) -> Reject {
+        tracing::warn!(request_id = %id, "{why}");
+        Reject::structured_output_unsupported(why)
     }
 
     /// A request's grammar is compiled: the request joins the waiting queue (its QUEUED
@@ -239,45 +196,53 @@ impl SimEngine {
         };
         match ready.result {
             Ok(stream) => self.admit(c.client, c.req, stream, c.queued_at, now, out),
-            Err(msg) => {
-                self.reject_structured(out, c.client, &ready.request_id, msg, now);
+            Err(why) => {
+                let reject = self.unsupported_grammar(&ready.request_id, why);
+                self.refuse(out, c.client, &ready.request_id, reject.into(), now);
                 self.complete_drain(now, out);
             }
         }
     }
 
-    /// Admit a validated request whose token stream is ready: replay, the P/D role,
-    /// failures and spec decoding set it up, and it joins the waiting queue as of
-    /// `queued_at`.
-    pub(super) fn admit(
+    /// Admit a checked request whose token stream is ready: it becomes a [`SimRequest`]
+    /// and joins the waiting queue as of `queued_at`, or is refused.
+    fn admit(
         &mut self,
         client: u32,
         req: Box<EngineCoreRequest>,
-        stream: Box<dyn crate::play::content::tokens::TokenStream>,
+        stream: Box<dyn TokenStream>,
         queued_at: Instant,
         now: Instant,
         out: &mut Outbox,
     ) {
-        let id = req.request_id.as_str();
-        let pooling = self.cfg.runner == Runner::Pooling;
-        let served = match self.replay.resolve(&req, stream, self.cfg.log_requests) {
-            Ok(served) => served,
-            Err(msg) => {
-                // `validation_error`, so that the client reads why (see above)
-                let msg = format!("replay_miss: {msg}");
-                self.reject_error(out, client, id, "validation_error", msg, false, now);
-                return;
-            }
-        };
-        let script = served.script;
-        let mut r = SimRequest::new(&req, served.stream, 0);
+        match self.new_request(client, &req, stream, now) {
+            Ok(r) => self.enqueue(r, &req, queued_at, now, out),
+            Err(reject) => self.refuse(out, client, &req.request_id, reject.into(), now),
+        }
+    }
+
+    /// The engine's request for `req`, served from `stream` (or a replayed record):
+    /// failures, speculative decoding, a pause and a fixed TTFT set it up.
+    fn new_request(
+        &mut self,
+        client: u32,
+        req: &EngineCoreRequest,
+        stream: Box<dyn TokenStream>,
+        now: Instant,
+    ) -> Result<SimRequest, Reject> {
+        let served = self
+            .replay
+            .resolve(req, stream, self.cfg.log_requests)
+            .map_err(Reject::replay_miss)?;
+        let mut r = SimRequest::new(req, served.stream, 0);
+        r.script = served.script;
         if let Some((len, reason)) = served.recorded_end {
             // the stream ends where the capture did
             r.max_tokens = Some(r.max_tokens.map_or(len, |m| m.min(len)));
             r.recorded_end = Some((len, reason));
         }
         r.client = client;
-        if pooling {
+        if self.cfg.runner == Runner::Pooling {
             r.pooling = Some(PoolingRequest::from_params(req.pooling_params.as_ref()));
         }
         r.rng = SplitMix64(request_seed(self.cfg.seed ^ 0x1f1f, &r.id));
@@ -297,9 +262,22 @@ impl SimEngine {
             let ms = lognormal(&mut r.rng, mean, std);
             r.not_before = Some(now + sim_trace::latency::duration_from_ms(ms));
         }
-        let pull = self.pd_admit(&mut r, &req);
+        Ok(r)
+    }
+
+    /// An admitted request joins the engine: its P/D transfer starts, and it waits in the
+    /// batch's queue as of `queued_at` (or follows its recorded timing verbatim).
+    fn enqueue(
+        &mut self,
+        mut r: SimRequest,
+        req: &EngineCoreRequest,
+        queued_at: Instant,
+        now: Instant,
+        out: &mut Outbox,
+    ) {
+        let pull = self.pd_admit(&mut r, req);
         let id = r.id.clone();
-        match script {
+        match r.script.take() {
             Some(s) if !self.cfg.modeled_prefill => {
                 // the recorded TTFT includes the recorded queueing: follow it verbatim
                 for kind in [EventType::Queued, EventType::Scheduled] {
@@ -312,11 +290,10 @@ impl SimEngine {
                 self.scripts.insert(r, s, 0, due);
                 return;
             }
-            Some(s) => {
-                r.script = Some(s);
+            script => {
+                r.script = script;
                 self.batch.insert(r, queued_at);
             }
-            None => self.batch.insert(r, queued_at),
         }
         if req.abort_immediately {
             // vLLM admits and aborts at once so connector cleanup runs; no output.
@@ -353,7 +330,7 @@ impl SimEngine {
                 let client = ctx.client_index.unwrap_or(client);
                 let id = id.clone();
                 let msg = error.to_string();
-                self.reject_error(out, client, &id, "invalid_request", msg, false, now);
+                self.refuse(out, client, &id, Reject::undecodable(msg).into(), now);
             }
             (Some(sim_protocol::RequestType::Utility), _, Some(call_id)) => {
                 let method = ctx.method.clone().unwrap_or_else(|| "<unknown>".into());
@@ -373,5 +350,14 @@ impl SimEngine {
             }
             _ => {}
         }
+    }
+}
+
+/// The client to answer: the one the request names, else the socket's.
+fn reply_client(socket_client: u32, req: &EngineCoreRequest) -> u32 {
+    if req.client_index != socket_client && req.client_index != 0 {
+        req.client_index
+    } else {
+        socket_client.max(req.client_index)
     }
 }

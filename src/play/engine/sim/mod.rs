@@ -43,6 +43,7 @@ pub mod config;
 /// The P/D side of the engine: admission of transfer requests, the side channel's and
 /// the pulls' reports, and prefill requests that keep their KV.
 mod pd_flow;
+pub mod reject;
 mod steps;
 
 use bad_frames::BadFrames;

@@ -10,6 +10,7 @@ use sim_protocol::{EngineCoreRequest, FinishReason};
 use super::super::engine_core::Outbox;
 use super::super::request::SimRequest;
 use super::SimEngine;
+use super::reject::Refusal;
 use crate::play::pd::{self, LoadFailurePolicy, PdEvent, PdRole, Pull};
 
 impl SimEngine {
@@ -115,7 +116,13 @@ impl SimEngine {
                     Err(e) => {
                         tracing::warn!(request_id = %request_id, "KV load failed ({e}): failing the request (--kv-load-failure-policy fail)");
                         self.finish_silently(&request_id);
-                        self.reject(out, client, &request_id, FinishReason::Error, None, now);
+                        self.refuse(
+                            out,
+                            client,
+                            &request_id,
+                            Refusal::Finish(FinishReason::Error),
+                            now,
+                        );
                     }
                 }
                 self.start_step_if_idle(now);
