@@ -146,6 +146,13 @@ pub struct Miss {
     pub message: String,
 }
 
+/// A request's miss as `--replay-miss fail` refuses it (the request's error message).
+impl std::fmt::Display for Miss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no recorded output for this request: {}", self.message)
+    }
+}
+
 /// Finds the record of each request. One per engine: lookups consume records.
 pub trait RecordSource: Send {
     fn lookup(&mut self, req: &EngineCoreRequest) -> Result<Recorded, Miss>;
@@ -181,14 +188,15 @@ impl Replay {
         self.tokens.is_some() || self.steps.is_some()
     }
 
-    /// Look `req` up. A miss is logged; under `--replay-miss fail` it is an `Err` with the
-    /// message the request finishes with, otherwise the request keeps `stream`.
+    /// Look `req` up. A miss is logged; under `--replay-miss fail` it is the `Err` (its
+    /// `Display` is the message the request finishes with), otherwise the request keeps
+    /// `stream`.
     pub fn resolve(
         &mut self,
         req: &EngineCoreRequest,
         stream: Box<dyn TokenStream>,
         log: bool,
-    ) -> Result<Served, String> {
+    ) -> Result<Served, Miss> {
         let id = req.request_id.as_str();
         let mut served = Served {
             stream,
@@ -225,10 +233,7 @@ impl Replay {
         if let Some(m) = missed {
             tracing::warn!(request_id = %id, reason = m.kind, "replay miss: {}", m.message);
             if self.miss == MissPolicy::Fail {
-                return Err(format!(
-                    "no recorded output for this request: {}",
-                    m.message
-                ));
+                return Err(m);
             }
         }
         Ok(served)
