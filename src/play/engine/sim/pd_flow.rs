@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use rmpv::Value;
 use sim_protocol::{EngineCoreRequest, FinishReason};
 
-use super::super::engine_core::Outbox;
-use super::super::request::SimRequest;
 use super::SimEngine;
 use super::reject::Refusal;
+use crate::play::engine::engine_core::Outbox;
+use crate::play::engine::request::SimRequest;
 use crate::play::pd::{self, LoadFailurePolicy, PdEvent, PdRole, Pull};
 
 impl SimEngine {
