@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use vllm_vcr::play::nixl::{NixlPool, fill_pattern, load_runtime};
+use vllm_vcr::play::pd::nixl::{NixlPool, fill_pattern, load_runtime};
 
 const POOL: usize = 64 << 20;
 const REPS: usize = 5;

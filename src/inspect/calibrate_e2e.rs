@@ -31,7 +31,8 @@ use super::simulate::{Counts, RunOptions};
 use crate::compat;
 use crate::io_guard::{Named, named};
 use crate::play::{EngineArgs, PlayArgs};
-use crate::serve::{self, Frontend};
+use crate::serve::Frontend;
+use crate::serve::frontend;
 
 #[derive(Debug, Clone, Args)]
 #[command(after_help = "\
@@ -76,7 +77,7 @@ pub struct CalibrateE2eArgs {
 }
 
 pub fn run(a: &CalibrateE2eArgs) -> Result<()> {
-    if a.calibrate.engine.latency_trace.is_empty() {
+    if !a.calibrate.engine.uses_latency_model() {
         bail!(
             "calibrate-e2e runs `play` under a latency model: pass --latency-trace MODEL (from `inspect fit`)"
         );
@@ -229,12 +230,12 @@ fn start(
     rt: &tokio::runtime::Runtime,
 ) -> Result<Stack> {
     let cache = frontends::cache_root()?;
-    let model = serve::write_embedded_model(&cache, engine.max_model_len)?;
+    let model = frontend::write_embedded_model(&cache, engine.max_model_len)?;
     let ports = free_ports(3)?;
     let (http_port, hs_port, tap_port) = (ports[0], ports[1], ports[2]);
     let timeout = a.startup_timeout.max(1.0);
     let mut line = trace_line(work, &a.calibrate.trace)?;
-    let spec = serve::FrontendSpec {
+    let spec = frontend::FrontendSpec {
         model: &model,
         name: "tiny",
         host: "127.0.0.1",
@@ -247,21 +248,21 @@ fn start(
         Frontend::Rs => {
             let bin = frontends::find_vllm_rs(a.frontend_bin.as_deref(), &compat::tag_for(line))
                 .context("finding vllm-rs (`cargo xtask fetch` caches every line's; or pass --frontend-bin)")?;
-            if let Some(l) = serve::line_of_vllm_rs(&bin) {
+            if let Some(l) = frontend::line_of_vllm_rs(&bin) {
                 line = l;
             }
-            let cmd = serve::vllm_rs_command(&bin, &spec);
+            let cmd = frontend::vllm_rs_command(&bin, &spec);
             (cmd, Duration::from_secs(3), "vllm-rs")
         }
         Frontend::Python => {
             let venv = a.python_venv.clone().context(
                 "--frontend python needs --python-venv DIR (a venv with vllm installed)",
             )?;
-            let cmd = serve::python_command(&venv, &spec)?;
+            let cmd = frontend::python_command(&venv, &spec)?;
             (cmd, Duration::from_secs(5), "the Python frontend")
         }
     };
-    serve::die_with_parent(&mut cmd);
+    frontend::die_with_parent(&mut cmd);
     let fe_log = dir.join("frontend.log");
     let mut frontend = ChildGuard::spawn("frontend", cmd, &fe_log, grace)?;
     let listen = sim_trace::latency::secs_to_duration(timeout);
@@ -269,7 +270,7 @@ fn start(
         format!(
             "waiting for the frontend's handshake socket; last lines of {}:\n{}",
             fe_log.display(),
-            serve::log_tail(&fe_log)
+            frontend::log_tail(&fe_log)
         )
     })?;
 
@@ -285,7 +286,7 @@ fn start(
         .arg("--trace-out")
         .arg(trace)
         .args(["--force", "--model", "tiny", "--gpu", "simulated"]);
-    serve::die_with_parent(&mut tap_cmd);
+    frontend::die_with_parent(&mut tap_cmd);
     let mut tap = ChildGuard::spawn(
         "record",
         tap_cmd,
@@ -308,7 +309,7 @@ fn start(
         .engine
         .vocab_size
         .min(vcr_host::tiny_model::TOKENIZER_VOCAB);
-    if let Some(m) = serve::model_max_len(&model) {
+    if let Some(m) = frontend::model_max_len(&model) {
         play.engine.max_model_len = play.engine.max_model_len.min(m);
     }
     let describe = format!(
@@ -343,7 +344,7 @@ fn start(
             format!(
                 "the frontend stopped during start-up; last lines of {}:\n{}",
                 fe_log.display(),
-                serve::log_tail(&fe_log)
+                frontend::log_tail(&fe_log)
             )
         })?;
         stack
@@ -357,7 +358,7 @@ fn start(
             bail!(
                 "the frontend did not answer /health within {timeout} s; last lines of {}:\n{}",
                 fe_log.display(),
-                serve::log_tail(&fe_log)
+                frontend::log_tail(&fe_log)
             );
         }
         std::thread::sleep(Duration::from_millis(200));

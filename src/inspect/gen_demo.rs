@@ -15,7 +15,7 @@ use serde_json::json;
 use sim_trace::trace::{TraceMeta, TraceRecord, TraceWriter};
 
 use super::progress::Progress;
-use crate::play::tokens::SplitMix64;
+use crate::play::content::tokens::SplitMix64;
 
 #[derive(Debug, Clone, Args)]
 pub struct GenDemoArgs {

@@ -1,80 +1,32 @@
 //! `play`'s flags, validated once into a [`PlayConfig`] the rest of the program trusts,
 //! and the one builder that makes an engine from it (used by the live loop, the offline
-//! driver and the tests).
+//! driver and the tests). The checks and derived values here read no file: the files the
+//! flags name are loaded by `artifacts.rs`, once.
 
 use std::ops::Range;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use sim_protocol::VllmLine;
 use sim_protocol::kv_events::KvEventsConfig;
-use sim_trace::fit::{FitInput, FittedModel};
+use sim_trace::fit::FittedModel;
 use sim_trace::latency::{self, Knobs, LatencyModel};
 
-use super::batch::ComposeRules;
-use super::constrained::{Shaping, ToolCalls};
-use super::engine_args::TtftMode;
-use super::failures::FailureInjector;
+use super::args::PlayArgs;
+use super::artifacts::Artifacts;
+use super::engine_args::{EngineArgs, TokenMode, TtftMode};
 use super::pd::PdConfig;
-use super::pooling::Runner;
-use super::queue_policy::SchedulingPolicy;
-use super::replay::ReplaySetup;
-use super::sim::SimEngine;
-use super::spec_decode::{SpecMetricsLevel, SpecModel};
-use super::text::TextTokens;
-use super::tokens::{EchoTokens, RandomTokens, TokenSource};
-use super::vocab::{self, Vocabulary};
-use super::{EngineArgs, PlayArgs, TokenMode};
-use crate::io_guard::{Named, check_outputs, named};
-
-/// Engine settings, validated.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub line: VllmLine,
-    /// Data-parallel rank of this engine (`EngineCoreOutputs.engine_index`).
-    pub engine_index: u32,
-    /// The scheduler rules steps are composed under.
-    pub rules: ComposeRules,
-    pub max_model_len: u64,
-    pub block_size: u64,
-    pub num_gpu_blocks: u64,
-    /// Tokens per output message per request (≥ 1).
-    pub output_token_chunk_size: u32,
-    pub log_requests: bool,
-    /// Speculative decoding: K drafts per decode step and their acceptance model.
-    pub spec: Option<SpecModel>,
-    pub spec_metrics: SpecMetricsLevel,
-    pub failures: Option<FailureInjector>,
-    /// Ids random tokens (and logprob alternatives) come from.
-    pub token_ids: Range<u32>,
-    /// Seed of the per-request randomness.
-    pub seed: u64,
-    /// Tell the frontend which requests finished (`EngineCoreOutputs.finished_requests`);
-    /// vLLM does this with data parallelism, where the frontend balances load with it.
-    pub report_finished: bool,
-    /// Recorded times (`--replay-steps`) are divided by this (`--time-scale`).
-    pub time_scale: f64,
-    /// A latency model paces prefills (`--latency-trace`): a scripted request's first
-    /// token comes from the model, not from the recorded TTFT.
-    pub modeled_prefill: bool,
-    /// Structured outputs and tool calls, in the model's vocabulary.
-    pub shaping: Shaping,
-    /// `--ttft-mode fixed`: each request's first token is due this long (mean, std-dev;
-    /// ms, already divided by --time-scale) after its arrival.
-    pub fixed_ttft_ms: Option<(f64, f64)>,
-    /// The least a step that samples a request's first token costs when it has no decodes:
-    /// a forward pass, which a real engine runs even for a fully cached prompt (vLLM
-    /// recomputes the last prompt token). The median of a one-decode step of the latency
-    /// model; set by [`PlayConfig::build_engine`].
-    pub first_token_floor: Duration,
-    /// Generation or pooling (`--runner`), and the embedding length of the latter.
-    pub runner: Runner,
-    pub embedding_dim: u32,
-    /// Prefill/decode disaggregation.
-    pub pd: PdConfig,
-}
+use crate::play::content::constrained::{Shaping, ToolCalls};
+use crate::play::content::failures::FailureInjector;
+use crate::play::content::replay::ReplaySetup;
+use crate::play::content::spec_decode::SpecModel;
+use crate::play::content::text::TextTokens;
+use crate::play::content::tokens::{EchoTokens, RandomTokens, TokenSource};
+use crate::play::content::vocab::Vocabulary;
+use crate::play::engine::batch::ComposeRules;
+use crate::play::engine::queue_policy::SchedulingPolicy;
+use crate::play::engine::sim::{EngineConfig, SimEngine};
 
 /// Everything `play` needs, checked.
 #[derive(Debug, Clone)]
@@ -121,162 +73,119 @@ fn seconds(v: f64, flag: &str, allow_zero: bool) -> Result<Duration> {
     Ok(Duration::from_secs_f64(v))
 }
 
-/// The files the engine flags read (`--latency-trace`, `--latency-steps`,
-/// `--replay-tokens`, `--replay-steps`, `--tokenizer`), for the output guard of every
-/// command that takes them.
-pub fn engine_inputs(e: &EngineArgs) -> Vec<Named<'_>> {
-    let mut inputs = Vec::new();
-    inputs.extend(e.latency_trace.iter().map(|p| named("--latency-trace", p)));
-    inputs.extend(e.latency_steps.iter().map(|p| named("--latency-steps", p)));
-    inputs.extend(e.replay_tokens.iter().map(|p| named("--replay-tokens", p)));
-    inputs.extend(e.replay_steps.iter().map(|p| named("--replay-steps", p)));
-    inputs.extend(e.tokenizer.iter().map(|p| named("--tokenizer", p)));
-    inputs
-}
-
-/// A latency model fitted under another configuration (host, rig, engine flags: the
-/// `config_hash`) than the capture being replayed paces that capture's requests with
-/// another engine's step times: say so loudly (`--expect-config-hash` makes it an error).
-fn warn_other_config(model: &FittedModel, replay: &ReplaySetup) {
-    let replayed = replay.config_hashes();
-    let fit: Vec<String> = model
-        .meta
-        .sources
-        .iter()
-        .filter_map(|s| s.config_hash.as_ref().map(|h| h.to_ascii_lowercase()))
-        .collect();
-    if replayed.is_empty() || fit.is_empty() || fit.iter().any(|h| replayed.contains(h)) {
-        return;
-    }
-    tracing::warn!(
-        "the latency model was fitted on another configuration (config_hash {}) than the replayed capture ({}): its step times are another engine's; pass --expect-config-hash to refuse such a pairing",
-        fit.join(", "),
-        replayed.join(", ")
-    );
-}
-
 impl TryFrom<&PlayArgs> for PlayConfig {
     type Error = anyhow::Error;
 
+    /// In three steps: the flags on their own ([`check_flags`]), the files they name, each
+    /// read once ([`Artifacts::load`]), and the values derived from both ([`PlayConfig::new`]).
     fn try_from(a: &PlayArgs) -> Result<Self> {
-        Self::build(a, None)
+        check_flags(a)?;
+        let artifacts = Artifacts::load(a)?;
+        Self::new(a, artifacts)
     }
 }
 
-impl PlayConfig {
-    /// The configuration of `a` with the replay indexes an earlier configuration of the
-    /// same flags loaded (`serve` checks the flags before it starts anything, then runs
-    /// the engine: the traces are read and logged once).
-    pub fn with_replay(a: &PlayArgs, replay: Option<ReplaySetup>) -> Result<Self> {
-        Self::build(a, Some(replay))
+/// The checks the flags pass on their own, before any file is read (flags parsed by clap
+/// are range-checked already; `PlayArgs` built in code are checked here).
+pub fn check_flags(a: &PlayArgs) -> Result<()> {
+    if a.min_token_id >= a.vocab_size {
+        bail!(
+            "--min-token-id ({}) must be below --vocab-size ({})",
+            a.min_token_id,
+            a.vocab_size
+        );
     }
+    a.knobs().validate().map_err(|e| anyhow!(e))?;
+    if a.ttft_mode == TtftMode::Fixed && a.uses_latency_model() {
+        bail!(
+            "--ttft-mode fixed applies to the knobs; a --latency-trace model times prefills itself"
+        );
+    }
+    if a.uses_latency_model() {
+        let set: Vec<&str> = [
+            (a.time_to_first_token, "--time-to-first-token"),
+            (
+                a.time_to_first_token_std_dev,
+                "--time-to-first-token-std-dev",
+            ),
+            (a.inter_token_latency, "--inter-token-latency"),
+            (
+                a.inter_token_latency_std_dev,
+                "--inter-token-latency-std-dev",
+            ),
+            (a.prefill_overhead, "--prefill-overhead"),
+            (a.prefill_time_per_token, "--prefill-time-per-token"),
+        ]
+        .into_iter()
+        .filter(|(v, _)| *v > 0.0)
+        .map(|(_, f)| f)
+        .collect();
+        if !set.is_empty() {
+            bail!(
+                "--latency-trace paces every step with the model fitted to the capture; it does not combine with {} (drop those, or drop --latency-trace)",
+                set.join(", ")
+            );
+        }
+        if a.time_factor_under_load != 1.0 {
+            bail!(
+                "--latency-trace already conditions step times on the batch; --time-factor-under-load does not combine with it"
+            );
+        }
+    }
+    if a.expect_config_hash
+        .as_deref()
+        .is_some_and(|h| h.trim().is_empty())
+    {
+        bail!("--expect-config-hash needs a hash (the `config_hash` of a trace's meta line)");
+    }
+    Ok(())
+}
 
-    fn build(a: &PlayArgs, preloaded: Option<Option<ReplaySetup>>) -> Result<Self> {
-        if let Some(summary) = &a.replay_summary {
-            check_outputs(&engine_inputs(a), &[named("--replay-summary", summary)])?;
-        }
-        if a.min_token_id >= a.vocab_size {
-            bail!(
-                "--min-token-id ({}) must be below --vocab-size ({})",
-                a.min_token_id,
-                a.vocab_size
-            );
-        }
-        let knobs = a.knobs();
-        // (flags are range-checked by clap; PlayArgs built in code are checked here)
-        knobs.validate().map_err(|e| anyhow!(e))?;
-        if a.ttft_mode == TtftMode::Fixed && !a.latency_trace.is_empty() {
-            bail!(
-                "--ttft-mode fixed applies to the knobs; a --latency-trace model times prefills itself"
-            );
-        }
-        if !a.latency_trace.is_empty() {
-            let set: Vec<&str> = [
-                (a.time_to_first_token, "--time-to-first-token"),
-                (
-                    a.time_to_first_token_std_dev,
-                    "--time-to-first-token-std-dev",
-                ),
-                (a.inter_token_latency, "--inter-token-latency"),
-                (
-                    a.inter_token_latency_std_dev,
-                    "--inter-token-latency-std-dev",
-                ),
-                (a.prefill_overhead, "--prefill-overhead"),
-                (a.prefill_time_per_token, "--prefill-time-per-token"),
-            ]
-            .into_iter()
-            .filter(|(v, _)| *v > 0.0)
-            .map(|(_, f)| f)
+/// The random ids `--min-token-id` .. `--vocab-size` must be ids of the model's vocabulary,
+/// and at least one of them text.
+fn check_vocab_range(a: &PlayArgs, vocab: &Vocabulary) -> Result<()> {
+    if a.tokenizer.is_some() && a.vocab_size > vocab.size() {
+        bail!(
+            "--vocab-size {} is larger than the {} tokens of --tokenizer {}",
+            a.vocab_size,
+            vocab.size(),
+            vocab.source
+        );
+    }
+    if a.tokenizer.is_some() || a.vocab_size <= vocab.size() {
+        // ids the tokenizer knows: the random range must hold one that is text
+        let end = a.vocab_size.min(vocab.size());
+        let specials: Vec<u32> = (a.min_token_id..end)
+            .filter(|t| vocab.is_special(*t))
             .collect();
-            if !set.is_empty() {
-                bail!(
-                    "--latency-trace paces every step with the model fitted to the capture; it does not combine with {} (drop those, or drop --latency-trace)",
-                    set.join(", ")
-                );
-            }
-            if a.time_factor_under_load != 1.0 {
-                bail!(
-                    "--latency-trace already conditions step times on the batch; --time-factor-under-load does not combine with it"
-                );
-            }
+        if specials.len() as u32 == end.saturating_sub(a.min_token_id) {
+            bail!(
+                "--min-token-id {} and --vocab-size {} leave random tokens only special tokens of {} (ids {specials:?}), which decode to nothing: raise --vocab-size",
+                a.min_token_id,
+                a.vocab_size,
+                vocab.source
+            );
         }
-        let model = load_latency_model(&a.latency_trace, &a.latency_steps)?;
-        if let (Some(expected), Some(m)) = (&a.expect_config_hash, &model) {
-            let expected = expected.trim().to_ascii_lowercase();
-            for src in &m.meta.sources {
-                match &src.config_hash {
-                    Some(h) if h.to_ascii_lowercase() == expected => {}
-                    other => bail!(
-                        "the latency model was fitted to {} (config_hash {}), not to a capture with the expected {expected}",
-                        src.trace,
-                        other.as_deref().unwrap_or("none")
-                    ),
-                }
-            }
-        }
-        if let Some(expected) = &a.expect_config_hash {
-            let mut paths: Vec<&std::path::Path> = a
-                .latency_trace
-                .iter()
-                .map(|p| p.as_path())
-                .filter(|p| !FittedModel::is_model_file(p))
-                .collect();
-            paths.extend(a.replay_tokens.as_deref());
-            paths.extend(a.replay_steps.as_deref());
-            if paths.is_empty() {
-                bail!(
-                    "--expect-config-hash checks the traces given to --latency-trace, --replay-tokens or --replay-steps, and none was given"
-                );
-            }
-            super::replay::check_config_hash(expected, &paths)?;
-        }
-        let vocab = match &a.tokenizer {
-            Some(p) => Arc::new(Vocabulary::load(&vocab::model_dir_of(p))?),
-            None => Vocabulary::embedded(),
-        };
-        let replay = match preloaded {
-            Some(r) => r,
-            None => ReplaySetup::load(
-                a.replay_tokens.as_deref(),
-                a.replay_steps.as_deref(),
-                a.replay_match,
-                a.replay_miss,
-                &vocab,
-                a.replay_allow_mismatch,
-            )?,
-        };
-        if let (Some(expected), Some(r)) = (&a.expect_config_hash, &replay) {
-            // concatenated captures carry several meta lines: every one must agree
-            r.check_config_hashes(expected)?;
-        }
-        if let (None, Some(m), Some(r)) = (&a.expect_config_hash, &model, &replay) {
-            warn_other_config(m, r);
-        }
+    }
+    Ok(())
+}
+
+impl PlayConfig {
+    /// The configuration of the flags `a` and the files they name (loaded by
+    /// [`Artifacts::load`]): the checks and the derived values, no file read. `serve`
+    /// loads the artifacts once and builds twice, before and after it starts the frontend.
+    pub fn new(a: &PlayArgs, artifacts: Artifacts) -> Result<Self> {
+        check_flags(a)?;
+        let Artifacts {
+            vocab,
+            model,
+            replay,
+        } = artifacts;
+        let knobs = a.knobs();
         let kv_events = a
             .kv_events_config
             .as_deref()
-            .map(super::kv_events::parse_kv_events_config)
+            .map(crate::play::pd::kv_events::parse_kv_events_config)
             .transpose()
             .context("--kv-events-config")?;
         let spec = (a.num_speculative_tokens > 0)
@@ -322,29 +231,7 @@ impl PlayConfig {
                 a.tool_call_rate
             );
         }
-        if a.tokenizer.is_some() && a.vocab_size > vocab.size() {
-            bail!(
-                "--vocab-size {} is larger than the {} tokens of --tokenizer {}",
-                a.vocab_size,
-                vocab.size(),
-                vocab.source
-            );
-        }
-        if a.tokenizer.is_some() || a.vocab_size <= vocab.size() {
-            // ids the tokenizer knows: the random range must hold one that is text
-            let end = a.vocab_size.min(vocab.size());
-            let specials: Vec<u32> = (a.min_token_id..end)
-                .filter(|t| vocab.is_special(*t))
-                .collect();
-            if specials.len() as u32 == end.saturating_sub(a.min_token_id) {
-                bail!(
-                    "--min-token-id {} and --vocab-size {} leave random tokens only special tokens of {} (ids {specials:?}), which decode to nothing: raise --vocab-size",
-                    a.min_token_id,
-                    a.vocab_size,
-                    vocab.source
-                );
-            }
-        }
+        check_vocab_range(a, &vocab)?;
         let engine = EngineConfig {
             line: a.vllm_version,
             engine_index: u32::from(a.data_parallel_rank),
@@ -369,7 +256,7 @@ impl PlayConfig {
             seed: a.seed,
             report_finished: dp_size > 1,
             time_scale: knobs.time_scale,
-            modeled_prefill: !a.latency_trace.is_empty(),
+            modeled_prefill: a.uses_latency_model(),
             fixed_ttft_ms: (a.ttft_mode == TtftMode::Fixed && a.time_to_first_token > 0.0).then(
                 || {
                     (
@@ -432,53 +319,6 @@ impl PlayConfig {
             model,
         })
     }
-}
-
-/// `--latency-trace` / `--latency-steps`: a saved model file, or traces (with their
-/// sidecars, in order) to fit now.
-pub(crate) fn load_latency_model(
-    traces: &[PathBuf],
-    steps: &[PathBuf],
-) -> Result<Option<FittedModel>> {
-    if traces.is_empty() {
-        return Ok(None);
-    }
-    let models = traces
-        .iter()
-        .filter(|p| FittedModel::is_model_file(p))
-        .count();
-    if models > 0 {
-        if traces.len() > 1 || !steps.is_empty() {
-            bail!(
-                "--latency-trace takes one model file (from `inspect fit`) or traces to fit, not both; fit several captures into one model with `vllm-vcr inspect fit A B -o model.json`"
-            );
-        }
-        let m = FittedModel::load(&traces[0]).context("--latency-trace")?;
-        return Ok(Some(m));
-    }
-    if steps.len() > traces.len() {
-        bail!(
-            "--latency-steps gives {} sidecars for {} traces: they pair with the --latency-trace traces in order",
-            steps.len(),
-            traces.len()
-        );
-    }
-    let inputs: Vec<FitInput> = traces
-        .iter()
-        .enumerate()
-        .map(|(i, t)| FitInput {
-            trace: t.clone(),
-            steps: steps.get(i).cloned(),
-        })
-        .collect();
-    let t = std::time::Instant::now();
-    let m = sim_trace::fit::fit(&inputs).context("--latency-trace: fitting the capture")?;
-    tracing::info!(
-        secs = format!("{:.2}", t.elapsed().as_secs_f64()),
-        "--latency-trace: fitted {} capture(s)",
-        inputs.len()
-    );
-    Ok(Some(m))
 }
 
 impl PlayConfig {
@@ -586,6 +426,8 @@ impl PlayConfig {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     fn args(f: impl FnOnce(&mut PlayArgs)) -> PlayArgs {
@@ -660,5 +502,74 @@ mod tests {
             parse(&["--enable-chunked-prefill", "--no-enable-chunked-prefill"]),
             (true, false)
         );
+    }
+    /// A configuration built from `a` and in-memory artifacts: no file is read.
+    fn without_files(a: &PlayArgs) -> Result<PlayConfig> {
+        PlayConfig::new(a, Artifacts::embedded())
+    }
+
+    #[test]
+    fn flags_are_checked_before_any_file_is_read() {
+        let missing = PathBuf::from("/nonexistent/capture.jsonl");
+        let e = PlayConfig::try_from(&args(|a| {
+            a.latency_trace = vec![missing.clone()];
+            a.ttft_mode = TtftMode::Fixed;
+        }))
+        .unwrap_err();
+        assert!(e.to_string().contains("--ttft-mode fixed"), "{e}");
+        let e = PlayConfig::try_from(&args(|a| {
+            a.latency_trace = vec![missing.clone()];
+            a.inter_token_latency = 5.0;
+        }))
+        .unwrap_err();
+        assert!(e.to_string().contains("--inter-token-latency"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_expected_hash_is_refused() {
+        let e = check_flags(&args(|a| a.expect_config_hash = Some("  ".into()))).unwrap_err();
+        assert!(e.to_string().contains("needs a hash"), "{e}");
+    }
+
+    #[test]
+    fn a_latency_model_paces_prefills_and_the_knobs_do_not() {
+        let knobs = without_files(&args(|_| {})).unwrap();
+        assert!(!knobs.engine.modeled_prefill);
+        let modeled = args(|a| a.latency_trace = vec![PathBuf::from("model.json")]);
+        assert!(without_files(&modeled).unwrap().engine.modeled_prefill);
+    }
+
+    #[test]
+    fn a_vocab_size_past_the_tokenizer_is_refused() {
+        let e = without_files(&args(|a| {
+            a.tokenizer = Some(PathBuf::from("tiny"));
+            a.vocab_size = 100_000;
+        }))
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("--vocab-size 100000 is larger"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn random_ids_of_only_special_tokens_are_refused() {
+        let e = without_files(&args(|a| {
+            a.min_token_id = 0;
+            a.vocab_size = 1;
+        }))
+        .unwrap_err();
+        assert!(e.to_string().contains("only special tokens"), "{e}");
+    }
+
+    #[test]
+    fn a_fixed_ttft_is_divided_by_the_time_scale() {
+        let c = without_files(&args(|a| {
+            a.ttft_mode = TtftMode::Fixed;
+            a.time_to_first_token = 100.0;
+            a.time_scale = 2.0;
+        }))
+        .unwrap();
+        assert_eq!(c.engine.fixed_ttft_ms, Some((50.0, 0.0)));
     }
 }

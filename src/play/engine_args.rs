@@ -8,7 +8,26 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::TokenMode;
+use super::pd::{LoadFailurePolicy, PdRole};
+use crate::play::content::failures::FailureType;
+use crate::play::content::pooling::Runner;
+use crate::play::content::replay::{MatchMode, MissPolicy};
+use crate::play::content::spec_decode::SpecMetricsLevel;
+use crate::play::engine::queue_policy::SchedulingPolicy;
+
+/// `--tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum TokenMode {
+    /// Random ids, seeded per request (from --seed and the request id, or the request's
+    /// own sampling seed and prompt).
+    #[default]
+    Random,
+    /// The prompt's own ids back, then EOS (wraps around under ignore_eos).
+    Echo,
+    /// Readable sentences of ordinary words in the model's tokens (--tokenizer), seeded
+    /// like random ones; runs to max_tokens like random ones.
+    Text,
+}
 
 /// `--ttft-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -19,12 +38,6 @@ pub enum TtftMode {
     /// A per-request delay to the first token.
     Fixed,
 }
-use super::failures::FailureType;
-use super::pd::{LoadFailurePolicy, PdRole};
-use super::pooling::Runner;
-use super::queue_policy::SchedulingPolicy;
-use super::replay::{MatchMode, MissPolicy};
-use super::spec_decode::SpecMetricsLevel;
 
 /// The KV-cache block size when `--block-size` is not given.
 pub const DEFAULT_BLOCK_SIZE: u64 = 16;
@@ -344,6 +357,12 @@ impl EngineArgs {
             engine: EngineArgs,
         }
         <Wrap as clap::Parser>::parse_from(["engine"]).engine
+    }
+
+    /// Whether a latency model paces the steps (`--latency-trace`: a fitted model, or
+    /// captures to fit) instead of the knobs.
+    pub fn uses_latency_model(&self) -> bool {
+        !self.latency_trace.is_empty()
     }
 
     /// Tokens per KV-cache block: `--block-size`, else [`DEFAULT_BLOCK_SIZE`].

@@ -15,8 +15,8 @@ use tokio::sync::{mpsc, watch};
 use zeromq::{SocketRecv, SocketSend, ZmqMessage};
 
 use super::config::PlayConfig;
-use super::engine_core::{EngineInput, LoopControl, LoopExit, Outbound, run_loop};
-use super::sim::SimEngine;
+use crate::play::engine::engine_core::{EngineInput, LoopControl, LoopExit, Outbound, run_loop};
+use crate::play::engine::sim::SimEngine;
 
 /// How late one engine emitted its steps (and scripted chunks) against their deadlines,
 /// over a whole run: the disturbance a wall-clock run suffered from the machine, which a
@@ -55,7 +55,7 @@ pub async fn run_engine(
     let kv_publisher = match &cfg.kv_events {
         Some(config) => {
             let (publisher, advertised) =
-                super::kv_events::KvEventPublisher::start(config, rank, cfg.line)
+                crate::play::pd::kv_events::KvEventPublisher::start(config, rank, cfg.line)
                     .await
                     .context("starting the KV-events publisher")?;
             if let Some(a) = &advertised {
@@ -88,7 +88,7 @@ pub async fn run_engine(
         let router = sim_protocol::listener::ZmtpRouter::bind(
             &address,
             "P/D side channel",
-            super::side_channel::peer_limits(),
+            crate::play::pd::side_channel::peer_limits(),
         )
         .await
         .with_context(|| {
@@ -100,7 +100,7 @@ pub async fn run_engine(
     } else {
         None
     };
-    let plane = super::data_plane::for_engine(
+    let plane = crate::play::pd::data_plane::for_engine(
         cfg.engine.pd.role,
         &cfg.engine.pd.engine_id,
         cfg.engine.num_gpu_blocks,
@@ -135,7 +135,7 @@ pub async fn run_engine(
     }
     drop(in_tx);
     let side_task = side_router.map(|router| {
-        tokio::spawn(super::side_channel::serve(
+        tokio::spawn(crate::play::pd::side_channel::serve(
             router,
             side_tx.clone(),
             plane.clone(),
@@ -144,7 +144,7 @@ pub async fn run_engine(
     });
     let reads_task = (cfg.engine.pd.role == super::pd::PdRole::Prefill && plane.moves_bytes())
         .then(|| {
-            tokio::spawn(super::side_channel::watch_reads(
+            tokio::spawn(crate::play::pd::side_channel::watch_reads(
                 plane.clone(),
                 side_tx.clone(),
                 shutdown.clone(),
@@ -303,7 +303,7 @@ async fn output_task<S: SocketSend>(
     mut outputs: Vec<S>,
     mut rx: mpsc::UnboundedReceiver<Outbound>,
     side: mpsc::UnboundedSender<EngineInput>,
-    plane: std::sync::Arc<dyn super::data_plane::DataPlane>,
+    plane: std::sync::Arc<dyn crate::play::pd::data_plane::DataPlane>,
 ) -> Result<()> {
     // A client whose output socket failed is gone (its API server died or closed the
     // socket): like vLLM when a client goes away, its requests are aborted rather than
@@ -355,7 +355,11 @@ async fn output_task<S: SocketSend>(
                 send_dead(&mut outputs).await;
             }
             Outbound::Pull(p) => {
-                tokio::spawn(super::side_channel::pull(p, side.clone(), plane.clone()));
+                tokio::spawn(crate::play::pd::side_channel::pull(
+                    p,
+                    side.clone(),
+                    plane.clone(),
+                ));
             }
             Outbound::Compile(c) => {
                 // on tokio's blocking pool: a big grammar takes a while, and neither the
@@ -366,7 +370,7 @@ async fn output_task<S: SocketSend>(
                     let ready = tokio::task::spawn_blocking(move || c.run())
                         .await
                         .unwrap_or_else(|e| {
-                            EngineInput::Grammar(super::engine_core::GrammarReady {
+                            EngineInput::Grammar(crate::play::engine::engine_core::GrammarReady {
                                 request_id,
                                 result: Err(format!("the grammar compile failed: {e}")),
                             })
@@ -438,7 +442,7 @@ mod tests {
         let push = PushSocket::new();
         let (tx, rx) = mpsc::unbounded_channel();
         let (side, mut side_rx) = mpsc::unbounded_channel();
-        let plane = std::sync::Arc::new(crate::play::data_plane::NoopDataPlane);
+        let plane = std::sync::Arc::new(crate::play::pd::data_plane::NoopDataPlane);
         let task = tokio::spawn(output_task(
             VllmLine::new(0, 33),
             vec![push],
@@ -492,7 +496,7 @@ mod tests {
         push.connect(&ep.to_string()).await.unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
         let (side, _side_rx) = mpsc::unbounded_channel();
-        let plane = std::sync::Arc::new(crate::play::data_plane::NoopDataPlane);
+        let plane = std::sync::Arc::new(crate::play::pd::data_plane::NoopDataPlane);
         let task = tokio::spawn(output_task(
             VllmLine::new(0, 33),
             vec![push],

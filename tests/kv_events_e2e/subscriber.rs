@@ -17,7 +17,7 @@ use sim_protocol::VllmLine;
 use sim_protocol::kv_events::{KvEvent, KvEventsConfig, decode_kv_event_batch};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
-use vllm_vcr::play::kv_events::{END_SEQ, KvEventPublisher};
+use vllm_vcr::play::pd::kv_events::{END_SEQ, KvEventPublisher};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 /// Two free TCP ports (outside the kernel's ephemeral range; see `child::free_ports`).

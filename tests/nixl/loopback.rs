@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use vllm_vcr::play::nixl::{NixlPool, load_runtime};
+use vllm_vcr::play::pd::nixl::{NixlPool, load_runtime};
 
 const T: Duration = Duration::from_secs(10);
 

@@ -149,7 +149,7 @@ fn the_calibration_suite_runs_against_a_frontend() {
     );
     for name in sim_trace::loads::CALIBRATION_SUITE {
         let w = sim_trace::loads::workload(name).unwrap();
-        let args = w.bench_args(w.requests, 0);
+        let args = w.bench_args(w.requests, 0, std::path::Path::new("/unused"));
         let line = report
             .lines()
             .find(|l| l.contains(" bench serve ") && l.contains(&args[3]) && l.contains(&args[5]))

@@ -393,7 +393,7 @@ pub fn write_cpu_shim(dir: &Path) -> Result<PathBuf> {
     Ok(shim)
 }
 
-/// The NIXL runtime for `--features nixl` (src/play/nixl.rs): PyPI's `nixl-cu12` wheel
+/// The NIXL runtime for `--features nixl` (src/play/pd/nixl.rs): PyPI's `nixl-cu12` wheel
 /// bundles `libnixl_capi.so` (what `nixl-sys`'s `stub-api` dlopens), `libnixl.so`, UCX and
 /// the backend plugins. Its metadata asks for torch and numpy, which the libraries do not
 /// need: installed with `--no-deps`. Its license is NVIDIA's, not ours: the libraries stay

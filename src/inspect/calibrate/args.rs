@@ -91,7 +91,7 @@ pub fn check_calibrate_outputs(
 ) -> Result<()> {
     let mut inputs = vec![named("the trace", &a.trace)];
     inputs.extend(a.steps.iter().map(|p| named("--steps", p)));
-    inputs.extend(crate::play::config::engine_inputs(&a.engine));
+    inputs.extend(crate::play::artifacts::engine_inputs(&a.engine));
     inputs.extend(more_inputs.iter().cloned());
     let mut outputs: Vec<Named> = a
         .dump_samples

@@ -141,7 +141,7 @@ pub fn run_with(
     }
     let (step_check, speed) = match &a.steps {
         Some(sidecar) => {
-            let m = crate::play::config::load_latency_model(
+            let m = crate::play::artifacts::load_latency_model(
                 &engine.latency_trace,
                 &engine.latency_steps,
             )?

@@ -10,8 +10,8 @@ use std::time::Duration;
 use sim_protocol::{EngineCoreRequest, EventType, FinishReason};
 use sim_trace::trace::{BlockHash, ItlCtx, TraceRecord};
 
-use crate::play::offline::TimedOutput;
-use crate::play::replay::prompt_block_hashes;
+use crate::play::content::replay::prompt_block_hashes;
+use crate::play::engine::offline::TimedOutput;
 
 /// A request in flight.
 struct Flight {

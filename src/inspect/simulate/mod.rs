@@ -26,8 +26,8 @@ use super::summarize::Summary;
 use crate::io_guard::{check_outputs, named};
 use crate::play::EngineArgs;
 use crate::play::config::PlayConfig;
-use crate::play::config::engine_inputs;
-use crate::play::offline::OfflineDriver;
+use crate::play::artifacts::engine_inputs;
+use crate::play::engine::offline::OfflineDriver;
 use arrivals::Arrivals;
 pub use follow::Finished;
 use follow::Follower;
@@ -156,7 +156,7 @@ pub fn run_workload(
     let mut follower = Follower::new(
         opts.hash_blocks,
         opts.record_tokens,
-        crate::play::timer::instant_to_monotonic(driver.origin()),
+        crate::play::engine::timer::instant_to_monotonic(driver.origin()),
     );
     let mut finished = Vec::new();
     let mut progress = Progress::new("simulate:");

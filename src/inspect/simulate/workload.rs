@@ -36,7 +36,7 @@ use sim_trace::stats::quantile_of;
 use sim_trace::trace::{BlockHash, TraceItem, TraceMeta, TraceReader, TraceRecord};
 
 use crate::inspect::progress::Progress;
-use crate::play::tokens::{SplitMix64, request_seed};
+use crate::play::content::tokens::{SplitMix64, request_seed};
 
 /// `u32::MAX`: no request.
 const NONE: u32 = u32::MAX;

@@ -8,7 +8,7 @@ use sim_protocol::transport::identity_rank;
 use sim_protocol::{EngineCoreRequest, FinishReason, InputMessage, ReadyResponse, VllmLine};
 use sim_trace::trace::BlockHash;
 
-use crate::play::block_hash::{self, ExtraKey};
+use crate::play::engine::block_hash::{self, ExtraKey};
 
 use super::{Observer, Req};
 

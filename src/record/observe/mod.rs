@@ -30,7 +30,7 @@ use sim_protocol::transport::identity_rank;
 use sim_trace::trace::{BlockHash, TraceMeta, TraceWriter};
 
 use super::handoff::{Recv, Seen, SeenReceiver};
-use crate::play::block_hash;
+use crate::play::engine::block_hash;
 
 /// Meta fields given on the command line (they win over what the engine reports).
 #[derive(Debug, Clone, Default)]

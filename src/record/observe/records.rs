@@ -4,7 +4,7 @@
 use sim_protocol::FinishReason;
 use sim_trace::trace::{ItlCtx, TraceRecord};
 
-use crate::play::timer::now_monotonic;
+use crate::play::engine::timer::now_monotonic;
 
 use super::Observer;
 

@@ -8,7 +8,7 @@ use tokio::sync::OwnedMutexGuard;
 use sim_protocol::zmtp;
 
 use super::legs::{Leg, READ_CHUNK, Writer};
-use crate::play::timer::now_monotonic;
+use crate::play::engine::timer::now_monotonic;
 
 /// What a pipe hands its owner.
 pub(super) enum Got {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::support::*;
 use sim_protocol::{EngineCoreOutputs, EventType, FinishReason};
 use vllm_vcr::play::config::PlayConfig;
-use vllm_vcr::play::offline::OfflineDriver;
-use vllm_vcr::play::timer::instant_to_monotonic;
+use vllm_vcr::play::engine::offline::OfflineDriver;
+use vllm_vcr::play::engine::timer::instant_to_monotonic;
 
 /// One step as the stats show it: (step counter, running, waiting, KV usage ‰, prefix
 /// queries, hits, requests that produced tokens).
@@ -323,7 +323,9 @@ fn a_fixed_ttft_does_not_grow_with_concurrency() {
 }
 
 /// The first token's time of each request, ms after `origin_ms`.
-fn first_token_ms(outputs: &[vllm_vcr::play::offline::TimedOutput]) -> BTreeMap<String, f64> {
+fn first_token_ms(
+    outputs: &[vllm_vcr::play::engine::offline::TimedOutput],
+) -> BTreeMap<String, f64> {
     let mut first = BTreeMap::new();
     for o in outputs {
         for x in &o.outputs.outputs {

@@ -7,8 +7,8 @@ use std::path::Path;
 use crate::support::*;
 use sim_protocol::{FinishReason, StopReason};
 use sim_trace::trace::{BlockHash, TraceMeta, TraceRecord, TraceWriter};
-use vllm_vcr::play::block_hash;
-use vllm_vcr::play::replay::MatchMode;
+use vllm_vcr::play::content::replay::MatchMode;
+use vllm_vcr::play::engine::block_hash;
 
 const BLOCK: usize = 4;
 
@@ -129,7 +129,7 @@ async fn prefixes_match_whole_prompts_and_misses_are_loud() {
     let mut a = args();
     a.replay_tokens = Some(trace);
     a.replay_match = MatchMode::Prefix;
-    a.replay_miss = vllm_vcr::play::replay::MissPolicy::Fail;
+    a.replay_miss = vllm_vcr::play::content::replay::MissPolicy::Fail;
     a.replay_summary = Some(dir.join("summary.json"));
     let mut w = Wire::start(a).await;
     // b's prompt, the client's own id

@@ -179,7 +179,7 @@ async fn speculative_steps_deliver_several_tokens_and_report_acceptance() {
 async fn injected_failures_finish_requests_the_chosen_way() {
     let mut a = args();
     a.failure_injection_rate = 1.0;
-    a.failure_types = vec![vllm_vcr::play::failures::FailureType::Length];
+    a.failure_types = vec![vllm_vcr::play::content::failures::FailureType::Length];
     let mut w = Wire::start(a).await;
     w.send(&add("cut", &[10], 50)).await;
     let c = w.collect(&["cut"]).await;
@@ -189,7 +189,7 @@ async fn injected_failures_finish_requests_the_chosen_way() {
 
     let mut a = args();
     a.failure_injection_rate = 1.0;
-    a.failure_types = vec![vllm_vcr::play::failures::FailureType::Error];
+    a.failure_types = vec![vllm_vcr::play::content::failures::FailureType::Error];
     let mut w = Wire::start(a).await;
     for id in ["e0", "e1", "e2", "e3"] {
         w.send(&add(id, &[10], 50)).await;

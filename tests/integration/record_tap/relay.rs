@@ -98,7 +98,7 @@ async fn every_frame_crosses_unchanged_in_both_directions() {
     // Engine → frontend: outputs finishing r0 (with engine-side timestamps and events),
     // then raw bytes with an aux frame.
     use zeromq::{SocketRecv, SocketSend, ZmqMessage};
-    let t0 = vllm_vcr::play::timer::now_monotonic();
+    let t0 = vllm_vcr::play::engine::timer::now_monotonic();
     let out =
         |ts: f64, ids: Vec<u32>, finish: Option<FinishReason>, first: bool| EngineCoreOutputs {
             timestamp: ts,

@@ -357,7 +357,7 @@ async fn several_engines_in_one_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooling_engine_answers_with_vectors() {
     let mut a = args();
-    a.runner = vllm_vcr::play::pooling::Runner::Pooling;
+    a.runner = vllm_vcr::play::content::pooling::Runner::Pooling;
     a.embedding_dim = 16;
     let mut w = Wire::start(a).await;
     let mut p = request("emb", &[40, 41, 42, 43], 1);

@@ -27,7 +27,7 @@
 
 use sim_protocol::{FinishReason, RequestError, StopReason};
 
-use crate::play::tokens::SplitMix64;
+use crate::play::content::tokens::SplitMix64;
 
 /// `RequestError.code` of an injected engine error (vLLM itself has none for this case).
 pub const INJECTED_FAILURE_CODE: &str = "injected_failure";

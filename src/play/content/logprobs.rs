@@ -20,7 +20,7 @@ use std::ops::Range;
 use rmpv::Value;
 use sim_protocol::LogprobsLists;
 
-use crate::play::tokens::SplitMix64;
+use crate::play::content::tokens::SplitMix64;
 
 /// msgpack ext code of raw array bytes (`CUSTOM_TYPE_RAW_VIEW`, `vllm/v1/serial_utils.py`).
 const RAW_VIEW_EXT: i8 = 3;

@@ -12,8 +12,8 @@ use zeromq::{DealerSocket, Socket};
 use std::sync::Arc;
 
 use super::data_plane::{self, DataPlane};
-use super::engine_core::EngineInput;
-use super::pd::{PdEvent, Pull, wire};
+use crate::play::engine::engine_core::EngineInput;
+use crate::play::pd::{PdEvent, Pull, wire};
 
 /// What one side-channel peer may send: a read names a request and its block ids (about
 /// 5 bytes each), so 1 MiB is ~200,000 blocks, far past any context; a NIXL handshake
@@ -102,7 +102,7 @@ pub async fn serve(
 /// `msgpack(float)`: this process's monotonic clock in seconds (vLLM's handshake answer
 /// carries the peer's `time.perf_counter()` to estimate the clock offset).
 fn perf_counter_msgpack() -> Vec<u8> {
-    let now = super::timer::monotonic_seconds();
+    let now = crate::play::engine::timer::monotonic_seconds();
     let mut buf = Vec::new();
     rmpv::encode::write_value(&mut buf, &rmpv::Value::F64(now)).expect("a Vec");
     buf

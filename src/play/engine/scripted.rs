@@ -9,8 +9,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use super::replay::Script;
 use super::request::SimRequest;
+use crate::play::content::replay::Script;
 
 struct Entry {
     r: SimRequest,
@@ -154,8 +154,8 @@ mod tests {
 
     use super::*;
     use crate::play::config::PlayConfig;
-    use crate::play::offline::OfflineDriver;
-    use crate::play::replay::{Miss, MissPolicy, RecordSource, Recorded, Replay};
+    use crate::play::content::replay::{Miss, MissPolicy, RecordSource, Recorded, Replay};
+    use crate::play::engine::offline::OfflineDriver;
 
     /// Request `r<i>` gets a script of its own: TTFT 10 + i ms, then chunks of 1–4 tokens
     /// at gaps of 3–9 ms.
@@ -258,8 +258,8 @@ mod modeled_prefill {
     use sim_protocol::{EngineCoreRequest, FinishReason, SamplingParams};
 
     use crate::play::config::PlayConfig;
-    use crate::play::offline::OfflineDriver;
-    use crate::play::replay::{Miss, MissPolicy, RecordSource, Recorded, Replay, Script};
+    use crate::play::content::replay::{Miss, MissPolicy, RecordSource, Recorded, Replay, Script};
+    use crate::play::engine::offline::OfflineDriver;
 
     /// Every request's record: a recorded TTFT of 1 s (ignored: the model paces the
     /// prefill), then chunks of 2 tokens 7 ms apart.

@@ -4,10 +4,12 @@
 
 use sim_protocol::{EngineCoreOutput, FinishReason, PrefillStats, RequestError, StopReason};
 
-use super::config::EngineConfig;
-use super::logprobs::{resolve_num_logprobs, sample_logprobs, sample_prompt_logprobs};
 use super::request::SimRequest;
-use super::spec_decode::SpecStepStats;
+use super::sim::config::EngineConfig;
+use crate::play::content::logprobs::{
+    resolve_num_logprobs, sample_logprobs, sample_prompt_logprobs,
+};
+use crate::play::content::spec_decode::SpecStepStats;
 
 /// The prefix of the error message of a request whose structured output failed
 /// mid-answer (its grammar could not be followed to its end). The error's code is
@@ -78,8 +80,8 @@ pub fn emit_into(
     if let Some(p) = r.pooling {
         // a pooling request's output is its vector, sent when its prefill is done
         let prompt = &r.tokens[..r.prompt_len as usize];
-        let v = super::pooling::embed(prompt, cfg.embedding_dim, p, cfg.seed);
-        o.pooling_output = Some(Box::new(super::pooling::tensor_value(&v)));
+        let v = crate::play::content::pooling::embed(prompt, cfg.embedding_dim, p, cfg.seed);
+        o.pooling_output = Some(Box::new(crate::play::content::pooling::tensor_value(&v)));
         stop = Some((FinishReason::Stop, None));
         count = 0;
     }

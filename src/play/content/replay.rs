@@ -14,11 +14,10 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use sim_protocol::{EngineCoreRequest, FinishReason};
 use sim_trace::replay::{ReplayIndex, ReplayLoadOptions};
-use sim_trace::trace::TraceReader;
 
-use super::block_hash::{self, ExtraKey};
 use super::tokens::{RecordedStream, TokenStream};
 use super::vocab::Vocabulary;
+use crate::play::engine::block_hash::{self, ExtraKey};
 
 /// How a request finds its record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Serialize)]
@@ -42,29 +41,31 @@ pub enum MissPolicy {
     Fail,
 }
 
-/// Refuse traces captured under another configuration: every path's meta must carry
-/// `expected` as its `config_hash`.
-pub fn check_config_hash(expected: &str, paths: &[&Path]) -> Result<()> {
-    let expected = expected.trim().to_ascii_lowercase();
-    if expected.is_empty() {
-        bail!("--expect-config-hash needs a hash (the `config_hash` of a trace's meta line)");
-    }
-    for path in paths {
-        let mut reader = TraceReader::open(path)
-            .with_context(|| format!("--expect-config-hash: opening {}", path.display()))?;
-        let (meta, _) = reader
-            .read_header()
-            .with_context(|| format!("--expect-config-hash: reading {}", path.display()))?;
-        match meta.and_then(|m| m.config_hash) {
-            Some(h) if h.to_ascii_lowercase() == expected => {}
-            Some(h) => bail!(
-                "{} was captured under config_hash {h}, not the expected {expected} (another engine configuration: refit or recapture, or drop --expect-config-hash)",
-                path.display()
-            ),
-            None => bail!(
+/// `--expect-config-hash` (trimmed, lower case) against the meta lines of one loaded
+/// trace: the first must carry it, and so must every later one (concatenated captures).
+fn check_config_hash(index: &ReplayIndex, expected: &str) -> Result<()> {
+    for f in index.files() {
+        let Some(first) = f.config_hash() else {
+            bail!(
                 "{} has no config_hash in its meta line, so --expect-config-hash {expected} cannot be checked (capture with `record --gpu … --vllm-version … --engine-config …`)",
-                path.display()
-            ),
+                f.path.display()
+            );
+        };
+        if first.to_ascii_lowercase() != expected {
+            bail!(
+                "{} was captured under config_hash {first}, not the expected {expected} (another engine configuration: refit or recapture, or drop --expect-config-hash)",
+                f.path.display()
+            );
+        }
+        if let Some(other) = f
+            .config_hashes
+            .iter()
+            .find(|h| h.to_ascii_lowercase() != expected)
+        {
+            bail!(
+                "{} holds a capture with config_hash {other}, not the expected {expected} (concatenated captures of different configurations)",
+                f.path.display()
+            );
         }
     }
     Ok(())
@@ -145,6 +146,13 @@ pub struct Miss {
     pub message: String,
 }
 
+/// A request's miss as `--replay-miss fail` refuses it (the request's error message).
+impl std::fmt::Display for Miss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no recorded output for this request: {}", self.message)
+    }
+}
+
 /// Finds the record of each request. One per engine: lookups consume records.
 pub trait RecordSource: Send {
     fn lookup(&mut self, req: &EngineCoreRequest) -> Result<Recorded, Miss>;
@@ -180,14 +188,15 @@ impl Replay {
         self.tokens.is_some() || self.steps.is_some()
     }
 
-    /// Look `req` up. A miss is logged; under `--replay-miss fail` it is an `Err` with the
-    /// message the request finishes with, otherwise the request keeps `stream`.
+    /// Look `req` up. A miss is logged; under `--replay-miss fail` it is the `Err` (its
+    /// `Display` is the message the request finishes with), otherwise the request keeps
+    /// `stream`.
     pub fn resolve(
         &mut self,
         req: &EngineCoreRequest,
         stream: Box<dyn TokenStream>,
         log: bool,
-    ) -> Result<Served, String> {
+    ) -> Result<Served, Miss> {
         let id = req.request_id.as_str();
         let mut served = Served {
             stream,
@@ -224,10 +233,7 @@ impl Replay {
         if let Some(m) = missed {
             tracing::warn!(request_id = %id, reason = m.kind, "replay miss: {}", m.message);
             if self.miss == MissPolicy::Fail {
-                return Err(format!(
-                    "no recorded output for this request: {}",
-                    m.message
-                ));
+                return Err(m);
             }
         }
         Ok(served)
@@ -424,7 +430,8 @@ impl ReplaySetup {
     /// Load what --replay-tokens and --replay-steps name; `None` when neither is given.
     /// Recorded token ids must be ids of `vocab` (the frontend's tokenizer); two different
     /// files must be one capture (config hash, block size, records and their ids) unless
-    /// `allow_mismatch`.
+    /// `allow_mismatch`. With `expected_hash` (trimmed, lower case), every file's meta lines
+    /// must carry it.
     pub fn load(
         tokens: Option<&Path>,
         steps: Option<&Path>,
@@ -432,6 +439,7 @@ impl ReplaySetup {
         miss: MissPolicy,
         vocab: &Vocabulary,
         allow_mismatch: bool,
+        expected_hash: Option<&str>,
     ) -> Result<Option<Self>> {
         let open = |path: &Path, opts: ReplayLoadOptions, flag: &str| -> Result<ReplayIndex> {
             let t = std::time::Instant::now();
@@ -439,6 +447,9 @@ impl ReplaySetup {
                 .with_context(|| format!("{flag} {}", path.display()))?;
             for w in index.warnings() {
                 tracing::warn!("{flag}: {w}");
+            }
+            if let Some(expected) = expected_hash {
+                check_config_hash(&index, expected)?;
             }
             if mode == MatchMode::Prefix && index.block_size().is_none() {
                 bail!(
@@ -532,27 +543,6 @@ impl ReplaySetup {
         out.sort();
         out.dedup();
         out
-    }
-
-    /// Every meta line of every replayed file must carry `expected` as its config hash.
-    pub fn check_config_hashes(&self, expected: &str) -> Result<()> {
-        let expected = expected.trim().to_ascii_lowercase();
-        for index in self.tokens.iter().chain(self.steps.iter()) {
-            let index = index.lock().unwrap_or_else(|p| p.into_inner());
-            for f in index.files() {
-                if let Some(other) = f
-                    .config_hashes
-                    .iter()
-                    .find(|h| h.to_ascii_lowercase() != expected)
-                {
-                    bail!(
-                        "{} holds a capture with config_hash {other}, not the expected {expected} (concatenated captures of different configurations)",
-                        f.path.display()
-                    );
-                }
-            }
-        }
-        Ok(())
     }
 
     /// The engine-side sources over the shared indexes.

@@ -1,4 +1,4 @@
-//! `SimEngine`'s prefill/decode handling (see `play/pd.rs` for the protocol): which side
+//! `SimEngine`'s prefill/decode handling (see `play/pd/mod.rs` for the protocol): which side
 //! of a transfer a request is on, what the side channel and the pulls report, and the
 //! prefill requests whose blocks stay for a decode engine.
 
@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 use rmpv::Value;
 use sim_protocol::{EngineCoreRequest, FinishReason};
 
-use super::super::engine_core::Outbox;
-use super::super::pd::{self, LoadFailurePolicy, PdEvent, PdRole, Pull};
-use super::super::request::SimRequest;
 use super::SimEngine;
+use super::reject::Refusal;
+use crate::play::engine::engine_core::Outbox;
+use crate::play::engine::request::SimRequest;
+use crate::play::pd::{self, LoadFailurePolicy, PdEvent, PdRole, Pull};
 
 impl SimEngine {
     /// P/D on admission: which side of a transfer the request is on for this engine's
@@ -46,7 +47,7 @@ impl SimEngine {
                     request_id: r.id.to_string(),
                     engine_id: pd.engine_id.clone(),
                     remote,
-                    timeout: super::super::side_channel::PULL_TIMEOUT,
+                    timeout: crate::play::pd::side_channel::PULL_TIMEOUT,
                 })
             }
             // a decode engine cannot pull without the remote fields; vLLM would leave the
@@ -115,7 +116,13 @@ impl SimEngine {
                     Err(e) => {
                         tracing::warn!(request_id = %request_id, "KV load failed ({e}): failing the request (--kv-load-failure-policy fail)");
                         self.finish_silently(&request_id);
-                        self.reject(out, client, &request_id, FinishReason::Error, None, now);
+                        self.refuse(
+                            out,
+                            client,
+                            &request_id,
+                            Refusal::Finish(FinishReason::Error),
+                            now,
+                        );
                     }
                 }
                 self.start_step_if_idle(now);

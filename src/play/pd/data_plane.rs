@@ -104,12 +104,12 @@ impl DataPlane for NoopDataPlane {
 /// The plane for an engine: NIXL for a prefill or decode engine of a `nixl` build (when
 /// the runtime starts; otherwise said once, and no-op), no-op otherwise.
 pub fn for_engine(
-    role: super::pd::PdRole,
+    role: crate::play::pd::PdRole,
     engine_id: &str,
     num_blocks: u64,
     block_bytes: u64,
 ) -> Arc<dyn DataPlane> {
-    if role == super::pd::PdRole::Both {
+    if role == crate::play::pd::PdRole::Both {
         return Arc::new(NoopDataPlane);
     }
     #[cfg(feature = "nixl")]
@@ -270,7 +270,7 @@ mod nixl_plane {
     use anyhow::Result;
 
     use super::{DataPlane, PeerPool, PullStats};
-    use crate::play::nixl::{NixlPool, PoolInfo};
+    use crate::play::pd::nixl::{NixlPool, PoolInfo};
 
     /// A KV pool registered with a NIXL agent (see the module doc).
     pub struct NixlDataPlane {

@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! # use std::time::Duration;
-//! # use vllm_vcr::play::{config::PlayConfig, offline::OfflineDriver};
+//! # use vllm_vcr::play::{config::PlayConfig, engine::offline::OfflineDriver};
 //! # use sim_protocol::EngineCoreRequest;
 //! let cfg = PlayConfig::defaults();
 //! let mut run = OfflineDriver::new(cfg.build_engine(0));
@@ -193,7 +193,7 @@ impl<E: EngineCore> OfflineDriver<E> {
         }
         for p in pulled {
             let n = p.remote.block_ids.len();
-            let ev = super::pd::PdEvent::Pulled {
+            let ev = crate::play::pd::PdEvent::Pulled {
                 request_id: p.request_id,
                 result: Ok(n),
             };

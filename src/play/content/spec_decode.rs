@@ -17,7 +17,7 @@
 
 use sim_protocol::{RequestSpecDecodeMetrics, SpecDecodingStats};
 
-use crate::play::tokens::SplitMix64;
+use crate::play::content::tokens::SplitMix64;
 
 /// Why a speculative-decoding configuration was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -22,7 +22,7 @@ pub enum EngineInput {
     /// A frame that could not be decoded.
     Bad { client: u32, error: DecodeError },
     /// Prefill/decode: the side channel or a KV pull reports.
-    Pd(super::pd::PdEvent),
+    Pd(crate::play::pd::PdEvent),
     /// A request's grammar, compiled off the engine thread (see [`Outbound::Compile`]).
     Grammar(GrammarReady),
 }
@@ -34,7 +34,7 @@ pub enum EngineInput {
 #[derive(Debug)]
 pub struct GrammarCompile {
     pub request_id: String,
-    pub job: super::constrained::GrammarJob,
+    pub job: crate::play::content::constrained::GrammarJob,
 }
 
 impl GrammarCompile {
@@ -45,7 +45,7 @@ impl GrammarCompile {
             result: self
                 .job
                 .compile()
-                .map(|s| Box::new(s) as Box<dyn super::tokens::TokenStream>),
+                .map(|s| Box::new(s) as Box<dyn crate::play::content::tokens::TokenStream>),
         })
     }
 }
@@ -53,7 +53,7 @@ impl GrammarCompile {
 /// A compiled grammar: the request's stream, or why it cannot be generated.
 pub struct GrammarReady {
     pub request_id: String,
-    pub result: Result<Box<dyn super::tokens::TokenStream>, String>,
+    pub result: Result<Box<dyn crate::play::content::tokens::TokenStream>, String>,
 }
 
 impl std::fmt::Debug for GrammarReady {
@@ -77,7 +77,7 @@ pub enum Outbound {
     Dead,
     /// Prefill/decode: pull a decode request's KV from its prefill engine; the answer
     /// comes back as [`EngineInput::Pd`].
-    Pull(super::pd::Pull),
+    Pull(crate::play::pd::Pull),
     /// Compile a request's grammar off the engine thread; the result comes back as
     /// [`EngineInput::Grammar`].
     Compile(GrammarCompile),
@@ -94,7 +94,7 @@ impl Outbox {
         self.items.push(Outbound::Outputs { client, outputs });
     }
 
-    pub fn pull(&mut self, pull: super::pd::Pull) {
+    pub fn pull(&mut self, pull: crate::play::pd::Pull) {
         self.items.push(Outbound::Pull(pull));
     }
 

@@ -20,6 +20,16 @@
 //! a NIXL transfer whose notification frees the blocks; with the no-op data plane the
 //! decode engine sends one `vcr_read` message naming P's request id and the block ids
 //! instead, and the prefill engine answers once it has released them (see docs/pd.md).
+//!
+//! This room also holds what the engines say to their peers and routers beside the
+//! frontend's sockets: the side channel, the data plane behind it (no-op or NIXL), and the
+//! KV-cache events publisher.
+
+pub mod data_plane;
+pub mod kv_events;
+#[cfg(feature = "nixl")]
+pub mod nixl;
+pub mod side_channel;
 
 use rmpv::Value;
 

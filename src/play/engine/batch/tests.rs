@@ -5,8 +5,8 @@ use std::time::Instant;
 use sim_protocol::{EngineCoreRequest, EventType, LoRARequest, SamplingParams};
 
 use super::*;
-use crate::play::queue_policy::SchedulingPolicy;
-use crate::play::tokens::{RandomTokens, TokenSource};
+use crate::play::content::tokens::{RandomTokens, TokenSource};
+use crate::play::engine::queue_policy::SchedulingPolicy;
 
 struct Bench {
     batch: Batch,

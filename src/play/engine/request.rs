@@ -3,9 +3,9 @@
 use sim_protocol::{EngineCoreEvent, EngineCoreRequest, FinishReason, StopReason};
 
 use super::block_hash::{BlockHash, ExtraKey};
-use super::failures::InjectedFailure;
-use super::spec_decode::RequestSpecTracker;
-use super::tokens::{SplitMix64, TokenStream};
+use crate::play::content::failures::InjectedFailure;
+use crate::play::content::spec_decode::RequestSpecTracker;
+use crate::play::content::tokens::{SplitMix64, TokenStream};
 
 /// A token drawn by [`SimRequest::generate_one`], and the stop it triggered.
 pub type Generated = (u32, Option<(FinishReason, Option<StopReason>)>);
@@ -78,9 +78,9 @@ pub struct SimRequest {
     pub recorded_end: Option<(u64, FinishReason)>,
     /// Recorded timing to follow once the first token is out (`--replay-steps` with a
     /// latency model pacing the prefill).
-    pub script: Option<super::replay::Script>,
+    pub script: Option<crate::play::content::replay::Script>,
     /// A pooling request (`--runner pooling`): it ends with its embedding after the prefill.
-    pub pooling: Option<super::pooling::PoolingRequest>,
+    pub pooling: Option<crate::play::content::pooling::PoolingRequest>,
     /// P/D prefill side: `kv_transfer_params.do_remote_decode`; its KV is kept for a
     /// decode engine when it stops.
     pub remote_decode: bool,
@@ -101,7 +101,7 @@ impl SimRequest {
         masked.dedup();
         Self {
             id: req.request_id.as_str().into(),
-            key: super::tokens::request_seed(0, &req.request_id),
+            key: crate::play::content::tokens::request_seed(0, &req.request_id),
             client: req.client_index,
             prompt_len: req.prompt_len() as u64,
             max_tokens: sp.max_tokens.map(u64::from),
@@ -140,14 +140,14 @@ impl SimRequest {
             prompt_logprobs: sp.prompt_logprobs,
             spec: None,
             failure: None,
-            remote_prefill: super::pd::wants_remote_prefill(super::pd::transfer_params(
-                sp.extra_args.as_ref(),
-            )),
+            remote_prefill: crate::play::pd::wants_remote_prefill(
+                crate::play::pd::transfer_params(sp.extra_args.as_ref()),
+            ),
             external_cached_tokens: 0,
             recorded_end: None,
             script: None,
             pooling: None,
-            remote_decode: super::pd::wants_remote_decode(super::pd::transfer_params(
+            remote_decode: crate::play::pd::wants_remote_decode(crate::play::pd::transfer_params(
                 sp.extra_args.as_ref(),
             )),
             awaiting_kv: false,

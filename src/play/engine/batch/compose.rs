@@ -29,8 +29,8 @@ use sim_trace::latency::{DecodeSlot, PrefillChunk, StepShape};
 
 use super::WaitKey;
 use super::{Batch, Slot};
-use crate::play::request::Phase;
-use crate::play::timer::instant_to_monotonic;
+use crate::play::engine::request::Phase;
+use crate::play::engine::timer::instant_to_monotonic;
 
 /// The scheduler settings a step is composed under (vLLM's `SchedulerConfig`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::hash::BuildHasherDefault;
 
 use rustc_hash::FxHasher;
 
-use crate::play::request::SimRequest;
+use crate::play::engine::request::SimRequest;
 
 /// Where a request lives in the table. Stale once the request is removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -128,7 +128,7 @@ impl RequestTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::play::tokens::{RandomTokens, TokenSource};
+    use crate::play::content::tokens::{RandomTokens, TokenSource};
     use sim_protocol::EngineCoreRequest;
 
     fn req(id: &str) -> SimRequest {

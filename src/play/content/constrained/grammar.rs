@@ -1,0 +1,473 @@
+//! Grammar compilation: each constraint kind (JSON schema, regex, choice, GBNF, structural
+//! tags and tool calls) becomes a Lark grammar over the model's vocabulary for llguidance.
+
+use llguidance::api::TopLevelGrammar;
+use serde_json::{Value, json};
+use sim_protocol::{Constraint, StructuredOutputs};
+
+use super::lark::*;
+use super::tools::PromptTools;
+
+/// The grammar of a request's structured outputs. `Err` names the kind and why it cannot
+/// be generated.
+pub fn grammar_for(so: &StructuredOutputs, tools: &PromptTools) -> Result<TopLevelGrammar, String> {
+    let kind = so.constraint.kind();
+    let fail =
+        |why: String| format!("structured outputs of kind `{kind}` cannot be generated: {why}");
+    Ok(match &so.constraint {
+        Constraint::JsonSchema(text) => {
+            let mut schema: Value = serde_json::from_str(text)
+                .map_err(|e| fail(format!("the schema is not JSON: {e}")))?;
+            if so.disable_additional_properties {
+                close_objects(&mut schema);
+            }
+            TopLevelGrammar::from_json_schema(compact(schema, so.whitespace_pattern.as_deref()))
+        }
+        Constraint::JsonObject => TopLevelGrammar::from_json_schema(compact(
+            json!({"type": "object"}),
+            so.whitespace_pattern.as_deref(),
+        )),
+        Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
+        Constraint::Choice(choices) => {
+            if choices.is_empty() {
+                return Err(fail("the choice list is empty".into()));
+            }
+            let alts: Vec<String> = choices.iter().map(|c| lark_str(c)).collect();
+            TopLevelGrammar::from_lark(format!("start: {}\n", alts.join(" | ")))
+        }
+        Constraint::Grammar(g) => {
+            let lark = if g.contains("::=") {
+                gbnf_to_lark(g).map_err(fail)?
+            } else {
+                g.clone()
+            };
+            TopLevelGrammar::from_lark(lark)
+        }
+        Constraint::StructuralTag(text) => {
+            let mut v: Value =
+                serde_json::from_str(text).map_err(|e| fail(format!("it is not JSON: {e}")))?;
+            let v = upgrade_legacy_tag(&mut v).map_err(fail)?;
+            TopLevelGrammar::from_lark(structural_tag_to_lark(&v, tools).map_err(fail)?)
+        }
+    })
+}
+
+/// The legacy structural tag (`{"structures": [{"begin", "schema", "end"}], "triggers"}`,
+/// the only form vLLM's `guidance` backend reads) as the `triggered_tags` format it
+/// means; any other tag as it is.
+pub(super) fn upgrade_legacy_tag(tag: &mut Value) -> Result<Value, String> {
+    let Some(structures) = tag.get("structures") else {
+        return Ok(tag.take());
+    };
+    let structures = structures.as_array().ok_or("`structures` is not a list")?;
+    let tags = structures
+        .iter()
+        .map(|s| {
+            let field = |k: &str| {
+                s.get(k)
+                    .cloned()
+                    .ok_or_else(|| format!("a structure has no `{k}`"))
+            };
+            Ok(json!({"type": "tag", "begin": field("begin")?,
+                "content": {"type": "json_schema", "json_schema": field("schema")?},
+                "end": field("end")?}))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let triggers = tag.get("triggers").cloned().unwrap_or(json!([]));
+    Ok(json!({"type": "structural_tag",
+        "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}}))
+}
+
+/// The top-level `triggered_tags` format of a structural tag when it leaves the model free
+/// to answer with text (`at_least_one` false): what the frontends send for `tool_choice`
+/// `auto` with strict tools.
+pub(super) fn open_triggered_tags(tag: &mut Value) -> Option<&mut serde_json::Map<String, Value>> {
+    let format = match tag.get("format") {
+        Some(_) => tag.get_mut("format")?,
+        None => tag,
+    };
+    let f = format.as_object_mut()?;
+    let open = f.get("type").and_then(Value::as_str) == Some("triggered_tags")
+        && !f
+            .get("at_least_one")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+    open.then_some(f)
+}
+
+/// xgrammar's structural tag (`{"type": "structural_tag", "format": …}`, what the frontends
+/// send for tool calls: `tool_choice` `required` and named functions, and `auto` with
+/// strict tools) as a Lark grammar. A `json_schema` of `true` inside a tag that names a
+/// tool the prompt shows becomes that tool's parameter schema, as a model that follows its
+/// tool signatures would write.
+pub(super) fn structural_tag_to_lark(tag: &Value, tools: &PromptTools) -> Result<String, String> {
+    let format = tag.get("format").unwrap_or(tag);
+    let mut rules = Vec::new();
+    let top = format_rule(format, None, tools, &mut rules)?;
+    let mut lark = format!("start: {top}\n");
+    for r in rules {
+        lark.push_str(&r);
+        lark.push('\n');
+    }
+    Ok(lark)
+}
+
+/// The Lark expression of one structural-tag format; sub-rules go to `rules`. `tool` is the
+/// tool a surrounding tag's `begin` names.
+pub(super) fn format_rule(
+    f: &Value,
+    tool: Option<&str>,
+    tools: &PromptTools,
+    rules: &mut Vec<String>,
+) -> Result<String, String> {
+    let ty = f.get("type").and_then(Value::as_str).unwrap_or("");
+    let list = |key: &str| -> Result<&Vec<Value>, String> {
+        f.get(key)
+            .and_then(Value::as_array)
+            .ok_or_else(|| format!("format `{ty}` has no `{key}` list"))
+    };
+    let string = |key: &str| -> Result<&str, String> {
+        f.get(key)
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("format `{ty}` has no `{key}` string"))
+    };
+    let flag = |key: &str| f.get(key).and_then(Value::as_bool).unwrap_or(false);
+    Ok(match ty {
+        "const_string" => lark_str(string("value")?),
+        "regex" => new_rule(format!("/{}/", lark_regex(string("pattern")?)), rules),
+        "json_schema" => {
+            let style = f.get("style").and_then(Value::as_str).unwrap_or("json");
+            if style != "json" {
+                return Err(format!(
+                    "json_schema style `{style}` is not supported (only `json`)"
+                ));
+            }
+            let schema = f.get("json_schema").cloned().unwrap_or(Value::Bool(true));
+            let schema = match (&schema, tool.and_then(|t| tools.parameters_of(t))) {
+                (Value::Bool(true), Some(p)) => p,
+                _ => schema,
+            };
+            new_rule(format!("%json {}", schema_text(&schema)), rules)
+        }
+        "sequence" => {
+            let parts = list("elements")?
+                .iter()
+                .map(|e| format_rule(e, tool, tools, rules))
+                .collect::<Result<Vec<_>, _>>()?;
+            format!("({})", parts.join(" "))
+        }
+        "or" => {
+            let parts = list("elements")?
+                .iter()
+                .map(|e| format_rule(e, tool, tools, rules))
+                .collect::<Result<Vec<_>, _>>()?;
+            format!("({})", parts.join(" | "))
+        }
+        "tag" => {
+            let t = tag_parts(f, tool, tools, rules)?;
+            new_rule(lark_seq(&[&lark_lit(&t.begin), &t.content, &t.end]), rules)
+        }
+        "tags_with_separator" => {
+            let tags = list("tags")?
+                .iter()
+                .map(|t| format_rule(t, tool, tools, rules))
+                .collect::<Result<Vec<_>, _>>()?;
+            if tags.is_empty() {
+                return Err("tags_with_separator has no tags".into());
+            }
+            let one = new_rule(tags.join(" | "), rules);
+            let sep = f.get("separator").and_then(Value::as_str).unwrap_or("");
+            let sep = lark_lit(sep);
+            let more = format!("({})*", lark_seq(&[&sep, &one]));
+            let body = match (flag("stop_after_first"), flag("at_least_one")) {
+                (true, true) => one,
+                (true, false) => format!("{one}?"),
+                (false, true) => format!("{one} {more}"),
+                (false, false) => format!("({one} {more})?"),
+            };
+            new_rule(body, rules)
+        }
+        "triggered_tags" => triggered_tags(f, tool, tools, rules)?,
+        other => {
+            return Err(format!(
+                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, sequence, or, tag, tags_with_separator and triggered_tags are)"
+            ));
+        }
+    })
+}
+
+/// A sub-rule with `body`; its name.
+pub(super) fn new_rule(body: String, rules: &mut Vec<String>) -> String {
+    let name = format!("r{}", rules.len());
+    rules.push(format!("{name}: {body}"));
+    name
+}
+
+/// A `tag` format's parts: its begin string, and the Lark expressions of its content and
+/// of its end.
+pub(super) struct TagParts {
+    begin: String,
+    content: String,
+    end: String,
+}
+
+pub(super) fn tag_parts(
+    f: &Value,
+    tool: Option<&str>,
+    tools: &PromptTools,
+    rules: &mut Vec<String>,
+) -> Result<TagParts, String> {
+    let begin = match f.get("begin") {
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => {
+            return Err("a tag's `begin` is not a string (token begins are not supported)".into());
+        }
+        None => return Err("a tag has no `begin`".into()),
+    };
+    let named = tool_named_in(&begin);
+    let content = f
+        .get("content")
+        .ok_or_else(|| format!("the tag {begin:?} has no `content`"))?;
+    let content = format_rule(content, named.as_deref().or(tool), tools, rules)?;
+    let end = match f.get("end") {
+        Some(Value::String(s)) => lark_lit(s),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(format!(
+                "the tag {begin:?} has an empty `end` list: it could never close (give at least one end string, \"\" for none)"
+            ));
+        }
+        Some(Value::Array(a)) => {
+            let ends = a
+                .iter()
+                .map(|e| e.as_str().map(lark_lit))
+                .collect::<Option<Vec<String>>>()
+                .ok_or_else(|| {
+                    format!("the tag {begin:?} has an `end` list that is not all strings")
+                })?;
+            // `""` is no Lark expression: an empty end makes the whole choice optional
+            let (empty, ends): (Vec<String>, Vec<String>) =
+                ends.into_iter().partition(String::is_empty);
+            let alts = format!("({})", ends.join(" | "));
+            match (empty.is_empty(), ends.is_empty()) {
+                (_, true) => String::new(),
+                (true, false) => alts,
+                (false, false) => format!("{alts}?"),
+            }
+        }
+        Some(_) => {
+            return Err(format!(
+                "the tag {begin:?} has an `end` that is neither a string nor a list of strings (token ends are not supported)"
+            ));
+        }
+        None => return Err(format!("the tag {begin:?} has no `end`")),
+    };
+    Ok(TagParts {
+        begin,
+        content,
+        end,
+    })
+}
+
+/// xgrammar's `triggered_tags`: free text, in which each trigger starts one of the tags
+/// that begin with it; after a tag's end, free text again (`stop_after_first`: nothing
+/// more). Free text never holds a trigger or an `excludes` string. `at_least_one`: the
+/// answer starts with a tag (xgrammar's reading: the first tag is not preceded by text).
+pub(super) fn triggered_tags(
+    f: &Value,
+    tool: Option<&str>,
+    tools: &PromptTools,
+    rules: &mut Vec<String>,
+) -> Result<String, String> {
+    let strings = |key: &str, required: bool| -> Result<Vec<String>, String> {
+        let Some(v) = f.get(key) else {
+            return if required {
+                Err(format!("triggered_tags has no `{key}` list"))
+            } else {
+                Ok(Vec::new())
+            };
+        };
+        v.as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|x| x.as_str().map(str::to_string))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .ok_or_else(|| format!("triggered_tags `{key}` is not a list of strings"))
+    };
+    let triggers = strings("triggers", true)?;
+    if triggers.is_empty() || triggers.iter().any(String::is_empty) {
+        return Err("triggered_tags needs at least one trigger, and no empty one".into());
+    }
+    let excludes: Vec<String> = strings("excludes", false)?
+        .into_iter()
+        .filter(|e| !e.is_empty())
+        .collect();
+    let tags = f
+        .get("tags")
+        .and_then(Value::as_array)
+        .filter(|t| !t.is_empty())
+        .ok_or("triggered_tags has no tags")?;
+    let flag = |key: &str| f.get(key).and_then(Value::as_bool).unwrap_or(false);
+    let n = rules.len();
+    // free text: anything that holds no trigger and no excluded string
+    let text = format!("TT{n}_TEXT");
+    let banned: Vec<String> = triggers
+        .iter()
+        .chain(&excludes)
+        .map(|t| regex_escape(t))
+        .collect();
+    rules.push(format!(
+        "{text}: /(.|\\n)*/ & ~/(.|\\n)*({})(.|\\n)*/",
+        banned.join("|")
+    ));
+    // text up to a trigger, as one lazy lexeme: it ends where the trigger does
+    for (i, t) in triggers.iter().enumerate() {
+        rules.push(format!("tt{n}_trigger{i}[lazy]: {text} {}", lark_str(t)));
+    }
+    let mut first = Vec::new();
+    let mut after_text = Vec::new();
+    for tag in tags {
+        let t = tag_parts(tag, tool, tools, rules)?;
+        let Some(i) = triggers
+            .iter()
+            .position(|tr| t.begin.starts_with(tr.as_str()))
+        else {
+            return Err(format!(
+                "the tag {:?} begins with none of the triggers {triggers:?}",
+                t.begin
+            ));
+        };
+        let rest = &t.begin[triggers[i].len()..];
+        first.push(lark_seq(&[&lark_lit(&t.begin), &t.content, &t.end]));
+        after_text.push(lark_seq(&[
+            &format!("tt{n}_trigger{i}"),
+            &lark_lit(rest),
+            &t.content,
+            &t.end,
+        ]));
+    }
+    let first = new_rule(first.join(" | "), rules);
+    let call = new_rule(after_text.join(" | "), rules);
+    let tail = new_rule(text, rules);
+    let body = match (flag("at_least_one"), flag("stop_after_first")) {
+        (false, false) => format!("{call}* {tail}"),
+        (false, true) => format!("{call} | {tail}"),
+        (true, false) => format!("{first} {call}* {tail}"),
+        (true, true) => first,
+    };
+    Ok(new_rule(body, rules))
+}
+
+/// `"name": "X"` in a tag's `begin`: the tool that tag calls.
+pub(super) fn tool_named_in(begin: &str) -> Option<String> {
+    let i = begin.find("\"name\"")?;
+    let rest = begin[i + 6..].trim_start().strip_prefix(':')?.trim_start();
+    let mut de = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+    de.next()?.ok()
+}
+
+/// A GBNF / EBNF grammar (`root ::= …`, what xgrammar takes) as Lark: `::=` becomes `:`,
+/// `root` becomes `start`, rule names are made Lark-safe, character classes become regex
+/// terminals and comments go.
+pub fn gbnf_to_lark(g: &str) -> Result<String, String> {
+    // Lark rule names are lower case: `_` is written `__`, `-` `_d` and a capital `X`
+    // `_ux`, so that distinct GBNF names (`a-b` and `a_b`, `A` and `a`) stay distinct
+    let name_of = |n: &str| -> String {
+        if n == "root" {
+            return "start".into();
+        }
+        let mut out = String::from("g_");
+        for c in n.chars() {
+            match c {
+                '_' => out.push_str("__"),
+                '-' => out.push_str("_d"),
+                c if c.is_ascii_uppercase() => {
+                    out.push_str("_u");
+                    out.push(c.to_ascii_lowercase());
+                }
+                c => out.push(c),
+            }
+        }
+        out
+    };
+    let mut out = String::new();
+    let chars: Vec<char> = g.chars().collect();
+    let mut i = 0;
+    let mut saw_rule = false;
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '#' => {
+                while i < chars.len() && chars[i] != '\n' {
+                    i += 1;
+                }
+            }
+            '"' => {
+                let start = i;
+                i += 1;
+                while i < chars.len() && chars[i] != '"' {
+                    if chars[i] == '\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                i += 1;
+                out.extend(&chars[start..i.min(chars.len())]);
+            }
+            '[' => {
+                let start = i;
+                i += 1;
+                while i < chars.len() && chars[i] != ']' {
+                    if chars[i] == '\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                i += 1;
+                let class: String = chars[start..i.min(chars.len())].iter().collect();
+                out.push('/');
+                out.push_str(&lark_regex(&class));
+                out.push('/');
+            }
+            '{' => return Err("GBNF repetition ranges `{m,n}` are not supported".into()),
+            c if c.is_ascii_alphabetic() || c == '_' => {
+                let start = i;
+                while i < chars.len()
+                    && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == '-')
+                {
+                    i += 1;
+                }
+                let name: String = chars[start..i].iter().collect();
+                let mut j = i;
+                while j < chars.len() && (chars[j] == ' ' || chars[j] == '\t') {
+                    j += 1;
+                }
+                let defines = chars[j..].starts_with(&[':', ':', '=']);
+                if defines {
+                    if saw_rule {
+                        out.push('\n');
+                    }
+                    saw_rule = true;
+                    out.push_str(&name_of(&name));
+                    out.push(':');
+                    i = j + 3;
+                } else {
+                    out.push_str(&name_of(&name));
+                }
+            }
+            '\n' => {
+                out.push(' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    if !saw_rule {
+        return Err("no `name ::= …` rule".into());
+    }
+    out.push('\n');
+    Ok(out)
+}

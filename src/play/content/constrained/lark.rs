@@ -1,0 +1,115 @@
+//! Building blocks of the Lark grammars handed to llguidance: quoted literals, sequences,
+//! regexes, and JSON schemas closed to their declared keys.
+
+use serde_json::{Value, json};
+
+/// `additionalProperties: false` on every object schema that does not say otherwise
+/// (`disable_additional_properties`).
+pub(super) fn close_objects(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            let is_object = m.get("type").and_then(Value::as_str) == Some("object")
+                || m.contains_key("properties");
+            if is_object && !m.contains_key("additionalProperties") {
+                m.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            m.values_mut().for_each(close_objects);
+        }
+        Value::Array(a) => a.iter_mut().for_each(close_objects),
+        _ => {}
+    }
+}
+
+/// A Lark string literal.
+pub(super) fn lark_str(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+/// A JSON schema for `%json`, with [`compact`] layout.
+pub(super) fn schema_text(schema: &Value) -> String {
+    compact(schema.clone(), None).to_string()
+}
+
+/// A Lark string literal, or nothing for `""` (which is no Lark expression).
+pub(super) fn lark_lit(s: &str) -> String {
+    if s.is_empty() {
+        String::new()
+    } else {
+        lark_str(s)
+    }
+}
+
+/// Lark expressions in sequence, the empty ones left out (`""` when all are).
+pub(super) fn lark_seq(parts: &[&str]) -> String {
+    let parts: Vec<&str> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+    if parts.is_empty() {
+        "\"\"".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// A regex as the body of a Lark `/…/` literal: an unescaped `/` gets its backslash (one
+/// already escaped, `a\/b`, keeps the one it has), and a line break is written `\n`.
+pub(super) fn lark_regex(rx: &str) -> String {
+    let mut out = String::with_capacity(rx.len() + 2);
+    let mut chars = rx.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                out.push('\\');
+                match chars.next() {
+                    Some('\n') => out.push('n'),
+                    Some(e) => out.push(e),
+                    None => out.push('\\'),
+                }
+            }
+            '/' => out.push_str("\\/"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `s` as a regex that matches it literally, ready for a Lark `/…/` literal.
+pub(super) fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for c in s.chars() {
+        match c {
+            '\\' | '.' | '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$'
+            | '#' | '&' | '-' | '~' | '/' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\x{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The schema with llguidance's layout options: no free whitespace, and `", "` / `": "`
+/// between items and keys (what `json.dumps` writes), so instances read well and stay
+/// short; a request's `whitespace_pattern` is kept. `true` (anything) becomes `{}`.
+pub(super) fn compact(schema: Value, whitespace_pattern: Option<&str>) -> Value {
+    let mut schema = match schema {
+        Value::Bool(true) => json!({}),
+        other => other,
+    };
+    if let Value::Object(m) = &mut schema
+        && !m.contains_key("x-guidance")
+    {
+        let mut opts =
+            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+        if let Some(p) = whitespace_pattern {
+            opts = json!({"whitespace_flexible": true, "whitespace_pattern": p});
+        }
+        m.insert("x-guidance".into(), opts);
+    }
+    schema
+}

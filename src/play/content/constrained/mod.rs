@@ -1,0 +1,29 @@
+//! Structured outputs and tool calls: output that a grammar constrains.
+//!
+//! vLLM runs a request that carries `structured_outputs` under an allowed-token mask, so a
+//! model with random weights still answers a JSON schema with a valid instance. The engine
+//! does the same with `llguidance` (vLLM's own `guidance` backend): each constraint kind
+//! becomes a grammar over the model's vocabulary ([`grammar_for`]), and
+//! [`ConstrainedStream`] samples one allowed token at a time, preferring whole words inside
+//! strings and ending structures sooner the longer it runs, so that instances are short
+//! and readable. A request ends with EOS once its grammar is complete (finish reason `stop`),
+//! or is cut at `max_tokens` (`length`) as vLLM's are.
+//!
+//! Tool calls ride on the same machinery: the frontends turn `tool_choice` `required` or a
+//! named function into a structural tag, and under `auto` the engine decides itself
+//! ([`ToolCalls`]): it reads the tools the chat template rendered into the prompt (hermes
+//! style, `<tools>…</tools>`) and, with probability `--tool-call-rate`, answers with a
+//! `<tool_call>` block whose arguments follow the tool's JSON schema.
+
+mod grammar;
+mod lark;
+mod shaping;
+mod stream;
+#[cfg(test)]
+mod tests;
+mod tools;
+
+pub use grammar::{gbnf_to_lark, grammar_for};
+pub use shaping::Shaping;
+pub use stream::{ConstrainedStream, GrammarJob};
+pub use tools::{PromptTools, Tool, ToolCalls};

@@ -1,0 +1,106 @@
+//! What shapes a request's output beyond its token source ([`Shaping`]): its structured
+//! outputs, and tool calls under `tool_choice: auto`, planned as a [`GrammarJob`].
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use sim_protocol::{Constraint, EngineCoreRequest, StructuredOutputs};
+
+use crate::play::content::tokens::{TokenStream, stream_seed};
+use crate::play::content::vocab::Vocabulary;
+
+use super::grammar::{open_triggered_tags, upgrade_legacy_tag};
+use super::stream::{GrammarJob, Recipe};
+use super::tools::{PromptTools, ToolCalls};
+
+/// What shapes a request's output beyond its token source: its structured outputs, and
+/// tool calls under `tool_choice: auto`.
+#[derive(Debug, Clone)]
+pub struct Shaping {
+    pub vocab: Arc<Vocabulary>,
+    pub tool_calls: ToolCalls,
+}
+
+impl Shaping {
+    /// A constrained stream when `req` needs one (`Ok(None)`: the token source decides);
+    /// `Err` names a constraint that cannot be generated.
+    pub fn stream_for(
+        &self,
+        req: &EngineCoreRequest,
+        seed: u64,
+    ) -> Result<Option<Box<dyn TokenStream>>, String> {
+        match self.plan(req, seed)? {
+            Some(job) => job
+                .compile()
+                .map(|s| Some(Box::new(s) as Box<dyn TokenStream>)),
+            None => Ok(None),
+        }
+    }
+
+    /// The grammar `req` is answered under, not yet built nor compiled (`Ok(None)`: the
+    /// token source decides; `Err`: a `structured_outputs` map the engine cannot read).
+    /// Cheap, for the engine thread: building and compiling the grammar is
+    /// [`GrammarJob::compile`]'s, which can take long (a schema with a 60k-entry enum).
+    pub fn plan(&self, req: &EngineCoreRequest, seed: u64) -> Result<Option<GrammarJob>, String> {
+        let structured = req
+            .sampling_params
+            .as_ref()
+            .and_then(|sp| sp.structured_outputs.as_ref());
+        let stream_seed = stream_seed(seed, req);
+        let (recipe, kind) = match structured {
+            Some(v) => {
+                let so = StructuredOutputs::parse(v)?;
+                let kind = so.constraint.kind();
+                let recipe = match &so.constraint {
+                    Constraint::StructuralTag(text) => {
+                        let tools = self.prompt_tools(req);
+                        let fail = |why: String| {
+                            format!(
+                                "structured outputs of kind `{kind}` cannot be generated: {why}"
+                            )
+                        };
+                        let mut tag: Value = serde_json::from_str(text)
+                            .map_err(|e| fail(format!("it is not JSON: {e}")))?;
+                        let mut tag = upgrade_legacy_tag(&mut tag).map_err(fail)?;
+                        // text or tool calls, the model's choice: the engine chooses as it
+                        // does under `auto` (`--tool-call-rate`); text comes from the token
+                        // source, a call starts the answer
+                        if let Some(f) = open_triggered_tags(&mut tag) {
+                            if !self.tool_calls.calls(&tools, stream_seed) {
+                                return Ok(None);
+                            }
+                            f.insert("at_least_one".into(), Value::Bool(true));
+                        }
+                        Recipe::Tag(tag, tools)
+                    }
+                    _ => Recipe::Structured(so),
+                };
+                (recipe, kind)
+            }
+            None if self.tool_calls.rate > 0.0 => {
+                let tools = self.prompt_tools(req);
+                match self.tool_calls.decide(&tools, stream_seed) {
+                    Some(g) => (Recipe::Grammar(g), "tool call"),
+                    None => return Ok(None),
+                }
+            }
+            None => return Ok(None),
+        };
+        let sp = req.sampling_params.as_ref();
+        Ok(Some(GrammarJob {
+            vocab: self.vocab.clone(),
+            recipe,
+            kind,
+            seed: stream_seed,
+            eos: sp.and_then(|sp| sp.eos_token_id).unwrap_or(self.vocab.eos),
+            max_tokens: sp.and_then(|sp| sp.max_tokens).map(u64::from),
+        }))
+    }
+
+    fn prompt_tools(&self, req: &EngineCoreRequest) -> PromptTools {
+        match &req.prompt_token_ids {
+            Some(ids) => PromptTools::from_prompt(&self.vocab.decode(ids)),
+            None => PromptTools::default(),
+        }
+    }
+}

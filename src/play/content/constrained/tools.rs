@@ -1,0 +1,120 @@
+//! Tool calls under `tool_choice: auto`: the tools a chat template rendered into the
+//! prompt (hermes style, `<tools>…</tools>`), and the engine's own choice to call one.
+
+use llguidance::api::TopLevelGrammar;
+use serde_json::{Value, json};
+
+use crate::play::content::tokens::SplitMix64;
+
+use super::lark::{close_objects, lark_str, schema_text};
+
+/// A tool the chat template showed the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    /// The JSON schema of its arguments (`{}` when the tool has none).
+    pub parameters: Value,
+}
+
+/// The tools rendered into a prompt, and whether the model was just given a tool's result.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PromptTools {
+    pub tools: Vec<Tool>,
+    /// The last message before the answer holds a `<tool_response>`.
+    pub after_tool_result: bool,
+}
+
+impl PromptTools {
+    /// Reads a decoded prompt: the last `<tools>` … `</tools>` block (one JSON tool per
+    /// line, OpenAI's `{"type": "function", "function": {…}}` or a bare function), and the
+    /// message before the final `<|im_start|>`.
+    pub fn from_prompt(text: &str) -> PromptTools {
+        let mut out = PromptTools::default();
+        if let Some(start) = text.rfind("<tools>")
+            && let Some(len) = text[start..].find("</tools>")
+        {
+            let block = &text[start + "<tools>".len()..start + len];
+            for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                let Ok(v) = serde_json::from_str::<Value>(line) else {
+                    continue;
+                };
+                let f = v.get("function").unwrap_or(&v);
+                if let Some(name) = f.get("name").and_then(Value::as_str) {
+                    out.tools.push(Tool {
+                        name: name.to_string(),
+                        parameters: f.get("parameters").cloned().unwrap_or_else(|| json!({})),
+                    });
+                }
+            }
+        }
+        let trimmed = text.trim_end();
+        let body = trimmed
+            .rfind("<|im_start|>")
+            .map(|i| &trimmed[..i])
+            .unwrap_or(trimmed);
+        let last = body
+            .rfind("<|im_start|>")
+            .map(|i| &body[i..])
+            .unwrap_or(body);
+        out.after_tool_result = last.contains("<tool_response>");
+        out
+    }
+
+    /// A tool's parameter schema, closed to its declared keys: a model that follows the
+    /// signature it was shown writes only those.
+    pub(super) fn parameters_of(&self, name: &str) -> Option<Value> {
+        let mut p = self
+            .tools
+            .iter()
+            .find(|t| t.name == name)?
+            .parameters
+            .clone();
+        close_objects(&mut p);
+        Some(p)
+    }
+}
+
+/// `--tool-call-rate`: under `tool_choice: auto`, how often a prompt with tools is answered
+/// with a tool call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ToolCalls {
+    pub rate: f64,
+}
+
+impl ToolCalls {
+    /// Whether this request answers with a tool call where it may choose (a draw under
+    /// the rate), given that the last message is not a tool result.
+    pub fn calls(&self, tools: &PromptTools, seed: u64) -> bool {
+        self.draw(tools, seed).is_some()
+    }
+
+    /// The draw behind [`ToolCalls::calls`]; on a call, the generator that picks the tool.
+    fn draw(&self, tools: &PromptTools, seed: u64) -> Option<SplitMix64> {
+        if tools.after_tool_result || self.rate <= 0.0 {
+            return None;
+        }
+        let mut rng = SplitMix64(seed ^ 0x7001_ca11);
+        (((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < self.rate).then_some(rng)
+    }
+
+    /// The grammar of an unprompted tool call for this request, if it makes one: a prompt
+    /// with tools whose last message is not a tool result, and a draw under the rate.
+    pub fn decide(&self, tools: &PromptTools, seed: u64) -> Option<TopLevelGrammar> {
+        if tools.tools.is_empty() {
+            return None;
+        }
+        let mut rng = self.draw(tools, seed)?;
+        let tool = &tools.tools[(rng.next_u64() % tools.tools.len() as u64) as usize];
+        let begin = format!(
+            "<tool_call>\n{{\"name\": {}, \"arguments\": ",
+            json!(tool.name)
+        );
+        let lark = format!(
+            "start: {} args {}\nargs: %json {}\n",
+            lark_str(&begin),
+            lark_str("}\n</tool_call>"),
+            schema_text(&tools.parameters_of(&tool.name).unwrap_or_else(|| json!({})))
+        );
+        Some(TopLevelGrammar::from_lark(lark))
+    }
+}
