@@ -2,7 +2,7 @@
 //! with a real NIXL agent (UCX backend, DRAM), whose blocks another pool READs the way a
 //! vLLM decode engine reads a prefill engine's KV blocks, with vLLM's completion
 //! notification (`"<request id>:<readers>"`). `data_plane.rs` puts it behind `play`'s
-//! P/D engines; tests/nixl_loopback.rs and benches/nixl.rs use it directly.
+//! P/D engines; tests/nixl/loopback.rs and benches/nixl.rs use it directly.
 //!
 //! Runtime: `nixl-sys` is built with `stub-api`, which dlopens `libnixl_capi.so` at its
 //! first call and ABORTS the process when it is missing. [`load_runtime`] therefore loads

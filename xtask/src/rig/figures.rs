@@ -229,7 +229,7 @@ fn render(
     let _ = writeln!(
         s,
         "# Fidelity tables\n\n\
-         Written by `cargo xtask figures` (xtask/src/figures.rs) from the conformance corpus;\n\
+         Written by `cargo xtask figures` (xtask/src/rig/figures.rs) from the conformance corpus;\n\
          do not edit by hand. How the corpus was captured and what the numbers mean:\n\
          [fidelity.md](fidelity.md).\n\n\
          Every `gate` capture (seed 1) is simulated by `inspect calibrate` under a model\n\

@@ -209,7 +209,7 @@ pub fn render(rows: &[Row], heatmap: &str, step_figures: &dyn Fn(&str) -> Vec<St
     let _ = writeln!(
         s,
         "# Held-out fidelity (corpus v2)\n\n\
-         Written by `cargo xtask figures` (xtask/src/heldout.rs) from `conformance/v2`; do not\n\
+         Written by `cargo xtask figures` (xtask/src/rig/heldout.rs) from `conformance/v2`; do not\n\
          edit by hand. What the corpus and the suite are: [fidelity.md](fidelity.md).\n\n\
          The model is fitted on the calibration suite's `fit` captures alone (`inspect fit\n\
          --per-capture-speed`); every other workload is a shape it never saw. Each cell is the\n\

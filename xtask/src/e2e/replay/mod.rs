@@ -17,7 +17,7 @@
 //!    p99).
 //!
 //! The fitted-model smoke (`inspect fit` on the committed capture, then its load behind
-//! vllm-rs with `--latency-trace`) is `tests/replay_fitted.rs`, in the test stage.
+//! vllm-rs with `--latency-trace`) is `tests/replay_fitted/main.rs`, in the test stage.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
