@@ -84,14 +84,25 @@ fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
     );
     let captured = std::fs::read_to_string(cpu_capture("bench-serve.txt")).unwrap();
     let mut lines = Vec::new();
-    for name in ["Median TTFT", "P90 TTFT", "Median ITL", "P90 ITL"] {
+    // ITL is the engine's pacing alone: within 10 %. TTFT in this closed loop also carries
+    // the frontend's turnaround between a finish and the next send on this host (the
+    // capture's was another host's), and whether a successor joins the step that starts as
+    // its predecessor finishes: on the 2-core CI host it has measured +5 … +16 % over
+    // runs of one build, so it is held to 20 % (a pacing bug moves it far more).
+    for (name, limit) in [
+        ("Median TTFT", 0.20),
+        ("P90 TTFT", 0.20),
+        ("Median ITL", 0.10),
+        ("P90 ITL", 0.10),
+    ] {
         let (sim, real) = (stat(&report, name), stat(&captured, name));
         let err = (sim - real).abs() / real;
         lines.push(format!(
-            "{name}: {sim:.2} vs {real:.2} ms ({:+.1} %)",
-            100.0 * (sim - real) / real
+            "{name}: {sim:.2} vs {real:.2} ms ({:+.1} %, limit {:.0} %)",
+            100.0 * (sim - real) / real,
+            100.0 * limit
         ));
-        assert!(err < 0.10, "{}", lines.join("\n"));
+        assert!(err < limit, "{}", lines.join("\n"));
     }
     eprintln!("{}", lines.join("\n"));
 }
