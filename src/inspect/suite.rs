@@ -120,10 +120,9 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         if a.dry_run {
             continue;
         }
-        if let Some((file, text)) = workload(name).and_then(|w| w.dataset(w.requests, a.seed)) {
+        if let Some(w) = workload(name) {
             let dir = dataset_dir();
-            std::fs::create_dir_all(&dir)
-                .and_then(|()| std::fs::write(dir.join(&file), text))
+            w.write_dataset(w.requests, a.seed, &dir)
                 .with_context(|| format!("writing {name}'s dataset into {}", dir.display()))?;
         }
         let status = Command::new(&bench)

@@ -277,12 +277,7 @@ impl KnobLatency {
     }
 
     fn uniform(&mut self) -> f64 {
-        // SplitMix64
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
+        let z = crate::rng::splitmix64(&mut self.rng);
         ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 

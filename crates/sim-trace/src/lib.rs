@@ -10,6 +10,7 @@ pub mod host;
 pub mod latency;
 pub mod loads;
 pub mod replay;
+mod rng;
 pub mod stats;
 pub mod steps;
 pub mod trace;

@@ -629,18 +629,24 @@ impl Workload {
     }
 }
 
-/// SplitMix64: a small seeded generator, so a dataset is the same on every host.
+impl Workload {
+    /// Write [`Self::dataset`]'s file into `dir` (created if missing), where
+    /// [`Self::bench_args`] points `--dataset-path`; nothing for a load without one.
+    pub fn write_dataset(&self, requests: u32, seed: u64, dir: &Path) -> std::io::Result<()> {
+        if let Some((file, text)) = self.dataset(requests, seed) {
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(dir.join(file), text)?;
+        }
+        Ok(())
+    }
+}
+
+/// A seeded stream of uniform draws in [0, 1).
 struct SplitMix(u64);
 
 impl SplitMix {
-    /// A uniform draw in [0, 1).
     fn unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        (crate::rng::splitmix64(&mut self.0) >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 

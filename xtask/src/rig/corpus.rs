@@ -217,7 +217,8 @@ fn capture_all(
     if let Some((w, _, _)) = plan.first() {
         let logs = work.join("series-warm-up");
         let _ = std::fs::remove_dir_all(&logs);
-        write_dataset(w, 24, 99, &logs)?;
+        w.write_dataset(24, 99, &logs)
+            .with_context(|| format!("writing {}'s dataset into {}", w.name, logs.display()))?;
         eprintln!(
             "\n=== corpus: warm-up capture ({}, 24 requests, discarded)",
             w.name
@@ -257,7 +258,8 @@ fn capture_all(
         );
         let logs = work.join(&stem);
         let _ = std::fs::remove_dir_all(&logs);
-        write_dataset(w, requests, *seed, &logs)?;
+        w.write_dataset(requests, *seed, &logs)
+            .with_context(|| format!("writing {}'s dataset into {}", w.name, logs.display()))?;
         let job = Job {
             dir: &logs,
             trace: logs.join("trace.jsonl.gz"),
@@ -418,17 +420,6 @@ fn engine_line() -> String {
         .take(2)
         .collect::<Vec<_>>()
         .join(".")
-}
-
-/// A prefix-cache mix's prompts (its `timed_trace` dataset) into the capture's directory,
-/// where its `bench serve` arguments point.
-fn write_dataset(w: &Workload, requests: u32, seed: u64, dir: &Path) -> Result<()> {
-    if let Some((file, text)) = w.dataset(requests, seed) {
-        std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::write(dir.join(&file), text))
-            .with_context(|| format!("writing {}'s dataset into {}", w.name, dir.display()))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
