@@ -60,12 +60,7 @@ async fn a_real_subscriber_matches_stored_and_removed_blocks_to_the_prompts() {
         w.collect(&[&id]).await;
     }
     assert_eq!(
-        w.call(
-            9,
-            "reset_prefix_cache",
-            vec![rmpv::Value::Boolean(false), rmpv::Value::Boolean(false)]
-        )
-        .await,
+        w.reset_prefix_cache(9, false).await,
         Ok(rmpv::Value::Boolean(true))
     );
     tokio::time::sleep(Duration::from_millis(500)).await;

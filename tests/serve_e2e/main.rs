@@ -461,13 +461,7 @@ fn cached_venv(package: &str, version: &str) -> PathBuf {
 fn a_replay_miss_and_an_impossible_schema_tell_the_client_why() {
     let tmp = TestDir::new("serve-miss");
     let trace = tmp.path("miss.jsonl");
-    std::fs::write(
-        &trace,
-        "{\"meta\":{\"block_size\":16}}\n{\"request_id\":\"a\",\"prompt_tokens\":4,\
-         \"output_tokens\":2,\"arrival_ms\":0,\"output_token_ids\":[70,71],\
-         \"finish_reason\":\"length\"}\n",
-    )
-    .unwrap();
+    crate::support::write_one_record_replay_trace(&trace);
     let trace_arg = trace.display().to_string();
     let mut serve = Serve::start(&["--replay-tokens", &trace_arg, "--replay-miss", "fail"]);
     let (_, frontend_pid) = serve.wait_ready();

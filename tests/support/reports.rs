@@ -62,3 +62,15 @@ pub fn cohort<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::
 pub fn number(v: &serde_json::Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
+
+/// Write a replay trace of one record: request `a`, a 4-token prompt answered by the
+/// tokens 70, 71 (`length`), block size 16.
+pub fn write_one_record_replay_trace(path: &std::path::Path) {
+    std::fs::write(
+        path,
+        "{\"meta\":{\"block_size\":16}}\n{\"request_id\":\"a\",\"prompt_tokens\":4,\
+         \"output_tokens\":2,\"arrival_ms\":0,\"output_token_ids\":[70,71],\
+         \"finish_reason\":\"length\"}\n",
+    )
+    .unwrap();
+}

@@ -117,6 +117,24 @@ impl Wire {
         }
     }
 
+    /// `reset_prefix_cache(reset_running_requests, reset_connector)` as utility call
+    /// `call_id`: whether the engine reset its prefix cache.
+    pub async fn reset_prefix_cache(
+        &mut self,
+        call_id: u64,
+        reset_running_requests: bool,
+    ) -> Result<rmpv::Value, String> {
+        self.call(
+            call_id,
+            "reset_prefix_cache",
+            vec![
+                rmpv::Value::Boolean(reset_running_requests),
+                rmpv::Value::Boolean(false),
+            ],
+        )
+        .await
+    }
+
     /// Collect outputs on client 0 until every request in `ids` finished.
     pub async fn collect(&mut self, ids: &[&str]) -> Collected {
         self.collect_on(0, ids).await

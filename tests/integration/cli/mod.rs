@@ -449,13 +449,7 @@ fn serve_indexes_a_replay_trace_once() {
     let tmp = TestDir::new("cli-replay");
     let trace = tmp.path("replay.jsonl");
     let log = tmp.path("serve.err");
-    std::fs::write(
-        &trace,
-        "{\"meta\":{\"block_size\":16}}\n{\"request_id\":\"a\",\"prompt_tokens\":4,\
-         \"output_tokens\":2,\"arrival_ms\":0,\"output_token_ids\":[70,71],\
-         \"finish_reason\":\"length\"}\n",
-    )
-    .unwrap();
+    crate::support::write_one_record_replay_trace(&trace);
     let port = vllm_vcr::child::free_ports(1).unwrap()[0];
     let mut child = vcr_command()
         .args(["serve", "--port", &port.to_string(), "--replay-tokens"])

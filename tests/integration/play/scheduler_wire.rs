@@ -208,12 +208,7 @@ async fn reset_prefix_cache_forgets_cached_blocks() {
     w.send(&add("a", &prompt, 2)).await;
     w.collect(&["a"]).await;
     assert_eq!(
-        w.call(
-            1,
-            "reset_prefix_cache",
-            vec![rmpv::Value::Boolean(false), rmpv::Value::Boolean(false)]
-        )
-        .await,
+        w.reset_prefix_cache(1, false).await,
         Ok(rmpv::Value::Boolean(true))
     );
     w.send(&add("b", &prompt, 2)).await;

@@ -241,16 +241,8 @@ async fn frontend_exit_ends_the_capture_cleanly() {
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
     let trace = tmp.path("frontend-gone.jsonl.gz");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
-    let (stop, rx) = watch::channel(false);
-    let engine = tokio::spawn(vllm_vcr::play::run(play_args(&tap.engine_handshake), rx));
-    let accepted = fl.accept_engines(1, WAIT).await.unwrap();
-    fl.send(
-        0,
-        &accepted[0].identity,
-        encode_input(LINE, &add("ok", &[1, 2], 4)),
-    )
-    .await
-    .unwrap();
+    let engine = PlayBehindTap::join(&mut fl, &tap).await;
+    engine.send(&mut fl, "ok").await;
     collect(&mut fl, &["ok"]).await;
     drop(fl);
     let status = tap.wait_exit(WAIT);
@@ -258,8 +250,7 @@ async fn frontend_exit_ends_the_capture_cleanly() {
     let (_, records) = tap_trace(&tap.trace);
     assert_eq!(records.len(), 1);
     assert!(!records[0].incomplete);
-    let _ = stop.send(true);
-    let _ = tokio::time::timeout(WAIT, engine).await;
+    engine.stop().await;
 }
 
 /// Refuses to overwrite a capture, and explains a partial config-hash request.

@@ -22,16 +22,8 @@ async fn a_2_pow_62_frame_on_the_handshake_port_drops_only_that_peer() {
         "the tap is alive: {}",
         tap.log_text()
     );
-    let (stop, rx) = watch::channel(false);
-    let engine = tokio::spawn(vllm_vcr::play::run(play_args(&tap.engine_handshake), rx));
-    let accepted = fl.accept_engines(1, WAIT).await.unwrap();
-    fl.send(
-        0,
-        &accepted[0].identity,
-        encode_input(LINE, &add("after", &[1, 2], 4)),
-    )
-    .await
-    .unwrap();
+    let engine = PlayBehindTap::join(&mut fl, &tap).await;
+    engine.send(&mut fl, "after").await;
     collect(&mut fl, &["after"]).await;
     drop(fl);
     let status = tap.wait_exit(WAIT);
@@ -39,8 +31,7 @@ async fn a_2_pow_62_frame_on_the_handshake_port_drops_only_that_peer() {
     let (_, records) = tap_trace(&tap.trace);
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].output_tokens, 4);
-    let _ = stop.send(true);
-    let _ = tokio::time::timeout(WAIT, engine).await;
+    engine.stop().await;
 }
 
 /// A stranger connects to the tap's output port as a PUSH and sends the start of a frame
@@ -137,12 +128,7 @@ async fn a_full_disk_keeps_the_relay_going_and_counts_what_was_lost() {
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
     let full = Path::new("/dev/full");
     let mut tap = Tap::start(fl.handshake_address(), full, &["--force"]);
-    let mut engine = vcr_command()
-        .args(["play", "--handshake-address", &tap.engine_handshake])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut engine = play_child_behind(&tap);
     let accepted = fl.accept_engines(1, WAIT).await.unwrap();
     let id = accepted[0].identity.clone();
     let ids: Vec<String> = (0..20).map(|i| format!("r{i}")).collect();

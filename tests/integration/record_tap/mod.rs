@@ -101,6 +101,49 @@ fn play_args(handshake: &str) -> vllm_vcr::play::PlayArgs {
     a
 }
 
+/// `play`, in this process, joined through the tap: the frontend has accepted it.
+struct PlayBehindTap {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// The engine's identity on the frontend's sockets.
+    identity: Bytes,
+}
+
+impl PlayBehindTap {
+    async fn join(fl: &mut FrontendListener, tap: &Tap) -> PlayBehindTap {
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(vllm_vcr::play::run(play_args(&tap.engine_handshake), rx));
+        let accepted = fl.accept_engines(1, WAIT).await.unwrap();
+        PlayBehindTap {
+            stop,
+            task,
+            identity: accepted[0].identity.clone(),
+        }
+    }
+
+    /// Send the request `id` (prompt `[1, 2]`, `max_tokens` 4) from client 0.
+    async fn send(&self, fl: &mut FrontendListener, id: &str) {
+        fl.send(0, &self.identity, encode_input(LINE, &add(id, &[1, 2], 4)))
+            .await
+            .unwrap();
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(WAIT, self.task).await;
+    }
+}
+
+/// `vllm-vcr play` as a child process joined through the tap (silent; the test kills it).
+fn play_child_behind(tap: &Tap) -> std::process::Child {
+    vcr_command()
+        .args(["play", "--handshake-address", &tap.engine_handshake])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// Collect outputs on client 0 until every id finished.
 async fn collect(fl: &mut FrontendListener, ids: &[&str]) -> Collected {
     let mut c = Collected::default();

@@ -196,17 +196,9 @@ async fn each_record_says_when_its_request_was_sent() {
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
     let trace = tmp.path("sent.jsonl");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &[]);
-    let (stop, rx) = watch::channel(false);
-    let engine = tokio::spawn(vllm_vcr::play::run(play_args(&tap.engine_handshake), rx));
-    let accepted = fl.accept_engines(1, WAIT).await.unwrap();
+    let engine = PlayBehindTap::join(&mut fl, &tap).await;
     for id in ["s1", "s2"] {
-        fl.send(
-            0,
-            &accepted[0].identity,
-            encode_input(LINE, &add(id, &[1, 2], 4)),
-        )
-        .await
-        .unwrap();
+        engine.send(&mut fl, id).await;
     }
     collect(&mut fl, &["s1", "s2"]).await;
     drop(fl);
@@ -220,8 +212,7 @@ async fn each_record_says_when_its_request_was_sent() {
             "sent {sent} ms, queued {arrival} ms"
         );
     }
-    let _ = stop.send(true);
-    let _ = tokio::time::timeout(WAIT, engine).await;
+    engine.stop().await;
 }
 
 /// The engine starts first, then the tap, then the frontend; two DP engines and two
@@ -297,12 +288,7 @@ async fn an_oversized_frame_is_relayed_but_not_decoded() {
     let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
     let trace = tmp.path("oversized.jsonl");
     let mut tap = Tap::start(fl.handshake_address(), &trace, &["--max-frame-size", "1"]);
-    let mut engine = vcr_command()
-        .args(["play", "--handshake-address", &tap.engine_handshake])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut engine = play_child_behind(&tap);
     let accepted = fl.accept_engines(1, WAIT).await.unwrap();
     let id = accepted[0].identity.clone();
     // 600k ids: a 1.7 MiB frame; the engine refuses it (longer than its context)

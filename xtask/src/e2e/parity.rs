@@ -106,32 +106,58 @@ pub(crate) fn run(
             },
         ),
     ];
+    // Both stacks boot at once (a boot is mostly Python importing on one core); the
+    // workloads then run one after the other, each on a quiet machine, the real one first.
+    let fe_args = ["--enable-prompt-tokens-details".to_string()];
+    let booted: Vec<(&str, Instant, Result<Stack>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = runs
+            .into_iter()
+            .map(|(name, backend)| {
+                let (frontend, fe_args, sub) = (&frontend, &fe_args, dir.join(name));
+                s.spawn(move || {
+                    let t = Instant::now();
+                    let trace = sub.join("trace.jsonl.gz");
+                    let stack = start_stack(
+                        engine_bin,
+                        frontend,
+                        fe_args,
+                        real_model,
+                        Some(&trace),
+                        backend,
+                        &sub,
+                    );
+                    eprintln!(
+                        "  {name}: stack up after {:.1} s",
+                        t.elapsed().as_secs_f64()
+                    );
+                    (name, t, stack)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    (
+                        "?",
+                        Instant::now(),
+                        Err(anyhow::anyhow!("a boot thread panicked")),
+                    )
+                })
+            })
+            .collect()
+    });
     let mut results = Vec::new();
-    for (name, backend) in runs {
-        let t = Instant::now();
+    for (name, t, stack) in booted {
         let sub = dir.join(name);
-        let r = (|| -> Result<Run> {
-            let trace = sub.join("trace.jsonl.gz");
-            let stack = start_stack(
-                engine_bin,
-                &frontend,
-                &["--enable-prompt-tokens-details".to_string()],
-                real_model,
-                Some(&trace),
-                backend,
-                &sub,
-            )?;
-            eprintln!(
-                "  {name}: stack up after {:.1} s",
-                t.elapsed().as_secs_f64()
-            );
+        let r = stack.and_then(|stack| {
             let run = workload(&stack);
             let tap = stack.stop();
             let mut run = run?;
             ensure!(tap.contains("exit status: 0"), "the tap ended: {tap}");
             run.steps = read_steps(&sub.join("steps.jsonl.gz"))?;
             Ok(run)
-        })();
+        });
         out.push(
             &format!("the workload through the {name} engine"),
             t,

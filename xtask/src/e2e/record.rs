@@ -8,19 +8,17 @@
 //! request, token counts, finish reasons, plausible engine-side timing, the meta line).
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
-use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
-use vcr_host::child::{ChildGuard, free_ports, wait_listening};
+use std::time::Instant;
 
 use crate::e2e::select::Frontends;
 use crate::http::Client;
-use crate::stack::engine::{Backend, spawn_engine};
-use crate::stack::frontend::{Frontend, start_frontend, wait_health};
+use crate::stack::chain::{Stack, start_stack};
+use crate::stack::engine::Backend;
+use crate::stack::frontend::Frontend;
 use crate::stack::result::CheckResult;
-use crate::stack::tap::start_tap;
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use sim_trace::trace::{TraceItem, TraceMeta, TraceReader, TraceRecord};
 
 /// Pacing of `play` in the record legs (the timing check compares against it).
 pub const TTFT_MS: f64 = 40.0;
@@ -149,7 +147,10 @@ fn check(name: &str, t: Instant, r: Result<String>) -> CheckResult {
     }
 }
 
-/// Run one leg (direct, then tapped) and return its checks.
+/// Run one leg and return its checks. Both stacks (direct, and through the tap) boot at
+/// once, since a boot is mostly a frontend or an engine importing its Python on one core;
+/// the workloads then run one after the other, the direct one first and stopped before
+/// the tapped one starts, so the timing the tap records is measured on a quiet stack.
 pub(crate) fn run_leg(
     leg: &RecordLeg,
     engine_bin: &Path,
@@ -157,8 +158,17 @@ pub(crate) fn run_leg(
     dir: &Path,
 ) -> Vec<CheckResult> {
     let started = Instant::now();
-    let direct = run_once(leg, false, engine_bin, model, &dir.join("direct"));
-    let tapped = run_once(leg, true, engine_bin, model, &dir.join("tapped"));
+    let (direct, tapped) = std::thread::scope(|s| {
+        let tapped = s.spawn(|| boot(leg, true, engine_bin, model, &dir.join("tapped")));
+        let direct = boot(leg, false, engine_bin, model, &dir.join("direct"));
+        let tapped = tapped
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the boot thread panicked")));
+        (direct, tapped)
+    });
+    // the direct run is over (and its stack stopped) before the tapped one starts
+    let direct = direct.and_then(|b| b.run(false));
+    let tapped = tapped.and_then(|b| b.run(true));
     let (direct, tapped) = match (direct, tapped) {
         (Ok(d), Ok(t)) => (d, t),
         (d, t) => {
@@ -222,94 +232,86 @@ pub(crate) fn run_leg(
     out
 }
 
-fn run_once(
+/// A booted stack of one run and where its trace goes.
+struct Booted {
+    stack: Stack,
+    trace: PathBuf,
+    steps: PathBuf,
+}
+
+/// Start the run's stack in `dir`: the frontend, the tap (`tapped`), the engine, healthy.
+fn boot(
     leg: &RecordLeg,
     tapped: bool,
     engine_bin: &Path,
     model: &Path,
     dir: &Path,
-) -> Result<Run> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    eprintln!(
-        "  -- {} run",
-        if tapped { "through the tap" } else { "direct" }
-    );
-    let ports = free_ports(3)?;
-    let (http_port, hs_port, tap_port) = (ports[0], ports[1], ports[2]);
-    let (mut frontend, listen_timeout, health_timeout, _) = start_frontend(
+) -> Result<Booted> {
+    let what = if tapped { "through the tap" } else { "direct" };
+    eprintln!("  -- {what} run: starting its stack");
+    let trace = dir.join("trace.jsonl.gz");
+    let stack = start_stack(
+        engine_bin,
         &leg.frontend,
         &[],
         model,
-        http_port,
-        hs_port,
-        &dir.join("frontend.log"),
-    )?;
-    wait_listening(hs_port, listen_timeout, &mut [&mut frontend])
-        .context("waiting for the frontend's handshake socket")?;
-
-    let trace = dir.join("trace.jsonl.gz");
-    let steps = dir.join("steps.jsonl");
-    let mut tap = if tapped {
-        Some(start_tap(
-            engine_bin,
-            hs_port,
-            tap_port,
-            &trace,
-            &steps,
-            &["--record-tokens"],
-            &dir.join("record.log"),
-        )?)
-    } else {
-        None
-    };
-    let engine_port = if tapped { tap_port } else { hs_port };
-    let (mut engine, engine_wait) = start_engine(&leg.engine, engine_bin, model, engine_port, dir)?;
-
-    let http = Client::new(http_port, Duration::from_secs(60));
-    {
-        let mut watch: Vec<&mut ChildGuard> = vec![&mut frontend, &mut engine];
-        if let Some(t) = tap.as_mut() {
-            watch.push(t);
-        }
-        wait_health(&http, health_timeout.max(engine_wait), &mut watch)
-            .context("waiting for GET /health 200")?;
-    }
-    let answers = workload(&http)?;
-    // The tap first: SIGTERM closes the trace while both sides are still up.
-    let tap_stop = match tap.as_mut() {
-        Some(t) => t.stop(),
-        None => String::new(),
-    };
-    eprintln!("  stopped the tap: {tap_stop}");
-    let how = frontend.stop();
-    eprintln!("  stopped {}: {how}", frontend.name);
-    let how = engine.stop();
-    eprintln!("  stopped {}: {how}", engine.name);
-    let trace = if tapped {
-        Some(read_trace(&trace)?)
-    } else {
-        None
-    };
-    let steps = std::fs::read_to_string(&steps)
-        .map(|s| s.lines().count())
-        .unwrap_or(0);
-    Ok(Run {
-        answers,
+        tapped.then_some(trace.as_path()),
+        backend(&leg.engine),
+        dir,
+    )
+    .with_context(|| format!("the {what} run's stack"))?;
+    Ok(Booted {
+        stack,
+        steps: dir.join("steps.jsonl.gz"),
         trace,
-        steps,
-        tap_stop,
     })
 }
 
-/// Start the engine joining `port`; returns it and how long it may take to serve.
-pub(crate) fn start_engine(
-    engine: &Engine,
-    engine_bin: &Path,
-    model: &Path,
-    port: u16,
-    dir: &Path,
-) -> Result<(ChildGuard, Duration)> {
-    let backend = match engine {
+impl Booted {
+    /// Run the workload, stop the stack (the tap first: SIGTERM closes the trace while
+    /// both sides are still up), and read what the tap wrote.
+    fn run(self, tapped: bool) -> Result<Run> {
+        eprintln!(
+            "  -- {} run",
+            if tapped { "through the tap" } else { "direct" }
+        );
+        let answers = workload(&self.stack.http);
+        let tap_stop = self.stack.stop();
+        if tapped {
+            eprintln!("  stopped the tap: {tap_stop}");
+        }
+        let answers = answers?;
+        let trace = if tapped {
+            Some(read_trace(&self.trace)?)
+        } else {
+            None
+        };
+        let steps = if tapped { count_lines(&self.steps)? } else { 0 };
+        Ok(Run {
+            answers,
+            trace,
+            steps,
+            tap_stop,
+        })
+    }
+}
+
+/// The lines of a (gzipped) step-stats sidecar.
+fn count_lines(path: &Path) -> Result<usize> {
+    use std::io::BufRead;
+    let r = sim_trace::trace::open_maybe_gz(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let mut n = 0;
+    for line in std::io::BufReader::new(r).lines() {
+        line.with_context(|| format!("reading {}", path.display()))?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The engine of a leg as a stack's backend.
+fn backend(engine: &Engine) -> Backend<'_> {
+    match engine {
         Engine::Play { line } => Backend::Play {
             line,
             args: [
@@ -327,8 +329,7 @@ pub(crate) fn start_engine(
             venv,
             args: Vec::new(),
         },
-    };
-    spawn_engine(&backend, engine_bin, model, port, &dir.join("engine.log"))
+    }
 }
 
 /// The requests: four sequential completions, four concurrent ones, one chat completion.

@@ -44,8 +44,35 @@ pub(crate) fn start_stack(
         hs_port,
         &dir.join("frontend.log"),
     )?;
-    wait_listening(hs_port, listen_timeout, &mut [&mut frontend])
-        .context("waiting for the frontend's handshake socket")?;
+    let backend = match backend {
+        Backend::Play { line, mut args } => {
+            args.insert(0, "--log-requests".to_string());
+            Backend::Play { line, args }
+        }
+        cpu => cpu,
+    };
+    let engine_log = dir.join("engine.log");
+    // The real engine's handshake socket connects lazily (ZeroMQ queues its HELLO until
+    // the frontend binds), so straight behind a frontend it boots while the frontend
+    // does: two Python start-ups on two cores instead of one after the other.
+    let mut early = match (&backend, tap) {
+        (Backend::Cpu { .. }, None) => Some(spawn_engine(
+            &backend,
+            engine_bin,
+            model,
+            hs_port,
+            &engine_log,
+        )?),
+        _ => None,
+    };
+    {
+        let mut watch: Vec<&mut ChildGuard> = vec![&mut frontend];
+        if let Some((e, _)) = early.as_mut() {
+            watch.push(e);
+        }
+        wait_listening(hs_port, listen_timeout, &mut watch)
+            .context("waiting for the frontend's handshake socket")?;
+    }
     let mut tap = match tap {
         Some(trace) => Some(start_tap(
             engine_bin,
@@ -59,15 +86,10 @@ pub(crate) fn start_stack(
         None => None,
     };
     let port = if tap.is_some() { tap_port } else { hs_port };
-    let engine_log = dir.join("engine.log");
-    let backend = match backend {
-        Backend::Play { line, mut args } => {
-            args.insert(0, "--log-requests".to_string());
-            Backend::Play { line, args }
-        }
-        cpu => cpu,
+    let (mut engine, engine_wait) = match early {
+        Some(started) => started,
+        None => spawn_engine(&backend, engine_bin, model, port, &engine_log)?,
     };
-    let (mut engine, engine_wait) = spawn_engine(&backend, engine_bin, model, port, &engine_log)?;
     let http = Client::new(http_port, Duration::from_secs(120));
     {
         let mut watch: Vec<&mut ChildGuard> = vec![&mut frontend, &mut engine];

@@ -366,19 +366,9 @@ fn the_output_never_overwrites_an_input_and_a_failure_leaves_nothing() {
     );
 
     // a trace that fails mid-way (not gzip at all): no output is left
-    let bad = tmp.path("own-bad.jsonl.gz");
-    std::fs::write(&bad, b"this is not gzip").unwrap();
-    let out = tmp.path("own-bad-out.json");
-    let _ = std::fs::remove_file(&out);
-    let o = vcr()
-        .args(["inspect", "perfetto"])
-        .arg(&bad)
-        .arg("-o")
-        .arg(&out)
-        .output();
-    assert!(!o.status.success());
-    assert!(!out.exists(), "a failed run left {}", out.display());
+    a_failed_run_leaves_no_output(&tmp, "own-bad", "own-bad-out.json");
     // a missing input: no output either
+    let out = tmp.path("own-bad-out.json");
     let o = vcr()
         .args(["inspect", "perfetto"])
         .arg(tmp.path("own-missing.jsonl"))

@@ -259,6 +259,23 @@ pub fn write_synthetic_trace(path: &Path, requests: usize) -> usize {
 
 /// The number of `TracePacket`s in a protobuf trace: the bytes are exactly a sequence of
 /// `Trace.packet` fields (key 0x0a, a varint length, that many bytes). Panics otherwise.
+/// A trace that fails mid-way (`<stem>.jsonl.gz` that is not gzip at all) leaves no output
+/// file `out_name` behind.
+fn a_failed_run_leaves_no_output(tmp: &TestDir, stem: &str, out_name: &str) {
+    let bad = tmp.path(&format!("{stem}.jsonl.gz"));
+    std::fs::write(&bad, b"this is not gzip").unwrap();
+    let out = tmp.path(out_name);
+    let _ = std::fs::remove_file(&out);
+    let o = vcr()
+        .args(["inspect", "perfetto"])
+        .arg(&bad)
+        .arg("-o")
+        .arg(&out)
+        .output();
+    assert!(!o.status.success());
+    assert!(!out.exists(), "a failed run left {}", out.display());
+}
+
 fn packets(bytes: &[u8]) -> usize {
     let (mut at, mut n) = (0usize, 0usize);
     while at < bytes.len() {

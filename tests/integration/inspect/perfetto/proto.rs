@@ -386,18 +386,7 @@ fn the_output_name_or_the_flag_chooses_the_format() {
     assert_eq!(drawn.slices.iter().filter(|s| s.2 == "prefill").count(), 6);
 
     // a trace that fails mid-way: no protobuf file is left either
-    let bad = tmp.path("format-bad.jsonl.gz");
-    std::fs::write(&bad, b"this is not gzip").unwrap();
-    let out = tmp.path("format-bad.pftrace");
-    let _ = std::fs::remove_file(&out);
-    let o = vcr()
-        .args(["inspect", "perfetto"])
-        .arg(&bad)
-        .arg("-o")
-        .arg(&out)
-        .output();
-    assert!(!o.status.success());
-    assert!(!out.exists(), "a failed run left {}", out.display());
+    a_failed_run_leaves_no_output(&tmp, "format-bad", "format-bad.pftrace");
     // a bad --format value is a clear error
     let o = vcr()
         .args(["inspect", "perfetto", "--format", "xml"])

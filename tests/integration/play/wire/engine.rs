@@ -124,12 +124,7 @@ async fn utilities_answer_like_vllm() {
         Ok(Value::Boolean(false))
     );
     assert_eq!(
-        w.call(
-            13,
-            "reset_prefix_cache",
-            vec![Value::Boolean(false), Value::Boolean(false)]
-        )
-        .await,
+        w.reset_prefix_cache(13, false).await,
         Ok(Value::Boolean(true))
     );
     assert_eq!(
@@ -171,21 +166,11 @@ async fn reset_prefix_cache_refuses_while_running() {
     w.send(&add("busy", &[10], 200)).await;
     let _ = w.recv().await;
     assert_eq!(
-        w.call(
-            1,
-            "reset_prefix_cache",
-            vec![Value::Boolean(false), Value::Boolean(false)]
-        )
-        .await,
+        w.reset_prefix_cache(1, false).await,
         Ok(Value::Boolean(false))
     );
     assert_eq!(
-        w.call(
-            2,
-            "reset_prefix_cache",
-            vec![Value::Boolean(true), Value::Boolean(false)]
-        )
-        .await,
+        w.reset_prefix_cache(2, true).await,
         Ok(Value::Boolean(true))
     );
     // the running request was preempted and re-admitted

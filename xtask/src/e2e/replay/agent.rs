@@ -156,18 +156,13 @@ pub(super) fn agent(
             None,
             Backend::Play {
                 line,
-                args: vec![
-                    "--replay-tokens".into(),
-                    trace.display().to_string(),
-                    "--replay-match".into(),
-                    "prefix".into(),
-                    "--replay-miss".into(),
-                    miss.into(),
-                    "--block-size".into(),
-                    CPU_BLOCK_SIZE.to_string(),
-                    "--replay-summary".into(),
-                    summary.display().to_string(),
-                ],
+                args: replay_flags(
+                    &trace,
+                    "prefix",
+                    miss,
+                    &summary,
+                    &["--block-size", &CPU_BLOCK_SIZE.to_string()],
+                ),
             },
             &run,
         )?;

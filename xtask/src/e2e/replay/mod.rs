@@ -255,6 +255,29 @@ pub(super) fn read_by_arrival(path: &Path) -> Result<(TraceMeta, Vec<TraceRecord
 }
 
 /// The `--replay-summary` file of a stopped engine.
+/// `play`'s flags to serve `trace` by `mode` (`index`/`prefix`), answering a miss by
+/// `miss` and writing its summary to `summary`, then `extra`.
+pub(super) fn replay_flags(
+    trace: &Path,
+    mode: &str,
+    miss: &str,
+    summary: &Path,
+    extra: &[&str],
+) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--replay-tokens".into(),
+        trace.display().to_string(),
+        "--replay-match".into(),
+        mode.into(),
+        "--replay-miss".into(),
+        miss.into(),
+        "--replay-summary".into(),
+        summary.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
 pub(super) fn read_summary(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the replay summary {}", path.display()))?;

@@ -248,16 +248,7 @@ pub(super) fn round_trip(
             None,
             Backend::Play {
                 line,
-                args: vec![
-                    "--replay-tokens".into(),
-                    trace.display().to_string(),
-                    "--replay-match".into(),
-                    mode.into(),
-                    "--replay-miss".into(),
-                    "fail".into(),
-                    "--replay-summary".into(),
-                    summary.display().to_string(),
-                ],
+                args: replay_flags(&trace, mode, "fail", &summary, &[]),
             },
             &run,
         )?;

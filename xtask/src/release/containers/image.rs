@@ -113,12 +113,7 @@ pub(super) fn chat(client: &Client, model: &str, prompt: &str, max_tokens: u32) 
         bail!("chat completion: HTTP {} {}", r.status, snippet(&r.text()));
     }
     let v = r.json()?;
-    let finish = v
-        .pointer("/choices/0/finish_reason")
-        .and_then(Value::as_str);
-    let used = v
-        .pointer("/usage/completion_tokens")
-        .and_then(Value::as_u64);
+    let (finish, used) = finish_and_used(&v);
     let text = v
         .pointer("/choices/0/message/content")
         .and_then(Value::as_str)

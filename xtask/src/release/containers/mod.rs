@@ -440,3 +440,13 @@ fn build_image(
 use image::{check_cli, check_frontend_death, check_serve};
 use manifests::validate_manifests;
 use pods::{check_capture_replay, check_kv_events_pod, check_mock_pod, check_pd_pods};
+
+/// An answer's first finish reason and its completion-token count.
+fn finish_and_used(v: &serde_json::Value) -> (Option<&str>, Option<u64>) {
+    (
+        v.pointer("/choices/0/finish_reason")
+            .and_then(serde_json::Value::as_str),
+        v.pointer("/usage/completion_tokens")
+            .and_then(serde_json::Value::as_u64),
+    )
+}

@@ -279,12 +279,7 @@ pub(super) fn check_pd_pods(root: &Path, podman: &Podman, dir: &Path) -> Result<
         }
     };
     let v = r.json()?;
-    let finish = v
-        .pointer("/choices/0/finish_reason")
-        .and_then(Value::as_str);
-    let used = v
-        .pointer("/usage/completion_tokens")
-        .and_then(Value::as_u64);
+    let (finish, used) = finish_and_used(&v);
     if r.status != 200 || finish != Some("length") || used != Some(12) {
         bail!(
             "completion through the decode pod: HTTP {}, finish_reason {finish:?}, completion_tokens {used:?}: {}\ndecode engine log:\n{}",
