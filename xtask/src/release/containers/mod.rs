@@ -365,6 +365,21 @@ fn debootstrap(tarball: &Path) -> Result<()> {
     result
 }
 
+/// Copy the executable `from` to `to` without its symbols and debug info (a plain copy
+/// where `strip` is missing or fails).
+fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
+    let stripped = Command::new("strip")
+        .arg("-o")
+        .arg(to)
+        .arg(from)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    }
+    Ok(())
+}
+
 /// Build the `prebuilt` target from a small context (the binaries, the tiny model, the
 /// entrypoint); returns the versioned tag.
 fn build_image(
@@ -384,19 +399,10 @@ fn build_image(
             root.join("docker/entrypoint.sh"),
             ctx.join("docker/entrypoint.sh"),
         )?;
-        // the debug build carries ~10x its code in debug info: strip it for the image
-        let bin = ctx.join("prebuilt/vllm-vcr");
-        let stripped = Command::new("strip")
-            .arg("-o")
-            .arg(&bin)
-            .arg(engine)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !stripped {
-            std::fs::copy(engine, &bin).with_context(|| format!("copying {}", engine.display()))?;
-        }
-        std::fs::copy(frontend, ctx.join("prebuilt/vllm-rs"))
-            .with_context(|| format!("copying {}", frontend.display()))?;
+        // the debug build carries ~10x its code in debug info, and the wheel's vllm-rs
+        // its symbol table (9 of 61 MB): the image needs neither
+        copy_stripped(engine, &ctx.join("prebuilt/vllm-vcr"))?;
+        copy_stripped(frontend, &ctx.join("prebuilt/vllm-rs"))?;
         vcr_host::tiny_model::write_to(&ctx.join("prebuilt/model"))?;
         let version = env!("CARGO_PKG_VERSION");
         let versioned = format!("{IMAGE_REPO}:{version}-vllm{line}");
