@@ -268,6 +268,7 @@ impl PlayConfig {
             first_token_floor: Duration::ZERO,
             runner: a.runner,
             embedding_dim: a.embedding_dim,
+            natural_output_len: (a.natural_output_len > 0).then_some(a.natural_output_len),
             pd: PdConfig {
                 role: a.pd_role,
                 engine_id: a

@@ -91,6 +91,16 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 0.5)]
     pub tool_call_rate: f64,
 
+    /// The mean length, in tokens, of an answer the client did not bound: a request whose
+    /// `max_tokens` reaches the end of the context (the client gave none, so the frontend
+    /// filled in what is left) ends with EOS (`stop`) after a length drawn per request
+    /// (exponential with this mean, seeded like its tokens), as a model ends its answer,
+    /// instead of running to the context length. Random and `--tokens text` answers only
+    /// (structures, echoes and recordings end by themselves); never under `ignore_eos` or
+    /// before `min_tokens`. 0: such requests run to the end of the context.
+    #[arg(long, default_value_t = 256)]
+    pub natural_output_len: u64,
+
     /// Random token ids are drawn from [--min-token-id, vocab-size). Only ids the
     /// frontend's tokenizer knows may be emitted; the default fits the embedded tiny model
     /// (259 tokens).

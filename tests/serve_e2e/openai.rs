@@ -1,6 +1,7 @@
 //! What OpenAI clients see through each frontend (`tests/clients/openai_checks.py`, the OpenAI
 //! SDK and jsonschema from the cached vLLM venv): text, JSON and tool calls through vllm-rs
-//! and the Python frontends, embeddings, LoRA, token-in-token-out and the responses routes.
+//! and the Python frontends, embeddings, LoRA, token-in-token-out and the responses routes;
+//! and the OpenAI Agents SDK's agent loop (`tests/clients/agents_check.py`) on each.
 
 use super::*;
 
@@ -42,6 +43,47 @@ fn openai_checks_with_env(extra: &[&str], env: &[(&str, &str)], label: &str) {
         serve.stderr()
     );
     assert!(text.contains(&format!("{label}: 0 failed")), "{text}");
+    if mode == "--generation" {
+        // the OpenAI Agents SDK's loop: Responses (its default) where the frontend serves
+        // it, chat completions on vllm-rs (which has no /v1/responses)
+        let api = if extra.contains(&"python") {
+            "responses"
+        } else {
+            "chat"
+        };
+        agents_check(&base, api, &serve);
+    }
+}
+
+/// The OpenAI Agents SDK, pinned, in its own venv in the cache (installed from PyPI the
+/// first time).
+const AGENTS_PACKAGE: &str = "openai-agents";
+const AGENTS_VERSION: &str = "0.24.0";
+
+/// Run tests/clients/agents_check.py (the Agents SDK's default agent loop with a strict
+/// function tool) against `base` over `api` (`chat` or `responses`); every check must pass.
+fn agents_check(base: &str, api: &str, serve: &Serve) {
+    let cache = vllm_vcr::frontends::cache_root().unwrap();
+    let venv = vllm_vcr::frontends::fetch_tool(&cache, AGENTS_PACKAGE, AGENTS_VERSION, |v| {
+        v.join("bin").join("python").is_file()
+    })
+    .unwrap_or_else(|e| panic!("cannot install {AGENTS_PACKAGE}=={AGENTS_VERSION}: {e:#}"));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/agents_check.py");
+    let out = Command::new(venv.join("bin").join("python"))
+        .args([script, base, "tiny", api])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(
+        out.status.success() && text.contains(&format!("agents {api}: 0 failed")),
+        "the Agents SDK's loop over {api} failed:\n{text}\nserve stderr:\n{}",
+        serve.stderr()
+    );
 }
 
 #[test]

@@ -297,6 +297,10 @@ struct TextStream {
 }
 
 impl TokenStream for TextStream {
+    fn free_text(&self) -> bool {
+        true
+    }
+
     fn next_token(&mut self, _avoid: &[u32]) -> u32 {
         for _ in 0..8 {
             if let Some(t) = self.pending.pop_front() {

@@ -19,6 +19,12 @@ pub trait TokenStream: Send {
     fn failure(&self) -> Option<&str> {
         None
     }
+
+    /// Whether the stream is free text a model could end with EOS at any token (random
+    /// ids, prose), as opposed to a structure, a recording or an echo that ends itself.
+    fn free_text(&self) -> bool {
+        false
+    }
 }
 
 /// Creates a stream per request.
@@ -97,6 +103,10 @@ struct RandomStream {
 }
 
 impl TokenStream for RandomStream {
+    fn free_text(&self) -> bool {
+        true
+    }
+
     fn next_token(&mut self, _avoid: &[u32]) -> u32 {
         let span = u64::from(self.hi.saturating_sub(self.lo).max(1));
         // bounded retries: a vocabulary made only of stop ids still terminates

@@ -89,6 +89,9 @@ pub struct SimRequest {
     pub awaiting_kv: bool,
     /// `--ttft-mode fixed`: not admitted before this moment.
     pub not_before: Option<std::time::Instant>,
+    /// The answer's own length (`--natural-output-len`): a request the client did not
+    /// bound samples EOS as this token, as a model ends its answer.
+    pub natural_end: Option<u64>,
 }
 
 impl SimRequest {
@@ -152,6 +155,7 @@ impl SimRequest {
             )),
             awaiting_kv: false,
             not_before: None,
+            natural_end: None,
         }
     }
 
@@ -186,7 +190,10 @@ impl SimRequest {
         } else {
             &[]
         };
-        let t = self.stream.next_token(avoid);
+        let t = match (self.natural_end, self.eos) {
+            (Some(end), Some(eos)) if self.num_output + 1 >= end.max(self.min_tokens + 1) => eos,
+            _ => self.stream.next_token(avoid),
+        };
         if let Some(why) = self.stream.failure() {
             return Err(why.to_string());
         }

@@ -204,6 +204,23 @@ impl SimEngine {
         }
     }
 
+    /// Where an answer the client did not bound ends (`--natural-output-len`): its
+    /// `max_tokens` reaches the end of the context, it is free text and may stop at EOS.
+    /// Drawn from its own seed, so no other per-request draw moves.
+    fn natural_end(&self, r: &SimRequest) -> Option<u64> {
+        let mean = self.cfg.natural_output_len?;
+        let unbounded = r
+            .max_tokens
+            .is_none_or(|m| r.prompt_len + m >= self.cfg.max_model_len);
+        if !unbounded || r.eos.is_none() || !r.stream.free_text() || r.recorded_end.is_some() {
+            return None;
+        }
+        let mut rng = SplitMix64(request_seed(self.cfg.seed ^ 0x6e61_7475, &r.id));
+        // exponential with the given mean, at least one token
+        let u = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        Some(1 + (-(mean as f64) * u.ln()) as u64)
+    }
+
     /// Admit a checked request whose token stream is ready: it becomes a [`SimRequest`]
     /// and joins the waiting queue as of `queued_at`, or is refused.
     fn admit(
@@ -246,6 +263,7 @@ impl SimEngine {
             r.pooling = Some(PoolingRequest::from_params(req.pooling_params.as_ref()));
         }
         r.rng = SplitMix64(request_seed(self.cfg.seed ^ 0x1f1f, &r.id));
+        r.natural_end = self.natural_end(&r);
         if let Some(f) = &self.cfg.failures {
             r.failure = f.decide_bounded(&mut r.rng, r.min_tokens, r.max_tokens);
         }

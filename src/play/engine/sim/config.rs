@@ -57,6 +57,9 @@ pub struct EngineConfig {
     /// Generation or pooling (`--runner`), and the embedding length of the latter.
     pub runner: Runner,
     pub embedding_dim: u32,
+    /// `--natural-output-len`: the mean length of an answer the client did not bound
+    /// (`None`: such answers run to the end of the context).
+    pub natural_output_len: Option<u64>,
     /// Prefill/decode disaggregation.
     pub pd: PdConfig,
 }

@@ -274,3 +274,45 @@ async fn a_prompt_the_kv_cache_cannot_hold_is_refused_not_left_waiting() {
     assert_eq!(c.tokens["fits"].len(), 16);
     w.stop().await.unwrap();
 }
+
+/// An answer the client did not bound (`max_tokens` up to the end of the context, as the
+/// frontends fill it in) ends with EOS after its own length, like a model's; a bounded one
+/// runs to `max_tokens`, and `--natural-output-len 0` runs to the context's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unbounded_answer_ends_with_eos_after_its_own_length() {
+    let prompt = [10, 11, 12, 13];
+    let mut a = args();
+    a.max_model_len = 4096;
+    a.natural_output_len = 40;
+    let mut w = Wire::start(a.clone()).await;
+    let ids: Vec<String> = (0..30).map(|i| format!("u{i}")).collect();
+    for id in &ids {
+        w.send(&add(id, &prompt, 4096 - 4)).await;
+    }
+    w.send(&add("bounded", &prompt, 300)).await;
+    let mut all: Vec<&str> = ids.iter().map(String::as_str).collect();
+    all.push("bounded");
+    let c = w.collect(&all).await;
+    let lens: Vec<usize> = ids.iter().map(|id| c.tokens[id.as_str()].len()).collect();
+    for id in &ids {
+        assert_eq!(c.finished[id.as_str()], (FinishReason::Stop, None), "{id}");
+        assert_eq!(c.tokens[id.as_str()].last(), Some(&2), "{id} ends with EOS");
+    }
+    let mean = lens.iter().sum::<usize>() as f64 / lens.len() as f64;
+    // exponential lengths of mean 40: the mean of 30 is within 20..80 (±3.5 standard
+    // errors), and they differ from one another
+    assert!((20.0..80.0).contains(&mean), "mean {mean} of {lens:?}");
+    assert!(lens.iter().any(|&l| l != lens[0]), "{lens:?}");
+    assert_eq!(c.tokens["bounded"].len(), 300);
+    assert_eq!(c.finished["bounded"], (FinishReason::Length, None));
+    w.stop().await.unwrap();
+
+    a.natural_output_len = 0;
+    a.max_model_len = 64;
+    let mut w = Wire::start(a).await;
+    w.send(&add("off", &prompt, 60)).await;
+    let c = w.collect(&["off"]).await;
+    assert_eq!(c.tokens["off"].len(), 60);
+    assert_eq!(c.finished["off"], (FinishReason::Length, None));
+    w.stop().await.unwrap();
+}
