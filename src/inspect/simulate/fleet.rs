@@ -12,7 +12,7 @@ use sim_protocol::{EngineCoreRequest, SamplingParams, VllmLine};
 use super::arrivals::Arrivals;
 use super::follow::{self, Finished, Follower};
 use super::options::{Counts, RunOptions};
-use super::route::{Route, Router};
+use super::route::{Load, Route, Router};
 use super::workload::{Turn, Workload};
 use crate::inspect::progress::Progress;
 use crate::play::config::PlayConfig;
@@ -41,6 +41,8 @@ impl Default for Fleet {
 struct Member {
     driver: OfflineDriver<SimEngine>,
     follower: Follower,
+    /// What the router sent here and has not seen finish.
+    load: Load,
 }
 
 /// Send every request when it is due (to the engine the router picks), drive the engines
@@ -69,10 +71,25 @@ pub fn run_workload(
             }
             let origin = crate::play::engine::timer::instant_to_monotonic(driver.origin());
             let follower = Follower::new(opts.hash_blocks, opts.record_tokens, origin);
-            Member { driver, follower }
+            Member {
+                driver,
+                follower,
+                load: Load::default(),
+            }
         })
         .collect();
     let name = |e: usize| (engines > 1).then_some(e as u32);
+    // the KV blocks each request takes at its longest (prompt and every output token),
+    // and those it added to its engine when routed
+    let blocks: Vec<usize> = work
+        .reqs
+        .iter()
+        .map(|p| {
+            (p.prompt_tokens.max(1) + p.output_tokens.max(1)).div_ceil(block_size.max(1) as u32)
+                as usize
+        })
+        .collect();
+    let mut added = vec![0usize; n];
 
     let mut finished = Vec::new();
     let mut progress = Progress::new("simulate:");
@@ -102,19 +119,22 @@ pub fn run_workload(
             }
             let prompt = work.prompt(i, ids.clone(), opts.cold_prompts);
             let req = request(i, prompt, work.reqs[i].output_tokens, line, at);
+            let hashes = if engines > 1 && router.follows_cache() {
+                prompt_block_hashes(&req, block_size)
+            } else {
+                Vec::new()
+            };
             let e = if engines == 1 {
                 0
             } else {
-                let hashes = if router.follows_cache() {
-                    prompt_block_hashes(&req, block_size)
-                } else {
-                    Vec::new()
-                };
-                // in flight as the router counts them: sent and not finished
-                let load: Vec<usize> = fleet.iter().map(|m| m.follower.in_flight()).collect();
-                router.pick(&hashes, &load)
+                let load: Vec<Load> = fleet.iter().map(|m| m.load).collect();
+                router.pick(&hashes, blocks[i], &load)
             };
+            // the blocks it adds to its engine: its cached prefix is shared, not new
+            added[i] = blocks[i].saturating_sub(router.cached_prefix(e, &hashes));
             let m = &mut fleet[e];
+            m.load.requests += 1;
+            m.load.blocks += added[i];
             m.follower.arrive(i, at, &req);
             m.driver.add(at, 0, req);
         }
@@ -127,6 +147,8 @@ pub fn run_workload(
             }
             for mut f in finished.drain(..) {
                 done += 1;
+                m.load.requests = m.load.requests.saturating_sub(1);
+                m.load.blocks = m.load.blocks.saturating_sub(added[f.index]);
                 f.record.engine = name(e);
                 record(f, &mut arrivals)?;
             }

@@ -28,6 +28,10 @@ pub enum Route {
     /// The engine whose prefix cache holds the most leading blocks of the prompt; ties
     /// to the fewest requests in flight, then the lowest index.
     PrefixAware,
+    /// The lowest cost: the prompt blocks the engine would prefill (those its cache does
+    /// not hold) plus the KV blocks its requests in flight hold of their own, as Dynamo's
+    /// KV router weighs them; ties to the lowest index.
+    KvAware,
 }
 
 impl Route {
@@ -37,6 +41,7 @@ impl Route {
             Route::RoundRobin => "round-robin",
             Route::LeastLoaded => "least-loaded",
             Route::PrefixAware => "prefix-aware",
+            Route::KvAware => "kv-aware",
         }
     }
 }
@@ -58,9 +63,9 @@ impl Router {
         }
     }
 
-    /// Whether the router follows the engines' cache events (only prefix-aware does).
+    /// Whether the router follows the engines' cache events (the cache-aware routes).
     pub fn follows_cache(&self) -> bool {
-        self.route == Route::PrefixAware
+        matches!(self.route, Route::PrefixAware | Route::KvAware)
     }
 
     /// Take in engine `e`'s cache events.
@@ -88,27 +93,40 @@ impl Router {
             .count()
     }
 
-    /// The engine for a request whose prompt has the chained block `hashes`, given each
-    /// engine's requests in flight.
-    pub fn pick(&mut self, hashes: &[u64], in_flight: &[usize]) -> usize {
-        let n = in_flight.len().max(1);
+    /// The engine for a request whose prompt has the chained block `hashes` (its full
+    /// blocks) and takes `blocks` KV blocks in all, given each engine's load.
+    pub fn pick(&mut self, hashes: &[u64], blocks: usize, load: &[Load]) -> usize {
+        let n = load.len().max(1);
         match self.route {
             Route::RoundRobin => {
                 let e = self.next % n;
                 self.next = (e + 1) % n;
                 e
             }
-            Route::LeastLoaded => least(in_flight, |e| (0, in_flight[e])),
-            Route::PrefixAware => least(in_flight, |e| {
-                (Reverse(self.cached_prefix(e, hashes)), in_flight[e])
+            Route::LeastLoaded => least(load, |e| load[e].requests),
+            Route::PrefixAware => least(load, |e| {
+                (Reverse(self.cached_prefix(e, hashes)), load[e].requests)
+            }),
+            Route::KvAware => least(load, |e| {
+                blocks.saturating_sub(self.cached_prefix(e, hashes)) + load[e].blocks
             }),
         }
     }
 }
 
+/// What an engine has in flight, as the router counts it: what it sent there and has not
+/// seen finish.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    pub requests: usize,
+    /// KV blocks those requests take at their longest (prompt and every output token),
+    /// less the prefix each found cached when it was sent: blocks of their own.
+    pub blocks: usize,
+}
+
 /// The engine with the lowest key; ties to the lowest index.
-fn least<K: Ord>(in_flight: &[usize], key: impl Fn(usize) -> K) -> usize {
-    (0..in_flight.len()).min_by_key(|&e| key(e)).unwrap_or(0)
+fn least<K: Ord>(load: &[Load], key: impl Fn(usize) -> K) -> usize {
+    (0..load.len()).min_by_key(|&e| key(e)).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -132,18 +150,29 @@ mod tests {
         hash_u64(&h(i))
     }
 
+    /// Engines with these requests in flight, each of 10 blocks.
+    fn load(requests: &[usize]) -> Vec<Load> {
+        requests
+            .iter()
+            .map(|&r| Load {
+                requests: r,
+                blocks: 10 * r,
+            })
+            .collect()
+    }
+
     #[test]
     fn round_robin_takes_each_engine_in_turn() {
         let mut r = Router::new(Route::RoundRobin, 3);
-        let got: Vec<usize> = (0..5).map(|_| r.pick(&[], &[9, 0, 0])).collect();
+        let got: Vec<usize> = (0..5).map(|_| r.pick(&[], 1, &load(&[9, 0, 0]))).collect();
         assert_eq!(got, vec![0, 1, 2, 0, 1]);
     }
 
     #[test]
     fn least_loaded_ties_to_the_lowest_index() {
         let mut r = Router::new(Route::LeastLoaded, 3);
-        assert_eq!(r.pick(&[], &[2, 1, 1]), 1);
-        assert_eq!(r.pick(&[], &[0, 0, 0]), 0);
+        assert_eq!(r.pick(&[], 1, &load(&[2, 1, 1])), 1);
+        assert_eq!(r.pick(&[], 1, &load(&[0, 0, 0])), 0);
     }
 
     #[test]
@@ -152,7 +181,7 @@ mod tests {
         r.observe(1, vec![stored(&[1, 2, 3])]);
         let prompt = [u(1), u(2), u(4)];
         // engine 1 holds two leading blocks: it wins though it is busier
-        assert_eq!(r.pick(&prompt, &[0, 5]), 1);
+        assert_eq!(r.pick(&prompt, 4, &load(&[0, 5])), 1);
         // a block that is not leading does not count
         r.observe(0, vec![stored(&[2, 4])]);
         assert_eq!(r.cached_prefix(0, &prompt), 0);
@@ -160,10 +189,28 @@ mod tests {
         r.observe(1, vec![PoolEvent::Removed { hashes: vec![h(2)] }]);
         assert_eq!(r.cached_prefix(1, &prompt), 1);
         r.observe(0, vec![stored(&[1, 2])]);
-        assert_eq!(r.pick(&prompt, &[3, 0]), 0);
+        assert_eq!(r.pick(&prompt, 4, &load(&[3, 0])), 0);
         // nothing cached anywhere: the least loaded
         r.observe(0, vec![PoolEvent::AllCleared]);
         r.observe(1, vec![PoolEvent::AllCleared]);
-        assert_eq!(r.pick(&prompt, &[3, 2]), 1);
+        assert_eq!(r.pick(&prompt, 4, &load(&[3, 2])), 1);
+    }
+
+    #[test]
+    fn kv_aware_weighs_the_blocks_to_prefill_against_the_blocks_in_flight() {
+        let mut r = Router::new(Route::KvAware, 2);
+        r.observe(0, vec![stored(&[1, 2, 3])]);
+        let prompt = [u(1), u(2), u(3)];
+        // engine 0 saves 3 of the 5 blocks: 2 + 10 against 5 + 0
+        assert_eq!(r.pick(&prompt, 5, &load(&[1, 0])), 1);
+        // with less in flight it keeps the request: 2 + 2 against 5 + 0
+        let light = [
+            Load {
+                requests: 1,
+                blocks: 2,
+            },
+            Load::default(),
+        ];
+        assert_eq!(r.pick(&prompt, 5, &light), 0);
     }
 }
