@@ -6,9 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use super::fleet::Fleet;
 use super::options::{RunOptions, notes};
-use super::route::Route;
+use super::route::{Fleet, Route};
 use super::workload::{Sessions, Workload, duration_ms};
 use crate::play::EngineArgs;
 

@@ -12,30 +12,13 @@ use sim_protocol::{EngineCoreRequest, SamplingParams, VllmLine};
 use super::arrivals::Arrivals;
 use super::follow::{self, Finished, Follower};
 use super::options::{Counts, RunOptions};
-use super::route::{Load, Route, Router};
+use super::route::{Load, Router};
 use super::workload::{Turn, Workload};
 use crate::inspect::progress::Progress;
 use crate::play::config::PlayConfig;
 use crate::play::content::replay::prompt_block_hashes;
 use crate::play::engine::offline::OfflineDriver;
 use crate::play::engine::sim::SimEngine;
-
-/// How many engines serve the workload, and how the router picks one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fleet {
-    pub engines: usize,
-    pub route: Route,
-}
-
-impl Default for Fleet {
-    /// One engine: what `play` runs.
-    fn default() -> Self {
-        Fleet {
-            engines: 1,
-            route: Route::RoundRobin,
-        }
-    }
-}
 
 /// One engine of the fleet, on its own virtual clock origin, and the requests it serves.
 struct Member {

@@ -27,9 +27,9 @@ use crate::io_guard::{check_outputs, named};
 use crate::play::EngineArgs;
 use crate::play::artifacts::engine_inputs;
 use crate::play::config::PlayConfig;
-pub use fleet::{Fleet, run_workload};
+pub use fleet::run_workload;
 pub use follow::Finished;
-pub use route::Route;
+pub use route::{Fleet, Route};
 use workload::Workload;
 
 pub use args::{ArrivalArgs, ReplayConcurrency, SimulateArgs};

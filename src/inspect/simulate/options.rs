@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::fleet::Fleet;
+use super::route::Fleet;
 use super::workload::Workload;
 use crate::play::EngineArgs;
 

@@ -189,13 +189,8 @@ impl Report<'_> {
         )?;
         writeln!(
             out,
-            "  {:<7} {:>8}  {:>8}  {:<24} {:<24} {}",
-            "engine",
-            "requests",
-            "hit rate",
-            "TTFT p50/p90/p99 ms",
-            "ITL p50/p90/p99 ms",
-            "total p50/p90/p99 ms"
+            "  {:<7} {:>8}  {:>8}  {:<24} {:<24} total p50/p90/p99 ms",
+            "engine", "requests", "hit rate", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms"
         )?;
         let q = |h: &sim_trace::stats::Histogram| {
             if h.is_empty() {

@@ -46,6 +46,23 @@ impl Route {
     }
 }
 
+/// How many engines serve the workload, and how the router picks one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fleet {
+    pub engines: usize,
+    pub route: Route,
+}
+
+impl Default for Fleet {
+    /// One engine: what `play` runs.
+    fn default() -> Self {
+        Fleet {
+            engines: 1,
+            route: Route::RoundRobin,
+        }
+    }
+}
+
 /// The router's state: the next engine in turn, and (prefix-aware) each engine's cached
 /// blocks as its events told them.
 pub struct Router {

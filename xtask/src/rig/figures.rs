@@ -348,7 +348,7 @@ fn fleet_svg(points: &[FleetPoint], trace: &str) -> String {
 
 /// A round axis step near `raw` (1, 2 or 5 times a power of ten).
 fn nice_step(raw: f64) -> f64 {
-    if !(raw > 0.0) {
+    if raw.is_nan() || raw <= 0.0 {
         return 1.0;
     }
     let p = 10f64.powf(raw.log10().floor());
