@@ -59,19 +59,12 @@ pub struct FleetArgs {
     pub engines: usize,
 
     /// How the router picks an engine for each request, when it arrives (session turns
-    /// too): `round-robin` each engine in turn, in arrival order; `least-loaded` the
-    /// fewest requests in flight (sent, not finished: waiting + running), ties to the
-    /// lowest index; `prefix-aware` the engine whose prefix cache holds the most leading
-    /// blocks of the prompt, ties to the least loaded, then the lowest index (a prefix
-    /// every prompt shares keeps everything on the engine that cached it first);
-    /// `kv-aware` the lowest cost, the prompt blocks the engine would prefill (those its
-    /// cache does not hold) plus the KV blocks (prompt + output) its requests in flight
-    /// hold beyond the prefix each found cached, as Dynamo's KV router weighs them, ties
-    /// to the lowest index. The
-    /// cache-aware routes follow each engine's cache events (blocks stored, evicted,
-    /// cleared), as llm-d's scheduler follows KV events, and match the prompt's chained
-    /// block hashes (vLLM's, at the engine's block size): a block still being prefilled
-    /// counts once its step ends.
+    /// too), by the rules below. The cache-aware routes (prefix-aware, kv-aware) follow
+    /// each engine's cache events (blocks stored, evicted, cleared), as llm-d's scheduler
+    /// follows KV events, and match the prompt's chained block hashes (vLLM's, at the
+    /// engine's block size): a block still being prefilled counts once its step ends. A
+    /// prefix every prompt shares (a system prompt) keeps prefix-aware on the engine that
+    /// cached it first; kv-aware spreads such a load.
     #[arg(long, value_enum, default_value_t = Route::RoundRobin, value_name = "ROUTE")]
     pub route: Route,
 }
