@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use super::options::{RunOptions, notes};
+use super::route::{Fleet, Route};
 use super::workload::{Sessions, Workload, duration_ms};
 use crate::play::EngineArgs;
 
@@ -38,8 +39,56 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub json: bool,
 
+    #[command(flatten, next_help_heading = "Fleet (several engines behind a router)")]
+    pub fleet: FleetArgs,
+
     #[command(flatten, next_help_heading = "Engine (the flags of `play`)")]
     pub engine: EngineArgs,
+}
+
+/// A fleet of engines behind a router: how many replicas a workload needs, and what a
+/// KV-aware router buys.
+#[derive(Debug, Clone, Args)]
+pub struct FleetArgs {
+    /// Serve the workload with N independent engines, each built from the engine flags
+    /// below with its own KV cache and prefix cache, all on one virtual clock. With N > 1
+    /// every --dump-trace record names its engine (`engine`, 0-based) and the summary adds
+    /// each engine's TTFT, ITL, request total, prefix-cache hit rate and requests. 1 (the
+    /// default) is the single engine of `play`.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_engines)]
+    pub engines: usize,
+
+    /// How the router picks an engine for each request, when it arrives (session turns
+    /// too), by the rules below. The cache-aware routes (prefix-aware, kv-aware) follow
+    /// each engine's cache events (blocks stored, evicted, cleared), as llm-d's scheduler
+    /// follows KV events, and match the prompt's chained block hashes (vLLM's, at the
+    /// engine's block size): a block still being prefilled counts once its step ends. A
+    /// prefix every prompt shares (a system prompt) keeps prefix-aware on the engine that
+    /// cached it first; kv-aware spreads such a load.
+    #[arg(long, value_enum, default_value_t = Route::RoundRobin, value_name = "ROUTE")]
+    pub route: Route,
+}
+
+/// The most engines a fleet may have (each a whole engine in memory).
+pub const MAX_ENGINES: usize = 1024;
+
+fn parse_engines(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=MAX_ENGINES).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{s}` is not a number of engines from 1 to {MAX_ENGINES}"
+        )),
+    }
+}
+
+impl FleetArgs {
+    /// The fleet these flags ask for.
+    pub fn fleet(&self) -> Fleet {
+        Fleet {
+            engines: self.engines,
+            route: self.route,
+        }
+    }
 }
 
 /// How the workload arrives, and whether prompts share their prefixes: shared by `inspect
@@ -142,6 +191,7 @@ impl ArrivalArgs {
             cold_prompts: self.cold_prompts,
             hash_blocks: None,
             record_tokens: false,
+            fleet: Fleet::default(),
         })
     }
 

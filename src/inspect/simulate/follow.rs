@@ -261,6 +261,7 @@ fn finish(
         incomplete: !complete,
         abort_reason: if complete { None } else { why },
         error: f.error,
+        engine: None,
     };
     Finished {
         index: f.index,

@@ -9,29 +9,28 @@
 
 mod args;
 pub mod arrivals;
+mod fleet;
 mod follow;
 mod options;
 mod report;
+mod route;
 pub mod workload;
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use sim_protocol::{EngineCoreRequest, SamplingParams, VllmLine};
 use sim_trace::trace::TraceRecord;
 
-use super::progress::Progress;
 use super::summarize::Summary;
 use crate::io_guard::{check_outputs, named};
 use crate::play::EngineArgs;
 use crate::play::artifacts::engine_inputs;
 use crate::play::config::PlayConfig;
-use crate::play::engine::offline::OfflineDriver;
-use arrivals::Arrivals;
+pub use fleet::run_workload;
 pub use follow::Finished;
-use follow::Follower;
-use workload::{Turn, Workload};
+pub use route::{Fleet, Route};
+use workload::Workload;
 
 pub use args::{ArrivalArgs, ReplayConcurrency, SimulateArgs};
 pub use options::{Counts, RunOptions, engine_for, notes};
@@ -96,9 +95,17 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     }
     let engine = engine_for(&work, &a.engine);
     let block_size = engine.block_size_or_default();
+    let fleet = a.fleet.fleet();
+    if fleet.engines > 1 && (engine.replay_tokens.is_some() || engine.replay_steps.is_some()) {
+        bail!(
+            "--engines {} with --replay-tokens or --replay-steps: a recorded run is one engine's; simulate a fleet under a latency model",
+            fleet.engines
+        );
+    }
     let opts = RunOptions {
         hash_blocks: a.dump_trace.is_some().then_some(block_size as usize),
         record_tokens: a.record_tokens,
+        fleet,
         ..a.arrivals.options(&work, &engine)?
     };
     let concurrency = opts.concurrency;
@@ -108,8 +115,16 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
 
     let mut summary = Summary::new();
     summary.meta = Some(sink.meta.clone());
+    // with more than one engine, each engine's own summary too
+    let mut per_engine: Vec<Summary> = (0..fleet.engines)
+        .filter(|_| fleet.engines > 1)
+        .map(|_| Summary::new())
+        .collect();
     let counts = run_workload(&work, &cfg, &opts, |f| {
         summary.add(&f.record);
+        if let Some(s) = f.record.engine.and_then(|e| per_engine.get_mut(e as usize)) {
+            s.add(&f.record);
+        }
         sink.write(&f.record)
     })?;
     sink.finish()?;
@@ -122,6 +137,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         think,
         work: &work,
         summary: &summary,
+        per_engine: &per_engine,
         counts: &counts,
         block_size,
         wall,
@@ -136,171 +152,4 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         report.write_text(&mut std::io::stdout().lock())?;
     }
     Ok(())
-}
-
-/// The run itself: send every request when it is due, drive the engine from event to
-/// event, and hand every record to `on_record` as its request finishes (refused and
-/// abandoned requests too, as incomplete records).
-pub fn run_workload(
-    work: &Workload,
-    cfg: &PlayConfig,
-    opts: &RunOptions,
-    mut on_record: impl FnMut(Finished) -> Result<()>,
-) -> Result<Counts> {
-    let n = work.reqs.len();
-    let line = cfg.line;
-    let ids = cfg.engine.token_ids.clone();
-    let mut arrivals = Arrivals::new(work, opts);
-
-    let mut driver = OfflineDriver::new(cfg.build_engine(0));
-    let mut follower = Follower::new(
-        opts.hash_blocks,
-        opts.record_tokens,
-        crate::play::engine::timer::instant_to_monotonic(driver.origin()),
-    );
-    let mut finished = Vec::new();
-    let mut progress = Progress::new("simulate:");
-    let mut done = 0usize;
-    let mut rejected = 0u64;
-    let limits = Limits {
-        max_model_len: cfg.engine.max_model_len,
-        kv_tokens: cfg.engine.num_gpu_blocks.saturating_sub(1) * cfg.engine.block_size,
-    };
-    let mut record = |f: Finished, arrivals: &mut Arrivals| -> Result<()> {
-        arrivals.finished(f.index, f.at);
-        on_record(f)
-    };
-    loop {
-        let next = match (arrivals.next_due(), driver.next_event()) {
-            (Some(x), Some(y)) => x.min(y),
-            (x, y) => match x.or(y) {
-                Some(t) => t,
-                None => break,
-            },
-        };
-        while let Some((at, i)) = arrivals.pop_due(next) {
-            let p = &work.reqs[i];
-            if let Some(why) = limits.refuse(p.prompt_tokens.max(1), p.output_tokens.max(1)) {
-                rejected += 1;
-                done += 1;
-                let f = follow::rejected(i, at, p.prompt_tokens.max(1), why);
-                record(f, &mut arrivals)?;
-                continue;
-            }
-            let prompt = work.prompt(i, ids.clone(), opts.cold_prompts);
-            let req = request(i, prompt, work.reqs[i].output_tokens, line, at);
-            follower.arrive(i, at, &req);
-            driver.add(at, 0, req);
-        }
-        for out in driver.run_until(next) {
-            follower.absorb(&out, &mut finished);
-        }
-        for f in finished.drain(..) {
-            done += 1;
-            record(f, &mut arrivals)?;
-        }
-        progress.status(|| {
-            format!(
-                "{done}/{n} requests, {} in flight, {:.1} s simulated",
-                follower.in_flight(),
-                driver.now().as_secs_f64()
-            )
-        });
-    }
-    // Requests the engine could not finish (nothing left to happen, yet they are still
-    // in flight): written incomplete; turns that continue them are never sent.
-    let not_finished = follower.in_flight() as u64;
-    if not_finished > 0 {
-        let why = "the engine could not finish it";
-        follower.abandon_all(driver.now(), why, &mut finished);
-        for f in finished.drain(..) {
-            done += 1;
-            on_record(f)?;
-        }
-        crate::errln!(
-            "warning: {not_finished} request(s) never finished; they are written incomplete"
-        );
-    }
-    if rejected > 0 {
-        crate::errln!(
-            "warning: {rejected} request(s) refused before the engine (longer than --max-model-len, or than the KV cache); they are written incomplete with the reason"
-        );
-    }
-    progress.finish_status(&format!("{done}/{n} requests"));
-    let turns = arrivals.turns();
-    let sessions = opts.replay_sessions.then(|| {
-        let roots = turns.iter().filter(|t| **t == Turn::Root).count();
-        let untimed = turns
-            .iter()
-            .filter(|t| matches!(t, Turn::NotBefore { .. }))
-            .count();
-        (roots, n - roots, untimed)
-    });
-    let engine = driver.into_engine();
-    let counts = Counts {
-        requests: n,
-        sessions,
-        preemptions: follower.preemptions,
-        not_finished,
-        never_sent: (n - done) as u64,
-        rejected,
-        describe: engine.describe(),
-        replay: engine.replay_summary(),
-    };
-    Ok(counts)
-}
-
-/// What a request may ask for. A frontend refuses a request longer than the model's
-/// context (`--max-model-len`, prompt plus `max_tokens`), and vLLM does not start with a
-/// context longer than its KV cache, so no request it serves is longer than that either:
-/// the engine would queue it forever (first come, first served: with everything behind
-/// it).
-struct Limits {
-    max_model_len: u64,
-    kv_tokens: u64,
-}
-
-impl Limits {
-    fn refuse(&self, prompt: u32, output: u32) -> Option<String> {
-        let total = u64::from(prompt) + u64::from(output);
-        if total > self.max_model_len {
-            return Some(format!(
-                "refused as a frontend would: {prompt} prompt + {output} output tokens exceed the maximum model length {} (--max-model-len, capped at what the KV cache holds)",
-                self.max_model_len
-            ));
-        }
-        (total > self.kv_tokens).then(|| {
-            format!(
-                "refused: {prompt} prompt + {output} output tokens do not fit the KV cache of {} tokens ((--num-gpu-blocks − 1) × --block-size; vLLM does not start with a --max-model-len above it)",
-                self.kv_tokens
-            )
-        })
-    }
-}
-
-/// The engine-side request a record becomes: named `replay-<i>` (its arrival-order
-/// index, what `--replay-match index` looks up), generating exactly the recorded number
-/// of tokens (`ignore_eos`; at least one, as vLLM requires).
-fn request(
-    i: usize,
-    prompt: Vec<u32>,
-    output_tokens: u32,
-    line: VllmLine,
-    at: Duration,
-) -> EngineCoreRequest {
-    let id = format!("replay-{i}");
-    EngineCoreRequest {
-        request_id: id.clone(),
-        prompt_token_ids: Some(prompt),
-        sampling_params: Some(SamplingParams {
-            max_tokens: Some(output_tokens.max(1)),
-            ignore_eos: true,
-            output_kind: 1,
-            ..Default::default()
-        }),
-        arrival_time: at.as_secs_f64(),
-        external_req_id: Some(id),
-        wire_len: line.request_len(),
-        ..Default::default()
-    }
 }

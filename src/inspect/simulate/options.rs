@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::route::Fleet;
 use super::workload::Workload;
 use crate::play::EngineArgs;
 
@@ -41,6 +42,8 @@ pub struct RunOptions {
     pub hash_blocks: Option<usize>,
     /// Write each request's output token ids into its record.
     pub record_tokens: bool,
+    /// The engines serving the workload (one by default) and their router.
+    pub fleet: Fleet,
 }
 
 /// The engine flags a run of `work` uses: `engine`, with the trace's block size, and its

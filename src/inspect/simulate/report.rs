@@ -90,6 +90,8 @@ pub(super) struct Report<'a> {
     pub(super) think: Duration,
     pub(super) work: &'a Workload,
     pub(super) summary: &'a Summary,
+    /// Each engine's summary, with `--engines` N > 1 (empty for one engine).
+    pub(super) per_engine: &'a [Summary],
     pub(super) counts: &'a Counts,
     pub(super) block_size: u64,
     pub(super) wall: f64,
@@ -112,7 +114,7 @@ impl Report<'_> {
 
     pub(super) fn json(&self) -> Value {
         let c = self.counts;
-        json!({
+        let mut v = json!({
             "trace": self.args.trace,
             "records_in_trace": self.work.records_in_trace,
             "requests": c.requests,
@@ -139,7 +141,87 @@ impl Report<'_> {
             "other_configuration": self.other_config.is_some(),
             "config_hashes": self.other_config.as_ref().map(|o| o.json()),
             "summary": self.summary.to_json(),
+        });
+        if !self.per_engine.is_empty() {
+            v["fleet"] = self.fleet_json();
+        }
+        v
+    }
+
+    /// `--engines` N > 1: the fleet, each engine's latencies, hit rate and requests, and
+    /// the pooled ones (the whole summary's) beside them.
+    fn fleet_json(&self) -> Value {
+        let one = |s: &Summary| {
+            let all = s.to_json();
+            json!({
+                "requests": s.records,
+                "prefix_cache_hit_ratio": s.prefix_cache_hit_ratio(),
+                "ttft_ms": all["ttft_ms"],
+                "itl_ms": all["itl_ms"],
+                "request_total_ms": all["request_total_ms"],
+            })
+        };
+        let per: Vec<Value> = self
+            .per_engine
+            .iter()
+            .enumerate()
+            .map(|(e, s)| {
+                let mut v = one(s);
+                v["engine"] = json!(e);
+                v
+            })
+            .collect();
+        json!({
+            "engines": self.per_engine.len(),
+            "route": self.args.fleet.route.name(),
+            "per_engine": per,
+            "pooled": one(self.summary),
         })
+    }
+
+    /// The fleet's table: one row per engine, then the pooled row.
+    fn write_fleet(&self, out: &mut impl Write) -> std::io::Result<()> {
+        writeln!(
+            out,
+            "fleet: {} engines, route {}",
+            self.per_engine.len(),
+            self.args.fleet.route.name()
+        )?;
+        writeln!(
+            out,
+            "  {:<7} {:>8}  {:>8}  {:<24} {:<24} total p50/p90/p99 ms",
+            "engine", "requests", "hit rate", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms"
+        )?;
+        let q = |h: &sim_trace::stats::Histogram| {
+            if h.is_empty() {
+                return "-".to_string();
+            }
+            [0.5, 0.9, 0.99]
+                .iter()
+                .map(|&p| h.quantile(p).map_or("-".to_string(), |x| format!("{x:.1}")))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        let rows = self
+            .per_engine
+            .iter()
+            .enumerate()
+            .map(|(e, s)| (e.to_string(), s))
+            .chain(std::iter::once(("pooled".to_string(), self.summary)));
+        for (name, s) in rows {
+            let hit = s
+                .prefix_cache_hit_ratio()
+                .map_or("-".to_string(), |h| format!("{:.1} %", h * 100.0));
+            writeln!(
+                out,
+                "  {name:<7} {:>8}  {hit:>8}  {:<24} {:<24} {}",
+                s.records,
+                q(&s.ttft_ms),
+                q(&s.itl_ms),
+                q(&s.total_ms)
+            )?;
+        }
+        Ok(())
     }
 
     pub(super) fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
@@ -173,6 +255,9 @@ impl Report<'_> {
             writeln!(out, "WARNING: {}", o.describe())?;
         }
         self.summary.write_text(out)?;
+        if !self.per_engine.is_empty() {
+            self.write_fleet(out)?;
+        }
         let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |x| format!("{x:.d$}"));
         writeln!(
             out,

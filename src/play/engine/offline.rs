@@ -71,6 +71,11 @@ impl<E: EngineCore> OfflineDriver<E> {
         &self.engine
     }
 
+    /// The engine, to ask it between events (a fleet's router takes its cache events).
+    pub fn engine_mut(&mut self) -> &mut E {
+        &mut self.engine
+    }
+
     pub fn into_engine(self) -> E {
         self.engine
     }

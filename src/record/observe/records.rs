@@ -66,6 +66,7 @@ impl Observer {
             incomplete: !complete,
             abort_reason: if complete { None } else { why },
             error: r.error,
+            engine: None,
         };
         if self.write_error.is_some() {
             // after a failed write the writer's state is unknown: count, do not write

@@ -6,6 +6,7 @@ mod calibrate_e2e;
 mod compare;
 mod convert;
 mod fit;
+mod fleet;
 mod perfetto;
 mod simulate;
 mod summarize;

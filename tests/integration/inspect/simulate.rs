@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use crate::support::{TestCommand, TestDir, cpu_capture, number, s, texts, vcr};
 use serde_json::{Value, json};
 
-fn simulate(args: &[&str]) -> TestCommand {
+pub(super) fn simulate(args: &[&str]) -> TestCommand {
     crate::support::inspect("simulate", args)
 }
 
 /// The `--json` summary of a run.
-fn simulate_json(args: &[&str]) -> Value {
+pub(super) fn simulate_json(args: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.push("--json");
     let (out, _) = texts(&simulate(&a).run());
@@ -19,7 +19,7 @@ fn simulate_json(args: &[&str]) -> Value {
 }
 
 /// A trace file: a meta line, then the records as given.
-fn write_trace(tmp: &TestDir, name: &str, meta: Value, records: &[Value]) -> PathBuf {
+pub(super) fn write_trace(tmp: &TestDir, name: &str, meta: Value, records: &[Value]) -> PathBuf {
     let path = tmp.path(name);
     let mut text = json!({ "meta": meta }).to_string() + "\n";
     for r in records {
@@ -30,7 +30,7 @@ fn write_trace(tmp: &TestDir, name: &str, meta: Value, records: &[Value]) -> Pat
 }
 
 /// The records of a simulated trace, by request id (`replay-<i>`).
-fn records(path: &Path) -> std::collections::BTreeMap<String, Value> {
+pub(super) fn records(path: &Path) -> std::collections::BTreeMap<String, Value> {
     let text = std::fs::read_to_string(path).unwrap();
     let mut lines = text.lines();
     let meta: Value = serde_json::from_str(lines.next().unwrap()).unwrap();

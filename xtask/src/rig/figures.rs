@@ -6,8 +6,12 @@
 //! `noise` capture and its `fit` twin) and prefix caching on against off (`inspect compare`
 //! of the two session captures). Writes `docs/fidelity-table.md` and the pooled figures
 //! under `docs/figures/`, then the held-out evaluation of corpus v2 ([`crate::rig::heldout`]:
-//! `docs/heldout-table.md`, its heatmap and step-class figures). The simulation runs on a virtual clock, so the output is the same
-//! on every run of the same binary.
+//! `docs/heldout-table.md`, its heatmap and step-class figures). The fleet figure
+//! (`docs/figures/fleet-sessions-ttft-p90.svg`, described in docs/fleet.md): the sessions
+//! gate capture under its configuration's model through 1 to 8 replicas behind each
+//! router (`inspect simulate --engines N --route R`), TTFT p90 per replica count. The
+//! simulation runs on a virtual clock, so the output is the same on every run of the same
+//! binary.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -150,6 +154,21 @@ pub fn run(root: &Path, engine: &Path) -> Result<()> {
         comparisons.push((name.to_string(), title.to_string(), v));
     }
 
+    // a fleet of replicas behind each router, on the multi-turn sessions
+    match gate_of(&captures, FLEET_WORKLOAD) {
+        Some(g) => {
+            let model = models
+                .get(&g.config_hash)
+                .context("the fleet figure's capture has no fitted model")?;
+            let points = fleet_points(engine, &path(g), model)?;
+            let svg = fleet_svg(&points, &g.file);
+            std::fs::create_dir_all(&fig_root)?;
+            std::fs::write(fig_root.join(FLEET_FIGURE), svg)?;
+            eprintln!("figures: {FLEET_FIGURE}: {}", fleet_line(&points));
+        }
+        None => eprintln!("figures: no {FLEET_WORKLOAD} gate capture: {FLEET_FIGURE} skipped"),
+    }
+
     let table = render(&results, &comparisons, &fig_root, &docs);
     let out = docs.join("fidelity-table.md");
     std::fs::write(&out, table).with_context(|| format!("writing {}", out.display()))?;
@@ -166,6 +185,178 @@ pub fn run(root: &Path, engine: &Path) -> Result<()> {
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The workload of the fleet figure (multi-turn conversations sharing a prefix), how its
+/// sessions are sent (every conversation at once: 64 is more than its 40), the
+/// replica counts and the routes (`inspect simulate --engines N --route R`).
+const FLEET_WORKLOAD: &str = "sessions";
+const FLEET_ARRIVALS: [&str; 3] = ["--replay-sessions", "--replay-concurrency", "64"];
+const FLEET_REPLICAS: std::ops::RangeInclusive<usize> = 1..=8;
+const FLEET_ROUTES: [&str; 4] = ["round-robin", "least-loaded", "prefix-aware", "kv-aware"];
+const FLEET_FIGURE: &str = "fleet-sessions-ttft-p90.svg";
+
+/// One simulated fleet: its route and size, pooled TTFT p90 (ms) and prefix-cache hit
+/// ratio.
+struct FleetPoint {
+    route: &'static str,
+    replicas: usize,
+    ttft_p90_ms: f64,
+    hit_ratio: f64,
+}
+
+/// The gate capture of `workload`, if the corpus has one.
+fn gate_of<'a>(captures: &'a [Entry], workload: &str) -> Option<&'a Entry> {
+    captures
+        .iter()
+        .find(|e| e.role == "gate" && e.workload == workload)
+}
+
+/// `trace` under `model` through every route at every replica count.
+fn fleet_points(engine: &Path, trace: &Path, model: &Path) -> Result<Vec<FleetPoint>> {
+    let mut points = Vec::new();
+    for route in FLEET_ROUTES {
+        for n in FLEET_REPLICAS {
+            let mut cmd = Command::new(engine);
+            cmd.args(["inspect", "simulate"])
+                .arg(trace)
+                .arg("--latency-trace")
+                .arg(model)
+                .args(FLEET_ARRIVALS)
+                .args(["--engines", &n.to_string(), "--route", route, "--json"]);
+            let v = json_of(&mut cmd, "inspect simulate --engines")?;
+            let (Some(p90), Some(hit)) = (
+                v["summary"]["ttft_ms"]["p90"].as_f64(),
+                v["prefix_cache_hit_ratio"].as_f64(),
+            ) else {
+                bail!(
+                    "inspect simulate --engines {n} --route {route}: no TTFT p90 or hit ratio in {v}"
+                );
+            };
+            points.push(FleetPoint {
+                route,
+                replicas: n,
+                ttft_p90_ms: p90,
+                hit_ratio: hit,
+            });
+        }
+    }
+    Ok(points)
+}
+
+/// The points as one line per route (`route: n=p90 ms (hit %), …`), for the log.
+fn fleet_line(points: &[FleetPoint]) -> String {
+    FLEET_ROUTES
+        .iter()
+        .map(|r| {
+            let cells: Vec<String> = points
+                .iter()
+                .filter(|p| p.route == *r)
+                .map(|p| {
+                    format!(
+                        "{}: {:.0} ms ({:.0} %)",
+                        p.replicas,
+                        p.ttft_p90_ms,
+                        p.hit_ratio * 100.0
+                    )
+                })
+                .collect();
+            format!("{r} [{}]", cells.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// p90 TTFT against replicas, one line per route, with each point's hit ratio beside it.
+fn fleet_svg(points: &[FleetPoint], trace: &str) -> String {
+    const COLORS: [&str; 4] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"];
+    let (w, h, left, right, top, bottom) = (640.0, 400.0, 64.0, 150.0, 48.0, 48.0);
+    let (pw, ph) = (w - left - right, h - top - bottom);
+    let (lo, hi) = (*FLEET_REPLICAS.start() as f64, *FLEET_REPLICAS.end() as f64);
+    let top_ms = points.iter().map(|p| p.ttft_p90_ms).fold(0.0, f64::max);
+    let step = nice_step(top_ms / 5.0);
+    let y_max = (top_ms / step).ceil().max(1.0) * step;
+    let x = |n: f64| left + (n - lo) / (hi - lo) * pw;
+    let y = |ms: f64| top + ph - ms / y_max * ph;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"18\" font-size=\"13\">TTFT p90 against replicas, per route: {trace}</text>\n<text x=\"10\" y=\"34\">inspect simulate {} --engines N --route R; labels: prefix-cache hit %</text>\n",
+        FLEET_ARRIVALS.join(" ")
+    );
+    let mut ms = 0.0;
+    while ms <= y_max + step / 2.0 {
+        let _ = writeln!(
+            s,
+            "<line x1=\"{left}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"#dddddd\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{ms}</text>",
+            left + pw,
+            left - 6.0,
+            y(ms) + 4.0,
+            yy = y(ms)
+        );
+        ms += step;
+    }
+    for n in FLEET_REPLICAS {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{n}</text>",
+            x(n as f64),
+            top + ph + 16.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">replicas</text><text transform=\"translate(16 {:.1}) rotate(-90)\" text-anchor=\"middle\">TTFT p90 (ms)</text>",
+        left + pw / 2.0,
+        h - 10.0,
+        top + ph / 2.0
+    );
+    for (i, route) in FLEET_ROUTES.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let mine: Vec<&FleetPoint> = points.iter().filter(|p| p.route == *route).collect();
+        let line: Vec<String> = mine
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", x(p.replicas as f64), y(p.ttft_p90_ms)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>",
+            line.join(" ")
+        );
+        for p in &mine {
+            let _ = writeln!(
+                s,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\" fill=\"{color}\" font-size=\"9\">{:.0}</text>",
+                x(p.replicas as f64),
+                y(p.ttft_p90_ms),
+                x(p.replicas as f64) + 4.0,
+                y(p.ttft_p90_ms) - 5.0 + 10.0 * i as f64,
+                p.hit_ratio * 100.0
+            );
+        }
+        let ly = top + 16.0 * i as f64;
+        let _ = writeln!(
+            s,
+            "<line x1=\"{:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{color}\" stroke-width=\"2\"/><text x=\"{:.1}\" y=\"{:.1}\">{route}</text>",
+            left + pw + 12.0,
+            left + pw + 32.0,
+            left + pw + 38.0,
+            ly + 4.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// A round axis step near `raw` (1, 2 or 5 times a power of ten).
+fn nice_step(raw: f64) -> f64 {
+    if raw.is_nan() || raw <= 0.0 {
+        return 1.0;
+    }
+    let p = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * p)
+        .find(|&v| v >= raw)
+        .unwrap_or(10.0 * p)
 }
 
 /// Move the [`KEPT`] figures of `from` into `to`.
@@ -415,4 +606,42 @@ fn figure_links(s: &mut String, dir: &Path, rel: &dyn Fn(&Path) -> String) {
         .map(|n| format!("[{}]({})", n.trim_end_matches(".svg"), rel(&dir.join(n))))
         .collect();
     let _ = writeln!(s, "\nFigures: {}.", links.join(", "));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_steps_are_round() {
+        assert_eq!(nice_step(40.4), 50.0);
+        assert_eq!(nice_step(12.0), 20.0);
+        assert_eq!(nice_step(0.3), 0.5);
+        assert_eq!(nice_step(0.0), 1.0);
+    }
+
+    #[test]
+    fn the_fleet_figure_has_a_line_per_route_and_a_point_per_replica_count() {
+        let points: Vec<FleetPoint> = FLEET_ROUTES
+            .iter()
+            .flat_map(|&route| {
+                FLEET_REPLICAS.map(move |n| FleetPoint {
+                    route,
+                    replicas: n,
+                    ttft_p90_ms: 200.0 / n as f64,
+                    hit_ratio: 0.5,
+                })
+            })
+            .collect();
+        let svg = fleet_svg(&points, "t.jsonl");
+        assert_eq!(svg.matches("<polyline").count(), FLEET_ROUTES.len());
+        assert_eq!(
+            svg.matches("<circle").count(),
+            FLEET_ROUTES.len() * FLEET_REPLICAS.count()
+        );
+        assert!(svg.ends_with("</svg>\n"));
+        // 200 ms at one replica: the top of a 0..200 axis (drawn at y = 48)
+        assert!(svg.contains("points=\"64.0,48.0 "), "{svg}");
+        assert!(fleet_line(&points).starts_with("round-robin [1: 200 ms (50 %)"));
+    }
 }

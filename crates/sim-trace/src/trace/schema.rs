@@ -266,6 +266,10 @@ pub struct TraceRecord {
     /// Engine/transport error for an errored request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The engine of a fleet that served it (0-based; `inspect simulate --engines N`
+    /// with N > 1). Absent when one engine served the whole trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<u32>,
 }
 
 impl TraceRecord {

@@ -171,6 +171,13 @@ impl SimEngine {
         self.data_plane = plane;
     }
 
+    /// The block pool's cache events since the last call, recording them from now on:
+    /// offline, where no publisher takes them, a fleet's router follows them.
+    pub fn take_cache_events(&mut self) -> Vec<super::kv_cache::PoolEvent> {
+        self.batch.record_kv_events(true);
+        self.batch.take_kv_events()
+    }
+
     pub fn take_kv_publisher(&mut self) -> Option<KvEventPublisher> {
         self.kv_publisher.take()
     }
