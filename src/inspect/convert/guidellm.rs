@@ -20,8 +20,14 @@
 //!   `length` when the request produced its `max_tokens`, `stop` when it produced fewer
 //!   without `ignore_eos`, none otherwise;
 //! - errored and incomplete (cancelled) requests become `incomplete` records with
-//!   guidellm's error and whatever tokens and timings they had (an error before the first
-//!   token leaves `output_tokens` 0 and no TTFT).
+//!   guidellm's error and the tokens they had, but no `ttft_ms` / `itl_ms`: guidellm's
+//!   headline figures (its `successful` statistics) leave them out, and so do the
+//!   quantiles of `summarize`, `calibrate` and `compare` when a record carries none. A
+//!   TTFT guidellm measured for one is kept as `"guidellm": {"ttft_ms": …}`;
+//! - every record says which benchmark it came from under `"guidellm"`: `benchmark` (its
+//!   index in the report, 0 first) and `strategy` (`synchronous`, `concurrent`,
+//!   `throughput`, `constant`, `poisson` …, with `streams` or `rate` when it has one).
+//!   `--benchmark N` converts that benchmark alone.
 //!
 //! guidellm computes its metrics over each benchmark's measured window (`start_time` …
 //! `end_time`, after warmup and before cooldown) and lists requests outside it too (e.g.
@@ -37,7 +43,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use sim_trace::trace::{TraceMeta, TraceRecord, TraceWriter};
 
-use super::{ConvertArgs, OutputGuard, Report, trace_err};
+use super::{ConvertArgs, OutputGuard, Report, client, trace_err};
 use crate::inspect::progress::Progress;
 
 const OUTCOMES: [&str; 3] = ["successful", "errored", "incomplete"];
@@ -122,10 +128,22 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
         .and_then(Value::as_str)
         .unwrap_or("unknown");
     let mut out = Report::default();
+    if let Some(n) = args.benchmark
+        && n >= benchmarks.len()
+    {
+        bail!(
+            "{}: --benchmark {n}: the report has {} benchmark(s), numbered from 0",
+            input.display(),
+            benchmarks.len()
+        );
+    }
 
     // Pick the requests: the measured window of each benchmark, as guidellm's metrics do.
     let mut requests: Vec<Request> = Vec::new();
     for (bi, b) in benchmarks.iter().enumerate() {
+        if args.benchmark.is_some_and(|n| n != bi) {
+            continue;
+        }
         let Some(lists) = b.get("requests") else {
             out.skip("benchmark without `requests`", || format!("benchmark {bi}"));
             continue;
@@ -247,7 +265,16 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
             .pointer("/info/status")
             .and_then(Value::as_str)
             .unwrap_or(outcome);
-        w.write_record(&TraceRecord {
+        let mut extra = strategy(&benchmarks[*benchmark], *benchmark);
+        let (ttft, itl_ms) = if complete {
+            (ttft, itl_ms)
+        } else {
+            if let Some(t) = ttft {
+                extra.insert("ttft_ms".into(), t.into());
+            }
+            (None, Vec::new())
+        };
+        let record = TraceRecord {
             request_id: r
                 .get("response_id")
                 .and_then(Value::as_str)
@@ -272,15 +299,34 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
                 .flatten()
                 .map(str::to_string),
             ..TraceRecord::default()
-        })
-        .map_err(trace_err)?;
+        };
+        client::write_line(&mut w, &record, "guidellm", &extra)?;
         out.written += 1;
     }
     progress.finish();
     w.finish().map_err(trace_err)?;
     out.notes.push(format!(
-        "guidellm {version}: {} benchmark(s); inter-token gaps are each request's mean (guidellm keeps only first and last token times)",
-        benchmarks.len()
+        "guidellm {version}: {} benchmark(s){}; inter-token gaps are each request's mean (guidellm keeps only first and last token times)",
+        benchmarks.len(),
+        args.benchmark
+            .map(|n| format!(", benchmark {n} converted"))
+            .unwrap_or_default()
     ));
     Ok(out)
+}
+
+/// What a record says about its benchmark: its index and scheduling strategy.
+fn strategy(b: &Value, index: usize) -> std::collections::BTreeMap<String, Value> {
+    let mut m = std::collections::BTreeMap::new();
+    m.insert("benchmark".to_string(), Value::from(index));
+    let s = b.pointer("/config/strategy");
+    if let Some(kind) = s.and_then(|s| s.get("type_")).and_then(Value::as_str) {
+        m.insert("strategy".to_string(), Value::from(kind));
+    }
+    for key in ["streams", "rate"] {
+        if let Some(v) = s.and_then(|s| s.get(key)).filter(|v| v.is_number()) {
+            m.insert(key.to_string(), v.clone());
+        }
+    }
+    m
 }

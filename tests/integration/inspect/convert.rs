@@ -434,13 +434,15 @@ fn check_against_report(name: &str, records: &[TraceRecord]) {
         "errored + incomplete"
     );
 
+    // Incomplete records carry no latencies: the quantiles are over successful requests,
+    // as guidellm's headline figures are.
     let ttft: Vec<f64> = records.iter().filter_map(|x| x.ttft_ms).collect();
-    let (theirs, n) = guidellm_mean(&r, "time_to_first_token_ms", "total");
+    let (theirs, n) = guidellm_mean(&r, "time_to_first_token_ms", "successful");
     assert_eq!(ttft.len() as u64, n, "requests with a TTFT");
     within_one_percent(mean(&ttft), theirs, "mean TTFT");
 
     let gaps: Vec<f64> = records.iter().flat_map(|x| x.itl_ms.clone()).collect();
-    let (theirs, n) = guidellm_mean(&r, "inter_token_latency_ms", "total");
+    let (theirs, n) = guidellm_mean(&r, "inter_token_latency_ms", "successful");
     assert_eq!(gaps.len() as u64, n, "inter-token gaps");
     within_one_percent(mean(&gaps), theirs, "mean ITL");
 
@@ -533,14 +535,14 @@ fn errored_and_cancelled_requests_of_a_two_benchmark_report_become_incomplete_re
                 .as_deref()
                 .is_some_and(|e| e.contains("Internal server error"))
     }));
-    // Two failed before their first token: no output, no TTFT, still there.
-    assert_eq!(
+    // None carries latencies (out of the quantiles); two failed before their first
+    // token: no output, still there.
+    assert!(
         errored
             .iter()
-            .filter(|r| r.output_tokens == 0 && r.ttft_ms.is_none())
-            .count(),
-        2
+            .all(|r| r.ttft_ms.is_none() && r.itl_ms.is_empty())
     );
+    assert_eq!(errored.iter().filter(|r| r.output_tokens == 0).count(), 2);
     let cancelled = records
         .iter()
         .filter(|r| r.error.as_deref() == Some("Request was cancelled"))
