@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use sim_trace::trace::{BlockHash, TraceRecord};
 
 /// `vllm-vcr inspect convert ARGS… -o OUTPUT INPUT`.
-fn convert(args: &[&str], output: &Path, input: &Path) -> TestCommand {
+pub(super) fn convert(args: &[&str], output: &Path, input: &Path) -> TestCommand {
     let mut c = vcr();
     c.args(["inspect", "convert"])
         .args(args)
@@ -32,7 +32,7 @@ fn convert_ok(args: &[&str], output: &Path, input: &Path) -> String {
 }
 
 /// As [`convert`], expecting exit code 1 (an error, not a panic); returns stderr.
-fn convert_err(args: &[&str], output: &Path, input: &Path) -> String {
+pub(super) fn convert_err(args: &[&str], output: &Path, input: &Path) -> String {
     let out = convert(args, output, input).output();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(out.status.code(), Some(1), "convert {args:?}: {err}");
@@ -40,7 +40,8 @@ fn convert_err(args: &[&str], output: &Path, input: &Path) -> String {
     err
 }
 
-fn jsonl(path: &Path) -> Vec<Value> {
+/// The lines of a JSONL file (`.gz` by name), each as JSON.
+pub(super) fn jsonl(path: &Path) -> Vec<Value> {
     let mut text = String::new();
     let f = std::fs::File::open(path).unwrap();
     if path.extension().is_some_and(|e| e == "gz") {
@@ -376,7 +377,7 @@ fn a_tap_trace_exports_sorted_with_ids_covering_every_prompt() {
 
 // ---------------------------------------------------------------- guidellm
 
-fn report(name: &str) -> Value {
+pub(super) fn report(name: &str) -> Value {
     let f = std::fs::File::open(fixture(&format!("tests/fixtures/{name}"))).unwrap();
     let mut s = String::new();
     flate2::read::MultiGzDecoder::new(f)

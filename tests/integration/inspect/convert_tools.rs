@@ -8,19 +8,10 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::support::{TestCommand, TestDir, fixture, read_trace, vcr};
+use super::convert::{convert, convert_err, jsonl};
+use crate::support::{TestDir, fixture, read_trace, vcr};
 use serde_json::Value;
 use sim_trace::trace::TraceRecord;
-
-fn convert(args: &[&str], output: &Path, input: &Path) -> TestCommand {
-    let mut c = vcr();
-    c.args(["inspect", "convert"])
-        .args(args)
-        .arg("-o")
-        .arg(output)
-        .arg(input);
-    c
-}
 
 /// Convert with `--json`; returns the summary.
 fn convert_json(args: &[&str], output: &Path, input: &Path) -> Value {
@@ -29,12 +20,9 @@ fn convert_json(args: &[&str], output: &Path, input: &Path) -> Value {
     serde_json::from_slice(&convert(&a, output, input).run().stdout).unwrap()
 }
 
-/// As [`convert`], expecting exit code 1 and no panic; returns stderr.
-fn convert_err(args: &[&str], output: &Path, input: &Path) -> String {
-    let out = convert(args, output, input).output();
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(1), "convert {args:?}: {err}");
-    assert!(!err.contains("panicked"), "{err}");
+/// As [`convert_err`], and the failed conversion left no output.
+fn refused(args: &[&str], output: &Path, input: &Path) -> String {
+    let err = convert_err(args, output, input);
     assert!(!output.exists(), "a failed conversion leaves no output");
     err
 }
@@ -45,28 +33,16 @@ fn fx(rel: &str) -> PathBuf {
 
 /// A (possibly gzipped) JSON fixture.
 fn json_fixture(rel: &str) -> Value {
-    let mut text = String::new();
-    let f = std::fs::File::open(fx(rel)).unwrap();
     if rel.ends_with(".gz") {
-        flate2::read::MultiGzDecoder::new(f)
-            .read_to_string(&mut text)
-            .unwrap();
+        super::convert::report(&format!("convert/{rel}"))
     } else {
-        std::io::BufReader::new(f)
-            .read_to_string(&mut text)
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(fx(rel)).unwrap()).unwrap()
     }
-    serde_json::from_str(&text).unwrap()
 }
 
 /// The record lines as JSON (with the tool's extra keys the schema does not read).
 fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    jsonl(path).split_off(1)
 }
 
 fn mean(v: impl IntoIterator<Item = f64>) -> f64 {
@@ -180,10 +156,10 @@ fn a_bench_result_without_the_detail_is_a_clear_error() {
         r#"{"completed": 3, "failed": 0, "mean_ttft_ms": 12.5}"#,
     )
     .unwrap();
-    let err = convert_err(&["--from", "vllm-bench"], &tmp.path("x.jsonl"), &src);
+    let err = refused(&["--from", "vllm-bench"], &tmp.path("x.jsonl"), &src);
     assert!(err.contains("--save-detailed"), "{err}");
     std::fs::write(&src, "{\"input_lens\": [1, 2], \"start_times\": [0.1]").unwrap();
-    let err = convert_err(&["--from", "vllm-bench"], &tmp.path("x.jsonl"), &src);
+    let err = refused(&["--from", "vllm-bench"], &tmp.path("x.jsonl"), &src);
     assert!(err.contains("not a `bench serve` result"), "{err}");
 }
 
@@ -273,15 +249,14 @@ fn an_aiperf_profile_export_agrees_with_aiperf_own_summary() {
 }
 
 #[test]
-fn not_an_aiperf_export_is_a_clear_error() {
-    let tmp = TestDir::new("not_an_aiperf_export_is_a_clear_error");
-    let err = convert_err(
-        &["--from", "aiperf"],
-        &tmp.path("x.jsonl"),
-        &fixture("tests/fixtures/mooncake/sample.jsonl"),
-    );
+fn not_an_aiperf_export_nor_a_writable_format_is_a_clear_error() {
+    let tmp = TestDir::new("not_an_aiperf_export_nor_a_writable_format_is_a_clear_error");
+    let mooncake = fixture("tests/fixtures/mooncake/sample.jsonl");
+    let err = refused(&["--from", "aiperf"], &tmp.path("x.jsonl"), &mooncake);
     assert!(err.contains("no `metadata`"), "{err}");
     assert!(err.contains("sample.jsonl:1"), "{err}");
+    let err = refused(&["--to", "aiperf"], &tmp.path("x.jsonl"), &mooncake);
+    assert!(err.contains("--to mooncake and --to azure"), "{err}");
 }
 
 // ---------------------------------------------------------------- inference-perf
@@ -357,7 +332,7 @@ fn the_azure_trace_is_a_workload_and_comes_back_to_the_microsecond() {
 
     let bad = tmp.path("bad.csv");
     std::fs::write(&bad, "time,in,out\n1,2,3\n").unwrap();
-    let err = convert_err(&["--from", "azure"], &tmp.path("x.jsonl"), &bad);
+    let err = refused(&["--from", "azure"], &tmp.path("x.jsonl"), &bad);
     assert!(
         err.contains("TIMESTAMP,ContextTokens,GeneratedTokens"),
         "{err}"
@@ -367,7 +342,7 @@ fn the_azure_trace_is_a_workload_and_comes_back_to_the_microsecond() {
         "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,2\n2023-11-16 18:15:45.0,10,2\n",
     )
     .unwrap();
-    let err = convert_err(&["--from", "azure"], &tmp.path("x.jsonl"), &bad);
+    let err = refused(&["--from", "azure"], &tmp.path("x.jsonl"), &bad);
     assert!(
         err.contains("bad.csv:3") && err.contains("time order"),
         "{err}"
@@ -548,7 +523,7 @@ fn a_guidellm_report_splits_per_benchmark() {
     assert_eq!(records.iter().filter(|r| r.incomplete).count(), 7);
     let ok = complete(&records);
     assert_eq!(ok.len(), 26);
-    let report = json_like_guidellm(&src);
+    let report = super::convert::report("guidellm/report-errors.json.gz");
     let theirs = &report["benchmarks"][1]["metrics"]["time_to_first_token_ms"]["successful"];
     assert!(
         (mean(ok.iter().map(|r| r.ttft_ms.unwrap())) - theirs["mean"].as_f64().unwrap()).abs()
@@ -567,35 +542,16 @@ fn a_guidellm_report_splits_per_benchmark() {
         33
     );
 
-    let err = convert_err(
+    let err = refused(
         &["--from", "guidellm", "--benchmark", "2"],
         &tmp.path("x.jsonl"),
         &src,
     );
     assert!(err.contains("2 benchmark(s)"), "{err}");
-    let err = convert_err(
+    let err = refused(
         &["--from", "aiperf", "--benchmark", "0"],
         &tmp.path("x.jsonl"),
         &fx("aiperf/profile_export.jsonl.gz"),
     );
     assert!(err.contains("guidellm only"), "{err}");
-}
-
-fn json_like_guidellm(path: &Path) -> Value {
-    let mut s = String::new();
-    flate2::read::MultiGzDecoder::new(std::fs::File::open(path).unwrap())
-        .read_to_string(&mut s)
-        .unwrap();
-    serde_json::from_str(&s).unwrap()
-}
-
-#[test]
-fn only_mooncake_and_azure_are_written() {
-    let tmp = TestDir::new("only_mooncake_and_azure_are_written");
-    let err = convert_err(
-        &["--to", "aiperf"],
-        &tmp.path("x.jsonl"),
-        &fixture("tests/fixtures/mooncake/sample.jsonl"),
-    );
-    assert!(err.contains("--to mooncake and --to azure"), "{err}");
 }
