@@ -17,7 +17,10 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Result, anyhow};
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
 use serde_json::Value;
 use sim_trace::trace::{TraceMeta, TraceRecord, TraceWriter};
@@ -80,6 +83,61 @@ pub fn write_line(
         extra: by_tool,
     })
     .map_err(trace_err)
+}
+
+/// A whole-document input (a JSON report) for a streaming reader: gunzipped by content,
+/// and refused past `--max-line-bytes` (the cap on one trace line, which a document is),
+/// so that a small `.gz` cannot keep a reader busy with gigabytes.
+pub fn open_document(path: &Path) -> Result<impl std::io::BufRead> {
+    let file = sim_trace::trace::open_maybe_gz(path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let cap = sim_trace::trace::max_line_bytes();
+    Ok(std::io::BufReader::with_capacity(
+        1 << 16,
+        Capped {
+            inner: file,
+            left: cap as u64,
+            cap,
+        },
+    ))
+}
+
+/// A JSON document's read error: file, line and column, and what the input is not (`not
+/// a guidellm JSON report`); a read error (too large, not gzip) as itself.
+pub fn json_error(path: &Path, e: serde_json::Error, not_what: &str) -> anyhow::Error {
+    if e.is_io() {
+        anyhow!("reading {}: {e}", path.display())
+    } else {
+        anyhow!(
+            "{}:{}:{}: {not_what}: {e}",
+            path.display(),
+            e.line(),
+            e.column()
+        )
+    }
+}
+
+/// A reader that fails once more than `cap` bytes came through.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+    cap: usize,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.left = self.left.checked_sub(n as u64).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "larger than {} bytes (--max-line-bytes; raise it for a larger document)",
+                    self.cap
+                ),
+            )
+        })?;
+        Ok(n)
+    }
 }
 
 /// A token count read from a JSON number; `what` names it in the error.

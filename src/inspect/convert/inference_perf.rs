@@ -22,9 +22,7 @@
 //! The array is read entry by entry into the few fields above; the raw request and response
 //! text is skipped as it is read.
 
-use std::io::BufReader;
-
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Deserialize;
 
 use super::client::{self, ClientRequest, Run, ms};
@@ -66,16 +64,9 @@ struct Entry {
 
 pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
     let input = &args.input;
-    let file = sim_trace::trace::open_maybe_gz(input)
-        .with_context(|| format!("reading {}", input.display()))?;
-    let entries: Vec<Entry> = serde_json::from_reader(BufReader::new(file)).map_err(|e| {
-        anyhow::anyhow!(
-            "{}:{}:{}: not inference-perf's per_request_lifecycle_metrics.json (an array of requests with `start_time`, `info`, `error`): {e}",
-            input.display(),
-            e.line(),
-            e.column()
-        )
-    })?;
+    let file = client::open_document(input)?;
+    let entries: Vec<Entry> = serde_json::from_reader(file)
+        .map_err(|e| client::json_error(input, e, "not inference-perf's per_request_lifecycle_metrics.json (an array of requests with `start_time`, `info`, `error`)"))?;
     let mut out = Report::default();
     let mut recounted = 0u64;
     let mut requests = Vec::with_capacity(entries.len());

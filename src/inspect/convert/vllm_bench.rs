@@ -12,9 +12,7 @@
 //! The document is read with a typed reader: the arrays are kept, everything else
 //! (`generated_texts` above all) is skipped as it is read, never held.
 
-use std::io::BufReader;
-
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde::Deserialize;
 
 use super::client::{self, ClientRequest, Run, ms};
@@ -44,16 +42,9 @@ struct Detailed {
 
 pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
     let input = &args.input;
-    let file = sim_trace::trace::open_maybe_gz(input)
-        .with_context(|| format!("reading {}", input.display()))?;
-    let d: Detailed = serde_json::from_reader(BufReader::new(file)).map_err(|e| {
-        anyhow::anyhow!(
-            "{}:{}:{}: not a `bench serve` result: {e}",
-            input.display(),
-            e.line(),
-            e.column()
-        )
-    })?;
+    let file = client::open_document(input)?;
+    let d: Detailed = serde_json::from_reader(file)
+        .map_err(|e| client::json_error(input, e, "not a `bench serve` result"))?;
     let Some(input_lens) = d.input_lens else {
         bail!(
             "{}: no `input_lens`: not a detailed `bench serve` result (run it with --save-result --save-detailed)",

@@ -148,8 +148,8 @@ fn a_vllm_rs_bench_result_agrees_with_bench_own_figures() {
 }
 
 #[test]
-fn a_bench_result_without_the_detail_is_a_clear_error() {
-    let tmp = TestDir::new("a_bench_result_without_the_detail_is_a_clear_error");
+fn results_of_the_wrong_kind_or_size_are_clear_errors() {
+    let tmp = TestDir::new("results_of_the_wrong_kind_or_size_are_clear_errors");
     let src = tmp.path("summary-only.json");
     std::fs::write(
         &src,
@@ -161,6 +161,28 @@ fn a_bench_result_without_the_detail_is_a_clear_error() {
     std::fs::write(&src, "{\"input_lens\": [1, 2], \"start_times\": [0.1]").unwrap();
     let err = refused(&["--from", "vllm-bench"], &tmp.path("x.jsonl"), &src);
     assert!(err.contains("not a `bench serve` result"), "{err}");
+
+    // a bench result is not inference-perf's array of requests
+    let bench = fx("vllm-bench/vllm-rs-bench.json");
+    let err = refused(&["--from", "inference-perf"], &tmp.path("x.jsonl"), &bench);
+    assert!(err.contains("not inference-perf's"), "{err}");
+    // a document past --max-line-bytes is refused, not read whole
+    let out = vcr()
+        .args([
+            "--max-line-bytes",
+            "2048",
+            "inspect",
+            "convert",
+            "--from",
+            "vllm-bench",
+        ])
+        .arg(&bench)
+        .arg("-o")
+        .arg(tmp.path("x.jsonl"))
+        .output();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("larger than 2048 bytes"), "{err}");
 }
 
 // ---------------------------------------------------------------- aiperf
