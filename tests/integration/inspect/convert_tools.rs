@@ -98,7 +98,40 @@ fn a_vllm_rs_bench_result_agrees_with_bench_own_figures() {
         "{summary}"
     );
 
-    let ok = complete(&records);
+    check_bench("vllm-bench/vllm-rs-bench.json", &records);
+
+    // The same result gzipped converts the same.
+    let gz = tmp.path("bench.json.gz");
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(&gz).unwrap(),
+        flate2::Compression::fast(),
+    );
+    enc.write_all(&std::fs::read(&src).unwrap()).unwrap();
+    enc.finish().unwrap();
+    let again = tmp.path("bench-gz.jsonl");
+    convert(&["--from", "vllm-bench"], &again, &gz).run();
+    assert_eq!(lines(&again), lines(&trace));
+}
+
+/// The Python `vllm bench serve` writes the same keys, its start times on
+/// `time.perf_counter()`'s clock.
+#[test]
+fn a_python_vllm_bench_result_agrees_with_bench_own_figures() {
+    let tmp = TestDir::new("a_python_vllm_bench_result_agrees_with_bench_own_figures");
+    let trace = tmp.path("bench.jsonl");
+    let rel = "vllm-bench/vllm-py-bench.json";
+    convert(&["--from", "vllm-bench"], &trace, &fx(rel)).run();
+    let (meta, records) = read_trace(&trace);
+    assert_eq!(meta.unwrap().created_unix_ms, None);
+    assert_eq!(records.len(), 12);
+    check_bench(rel, &records);
+}
+
+/// The trace's complete records against the result's own totals and means, and its
+/// arrivals against the result's send times.
+fn check_bench(rel: &str, records: &[TraceRecord]) {
+    let bench = json_fixture(rel);
+    let ok = complete(records);
     assert_eq!(ok.len() as u64, bench["completed"].as_u64().unwrap());
     let sum = |f: fn(&TraceRecord) -> u32| ok.iter().map(|r| u64::from(f(r))).sum::<u64>();
     assert_eq!(
@@ -133,18 +166,6 @@ fn a_vllm_rs_bench_result_agrees_with_bench_own_figures() {
     for (r, w) in records.iter().zip(&want) {
         assert!((r.arrival_ms.unwrap() - w).abs() <= 0.0005, "{r:?} vs {w}");
     }
-
-    // The same result gzipped converts the same.
-    let gz = tmp.path("bench.json.gz");
-    let mut enc = flate2::write::GzEncoder::new(
-        std::fs::File::create(&gz).unwrap(),
-        flate2::Compression::fast(),
-    );
-    enc.write_all(&std::fs::read(&src).unwrap()).unwrap();
-    enc.finish().unwrap();
-    let again = tmp.path("bench-gz.jsonl");
-    convert(&["--from", "vllm-bench"], &again, &gz).run();
-    assert_eq!(lines(&again), lines(&trace));
 }
 
 #[test]
