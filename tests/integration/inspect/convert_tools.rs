@@ -45,6 +45,17 @@ fn lines(path: &Path) -> Vec<Value> {
     jsonl(path).split_off(1)
 }
 
+/// `src` gzipped into `dst`; returns `dst`.
+fn gzipped(src: &Path, dst: &Path) -> PathBuf {
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(dst).unwrap(),
+        flate2::Compression::fast(),
+    );
+    enc.write_all(&std::fs::read(src).unwrap()).unwrap();
+    enc.finish().unwrap();
+    dst.to_path_buf()
+}
+
 fn mean(v: impl IntoIterator<Item = f64>) -> f64 {
     let v: Vec<f64> = v.into_iter().collect();
     v.iter().sum::<f64>() / v.len() as f64
@@ -101,13 +112,7 @@ fn a_vllm_rs_bench_result_agrees_with_bench_own_figures() {
     check_bench("vllm-bench/vllm-rs-bench.json", &records);
 
     // The same result gzipped converts the same.
-    let gz = tmp.path("bench.json.gz");
-    let mut enc = flate2::write::GzEncoder::new(
-        std::fs::File::create(&gz).unwrap(),
-        flate2::Compression::fast(),
-    );
-    enc.write_all(&std::fs::read(&src).unwrap()).unwrap();
-    enc.finish().unwrap();
+    let gz = gzipped(&src, &tmp.path("bench.json.gz"));
     let again = tmp.path("bench-gz.jsonl");
     convert(&["--from", "vllm-bench"], &again, &gz).run();
     assert_eq!(lines(&again), lines(&trace));
@@ -366,6 +371,12 @@ fn the_azure_trace_is_a_workload_and_comes_back_to_the_microsecond() {
     );
     assert!(records.iter().all(|r| r.ttft_ms.is_none()));
 
+    // a gzipped CSV reads the same
+    let gz = gzipped(&src, &tmp.path("azure.csv.gz"));
+    let from_gz = tmp.path("azure-gz.jsonl");
+    convert(&["--from", "azure"], &from_gz, &gz).run();
+    assert_eq!(read_trace(&from_gz).1, records);
+
     let back = tmp.path("azure-back.csv");
     convert(&["--to", "azure"], &back, &trace).run();
     assert_eq!(
@@ -549,6 +560,27 @@ fn a_guidellm_report_splits_per_benchmark() {
     let all = tmp.path("all.jsonl");
     convert(&["--from", "guidellm"], &all, &src).run();
     let lines_all = lines(&all);
+    // summarize's TTFT quantiles are over guidellm's successful requests: 12 + 26, not the
+    // 43 requests with a TTFT that counting the errored and cancelled ones would give
+    let out = vcr()
+        .args(["inspect", "summarize", "--json"])
+        .arg(&all)
+        .run();
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = super::convert::report("guidellm/report-errors.json.gz");
+    let successful: u64 = report["benchmarks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            b["metrics"]["time_to_first_token_ms"]["successful"]["count"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(successful, 38);
+    assert_eq!(s["ttft_ms"]["count"], successful, "{s}");
+    assert_eq!(s["records"], 45, "{s}");
     // Every record names its benchmark and strategy.
     for l in &lines_all {
         let g = &l["guidellm"];
@@ -566,7 +598,6 @@ fn a_guidellm_report_splits_per_benchmark() {
     assert_eq!(records.iter().filter(|r| r.incomplete).count(), 7);
     let ok = complete(&records);
     assert_eq!(ok.len(), 26);
-    let report = super::convert::report("guidellm/report-errors.json.gz");
     let theirs = &report["benchmarks"][1]["metrics"]["time_to_first_token_ms"]["successful"];
     assert!(
         (mean(ok.iter().map(|r| r.ttft_ms.unwrap())) - theirs["mean"].as_f64().unwrap()).abs()
