@@ -184,6 +184,7 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
     }
     let run = Run {
         tool: "aiperf",
+        name: "aiperf",
         model: None,
         epoch_clock: true,
     };

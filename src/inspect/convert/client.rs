@@ -50,8 +50,10 @@ pub struct ClientRequest {
 /// What the trace's meta line says about the run.
 #[derive(Debug, Default)]
 pub struct Run {
-    /// The tool's name: the key of each record's extra facts, and in notes.
+    /// The key of each record's extra facts (`vllm_bench`, `aiperf` …).
     pub tool: &'static str,
+    /// The tool as users call it, in notes and abort reasons.
+    pub name: &'static str,
     pub model: Option<String>,
     /// `start_s` is on the Unix clock, so the zero is a date (`created_unix_ms`).
     pub epoch_clock: bool,
@@ -203,7 +205,7 @@ pub fn write(
             ttft_ms: r.ttft_ms,
             itl_ms: r.itl_ms,
             incomplete: !ok,
-            abort_reason: (!ok).then(|| format!("{}: failed", run.tool)),
+            abort_reason: (!ok).then(|| format!("{}: failed", run.name)),
             error: r.error,
             ..TraceRecord::default()
         };
@@ -218,7 +220,7 @@ pub fn write(
     if failed > 0 {
         out.notes.push(format!(
             "{failed} request(s) {} counts as failed: incomplete records without TTFT / ITL (out of the quantiles, as in {}'s own)",
-            run.tool, run.tool
+            run.name, run.name
         ));
     }
     if uneven > 0 {

@@ -113,6 +113,7 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
     }
     let run = Run {
         tool: "inference_perf",
+        name: "inference-perf",
         model: None,
         epoch_clock: false,
     };

@@ -99,6 +99,7 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
     }
     let run = Run {
         tool: "vllm_bench",
+        name: "bench serve",
         model: d.model_id,
         epoch_clock: false,
     };
