@@ -17,7 +17,8 @@
 //!   consecutive `output_token_times` (0 within a chunk), which are the samples of
 //!   inference-perf's inter-token latency;
 //! - a request with an `error`: an incomplete record with it, out of the quantiles as in
-//!   inference-perf's `successes`.
+//!   inference-perf's `successes` (inference-perf records 0 input tokens for a request that
+//!   failed, so its `prompt_tokens` is 0; a note counts them).
 //!
 //! The array is read entry by entry into the few fields above; the raw request and response
 //! text is skipped as it is read.
@@ -68,7 +69,7 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
     let entries: Vec<Entry> = serde_json::from_reader(file)
         .map_err(|e| client::json_error(input, e, "not inference-perf's per_request_lifecycle_metrics.json (an array of requests with `start_time`, `info`, `error`)"))?;
     let mut out = Report::default();
-    let mut recounted = 0u64;
+    let (mut recounted, mut unmeasured) = (0u64, 0u64);
     let mut requests = Vec::with_capacity(entries.len());
     for (i, e) in entries.into_iter().enumerate() {
         let place = format!("request {i}");
@@ -92,6 +93,9 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
             (Some(t), Some(m)) => format!("{t}: {m}"),
             (t, m) => t.or(m).unwrap_or_else(|| "error".into()),
         });
+        if error.is_some() && prompt == 0.0 {
+            unmeasured += 1;
+        }
         requests.push(ClientRequest {
             prompt_tokens: client::token_count(prompt, &place, "input_tokens")?,
             output_tokens: client::token_count(output, &place, "output_tokens")?,
@@ -105,6 +109,11 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
             place,
             ..ClientRequest::default()
         });
+    }
+    if unmeasured > 0 {
+        out.notes.push(format!(
+            "{unmeasured} failed request(s) have no prompt length in inference-perf's file (it counts 0 input tokens for a request that failed): prompt_tokens 0"
+        ));
     }
     if recounted > 0 {
         out.notes.push(format!(

@@ -313,16 +313,38 @@ fn not_an_aiperf_export_nor_a_writable_format_is_a_clear_error() {
 fn inference_perf_per_request_metrics_agree_with_its_summary() {
     let tmp = TestDir::new("inference_perf_per_request_metrics_agree_with_its_summary");
     let trace = tmp.path("ip.jsonl");
-    convert_json(
+    let summary = convert_json(
         &["--from", "inference-perf"],
         &trace,
         &fx("inference-perf/per_request_lifecycle_metrics.json.gz"),
     );
-    let s = &json_fixture("inference-perf/summary_lifecycle_metrics.json.gz")["successes"];
+    let theirs = json_fixture("inference-perf/summary_lifecycle_metrics.json.gz");
+    let (s, failures) = (&theirs["successes"], &theirs["failures"]);
     let (_, records) = read_trace(&trace);
-    assert_eq!(records.len() as u64, s["count"].as_u64().unwrap());
-    assert!(records.iter().all(|r| !r.incomplete));
-    let total = |f: fn(&TraceRecord) -> u32| records.iter().map(|r| f64::from(f(r))).sum::<f64>();
+    assert_eq!(
+        records.len() as u64,
+        s["count"].as_u64().unwrap() + failures["count"].as_u64().unwrap()
+    );
+
+    // The prompts past the server's context: 400s, out of the quantiles. inference-perf
+    // records no prompt length for a failed request, and the note says so.
+    let failed: Vec<&TraceRecord> = records.iter().filter(|r| r.incomplete).collect();
+    assert_eq!(failed.len() as u64, failures["count"].as_u64().unwrap());
+    assert!(failed.iter().all(|r| {
+        r.ttft_ms.is_none()
+            && r.prompt_tokens == 0
+            && r.error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("HTTP Error 400"))
+    }));
+    assert!(
+        summary["notes"].to_string().contains("no prompt length"),
+        "{summary}"
+    );
+
+    let ok = complete(&records);
+    assert_eq!(ok.len() as u64, s["count"].as_u64().unwrap());
+    let total = |f: fn(&TraceRecord) -> u32| ok.iter().map(|r| f64::from(f(r))).sum::<f64>();
     assert_eq!(
         total(|r| r.prompt_tokens),
         s["prompt_tokens"]["total"].as_f64().unwrap()
@@ -333,7 +355,11 @@ fn inference_perf_per_request_metrics_agree_with_its_summary() {
     );
 
     // inference-perf times the first token only of requests with two or more.
-    let streamed: Vec<&TraceRecord> = records.iter().filter(|r| !r.itl_ms.is_empty()).collect();
+    let streamed: Vec<&TraceRecord> = ok
+        .iter()
+        .copied()
+        .filter(|r| !r.itl_ms.is_empty())
+        .collect();
     let latency = &s["latency"];
     same_ms(
         mean(streamed.iter().map(|r| r.ttft_ms.unwrap())),
@@ -345,9 +371,11 @@ fn inference_perf_per_request_metrics_agree_with_its_summary() {
         latency["inter_token_latency"]["mean"].as_f64().unwrap() * 1000.0,
         "mean ITL",
     );
-    // The one-token requests still carry their TTFT in the trace.
-    assert!(records.iter().all(|r| r.ttft_ms.is_some()));
-    assert_eq!(records.len() - streamed.len(), 2);
+    // The other success streamed no token (the injected engine error ended its stream
+    // before the first, which inference-perf did not count as an error): no TTFT.
+    let rest: Vec<&&TraceRecord> = ok.iter().filter(|r| r.itl_ms.is_empty()).collect();
+    assert_eq!(rest.len(), 1);
+    assert_eq!((rest[0].output_tokens, rest[0].ttft_ms), (0, None));
 }
 
 // ---------------------------------------------------------------- Azure and BurstGPT
