@@ -50,7 +50,8 @@ pub enum Format {
     /// (`report.request_lifecycle.per_request: true`). `--from` only.
     InferencePerf,
     /// The Azure LLM inference trace CSV, `TIMESTAMP,ContextTokens,GeneratedTokens`, as
-    /// inference-perf's `trace_replay` reads it: a workload (arrivals and lengths).
+    /// inference-perf's `trace_replay` reads it: a workload (arrivals and lengths). Both
+    /// ways.
     Azure,
     /// The BurstGPT CSV (`Timestamp,Model,Request tokens,Response tokens,Total
     /// tokens,Log Type`): a workload. `--from` only.
