@@ -110,7 +110,7 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
     let mut reader = JsonlReader::open(input).map_err(trace_err)?;
     let mut out = Report::default();
     let mut requests = Vec::new();
-    let (mut template_tokens, mut with_both) = (0.0, 0u64);
+    let mut template = client::TemplateTokens::default();
     while let Some(item) = reader.next_with(fastjson::from_slice::<Line>) {
         let line_no = reader.line();
         let place = format!("line {line_no}");
@@ -135,10 +135,7 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
         }
         let isl = line.num("input_sequence_length").or(line.num("error_isl"));
         let usage_prompt = line.num("usage_prompt_tokens");
-        if let (Some(i), Some(u)) = (isl, usage_prompt) {
-            template_tokens += u - i;
-            with_both += 1;
-        }
+        template.add(usage_prompt, isl);
         let Some(prompt) = usage_prompt.or(isl) else {
             out.skip("no prompt length", || place.clone());
             continue;
@@ -176,12 +173,8 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
             place,
         });
     }
-    if with_both > 0 && template_tokens > 0.0 {
-        out.notes.push(format!(
-            "prompt lengths are the server's (usage): {:.1} tokens a request more than aiperf's input_sequence_length on average (the chat template's added tokens)",
-            template_tokens / with_both as f64
-        ));
-    }
+    out.notes
+        .extend(template.note("aiperf's input_sequence_length"));
     let run = Run {
         tool: "aiperf",
         name: "aiperf",

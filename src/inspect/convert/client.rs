@@ -87,6 +87,36 @@ pub fn write_line(
     .map_err(trace_err)
 }
 
+/// How much longer the server's prompts were than the tool's own count of the text it
+/// sent: through `/v1/chat/completions`, the chat template's added tokens.
+#[derive(Default)]
+pub struct TemplateTokens {
+    sum: f64,
+    n: u64,
+}
+
+impl TemplateTokens {
+    /// One request's prompt length as the server (usage) and the tool counted it.
+    pub fn add(&mut self, server: Option<f64>, tool: Option<f64>) {
+        if let (Some(s), Some(t)) = (server, tool)
+            && t > 0.0
+        {
+            self.sum += s - t;
+            self.n += 1;
+        }
+    }
+
+    /// The note for the report, when the server's prompts were longer.
+    pub fn note(&self, tool: &str) -> Option<String> {
+        (self.n > 0 && self.sum > 0.0).then(|| {
+            format!(
+                "prompt lengths are the server's (usage): {:.1} tokens a request more than {tool} (the chat template's added tokens)",
+                self.sum / self.n as f64
+            )
+        })
+    }
+}
+
 /// A whole-document input (a JSON report) for a streaming reader: gunzipped by content,
 /// and refused past `--max-line-bytes` (the cap on one trace line, which a document is),
 /// so that a small `.gz` cannot keep a reader busy with gigabytes.

@@ -9,7 +9,8 @@
 //! (`{"error_type", "error_msg"}` or null). Mapping, as inference-perf computes its own
 //! metrics:
 //!
-//! - `prompt_tokens`: the server's `prompt_tokens` when it sent usage, else inference-perf's
+//! - `prompt_tokens`: the server's `prompt_tokens` when it sent usage (through `/chat`,
+//!   with the chat template's tokens: the note says how many), else inference-perf's
 //!   `input_tokens`; `output_tokens`: the server's `completion_tokens`, else inference-perf's
 //!   `output_tokens` (its tokenizer's count of the text, which can differ: the note counts
 //!   such requests);
@@ -70,11 +71,13 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
         .map_err(|e| client::json_error(input, e, "not inference-perf's per_request_lifecycle_metrics.json (an array of requests with `start_time`, `info`, `error`)"))?;
     let mut out = Report::default();
     let (mut recounted, mut unmeasured) = (0u64, 0u64);
+    let mut template = client::TemplateTokens::default();
     let mut requests = Vec::with_capacity(entries.len());
     for (i, e) in entries.into_iter().enumerate() {
         let place = format!("request {i}");
         let rm = e.info.response_metrics.unwrap_or_default();
         let usage = rm.server_usage.unwrap_or_default();
+        template.add(usage.prompt_tokens, e.info.input_tokens);
         let Some(prompt) = usage.prompt_tokens.or(e.info.input_tokens) else {
             out.skip("no prompt length", || place.clone());
             continue;
@@ -110,6 +113,8 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
             ..ClientRequest::default()
         });
     }
+    out.notes
+        .extend(template.note("inference-perf's input_tokens"));
     if unmeasured > 0 {
         out.notes.push(format!(
             "{unmeasured} failed request(s) have no prompt length in inference-perf's file (it counts 0 input tokens for a request that failed): prompt_tokens 0"
