@@ -4,12 +4,23 @@
 //!   [`mooncake`]). `--from` then `--to` gives the file back.
 //! - `--from guidellm`: a guidellm benchmark report (JSON) → one record per request with
 //!   the latencies guidellm measured (see [`guidellm`]).
+//! - `--from vllm-bench`, `--from aiperf`, `--from inference-perf`: the per-request results
+//!   of `vllm bench serve --save-detailed`, aiperf's `profile_export.jsonl` and
+//!   inference-perf's per-request lifecycle metrics (see [`vllm_bench`], [`aiperf`],
+//!   [`inference_perf`]; what they share is [`client`]).
+//! - `--from azure`, `--from burstgpt`, `--to azure`: the public CSV request traces as
+//!   workloads (see [`csv_trace`]).
 //!
 //! Every conversion streams its records, names file and line (or benchmark and request) in
 //! its errors, and removes a half-written output when it fails.
 
+mod aiperf;
+mod client;
+mod csv_trace;
 mod guidellm;
+mod inference_perf;
 mod mooncake;
+mod vllm_bench;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -28,6 +39,23 @@ pub enum Format {
     /// A guidellm benchmark report (`guidellm run … --output kind=json,path=report.json`;
     /// `.json` or `.json.gz`). `--from` only.
     Guidellm,
+    /// `vllm bench serve --save-result --save-detailed` JSON (vllm-rs or Python): per
+    /// request `input_lens`, `output_lens`, `ttfts`, `itls`, `start_times`, `errors`.
+    /// `--from` only.
+    VllmBench,
+    /// aiperf's per-request `profile_export.jsonl` (`aiperf profile --export-level
+    /// records`). `--from` only.
+    Aiperf,
+    /// inference-perf's `per_request_lifecycle_metrics.json`
+    /// (`report.request_lifecycle.per_request: true`). `--from` only.
+    InferencePerf,
+    /// The Azure LLM inference trace CSV, `TIMESTAMP,ContextTokens,GeneratedTokens`, as
+    /// inference-perf's `trace_replay` reads it: a workload (arrivals and lengths). Both
+    /// ways.
+    Azure,
+    /// The BurstGPT CSV (`Timestamp,Model,Request tokens,Response tokens,Total
+    /// tokens,Log Type`): a workload. `--from` only.
+    Burstgpt,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -38,7 +66,14 @@ pub enum Format {
   vllm-vcr inspect convert --to mooncake trace.jsonl.gz -o timed.jsonl
   vllm-rs bench serve --dataset-name timed_trace --dataset-path timed.jsonl \\
       --timed-trace-chunk-hash-size 16 --timed-trace-sec-multiplier 0.001 ...
-  vllm-vcr inspect convert --from guidellm report.json -o trace.jsonl --json"
+  vllm-vcr inspect convert --from guidellm report.json -o trace.jsonl --json
+  vllm-vcr inspect convert --from guidellm sweep.json --benchmark 2 -o rate-2.jsonl
+  vllm-vcr inspect convert --from vllm-bench result.json -o trace.jsonl
+  vllm-vcr inspect convert --from aiperf artifacts/profile_export.jsonl -o trace.jsonl
+  vllm-vcr inspect convert --from inference-perf reports/per_request_lifecycle_metrics.json -o trace.jsonl
+  vllm-vcr inspect convert --from azure AzureLLMInferenceTrace_conv.csv -o workload.jsonl
+  vllm-vcr inspect convert --from burstgpt BurstGPT_1.csv -o workload.jsonl
+  vllm-vcr inspect convert --to azure trace.jsonl -o trace.csv   # inference-perf trace_replay"
 )]
 pub struct ConvertArgs {
     /// Convert INPUT, a file in this format, into a trace.
@@ -71,6 +106,13 @@ pub struct ConvertArgs {
     /// the report's.
     #[arg(long)]
     pub all_requests: bool,
+
+    /// guidellm only: convert only this benchmark of the report (0 is the first; a sweep
+    /// or `--override profile.streams 1,4` writes several). By default every benchmark is
+    /// converted, on one timeline, each record carrying its benchmark's index and strategy
+    /// under `"guidellm"`.
+    #[arg(long, value_name = "N")]
+    pub benchmark: Option<usize>,
 
     /// Print a JSON summary on stdout: records written, records skipped (counted by
     /// reason, with examples) and notes on what the conversion assumed.
@@ -114,14 +156,22 @@ fn check_args(args: &ConvertArgs) -> Result<()> {
         (Some(_), Some(_)) | (None, None) => bail!("give exactly one of --from and --to"),
         (Some(f), None) | (None, Some(f)) => f,
     };
-    if args.to == Some(Format::Guidellm) {
-        bail!("--to guidellm is not supported: guidellm reports are written by guidellm");
-    }
     if args.block_size.is_some() && format != Format::Mooncake {
         bail!("--block-size applies to the Mooncake format only");
     }
     if args.all_requests && format != Format::Guidellm {
         bail!("--all-requests applies to --from guidellm only");
+    }
+    if args.benchmark.is_some() && format != Format::Guidellm {
+        bail!("--benchmark applies to --from guidellm only");
+    }
+    if let Some(to) = args.to
+        && !matches!(to, Format::Mooncake | Format::Azure)
+    {
+        bail!(
+            "--to {} is not supported: only --to mooncake and --to azure write another tool's format",
+            format_name(to)
+        );
     }
     crate::io_guard::check_outputs(
         &[crate::io_guard::named("the input file", &args.input)],
@@ -137,6 +187,12 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
         (Some(Format::Mooncake), None) => mooncake::from_mooncake(args, &mut guard)?,
         (None, Some(Format::Mooncake)) => mooncake::to_mooncake(args, &mut guard)?,
         (Some(Format::Guidellm), None) => guidellm::convert(args, &mut guard)?,
+        (Some(Format::VllmBench), None) => vllm_bench::convert(args, &mut guard)?,
+        (Some(Format::Aiperf), None) => aiperf::convert(args, &mut guard)?,
+        (Some(Format::InferencePerf), None) => inference_perf::convert(args, &mut guard)?,
+        (Some(Format::Azure), None) => csv_trace::from_azure(args, &mut guard)?,
+        (Some(Format::Burstgpt), None) => csv_trace::from_burstgpt(args, &mut guard)?,
+        (None, Some(Format::Azure)) => csv_trace::to_azure(args, &mut guard)?,
         _ => unreachable!("checked by check_args"),
     };
     guard.disarm();
@@ -185,6 +241,11 @@ fn format_name(f: Format) -> &'static str {
     match f {
         Format::Mooncake => "mooncake",
         Format::Guidellm => "guidellm",
+        Format::VllmBench => "vllm-bench",
+        Format::Aiperf => "aiperf",
+        Format::InferencePerf => "inference-perf",
+        Format::Azure => "azure",
+        Format::Burstgpt => "burstgpt",
     }
 }
 

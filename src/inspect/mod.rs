@@ -41,7 +41,8 @@ pub enum InspectCommand {
     /// Perfetto UI: Perfetto's protobuf trace, or Chrome Trace Event JSON.
     Perfetto(perfetto::PerfettoArgs),
     /// Convert other tools' formats into the trace schema, or a trace into them
-    /// (guidellm reports, Mooncake timed traces).
+    /// (guidellm, vllm bench, aiperf and inference-perf results; Mooncake, Azure and
+    /// BurstGPT traces).
     Convert(convert::ConvertArgs),
     /// Write a synthetic trace with heavy-tailed (log-normal) TTFT and ITL, for demos and
     /// calibration tests.

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use sim_trace::trace::{BlockHash, TraceRecord};
 
 /// `vllm-vcr inspect convert ARGS… -o OUTPUT INPUT`.
-fn convert(args: &[&str], output: &Path, input: &Path) -> TestCommand {
+pub(super) fn convert(args: &[&str], output: &Path, input: &Path) -> TestCommand {
     let mut c = vcr();
     c.args(["inspect", "convert"])
         .args(args)
@@ -32,7 +32,7 @@ fn convert_ok(args: &[&str], output: &Path, input: &Path) -> String {
 }
 
 /// As [`convert`], expecting exit code 1 (an error, not a panic); returns stderr.
-fn convert_err(args: &[&str], output: &Path, input: &Path) -> String {
+pub(super) fn convert_err(args: &[&str], output: &Path, input: &Path) -> String {
     let out = convert(args, output, input).output();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(out.status.code(), Some(1), "convert {args:?}: {err}");
@@ -40,7 +40,8 @@ fn convert_err(args: &[&str], output: &Path, input: &Path) -> String {
     err
 }
 
-fn jsonl(path: &Path) -> Vec<Value> {
+/// The lines of a JSONL file (`.gz` by name), each as JSON.
+pub(super) fn jsonl(path: &Path) -> Vec<Value> {
     let mut text = String::new();
     let f = std::fs::File::open(path).unwrap();
     if path.extension().is_some_and(|e| e == "gz") {
@@ -376,7 +377,7 @@ fn a_tap_trace_exports_sorted_with_ids_covering_every_prompt() {
 
 // ---------------------------------------------------------------- guidellm
 
-fn report(name: &str) -> Value {
+pub(super) fn report(name: &str) -> Value {
     let f = std::fs::File::open(fixture(&format!("tests/fixtures/{name}"))).unwrap();
     let mut s = String::new();
     flate2::read::MultiGzDecoder::new(f)
@@ -434,13 +435,15 @@ fn check_against_report(name: &str, records: &[TraceRecord]) {
         "errored + incomplete"
     );
 
+    // Incomplete records carry no latencies: the quantiles are over successful requests,
+    // as guidellm's headline figures are.
     let ttft: Vec<f64> = records.iter().filter_map(|x| x.ttft_ms).collect();
-    let (theirs, n) = guidellm_mean(&r, "time_to_first_token_ms", "total");
+    let (theirs, n) = guidellm_mean(&r, "time_to_first_token_ms", "successful");
     assert_eq!(ttft.len() as u64, n, "requests with a TTFT");
     within_one_percent(mean(&ttft), theirs, "mean TTFT");
 
     let gaps: Vec<f64> = records.iter().flat_map(|x| x.itl_ms.clone()).collect();
-    let (theirs, n) = guidellm_mean(&r, "inter_token_latency_ms", "total");
+    let (theirs, n) = guidellm_mean(&r, "inter_token_latency_ms", "successful");
     assert_eq!(gaps.len() as u64, n, "inter-token gaps");
     within_one_percent(mean(&gaps), theirs, "mean ITL");
 
@@ -533,14 +536,14 @@ fn errored_and_cancelled_requests_of_a_two_benchmark_report_become_incomplete_re
                 .as_deref()
                 .is_some_and(|e| e.contains("Internal server error"))
     }));
-    // Two failed before their first token: no output, no TTFT, still there.
-    assert_eq!(
+    // None carries latencies (out of the quantiles); two failed before their first
+    // token: no output, still there.
+    assert!(
         errored
             .iter()
-            .filter(|r| r.output_tokens == 0 && r.ttft_ms.is_none())
-            .count(),
-        2
+            .all(|r| r.ttft_ms.is_none() && r.itl_ms.is_empty())
     );
+    assert_eq!(errored.iter().filter(|r| r.output_tokens == 0).count(), 2);
     let cancelled = records
         .iter()
         .filter(|r| r.error.as_deref() == Some("Request was cancelled"))

@@ -5,6 +5,7 @@ mod calibrate;
 mod calibrate_e2e;
 mod compare;
 mod convert;
+mod convert_tools;
 mod fit;
 mod fleet;
 mod perfetto;
