@@ -191,14 +191,34 @@ async fn read_bytes(p: &Pull, plane: Arc<dyn DataPlane>) -> Result<usize, String
         )
     })?;
     let secs = stats.elapsed.as_secs_f64();
-    tracing::info!(
-        request_id = %p.request_id,
-        prefill_request = %p.remote.request_id,
-        blocks = stats.blocks,
-        bytes = stats.bytes,
-        gb_per_s = %format!("{:.2}", if secs > 0.0 { stats.bytes as f64 / secs / 1e9 } else { 0.0 }),
-        "NIXL READ done: every byte verified"
+    let rate = format!(
+        "{:.2}",
+        if secs > 0.0 {
+            stats.bytes as f64 / secs / 1e9
+        } else {
+            0.0
+        }
     );
+    match &stats.digest {
+        None => tracing::info!(
+            request_id = %p.request_id,
+            prefill_request = %p.remote.request_id,
+            blocks = stats.blocks,
+            bytes = stats.bytes,
+            gb_per_s = %rate,
+            "NIXL READ done: every byte verified"
+        ),
+        // a vLLM prefill engine's KV: what was read, for whoever holds the source
+        Some(sha256) => tracing::info!(
+            request_id = %p.request_id,
+            prefill_request = %p.remote.request_id,
+            blocks = stats.blocks,
+            bytes = stats.bytes,
+            gb_per_s = %rate,
+            %sha256,
+            "NIXL READ done: a vLLM engine's KV, digested"
+        ),
+    }
     Ok(stats.blocks)
 }
 
