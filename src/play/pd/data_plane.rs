@@ -67,13 +67,15 @@ pub trait DataPlane: Send + Sync + std::fmt::Debug {
         Vec::new()
     }
 
-    /// Decode side: the peer at `address` was handshaken already.
+    /// Decode side: the peer `address` (see [`DataPlane::read`]) was handshaken already.
     fn knows_peer(&self, _address: &str) -> bool {
         false
     }
 
-    /// Decode side: READ `remote_blocks` of `remote_request_id` from the peer at
-    /// `address` (described by `handshake` the first time) and verify every byte. Blocks.
+    /// Decode side: READ `remote_blocks` of `remote_request_id` from the peer `address`
+    /// (a key: its engine id at its side-channel address; described by `handshake` the
+    /// first time), in every region, and verify every byte (a `play` peer) or digest them
+    /// (a vLLM peer). Blocks.
     fn read(
         &self,
         _address: &str,
