@@ -94,9 +94,10 @@ fn engine_log(dir: &TestDir) -> String {
     vllm_vcr::child::tail(&dir.path("vllm-cpu.log"), 80)
 }
 
-/// `--kv-peer-layout` for the engine serving `dir`'s model.
-fn layout(dir: &TestDir) -> String {
-    serde_json::json!({
+/// `play`'s flags to pair with the engine serving `dir`'s model: `role` (the P/D flags),
+/// its KV layout (`--kv-peer-layout`, the engine's 128-token blocks) and a small pool.
+fn play_args(dir: &TestDir, role: &[&str]) -> Vec<String> {
+    let layout = serde_json::json!({
         "vllm_version": "0.32.0",
         "model": dir.path("model").display().to_string(),
         "dtype": "float32",
@@ -104,7 +105,17 @@ fn layout(dir: &TestDir) -> String {
         "num_kv_heads": 4,
         "head_size": 64,
     })
-    .to_string()
+    .to_string();
+    let mut args = strings(role);
+    args.extend(strings(&[
+        "--kv-peer-layout",
+        &layout,
+        "--block-size",
+        "128",
+        "--num-gpu-blocks",
+        "32",
+    ]));
+    args
 }
 
 /// The probe's lines of one side, once there are `n` of them.
@@ -151,20 +162,17 @@ fn a_real_vllm_decode_engine_reads_plays_kv_byte_for_byte() {
     let vllm_side = ports(1)[0];
     let prefill = serve(
         play_port,
-        &strings(&[
-            "--pd-role",
-            "prefill",
-            "--engine-id",
-            "play-prefill",
-            "--side-channel-port",
-            &play_side.to_string(),
-            "--kv-peer-layout",
-            &layout(&dir),
-            "--block-size",
-            "128",
-            "--num-gpu-blocks",
-            "32",
-        ]),
+        &play_args(
+            &dir,
+            &[
+                "--pd-role",
+                "prefill",
+                "--engine-id",
+                "play-prefill",
+                "--side-channel-port",
+                &play_side.to_string(),
+            ],
+        ),
         "real-peer-prefill",
     );
     let _engine = real_engine(&dir, vllm_port, vllm_side, "kv_consumer");
@@ -234,18 +242,7 @@ fn play_decodes_behind_a_real_vllm_prefill_engine_reading_every_layer() {
     let _engine = real_engine(&dir, vllm_port, vllm_side, "kv_producer");
     let decode = serve(
         play_port,
-        &strings(&[
-            "--pd-role",
-            "decode",
-            "--engine-id",
-            "play-decode",
-            "--kv-peer-layout",
-            &layout(&dir),
-            "--block-size",
-            "128",
-            "--num-gpu-blocks",
-            "32",
-        ]),
+        &play_args(&dir, &["--pd-role", "decode", "--engine-id", "play-decode"]),
         "real-peer-decode",
     );
     let _proxy = proxy(vllm_port, play_port, proxy_port, "real-peer-proxy-p");

@@ -339,22 +339,44 @@ pub const NIXL_PEER_DIR: &str = "nixl-1.5.1";
 pub fn fetch_nixl_peer(cache: &Path) -> Result<PathBuf> {
     let venv = fetch_cpu_engine(cache)?;
     let dir = venv.join(NIXL_PEER_DIR);
-    let stamp = dir.join(".installed");
-    let want = NIXL_PEER_PACKAGES.join(" ");
-    if std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == want) {
-        return Ok(dir);
+    install_extra(
+        cache,
+        &venv,
+        &dir.join(".installed"),
+        NIXL_PEER_PACKAGES,
+        &["--no-deps".as_ref(), "--target".as_ref(), dir.as_os_str()],
+        "for the real CPU engine",
+    )?;
+    Ok(dir)
+}
+
+/// `uv pip install` `packages` with `venv`'s Python (and `args`), unless `stamp` says they
+/// are installed already; writes the stamp after. uv is the tools venv's, which
+/// `install_venv` put there.
+fn install_extra(
+    cache: &Path,
+    venv: &Path,
+    stamp: &Path,
+    packages: &[&str],
+    args: &[&std::ffi::OsStr],
+    what: &str,
+) -> Result<()> {
+    let want = packages.join(" ");
+    if std::fs::read_to_string(stamp).is_ok_and(|s| s.trim() == want) {
+        return Ok(());
     }
-    // install_venv (through fetch_cpu_engine) put uv into the tools venv
     let mut cmd = Command::new(cache.join("py").join("tools").join("bin").join("uv"));
     cmd.env("UV_CACHE_DIR", cache.join("uv"))
-        .args(["pip", "install", "-q", "--no-deps", "--python"])
+        .args(["pip", "install", "-q", "--python"])
         .arg(venv.join("bin").join("python"))
-        .arg("--target")
-        .arg(&dir)
-        .args(NIXL_PEER_PACKAGES);
-    run(cmd, &format!("installing {want} for the real CPU engine"))?;
-    std::fs::write(&stamp, want)?;
-    Ok(dir)
+        .args(args)
+        .args(packages);
+    run(cmd, &format!("installing {want} {what}"))?;
+    if let Some(dir) = stamp.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(stamp, want)?;
+    Ok(())
 }
 
 /// The Python tools of `cargo xtask containers`, in one venv: `kubernetes-validate` (it
@@ -373,18 +395,13 @@ pub fn fetch_container_tools(cache: &Path) -> Result<PathBuf> {
         KUBERNETES_VALIDATE_VERSION,
         |venv| venv.join("bin").join("kubernetes-validate").is_file(),
     )?;
-    let stamp = venv.join(".installed-extra");
-    let want = CONTAINER_TOOLS_EXTRA.join(" ");
-    if std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == want) {
-        return Ok(venv);
-    }
-    // install_venv put uv into the tools venv
-    let mut cmd = Command::new(cache.join("py").join("tools").join("bin").join("uv"));
-    cmd.env("UV_CACHE_DIR", cache.join("uv"))
-        .args(["pip", "install", "--python"])
-        .arg(venv.join("bin").join("python"))
-        .args(CONTAINER_TOOLS_EXTRA);
-    run(cmd, &format!("installing {want}"))?;
-    std::fs::write(&stamp, want)?;
+    install_extra(
+        cache,
+        &venv,
+        &venv.join(".installed-extra"),
+        CONTAINER_TOOLS_EXTRA,
+        &[],
+        "for the container tools",
+    )?;
     Ok(venv)
 }
