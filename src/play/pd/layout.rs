@@ -76,30 +76,29 @@ fn default_layer_name() -> String {
 /// Parse `--kv-peer-layout` (a JSON object, or `@FILE` holding one).
 pub fn parse(s: &str) -> Result<KvLayout, String> {
     let text = match s.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("--kv-peer-layout: cannot read {path}: {e}"))?,
+        Some(path) => {
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?
+        }
         None => s.to_string(),
     };
     let l: KvLayout = serde_json::from_str(&text).map_err(|e| {
         format!(
-            "--kv-peer-layout: {e} (keys: vllm_version, model, dtype, num_hidden_layers, num_kv_heads, head_size; optional: block_size, attn_backend_name, kv_cache_layout, cache_dtype, is_hma_enabled, nixl_connector_version, layer_name)"
+            "{e} (keys: vllm_version, model, dtype, num_hidden_layers, num_kv_heads, head_size; optional: block_size, attn_backend_name, kv_cache_layout, cache_dtype, is_hma_enabled, nixl_connector_version, layer_name)"
         )
     })?;
     l.element_bytes()?;
     if l.num_hidden_layers == 0 || l.num_kv_heads == 0 || l.head_size == 0 || l.block_size == 0 {
-        return Err(
-            "--kv-peer-layout: layers, KV heads, head size and block size must be positive".into(),
-        );
+        return Err("layers, KV heads, head size and block size must be positive".into());
     }
     if !l.layer_name.contains("{}") {
         return Err(format!(
-            "--kv-peer-layout: layer_name {:?} has no {{}} for the layer index",
+            "layer_name {:?} has no {{}} for the layer index",
             l.layer_name
         ));
     }
     if l.block_bytes() > 64 << 20 {
         return Err(format!(
-            "--kv-peer-layout: {} bytes per block and layer is over 64 MiB",
+            "{} bytes per block and layer is over 64 MiB",
             l.block_bytes()
         ));
     }
@@ -134,7 +133,7 @@ impl KvLayout {
             "float32" | "float" => Ok(4),
             "fp8" | "fp8_e4m3" | "fp8_e5m2" => Ok(1),
             other => Err(format!(
-                "--kv-peer-layout: dtype {other:?} is not bfloat16, float16, float32 or fp8"
+                "dtype {other:?} is not bfloat16, float16, float32 or fp8"
             )),
         }
     }
