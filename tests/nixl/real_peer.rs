@@ -90,8 +90,14 @@ fn real_engine(dir: &TestDir, port: u16, side: u16, role: &str) -> ChildGuard {
     engine
 }
 
+/// The last lines of the engine's log, for a failure's message.
 fn engine_log(dir: &TestDir) -> String {
     vllm_vcr::child::tail(&dir.path("vllm-cpu.log"), 80)
+}
+
+/// Whether the engine's log (all of it) says `what`.
+fn engine_said(dir: &TestDir, what: &str) -> bool {
+    vllm_vcr::child::read_log(&dir.path("vllm-cpu.log")).contains(what)
 }
 
 /// `play`'s flags to pair with the engine serving `dir`'s model: `role` (the P/D flags),
@@ -185,7 +191,10 @@ fn a_real_vllm_decode_engine_reads_plays_kv_byte_for_byte() {
     let hash = log_field(&prefill.log(), "KV pool registered", "compatibility_hash")
         .expect("the prefill logs its hash");
     assert!(
-        log.contains(&format!("NIXL compatibility check passed (hash: {hash})")),
+        engine_said(
+            &dir,
+            &format!("NIXL compatibility check passed (hash: {hash})")
+        ),
         "{log}"
     );
     // vLLM's account: two blocks of four layers read, the whole prompt pulled, no failure
@@ -231,6 +240,46 @@ fn a_real_vllm_decode_engine_reads_plays_kv_byte_for_byte() {
             == Some("2")),
         "{}",
         prefill.log()
+    );
+
+    // the hash is what admits play: the same pair, but play's layout names another model
+    // (so its hash is another), is refused by vLLM before any byte moves
+    let q = ports(3);
+    let model = dir.path("model").display().to_string();
+    let mut args = play_args(
+        &dir,
+        &[
+            "--pd-role",
+            "prefill",
+            "--engine-id",
+            "play-other",
+            "--side-channel-port",
+            &q[1].to_string(),
+        ],
+    );
+    for a in &mut args {
+        *a = a.replace(&model, "/another/model");
+    }
+    let _other = serve(q[0], &args, "real-peer-prefill-other");
+    let _proxy2 = proxy(q[0], vllm_port, q[2], "real-peer-proxy-other");
+    let (status, body) = post(
+        q[2],
+        "/v1/completions",
+        &serde_json::json!({"model": "tiny", "prompt": PROMPT, "max_tokens": 8}),
+    );
+    assert_ne!(status, 200, "{body}");
+    assert!(
+        wait_until(Duration::from_secs(10), || engine_said(
+            &dir,
+            "NIXL compatibility hash mismatch"
+        )),
+        "{}",
+        engine_log(&dir)
+    );
+    assert_eq!(
+        metric(vllm_port, "vllm:nixl_bytes_transferred_sum"),
+        (2 * LAYERS * BLOCK_BYTES) as f64,
+        "no byte moved for the refused pair"
     );
 }
 
