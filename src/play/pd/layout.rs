@@ -260,6 +260,17 @@ mod tests {
     }
 
     #[test]
+    fn the_block_size_must_be_the_layouts() {
+        let l = cpu_tiny("m");
+        assert!(check_block_size(Some(&l), Some(128)).is_ok());
+        assert!(check_block_size(None, Some(16)).is_ok());
+        for wrong in [None, Some(16)] {
+            let e = check_block_size(Some(&l), wrong).unwrap_err();
+            assert!(e.contains("pass --block-size 128"), "{e}");
+        }
+    }
+
+    #[test]
     fn python_string_escapes() {
         assert_eq!(py_str("a\"b\\c"), r#""a\"b\\c""#);
         assert_eq!(py_str("é😀\n"), r#""\u00e9\ud83d\ude00\n""#);
