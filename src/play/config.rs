@@ -96,6 +96,8 @@ pub fn check_flags(a: &PlayArgs) -> Result<()> {
         );
     }
     a.knobs().validate().map_err(|e| anyhow!(e))?;
+    crate::play::pd::layout::check_block_size(a.kv_peer_layout.as_ref(), a.block_size)
+        .map_err(|e| anyhow!(e))?;
     if a.ttft_mode == TtftMode::Fixed && a.uses_latency_model() {
         bail!(
             "--ttft-mode fixed applies to the knobs; a --latency-trace model times prefills itself"
@@ -281,6 +283,7 @@ impl PlayConfig {
                 failure_policy: a.kv_load_failure_policy,
                 block_bytes: a.kv_block_bytes,
                 registration_generation: a.vllm_version >= VllmLine::new(0, 33),
+                peer_layout: a.kv_peer_layout.clone(),
             },
             shaping: Shaping {
                 vocab: vocab.clone(),

@@ -188,6 +188,17 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 4096, value_parser = parse_block_bytes)]
     pub kv_block_bytes: u64,
 
+    /// Lay the NIXL pool out as the KV cache of the vLLM engine this engine pairs with
+    /// (`nixl` builds), so that engine handshakes without `enforce_handshake_compat:
+    /// false`: a JSON object (or `@FILE`) with `vllm_version`, `model` (as the peer was
+    /// given it), `dtype`, `num_hidden_layers`, `num_kv_heads`, `head_size`, optionally
+    /// `block_size` (128; --block-size must match), `attn_backend_name` (CPU_ATTN),
+    /// `kv_cache_layout` (LBHNC), `cache_dtype` (auto), `is_hma_enabled` (true),
+    /// `nixl_connector_version` (14), `layer_name` (model.layers.{}.self_attn.attn).
+    /// Replaces --kv-block-bytes. See docs/pd.md.
+    #[arg(long, value_parser = crate::play::pd::layout::parse)]
+    pub kv_peer_layout: Option<crate::play::pd::layout::KvLayout>,
+
     /// Slow-down factor at full load (running = --max-num-seqs), linear in between; 1 = none
     /// (at most 1000).
     #[arg(long, default_value_t = 1.0, value_parser = crate::flag_ranges::time_factor)]

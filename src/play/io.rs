@@ -101,10 +101,9 @@ pub async fn run_engine(
         None
     };
     let plane = crate::play::pd::data_plane::for_engine(
-        cfg.engine.pd.role,
-        &cfg.engine.pd.engine_id,
+        &cfg.engine.pd,
         cfg.engine.num_gpu_blocks,
-        cfg.engine.pd.block_bytes,
+        cfg.engine.block_size,
     );
     let connect = connect_to_frontend(&cfg.handshake_address, rank, &ready, &opts);
     let sockets = tokio::select! {

@@ -1,11 +1,14 @@
 //! The tests CI's `nixl` stage runs with `--features nixl` (`cargo test --features nixl
 //! --test nixl`): the NIXL data plane in one process ([`loopback`], built only with the
 //! feature) and prefill/decode disaggregation end to end ([`pd_control`]: the control plane
-//! in every build, the KV bytes over NIXL with the feature). A binary of its own so the
-//! stage names exactly these.
+//! in every build, the KV bytes over NIXL with the feature) and a real vLLM engine as the
+//! pair's other half ([`real_peer`], with the feature). A binary of its own so the stage
+//! names exactly these.
 
 #[path = "../support/mod.rs"]
 mod support;
 
 mod loopback;
 mod pd_control;
+#[cfg(feature = "nixl")]
+mod real_peer;

@@ -16,22 +16,22 @@ use crate::support::{TestProcess, http_request, vcr_command, wait_until};
 
 /// `vllm-vcr` with `args`, as `name` (`pd-<name>`: its logs' directory), stdout and stderr
 /// logged, stopped with SIGINT (10 s grace) when the test ends.
-fn start(args: &[String], name: &str) -> TestProcess {
+pub(super) fn start(args: &[String], name: &str) -> TestProcess {
     let mut cmd = vcr_command();
     cmd.args(args).env("NO_COLOR", "1");
     TestProcess::start_logged(&format!("pd-{name}"), cmd)
 }
 
-fn ports(n: usize) -> Vec<u16> {
+pub(super) fn ports(n: usize) -> Vec<u16> {
     vllm_vcr::child::free_ports(n).expect("free ports")
 }
 
-fn strings(v: &[&str]) -> Vec<String> {
+pub(super) fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
 
 /// A `serve` with vllm-rs 0.33 and these engine flags, up and answering /health.
-fn serve(port: u16, extra: &[String], name: &str) -> TestProcess {
+pub(super) fn serve(port: u16, extra: &[String], name: &str) -> TestProcess {
     let mut args = strings(&["serve", "--port"]);
     args.push(port.to_string());
     args.extend(strings(&["--log-requests"]));
@@ -43,7 +43,7 @@ fn serve(port: u16, extra: &[String], name: &str) -> TestProcess {
 
 /// `vllm-vcr pd-proxy` on `port` in front of the prefill and decode frontends, answering
 /// /health.
-fn proxy(prefill: u16, decode: u16, port: u16, name: &str) -> TestProcess {
+pub(super) fn proxy(prefill: u16, decode: u16, port: u16, name: &str) -> TestProcess {
     let p = start(
         &strings(&[
             "pd-proxy",
@@ -60,7 +60,7 @@ fn proxy(prefill: u16, decode: u16, port: u16, name: &str) -> TestProcess {
     p
 }
 
-fn wait_health(port: u16, p: &TestProcess) {
+pub(super) fn wait_health(port: u16, p: &TestProcess) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if get(port, "/health").0 == 200 {
@@ -77,17 +77,17 @@ fn wait_health(port: u16, p: &TestProcess) {
 
 /// `method path` with the JSON text `body` (none if empty): the status and the answer as
 /// text, `(0, "")` while nothing answers.
-fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+pub(super) fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
     let body: Option<serde_json::Value> =
         (!body.is_empty()).then(|| serde_json::from_str(body).expect("a JSON request body"));
     http_request(port, method, path, body.as_ref())
 }
 
-fn get(port: u16, path: &str) -> (u16, String) {
+pub(super) fn get(port: u16, path: &str) -> (u16, String) {
     request(port, "GET", path, "")
 }
 
-fn post(port: u16, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+pub(super) fn post(port: u16, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
     let (status, text) = request(port, "POST", path, &body.to_string());
     (
         status,
@@ -96,7 +96,7 @@ fn post(port: u16, path: &str, body: &serde_json::Value) -> (u16, serde_json::Va
 }
 
 /// A gauge of the frontend's /metrics.
-fn metric(port: u16, name: &str) -> f64 {
+pub(super) fn metric(port: u16, name: &str) -> f64 {
     let (_, text) = get(port, "/metrics");
     text.lines()
         .find(|l| {
@@ -109,7 +109,7 @@ fn metric(port: u16, name: &str) -> f64 {
 }
 
 /// `key=value` of the first log line containing `what` (tracing's field format).
-fn log_field(log: &str, what: &str, key: &str) -> Option<String> {
+pub(super) fn log_field(log: &str, what: &str, key: &str) -> Option<String> {
     let line = log.lines().find(|l| l.contains(what))?;
     let rest = line.split(&format!("{key}=")).nth(1)?;
     Some(rest.split_whitespace().next()?.to_string())

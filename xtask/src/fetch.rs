@@ -321,6 +321,64 @@ pub fn fetch_nixl(cache: &Path) -> Result<PathBuf> {
     nixl_lib_dir_in(&venv).with_context(|| format!("no {NIXL_CAPI} under {}", venv.display()))
 }
 
+/// NIXL for the real CPU engine (a vLLM peer of `play --pd-role prefill|decode` over
+/// NIXL): vLLM imports the module `nixl`, which PyPI's `nixl` meta package provides over
+/// a backend wheel it picks by torch's CUDA major. The CPU engine's torch is PyPI's
+/// 2.13.0, a CUDA 13 build, so the meta package asks for `nixl_cu13` (and without it fails:
+/// "detected CUDA 13 but nixl-cu13 is not installed"); both backends are installed, as the
+/// meta package's own requirements list them. Its UCX backend starts on a CPU-only host.
+pub const NIXL_PEER_PACKAGES: &[&str] = &["nixl==1.5.1", "nixl-cu12==1.5.1", "nixl-cu13==1.5.1"];
+
+/// Where [`fetch_nixl_peer`] installs: a directory inside the CPU engine's venv, put on
+/// the engine's `PYTHONPATH` (the venv itself is left as `fetch_cpu_engine` made it, so
+/// the engines that run without NIXL import exactly what they did).
+pub const NIXL_PEER_DIR: &str = "nixl-1.5.1";
+
+/// Ensure the real CPU engine and NIXL for it are installed; returns the directory to put
+/// on the engine's `PYTHONPATH` (`<cpu engine venv>/nixl-1.5.1`).
+pub fn fetch_nixl_peer(cache: &Path) -> Result<PathBuf> {
+    let venv = fetch_cpu_engine(cache)?;
+    let dir = venv.join(NIXL_PEER_DIR);
+    install_extra(
+        cache,
+        &venv,
+        &dir.join(".installed"),
+        NIXL_PEER_PACKAGES,
+        &["--no-deps".as_ref(), "--target".as_ref(), dir.as_os_str()],
+        "for the real CPU engine",
+    )?;
+    Ok(dir)
+}
+
+/// `uv pip install` `packages` with `venv`'s Python (and `args`), unless `stamp` says they
+/// are installed already; writes the stamp after. uv is the tools venv's, which
+/// `install_venv` put there.
+fn install_extra(
+    cache: &Path,
+    venv: &Path,
+    stamp: &Path,
+    packages: &[&str],
+    args: &[&std::ffi::OsStr],
+    what: &str,
+) -> Result<()> {
+    let want = packages.join(" ");
+    if std::fs::read_to_string(stamp).is_ok_and(|s| s.trim() == want) {
+        return Ok(());
+    }
+    let mut cmd = Command::new(cache.join("py").join("tools").join("bin").join("uv"));
+    cmd.env("UV_CACHE_DIR", cache.join("uv"))
+        .args(["pip", "install", "-q", "--python"])
+        .arg(venv.join("bin").join("python"))
+        .args(args)
+        .args(packages);
+    run(cmd, &format!("installing {want} {what}"))?;
+    if let Some(dir) = stamp.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(stamp, want)?;
+    Ok(())
+}
+
 /// The Python tools of `cargo xtask containers`, in one venv: `kubernetes-validate` (it
 /// bundles the Kubernetes JSON schemas, so manifests are checked offline), and pyzmq and
 /// msgspec for a KV-events subscriber (what a router reads: ZMQ frames of msgpack).
@@ -337,18 +395,13 @@ pub fn fetch_container_tools(cache: &Path) -> Result<PathBuf> {
         KUBERNETES_VALIDATE_VERSION,
         |venv| venv.join("bin").join("kubernetes-validate").is_file(),
     )?;
-    let stamp = venv.join(".installed-extra");
-    let want = CONTAINER_TOOLS_EXTRA.join(" ");
-    if std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == want) {
-        return Ok(venv);
-    }
-    // install_venv put uv into the tools venv
-    let mut cmd = Command::new(cache.join("py").join("tools").join("bin").join("uv"));
-    cmd.env("UV_CACHE_DIR", cache.join("uv"))
-        .args(["pip", "install", "--python"])
-        .arg(venv.join("bin").join("python"))
-        .args(CONTAINER_TOOLS_EXTRA);
-    run(cmd, &format!("installing {want}"))?;
-    std::fs::write(&stamp, want)?;
+    install_extra(
+        cache,
+        &venv,
+        &venv.join(".installed-extra"),
+        CONTAINER_TOOLS_EXTRA,
+        &[],
+        "for the container tools",
+    )?;
     Ok(venv)
 }

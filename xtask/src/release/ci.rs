@@ -64,14 +64,18 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
         ),
         // the NIXL data plane: libclang and the nixl-cu12 runtime installed if missing,
         // the crate built with the feature, two agents moving real bytes, then the P/D
-        // pair behind real frontends reading and verifying KV bytes over NIXL (about
-        // 3-5 min on 2 cores, most of it the feature build)
+        // pair behind real frontends reading and verifying KV bytes over NIXL, then a real
+        // vLLM CPU engine (NIXL installed beside it) as the pair's other half (about
+        // 5-7 min on 2 cores, most of it the feature build and one engine boot per leg)
         (
             "nixl",
             Box::new(|| {
                 let cache = vcr_host::frontends::cache_root()?;
                 let lib = crate::fetch::fetch_nixl(&cache)?;
                 eprintln!("  NIXL runtime: {}", lib.display());
+                // the real CPU engine with NIXL, the vLLM peer of the real-peer legs
+                let peer = crate::fetch::fetch_nixl_peer(&cache)?;
+                eprintln!("  NIXL for the real CPU engine: {}", peer.display());
                 cargo(root, &["test", "--features", "nixl", "--test", "nixl"])
             }),
         ),
