@@ -153,7 +153,7 @@ pub(crate) fn engine_has_flag(engine: &Path, flag: &str) -> Result<bool> {
         .any(|w| w == flag))
 }
 
-/// Run one leg (its start retried once when it lost a port) and return its checks.
+/// Run one leg (start its stack, run its checks, stop it) and return its checks.
 pub(crate) fn run_leg(
     leg: &Leg,
     engine: &Path,
@@ -161,29 +161,88 @@ pub(crate) fn run_leg(
     model: &Path,
     dir: &Path,
 ) -> Vec<CheckResult> {
-    let mut results = Vec::new();
     let started = Instant::now();
-    for attempt in 1..=2 {
-        results.clear();
-        match start_and_check(leg, engine, spec, model, dir, &mut results) {
-            Ok(()) => break,
-            Err(e) if attempt == 1 && results.is_empty() && lost_a_port(&e, dir) => {
-                // Another process took a picked port between the pick and the bind: that
-                // is the host, not the code under test. Start over on fresh ports once.
-                eprintln!("  a port was taken before the frontend bound it ({e:#}); retrying");
-            }
-            Err(e) => {
-                results.push(fail("startup", format!("{e:#}")));
-                break;
-            }
-        }
-    }
+    let results = match boot(leg, engine, spec, model, dir) {
+        Ok(b) => b.check(leg),
+        Err(e) => vec![fail("startup", format!("{e:#}"))],
+    };
     eprintln!(
         "=== {} done in {:.1} s",
         leg.name,
         started.elapsed().as_secs_f64()
     );
     results
+}
+
+/// Run legs whose stacks are slow to start (a Python frontend imports for ~20 s on one
+/// core): every stack boots at once, and only when all are up (or failed) do the legs run
+/// their checks, one leg after the other, so no check shares the cores with a boot.
+/// Results in the order of `legs`.
+pub(crate) fn run_legs_booted_together(
+    legs: &[(&Leg, &Path)],
+    engine: &Path,
+    spec: bool,
+    model: &Path,
+) -> Vec<Vec<CheckResult>> {
+    let started = Instant::now();
+    eprintln!("\n=== booting {} stacks at once", legs.len());
+    let booted: Vec<Result<Booted>> = std::thread::scope(|s| {
+        let handles: Vec<_> = legs
+            .iter()
+            .map(|(leg, dir)| s.spawn(move || boot(leg, engine, spec, model, dir)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the boot thread panicked")))
+            })
+            .collect()
+    });
+    eprintln!(
+        "=== {} stacks booted in {:.1} s",
+        legs.len(),
+        started.elapsed().as_secs_f64()
+    );
+    legs.iter()
+        .zip(booted)
+        .map(|((leg, _), b)| {
+            let t = Instant::now();
+            eprintln!(
+                "\n=== {} (engine line {}; {})",
+                leg.name, leg.line, leg.note
+            );
+            let results = match b {
+                Ok(b) => b.check(leg),
+                Err(e) => vec![fail("startup", format!("{e:#}"))],
+            };
+            eprintln!(
+                "=== {} checks done in {:.1} s",
+                leg.name,
+                t.elapsed().as_secs_f64()
+            );
+            results
+        })
+        .collect()
+}
+
+/// A leg's stack, up and healthy, and what its checks talk to.
+struct Booted {
+    frontend: ChildGuard,
+    engine: ChildGuard,
+    ctx: Ctx,
+}
+
+/// Start a leg's stack in `dir`; once more on fresh ports when another process took a
+/// picked port between the pick and the bind (that is the host, not the code under test).
+fn boot(leg: &Leg, engine: &Path, spec: bool, model: &Path, dir: &Path) -> Result<Booted> {
+    match boot_once(leg, engine, spec, model, dir) {
+        Err(e) if lost_a_port(&e, dir) => {
+            eprintln!("  a port was taken before the frontend bound it ({e:#}); retrying");
+            boot_once(leg, engine, spec, model, dir)
+        }
+        other => other,
+    }
 }
 
 /// Whether a failed start-up was a port lost to another process ("Address already in use"
@@ -196,14 +255,7 @@ fn lost_a_port(e: &anyhow::Error, dir: &Path) -> bool {
             .any(|f| std::fs::read_to_string(dir.join(f)).is_ok_and(|t| in_use(&t)))
 }
 
-fn start_and_check(
-    leg: &Leg,
-    engine: &Path,
-    spec: bool,
-    model: &Path,
-    dir: &Path,
-    results: &mut Vec<CheckResult>,
-) -> Result<()> {
+fn boot_once(leg: &Leg, engine: &Path, spec: bool, model: &Path, dir: &Path) -> Result<Booted> {
     let ports = free_ports(2)?;
     let (http_port, hs_port) = (ports[0], ports[1]);
     let fe_log = dir.join("frontend.log");
@@ -264,56 +316,74 @@ fn start_and_check(
         ttft: Duration::from_millis(leg.engine.ttft_ms),
         engine_spec_decode: spec,
     };
-    for check in &leg.checks {
-        let t = Instant::now();
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (check.run)(&ctx)));
-        let (pass, detail) = match outcome {
-            Ok(Ok(d)) => (true, d),
-            Ok(Err(e)) => (false, format!("{e:#}")),
-            Err(p) => (false, format!("check panicked: {}", panic_text(&p))),
-        };
-        let secs = t.elapsed().as_secs_f64();
-        eprintln!(
-            "  [{}] {} ({secs:.2} s)",
-            if pass { "PASS" } else { "FAIL" },
-            check.name
-        );
+    Ok(Booted {
+        frontend,
+        engine,
+        ctx,
+    })
+}
+
+impl Booted {
+    /// Run the leg's checks, then check both processes survived, then stop them.
+    fn check(self, leg: &Leg) -> Vec<CheckResult> {
+        let Booted {
+            mut frontend,
+            mut engine,
+            ctx,
+        } = self;
+        let mut results = Vec::new();
+        for check in &leg.checks {
+            let t = Instant::now();
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (check.run)(&ctx)));
+            let (pass, detail) = match outcome {
+                Ok(Ok(d)) => (true, d),
+                Ok(Err(e)) => (false, format!("{e:#}")),
+                Err(p) => (false, format!("check panicked: {}", panic_text(&p))),
+            };
+            let secs = t.elapsed().as_secs_f64();
+            eprintln!(
+                "  [{}] {} ({secs:.2} s)",
+                if pass { "PASS" } else { "FAIL" },
+                check.name
+            );
+            results.push(CheckResult {
+                name: check.name.into(),
+                pass,
+                detail,
+                secs,
+            });
+        }
+        // Both processes must have survived the whole leg.
+        let alive = [&mut frontend, &mut engine]
+            .into_iter()
+            .map(|c| (c.name.clone(), c.exited()))
+            .collect::<Vec<_>>();
+        let dead: Vec<String> = alive
+            .iter()
+            .filter_map(|(n, e)| e.as_ref().map(|s| format!("{n} exited ({s})")))
+            .collect();
         results.push(CheckResult {
-            name: check.name.into(),
-            pass,
-            detail,
-            secs,
+            name: "processes-alive".into(),
+            pass: dead.is_empty(),
+            detail: if dead.is_empty() {
+                format!(
+                    "frontend pid {} and engine pid {} still running",
+                    frontend.pid(),
+                    engine.pid()
+                )
+            } else {
+                dead.join("; ")
+            },
+            secs: 0.0,
         });
+        // frontend first (it may still talk to the engine), then the engine
+        let how = frontend.stop();
+        eprintln!("  stopped {}: {how}", frontend.name);
+        let how = engine.stop();
+        eprintln!("  stopped {}: {how}", engine.name);
+        results
     }
-    // Both processes must have survived the whole leg.
-    let alive = [&mut frontend, &mut engine]
-        .into_iter()
-        .map(|c| (c.name.clone(), c.exited()))
-        .collect::<Vec<_>>();
-    let dead: Vec<String> = alive
-        .iter()
-        .filter_map(|(n, e)| e.as_ref().map(|s| format!("{n} exited ({s})")))
-        .collect();
-    results.push(CheckResult {
-        name: "processes-alive".into(),
-        pass: dead.is_empty(),
-        detail: if dead.is_empty() {
-            format!(
-                "frontend pid {} and engine pid {} still running",
-                frontend.pid(),
-                engine.pid()
-            )
-        } else {
-            dead.join("; ")
-        },
-        secs: 0.0,
-    });
-    // frontend first (it may still talk to the engine), then the engine
-    let how = frontend.stop();
-    eprintln!("  stopped {}: {how}", frontend.name);
-    let how = engine.stop();
-    eprintln!("  stopped {}: {how}", engine.name);
-    Ok(())
 }
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {

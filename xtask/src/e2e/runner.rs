@@ -17,6 +17,7 @@ use crate::e2e::replay::{self, ReplayLeg};
 use crate::e2e::select::{Frontends, Groups, Options};
 use crate::e2e::{parity, scheduler};
 use crate::stack::engine::build_engine;
+use crate::stack::frontend::Frontend;
 use crate::stack::result::CheckResult;
 
 /// One leg's checks, for its table and the summary.
@@ -150,34 +151,63 @@ impl Work {
     }
 }
 
-/// The basic and scheduler legs, each with the tail of its two logs on a failure.
+/// The basic and scheduler legs, each with the tail of its two logs on a failure. Legs
+/// behind vllm-rs (up in a fraction of a second) run one by one; those behind the Python
+/// frontend then boot together and run their checks one by one
+/// ([`basic::run_legs_booted_together`]).
 fn run_play_legs(legs: &[Leg], engine: &Path, spec: bool, work: &Work) -> Result<Vec<LegResult>> {
-    let mut all = Vec::new();
-    for leg in legs {
+    let dir_of = |leg: &Leg| -> Result<PathBuf> {
         let dir = work.dir.join(leg.name.replace([' ', '/'], "_"));
         std::fs::create_dir_all(&dir)?;
+        Ok(dir)
+    };
+    let slow = |leg: &Leg| matches!(leg.frontend, Frontend::Python { .. });
+    let mut all = Vec::new();
+    for leg in legs.iter().filter(|l| !slow(l)) {
+        let dir = dir_of(leg)?;
         eprintln!(
             "\n=== {} (engine line {}; {})",
             leg.name, leg.line, leg.note
         );
-        let res = LegResult {
-            name: leg.name.clone(),
-            results: run_leg(leg, engine, spec, &work.model, &dir),
-        };
-        print_leg(&res);
-        if res.results.iter().any(|r| !r.pass) {
-            for (what, file) in [("frontend", "frontend.log"), ("engine", "engine.log")] {
-                println!(
-                    "--- last 40 lines of the {what} log ({}):",
-                    dir.join(file).display()
-                );
-                println!("{}", tail(&dir.join(file), 40));
-            }
-            println!("--- end of logs");
+        all.push(leg_result(
+            leg,
+            run_leg(leg, engine, spec, &work.model, &dir),
+            &dir,
+        ));
+    }
+    let python: Vec<(&Leg, PathBuf)> = legs
+        .iter()
+        .filter(|l| slow(l))
+        .map(|l| Ok((l, dir_of(l)?)))
+        .collect::<Result<_>>()?;
+    if !python.is_empty() {
+        let refs: Vec<(&Leg, &Path)> = python.iter().map(|(l, d)| (*l, d.as_path())).collect();
+        let results = basic::run_legs_booted_together(&refs, engine, spec, &work.model);
+        for ((leg, dir), results) in python.iter().zip(results) {
+            all.push(leg_result(leg, results, dir));
         }
-        all.push(res);
     }
     Ok(all)
+}
+
+/// A leg's result, printed, with the tail of its two logs on a failure.
+fn leg_result(leg: &Leg, results: Vec<CheckResult>, dir: &Path) -> LegResult {
+    let res = LegResult {
+        name: leg.name.clone(),
+        results,
+    };
+    print_leg(&res);
+    if res.results.iter().any(|r| !r.pass) {
+        for (what, file) in [("frontend", "frontend.log"), ("engine", "engine.log")] {
+            println!(
+                "--- last 40 lines of the {what} log ({}):",
+                dir.join(file).display()
+            );
+            println!("{}", tail(&dir.join(file), 40));
+        }
+        println!("--- end of logs");
+    }
+    res
 }
 
 /// The record legs (each run direct, then through the tap), with the tail of every log of
