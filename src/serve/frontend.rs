@@ -220,6 +220,8 @@ pub(crate) fn write_embedded_model(cache: &Path, max_model_len: u64) -> Result<P
 pub(crate) struct FrontendSpec<'a> {
     pub model: &'a Path,
     pub name: &'a str,
+    /// More names the model answers to (the first name is the one answers carry).
+    pub aliases: &'a [&'a str],
     pub host: &'a str,
     pub port: u16,
     pub handshake_port: u16,
@@ -237,7 +239,10 @@ pub(crate) fn vllm_rs_command(bin: &Path, s: &FrontendSpec) -> Command {
         .args(["--handshake-host", "127.0.0.1"])
         .args(["--handshake-port", &s.handshake_port.to_string()])
         .args(["--host", s.host, "--port", &s.port.to_string()])
-        .args(["--served-model-name", s.name, "--reasoning-parser", "none"])
+        .arg("--served-model-name")
+        .arg(s.name)
+        .args(s.aliases)
+        .args(["--reasoning-parser", "none"])
         .args([
             "--engine-ready-timeout-secs",
             &s.ready_timeout_s.to_string(),
@@ -265,7 +270,9 @@ pub(crate) fn python_command(venv: &Path, s: &FrontendSpec) -> Result<Command> {
     };
     cmd.arg("serve")
         .arg(s.model)
-        .args(["--served-model-name", s.name])
+        .arg("--served-model-name")
+        .arg(s.name)
+        .args(s.aliases)
         .args(["--host", s.host, "--port", &s.port.to_string()])
         .args(["--data-parallel-size", &s.engines.to_string()])
         .args(["--data-parallel-size-local", "0"])

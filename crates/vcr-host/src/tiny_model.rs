@@ -258,11 +258,17 @@ pub fn write_to(dir: &Path) -> std::io::Result<()> {
 /// [`write_to`] with `max_position_embeddings` set to `max_model_len`: the context the
 /// frontends allow for this model (`serve --max-model-len`).
 pub fn write_with_context_to(dir: &Path, max_model_len: u64) -> std::io::Result<()> {
+    write_files(dir, files_with_context(max_model_len))
+}
+
+/// [`files`] with `max_position_embeddings` set to `max_model_len` (what
+/// [`write_with_context_to`] writes; the Hugging Face cache gets the same files).
+pub fn files_with_context(max_model_len: u64) -> Vec<(&'static str, String)> {
     let mut f = files();
     let mut c = config_json();
     c["max_position_embeddings"] = json!(max_model_len);
     f[0].1 = pretty(&c);
-    write_files(dir, f)
+    f
 }
 
 /// [`write_to`] for the real-engine variant ([`real_engine_files`]).
