@@ -22,6 +22,7 @@ mod support;
 
 mod bench;
 mod openai;
+mod tokenizers;
 
 fn free_port() -> u16 {
     vllm_vcr::child::free_ports(1).expect("a free port")[0]
@@ -75,6 +76,8 @@ struct Serve {
     port: u16,
     handshake_port: u16,
     frontend: String,
+    /// The lines of the ready block read so far (what a user sees first).
+    banner: Vec<String>,
 }
 
 impl Serve {
@@ -112,6 +115,7 @@ impl Serve {
             port,
             handshake_port,
             frontend: String::new(),
+            banner: Vec::new(),
         }
     }
 
@@ -145,6 +149,7 @@ impl Serve {
                 pid = p.trim_end_matches(')').parse().ok();
                 self.frontend = line.trim().to_string();
             }
+            self.banner.push(line);
         }
         (base.unwrap(), pid.unwrap())
     }
