@@ -11,6 +11,7 @@ use sim_protocol::VllmLine;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vcr_host::child::tail;
 use vcr_host::frontends;
+use vcr_host::tiny_model::TinyVocab;
 
 /// The frontend ended on its own: `vllm-vcr serve` exits with the frontend's status (its
 /// exit code, or 128 + the signal that killed it), so a supervisor or a container runtime
@@ -191,13 +192,27 @@ pub(crate) async fn health_ok(host: &str, port: u16) -> bool {
 /// `max_position_embeddings`, which the frontends enforce), into the cache (or, if that is
 /// not writable, a temp dir).
 pub(crate) fn write_embedded_model(cache: &Path, max_model_len: u64) -> Result<PathBuf> {
+    write_embedded_model_of(cache, TinyVocab::Bytes, max_model_len)
+}
+
+/// [`write_embedded_model`] with the vocabulary `vocab` (`serve --tiny-vocab`), into a
+/// directory of its own (`tiny-chars-…` for the character vocabulary).
+pub(crate) fn write_embedded_model_of(
+    cache: &Path,
+    vocab: TinyVocab,
+    max_model_len: u64,
+) -> Result<PathBuf> {
+    let base = match vocab {
+        TinyVocab::Bytes => "tiny",
+        TinyVocab::Chars => "tiny-chars",
+    };
     let name = if max_model_len == u64::from(vcr_host::tiny_model::MAX_MODEL_LEN) {
-        format!("tiny-{}", env!("CARGO_PKG_VERSION"))
+        format!("{base}-{}", env!("CARGO_PKG_VERSION"))
     } else {
-        format!("tiny-{}-ctx{max_model_len}", env!("CARGO_PKG_VERSION"))
+        format!("{base}-{}-ctx{max_model_len}", env!("CARGO_PKG_VERSION"))
     };
     let dir = cache.join("model").join(&name);
-    match vcr_host::tiny_model::write_with_context_to(&dir, max_model_len) {
+    match vcr_host::tiny_model::write_of(&dir, vocab, max_model_len) {
         Ok(()) => Ok(dir),
         Err(e) => {
             // SAFETY: getuid has no preconditions.
@@ -208,7 +223,7 @@ pub(crate) fn write_embedded_model(cache: &Path, max_model_len: u64) -> Result<P
                 dir.display(),
                 tmp.display()
             );
-            vcr_host::tiny_model::write_with_context_to(&tmp, max_model_len)
+            vcr_host::tiny_model::write_of(&tmp, vocab, max_model_len)
                 .with_context(|| format!("writing the embedded model to {}", tmp.display()))?;
             Ok(tmp)
         }

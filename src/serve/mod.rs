@@ -16,6 +16,8 @@ use crate::play::{PlayArgs, TokenMode};
 pub mod frontend;
 mod model;
 
+pub use model::TinyVocabArg;
+
 pub use frontend::FrontendExited;
 use frontend::{
     FrontendSpec, die_with_parent, health_ok, line_of_venv, line_of_vllm_rs, log_tail,
@@ -59,6 +61,15 @@ pub struct ServeArgs {
     /// max_position_embeddings.
     #[arg(long)]
     pub model: Option<PathBuf>,
+
+    /// The embedded model's vocabulary (not with --model). `bytes`: byte-level, one token
+    /// per byte of UTF-8. `chars`: one token per character, so that any sequence of token
+    /// ids decodes to text that encodes back to the same ids (random-id prompt generators:
+    /// `vllm bench serve --dataset-name random`, inference-perf's `random`); ASCII keeps its
+    /// ids, 127 more characters (Latin-1, typographic, Greek) have one each, and any other
+    /// character encodes to `<unk>`. Registered as `vllm-vcr/tiny-chars`.
+    #[arg(long, value_enum, default_value_t = TinyVocabArg::Bytes, conflicts_with = "model")]
+    pub tiny_vocab: TinyVocabArg,
 
     /// The public model name. Default: `tiny` for the embedded model (which also answers
     /// to `vllm-vcr/tiny`, its tokenizer's id), else the model directory's name.

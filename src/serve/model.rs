@@ -6,11 +6,34 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use vcr_host::{hf_cache, tiny_model};
+use clap::ValueEnum;
+use vcr_host::hf_cache;
+use vcr_host::tiny_model::{self, TinyVocab};
 
 use super::ServeArgs;
-use super::frontend::{vocab_size_of, write_embedded_model};
+use super::frontend::{vocab_size_of, write_embedded_model_of};
 use crate::play::PlayArgs;
+
+/// `serve --tiny-vocab`: the embedded model's vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum TinyVocabArg {
+    /// One token per byte of UTF-8 (259 ids); registered as `vllm-vcr/tiny`.
+    #[default]
+    Bytes,
+    /// One token per character (ASCII keeps its ids, 127 more characters, `<unk>` for the
+    /// rest): any sequence of ids decodes to text that encodes back to it, which random-id
+    /// prompt generators need; registered as `vllm-vcr/tiny-chars`.
+    Chars,
+}
+
+impl From<TinyVocabArg> for TinyVocab {
+    fn from(a: TinyVocabArg) -> TinyVocab {
+        match a {
+            TinyVocabArg::Bytes => TinyVocab::Bytes,
+            TinyVocabArg::Chars => TinyVocab::Chars,
+        }
+    }
+}
 
 /// The model the frontend serves.
 #[derive(Debug, Clone)]
@@ -54,7 +77,8 @@ pub(crate) fn choose(args: &ServeArgs, play: &mut PlayArgs, cache: &Path) -> Res
         }
         None => {
             // the model's context is the engine's: --max-model-len reaches the frontend
-            let dir = write_embedded_model(cache, play.max_model_len)?;
+            let vocab = TinyVocab::from(args.tiny_vocab);
+            let dir = write_embedded_model_of(cache, vocab, play.max_model_len)?;
             let defaults = PlayArgs::defaults();
             if play.vocab_size == defaults.vocab_size && play.min_token_id == defaults.min_token_id
             {
@@ -69,7 +93,7 @@ pub(crate) fn choose(args: &ServeArgs, play: &mut PlayArgs, cache: &Path) -> Res
                     tiny_model::TOKENIZER_VOCAB
                 );
             }
-            let hub = register_embedded(&dir, play.max_model_len);
+            let hub = register_embedded(&dir, vocab, play.max_model_len);
             (dir, "tiny".to_string(), hub)
         }
     };
@@ -90,8 +114,12 @@ pub(crate) fn choose(args: &ServeArgs, play: &mut PlayArgs, cache: &Path) -> Res
 /// Register the embedded model (as written for a context of `max_model_len`) in the hub
 /// cache. A failure is a warning, never a reason not to serve: the directory still works
 /// as `--tokenizer DIR`.
-fn register_embedded(dir: &Path, max_model_len: u64) -> Option<(String, PathBuf)> {
-    let id = hf_cache::EMBEDDED_REPO_ID;
+fn register_embedded(
+    dir: &Path,
+    vocab: TinyVocab,
+    max_model_len: u64,
+) -> Option<(String, PathBuf)> {
+    let id = vocab.repo_id();
     let Some(hub) = hf_cache::hub_cache_dir() else {
         tracing::warn!(
             "no Hugging Face cache directory (HF_HUB_CACHE, HF_HOME and HOME give no absolute \
@@ -100,7 +128,7 @@ fn register_embedded(dir: &Path, max_model_len: u64) -> Option<(String, PathBuf)
         );
         return None;
     };
-    match hf_cache::register(&hub, id, &tiny_model::files_with_context(max_model_len)) {
+    match hf_cache::register(&hub, id, &tiny_model::files_of(vocab, max_model_len)) {
         Ok(r) => match r.foreign_main {
             None => {
                 tracing::debug!("{id} is revision {} in {}", r.revision, hub.display());

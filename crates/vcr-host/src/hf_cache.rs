@@ -1,6 +1,7 @@
 //! The embedded model in the local Hugging Face hub cache, so that tools which take a
 //! tokenizer as a repo id (`transformers.AutoTokenizer`, `vllm bench serve`, guidellm,
-//! aiperf, inference-perf) find it as `vllm-vcr/tiny` with `HF_HUB_OFFLINE=1`.
+//! aiperf, inference-perf) find it as `vllm-vcr/tiny` with `HF_HUB_OFFLINE=1`
+//! ([`crate::tiny_model::TinyVocab::repo_id`]).
 //!
 //! The layout is the one `huggingface_hub` reads offline: `models--vllm-vcr--tiny/`
 //! holding `refs/main` (a revision) and `snapshots/<revision>/` (the files). The revision is
@@ -10,9 +11,6 @@
 //! did not write (someone else's `vllm-vcr/tiny`) is recognised and left alone.
 
 use std::path::{Path, PathBuf};
-
-/// The repo id the embedded model is registered under.
-pub const EMBEDDED_REPO_ID: &str = "vllm-vcr/tiny";
 
 /// The hub cache directory, resolved as `huggingface_hub` does: `$HF_HUB_CACHE`, else the
 /// legacy `$HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub`, else
@@ -266,12 +264,14 @@ mod tests {
         );
     }
 
+    const ID: &str = "vllm-vcr/tiny";
+
     #[test]
     fn register_writes_the_layout_once_and_leaves_another_repo_alone() {
         let hub = std::env::temp_dir().join(format!("vcr-hf-cache-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&hub);
         let files = crate::tiny_model::files();
-        let r = register(&hub, EMBEDDED_REPO_ID, &files).unwrap();
+        let r = register(&hub, ID, &files).unwrap();
         let repo = hub.join("models--vllm-vcr--tiny");
         assert_eq!(r.snapshot, repo.join("snapshots").join(&r.revision));
         assert_eq!(r.foreign_main, None);
@@ -283,14 +283,14 @@ mod tests {
                 contents
             );
         }
-        assert_eq!(register(&hub, EMBEDDED_REPO_ID, &files).unwrap(), r);
+        assert_eq!(register(&hub, ID, &files).unwrap(), r);
         let entries = |d: &Path| std::fs::read_dir(d).unwrap().count();
         assert_eq!(entries(&repo.join("snapshots")), 1, "no temp left behind");
 
         // other files (another context length) move refs/main: it was ours
         let mut other = files.clone();
         other[0].1.push(' ');
-        let r2 = register(&hub, EMBEDDED_REPO_ID, &other).unwrap();
+        let r2 = register(&hub, ID, &other).unwrap();
         assert_ne!(r2.revision, r.revision);
         assert_eq!(
             std::fs::read_to_string(repo.join("refs/main")).unwrap(),
@@ -306,7 +306,7 @@ mod tests {
             "0123456789abcdef0123456789abcdef01234567",
         )
         .unwrap();
-        let r3 = register(&hub, EMBEDDED_REPO_ID, &files).unwrap();
+        let r3 = register(&hub, ID, &files).unwrap();
         assert_eq!(
             r3.foreign_main.as_deref(),
             Some("0123456789abcdef0123456789abcdef01234567")
@@ -319,7 +319,7 @@ mod tests {
 
         // a damaged snapshot of ours is repaired
         std::fs::write(r.snapshot.join("config.json"), "{").unwrap();
-        register(&hub, EMBEDDED_REPO_ID, &files).unwrap();
+        register(&hub, ID, &files).unwrap();
         assert_eq!(
             std::fs::read_to_string(r.snapshot.join("config.json")).unwrap(),
             files[0].1
