@@ -295,3 +295,95 @@ fn vllm_rs_bench_serve_loads_the_tokenizer_by_its_id() {
     }
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
 }
+
+/// `serve --tiny-vocab chars`, for random-id prompt generators: `vllm-rs bench serve`'s
+/// default `random` dataset sends its prompts as text (decoded random ids, checked against
+/// the server's tokenization, which never converged with the byte-level vocabulary), and
+/// every prompt arrives as exactly the tokens it was drawn as. Non-ASCII input and a JSON
+/// schema still work.
+#[test]
+fn random_id_prompts_arrive_whole_with_the_chars_vocabulary() {
+    let tmp = TestDir::new("serve-chars-vocab");
+    let hf_home = tmp.path("hf");
+    let hf_home = hf_home.to_str().unwrap();
+    let mut serve = Serve::start_with_env(&["--tiny-vocab", "chars"], &[("HF_HOME", hf_home)]);
+    let (_, frontend_pid) = serve.wait_ready();
+    assert!(
+        banner_value(&serve, "tokenizer").starts_with("vllm-vcr/tiny-chars ("),
+        "{:?}",
+        serve.banner
+    );
+    let base = format!("http://127.0.0.1:{}", serve.port);
+    const N: u64 = 16;
+    let (prompt_before, _) = token_counters(serve.port);
+    let out = Command::new(vllm_rs("0.33.0"))
+        .args([
+            "bench",
+            "serve",
+            "--base-url",
+            &base,
+            "--model",
+            "vllm-vcr/tiny-chars",
+        ])
+        .args(["--num-prompts", &N.to_string()])
+        .args(["--random-input-len", "200", "--random-output-len", "4"])
+        .env("HF_HOME", hf_home)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let (report, log) = (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    );
+    let all = format!("{report}\n{log}");
+    assert!(out.status.success(), "{all}");
+    assert!(
+        !log.contains("prompt_token_ids") && log.contains("kind=\"local\""),
+        "the prompts should go out as text, tokenized locally: {all}"
+    );
+    assert_eq!(report_number(&report, "Successful requests:"), N, "{all}");
+    assert_eq!(
+        report_number(&report, "Total input tokens:"),
+        N * 200,
+        "{all}"
+    );
+    let (prompt_after, _) = token_counters(serve.port);
+    assert_eq!(
+        prompt_after - prompt_before,
+        N * 200,
+        "the server's count: {all}"
+    );
+
+    let chat = ok(
+        serve.port,
+        "/v1/chat/completions",
+        json!({"model": "tiny", "max_tokens": 60, "return_token_ids": true,
+               "messages": [{"role": "user", "content": "Grüße aus 東京 — “quoted”"}],
+               "response_format": {"type": "json_schema", "json_schema": {"name": "city",
+                   "schema": {"type": "object", "required": ["città"],
+                              "properties": {"città": {"type": "string"}}}}}}),
+    );
+    let content = chat["choices"][0]["message"]["content"].as_str().unwrap();
+    let parsed: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {chat}"));
+    assert!(parsed["città"].is_string(), "{chat}");
+    let unk = vllm_vcr::tiny_model::CHARS_UNK_TOKEN_ID;
+    let prompt = ids(&chat["prompt_token_ids"]);
+    assert_eq!(
+        prompt.iter().filter(|&&t| t == unk).count(),
+        2,
+        "東京: {chat}"
+    );
+    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+}
+
+#[test]
+fn tiny_vocab_is_for_the_embedded_model_only() {
+    let err = vcr()
+        .args(["serve", "--tiny-vocab", "chars", "--model", "/nonexistent"])
+        .run_failing();
+    assert!(
+        err.contains("--tiny-vocab") && err.contains("--model"),
+        "{err}"
+    );
+}
