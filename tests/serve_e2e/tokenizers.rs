@@ -227,6 +227,28 @@ fn report_number(report: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name:?} in the benchmark's report:\n{report}"))
 }
 
+/// `vllm-rs bench serve` (0.33) of `n` prompts against `base` with `flags`, offline, the
+/// Hugging Face cache in `hf_home`: its report, its log, and both with the flags for a
+/// failure message. Fails the test when the bench exits non-zero.
+fn bench_serve(base: &str, hf_home: &str, n: u64, flags: &[&str]) -> (String, String, String) {
+    let out = Command::new(vllm_rs("0.33.0"))
+        .args(["bench", "serve", "--base-url", base])
+        .args(["--num-prompts", &n.to_string()])
+        .args(flags)
+        .env("HF_HOME", hf_home)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let (report, log) = (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    );
+    let all = format!("{flags:?}:\n{report}\n{log}");
+    assert!(out.status.success(), "{all}");
+    (report, log, all)
+}
+
 /// The frontend's counters of prompt and generated tokens (every model name).
 fn token_counters(port: u16) -> (u64, u64) {
     let samples = parse_metrics(&http_get(port, "/metrics").text());
@@ -256,24 +278,12 @@ fn vllm_rs_bench_serve_loads_the_tokenizer_by_its_id() {
         &["--model", "tiny", "--tokenizer", "vllm-vcr/tiny"],
     ] {
         let (prompt_before, generated_before) = token_counters(serve.port);
-        let out = Command::new(vllm_rs("0.33.0"))
-            .args(["bench", "serve", "--base-url", &base])
-            .args(flags)
-            // random ids go out as ids: as text, the byte-level vocabulary's ids 131-258
-            // (bytes 128-255) are not UTF-8 alone (docs/serve.md, round-trip vocabulary)
-            .args(["--prompt-token-ids", "--num-prompts", &N.to_string()])
-            .args(["--random-input-len", "40", "--random-output-len", "10"])
-            .env("HF_HOME", hf_home)
-            .env("HF_HUB_OFFLINE", "1")
-            .env("NO_COLOR", "1")
-            .output()
-            .unwrap();
-        let (report, log) = (
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        );
-        let all = format!("{flags:?}:\n{report}\n{log}");
-        assert!(out.status.success(), "{all}");
+        // random ids go out as ids: as text, the byte-level vocabulary's ids 131-258
+        // (bytes 128-255) are not UTF-8 alone (docs/serve.md, round-trip vocabulary)
+        let mut args = flags.to_vec();
+        args.extend(["--prompt-token-ids", "--random-input-len", "40"]);
+        args.extend(["--random-output-len", "10"]);
+        let (report, log, all) = bench_serve(&base, hf_home, N, &args);
         assert!(
             log.contains("loaded tokenizer model=\"vllm-vcr/tiny\" kind=\"local\""),
             "the bench did not load the tokenizer itself: {all}"
@@ -316,28 +326,13 @@ fn random_id_prompts_arrive_whole_with_the_chars_vocabulary() {
     let base = format!("http://127.0.0.1:{}", serve.port);
     const N: u64 = 16;
     let (prompt_before, _) = token_counters(serve.port);
-    let out = Command::new(vllm_rs("0.33.0"))
-        .args([
-            "bench",
-            "serve",
-            "--base-url",
-            &base,
-            "--model",
-            "vllm-vcr/tiny-chars",
-        ])
-        .args(["--num-prompts", &N.to_string()])
-        .args(["--random-input-len", "200", "--random-output-len", "4"])
-        .env("HF_HOME", hf_home)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
-    let (report, log) = (
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    );
-    let all = format!("{report}\n{log}");
-    assert!(out.status.success(), "{all}");
+    let flags = [
+        "--model",
+        "vllm-vcr/tiny-chars",
+        "--random-input-len",
+        "200",
+    ];
+    let (report, log, all) = bench_serve(&base, hf_home, N, &flags);
     assert!(
         !log.contains("prompt_token_ids") && log.contains("kind=\"local\""),
         "the prompts should go out as text, tokenized locally: {all}"

@@ -90,13 +90,18 @@ pub fn encode_text(text: &str) -> Vec<u32> {
     text.bytes().map(byte_token_id).collect()
 }
 
-/// The vocabulary: symbol → id, specials first.
-pub fn vocab() -> Vec<(String, u32)> {
-    let mut v: Vec<(String, u32)> = SPECIAL_TOKENS
+/// The special tokens with their ids, what both vocabularies start with.
+fn specials() -> Vec<(String, u32)> {
+    SPECIAL_TOKENS
         .iter()
         .enumerate()
         .map(|(i, s)| (s.to_string(), i as u32))
-        .collect();
+        .collect()
+}
+
+/// The vocabulary: symbol → id, specials first.
+pub fn vocab() -> Vec<(String, u32)> {
+    let mut v = specials();
     v.extend((0..=255u8).map(|b| (byte_symbol(b).to_string(), byte_token_id(b))));
     v
 }
@@ -222,11 +227,7 @@ pub fn extra_chars() -> Vec<char> {
 
 /// The [`TinyVocab::Chars`] vocabulary: token → id, specials first.
 pub fn chars_vocab() -> Vec<(String, u32)> {
-    let mut v: Vec<(String, u32)> = SPECIAL_TOKENS
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.to_string(), i as u32))
-        .collect();
+    let mut v = specials();
     v.extend((0..128u8).map(|b| (char::from(b).to_string(), byte_token_id(b))));
     let first = byte_token_id(128);
     v.extend(
