@@ -308,7 +308,12 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     let line_explicit = line_given_explicitly(play.vllm_version);
 
     // the model the frontend serves, and the token ids the engine may emit for it
-    let served = model::choose(&args, &mut play, &cache)?;
+    let flags = model::ModelFlags {
+        model: args.model.as_deref(),
+        tiny_vocab: args.tiny_vocab,
+        served_model_name: args.served_model_name.as_deref(),
+    };
+    let served = model::choose(&flags, &mut play, &cache)?;
     let (model, name) = (served.dir.clone(), served.name.clone());
     let aliases: Vec<&str> = served.aliases.iter().map(String::as_str).collect();
     // readable answers, and structured outputs and tool calls in the served model's tokens

@@ -10,7 +10,6 @@ use clap::ValueEnum;
 use vcr_host::hf_cache;
 use vcr_host::tiny_model::{self, TinyVocab};
 
-use super::ServeArgs;
 use super::frontend::{vocab_size_of, write_embedded_model_of};
 use crate::play::PlayArgs;
 
@@ -51,9 +50,17 @@ pub(crate) struct ServedModel {
     pub hub: Option<(String, PathBuf)>,
 }
 
-/// The model of `args`; sets the engine's token ids to what its tokenizer has.
-pub(crate) fn choose(args: &ServeArgs, play: &mut PlayArgs, cache: &Path) -> Result<ServedModel> {
-    let (dir, name, hub) = match &args.model {
+/// What `serve`'s flags ask of the model: `--model`, `--tiny-vocab`,
+/// `--served-model-name`.
+pub(crate) struct ModelFlags<'a> {
+    pub model: Option<&'a Path>,
+    pub tiny_vocab: TinyVocabArg,
+    pub served_model_name: Option<&'a str>,
+}
+
+/// The model `args` ask for; sets the engine's token ids to what its tokenizer has.
+pub(crate) fn choose(args: &ModelFlags, play: &mut PlayArgs, cache: &Path) -> Result<ServedModel> {
+    let (dir, name, hub) = match args.model {
         Some(dir) => {
             let dir = dir
                 .canonicalize()
@@ -97,7 +104,7 @@ pub(crate) fn choose(args: &ServeArgs, play: &mut PlayArgs, cache: &Path) -> Res
             (dir, "tiny".to_string(), hub)
         }
     };
-    let name = args.served_model_name.clone().unwrap_or(name);
+    let name = args.served_model_name.map_or(name, str::to_string);
     let aliases = hub
         .iter()
         .map(|(id, _)| id.clone())
