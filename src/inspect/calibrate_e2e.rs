@@ -238,6 +238,7 @@ fn start(
     let spec = frontend::FrontendSpec {
         model: &model,
         name: "tiny",
+        aliases: &[],
         host: "127.0.0.1",
         port: http_port,
         handshake_port: hs_port,

@@ -11,6 +11,7 @@ use sim_protocol::VllmLine;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vcr_host::child::tail;
 use vcr_host::frontends;
+use vcr_host::tiny_model::TinyVocab;
 
 /// The frontend ended on its own: `vllm-vcr serve` exits with the frontend's status (its
 /// exit code, or 128 + the signal that killed it), so a supervisor or a container runtime
@@ -191,13 +192,27 @@ pub(crate) async fn health_ok(host: &str, port: u16) -> bool {
 /// `max_position_embeddings`, which the frontends enforce), into the cache (or, if that is
 /// not writable, a temp dir).
 pub(crate) fn write_embedded_model(cache: &Path, max_model_len: u64) -> Result<PathBuf> {
+    write_embedded_model_of(cache, TinyVocab::Bytes, max_model_len)
+}
+
+/// [`write_embedded_model`] with the vocabulary `vocab` (`serve --tiny-vocab`), into a
+/// directory of its own (`tiny-chars-…` for the character vocabulary).
+pub(crate) fn write_embedded_model_of(
+    cache: &Path,
+    vocab: TinyVocab,
+    max_model_len: u64,
+) -> Result<PathBuf> {
+    let base = match vocab {
+        TinyVocab::Bytes => "tiny",
+        TinyVocab::Chars => "tiny-chars",
+    };
     let name = if max_model_len == u64::from(vcr_host::tiny_model::MAX_MODEL_LEN) {
-        format!("tiny-{}", env!("CARGO_PKG_VERSION"))
+        format!("{base}-{}", env!("CARGO_PKG_VERSION"))
     } else {
-        format!("tiny-{}-ctx{max_model_len}", env!("CARGO_PKG_VERSION"))
+        format!("{base}-{}-ctx{max_model_len}", env!("CARGO_PKG_VERSION"))
     };
     let dir = cache.join("model").join(&name);
-    match vcr_host::tiny_model::write_with_context_to(&dir, max_model_len) {
+    match vcr_host::tiny_model::write_of(&dir, vocab, max_model_len) {
         Ok(()) => Ok(dir),
         Err(e) => {
             // SAFETY: getuid has no preconditions.
@@ -208,7 +223,7 @@ pub(crate) fn write_embedded_model(cache: &Path, max_model_len: u64) -> Result<P
                 dir.display(),
                 tmp.display()
             );
-            vcr_host::tiny_model::write_with_context_to(&tmp, max_model_len)
+            vcr_host::tiny_model::write_of(&tmp, vocab, max_model_len)
                 .with_context(|| format!("writing the embedded model to {}", tmp.display()))?;
             Ok(tmp)
         }
@@ -220,6 +235,8 @@ pub(crate) fn write_embedded_model(cache: &Path, max_model_len: u64) -> Result<P
 pub(crate) struct FrontendSpec<'a> {
     pub model: &'a Path,
     pub name: &'a str,
+    /// More names the model answers to (the first name is the one answers carry).
+    pub aliases: &'a [&'a str],
     pub host: &'a str,
     pub port: u16,
     pub handshake_port: u16,
@@ -237,7 +254,10 @@ pub(crate) fn vllm_rs_command(bin: &Path, s: &FrontendSpec) -> Command {
         .args(["--handshake-host", "127.0.0.1"])
         .args(["--handshake-port", &s.handshake_port.to_string()])
         .args(["--host", s.host, "--port", &s.port.to_string()])
-        .args(["--served-model-name", s.name, "--reasoning-parser", "none"])
+        .arg("--served-model-name")
+        .arg(s.name)
+        .args(s.aliases)
+        .args(["--reasoning-parser", "none"])
         .args([
             "--engine-ready-timeout-secs",
             &s.ready_timeout_s.to_string(),
@@ -265,7 +285,9 @@ pub(crate) fn python_command(venv: &Path, s: &FrontendSpec) -> Result<Command> {
     };
     cmd.arg("serve")
         .arg(s.model)
-        .args(["--served-model-name", s.name])
+        .arg("--served-model-name")
+        .arg(s.name)
+        .args(s.aliases)
         .args(["--host", s.host, "--port", &s.port.to_string()])
         .args(["--data-parallel-size", &s.engines.to_string()])
         .args(["--data-parallel-size-local", "0"])

@@ -14,12 +14,14 @@ use crate::play::content::pooling::Runner;
 use crate::play::{PlayArgs, TokenMode};
 
 pub mod frontend;
+mod model;
+
+pub use model::TinyVocabArg;
 
 pub use frontend::FrontendExited;
 use frontend::{
     FrontendSpec, die_with_parent, health_ok, line_of_venv, line_of_vllm_rs, log_tail,
-    model_max_len, output_of, python_command, url_host, vllm_rs_command, vocab_size_of,
-    write_embedded_model,
+    model_max_len, output_of, python_command, url_host, vllm_rs_command,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -51,14 +53,26 @@ pub struct ServeArgs {
 
     /// A model directory (config, tokenizer, chat template; no weights needed). Default:
     /// the tiny model embedded in this binary (a 259-token byte-level tokenizer), written
-    /// with a context of --max-model-len tokens so that the frontend allows it. The engine
-    /// emits only token ids its tokenizer.json has, and caps --max-model-len at a given
-    /// model's max_position_embeddings.
+    /// with a context of --max-model-len tokens so that the frontend allows it, and
+    /// registered in the Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub or
+    /// ~/.cache/huggingface/hub) as `vllm-vcr/tiny`, so tools load its tokenizer with
+    /// `--tokenizer vllm-vcr/tiny`, offline. The engine emits only token ids its
+    /// tokenizer.json has, and caps --max-model-len at a given model's
+    /// max_position_embeddings.
     #[arg(long)]
     pub model: Option<PathBuf>,
 
-    /// The public model name. Default: `tiny` for the embedded model, else the model
-    /// directory's name.
+    /// The embedded model's vocabulary (not with --model). `bytes`: byte-level, one token
+    /// per byte of UTF-8. `chars`: one token per character, so that any sequence of token
+    /// ids decodes to text that encodes back to the same ids (random-id prompt generators:
+    /// `vllm bench serve --dataset-name random`, inference-perf's `random`); ASCII keeps its
+    /// ids, 127 more characters (Latin-1, typographic, Greek) have one each, and any other
+    /// character encodes to `<unk>`. Registered as `vllm-vcr/tiny-chars`.
+    #[arg(long, value_enum, default_value_t = TinyVocabArg::Bytes, conflicts_with = "model")]
+    pub tiny_vocab: TinyVocabArg,
+
+    /// The public model name. Default: `tiny` for the embedded model (which also answers
+    /// to `vllm-vcr/tiny`, its tokenizer's id), else the model directory's name.
     #[arg(long)]
     pub served_model_name: Option<String>,
 
@@ -294,49 +308,14 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     let line_explicit = line_given_explicitly(play.vllm_version);
 
     // the model the frontend serves, and the token ids the engine may emit for it
-    let (model, name) = match &args.model {
-        Some(dir) => {
-            let dir = dir
-                .canonicalize()
-                .with_context(|| format!("model directory {}", dir.display()))?;
-            let vocab = vocab_size_of(&dir)?;
-            if play.vocab_size == PlayArgs::defaults().vocab_size {
-                play.vocab_size = vocab;
-            } else if play.vocab_size > vocab {
-                bail!(
-                    "--vocab-size {} is larger than the {vocab} ids of {}/tokenizer.json: the frontend cannot decode ids past {}",
-                    play.vocab_size,
-                    dir.display(),
-                    vocab - 1
-                );
-            }
-            let name = dir
-                .file_name()
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_else(|| "model".into());
-            (dir, name)
-        }
-        None => {
-            // the model's context is the engine's: --max-model-len reaches the frontend
-            let dir = write_embedded_model(&cache, play.max_model_len)?;
-            let defaults = PlayArgs::defaults();
-            if play.vocab_size == defaults.vocab_size && play.min_token_id == defaults.min_token_id
-            {
-                // printable ASCII: readable random text from the byte-level tokenizer
-                play.min_token_id = vcr_host::tiny_model::byte_token_id(b' ');
-                play.vocab_size = vcr_host::tiny_model::byte_token_id(b'~') + 1;
-            }
-            if play.vocab_size > vcr_host::tiny_model::TOKENIZER_VOCAB {
-                bail!(
-                    "--vocab-size {} is larger than the embedded model's {} token ids (pass --model DIR to serve a bigger vocabulary)",
-                    play.vocab_size,
-                    vcr_host::tiny_model::TOKENIZER_VOCAB
-                );
-            }
-            (dir, "tiny".to_string())
-        }
+    let flags = model::ModelFlags {
+        model: args.model.as_deref(),
+        tiny_vocab: args.tiny_vocab,
+        served_model_name: args.served_model_name.as_deref(),
     };
-    let name = args.served_model_name.clone().unwrap_or(name);
+    let served = model::choose(&flags, &mut play, &cache)?;
+    let (model, name) = (served.dir.clone(), served.name.clone());
+    let aliases: Vec<&str> = served.aliases.iter().map(String::as_str).collect();
     // readable answers, and structured outputs and tool calls in the served model's tokens
     play.tokens.get_or_insert(TokenMode::Text);
     if play.tokenizer.is_none() {
@@ -383,6 +362,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     let spec = FrontendSpec {
         model: &model,
         name: &name,
+        aliases: &aliases,
         host: &args.host,
         port: args.port,
         handshake_port: hs_port,
@@ -518,15 +498,8 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         Frontend::Rs => "vllm-rs",
         Frontend::Python => "vllm serve",
     };
-    crate::outln!(
-        "vllm-vcr serve: a real vLLM frontend with a simulated engine is ready\n\
-         \n  OpenAI base URL  {base}\n  model            {name}\n  \
-         frontend         {kind} (vLLM {line}, pid {frontend_pid})\n  frontend log     {}\n\
-         \n  curl {base}/chat/completions -H 'Content-Type: application/json' \\\n    \
-         -d '{{\"model\":\"{name}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":16}}'\n\
-         \nCtrl-C to stop.",
-        log.display()
-    );
+    let frontend_line = format!("{kind} (vLLM {line}, pid {frontend_pid})");
+    crate::outln!("{}", model::banner(&base, &served, &frontend_line, &log));
 
     // serve until the user stops us or a process dies
     let outcome: Result<()> = loop {
@@ -571,6 +544,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    use super::frontend::vocab_size_of;
     use super::*;
 
     /// `serve` reads its own flags from its arguments' definition (not from the whole

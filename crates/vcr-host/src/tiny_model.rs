@@ -90,13 +90,18 @@ pub fn encode_text(text: &str) -> Vec<u32> {
     text.bytes().map(byte_token_id).collect()
 }
 
-/// The vocabulary: symbol → id, specials first.
-pub fn vocab() -> Vec<(String, u32)> {
-    let mut v: Vec<(String, u32)> = SPECIAL_TOKENS
+/// The special tokens with their ids, what both vocabularies start with.
+fn specials() -> Vec<(String, u32)> {
+    SPECIAL_TOKENS
         .iter()
         .enumerate()
         .map(|(i, s)| (s.to_string(), i as u32))
-        .collect();
+        .collect()
+}
+
+/// The vocabulary: symbol → id, specials first.
+pub fn vocab() -> Vec<(String, u32)> {
+    let mut v = specials();
     v.extend((0..=255u8).map(|b| (byte_symbol(b).to_string(), byte_token_id(b))));
     v
 }
@@ -171,6 +176,94 @@ fn config_json() -> Value {
         "use_cache": true,
         "transformers_version": "5.19.0"
     })
+}
+
+/// Which vocabulary the embedded model's tokenizer has (`serve --tiny-vocab`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TinyVocab {
+    /// Byte-level BPE without merges: one token per byte of UTF-8 (ids `3 + byte`). Any text
+    /// encodes; ids 131–258 (bytes 128–255) are not UTF-8 on their own, so a random id
+    /// sequence does not always decode to text that encodes back to it.
+    #[default]
+    Bytes,
+    /// Whole characters: the same ids for ASCII, ids 131–257 one character each past
+    /// ASCII ([`extra_chars`]), 258 `<unk>` for any other character. Every id sequence
+    /// without special tokens decodes to text that encodes back to exactly those ids.
+    Chars,
+}
+
+impl TinyVocab {
+    /// The Hugging Face repo id the model is registered under (one per vocabulary, so the
+    /// two never share a `refs/main`).
+    pub fn repo_id(self) -> &'static str {
+        match self {
+            TinyVocab::Bytes => "vllm-vcr/tiny",
+            TinyVocab::Chars => "vllm-vcr/tiny-chars",
+        }
+    }
+
+    /// Its `tokenizer.json`.
+    pub fn tokenizer_json_text(self) -> String {
+        match self {
+            TinyVocab::Bytes => tokenizer_json_text(),
+            TinyVocab::Chars => pretty(&chars_tokenizer_json()),
+        }
+    }
+}
+
+/// `<unk>` of [`TinyVocab::Chars`]: what a character outside the vocabulary encodes to.
+pub const CHARS_UNK_TOKEN_ID: u32 = TOKENIZER_VOCAB - 1;
+
+/// The 127 characters past ASCII that [`TinyVocab::Chars`] has, as ids 131–257: the
+/// printable Latin-1 supplement (no soft hyphen), typographic quotes, dashes and symbols,
+/// then Greek lower case; what ordinary non-English text and model output use most.
+pub fn extra_chars() -> Vec<char> {
+    let mut c: Vec<char> = ('\u{a1}'..='\u{ff}').filter(|&c| c != '\u{ad}').collect();
+    c.extend("–—‘’“”•…€™".chars());
+    c.extend(('\u{3b1}'..='\u{3c9}').filter(|&c| c != '\u{3c2}'));
+    c.truncate((CHARS_UNK_TOKEN_ID - byte_token_id(128)) as usize);
+    c
+}
+
+/// The [`TinyVocab::Chars`] vocabulary: token → id, specials first.
+pub fn chars_vocab() -> Vec<(String, u32)> {
+    let mut v = specials();
+    v.extend((0..128u8).map(|b| (char::from(b).to_string(), byte_token_id(b))));
+    let first = byte_token_id(128);
+    v.extend(
+        extra_chars()
+            .into_iter()
+            .zip(first..)
+            .map(|(c, id)| (c.to_string(), id)),
+    );
+    v.push(("<unk>".to_string(), CHARS_UNK_TOKEN_ID));
+    v
+}
+
+/// A character-level BPE without merges and without a pre-tokenizer: the text is looked up
+/// one character at a time, so decoding (the characters, fused) and encoding are inverse
+/// on every sequence of non-special ids. The decoder is a `Sequence` with `ByteFallback`
+/// (it has no byte tokens to act on) so that tools which infer token bytes from the
+/// decoder's kind (llguidance, the engine's grammars) read the tokens as their UTF-8.
+fn chars_tokenizer_json() -> Value {
+    let mut t = tokenizer_json();
+    let vocab: Map<String, Value> = chars_vocab()
+        .into_iter()
+        .map(|(s, id)| (s, json!(id)))
+        .collect();
+    if let Some(added) = t["added_tokens"].as_array_mut() {
+        added.push(
+            json!({"id": CHARS_UNK_TOKEN_ID, "content": "<unk>", "single_word": false,
+                          "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+        );
+    }
+    t["pre_tokenizer"] = Value::Null;
+    t["post_processor"] = Value::Null;
+    t["decoder"] =
+        json!({"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]});
+    t["model"]["vocab"] = Value::Object(vocab);
+    t["model"]["unk_token"] = json!("<unk>");
+    t
 }
 
 /// `config.json` for a *real* vLLM engine running on CPU with random weights
@@ -258,11 +351,33 @@ pub fn write_to(dir: &Path) -> std::io::Result<()> {
 /// [`write_to`] with `max_position_embeddings` set to `max_model_len`: the context the
 /// frontends allow for this model (`serve --max-model-len`).
 pub fn write_with_context_to(dir: &Path, max_model_len: u64) -> std::io::Result<()> {
+    write_files(dir, files_with_context(max_model_len))
+}
+
+/// [`files`] with `max_position_embeddings` set to `max_model_len` (what
+/// [`write_with_context_to`] writes; the Hugging Face cache gets the same files).
+pub fn files_with_context(max_model_len: u64) -> Vec<(&'static str, String)> {
+    files_of(TinyVocab::Bytes, max_model_len)
+}
+
+/// The files of the model with vocabulary `vocab` and a context of `max_model_len`.
+pub fn files_of(vocab: TinyVocab, max_model_len: u64) -> Vec<(&'static str, String)> {
     let mut f = files();
     let mut c = config_json();
     c["max_position_embeddings"] = json!(max_model_len);
     f[0].1 = pretty(&c);
-    write_files(dir, f)
+    if vocab == TinyVocab::Chars {
+        f[1].1 = pretty(&chars_tokenizer_json());
+        let mut tc = tokenizer_config_json();
+        tc["unk_token"] = json!("<unk>");
+        f[2].1 = pretty(&tc);
+    }
+    f
+}
+
+/// Write [`files_of`] into `dir` (created if needed; files already right are left alone).
+pub fn write_of(dir: &Path, vocab: TinyVocab, max_model_len: u64) -> std::io::Result<()> {
+    write_files(dir, files_of(vocab, max_model_len))
 }
 
 /// [`write_to`] for the real-engine variant ([`real_engine_files`]).
@@ -371,6 +486,34 @@ mod tests {
             assert_eq!(name, name2);
             assert_eq!(a == b, *name != "config.json", "{name}");
         }
+    }
+
+    #[test]
+    fn the_chars_vocabulary_keeps_ascii_ids_and_has_one_character_per_token() {
+        let v = chars_vocab();
+        assert_eq!(v.len(), TOKENIZER_VOCAB as usize);
+        let ids: HashSet<u32> = v.iter().map(|(_, id)| *id).collect();
+        assert_eq!(ids, (0..TOKENIZER_VOCAB).collect());
+        let symbols: HashSet<&str> = v.iter().map(|(s, _)| s.as_str()).collect();
+        assert_eq!(symbols.len(), v.len());
+        for (s, id) in &v {
+            if *id < byte_token_id(128) && *id >= byte_token_id(0) {
+                assert_eq!(s.as_bytes(), [(*id - 3) as u8], "ASCII keeps its id");
+            } else if (byte_token_id(128)..CHARS_UNK_TOKEN_ID).contains(id) {
+                assert_eq!(s.chars().count(), 1, "{s:?}");
+                assert!(!s.is_ascii(), "{s:?}");
+            }
+        }
+        assert_eq!(extra_chars().len(), 127);
+        assert!(extra_chars().contains(&'é') && extra_chars().contains(&'—'));
+        let t = chars_tokenizer_json();
+        assert_eq!(t["model"]["vocab"][" "], 35);
+        assert_eq!(t["model"]["vocab"]["<unk>"], CHARS_UNK_TOKEN_ID);
+        assert_eq!(t["added_tokens"][3]["content"], "<unk>");
+        let f = files_of(TinyVocab::Chars, 4096);
+        assert!(f[0].1.contains("\"max_position_embeddings\": 4096"));
+        assert!(f[2].1.contains("\"unk_token\": \"<unk>\""));
+        assert_eq!(files_of(TinyVocab::Bytes, 2048), files());
     }
 
     #[test]

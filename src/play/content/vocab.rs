@@ -217,6 +217,43 @@ mod tests {
         assert_eq!(v.decode(&[1]), "<|im_start|>");
     }
 
+    /// `serve --tiny-vocab chars`: what random-id prompt generators do (decode random ids,
+    /// encode the text again) gives back the same ids, with the frontend's tokenizer
+    /// (Hugging Face `tokenizers`) and in the engine's view of the tokens.
+    #[test]
+    fn the_chars_vocabulary_round_trips_any_id_sequence() {
+        use vcr_host::tiny_model::{CHARS_UNK_TOKEN_ID, TinyVocab};
+        let json = TinyVocab::Chars.tokenizer_json_text();
+        let hf = tokenizers::Tokenizer::from_str(&json).unwrap();
+        let v = Vocabulary::from_json(&json, vcr_host::tiny_model::EOS_TOKEN_ID, "chars").unwrap();
+        assert_eq!(v.size(), vcr_host::tiny_model::TOKENIZER_VOCAB);
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for n in 0..400 {
+            let ids: Vec<u32> = (0..1 + n % 97)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    3 + (state % u64::from(CHARS_UNK_TOKEN_ID - 3)) as u32
+                })
+                .collect();
+            let text = hf.decode(&ids, true).unwrap();
+            assert_eq!(
+                hf.encode(text.as_str(), false).unwrap().get_ids(),
+                ids,
+                "{text:?}"
+            );
+            assert_eq!(v.encode(&text), ids, "{text:?}");
+            assert_eq!(v.decode(&ids), text);
+        }
+        // ordinary and non-ASCII text: one id per character, <unk> past the vocabulary
+        let ids = v.encode("Grüße, 東京 {\"a\": 1}");
+        assert_eq!(ids.len(), "Grüße, 東京 {\"a\": 1}".chars().count());
+        assert_eq!(ids[7..9], [CHARS_UNK_TOKEN_ID; 2]);
+        assert_eq!(v.token_bytes(ids[2]), "ü".as_bytes());
+        assert_eq!(ids[0], 3 + u32::from(b'G'));
+    }
+
     #[test]
     fn a_model_directory_loads_with_its_eos() {
         let dir = std::env::temp_dir().join(format!("vcr-vocab-{}", std::process::id()));
