@@ -22,6 +22,7 @@ use crate::support::{
 mod support;
 
 mod bench;
+mod load_generators;
 mod openai;
 mod tokenizers;
 
