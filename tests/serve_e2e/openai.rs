@@ -3,6 +3,8 @@
 //! and the Python frontends, embeddings, LoRA, token-in-token-out and the responses routes;
 //! and the OpenAI Agents SDK's agent loop (`tests/clients/agents_check.py`) on each.
 
+use std::path::Path;
+
 use super::*;
 
 /// Run tests/clients/openai_checks.py (OpenAI SDK + jsonschema, from vLLM 0.33.0's venv)
@@ -27,22 +29,12 @@ fn openai_checks_with_env(extra: &[&str], env: &[(&str, &str)], label: &str) {
     } else {
         "--generation"
     };
-    let out = Command::new(python)
-        .args([script, &base, "tiny", "--frontend", label, mode])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_client_checks(
+        &python,
+        &[script, &base, "tiny", "--frontend", label, mode],
+        &format!("{label}: 0 failed"),
+        &serve,
     );
-    eprintln!("{label}:\n{text}");
-    assert!(
-        out.status.success(),
-        "{label}: OpenAI client checks failed:\n{text}\nserve stderr:\n{}",
-        serve.stderr()
-    );
-    assert!(text.contains(&format!("{label}: 0 failed")), "{text}");
     if mode == "--generation" {
         // the OpenAI Agents SDK's loop: Responses (its default) where the frontend serves
         // it, chat completions on vllm-rs (which has no /v1/responses)
@@ -69,10 +61,18 @@ fn agents_check(base: &str, api: &str, serve: &Serve) {
     })
     .unwrap_or_else(|e| panic!("cannot install {AGENTS_PACKAGE}=={AGENTS_VERSION}: {e:#}"));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/agents_check.py");
-    let out = Command::new(venv.join("bin").join("python"))
-        .args([script, base, "tiny", api])
-        .output()
-        .unwrap();
+    run_client_checks(
+        &venv.join("bin").join("python"),
+        &[script, base, "tiny", api],
+        &format!("agents {api}: 0 failed"),
+        serve,
+    );
+}
+
+/// Run a client check script (`python args…`) against `serve`: it must exit 0 and say
+/// `all_passed` (its line counting no failure); its output is printed either way.
+fn run_client_checks(python: &Path, args: &[&str], all_passed: &str, serve: &Serve) {
+    let out = Command::new(python).args(args).output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -80,8 +80,9 @@ fn agents_check(base: &str, api: &str, serve: &Serve) {
     );
     eprintln!("{text}");
     assert!(
-        out.status.success() && text.contains(&format!("agents {api}: 0 failed")),
-        "the Agents SDK's loop over {api} failed:\n{text}\nserve stderr:\n{}",
+        out.status.success() && text.contains(all_passed),
+        "client checks failed ({}):\n{text}\nserve stderr:\n{}",
+        args.join(" "),
         serve.stderr()
     );
 }
