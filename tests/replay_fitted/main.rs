@@ -12,7 +12,7 @@ mod support;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{TestDir, TestProcess, cpu_capture, http_get_ok, vcr, vcr_command};
+use crate::support::{TestDir, TestProcess, cpu_capture, http_get_ok, vcr_command};
 
 /// `Median TTFT (ms): 391.68` → 391.68
 fn stat(report: &str, name: &str) -> f64 {
@@ -31,14 +31,11 @@ fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
     let tmp = TestDir::new("replay_fitted");
     let dir = tmp.root();
     let model = dir.join("model.json");
-    vcr()
-        .args(["inspect", "fit"])
-        .arg(cpu_capture("trace.jsonl.gz"))
-        .arg("--steps")
-        .arg(cpu_capture("steps.jsonl.gz"))
-        .arg("-o")
-        .arg(&model)
-        .run();
+    crate::support::fit_model(
+        cpu_capture("trace.jsonl.gz"),
+        cpu_capture("steps.jsonl.gz"),
+        &model,
+    );
     let tokenizer = dir.join("model-dir");
     vllm_vcr::tiny_model::write_to(&tokenizer).unwrap();
 

@@ -151,3 +151,19 @@ pub fn inspect(sub: &str, args: &[&str]) -> TestCommand {
 pub fn vcr_command() -> Command {
     Command::new(env!("CARGO_BIN_EXE_vllm-vcr"))
 }
+
+/// `inspect fit` of the capture `trace` with its step-stats sidecar `steps` into `model`.
+pub fn fit_model(
+    trace: impl AsRef<std::path::Path>,
+    steps: impl AsRef<std::path::Path>,
+    model: &std::path::Path,
+) {
+    vcr()
+        .args(["inspect", "fit"])
+        .arg(trace.as_ref())
+        .arg("--steps")
+        .arg(steps.as_ref())
+        .arg("-o")
+        .arg(model)
+        .run();
+}

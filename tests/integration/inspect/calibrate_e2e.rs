@@ -19,14 +19,11 @@ fn pooled(v: &Value, metric: &str, q: &str) -> f64 {
 fn the_wire_agrees_with_the_offline_simulation() {
     let tmp = TestDir::new("the_wire_agrees_with_the_offline_simulation");
     let model = tmp.path("model.json");
-    vcr()
-        .args(["inspect", "fit"])
-        .arg(corpus("concurrency-8-s0.trace.jsonl.gz"))
-        .arg("--steps")
-        .arg(corpus("concurrency-8-s0.steps.jsonl.gz"))
-        .arg("-o")
-        .arg(&model)
-        .run();
+    crate::support::fit_model(
+        corpus("concurrency-8-s0.trace.jsonl.gz"),
+        corpus("concurrency-8-s0.steps.jsonl.gz"),
+        &model,
+    );
     let gate = corpus("concurrency-8-s1.trace.jsonl.gz");
     let common = [
         gate.as_str(),

@@ -508,14 +508,11 @@ fn the_csv_workloads_run_through_simulate_and_calibrate_e2e() {
     // model gives them, and its 12 requests go through vllm-rs and the tap.
     let model = tmp.path("model.json");
     let c = crate::support::corpus;
-    vcr()
-        .args(["inspect", "fit"])
-        .arg(c("concurrency-8-s0.trace.jsonl.gz"))
-        .arg("--steps")
-        .arg(c("concurrency-8-s0.steps.jsonl.gz"))
-        .arg("-o")
-        .arg(&model)
-        .run();
+    crate::support::fit_model(
+        c("concurrency-8-s0.trace.jsonl.gz"),
+        c("concurrency-8-s0.steps.jsonl.gz"),
+        &model,
+    );
     let simulated = tmp.path("azure-simulated.jsonl");
     vcr()
         .args(["inspect", "simulate"])
