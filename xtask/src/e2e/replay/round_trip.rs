@@ -10,6 +10,7 @@ use vcr_host::tiny_model::encode_text;
 
 use super::client::{Req, Seen, miss_is_visible, same_views, send};
 use super::*;
+use crate::stack::chain::Stack;
 
 // ------------------------------------------------------------------ 1. round trip
 
@@ -236,22 +237,42 @@ pub(super) fn round_trip(
         tool_calls_seen(&recorded),
     );
 
-    for mode in ["index", "prefix"] {
-        let t = Instant::now();
-        let run = dir.join(format!("replay-{mode}"));
-        let summary = run.join("summary.json");
-        let stack = start_stack(
-            env.engine_bin,
-            frontend,
-            &tool_call_args(),
-            env.model,
-            None,
-            Backend::Play {
-                line,
-                args: replay_flags(&trace, mode, "fail", &summary, &[]),
-            },
-            &run,
-        )?;
+    // both replay stacks boot at once (a Python frontend imports for ~10 s on one core),
+    // then serve their requests one after the other
+    let t = Instant::now();
+    let modes = ["index", "prefix"];
+    let booted: Vec<Result<Stack>> = std::thread::scope(|s| {
+        let handles: Vec<_> = modes
+            .map(|mode| {
+                let (trace, run) = (&trace, dir.join(format!("replay-{mode}")));
+                s.spawn(move || {
+                    start_stack(
+                        env.engine_bin,
+                        frontend,
+                        &tool_call_args(),
+                        env.model,
+                        None,
+                        Backend::Play {
+                            line,
+                            args: replay_flags(trace, mode, "fail", &run.join("summary.json"), &[]),
+                        },
+                        &run,
+                    )
+                })
+            })
+            .into_iter()
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the boot thread panicked")))
+            })
+            .collect()
+    });
+    for (mode, stack) in modes.into_iter().zip(booted) {
+        let summary = dir.join(format!("replay-{mode}")).join("summary.json");
+        let stack = stack?;
         let replayed: Result<Vec<Seen>> = reqs
             .iter()
             .enumerate()
