@@ -162,6 +162,35 @@ impl Vocabulary {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// Whether `needle` occurs in [`decode`](Self::decode)`(ids)`, without building the
+    /// text. `needle` is ASCII, and its first byte does not recur in it (`<tools>`): ASCII
+    /// bytes pass the lossy UTF-8 conversion unchanged, so it is in the text exactly when
+    /// it is in the tokens' bytes, which one pass with no backtracking finds.
+    pub fn text_contains(&self, ids: &[u32], needle: &[u8]) -> bool {
+        debug_assert!(needle.is_ascii() && !needle[1..].contains(&needle[0]));
+        let mut matched = 0;
+        for &id in ids {
+            if id >= self.size() {
+                continue;
+            }
+            let b = self.token_bytes(id);
+            for &c in b
+                .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+                .unwrap_or(b)
+            {
+                if c == needle[matched] {
+                    matched += 1;
+                    if matched == needle.len() {
+                        return true;
+                    }
+                } else {
+                    matched = usize::from(c == needle[0]);
+                }
+            }
+        }
+        false
+    }
+
     pub(crate) fn factory(&self) -> &ParserFactory {
         &self.factory
     }
@@ -215,6 +244,30 @@ mod tests {
         assert_eq!(v.decode(&ids), text);
         assert!(v.is_special(vcr_host::tiny_model::EOS_TOKEN_ID));
         assert_eq!(v.decode(&[1]), "<|im_start|>");
+    }
+
+    #[test]
+    fn text_contains_finds_what_decode_would_show() {
+        let v = Vocabulary::embedded();
+        for text in [
+            "<tools>",
+            "a <<tools> b",
+            "<tool<tools>",
+            "<tool_call> 東京 <tools>\n{}\n</tools>",
+            "<tool s>",
+            "<tools",
+            "",
+            "é<tools>é",
+        ] {
+            let ids = v.encode(text);
+            assert_eq!(
+                v.text_contains(&ids, b"<tools>"),
+                v.decode(&ids).contains("<tools>"),
+                "{text:?}"
+            );
+        }
+        // out-of-vocabulary ids are skipped by both
+        assert!(v.text_contains(&[u32::MAX, 3 + 60, u32::MAX], b"<"));
     }
 
     #[test]
