@@ -19,6 +19,9 @@ use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, Tok
 pub struct Vocabulary {
     env: TokEnv,
     factory: ParserFactory,
+    /// Whether each token's bytes hold a `<`: [`Self::text_contains`] skips the others
+    /// without reading them.
+    has_lt: Vec<bool>,
     /// The model's end-of-sequence id (generation_config.json, else tokenizer_config.json).
     pub eos: u32,
     /// Where it came from, for logs.
@@ -106,6 +109,7 @@ impl Vocabulary {
             .map_err(|e| anyhow!("{source}: cannot read the bytes of its tokens: {e}"))?;
         let size = tokenizer.get_vocab_size(true).max(words.len());
         words.resize(size, Vec::new());
+        let has_lt = words.iter().map(|w| w.contains(&b'<')).collect();
         let info = TokRxInfo::new(size as u32, eos);
         let trie = TokTrie::from(&info, &words);
         let env: TokEnv = Arc::new(Env { trie, tokenizer });
@@ -122,6 +126,7 @@ impl Vocabulary {
         Ok(Vocabulary {
             env,
             factory,
+            has_lt,
             eos,
             source: source.to_string(),
         })
@@ -162,18 +167,24 @@ impl Vocabulary {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    /// Whether `needle` occurs in [`decode`](Self::decode)`(ids)`, without building the
-    /// text. `needle` is ASCII, and its first byte does not recur in it (`<tools>`): ASCII
+    /// Whether the tag `needle` occurs in [`decode`](Self::decode)`(ids)`, without building
+    /// the text. `needle` is ASCII, opens with `<` and holds no other (`<tools>`): ASCII
     /// bytes pass the lossy UTF-8 conversion unchanged, so it is in the text exactly when
-    /// it is in the tokens' bytes, which one pass with no backtracking finds.
+    /// it is in the tokens' bytes, which one pass with no backtracking finds; outside a
+    /// partial match only tokens holding a `<` can start one, and the rest are skipped.
     pub fn text_contains(&self, ids: &[u32], needle: &[u8]) -> bool {
-        debug_assert!(needle.is_ascii() && !needle[1..].contains(&needle[0]));
+        debug_assert!(needle.is_ascii() && needle[0] == b'<' && !needle[1..].contains(&b'<'));
+        let trie = self.env.tok_trie();
         let mut matched = 0;
         for &id in ids {
-            if id >= self.size() {
+            // out-of-vocabulary ids are skipped, as `decode` skips them
+            let Some(&lt) = self.has_lt.get(id as usize) else {
+                continue;
+            };
+            if matched == 0 && !lt {
                 continue;
             }
-            let b = self.token_bytes(id);
+            let b = trie.token(id);
             for &c in b
                 .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
                 .unwrap_or(b)
