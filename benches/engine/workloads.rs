@@ -42,6 +42,16 @@ pub(crate) fn write_model(path: &Path) {
     model.save(path).unwrap();
 }
 
+/// A deterministic draw in [0, 1) (xorshift64 from `seed`): the same workload every run.
+fn uniform(mut rng: u64) -> impl FnMut() -> f64 {
+    move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
 /// A synthetic workload for `inspect simulate`: Poisson arrivals at `rate` per second,
 /// prompts of 512 tokens (block size 16) opening with one of 8 shared 256-token system
 /// prompts, 128 output tokens each, with recorded timings. With `turns > 1` the requests
@@ -54,13 +64,7 @@ pub(crate) fn write_workload(path: &Path, n: usize, rate: f64, turns: usize) {
         ..TraceMeta::new()
     };
     let mut w = TraceWriter::create(path, &meta).unwrap();
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng >> 11) as f64 / (1u64 << 53) as f64
-    };
+    let mut next = uniform(0x2545_f491_4f6c_dd1d);
     let (ttft, itl, out) = (120.0, 20.0, 128u32);
     let e2e = ttft + itl * f64::from(out - 1);
     let mut fresh = 1u64 << 40;
@@ -107,13 +111,7 @@ pub(crate) fn write_workload(path: &Path, n: usize, rate: f64, turns: usize) {
 /// ~300 tokens (log-normal, at most 2,000); prompts capped at 60 blocks.
 pub(crate) fn write_mooncake(path: &Path, n: usize, span_s: f64) {
     use std::io::Write;
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut unit = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng >> 11) as f64 / (1u64 << 53) as f64
-    };
+    let mut unit = uniform(0x9e37_79b9_7f4a_7c15);
     // log-normal by Box–Muller
     let lognormal = |median: f64, sigma: f64, u: &mut dyn FnMut() -> f64| {
         let (a, b) = (1.0 - u(), u());
