@@ -9,8 +9,9 @@
 //!    frontend-limited throughput and the engine's share of CPU.
 //!
 //! 4. Replay cost: engine CPU per token serving recorded ids against random ones.
-//! 5. Offline simulation: `inspect simulate` on the CPU-engine capture and on synthetic
-//!    workloads; simulated seconds per wall second (must be ≥ 100).
+//! 5. Offline simulation: `inspect simulate` on the CPU-engine capture, a Mooncake-shaped
+//!    trace (or the public one, `BENCH_MOONCAKE=PATH`) and synthetic workloads; simulated
+//!    seconds per wall second (must be ≥ 100) and per CPU second of the command.
 //! 6. Grammars off the step loop: a 10 ms-ITL stream's gaps while six requests with huge
 //!    JSON schemas compile their grammars, against the same stream alone.
 //!
@@ -27,12 +28,10 @@ mod process;
 #[path = "engine/workloads.rs"]
 mod workloads;
 
-use std::path::Path;
-
 use crate::direct::{direct_run, grammar_run};
 use crate::frontend::frontend_run;
 use crate::process::{log_field, part, quick};
-use crate::workloads::{simulate_run, write_model, write_replay_trace, write_workload};
+use crate::workloads::{simulate_part, write_model, write_replay_trace};
 
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
@@ -201,70 +200,7 @@ fn main() {
         }
     }
     if part("simulate") {
-        println!("\n## Offline simulation (`inspect simulate`, wall time of the whole command)\n");
-        println!(
-            "| workload | requests | output tokens | preemptions | simulated s | wall s | simulated s per wall s |"
-        );
-        println!("|---|---:|---:|---:|---:|---:|---:|");
-        let model = dir.join("sim-model.json");
-        write_model(&model);
-        let m = model.to_str().unwrap();
-        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/cpu-engine-capture/trace.jsonl.gz");
-        let n = if q { 2000 } else { 20_000 };
-        let busy = dir.join("sim-busy.jsonl.gz");
-        write_workload(&busy, n, 20.0, 1);
-        let calm = dir.join("sim-calm.jsonl.gz");
-        write_workload(&calm, n, 1.0, 1);
-        let sessions = dir.join("sim-sessions.jsonl.gz");
-        write_workload(&sessions, n, 1.0, 10);
-        let (f, b, c, se) = (
-            fixture.to_str().unwrap(),
-            busy.to_str().unwrap(),
-            calm.to_str().unwrap(),
-            sessions.to_str().unwrap(),
-        );
-        let knobs = [
-            "--time-to-first-token",
-            "120",
-            "--inter-token-latency",
-            "20",
-        ];
-        let runs: [(String, Vec<&str>); 5] = [
-            (
-                "the CPU-engine capture (301 requests), its fitted model".into(),
-                vec![f, "--latency-trace", m, "--max-num-seqs", "128"],
-            ),
-            (
-                format!("{n} requests at 20/s, knobs (TTFT 120, ITL 20 ms)"),
-                [&[b][..], &knobs].concat(),
-            ),
-            (
-                "the same, what-if 64 seqs and 1,024 blocks".into(),
-                [
-                    &[b][..],
-                    &knobs,
-                    &["--max-num-seqs", "64", "--num-gpu-blocks", "1024"],
-                ]
-                .concat(),
-            ),
-            (
-                format!("{n} requests at 1/s, the fixture's fitted model"),
-                vec![c, "--latency-trace", m],
-            ),
-            (
-                format!("{} sessions of 10 turns, --replay-sessions, knobs", n / 10),
-                [&[se, "--replay-sessions"][..], &knobs].concat(),
-            ),
-        ];
-        for (label, args) in runs {
-            let (sim, wall, reqs, tokens, v) = simulate_run(&args);
-            println!(
-                "| {label} | {reqs} | {tokens:.0} | {} | {sim:.1} | {wall:.2} | {:.0} |",
-                v["preemptions"],
-                sim / wall
-            );
-        }
+        simulate_part(&dir, q);
     }
     if part("frontend") && std::env::var_os("BENCH_SKIP_FRONTEND").is_none() {
         println!(

@@ -5,7 +5,10 @@
 //! hashes at the engine's block size, and the finish.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::time::Duration;
+
+use rustc_hash::FxHasher;
 
 use sim_protocol::{EngineCoreRequest, EventType, FinishReason};
 use sim_trace::trace::{BlockHash, ItlCtx, TraceRecord};
@@ -26,6 +29,9 @@ struct Flight {
     output_tokens: u32,
     first_token: Option<Duration>,
     last_chunk: Duration,
+    /// The gaps it will have (`max_tokens - 1`), reserved at its first token: not
+    /// before, as a long waiting queue would hold them all.
+    gaps: usize,
     itl_ms: Vec<f64>,
     itl_tokens: Vec<u32>,
     num_running: Vec<u32>,
@@ -46,8 +52,19 @@ pub struct Finished {
 }
 
 /// Follows every request through the engine's outputs.
+///
+/// Every output of every step is looked up here, so the lookup is kept cheap: the flights
+/// sit in a slab (slots reused as requests finish, so its size is the most ever in flight,
+/// not the trace's length) and each id is hashed once per output (FxHash: the ids are ours,
+/// `replay-<i>`, not an adversary's).
 pub struct Follower {
-    flights: HashMap<String, Flight>,
+    slots: Vec<Option<Flight>>,
+    /// Free slots.
+    vacant: Vec<usize>,
+    /// Request id → its slot.
+    by_id: HashMap<String, usize, BuildHasherDefault<FxHasher>>,
+    /// The slot of each output of the message being absorbed (reused between messages).
+    found: Vec<Option<usize>>,
     /// The engine's block size, when the records carry their prompts' block hashes.
     hash_blocks: Option<usize>,
     record_tokens: bool,
@@ -72,7 +89,10 @@ impl Follower {
     /// (`instant_to_monotonic` of the driver's origin).
     pub fn new(hash_blocks: Option<usize>, record_tokens: bool, origin: f64) -> Self {
         Self {
-            flights: HashMap::new(),
+            slots: Vec::new(),
+            vacant: Vec::new(),
+            by_id: HashMap::default(),
+            found: Vec::new(),
             hash_blocks,
             record_tokens,
             running: 0,
@@ -83,7 +103,7 @@ impl Follower {
 
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
-        self.flights.len()
+        self.by_id.len()
     }
 
     /// Request `index` is sent at `at`. Its record's arrival is when the engine queued it
@@ -96,29 +116,55 @@ impl Follower {
                 .collect(),
             None => Vec::new(),
         };
-        let concurrency = self.flights.len() as u32 + 1;
-        self.flights.insert(
-            req.request_id.clone(),
-            Flight {
-                index,
-                arrival: at,
-                sent: at,
-                queued: false,
-                prompt_tokens: req.prompt_len() as u32,
-                cached_tokens: None,
-                output_tokens: 0,
-                first_token: None,
-                last_chunk: at,
-                itl_ms: Vec::new(),
-                itl_tokens: Vec::new(),
-                num_running: Vec::new(),
-                prefill_tokens: Vec::new(),
-                concurrency,
-                block_hashes,
-                token_ids: self.record_tokens.then(Vec::new),
-                error: None,
-            },
-        );
+        let concurrency = self.by_id.len() as u32 + 1;
+        // one gap per output token after the first, known up front: no regrowing
+        let gaps = req
+            .sampling_params
+            .as_ref()
+            .and_then(|sp| sp.max_tokens)
+            .map_or(0, |m| m.saturating_sub(1).min(1 << 16) as usize);
+        let flight = Flight {
+            index,
+            arrival: at,
+            sent: at,
+            queued: false,
+            prompt_tokens: req.prompt_len() as u32,
+            cached_tokens: None,
+            output_tokens: 0,
+            first_token: None,
+            last_chunk: at,
+            gaps,
+            itl_ms: Vec::new(),
+            itl_tokens: Vec::new(),
+            num_running: Vec::new(),
+            prefill_tokens: Vec::new(),
+            concurrency,
+            block_hashes,
+            token_ids: self.record_tokens.then(Vec::new),
+            error: None,
+        };
+        let slot = match self.vacant.pop() {
+            Some(s) => {
+                self.slots[s] = Some(flight);
+                s
+            }
+            None => {
+                self.slots.push(Some(flight));
+                self.slots.len() - 1
+            }
+        };
+        if let Some(old) = self.by_id.insert(req.request_id.clone(), slot) {
+            // an id sent twice while the first is in flight: the newer one is followed
+            self.slots[old] = None;
+            self.vacant.push(old);
+        }
+    }
+
+    /// Stop following the request in `slot`.
+    fn take(&mut self, slot: usize, id: &str) -> Option<Flight> {
+        self.by_id.remove(id);
+        self.vacant.push(slot);
+        self.slots[slot].take()
     }
 
     /// Take in one output message; requests it finished go to `done`.
@@ -127,10 +173,17 @@ impl Follower {
         if let Some(s) = &o.scheduler_stats {
             self.running = u32::try_from(s.num_running_reqs).unwrap_or(u32::MAX);
         }
+        let mut found = std::mem::take(&mut self.found);
+        found.clear();
+        found.extend(
+            o.outputs
+                .iter()
+                .map(|x| self.by_id.get(x.request_id.as_str()).copied()),
+        );
         // prompts whose prefill finished in this step: their first token is in it
         let mut prefill_tokens = 0u64;
-        for x in &o.outputs {
-            if let Some(f) = self.flights.get(x.request_id.as_str())
+        for (x, slot) in o.outputs.iter().zip(&found) {
+            if let Some(f) = slot.and_then(|s| self.slots[s].as_ref())
                 && f.first_token.is_none()
                 && !x.new_token_ids.is_empty()
             {
@@ -142,13 +195,16 @@ impl Follower {
             }
         }
         let prefill_tokens = u32::try_from(prefill_tokens).unwrap_or(u32::MAX);
-        for x in &o.outputs {
+        for (x, &slot) in o.outputs.iter().zip(&found) {
             self.preemptions += x
                 .events
                 .iter()
                 .filter(|e| e.kind == EventType::Preempted)
                 .count() as u64;
-            let Some(f) = self.flights.get_mut(x.request_id.as_str()) else {
+            let Some(slot) = slot else {
+                continue;
+            };
+            let Some(f) = self.slots[slot].as_mut() else {
                 continue;
             };
             if !f.queued
@@ -166,6 +222,10 @@ impl Follower {
             if n > 0 {
                 if f.first_token.is_none() {
                     f.first_token = Some(out.at);
+                    f.itl_ms.reserve_exact(f.gaps);
+                    f.itl_tokens.reserve_exact(f.gaps);
+                    f.num_running.reserve_exact(f.gaps);
+                    f.prefill_tokens.reserve_exact(f.gaps);
                 } else {
                     f.itl_ms.push(ms(out.at.saturating_sub(f.last_chunk)));
                     f.itl_tokens.push(n);
@@ -187,7 +247,7 @@ impl Follower {
                     FinishReason::Error => Some("finished with an error".to_string()),
                     _ => None,
                 };
-                if let Some(f) = self.flights.remove(x.request_id.as_str()) {
+                if let Some(f) = self.take(slot, &x.request_id) {
                     done.push(finish(
                         x.request_id.to_string(),
                         f,
@@ -198,12 +258,19 @@ impl Follower {
                 }
             }
         }
+        self.found = found;
     }
 
     /// Give up on every request still in flight (the engine could not finish them): their
     /// records are incomplete, with `reason`.
     pub fn abandon_all(&mut self, at: Duration, reason: &str, done: &mut Vec<Finished>) {
-        let mut left: Vec<(String, Flight)> = self.flights.drain().collect();
+        let mut left: Vec<(String, Flight)> = self
+            .by_id
+            .drain()
+            .filter_map(|(id, s)| Some((id, self.slots[s].take()?)))
+            .collect();
+        self.vacant.clear();
+        self.slots.clear();
         left.sort_by_key(|(_, f)| f.index);
         for (id, f) in left {
             done.push(finish(id, f, at, None, Some(reason.to_string())));

@@ -19,6 +19,9 @@ use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, Tok
 pub struct Vocabulary {
     env: TokEnv,
     factory: ParserFactory,
+    /// Whether each token's bytes hold a `<`: [`Self::text_contains`] skips the others
+    /// without reading them.
+    has_lt: Vec<bool>,
     /// The model's end-of-sequence id (generation_config.json, else tokenizer_config.json).
     pub eos: u32,
     /// Where it came from, for logs.
@@ -106,6 +109,7 @@ impl Vocabulary {
             .map_err(|e| anyhow!("{source}: cannot read the bytes of its tokens: {e}"))?;
         let size = tokenizer.get_vocab_size(true).max(words.len());
         words.resize(size, Vec::new());
+        let has_lt = words.iter().map(|w| w.contains(&b'<')).collect();
         let info = TokRxInfo::new(size as u32, eos);
         let trie = TokTrie::from(&info, &words);
         let env: TokEnv = Arc::new(Env { trie, tokenizer });
@@ -122,6 +126,7 @@ impl Vocabulary {
         Ok(Vocabulary {
             env,
             factory,
+            has_lt,
             eos,
             source: source.to_string(),
         })
@@ -160,6 +165,41 @@ impl Vocabulary {
             }
         }
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Whether the tag `needle` occurs in [`decode`](Self::decode)`(ids)`, without building
+    /// the text. `needle` is ASCII, opens with `<` and holds no other (`<tools>`): ASCII
+    /// bytes pass the lossy UTF-8 conversion unchanged, so it is in the text exactly when
+    /// it is in the tokens' bytes, which one pass with no backtracking finds; outside a
+    /// partial match only tokens holding a `<` can start one, and the rest are skipped.
+    pub fn text_contains(&self, ids: &[u32], needle: &[u8]) -> bool {
+        debug_assert!(needle.is_ascii() && needle[0] == b'<' && !needle[1..].contains(&b'<'));
+        let trie = self.env.tok_trie();
+        let mut matched = 0;
+        for &id in ids {
+            // out-of-vocabulary ids are skipped, as `decode` skips them
+            let Some(&lt) = self.has_lt.get(id as usize) else {
+                continue;
+            };
+            if matched == 0 && !lt {
+                continue;
+            }
+            let b = trie.token(id);
+            for &c in b
+                .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+                .unwrap_or(b)
+            {
+                if c == needle[matched] {
+                    matched += 1;
+                    if matched == needle.len() {
+                        return true;
+                    }
+                } else {
+                    matched = usize::from(c == needle[0]);
+                }
+            }
+        }
+        false
     }
 
     pub(crate) fn factory(&self) -> &ParserFactory {
@@ -252,6 +292,30 @@ mod tests {
         assert_eq!(ids[7..9], [CHARS_UNK_TOKEN_ID; 2]);
         assert_eq!(v.token_bytes(ids[2]), "ü".as_bytes());
         assert_eq!(ids[0], 3 + u32::from(b'G'));
+    }
+
+    #[test]
+    fn text_contains_finds_what_decode_would_show() {
+        let v = Vocabulary::embedded();
+        for text in [
+            "<tools>",
+            "a <<tools> b",
+            "<tool<tools>",
+            "<tool_call> 東京 <tools>\n{}\n</tools>",
+            "<tool s>",
+            "<tools",
+            "",
+            "é<tools>é",
+        ] {
+            let ids = v.encode(text);
+            assert_eq!(
+                v.text_contains(&ids, b"<tools>"),
+                v.decode(&ids).contains("<tools>"),
+                "{text:?}"
+            );
+        }
+        // out-of-vocabulary ids are skipped by both
+        assert!(v.text_contains(&[u32::MAX, 3 + 60, u32::MAX], b"<"));
     }
 
     #[test]

@@ -77,7 +77,7 @@ impl Shaping {
                 };
                 (recipe, kind)
             }
-            None if self.tool_calls.rate > 0.0 => {
+            None if self.tool_calls.rate > 0.0 && self.prompt_mentions_tools(req) => {
                 let tools = self.prompt_tools(req);
                 match self.tool_calls.decide(&tools, stream_seed) {
                     Some(g) => (Recipe::Grammar(g), "tool call"),
@@ -95,6 +95,15 @@ impl Shaping {
             eos: sp.and_then(|sp| sp.eos_token_id).unwrap_or(self.vocab.eos),
             max_tokens: sp.and_then(|sp| sp.max_tokens).map(u64::from),
         }))
+    }
+
+    /// Whether the prompt's text holds `<tools>`. Without it the prompt declares no tool
+    /// ([`PromptTools::from_prompt`]), so no tool call is drawn and the prompt need not be
+    /// decoded: decoding every prompt was a tenth of `inspect simulate`'s time.
+    fn prompt_mentions_tools(&self, req: &EngineCoreRequest) -> bool {
+        req.prompt_token_ids
+            .as_deref()
+            .is_some_and(|ids| self.vocab.text_contains(ids, b"<tools>"))
     }
 
     fn prompt_tools(&self, req: &EngineCoreRequest) -> PromptTools {
