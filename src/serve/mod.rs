@@ -1,6 +1,6 @@
 //! `vllm-vcr serve`: a real vLLM frontend with `play` behind it, in one command.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -14,6 +14,7 @@ use crate::play::content::pooling::Runner;
 use crate::play::{PlayArgs, TokenMode};
 
 pub mod frontend;
+mod logs;
 mod model;
 
 pub use model::TinyVocabArg;
@@ -260,27 +261,7 @@ fn tool_calling(args: &ServeArgs, user: &[String]) -> Vec<&'static str> {
     vec!["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 }
 
-/// Where the frontend's log goes by default: the cache's logs/, else the temp dir.
-fn default_log(cache: &Path, port: u16) -> PathBuf {
-    let file = format!("frontend-{port}.log");
-    let dir = cache.join("logs");
-    match std::fs::create_dir_all(&dir) {
-        Ok(()) => dir.join(file),
-        Err(e) => {
-            // SAFETY: getuid has no preconditions.
-            let uid = unsafe { libc::getuid() };
-            let tmp = std::env::temp_dir().join(format!("vllm-vcr-{uid}-{file}"));
-            tracing::warn!(
-                "cannot create {} ({e}); the frontend log goes to {}",
-                dir.display(),
-                tmp.display()
-            );
-            tmp
-        }
-    }
-}
-
-/// Fail before starting anything when the port is taken (the frontend would only notice
+/// Fail before starting anything when the port is taken/// Fail before starting anything when the port is taken (the frontend would only notice
 /// after the handshake, with a less obvious message).
 fn ensure_free(host: &str, port: u16, flag: &str) -> Result<()> {
     match std::net::TcpListener::bind((host, port)) {
@@ -341,7 +322,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     play.handshake_address = format!("tcp://127.0.0.1:{hs_port}");
     let log = match &args.log_file {
         Some(p) => p.clone(),
-        None => default_log(&cache, args.port),
+        None => logs::default_log(&cache, args.port),
     };
     // the log is replaced below: never when it is one of the engine's inputs
     if let Some(p) = &args.log_file {
@@ -674,7 +655,7 @@ mod tests {
         };
         // A script just written can fail to exec with ETXTBSY while another test thread
         // forks (it briefly inherits the write descriptor): retry a few times.
-        let line_of = |p: &Path| {
+        let line_of = |p: &std::path::Path| {
             (0..5).find_map(|_| {
                 let l = line_of_vllm_rs(p);
                 if l.is_none() {
