@@ -1,7 +1,9 @@
 //! What OpenAI clients see through each frontend (`tests/clients/openai_checks.py`, the OpenAI
 //! SDK and jsonschema from the cached vLLM venv): text, JSON and tool calls through vllm-rs
 //! and the Python frontends, embeddings, LoRA, token-in-token-out and the responses routes;
-//! and the OpenAI Agents SDK's agent loop (`tests/clients/agents_check.py`) on each.
+//! the OpenAI Agents SDK's agent loop (`tests/clients/agents_check.py`) and LangChain's
+//! `ChatOpenAI` with bound tools and structured output (`tests/clients/langchain_check.py`)
+//! on each.
 
 use std::path::Path;
 
@@ -43,28 +45,48 @@ fn openai_checks_with_env(extra: &[&str], env: &[(&str, &str)], label: &str) {
         } else {
             "chat"
         };
-        agents_check(&base, api, &serve);
+        sdk_check(
+            AGENTS,
+            "agents_check.py",
+            &[&base, "tiny", api],
+            &format!("agents {api}"),
+            &serve,
+        );
+        sdk_check(
+            LANGCHAIN,
+            "langchain_check.py",
+            &[&base, "tiny", label],
+            &format!("langchain {label}"),
+            &serve,
+        );
     }
 }
 
-/// The OpenAI Agents SDK, pinned, in its own venv in the cache (installed from PyPI the
-/// first time).
-const AGENTS_PACKAGE: &str = "openai-agents";
-const AGENTS_VERSION: &str = "0.24.0";
+/// An SDK a client check runs on, pinned, in its own venv in the cache (installed from
+/// PyPI the first time): its package and version.
+type Sdk = (&'static str, &'static str);
+/// The OpenAI Agents SDK.
+const AGENTS: Sdk = ("openai-agents", "0.24.0");
+/// LangChain's OpenAI chat model (it brings langchain-core and the OpenAI SDK).
+const LANGCHAIN: Sdk = ("langchain-openai", "1.7.4");
 
-/// Run tests/clients/agents_check.py (the Agents SDK's default agent loop with a strict
-/// function tool) against `base` over `api` (`chat` or `responses`); every check must pass.
-fn agents_check(base: &str, api: &str, serve: &Serve) {
+/// Run `tests/clients/<script> args…` with `sdk`'s Python; every check must pass (the script
+/// ends with `<label>: 0 failed`).
+fn sdk_check(sdk: Sdk, script: &str, args: &[&str], label: &str, serve: &Serve) {
+    let (package, version) = sdk;
     let cache = vllm_vcr::frontends::cache_root().unwrap();
-    let venv = vllm_vcr::frontends::fetch_tool(&cache, AGENTS_PACKAGE, AGENTS_VERSION, |v| {
+    let venv = vllm_vcr::frontends::fetch_tool(&cache, package, version, |v| {
         v.join("bin").join("python").is_file()
     })
-    .unwrap_or_else(|e| panic!("cannot install {AGENTS_PACKAGE}=={AGENTS_VERSION}: {e:#}"));
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/agents_check.py");
+    .unwrap_or_else(|e| panic!("cannot install {package}=={version}: {e:#}"));
+    let script = format!("{}/tests/clients/{script}", env!("CARGO_MANIFEST_DIR"));
+    let argv: Vec<&str> = std::iter::once(script.as_str())
+        .chain(args.iter().copied())
+        .collect();
     run_client_checks(
         &venv.join("bin").join("python"),
-        &[script, base, "tiny", api],
-        &format!("agents {api}: 0 failed"),
+        &argv,
+        &format!("{label}: 0 failed"),
         serve,
     );
 }
