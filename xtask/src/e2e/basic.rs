@@ -16,6 +16,7 @@ use crate::e2e::select::Frontends;
 use crate::fetch;
 use crate::http::Client;
 use crate::stack::frontend::{Frontend, start_frontend, wait_health};
+use crate::stack::pool::boot_together;
 use crate::stack::result::{CheckResult, fail};
 
 /// Engine pacing of the basic legs (the TTFT check compares against it).
@@ -186,19 +187,8 @@ pub(crate) fn run_legs_booted_together(
 ) -> Vec<Vec<CheckResult>> {
     let started = Instant::now();
     eprintln!("\n=== booting {} stacks at once", legs.len());
-    let booted: Vec<Result<Booted>> = std::thread::scope(|s| {
-        let handles: Vec<_> = legs
-            .iter()
-            .map(|(leg, dir)| s.spawn(move || boot(leg, engine, spec, model, dir)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the boot thread panicked")))
-            })
-            .collect()
-    });
+    let booted: Vec<Result<Booted>> =
+        boot_together(legs, |(leg, dir)| boot(leg, engine, spec, model, dir));
     eprintln!(
         "=== {} stacks booted in {:.1} s",
         legs.len(),

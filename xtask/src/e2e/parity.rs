@@ -29,7 +29,7 @@ use crate::http::{Client, Sample, parse_metrics, snippet};
 use crate::stack::chain::{Stack, start_stack};
 use crate::stack::engine::Backend;
 use crate::stack::frontend::Frontend;
-use crate::stack::pool::run_pool;
+use crate::stack::pool::{boot_together, run_pool};
 use crate::stack::result::{CheckResult, Checks};
 
 /// The engine configuration both sides share. The CPU engine's block size is 128; the KV
@@ -109,46 +109,27 @@ pub(crate) fn run(
     // Both stacks boot at once (a boot is mostly Python importing on one core); the
     // workloads then run one after the other, each on a quiet machine, the real one first.
     let fe_args = ["--enable-prompt-tokens-details".to_string()];
-    let booted: Vec<(&str, Instant, Result<Stack>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = runs
-            .into_iter()
-            .map(|(name, backend)| {
-                let (frontend, fe_args, sub) = (&frontend, &fe_args, dir.join(name));
-                s.spawn(move || {
-                    let t = Instant::now();
-                    let trace = sub.join("trace.jsonl.gz");
-                    let stack = start_stack(
-                        engine_bin,
-                        frontend,
-                        fe_args,
-                        real_model,
-                        Some(&trace),
-                        backend,
-                        &sub,
-                    );
-                    eprintln!(
-                        "  {name}: stack up after {:.1} s",
-                        t.elapsed().as_secs_f64()
-                    );
-                    (name, t, stack)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    (
-                        "?",
-                        Instant::now(),
-                        Err(anyhow::anyhow!("a boot thread panicked")),
-                    )
-                })
-            })
-            .collect()
+    let t = Instant::now();
+    let names: Vec<&str> = runs.iter().map(|(name, _)| *name).collect();
+    let booted: Vec<Result<Stack>> = boot_together(runs, |(name, backend)| {
+        let sub = dir.join(name);
+        let stack = start_stack(
+            engine_bin,
+            &frontend,
+            &fe_args,
+            real_model,
+            Some(&sub.join("trace.jsonl.gz")),
+            backend,
+            &sub,
+        );
+        eprintln!(
+            "  {name}: stack up after {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        stack
     });
     let mut results = Vec::new();
-    for (name, t, stack) in booted {
+    for (name, stack) in names.into_iter().zip(booted) {
         let sub = dir.join(name);
         let r = stack.and_then(|stack| {
             let run = workload(&stack);

@@ -15,6 +15,7 @@ use crate::http::Client;
 use crate::stack::chain::{Stack, start_stack};
 use crate::stack::engine::Backend;
 use crate::stack::frontend::Frontend;
+use crate::stack::pool::boot_together;
 use crate::stack::result::CheckResult;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
@@ -158,14 +159,14 @@ pub(crate) fn run_leg(
     dir: &Path,
 ) -> Vec<CheckResult> {
     let started = Instant::now();
-    let (direct, tapped) = std::thread::scope(|s| {
-        let tapped = s.spawn(|| boot(leg, true, engine_bin, model, &dir.join("tapped")));
-        let direct = boot(leg, false, engine_bin, model, &dir.join("direct"));
-        let tapped = tapped
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("the boot thread panicked")));
-        (direct, tapped)
-    });
+    let mut booted = boot_together([false, true], |tap| {
+        let sub = if tap { "tapped" } else { "direct" };
+        boot(leg, tap, engine_bin, model, &dir.join(sub))
+    })
+    .into_iter();
+    let (Some(direct), Some(tapped)) = (booted.next(), booted.next()) else {
+        unreachable!("two stacks were booted")
+    };
     // the direct run is over (and its stack stopped) before the tapped one starts
     let direct = direct.and_then(|b| b.run(false));
     let tapped = tapped.and_then(|b| b.run(true));

@@ -11,6 +11,7 @@ use vcr_host::tiny_model::encode_text;
 use super::client::{Req, Seen, miss_is_visible, same_views, send};
 use super::*;
 use crate::stack::chain::Stack;
+use crate::stack::pool::boot_together;
 
 // ------------------------------------------------------------------ 1. round trip
 
@@ -241,34 +242,20 @@ pub(super) fn round_trip(
     // then serve their requests one after the other
     let t = Instant::now();
     let modes = ["index", "prefix"];
-    let booted: Vec<Result<Stack>> = std::thread::scope(|s| {
-        let handles: Vec<_> = modes
-            .map(|mode| {
-                let (trace, run) = (&trace, dir.join(format!("replay-{mode}")));
-                s.spawn(move || {
-                    start_stack(
-                        env.engine_bin,
-                        frontend,
-                        &tool_call_args(),
-                        env.model,
-                        None,
-                        Backend::Play {
-                            line,
-                            args: replay_flags(trace, mode, "fail", &run.join("summary.json"), &[]),
-                        },
-                        &run,
-                    )
-                })
-            })
-            .into_iter()
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the boot thread panicked")))
-            })
-            .collect()
+    let booted: Vec<Result<Stack>> = boot_together(modes, |mode| {
+        let run = dir.join(format!("replay-{mode}"));
+        start_stack(
+            env.engine_bin,
+            frontend,
+            &tool_call_args(),
+            env.model,
+            None,
+            Backend::Play {
+                line,
+                args: replay_flags(&trace, mode, "fail", &run.join("summary.json"), &[]),
+            },
+            &run,
+        )
     });
     for (mode, stack) in modes.into_iter().zip(booted) {
         let summary = dir.join(format!("replay-{mode}")).join("summary.json");
