@@ -11,7 +11,7 @@
 //! cargo xtask cpu-engine [--line L | --python] [--engine-arg A]... [--keep-logs DIR] [--hold]
 //!                   [--crash]
 //! cargo xtask model-dir [--real-engine] DIR
-//! cargo xtask corpus [--out DIR] [--only NAME,...] [--seeds N] [--requests N] [--list]
+//! cargo xtask corpus [--out DIR] [--only NAME,...] [--seeds N] [--requests N] [--rounds] [--list]
 //! cargo xtask add-line X.Y [--tag X.Y.Z] | drop-line X.Y | wire-diff A B
 //! cargo xtask matrix | newest-release | lint-workflows | layout
 //! ```
@@ -107,6 +107,9 @@ commands:
                --seeds N       seeds 0..N per workload (default 2: one fit, one gate)
                --requests N    requests per capture instead of each workload's own
                --engine-bin P  the vllm-vcr binary (default: cargo build)
+               --rounds        capture in rounds (every workload's seed 0, then every
+                               seed 1, then the repeats), so a host that drifts over the
+                               session spreads it over every workload and repeat distance
                --list          print the workloads and exit
   figures    regenerate docs/fidelity-table.md and docs/figures/ from the conformance corpus:
              a model per configuration fitted on its fit captures, every gate capture
@@ -182,6 +185,7 @@ struct Args {
     only: Vec<String>,
     seeds: Option<u64>,
     list: bool,
+    rounds: bool,
     tag: Option<String>,
     stages: Vec<String>,
     engine_line: Option<String>,
@@ -236,6 +240,7 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             "--requests",
             "--engine-bin",
             "--list",
+            "--rounds",
         ],
         _ => &[],
     };
@@ -287,6 +292,7 @@ fn parse(cmd: &str, args: &[String]) -> Result<Args> {
             ),
             "--seeds" => a.seeds = Some(value("--seeds")?.parse()?),
             "--list" => a.list = true,
+            "--rounds" => a.rounds = true,
             "--tag" => a.tag = Some(value("--tag")?),
             "--stage" => a.stages.push(value("--stage")?),
             "--engine-line" => a.engine_line = Some(value("--engine-line")?),
@@ -481,6 +487,7 @@ fn real_main() -> Result<bool> {
                 seeds: args.seeds.unwrap_or(2),
                 requests: args.requests,
                 list: args.list,
+                rounds: args.rounds,
             };
             let engine = match (&args.engine_bin, args.list) {
                 (_, true) => PathBuf::new(),

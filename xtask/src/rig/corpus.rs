@@ -11,6 +11,11 @@
 //! odd gate); every workload is captured again with seed 0 `repeats` times
 //! (`…-s0-repeat.trace.jsonl.gz`, then `-repeat2` …, role `noise`) so that each has its own
 //! run-to-run noise. A short throwaway capture warms the host before the series.
+//! `--rounds` takes the captures in rounds (every workload's seed 0, then every seed 1,
+//! then the repeats) instead of workload by workload, so a host whose speed drifts over
+//! the session spreads that drift over every workload and into each repeat distance,
+//! instead of between the calibration suite (captured first) and the shapes it is judged
+//! on.
 //! `tests/integration/conformance/manifest.rs` (root crate) checks the committed corpus.
 //!
 //! Logs, bench results and capture summaries go to `target/corpus/<file stem>/`.
@@ -35,6 +40,39 @@ pub struct Options {
     pub seeds: u64,
     pub requests: Option<u32>,
     pub list: bool,
+    /// Capture in rounds across the workloads rather than workload by workload.
+    pub rounds: bool,
+}
+
+/// One capture of the plan: the workload, its seed, and the repeat number (0 for the
+/// seed's first capture).
+type Planned = (&'static Workload, u64, u32);
+
+/// The captures in the order they are taken: workload by workload (its seeds, then its
+/// repeats), or with `rounds` every workload's seed 0, then every seed 1, …, then every
+/// workload's first repeat, second repeat, ….
+fn plan(workloads: &[&'static Workload], seeds: u64, rounds: bool) -> Vec<Planned> {
+    let mut plan = Vec::new();
+    if rounds {
+        for seed in 0..seeds {
+            plan.extend(workloads.iter().map(|w| (*w, seed, 0)));
+        }
+        let most = workloads.iter().map(|w| w.repeats).max().unwrap_or(0);
+        for r in 1..=most {
+            plan.extend(
+                workloads
+                    .iter()
+                    .filter(|w| w.repeats >= r)
+                    .map(|w| (*w, 0, r)),
+            );
+        }
+    } else {
+        for w in workloads {
+            plan.extend((0..seeds).map(|seed| (*w, seed, 0)));
+            plan.extend((1..=w.repeats).map(|r| (*w, 0, r)));
+        }
+    }
+    plan
 }
 
 /// One `[[capture]]` of the manifest.
@@ -132,16 +170,7 @@ pub fn run(root: &Path, engine_bin: &Path, o: &Options) -> Result<()> {
     let manifest_path = o.out.join("manifest.toml");
     let old = read_manifest(&manifest_path)?;
 
-    // (workload, seed, repeat number: 0 for the seed's first capture)
-    let mut plan = Vec::new();
-    for w in &workloads {
-        for seed in 0..o.seeds {
-            plan.push((*w, seed, 0));
-        }
-        for r in 1..=w.repeats {
-            plan.push((*w, 0, r));
-        }
-    }
+    let plan = plan(&workloads, o.seeds, o.rounds);
     eprintln!(
         "corpus: {} captures into {} (logs in {})",
         plan.len(),
@@ -432,6 +461,34 @@ mod tests {
         assert_eq!(role(1, false), "gate");
         assert_eq!(role(2, false), "fit");
         assert_eq!(role(0, true), "noise");
+    }
+
+    #[test]
+    fn rounds_take_every_workload_before_any_is_taken_again() {
+        let ws: Vec<&'static Workload> = WORKLOADS.iter().take(3).collect();
+        let names = |p: &[Planned]| -> Vec<String> {
+            p.iter()
+                .map(|(w, s, r)| format!("{}-s{s}-r{r}", w.name))
+                .collect()
+        };
+        let by_workload = plan(&ws, 2, false);
+        let rounds = plan(&ws, 2, true);
+        // the same captures either way, in another order
+        let (mut a, mut b) = (names(&by_workload), names(&rounds));
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+        assert_eq!(by_workload[0].0.name, by_workload[1].0.name);
+        let first_round: Vec<_> = rounds[..3]
+            .iter()
+            .map(|(w, s, r)| (w.name, *s, *r))
+            .collect();
+        assert_eq!(
+            first_round,
+            ws.iter().map(|w| (w.name, 0, 0)).collect::<Vec<_>>()
+        );
+        assert!(rounds[3..6].iter().all(|(_, s, r)| *s == 1 && *r == 0));
+        assert!(rounds[6..].iter().all(|(_, s, r)| *s == 0 && *r >= 1));
     }
 
     #[test]
