@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod compat;
 pub mod flag_ranges;
+pub mod http_proxy;
 pub mod inspect;
 pub mod io_guard;
 pub mod pd_proxy;

@@ -16,6 +16,7 @@ use crate::play::{PlayArgs, TokenMode};
 pub mod frontend;
 mod logs;
 mod model;
+pub mod router;
 
 pub use model::TinyVocabArg;
 
@@ -89,6 +90,18 @@ pub struct ServeArgs {
     /// tcp://127.0.0.1:PORT` means the same.
     #[arg(long, default_value_t = 0)]
     pub handshake_port: u16,
+
+    /// Route requests across the engines of `--engine-count N` yourself instead of
+    /// leaving it to the frontend: a router on --port picks each generation request's
+    /// engine and sends it to the frontend (on a free port of its own) with the
+    /// `X-data-parallel-rank` header, as an external router in front of a data-parallel
+    /// deployment does. `round-robin`: each engine in turn; `least-loaded`: the fewest
+    /// requests in flight through the router; `prefix-aware`: the engine that was sent
+    /// the most leading 64-character blocks of the prompt's text before, ties to the
+    /// least loaded (what `inspect simulate --engines N --route` predicts offline). The
+    /// frontend's /metrics show each engine's share (`engine="0"`, …).
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub route: Option<router::LiveRoute>,
 
     /// Where the frontend's log goes. Default: ~/.cache/vllm-vcr/logs/frontend-<port>.log.
     #[arg(long)]
@@ -261,7 +274,44 @@ fn tool_calling(args: &ServeArgs, user: &[String]) -> Vec<&'static str> {
     vec!["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 }
 
-/// Fail before starting anything when the port is taken/// Fail before starting anything when the port is taken (the frontend would only notice
+/// Listen on --port and route to the frontend on `frontend_port` until the engine stops.
+async fn start_router(
+    args: &ServeArgs,
+    route: router::LiveRoute,
+    engines: u16,
+    connect_host: &str,
+    frontend_port: u16,
+    stop: &watch::Receiver<bool>,
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("router: cannot listen on {}:{}", args.host, args.port))?;
+    let limits = crate::http_proxy::Limits {
+        who: "router",
+        max_body: 64 << 20,
+        header_timeout: Duration::from_secs(30),
+    };
+    let name = route
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
+    crate::errln!(
+        "router on {}:{}: {name} over {engines} engines (the frontend on port {frontend_port})",
+        args.host,
+        args.port,
+    );
+    tokio::spawn(router::run(
+        listener,
+        format!("{}:{frontend_port}", url_host(connect_host)),
+        router::Router::new(route, engines.into()),
+        limits,
+        Duration::from_secs(600),
+        stop.clone(),
+    ));
+    Ok(())
+}
+
+/// Fail before starting anything when the port is taken (the frontend would only notice
 /// after the handshake, with a less obvious message).
 fn ensure_free(host: &str, port: u16, flag: &str) -> Result<()> {
     match std::net::TcpListener::bind((host, port)) {
@@ -312,6 +362,14 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     let artifacts = crate::play::artifacts::Artifacts::load(&play)?;
     crate::play::config::PlayConfig::new(&play, artifacts.clone())?;
     ensure_free(&args.host, args.port, "--port")?;
+    if args.route.is_some() && play.engine_count < 2 {
+        bail!("--route picks one of several engines: give --engine-count N (N ≥ 2) with it");
+    }
+    // with --route the router listens on --port and the frontend on a port of its own
+    let frontend_port = match args.route {
+        Some(_) => free_ports(1)?[0],
+        None => args.port,
+    };
     let hs_port = match handshake_port(&args)? {
         0 => free_ports(1)?[0],
         p => {
@@ -345,7 +403,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         name: &name,
         aliases: &aliases,
         host: &args.host,
-        port: args.port,
+        port: frontend_port,
         handshake_port: hs_port,
         engines: play.engine_count,
         ready_timeout_s: timeout.ceil() as u64,
@@ -416,6 +474,17 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     let frontend_pid = frontend.pid();
     let connect_host = client_host(&args.host);
     let (engine_stop, engine_stop_rx) = watch::channel(false);
+    if let Some(route) = args.route {
+        start_router(
+            &args,
+            route,
+            play.engine_count,
+            &connect_host,
+            frontend_port,
+            &engine_stop_rx,
+        )
+        .await?;
+    }
     let mut engine =
         tokio::spawn(
             async move { crate::play::run_config(engine_cfg, &play, engine_stop_rx).await },
