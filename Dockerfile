@@ -11,6 +11,14 @@
 #                                      (prebuilt/vllm-vcr, prebuilt/vllm-rs, prebuilt/model/),
 #                                      so a machine without a Rust image or PyPI access can
 #                                      build the image from binaries it already has
+#   nixl                               `release` with vllm-vcr built `--features nixl` and the
+#                                      NIXL runtime (UCX and its plugins) from PyPI's
+#                                      `nixl-cu12==NIXL_VERSION` wheel: P/D engines move real
+#                                      KV bytes over NIXL (tag it …-nixl)
+#   prebuilt-nixl                      `prebuilt` plus a NIXL runtime from the build context
+#                                      (prebuilt/vllm-vcr built with `--features nixl`,
+#                                      prebuilt/nixl/ holding the wheel's two library
+#                                      directories side by side)
 #
 # Every base image is a build argument, so a registry mirror or a locally built base works:
 #   --build-arg BASE=localhost/debian:bookworm-slim
@@ -20,6 +28,9 @@ ARG RUST_IMAGE=rust:1-bookworm
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 # The PyPI `vllm` release whose vllm-rs the image carries (compat.toml's `tag` of the line).
 ARG VLLM_TAG=0.33.0
+# The NIXL runtime of the `nixl` targets (PyPI `nixl-cu12`; its libraries are NVIDIA's and
+# are fetched at build time, never part of this repository).
+ARG NIXL_VERSION=1.5.1
 
 # --- vllm-vcr from source --------------------------------------------------------------
 FROM ${RUST_IMAGE} AS build
@@ -42,7 +53,27 @@ shutil.copyfileobj(z.open("vllm/vllm-rs"), open("/out/vllm-rs", "wb")); \
 os.chmod("/out/vllm-rs", 0o755)' \
  && /out/vllm-rs serve --help > /dev/null
 
-# --- what both targets share -----------------------------------------------------------
+# --- the `nixl` variant: vllm-vcr with the NIXL data plane, and NIXL's runtime -----------
+FROM ${RUST_IMAGE} AS build-nixl
+WORKDIR /src
+COPY . .
+RUN apt-get update && apt-get install -y --no-install-recommends libclang-dev \
+ && cargo build --release --locked --features nixl --bin vllm-vcr \
+ && mkdir -p /out \
+ && cp target/release/vllm-vcr /out/vllm-vcr
+
+FROM ${PYTHON_IMAGE} AS nixl-runtime
+ARG NIXL_VERSION
+# The wheel's libraries carry $ORIGIN rpaths between its two directories: kept side by side.
+RUN python3 -m pip download --no-deps --only-binary=:all: --disable-pip-version-check \
+        --progress-bar off -d /wheel "nixl-cu12==${NIXL_VERSION}" \
+ && python3 -c 'import glob, zipfile; \
+wheel, = glob.glob("/wheel/nixl_cu12-*.whl"); z = zipfile.ZipFile(wheel); \
+names = [n for n in z.namelist() if n.startswith((".nixl_cu12.mesonpy.libs/", "nixl_cu12.libs/"))]; \
+z.extractall("/out/nixl", names)' \
+ && test -f /out/nixl/.nixl_cu12.mesonpy.libs/libnixl_capi.so
+
+# --- what every target shares -----------------------------------------------------------
 FROM ${BASE} AS runtime
 ARG VLLM_TAG
 # The cache (the embedded model serve writes, logs) goes to /tmp, writable for any uid.
@@ -66,6 +97,26 @@ CMD ["serve"]
 FROM runtime AS prebuilt
 COPY prebuilt/vllm-vcr prebuilt/vllm-rs /usr/local/bin/
 COPY prebuilt/model /opt/vllm-vcr/model
+
+# the NIXL runtime's system libraries (the wheel bundles the rest): OpenSSL, OpenMP
+FROM runtime AS runtime-nixl
+USER root
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libssl3 libgomp1 \
+ && rm -rf /var/lib/apt/lists/*
+USER 10001
+ENV VLLM_VCR_NIXL_LIB_DIR=/opt/nixl/.nixl_cu12.mesonpy.libs
+
+FROM runtime-nixl AS prebuilt-nixl
+COPY prebuilt/vllm-vcr prebuilt/vllm-rs /usr/local/bin/
+COPY prebuilt/model /opt/vllm-vcr/model
+COPY prebuilt/nixl /opt/nixl
+
+FROM runtime-nixl AS nixl
+COPY --from=build-nixl /out/vllm-vcr /usr/local/bin/vllm-vcr
+COPY --from=build /out/model /opt/vllm-vcr/model
+COPY --from=wheel /out/vllm-rs /usr/local/bin/vllm-rs
+COPY --from=nixl-runtime /out/nixl /opt/nixl
 
 # --- the full build (default) -----------------------------------------------------------
 FROM runtime AS release

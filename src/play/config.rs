@@ -273,10 +273,7 @@ impl PlayConfig {
             natural_output_len: (a.natural_output_len > 0).then_some(a.natural_output_len),
             pd: PdConfig {
                 role: a.pd_role,
-                engine_id: a
-                    .engine_id
-                    .clone()
-                    .unwrap_or_else(|| format!("vcr-{:x}-{:x}", std::process::id(), a.seed)),
+                engine_id: a.engine_id.clone().unwrap_or_else(fresh_engine_id),
                 side_channel_host: a.side_channel_host.clone(),
                 side_channel_port: a.side_channel_port,
                 lease_s: a.kv_lease_duration,
@@ -426,6 +423,16 @@ impl PlayConfig {
             ..Default::default()
         }
     }
+}
+
+/// A P/D engine id unique across hosts and containers, as vLLM's default (a UUID) is: two
+/// engines in two containers are both pid 1, and NIXL refuses a peer whose agent has its
+/// own name. The process's random hasher keys are the randomness (no extra crate).
+fn fresh_engine_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    format!("vcr-{:x}-{:016x}", std::process::id(), h.finish())
 }
 
 #[cfg(test)]

@@ -11,11 +11,20 @@ use vcr_host::tiny_model::{MAX_MODEL_LEN, TOKENIZER_VOCAB};
 
 /// `cargo build` the engine binary and return its path.
 pub(crate) fn build_engine(root: &Path) -> Result<PathBuf> {
+    build_engine_with(root, &[])
+}
+
+/// [`build_engine`] with cargo `features` (the binary is replaced by the next build
+/// without them: copy it before).
+pub(crate) fn build_engine_with(root: &Path, features: &[&str]) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root)
         .args(["build", "--package", "vllm-vcr", "--bin", "vllm-vcr"])
         .stdout(std::io::stderr());
+    if !features.is_empty() {
+        cmd.args(["--features", &features.join(",")]);
+    }
     eprintln!("e2e: $ {}", vcr_host::child::describe(&cmd));
     let status = cmd.status().context("running cargo build")?;
     if !status.success() {

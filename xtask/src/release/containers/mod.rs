@@ -15,9 +15,10 @@
 //!   0, nothing left listening), and a frontend that dies taking the container down;
 //! - every `deploy/` directory as pods: the mock Deployment, the capture → offline-replay
 //!   chain, the P/D pair (`vllm-vcr pd-proxy` in llm-d's routing sidecar's slot) and the
-//!   KV-events pod (a Python ZMQ subscriber). Each runs as
-//!   a test variant of its manifest: host network, free ports, no probes (podman runs
-//!   probes through systemd, which these machines lack), no Services;
+//!   KV-events pod (a Python ZMQ subscriber); then the `prebuilt-nixl` image (`--features
+//!   nixl`, the cached NIXL runtime) and the P/D pair again on it, moving KV bytes over
+//!   NIXL. Each runs as a test variant of its manifest: host network, free ports, no probes
+//!   (podman runs probes through systemd, which these machines lack), no Services;
 //! - every manifest under `deploy/` through `kubernetes-validate` (PyPI; it and the
 //!   subscriber's pyzmq and msgspec live in one venv in the cache).
 
@@ -216,7 +217,9 @@ fn run_steps(root: &Path, t: &mut Timings) -> Result<()> {
         ))
     })?;
     let image = t.step("image (prebuilt target)", || {
-        build_image(root, &podman, &engine, &frontend, &line.line, &line.tag)
+        build_image(
+            root, &podman, &engine, &frontend, &line.line, &line.tag, None,
+        )
     })?;
     t.step("image: --version, bad variables", || {
         check_cli(&podman, &image)
@@ -232,8 +235,29 @@ fn run_steps(root: &Path, t: &mut Timings) -> Result<()> {
         check_capture_replay(root, &podman, &dir)
     })?;
     t.step("pods: deploy/llm-d-pd (pd-proxy as the sidecar)", || {
-        check_pd_pods(root, &podman, &dir)
+        check_pd_pods(root, &podman, &dir, &image, false)
     })?;
+    let nixl_image = t.step(
+        "image (prebuilt-nixl target: --features nixl, NIXL runtime)",
+        || {
+            // the runtime first: it also installs libclang, which building nixl-sys needs
+            let lib = fetch::fetch_nixl(&cache)?;
+            let engine = crate::stack::engine::build_engine_with(root, &["nixl"])?;
+            build_image(
+                root,
+                &podman,
+                &engine,
+                &frontend,
+                &line.line,
+                &line.tag,
+                Some(&lib),
+            )
+        },
+    )?;
+    t.step(
+        "pods: deploy/llm-d-pd on the nixl image (KV bytes over NIXL)",
+        || check_pd_pods(root, &podman, &dir, &nixl_image, true),
+    )?;
     t.step("pod: deploy/kv-events (a ZMQ subscriber)", || {
         check_kv_events_pod(root, &podman, &dir, &tools)
     })?;
@@ -381,7 +405,8 @@ fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
 }
 
 /// Build the `prebuilt` target from a small context (the binaries, the tiny model, the
-/// entrypoint); returns the versioned tag.
+/// entrypoint), or with `nixl` (the NIXL runtime's library directory) the
+/// `prebuilt-nixl` target, tagged `…-nixl`; returns the versioned tag.
 fn build_image(
     root: &Path,
     podman: &Podman,
@@ -389,6 +414,7 @@ fn build_image(
     frontend: &Path,
     line: &str,
     tag: &str,
+    nixl: Option<&Path>,
 ) -> Result<String> {
     let ctx = std::env::temp_dir().join(format!("{PREFIX}-context-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&ctx);
@@ -404,9 +430,16 @@ fn build_image(
         copy_stripped(engine, &ctx.join("prebuilt/vllm-vcr"))?;
         copy_stripped(frontend, &ctx.join("prebuilt/vllm-rs"))?;
         vcr_host::tiny_model::write_to(&ctx.join("prebuilt/model"))?;
+        let (target, suffix) = match nixl {
+            None => ("prebuilt", ""),
+            Some(lib) => {
+                copy_nixl_runtime(lib, &ctx.join("prebuilt/nixl"))?;
+                ("prebuilt-nixl", "-nixl")
+            }
+        };
         let version = env!("CARGO_PKG_VERSION");
-        let versioned = format!("{IMAGE_REPO}:{version}-vllm{line}");
-        let floating = format!("{IMAGE_REPO}:vllm{line}");
+        let versioned = format!("{IMAGE_REPO}:{version}-vllm{line}{suffix}");
+        let floating = format!("{IMAGE_REPO}:vllm{line}{suffix}");
         let previous = podman
             .ok(&["image", "inspect", "--format", "{{.Id}}", &versioned])
             .ok();
@@ -415,7 +448,7 @@ fn build_image(
             "--network",
             "host",
             "--target",
-            "prebuilt",
+            target,
             "--build-arg",
             &format!("BASE={BASE_IMAGE}"),
             "--build-arg",
@@ -441,6 +474,27 @@ fn build_image(
     })();
     let _ = std::fs::remove_dir_all(&ctx);
     result
+}
+
+/// The wheel's two library directories (`…mesonpy.libs` holding `libnixl_capi.so`, and the
+/// bundled libraries beside it), side by side under `to` as their `$ORIGIN` rpaths expect.
+fn copy_nixl_runtime(lib: &Path, to: &Path) -> Result<()> {
+    let site = lib
+        .parent()
+        .context("the NIXL library directory has no parent")?;
+    std::fs::create_dir_all(to)?;
+    for dir in [lib.to_path_buf(), site.join("nixl_cu12.libs")] {
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(&dir)
+            .arg(to)
+            .status()
+            .context("running cp")?;
+        if !status.success() {
+            bail!("copying {} into the image context failed", dir.display());
+        }
+    }
+    Ok(())
 }
 
 use image::{check_cli, check_frontend_death, check_serve};

@@ -203,7 +203,15 @@ pub(super) fn check_capture_replay(root: &Path, podman: &Podman, dir: &Path) -> 
 /// The P/D pods: prefill, and decode behind the routing sidecar's slot. llm-d's sidecar
 /// (a Go program no registry serves here) is replaced by `vllm-vcr pd-proxy`, which makes
 /// the same two requests; the pod IP (`status.podIP`) is the loopback on the host network.
-pub(super) fn check_pd_pods(root: &Path, podman: &Podman, dir: &Path) -> Result<()> {
+/// The pods run `image`; with `nixl` (the nixl image) the decode engine must have read the
+/// prefill engine's KV over NIXL and checked every byte.
+pub(super) fn check_pd_pods(
+    root: &Path,
+    podman: &Podman,
+    dir: &Path,
+    image: &str,
+    nixl: bool,
+) -> Result<()> {
     let p = vcr_host::child::free_ports(4)?;
     let (prefill_port, side_port, proxy_port, decode_port) = (p[0], p[1], p[2], p[3]);
     let prefill = variant_file(
@@ -213,7 +221,9 @@ pub(super) fn check_pd_pods(root: &Path, podman: &Podman, dir: &Path) -> Result<
         &[(8000, prefill_port), (5600, side_port)],
     )?;
     let text = std::fs::read_to_string(&prefill)?;
-    let text = without_block(&text, "valueFrom:").replace("$(POD_IP)", "127.0.0.1");
+    let text = without_block(&text, "valueFrom:")
+        .replace("$(POD_IP)", "127.0.0.1")
+        .replace("image: vllm-vcr:vllm0.33", &format!("image: {image}"));
     std::fs::write(&prefill, text)?;
     let decode = variant_file(
         root,
@@ -235,7 +245,9 @@ pub(super) fn check_pd_pods(root: &Path, podman: &Podman, dir: &Path) -> Result<
         "{indent}image: vllm-vcr:vllm0.33\n{indent}args: [\"pd-proxy\", \"--prefill\", \"http://127.0.0.1:{prefill_port}\", \"--decode\", \"http://127.0.0.1:{decode_port}\", \"--port\", \"{proxy_port}\"]"
     );
     // the sidecar's own flags are the first block `args:` (the server's is inline)
-    let text = without_block(&text, "args:").replace(&sidecar, &proxy);
+    let text = without_block(&text, "args:")
+        .replace(&sidecar, &proxy)
+        .replace("image: vllm-vcr:vllm0.33", &format!("image: {image}"));
     std::fs::write(&decode, text)?;
 
     let _down_prefill = Cleanup::Kube(podman, prefill.clone());
@@ -299,6 +311,23 @@ pub(super) fn check_pd_pods(root: &Path, podman: &Podman, dir: &Path) -> Result<
     eprintln!(
         "  a completion through the decode pod: 12 tokens, length; one request finished on each of prefill and decode"
     );
+    if nixl {
+        let (plog, dlog) = (
+            podman.logs("vllm-vcr-prefill-pod-0-vllm"),
+            podman.logs("vllm-vcr-decode-pod-0-vllm"),
+        );
+        let registered = "NIXL data plane: KV pool registered";
+        let read = dlog
+            .lines()
+            .find(|l| l.contains("NIXL READ done: every byte verified"));
+        match (plog.contains(registered) && dlog.contains(registered), read) {
+            (true, Some(line)) => eprintln!("  decode engine: {}", line.trim()),
+            _ => bail!(
+                "no NIXL transfer: both engines must say {registered:?} and the decode engine \
+                 that it read and verified the KV\nprefill log:\n{plog}\ndecode log:\n{dlog}"
+            ),
+        }
+    }
     Ok(())
 }
 
