@@ -11,9 +11,14 @@ use crate::release::{containers, workflows};
 use crate::rig::figures;
 
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    cargo_with(root, args, &[])
+}
+
+/// [`cargo`] with environment variables `env` set.
+fn cargo_with(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(root).args(args);
+    cmd.current_dir(root).args(args).envs(env.iter().copied());
     eprintln!("  $ {}", vcr_host::child::describe(&cmd));
     let status = cmd
         .status()
@@ -62,6 +67,33 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
             "test",
             Box::new(|| cargo(root, &["test", "--workspace", "--no-fail-fast"])),
         ),
+        // every benchmark once in its smoke size (`BENCH_QUICK=1`, a debug build; NIXL's in
+        // the nixl stage, which has the feature): it fails
+        // on a crash, never on a number; the numbers come from `cargo bench` on a quiet
+        // machine (docs/performance.md)
+        (
+            "benches",
+            Box::new(|| {
+                cargo_with(
+                    root,
+                    &[
+                        "test",
+                        "--workspace",
+                        "--bench",
+                        "engine",
+                        "--bench",
+                        "tap",
+                        "--bench",
+                        "perfetto",
+                        "--bench",
+                        "replay",
+                        "--bench",
+                        "fit",
+                    ],
+                    &[("BENCH_QUICK", "1")],
+                )
+            }),
+        ),
         // the NIXL data plane: libclang and the nixl-cu12 runtime installed if missing,
         // the crate built with the feature, two agents moving real bytes, then the P/D
         // pair behind real frontends reading and verifying KV bytes over NIXL, then a real
@@ -76,7 +108,19 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
                 // the real CPU engine with NIXL, the vLLM peer of the real-peer legs
                 let peer = crate::fetch::fetch_nixl_peer(&cache)?;
                 eprintln!("  NIXL for the real CPU engine: {}", peer.display());
-                cargo(root, &["test", "--features", "nixl", "--test", "nixl"])
+                // and its bench (a few 64 MiB READs) once
+                cargo(
+                    root,
+                    &[
+                        "test",
+                        "--features",
+                        "nixl",
+                        "--test",
+                        "nixl",
+                        "--bench",
+                        "nixl",
+                    ],
+                )
             }),
         ),
         ("build", Box::new(|| cargo(root, &["build"]))),
