@@ -12,7 +12,9 @@ mod support;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{TestDir, TestProcess, cpu_capture, http_get_ok, vcr_command};
+use crate::support::{
+    TestDir, TestProcess, cpu_capture, engine_lateness_ms, http_get_ok, vcr_command,
+};
 
 /// `Median TTFT (ms): 391.68` → 391.68
 fn stat(report: &str, name: &str) -> f64 {
@@ -50,7 +52,8 @@ fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
         .args(["--block-size", "128", "--max-num-seqs", "128"])
         .args(["--max-model-len", "2048"])
         .stdout(Stdio::null());
-    let serve = TestProcess::start("replay-fitted-serve", cmd).with_grace(Duration::from_secs(30));
+    let mut serve =
+        TestProcess::start("replay-fitted-serve", cmd).with_grace(Duration::from_secs(30));
     let deadline = Instant::now() + Duration::from_secs(120);
     while !http_get_ok(port, "/health") {
         assert!(Instant::now() < deadline, "serve did not become healthy");
@@ -71,8 +74,14 @@ fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
         .args(["--ignore-eos", "--seed", "0"])
         .output()
         .unwrap();
-    // SIGINT, then its exit
-    drop(serve);
+    // SIGINT, then its exit, where the engine says how late it paced its steps
+    serve.signal(libc::SIGINT);
+    assert!(
+        serve.wait_exit(Duration::from_secs(30)).is_some(),
+        "serve did not stop"
+    );
+    let (late_p50, late_p99) = engine_lateness_ms(&serve.stderr())
+        .unwrap_or_else(|| panic!("no pacing line in serve's log:\n{}", serve.stderr()));
     let report = String::from_utf8_lossy(&bench.stdout).to_string();
     assert!(
         bench.status.success(),
@@ -85,21 +94,26 @@ fn a_model_fitted_to_the_real_engine_paces_like_it_behind_vllm_rs() {
     // the frontend's turnaround between a finish and the next send on this host (the
     // capture's was another host's), and whether a successor joins the step that starts as
     // its predecessor finishes: on the 2-core CI host it has measured +5 … +16 % over
-    // runs of one build, so it is held to 20 % (a pacing bug moves it far more).
-    for (name, limit) in [
-        ("Median TTFT", 0.20),
-        ("P90 TTFT", 0.20),
-        ("Median ITL", 0.10),
-        ("P90 ITL", 0.10),
+    // runs of one build, so it is held to 20 % (a pacing bug moves it far more). Plus what
+    // the run's own disturbance explains: a step the engine emitted L ms late moves a
+    // quantile of value V by up to 100·L/V points (its p50 lateness for the medians, its
+    // p99 for the p90s). One run, judged against the lateness it measured.
+    lines.push(format!(
+        "engine lateness: p50 {late_p50:.2} ms, p99 {late_p99:.2} ms"
+    ));
+    for (name, limit, late) in [
+        ("Median TTFT", 20.0, late_p50),
+        ("P90 TTFT", 20.0, late_p99),
+        ("Median ITL", 10.0, late_p50),
+        ("P90 ITL", 10.0, late_p99),
     ] {
         let (sim, real) = (stat(&report, name), stat(&captured, name));
-        let err = (sim - real).abs() / real;
+        let err = 100.0 * (sim - real) / real;
+        let allowed = limit + 100.0 * late / real;
         lines.push(format!(
-            "{name}: {sim:.2} vs {real:.2} ms ({:+.1} %, limit {:.0} %)",
-            100.0 * (sim - real) / real,
-            100.0 * limit
+            "{name}: {sim:.2} vs {real:.2} ms ({err:+.1} %, allowed ±{allowed:.1}: {limit} + the engine's lateness)"
         ));
-        assert!(err < limit, "{}", lines.join("\n"));
+        assert!(err.abs() < allowed, "{}", lines.join("\n"));
     }
     eprintln!("{}", lines.join("\n"));
 }

@@ -52,3 +52,34 @@ impl Drop for Disturbance {
         self.stop.store(true, Ordering::Relaxed);
     }
 }
+
+/// The engine's own pacing lateness, (p50, p99) in ms, from the line `play` (and `serve`'s
+/// engine) logs when it stops: how late it emitted its steps against the deadlines its
+/// latency model set. A wall-clock check of what the engine paced is judged against it.
+pub fn engine_lateness_ms(log: &str) -> Option<(f64, f64)> {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("pacing: step emission lateness"))?;
+    let field = |name: &str| -> Option<f64> {
+        let rest = &line[line.find(&format!("{name}="))? + name.len() + 1..];
+        let value = rest
+            .trim_start_matches('"')
+            .split(|c: char| c == '"' || c.is_whitespace())
+            .next()?;
+        value.parse::<f64>().ok().map(|us| us / 1e3)
+    };
+    Some((field("lateness_p50_us")?, field("lateness_p99_us")?))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_engine_lateness_is_read_from_its_exit_line() {
+        let log = "INFO vllm_vcr::play::io: pacing: step emission lateness against the \
+                   scheduled deadlines rank=0 steps=812 lateness_p50_us=\"143.2\" \
+                   lateness_p99_us=\"2210.0\" lateness_max_us=\"5100.3\"";
+        assert_eq!(super::engine_lateness_ms(log), Some((0.1432, 2.21)));
+        assert_eq!(super::engine_lateness_ms("nothing"), None);
+    }
+}

@@ -193,6 +193,7 @@ async fn a_big_grammar_compiles_while_other_streams_keep_their_pace() {
         "required": ["pick"]})
     .to_string();
     w.send(&add("stream", &[10, 11], 80)).await;
+    let probe = Disturbance::start();
     let mut got = Collected::default();
     let mut stamps = Vec::new();
     let mut sent = false;
@@ -218,9 +219,14 @@ async fn a_big_grammar_compiles_while_other_streams_keep_their_pace() {
     assert_eq!(got.tokens["stream"].len(), 80);
     let gaps: Vec<f64> = stamps.windows(2).map(|p| (p[1] - p[0]) * 1e3).collect();
     let worst = gaps.iter().copied().fold(0.0, f64::max);
+    // 50 ms over the pace, plus the longest the machine stalled a sleeping thread while
+    // the stream ran (on 2 shared cores, a stall that holds the probe holds the loop too):
+    // judged against this run's own disturbance, never run twice
+    let stalled = probe.worst_ms();
     assert!(
-        worst < 10.0 + 50.0,
-        "the stream stalled while grammars compiled: worst gap {worst:.1} ms at a 10 ms ITL ({gaps:?})"
+        worst < 10.0 + 50.0 + stalled,
+        "the stream stalled while grammars compiled: worst gap {worst:.1} ms at a 10 ms ITL, \
+         the machine stalled a probe by {stalled:.1} ms ({gaps:?})"
     );
     for id in ["g0", "g1"] {
         assert_eq!(
