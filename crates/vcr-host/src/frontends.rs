@@ -19,6 +19,8 @@
 //!   py/perfetto-0.59.1/            Perfetto's Python package (its generated trace protos
 //!                                  and protobuf): the tests' independent decoder of
 //!                                  `inspect perfetto`'s protobuf output
+//!   py/aiperf-0.13.0/, py/guidellm-0.8.1/, py/inference-perf-0.7.0/
+//!                                  the load generators ([`load_generators`])
 //!   uv/                            UV_CACHE_DIR
 //! ```
 //!
@@ -29,6 +31,8 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+
+pub mod load_generators;
 
 /// The cache root: `$VLLM_VCR_CACHE`, else `~/.cache/vllm-vcr`.
 pub fn cache_root() -> Result<PathBuf> {
@@ -337,7 +341,7 @@ fn extract_member(zip: &Path, member: &str, dest: &Path) -> Result<()> {
 }
 
 /// `(major, minor)` of the Python that creates the venvs.
-fn python_version() -> Result<(u32, u32)> {
+pub(crate) fn python_version() -> Result<(u32, u32)> {
     let out = Command::new(python())
         .args([
             "-c",
@@ -449,6 +453,7 @@ pub fn fetch_tool(
             excludes: &[],
             overrides_optional: false,
             no_deps: false,
+            ignore_requires_python: false,
             ready,
         },
     )
@@ -494,6 +499,11 @@ pub struct Pins {
     pub overrides_optional: bool,
     /// `uv pip install --no-deps`: the package alone, not what its metadata asks for.
     pub no_deps: bool,
+    /// The package declares a newer Python than it needs: install it alone whatever its
+    /// `Requires-Python` says (`--no-deps --python-version 3.14`), then the dependencies
+    /// its metadata lists, resolved for the Python at hand (its compiled dependencies
+    /// would otherwise be picked for the declared Python and fail to import).
+    pub ignore_requires_python: bool,
     /// Whether the venv holds what the install is for (checked before and after it).
     pub ready: fn(&Path) -> bool,
 }
@@ -546,13 +556,38 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
     let excludes = pydir.join(format!("{package}-{version}.excludes.txt"));
     std::fs::write(&overrides, pins.overrides)?;
     std::fs::write(&excludes, pins.excludes.join("\n") + "\n")?;
-    let install = |with_overrides: bool| {
+    let uv_install = || {
         let mut cmd = Command::new(&uv);
         cmd.env("UV_CACHE_DIR", cache.join("uv"))
             .args(["pip", "install", "--python"])
             .arg(venv.join("bin").join("python"))
-            .arg("--compile-bytecode")
-            .arg(format!("{}=={}", package, version));
+            .arg("--compile-bytecode");
+        cmd
+    };
+    if pins.ignore_requires_python {
+        let mut cmd = uv_install();
+        cmd.args(["--no-deps", "--python-version", "3.14"])
+            .arg(format!("{package}=={version}"));
+        run(cmd, &format!("installing {package}=={version} alone"))?;
+        let meta = load_generators::installed_metadata(&venv, package, version)?;
+        let deps = pydir.join(format!("{package}-{version}.requires.txt"));
+        std::fs::write(
+            &deps,
+            load_generators::required_dists(&meta).join("\n") + "\n",
+        )?;
+        let mut cmd = uv_install();
+        cmd.arg("-r").arg(&deps);
+        run(
+            cmd,
+            &format!("installing what {package}=={version} requires"),
+        )?;
+    }
+    let install = |with_overrides: bool| {
+        if pins.ignore_requires_python {
+            return Ok(());
+        }
+        let mut cmd = uv_install();
+        cmd.arg(format!("{}=={}", package, version));
         if !pins.excludes.is_empty() {
             cmd.arg("--excludes").arg(&excludes);
         }
