@@ -8,38 +8,51 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::load_generators::{
-    MOONCAKE_BLOCK, MOONCAKE_ROWS, Served, assert_knobs_read_back, knob_flags, mooncake_totals,
-    run_tool, tool_venv, write_mooncake,
+    MOONCAKE_BLOCK, MOONCAKE_ROWS, Served, assert_knobs_read_back, mooncake_totals, run_tool,
+    serve_with_knobs, tool_venv, write_mooncake,
 };
 use super::*;
 use crate::support::Disturbance;
 use vllm_vcr::frontends::load_generators::{GUIDELLM_VERSION, fetch_guidellm};
 
-/// `guidellm run` against the server on `port` with the tokenizer by its hub id, `args`
-/// choosing the data and the profile; returns its first benchmark of the JSON report.
-fn guidellm(venv: &Path, port: u16, hub: &Path, report: &Path, args: &[&str]) -> Value {
-    let log = run_tool(
-        "guidellm",
-        Command::new(venv.join("bin").join("guidellm"))
-            .arg("run")
-            .arg("--backend")
-            .arg(format!(
-                "kind=openai_http,target=http://127.0.0.1:{port},model=tiny,request_format=/v1/completions"
-            ))
-            .args(["--tokenizer", "kind=huggingface_auto,model=vllm-vcr/tiny"])
-            .args(args)
-            .arg("--output")
-            .arg(format!("kind=json,path={}", report.display()))
-            .args(["--disable-console-interactive"])
-            .env("HF_HUB_CACHE", hub)
-            .env("HF_HUB_OFFLINE", "1"),
-    );
-    let report: Value = serde_json::from_str(
-        &std::fs::read_to_string(report)
-            .unwrap_or_else(|e| panic!("no guidellm report ({e}):\n{log}")),
-    )
-    .unwrap();
-    report["benchmarks"][0].clone()
+/// guidellm against one server, its tokenizer by hub id from the hub cache `hub`,
+/// reports into `dir`.
+struct Guidellm<'a> {
+    venv: &'a Path,
+    port: u16,
+    hub: &'a Path,
+    dir: &'a TestDir,
+}
+
+impl Guidellm<'_> {
+    /// `guidellm run`, `args` choosing the data and the profile; the first benchmark of
+    /// its JSON report (`<name>.json`).
+    fn run(&self, name: &str, args: &[&str]) -> Value {
+        let (venv, port, hub) = (self.venv, self.port, self.hub);
+        let report = self.dir.path(&format!("{name}.json"));
+        let log = run_tool(
+            "guidellm",
+            Command::new(venv.join("bin").join("guidellm"))
+                .arg("run")
+                .arg("--backend")
+                .arg(format!(
+                    "kind=openai_http,target=http://127.0.0.1:{port},model=tiny,request_format=/v1/completions"
+                ))
+                .args(["--tokenizer", "kind=huggingface_auto,model=vllm-vcr/tiny"])
+                .args(args)
+                .arg("--output")
+                .arg(format!("kind=json,path={}", report.display()))
+                .args(["--disable-console-interactive"])
+                .env("HF_HUB_CACHE", hub)
+                .env("HF_HUB_OFFLINE", "1"),
+        );
+        let report: Value = serde_json::from_str(
+            &std::fs::read_to_string(&report)
+                .unwrap_or_else(|e| panic!("no guidellm report ({e}):\n{log}")),
+        )
+        .unwrap();
+        report["benchmarks"][0].clone()
+    }
 }
 
 /// A metric of a benchmark: `path` under `metrics`, then the statistic of its
@@ -66,19 +79,19 @@ fn guidellm_runs_synthetic_and_replays_a_mooncake_trace_against_serve() {
     let venv = tool_venv("guidellm", fetch_guidellm);
     let tmp = TestDir::new("serve-guidellm");
     let hub = tmp.path("hub");
-    let knobs = knob_flags();
-    let knobs: Vec<&str> = knobs.iter().map(String::as_str).collect();
-    let mut serve = Serve::start_with_env(&knobs, &[("HF_HUB_CACHE", hub.to_str().unwrap())]);
-    let (_, frontend_pid) = serve.wait_ready();
+    let (mut serve, frontend_pid) = serve_with_knobs(&[], &hub);
+    let tool = Guidellm {
+        venv: &venv,
+        port: serve.port,
+        hub: &hub,
+        dir: &tmp,
+    };
 
     // synthetic, one request at a time: 12 prompts of 48 tokens, 16 out
     let before = Served::read(serve.port);
     let probe = Disturbance::start();
-    let bench = guidellm(
-        &venv,
-        serve.port,
-        &hub,
-        &tmp.path("synthetic.json"),
+    let bench = tool.run(
+        "synthetic",
         &[
             "--data",
             "kind=synthetic_text,prompt_tokens=48,output_tokens=16",
@@ -123,11 +136,8 @@ fn guidellm_runs_synthetic_and_replays_a_mooncake_trace_against_serve() {
         "hash_id_block_size": MOONCAKE_BLOCK,
     })
     .to_string();
-    let bench = guidellm(
-        &venv,
-        serve.port,
-        &hub,
-        &tmp.path("replay.json"),
+    let bench = tool.run(
+        "replay",
         &[
             "--data",
             &data,

@@ -10,8 +10,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::load_generators::{
-    MOONCAKE_BLOCK, MOONCAKE_ROWS, Served, assert_knobs_read_back, knob_flags, mooncake_totals,
-    run_tool, tool_venv, write_mooncake,
+    MOONCAKE_BLOCK, MOONCAKE_ROWS, Served, assert_knobs_read_back, mooncake_totals, run_tool,
+    serve_with_knobs, tool_venv, write_mooncake,
 };
 use super::*;
 use crate::support::{Disturbance, inspect};
@@ -87,11 +87,7 @@ fn inference_perf_runs_random_and_replays_an_azure_trace_against_serve() {
     let venv = tool_venv("inference-perf", fetch_inference_perf);
     let tmp = TestDir::new("serve-inference-perf");
     let hub = tmp.path("hub");
-    let mut flags = knob_flags();
-    flags.extend(["--tiny-vocab".into(), "chars".into()]);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut serve = Serve::start_with_env(&flags, &[("HF_HUB_CACHE", hub.to_str().unwrap())]);
-    let (_, frontend_pid) = serve.wait_ready();
+    let (mut serve, frontend_pid) = serve_with_knobs(&["--tiny-vocab", "chars"], &hub);
 
     // random prompts of exactly 48 tokens, 16 out, one request at a time
     let before = Served::read(serve.port);

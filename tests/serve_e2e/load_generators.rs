@@ -20,13 +20,24 @@ pub(super) const TTFT_MS: f64 = 40.0;
 pub(super) const ITL_MS: f64 = 8.0;
 
 /// The knobs as `serve` flags.
-pub(super) fn knob_flags() -> Vec<String> {
+fn knob_flags() -> Vec<String> {
     vec![
         "--time-to-first-token".into(),
         TTFT_MS.to_string(),
         "--inter-token-latency".into(),
         ITL_MS.to_string(),
     ]
+}
+
+/// `serve` with the knobs and `extra` flags, registering its tokenizer in the hub cache
+/// `hub` (the test's own): ready, with its frontend's pid.
+pub(super) fn serve_with_knobs(extra: &[&str], hub: &Path) -> (Serve, u32) {
+    let mut flags = knob_flags();
+    flags.extend(extra.iter().map(|f| f.to_string()));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut serve = Serve::start_with_env(&flags, &[("HF_HUB_CACHE", hub.to_str().unwrap())]);
+    let (_, frontend_pid) = serve.wait_ready();
+    (serve, frontend_pid)
 }
 
 /// A cached venv of a load generator, installed on first use: a test that needs it fails
@@ -160,10 +171,7 @@ fn aiperf_runs_against_serve_with_the_banners_tokenizer_id() {
     let tmp = TestDir::new("serve-aiperf");
     let hub = tmp.path("hub");
     let hub_env = [("HF_HUB_CACHE", hub.to_str().unwrap())];
-    let knobs = knob_flags();
-    let knobs: Vec<&str> = knobs.iter().map(String::as_str).collect();
-    let mut serve = Serve::start_with_env(&knobs, &hub_env);
-    let (_, frontend_pid) = serve.wait_ready();
+    let (mut serve, frontend_pid) = serve_with_knobs(&[], &hub);
     let before = Served::read(serve.port);
 
     let out_dir = tmp.path("aiperf");
