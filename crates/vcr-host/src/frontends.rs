@@ -502,7 +502,8 @@ pub struct Pins {
     /// The package declares a newer Python than it needs: install it alone whatever its
     /// `Requires-Python` says (`--no-deps --python-version 3.14`), then the dependencies
     /// its metadata lists, resolved for the Python at hand (its compiled dependencies
-    /// would otherwise be picked for the declared Python and fail to import).
+    /// would otherwise be picked for the declared Python and fail to import). `overrides`
+    /// and `excludes` do not apply to such an install.
     pub ignore_requires_python: bool,
     /// Whether the venv holds what the install is for (checked before and after it).
     pub ready: fn(&Path) -> bool,
@@ -569,12 +570,9 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
         cmd.args(["--no-deps", "--python-version", "3.14"])
             .arg(format!("{package}=={version}"));
         run(cmd, &format!("installing {package}=={version} alone"))?;
-        let meta = load_generators::installed_metadata(&venv, package, version)?;
+        let meta = installed_metadata(&venv, package, version)?;
         let deps = pydir.join(format!("{package}-{version}.requires.txt"));
-        std::fs::write(
-            &deps,
-            load_generators::required_dists(&meta).join("\n") + "\n",
-        )?;
+        std::fs::write(&deps, required_dists(&meta).join("\n") + "\n")?;
         let mut cmd = uv_install();
         cmd.arg("-r").arg(&deps);
         run(
@@ -624,6 +622,46 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
     Ok(venv)
 }
 
+/// The `site-packages` of a venv (`lib/python3.X/site-packages`).
+pub(crate) fn site_packages(venv: &Path) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(venv.join("lib"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("site-packages"))
+        .filter(|p| p.is_dir())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// The dependencies a wheel's `METADATA` declares (its `Requires-Dist` lines), without
+/// those of its extras: what [`install_venv`] installs after a package it installed
+/// with `--no-deps`.
+fn required_dists(metadata: &str) -> Vec<String> {
+    metadata
+        .lines()
+        // the headers end at the first empty line (the long description follows)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.strip_prefix("Requires-Dist:"))
+        .map(str::trim)
+        .filter(|r| !r.contains("extra =="))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The `METADATA` of `package==version` installed in `venv`.
+fn installed_metadata(venv: &Path, package: &str, version: &str) -> Result<String> {
+    let site =
+        site_packages(venv).with_context(|| format!("{} has no site-packages", venv.display()))?;
+    // a distribution's directory normalises `-` to `_`
+    let dist = site.join(format!("{}-{version}.dist-info", package.replace('-', "_")));
+    let path = dist.join("METADATA");
+    if !path.is_file() {
+        bail!("{package}=={version} left no {}", path.display());
+    }
+    std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -664,5 +702,21 @@ mod tests {
     fn an_explicit_binary_must_exist() {
         let err = find_vllm_rs(Some(Path::new("/nonexistent/vllm-rs")), "0.33.0").unwrap_err();
         assert!(err.to_string().contains("no such file"), "{err}");
+    }
+    #[test]
+    fn required_dists_leave_out_extras_and_the_description() {
+        let meta = "Metadata-Version: 2.4\nName: x\nRequires-Python: >=3.12\n\
+                    Requires-Dist: aiohttp>=3.11.11\nRequires-Dist: transformers==5.13.0\n\
+                    Requires-Dist: mypy>=1.14.1; extra == \"dev\"\n\
+                    Requires-Dist: tomli; python_version < \"3.11\"\n\n\
+                    Requires-Dist: not a header\n";
+        assert_eq!(
+            required_dists(meta),
+            [
+                "aiohttp>=3.11.11",
+                "transformers==5.13.0",
+                "tomli; python_version < \"3.11\""
+            ]
+        );
     }
 }

@@ -19,9 +19,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
-use super::{Pins, fetch_tool, install_venv, python_version};
+use super::{Pins, fetch_tool, install_venv, python_version, site_packages};
 
 pub const AIPERF_PACKAGE: &str = "aiperf";
 pub const AIPERF_VERSION: &str = "0.13.0";
@@ -120,18 +120,6 @@ fn made_by_our_python(venv: &Path) -> bool {
     })
 }
 
-/// The `site-packages` of a venv (`lib/python3.X/site-packages`).
-fn site_packages(venv: &Path) -> Option<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(venv.join("lib"))
-        .ok()?
-        .flatten()
-        .map(|e| e.path().join("site-packages"))
-        .filter(|p| p.is_dir())
-        .collect();
-    found.sort();
-    found.pop()
-}
-
 /// The `site-packages` of a finished venv of the cache that holds torch for Python
 /// `major.minor` (the first by name, so the choice is stable), guidellm's own excluded.
 fn torch_site_packages(cache: &Path, major: u32, minor: u32) -> Option<PathBuf> {
@@ -159,54 +147,9 @@ fn torch_site_packages(cache: &Path, major: u32, minor: u32) -> Option<PathBuf> 
     })
 }
 
-/// The dependencies a wheel's `METADATA` declares (its `Requires-Dist` lines), without
-/// those of its extras: what [`super::install_venv`] installs after a package it installed
-/// with `--no-deps`.
-pub(super) fn required_dists(metadata: &str) -> Vec<String> {
-    metadata
-        .lines()
-        // the headers end at the first empty line (the long description follows)
-        .take_while(|l| !l.is_empty())
-        .filter_map(|l| l.strip_prefix("Requires-Dist:"))
-        .map(str::trim)
-        .filter(|r| !r.contains("extra =="))
-        .map(str::to_string)
-        .collect()
-}
-
-/// The `METADATA` of `package==version` installed in `venv`.
-pub(super) fn installed_metadata(venv: &Path, package: &str, version: &str) -> Result<String> {
-    let site =
-        site_packages(venv).with_context(|| format!("{} has no site-packages", venv.display()))?;
-    // a distribution's directory normalises `-` to `_`
-    let dist = site.join(format!("{}-{version}.dist-info", package.replace('-', "_")));
-    let path = dist.join("METADATA");
-    if !path.is_file() {
-        bail!("{package}=={version} left no {}", path.display());
-    }
-    std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn required_dists_leave_out_extras_and_the_description() {
-        let meta = "Metadata-Version: 2.4\nName: x\nRequires-Python: >=3.12\n\
-                    Requires-Dist: aiohttp>=3.11.11\nRequires-Dist: transformers==5.13.0\n\
-                    Requires-Dist: mypy>=1.14.1; extra == \"dev\"\n\
-                    Requires-Dist: tomli; python_version < \"3.11\"\n\n\
-                    Requires-Dist: not a header\n";
-        assert_eq!(
-            required_dists(meta),
-            [
-                "aiohttp>=3.11.11",
-                "transformers==5.13.0",
-                "tomli; python_version < \"3.11\""
-            ]
-        );
-    }
 
     #[test]
     fn torch_is_found_in_a_finished_venv_of_the_same_python_only() {
