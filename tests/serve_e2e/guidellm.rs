@@ -172,6 +172,8 @@ fn guidellm_runs_synthetic_and_replays_a_mooncake_trace_against_serve() {
             .unwrap_or_else(|| panic!("guidellm reports {lens:?}, not a row of {rows:?}"));
         rows.remove(at);
     }
+    // and the one it left out is the last
+    assert_eq!(rows, MOONCAKE_ROWS[MOONCAKE_ROWS.len() - 1..]);
     eprintln!(
         "guidellm {GUIDELLM_VERSION} replay: {} of {} requests served, {ok} reported, TTFT p50 {:.2} ms, ITL p50 {:.2} ms",
         served.ok,
