@@ -1,20 +1,51 @@
-//! The load generators users run, against `serve` out of the box: aiperf (NVIDIA's, pinned
-//! from PyPI into its own cached venv) finds the tokenizer by the id the banner prints, with
-//! the Hugging Face hub offline; every request succeeds, its token counts are the server's,
-//! and its TTFT and ITL read back the configured knobs.
+//! The load generators users run, against `serve` out of the box, each pinned from PyPI
+//! into its own cached venv (`vllm_vcr::frontends::load_generators`) and finding the
+//! tokenizer by the id the banner prints, with the Hugging Face hub offline: aiperf here,
+//! guidellm in [`super::guidellm`], inference-perf in [`super::inference_perf`]. Each run
+//! asserts that every request succeeds, that the tool's token counts are the server's, and
+//! (at concurrency 1) that its TTFT and ITL read back the configured knobs; the helpers they
+//! share are here.
+
+use std::path::Path;
 
 use serde_json::Value;
 
 use super::*;
 use crate::support::Disturbance;
 use crate::support::http::{metric_sum, parse_metrics};
-
-const AIPERF_PACKAGE: &str = "aiperf";
-const AIPERF_VERSION: &str = "0.13.0";
+use vllm_vcr::frontends::load_generators::AIPERF_VERSION;
 
 /// The configured latency knobs of the served engine, ms.
-const TTFT_MS: f64 = 40.0;
-const ITL_MS: f64 = 8.0;
+pub(super) const TTFT_MS: f64 = 40.0;
+pub(super) const ITL_MS: f64 = 8.0;
+
+/// The knobs as `serve` flags.
+fn knob_flags() -> Vec<String> {
+    vec![
+        "--time-to-first-token".into(),
+        TTFT_MS.to_string(),
+        "--inter-token-latency".into(),
+        ITL_MS.to_string(),
+    ]
+}
+
+/// `serve` with the knobs and `extra` flags, registering its tokenizer in the hub cache
+/// `hub` (the test's own): ready, with its frontend's pid.
+pub(super) fn serve_with_knobs(extra: &[&str], hub: &Path) -> (Serve, u32) {
+    let mut flags = knob_flags();
+    flags.extend(extra.iter().map(|f| f.to_string()));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut serve = Serve::start_with_env(&flags, &[("HF_HUB_CACHE", hub.to_str().unwrap())]);
+    let (_, frontend_pid) = serve.wait_ready();
+    (serve, frontend_pid)
+}
+
+/// A cached venv of a load generator, installed on first use: a test that needs it fails
+/// (never skips) when it cannot be installed.
+pub(super) fn tool_venv(name: &str, fetch: fn(&Path) -> anyhow::Result<PathBuf>) -> PathBuf {
+    let cache = vllm_vcr::frontends::cache_root().unwrap();
+    fetch(&cache).unwrap_or_else(|e| panic!("cannot install {name}: {e:#}"))
+}
 
 /// aiperf's export: the statistic `stat` (`avg`, `p50`, …) of metric `name`.
 fn stat(export: &Value, name: &str, stat: &str) -> f64 {
@@ -33,57 +64,136 @@ fn counter(port: u16, name: &str) -> f64 {
     .unwrap_or(0.0)
 }
 
-#[test]
-fn aiperf_runs_against_serve_with_the_banners_tokenizer_id() {
-    let cache = vllm_vcr::frontends::cache_root().unwrap();
-    let venv = vllm_vcr::frontends::fetch_tool(&cache, AIPERF_PACKAGE, AIPERF_VERSION, |v| {
-        v.join("bin").join("aiperf").is_file()
-    })
-    .unwrap_or_else(|e| panic!("cannot install {AIPERF_PACKAGE}=={AIPERF_VERSION}: {e:#}"));
-    let tmp = TestDir::new("serve-aiperf");
-    let hub = tmp.path("hub");
-    let hub_env = [("HF_HUB_CACHE", hub.to_str().unwrap())];
-    let (ttft, itl) = (TTFT_MS.to_string(), ITL_MS.to_string());
-    let mut serve = Serve::start_with_env(
-        &[
-            "--time-to-first-token",
-            &ttft,
-            "--inter-token-latency",
-            &itl,
-        ],
-        &hub_env,
-    );
-    let (_, frontend_pid) = serve.wait_ready();
-    let (prompt0, gen0) = (
-        counter(serve.port, "vllm:prompt_tokens_total"),
-        counter(serve.port, "vllm:generation_tokens_total"),
-    );
+/// What the server counted so far: requests that finished well, prompt and output tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Served {
+    pub ok: f64,
+    pub prompt: f64,
+    pub output: f64,
+}
 
-    let out_dir = tmp.path("aiperf");
-    let probe = Disturbance::start();
-    let out = Command::new(venv.join("bin").join("aiperf"))
-        .args(["profile", "--model", "tiny", "--url"])
-        .arg(format!("http://127.0.0.1:{}", serve.port))
-        .args(["--endpoint-type", "completions", "--streaming"])
-        .args(["--tokenizer", "vllm-vcr/tiny"])
-        .args(["--synthetic-input-tokens-mean", "48"])
-        .args(["--synthetic-input-tokens-stddev", "8"])
-        .args(["--output-tokens-mean", "16", "--output-tokens-stddev", "4"])
-        .args(["--request-count", "12", "--concurrency", "1"])
-        .args(["--random-seed", "7", "--ui-type", "none"])
-        .arg("--output-artifact-dir")
-        .arg(&out_dir)
-        .envs(hub_env)
-        .env("HF_HUB_OFFLINE", "1")
+impl Served {
+    pub fn read(port: u16) -> Served {
+        Served {
+            ok: counter(port, "vllm:request_success_total"),
+            prompt: counter(port, "vllm:prompt_tokens_total"),
+            output: counter(port, "vllm:generation_tokens_total"),
+        }
+    }
+
+    /// What the server counted since `before`.
+    pub fn since(port: u16, before: Served) -> Served {
+        let now = Served::read(port);
+        Served {
+            ok: now.ok - before.ok,
+            prompt: now.prompt - before.prompt,
+            output: now.output - before.output,
+        }
+    }
+}
+
+/// Run a load generator; its output (stdout then stderr), which must say it succeeded.
+pub(super) fn run_tool(name: &str, cmd: &mut Command) -> String {
+    let out = cmd
         .output()
-        .unwrap();
-    let worst = probe.worst_ms();
+        .unwrap_or_else(|e| panic!("cannot run {name}: {e}"));
     let log = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "aiperf failed:\n{log}");
+    assert!(out.status.success(), "{name} failed:\n{log}");
+    log
+}
+
+/// The knobs read back at concurrency 1: TTFT p50 is the prefill plus the frontend's
+/// turnaround (a few ms, under 25), ITL p50 the pacing within 0.8 ms; both widened by how
+/// much this run's machine stalled a 1 ms sleep (`worst`, ms).
+pub(super) fn assert_knobs_read_back(tool: &str, ttft_p50: f64, itl_p50: f64, worst: f64) {
+    assert!(
+        (TTFT_MS..TTFT_MS + 25.0 + worst).contains(&ttft_p50),
+        "{tool}: TTFT p50 {ttft_p50:.2} ms, knob {TTFT_MS} ms (worst stall {worst:.1} ms)"
+    );
+    assert!(
+        (itl_p50 - ITL_MS).abs() <= 0.8 + worst,
+        "{tool}: ITL p50 {itl_p50:.2} ms, knob {ITL_MS} ms (worst stall {worst:.1} ms)"
+    );
+}
+
+/// The replayed workload, as a Mooncake trace (what `vllm bench serve --dataset-name
+/// timed_trace` and guidellm replay): eight requests 150 ms apart, block size 16, every
+/// other one sharing its first block with the first (a prefix-cache hit), the last block
+/// of most of them partial. Rows are (input tokens, output tokens).
+pub(super) const MOONCAKE_BLOCK: u32 = 16;
+pub(super) const MOONCAKE_ROWS: [(u32, u32); 8] = [
+    (40, 12),
+    (24, 8),
+    (64, 16),
+    (33, 10),
+    (48, 6),
+    (17, 14),
+    (56, 9),
+    (30, 11),
+];
+
+/// Write [`MOONCAKE_ROWS`] to `path` as Mooncake JSONL (timestamps in ms).
+pub(super) fn write_mooncake(path: &Path) {
+    let mut next = 0u32;
+    let mut lines = String::new();
+    for (i, (input, output)) in MOONCAKE_ROWS.iter().enumerate() {
+        let blocks = input.div_ceil(MOONCAKE_BLOCK);
+        let ids: Vec<u32> = (0..blocks)
+            .map(|b| if b == 0 && i % 2 == 1 { 0 } else { next + b })
+            .collect();
+        next += blocks;
+        lines += &serde_json::json!({
+            "timestamp": i * 150,
+            "input_length": input,
+            "output_length": output,
+            "hash_ids": ids,
+        })
+        .to_string();
+        lines.push('\n');
+    }
+    std::fs::write(path, lines).unwrap();
+}
+
+/// The totals of [`MOONCAKE_ROWS`]: (prompt tokens, output tokens).
+pub(super) fn mooncake_totals() -> (f64, f64) {
+    MOONCAKE_ROWS.iter().fold((0.0, 0.0), |(p, o), (i, out)| {
+        (p + f64::from(*i), o + f64::from(*out))
+    })
+}
+
+#[test]
+fn aiperf_runs_against_serve_with_the_banners_tokenizer_id() {
+    let venv = tool_venv("aiperf", vllm_vcr::frontends::load_generators::fetch_aiperf);
+    let tmp = TestDir::new("serve-aiperf");
+    let hub = tmp.path("hub");
+    let hub_env = [("HF_HUB_CACHE", hub.to_str().unwrap())];
+    let (mut serve, frontend_pid) = serve_with_knobs(&[], &hub);
+    let before = Served::read(serve.port);
+
+    let out_dir = tmp.path("aiperf");
+    let probe = Disturbance::start();
+    let log = run_tool(
+        "aiperf",
+        Command::new(venv.join("bin").join("aiperf"))
+            .args(["profile", "--model", "tiny", "--url"])
+            .arg(format!("http://127.0.0.1:{}", serve.port))
+            .args(["--endpoint-type", "completions", "--streaming"])
+            .args(["--tokenizer", "vllm-vcr/tiny"])
+            .args(["--synthetic-input-tokens-mean", "48"])
+            .args(["--synthetic-input-tokens-stddev", "8"])
+            .args(["--output-tokens-mean", "16", "--output-tokens-stddev", "4"])
+            .args(["--request-count", "12", "--concurrency", "1"])
+            .args(["--random-seed", "7", "--ui-type", "none"])
+            .arg("--output-artifact-dir")
+            .arg(&out_dir)
+            .envs(hub_env)
+            .env("HF_HUB_OFFLINE", "1"),
+    );
+    let worst = probe.worst_ms();
     let export: Value = serde_json::from_str(
         &std::fs::read_to_string(out_dir.join("profile_export_aiperf.json"))
             .unwrap_or_else(|e| panic!("no export ({e}):\n{log}")),
@@ -106,29 +216,15 @@ fn aiperf_runs_against_serve_with_the_banners_tokenizer_id() {
         stat(&export, "usage_completion_tokens_diff_pct", "max"),
         0.0
     );
-    assert_eq!(
-        counter(serve.port, "vllm:prompt_tokens_total") - prompt0,
-        stat(&export, "total_isl", "avg")
-    );
-    assert_eq!(
-        counter(serve.port, "vllm:generation_tokens_total") - gen0,
-        stat(&export, "total_osl", "avg")
-    );
-    // the knobs read back at concurrency 1: TTFT is the prefill plus the frontend's
-    // turnaround (a few ms), ITL the pacing; both judged against how much this run's
-    // machine stalled a 1 ms sleep (`worst`)
+    let served = Served::since(serve.port, before);
+    assert_eq!(served.ok, 12.0);
+    assert_eq!(served.prompt, stat(&export, "total_isl", "avg"));
+    assert_eq!(served.output, stat(&export, "total_osl", "avg"));
     let (ttft_p50, itl_p50) = (
         stat(&export, "time_to_first_token", "p50"),
         stat(&export, "inter_token_latency", "p50"),
     );
-    assert!(
-        (TTFT_MS..TTFT_MS + 25.0 + worst).contains(&ttft_p50),
-        "TTFT p50 {ttft_p50:.2} ms, knob {TTFT_MS} ms (worst stall {worst:.1} ms)"
-    );
-    assert!(
-        (itl_p50 - ITL_MS).abs() <= 0.8 + worst,
-        "ITL p50 {itl_p50:.2} ms, knob {ITL_MS} ms (worst stall {worst:.1} ms)"
-    );
+    assert_knobs_read_back("aiperf", ttft_p50, itl_p50, worst);
     eprintln!(
         "aiperf {AIPERF_VERSION}: 12 of 12 requests, TTFT p50 {ttft_p50:.2} ms (knob {TTFT_MS}), ITL p50 {itl_p50:.2} ms (knob {ITL_MS}), worst stall {worst:.1} ms"
     );

