@@ -44,6 +44,7 @@ impl SimEngine {
             {
                 timing.duration = timing.duration.max(self.cfg.first_token_floor);
             }
+            timing.duration += plan.load_time; // blocks loaded from the offload tier
             self.in_flight = Some(InFlight {
                 end: start + timing.duration,
                 plan,
