@@ -286,7 +286,12 @@ impl PlayConfig {
                 registration_generation: a.vllm_version >= VllmLine::new(0, 33),
                 peer_layout: a.kv_peer_layout.clone(),
             },
-            offload: OffloadConfig::from_flags(a.kv_offload_blocks, a.kv_offload_policy, a.kv_offload_load_us, !a.no_enable_prefix_caching)?,
+            offload: OffloadConfig::from_flags(
+                a.kv_offload_blocks,
+                a.kv_offload_policy,
+                a.kv_offload_load_us,
+                !a.no_enable_prefix_caching,
+            )?,
             shaping: Shaping {
                 vocab: vocab.clone(),
                 tool_calls: ToolCalls {

@@ -289,7 +289,12 @@ pub struct EngineArgs {
     /// Microseconds loading one block from the offload tier adds to the step that admits
     /// its request (default: a 2 MiB block, 16 tokens of an 8B model, over ~40 GB/s).
     /// Stores cost no step time: vLLM overlaps them with compute.
-    #[arg(long, default_value_t = 50.0, value_name = "US", help_heading = "KV offload tier")]
+    #[arg(
+        long,
+        default_value_t = 50.0,
+        value_name = "US",
+        help_heading = "KV offload tier"
+    )]
     pub kv_offload_load_us: f64,
 
     /// Waiting-queue order.

@@ -186,7 +186,12 @@ impl ArcLists {
     }
 
     /// `n` idle blocks to evict, none of `protected`, or `None` when there are fewer.
-    fn evict(&mut self, n: usize, protected: &FxSet<BlockHash>, capacity: usize) -> Option<Vec<BlockHash>> {
+    fn evict(
+        &mut self,
+        n: usize,
+        protected: &FxSet<BlockHash>,
+        capacity: usize,
+    ) -> Option<Vec<BlockHash>> {
         let mut virtual_t1 = self.t1.len();
         let target = self.target_t1 as usize; // vLLM: int(target_t1_size)
         let mut picked: Vec<(BlockHash, bool)> = Vec::with_capacity(n);
@@ -541,13 +546,19 @@ mod tests {
         t.store(1, &[h(1), h(2), h(3)]);
         t.store(2, &[h(1), h(2)]); // already there: reused, not stored again
         assert_eq!(t.len(), 3);
-        assert_eq!(t.lookup(&[h(1), h(2), h(9), h(3)]), 2, "stops at the first miss");
+        assert_eq!(
+            t.lookup(&[h(1), h(2), h(9), h(3)]),
+            2,
+            "stops at the first miss"
+        );
         assert_eq!(t.lookup(&[h(9), h(1)]), 0);
         let ev = t.take_events();
         assert_eq!(ev.len(), 3, "one BlockStored per stored block: {ev:?}");
         for e in &ev {
             assert_eq!(medium(e), Some("CPU"));
-            assert!(matches!(e, KvEvent::BlockStored { block_size: 0, token_ids, parent_block_hash: None, .. } if token_ids.is_empty()));
+            assert!(
+                matches!(e, KvEvent::BlockStored { block_size: 0, token_ids, parent_block_hash: None, .. } if token_ids.is_empty())
+            );
         }
         let s = t.take_stats();
         assert_eq!(s.stored_blocks, 3);

@@ -119,8 +119,16 @@ fn bad_offload_flags_are_refused_with_a_reason() {
         "--no-enable-prefix-caching",
     ])
     .run_failing();
-    assert!(out.contains("--kv-offload-blocks needs the prefix cache"), "{out}");
-    let out = simulate(&[s(&trace), "--kv-offload-blocks", "10", "--kv-offload-load-us=-1"])
-        .run_failing();
+    assert!(
+        out.contains("--kv-offload-blocks needs the prefix cache"),
+        "{out}"
+    );
+    let out = simulate(&[
+        s(&trace),
+        "--kv-offload-blocks",
+        "10",
+        "--kv-offload-load-us=-1",
+    ])
+    .run_failing();
     assert!(out.contains("--kv-offload-load-us must be"), "{out}");
 }

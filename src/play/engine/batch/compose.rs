@@ -28,8 +28,8 @@ use sim_protocol::{EngineCoreEvent, EventType};
 use sim_trace::latency::{DecodeSlot, PrefillChunk, StepShape};
 
 use super::WaitKey;
-use crate::play::engine::block_hash::BlockHash;
 use super::{Batch, Slot};
+use crate::play::engine::block_hash::BlockHash;
 use crate::play::engine::request::Phase;
 use crate::play::engine::timer::instant_to_monotonic;
 
