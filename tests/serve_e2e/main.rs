@@ -23,6 +23,7 @@ mod support;
 
 mod bench;
 mod load_generators;
+mod offload;
 mod openai;
 mod tokenizers;
 

@@ -32,6 +32,7 @@ use std::hash::BuildHasherDefault;
 use std::time::Duration;
 
 use rustc_hash::FxHasher;
+use sim_protocol::PrefixCacheStats;
 use sim_protocol::kv_events::KvEvent;
 
 use super::block_hash::{BlockHash, hash_u64};
@@ -103,10 +104,9 @@ pub struct OffloadStats {
     pub evicted_blocks: u64,
     /// Offers dropped because no room could be made (`vllm:kv_offload_allocation_failure`).
     pub allocation_failures: u64,
-    /// Tokens new requests asked the tier for, and found there (vLLM's connector prefix
-    /// cache stats: `vllm:external_prefix_cache_queries` / `_hits`).
-    pub queried_tokens: u64,
-    pub hit_tokens: u64,
+    /// What new requests asked the tier for and found there: vLLM's connector prefix
+    /// cache stats (`vllm:external_prefix_cache_queries` / `_hits`).
+    pub lookups: PrefixCacheStats,
 }
 
 /// Keys in insertion order, with O(log n) move-to-end and removal.
@@ -325,10 +325,19 @@ impl OffloadTier {
         hashes.iter().take_while(|h| self.contains(h)).count()
     }
 
-    /// Request `req` asked for `queried` tokens beyond its device-cache hit.
-    pub fn record_query(&mut self, queried: u64, hit: u64) {
-        self.stats.queried_tokens += queried;
-        self.stats.hit_tokens += hit;
+    /// A new request asked the tier for the `queried` tokens its device-cache hit did not
+    /// cover and found `hit` of them (vLLM's `connector_prefix_cache_stats.record`).
+    pub fn record_query(&mut self, queried: u64, hit: u64, preempted: bool) {
+        let l = &mut self.stats.lookups;
+        if preempted {
+            l.preempted_requests += 1;
+            l.preempted_queries += queried;
+            l.preempted_hits += hit;
+        } else {
+            l.requests += 1;
+            l.queries += queried;
+            l.hits += hit;
+        }
     }
 
     /// Load `hashes` (a [`OffloadTier::lookup`] hit) for request `req`; what the load

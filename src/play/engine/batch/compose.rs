@@ -342,7 +342,8 @@ impl Batch {
                 {
                     // the connector is asked for what the device cache did not hold
                     let key = self.requests.get(id).map_or(0, |r| r.key);
-                    t.record_query(total - (hits.len() * bs) as u64, tier_tokens);
+                    let queried = total - (hits.len() * bs) as u64;
+                    t.record_query(queried, tier_tokens, preempted_before);
                     load_time += t.load(key, &from_tier);
                 }
                 if first_admission {

@@ -96,6 +96,7 @@ impl SimEngine {
             step_counter: self.step_counter,
             kv_cache_usage: g.kv_cache_usage,
             prefix_cache_stats: prefix,
+            connector_prefix_cache_stats: self.batch.take_offload_stats().map(|s| s.lookups),
             spec_decoding_stats: self.spec_step.take().and_then(SpecStepStats::into_stats),
             running_lora_adapters: g.running_lora,
             waiting_lora_adapters: g.waiting_lora,

@@ -1,0 +1,64 @@
+//! The KV offload tier as a frontend's `/metrics` shows it: `vllm-rs` exports the tier's
+//! hits as vLLM's `vllm:external_prefix_cache_queries` / `_hits`, from the scheduler stats'
+//! `connector_prefix_cache_stats` (the path vLLM's offloading connector uses).
+
+use super::*;
+use crate::support::http::{metric_sum, parse_metrics};
+
+/// A 100-token prompt (six full blocks and four tokens) of the tiny vocabulary's ids,
+/// starting at `first`.
+fn prompt(first: u32) -> String {
+    (0..100u32)
+        .map(|i| (3 + (first + i) % 250).to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn complete(port: u16, prompt: &str) {
+    let (status, body) = post(
+        port,
+        "/v1/completions",
+        &format!(r#"{{"model":"tiny","prompt":[{prompt}],"max_tokens":2}}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+}
+
+/// `vllm:external_prefix_cache_{queries,hits}_total`, summed over the engine labels.
+fn external(port: u16) -> (u64, u64) {
+    let samples = parse_metrics(&http_get(port, "/metrics").text());
+    let sum = |name| metric_sum(&samples, name, &[]).unwrap_or(0.0) as u64;
+    (
+        sum("vllm:external_prefix_cache_queries_total"),
+        sum("vllm:external_prefix_cache_hits_total"),
+    )
+}
+
+#[test]
+fn the_frontend_counts_offload_tier_hits_as_external_prefix_cache_hits() {
+    // 11 usable device blocks: a 7-block request evicts most of the one before it, the
+    // second after it the rest; the 64-block tier keeps every block
+    let mut serve = Serve::start(&[
+        "--num-gpu-blocks",
+        "12",
+        "--block-size",
+        "16",
+        "--kv-offload-blocks",
+        "64",
+    ]);
+    let (_, frontend_pid) = serve.wait_ready();
+    let (a, b, c) = (prompt(0), prompt(80), prompt(160));
+    for p in [&a, &b, &c] {
+        complete(serve.port, p);
+    }
+    // nothing was in the tier for them: 3 × 100 tokens asked, none found
+    wait_until(Duration::from_secs(10), || external(serve.port) == (300, 0));
+    assert_eq!(external(serve.port), (300, 0), "{}", serve.stderr());
+    // the first prompt again: gone from the device, its 6 full blocks in the tier (the
+    // last prompt token is always computed, so 99 tokens can hit: 6 blocks)
+    complete(serve.port, &a);
+    wait_until(Duration::from_secs(10), || {
+        external(serve.port) == (400, 96)
+    });
+    assert_eq!(external(serve.port), (400, 96), "{}", serve.stderr());
+    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+}
