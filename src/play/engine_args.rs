@@ -273,8 +273,8 @@ pub struct EngineArgs {
     #[arg(long, conflicts_with = "num_gpu_blocks", value_parser = clap::value_parser!(u64).range(1..))]
     pub kv_cache_size: Option<u64>,
 
-    /// KV offload tier: blocks of host memory behind the prefix cache, as vLLM's
-    /// OffloadingConnector with its CPU backend (0 = none). Every full block a step computes
+    /// Blocks of host memory behind the prefix cache, as vLLM's OffloadingConnector with
+    /// its CPU backend keeps them (0 = no tier; docs/offload.md). Every full block a step computes
     /// is stored there too; a new request loads the run of its blocks found there after
     /// its device-cache hit and counts them as cached (external) tokens. Needs the prefix
     /// cache. KV events report the tier's stores and evictions with medium `CPU`.

@@ -263,20 +263,26 @@ impl Batch {
                     }
                 }
                 // the offload tier: the run of blocks after the device hit found there is
-                // loaded (vLLM's offloading connector's `get_num_new_matched_tokens`)
+                // loaded (vLLM's offloading connector's `get_num_new_matched_tokens`); every
+                // full block of the prompt can hit, the last one too
                 let mut from_tier: Vec<BlockHash> = Vec::new();
                 if first_admission
                     && rules.enable_prefix_caching
                     && !remote
                     && let Some(t) = &self.offload
-                    && let Some(r) = self.requests.get(id)
+                    && let Some(r) = self.requests.get_mut(id)
                 {
-                    let max_blocks = (total.saturating_sub(1) as usize) / bs;
+                    let max_blocks = total as usize / bs;
+                    r.hash_blocks(max_blocks, bs, &self.none_hash);
                     let probe = &r.block_hashes[hits.len()..max_blocks.min(r.block_hashes.len())];
                     from_tier = probe[..t.lookup(probe)].to_vec();
                 }
                 let tier_tokens = (from_tier.len() * bs) as u64;
                 let mut computed = (hits.len() * bs) as u64 + tier_tokens;
+                // a whole prompt loaded: its last token is computed again to sample the next
+                // (vLLM, once the load is done); it still counts as cached
+                let tier_whole = u64::from(tier_tokens > 0 && computed >= total);
+                computed -= tier_whole;
                 // P/D decode side: the rest of the prompt (all but the last token, which is
                 // computed to sample) is pulled from the prefill engine, like the
                 // NixlConnector's `get_num_new_matched_tokens`
@@ -323,7 +329,7 @@ impl Batch {
                         // a pulled prompt counts whole as external (vLLM's connector
                         // matches every prompt token, then recomputes the last one)
                         let whole = u64::from(remote && external > 0);
-                        r.cached_tokens = computed + whole;
+                        r.cached_tokens = computed + whole + tier_whole;
                         r.external_cached_tokens = external + whole + tier_tokens;
                     }
                     r.phase = Phase::Running;
@@ -348,7 +354,7 @@ impl Batch {
                 }
                 if first_admission {
                     // the device cache's own hits (the tier's are the connector's)
-                    let computed = computed - tier_tokens;
+                    let computed = computed + tier_whole - tier_tokens;
                     let d = &mut self.prefix_delta;
                     if preempted_before {
                         d.preempted_requests += 1;

@@ -254,3 +254,49 @@ fn max_loras_limits_distinct_adapters_in_the_batch() {
         "reported as deferred, not waiting for capacity"
     );
 }
+
+#[test]
+fn a_prompt_evicted_from_the_device_is_loaded_from_the_offload_tier() {
+    use crate::play::engine::offload::{OffloadConfig, OffloadPolicy, OffloadTier};
+    use std::time::Duration;
+    // 4 usable device blocks of 16 tokens; a 16-block tier, 1 ms per loaded block
+    let mut e = engine(|_, kv| kv.0 = 5);
+    e.batch.set_offload(OffloadTier::new(OffloadConfig {
+        blocks: 16,
+        policy: OffloadPolicy::Lru,
+        load_per_block: Duration::from_millis(1),
+    }));
+    let a: Vec<u32> = (3..35).collect(); // two full blocks
+    add(&mut e, "a", a.clone(), None);
+    let p = plan(&mut e);
+    assert_eq!(p, s(&[("a", 32)]));
+    finish(&mut e, &p);
+    e.batch.remove("a");
+    // b takes every device block: a's cached blocks leave the device
+    add(&mut e, "b", (100..164).collect(), None);
+    let p = plan(&mut e);
+    assert_eq!(p, s(&[("b", 64)]));
+    finish(&mut e, &p);
+    e.batch.remove("b");
+    add(&mut e, "a2", a, None);
+    let step = e.batch.compose(&e.rules, Instant::now()).unwrap();
+    // the whole prompt is loaded (2 blocks, 2 ms); its last token is computed again
+    assert_eq!(step.load_time, Duration::from_millis(2));
+    assert_eq!(step.scheduled.len(), 1);
+    assert_eq!(step.scheduled[0].1, 1);
+    let r = e.batch.get("a2").unwrap();
+    assert_eq!((r.cached_tokens, r.external_cached_tokens), (32, 32));
+    // the device found nothing for a2; the connector's stats have the tier's hit
+    let (_, device) = e.batch.take_stats();
+    assert_eq!((device.queries, device.hits), (32 + 64 + 32, 0));
+    let tier = e.batch.take_offload_stats().unwrap();
+    assert_eq!(
+        (
+            tier.lookups.requests,
+            tier.lookups.queries,
+            tier.lookups.hits
+        ),
+        (3, 128, 32)
+    );
+    assert_eq!(tier.loaded_blocks, 2);
+}
