@@ -75,6 +75,15 @@ fn prompts() -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Each prompt in turn (`kv<i>`, two tokens), to its end.
+async fn send_each(w: &mut Wire, prompts: &[Vec<u32>]) {
+    for (i, p) in prompts.iter().enumerate() {
+        let id = format!("kv{i}");
+        w.send(&add(&id, p, 2)).await;
+        w.collect(&[&id]).await;
+    }
+}
+
 fn strings(v: &Value) -> Vec<String> {
     v.as_array()
         .unwrap()
@@ -83,22 +92,22 @@ fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
-/// Play args publishing KV events on a free port, 16-token blocks.
-fn publishing() -> (vllm_vcr::play::PlayArgs, u16) {
+/// vLLM's Python, and play args publishing KV events on a free port, 16-token blocks.
+fn publishing() -> (std::path::PathBuf, vllm_vcr::play::PlayArgs, u16) {
+    let python =
+        vllm_python("this test needs vLLM's own Python code; run `cargo xtask fetch --python`");
     let port = vllm_vcr::child::free_ports(1).unwrap()[0];
     let mut a = args();
     a.block_size = Some(16);
     a.kv_events_config = Some(format!(
         r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{port}"}}"#
     ));
-    (a, port)
+    (python, a, port)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_subscriber_matches_stored_and_removed_blocks_to_the_prompts() {
-    let python =
-        vllm_python("this test needs vLLM's own Python code; run `cargo xtask fetch --python`");
-    let (mut a, port) = publishing();
+    let (python, mut a, port) = publishing();
     a.num_gpu_blocks = 9; // 8 usable blocks: the third prompt evicts the first
     let mut w = Wire::start(a).await;
     let cfg = w.engines[0]
@@ -110,11 +119,7 @@ async fn a_real_subscriber_matches_stored_and_removed_blocks_to_the_prompts() {
 
     let prompts = prompts();
     let sub = Consumer::start(&python, port, &prompts).await;
-    for (i, p) in prompts.iter().enumerate() {
-        let id = format!("kv{i}");
-        w.send(&add(&id, p, 2)).await;
-        w.collect(&[&id]).await;
-    }
+    send_each(&mut w, &prompts).await;
     assert_eq!(
         w.reset_prefix_cache(9, false).await,
         Ok(rmpv::Value::Boolean(true))
@@ -142,20 +147,14 @@ async fn a_real_subscriber_matches_stored_and_removed_blocks_to_the_prompts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_offload_tier_publishes_its_stores_and_evictions_with_medium_cpu() {
-    let python =
-        vllm_python("this test needs vLLM's own Python code; run `cargo xtask fetch --python`");
-    let (mut a, port) = publishing();
+    let (python, mut a, port) = publishing();
     a.num_gpu_blocks = 5; // 4 usable blocks: each prompt evicts the one before
     a.max_model_len = 64;
     a.kv_offload_blocks = 7; // the third prompt's stores evict two of the first's
     let mut w = Wire::start(a).await;
     let prompts = prompts();
     let sub = Consumer::start(&python, port, &prompts).await;
-    for (i, p) in prompts.iter().enumerate() {
-        let id = format!("kv{i}");
-        w.send(&add(&id, p, 2)).await;
-        w.collect(&[&id]).await;
-    }
+    send_each(&mut w, &prompts).await;
     // the first prompt again: gone from the device, its first block still in the tier
     // (the tier's LRU evicted its tail first)
     w.send(&add("again", &prompts[0], 2)).await;

@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::simulate::{records, simulate, simulate_json, write_trace};
+use super::simulate::{SMALL_ENGINE, group_trace, records, simulate, simulate_json};
 use crate::support::{TestDir, number, s};
 
 /// Prompt blocks every request of a group shares (block size 16: 256 tokens).
@@ -18,28 +18,13 @@ const REQUESTS: u64 = 64;
 /// prefix, plus two blocks of its own per request; one request every 400 ms, so each runs
 /// alone and its TTFT is its own prefill.
 fn cyclic_groups(tmp: &TestDir) -> PathBuf {
-    let recs: Vec<Value> = (0..REQUESTS)
-        .map(|i| {
-            let g = i % GROUPS;
-            let mut hashes: Vec<u64> = (0..SHARED_BLOCKS).map(|b| g * 1000 + b).collect();
-            hashes.extend([100_000 + 2 * i, 100_001 + 2 * i]);
-            json!({"prompt_tokens": 16 * (SHARED_BLOCKS + 2), "output_tokens": 4,
-                   "arrival_ms": 400 * i, "block_hashes": hashes})
-        })
-        .collect();
-    write_trace(tmp, "cyclic.jsonl", json!({"block_size": 16}), &recs)
+    let groups: Vec<u64> = (0..REQUESTS).map(|i| i % GROUPS).collect();
+    group_trace(tmp, "cyclic.jsonl", &groups, (SHARED_BLOCKS, 400, 4))
 }
 
 /// 80 device blocks hold four groups' prefixes at most; the eight taken in turn evict
 /// each other before they come back. A prefill of a whole prompt takes 200 ms.
-const ENGINE: [&str; 6] = [
-    "--num-gpu-blocks",
-    "80",
-    "--time-to-first-token",
-    "200",
-    "--inter-token-latency",
-    "10",
-];
+const ENGINE: [&str; 6] = SMALL_ENGINE;
 
 fn run(trace: &Path, extra: &[&str], dump: &Path) -> (f64, f64, Value) {
     let mut a = vec![s(trace)];
