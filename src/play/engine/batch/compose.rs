@@ -366,6 +366,16 @@ impl Batch {
                         d.hits += computed;
                     }
                 }
+                // without a load, vLLM's store index stays at the request's first block:
+                // its device hits are offered to the tier with what it computes (a hit the
+                // tier lost is stored again); a load skips every hit block
+                if from_tier.is_empty()
+                    && !hits.is_empty()
+                    && let Some(t) = &mut self.offload
+                    && let Some(r) = self.requests.get(id)
+                {
+                    t.store(r.key, &r.block_hashes[..hits.len()]);
+                }
                 self.cache_full_blocks(id, n, rules.enable_prefix_caching);
                 if external > 0 {
                     shape.kv_transfers.push(external);

@@ -300,3 +300,31 @@ fn a_prompt_evicted_from_the_device_is_loaded_from_the_offload_tier() {
     );
     assert_eq!(tier.loaded_blocks, 2);
 }
+
+#[test]
+fn device_hits_are_offered_to_the_offload_tier_when_nothing_is_loaded() {
+    use crate::play::engine::offload::{OffloadConfig, OffloadPolicy, OffloadTier};
+    use std::time::Duration;
+    // a 2-block tier behind a large device cache
+    let mut e = engine(|_, _| {});
+    e.batch.set_offload(OffloadTier::new(OffloadConfig {
+        blocks: 2,
+        policy: OffloadPolicy::Lru,
+        load_per_block: Duration::ZERO,
+    }));
+    let a: Vec<u32> = (3..35).collect();
+    for (id, prompt) in [("a", a.clone()), ("b", (100..132).collect()), ("a2", a)] {
+        add(&mut e, id, prompt, None);
+        let p = plan(&mut e);
+        finish(&mut e, &p);
+        e.batch.remove(id);
+    }
+    // b's blocks pushed a's out of the tier; a2 hit its first block on the device, found
+    // nothing to load, and stored both blocks again (the hit one included)
+    let s = e.batch.take_offload_stats().unwrap();
+    assert_eq!(
+        (s.stored_blocks, s.evicted_blocks, s.loaded_blocks),
+        (6, 4, 0)
+    );
+    assert_eq!((s.lookups.queries, s.lookups.hits), (32 + 32 + 16, 0));
+}
