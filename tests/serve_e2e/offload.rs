@@ -1,6 +1,7 @@
-//! The KV offload tier as a frontend's `/metrics` shows it: `vllm-rs` exports the tier's
-//! hits as vLLM's `vllm:external_prefix_cache_queries` / `_hits`, from the scheduler stats'
-//! `connector_prefix_cache_stats` (the path vLLM's offloading connector uses).
+//! The KV offload tier as a frontend's `/metrics` shows it: `vllm-rs` and vLLM's Python
+//! server export the tier's hits as `vllm:external_prefix_cache_queries` / `_hits`, from the
+//! scheduler stats' `connector_prefix_cache_stats` (the path vLLM's offloading connector
+//! uses).
 
 use super::*;
 use crate::support::http::{metric_sum, parse_metrics};
@@ -34,17 +35,36 @@ fn external(port: u16) -> (u64, u64) {
 }
 
 #[test]
-fn the_frontend_counts_offload_tier_hits_as_external_prefix_cache_hits() {
+fn vllm_rs_counts_offload_tier_hits_as_external_prefix_cache_hits() {
+    external_hits_in_metrics(&[]);
+}
+
+#[test]
+fn the_python_frontend_counts_offload_tier_hits_as_external_prefix_cache_hits() {
+    let venv = cached_venv("vllm", "0.33.0");
+    external_hits_in_metrics(&[
+        "--frontend",
+        "python",
+        "--python-venv",
+        venv.to_str().unwrap(),
+    ]);
+}
+
+/// Three prompts through 11 device blocks and a 64-block tier, then the first again: the
+/// frontend's counters say what the tier was asked and found.
+fn external_hits_in_metrics(frontend: &[&str]) {
     // 11 usable device blocks: a 7-block request evicts most of the one before it, the
     // second after it the rest; the 64-block tier keeps every block
-    let mut serve = Serve::start(&[
+    let mut args = vec![
         "--num-gpu-blocks",
         "12",
         "--block-size",
         "16",
         "--kv-offload-blocks",
         "64",
-    ]);
+    ];
+    args.extend(frontend);
+    let mut serve = Serve::start(&args);
     let (_, frontend_pid) = serve.wait_ready();
     let (a, b, c) = (prompt(0), prompt(80), prompt(160));
     for p in [&a, &b, &c] {
