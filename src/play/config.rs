@@ -290,6 +290,7 @@ impl PlayConfig {
                 a.kv_offload_blocks,
                 a.kv_offload_policy,
                 a.kv_offload_load_us,
+                (a.kv_block_bytes, a.kv_offload_connector_stats),
                 !a.no_enable_prefix_caching,
             )?,
             shaping: Shaping {

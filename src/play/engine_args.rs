@@ -297,6 +297,15 @@ pub struct EngineArgs {
     )]
     pub kv_offload_load_us: f64,
 
+    /// Also send the tier's transfers (bytes and sizes of loads and stores, load time,
+    /// allocation failures; blocks of --kv-block-bytes) as vLLM's offloading connector
+    /// does, in the stats' `kv_connector_stats`, which a frontend shows as
+    /// `vllm:kv_offload_*`. Only for a frontend started with a `--kv-transfer-config`
+    /// naming the OffloadingConnector (vLLM's Python server): without it, that frontend
+    /// fails every request; vllm-rs ignores them.
+    #[arg(long, requires = "kv_offload_blocks", help_heading = "KV offload tier")]
+    pub kv_offload_connector_stats: bool,
+
     /// Waiting-queue order.
     #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
     pub scheduling_policy: SchedulingPolicy,

@@ -82,3 +82,48 @@ fn external_hits_in_metrics(frontend: &[&str]) {
     assert_eq!(external(serve.port), (400, 96), "{}", serve.stderr());
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
 }
+
+/// vLLM's Python server started with the offloading connector's config (its CPU backend,
+/// as a GPU host would run it) turns the tier's `kv_connector_stats` into
+/// `vllm:kv_offload_*`.
+#[test]
+fn the_python_frontend_with_the_offloading_connector_counts_the_tiers_transfers() {
+    let venv = cached_venv("vllm", "0.33.0");
+    let mut serve = Serve::start(&[
+        "--num-gpu-blocks",
+        "12",
+        "--block-size",
+        "16",
+        "--kv-offload-blocks",
+        "64",
+        "--kv-block-bytes",
+        "1000000",
+        "--kv-offload-connector-stats",
+        "--frontend",
+        "python",
+        "--python-venv",
+        venv.to_str().unwrap(),
+        "--",
+        "--kv-transfer-config",
+        r#"{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"cpu_bytes_to_use":64000000}}"#,
+    ]);
+    let (_, frontend_pid) = serve.wait_ready();
+    let (a, b, c) = (prompt(0), prompt(80), prompt(160));
+    for p in [&a, &b, &c, &a] {
+        complete(serve.port, p);
+    }
+    // each prompt stored its 6 full blocks once; the first, sent again, loaded them
+    let counters = |port| {
+        let samples = parse_metrics(&http_get(port, "/metrics").text());
+        let sum = |name| metric_sum(&samples, name, &[]).unwrap_or(0.0) as u64;
+        (
+            sum("vllm:kv_offload_store_bytes_total"),
+            sum("vllm:kv_offload_load_bytes_total"),
+            sum("vllm:kv_offload_load_size_count"),
+        )
+    };
+    let want = (18_000_000, 6_000_000, 1);
+    wait_until(Duration::from_secs(10), || counters(serve.port) == want);
+    assert_eq!(counters(serve.port), want, "{}", serve.stderr());
+    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+}

@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 use std::time::Duration;
 
+use rmpv::Value;
 use rustc_hash::FxHasher;
 use sim_protocol::PrefixCacheStats;
 use sim_protocol::kv_events::KvEvent;
@@ -62,6 +63,10 @@ pub struct OffloadConfig {
     pub policy: OffloadPolicy,
     /// What loading one block back to the device costs the step that admits it.
     pub load_per_block: Duration,
+    /// Bytes of one block, for the transfer metrics (`--kv-block-bytes`).
+    pub block_bytes: u64,
+    /// Send the transfer metrics as `kv_connector_stats` (`--kv-offload-connector-stats`).
+    pub connector_stats: bool,
 }
 
 impl OffloadConfig {
@@ -71,6 +76,7 @@ impl OffloadConfig {
         blocks: u64,
         policy: OffloadPolicy,
         load_us: f64,
+        (block_bytes, connector_stats): (u64, bool),
         prefix_caching: bool,
     ) -> anyhow::Result<Option<Self>> {
         if blocks == 0 {
@@ -88,13 +94,14 @@ impl OffloadConfig {
             blocks: usize::try_from(blocks)?,
             policy,
             load_per_block: Duration::from_secs_f64(load_us / 1e6),
+            block_bytes,
+            connector_stats,
         }))
     }
 }
 
-/// The tier's counters since the last [`OffloadTier::take_stats`] (vLLM's
-/// `vllm:kv_offload_*` series count the same transfers in bytes and seconds).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The tier's counters since the last [`OffloadTier::take_stats`].
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct OffloadStats {
     /// Blocks stored into the tier (GPU_to_CPU).
     pub stored_blocks: u64,
@@ -107,6 +114,69 @@ pub struct OffloadStats {
     /// What new requests asked the tier for and found there: vLLM's connector prefix
     /// cache stats (`vllm:external_prefix_cache_queries` / `_hits`).
     pub lookups: PrefixCacheStats,
+    /// Bytes of each load (a request's blocks from the tier) and each store (an offer's
+    /// new blocks), and the seconds the loads took.
+    pub load_sizes: Vec<u64>,
+    pub store_sizes: Vec<u64>,
+    pub load_seconds: f64,
+}
+
+/// vLLM's offloading connector metric names (its `_TransferMetricName` and
+/// `_ConnectorMetricName`).
+const LOAD_BYTES: &str = "vllm:kv_offload_load_bytes";
+const LOAD_TIME: &str = "vllm:kv_offload_load_time";
+const LOAD_SIZE: &str = "vllm:kv_offload_load_size";
+const STORE_BYTES: &str = "vllm:kv_offload_store_bytes";
+const STORE_SIZE: &str = "vllm:kv_offload_store_size";
+const ALLOCATION_FAILURE: &str = "vllm:kv_offload_allocation_failure";
+
+impl OffloadStats {
+    /// The connector's `kv_connector_stats` payload, as vLLM's `OffloadingConnectorStats`
+    /// serializes it: `{"types": {metric: kind}, "data": {metric: {label values: value}}}`,
+    /// every metric unlabeled (label values `()`); `None` when nothing happened (vLLM sends
+    /// no empty stats). The store time is not modelled, so it is not sent.
+    pub fn kv_connector_stats(&self) -> Option<Value> {
+        let mut types = Vec::new();
+        let mut data = Vec::new();
+        let mut put = |name: &str, kind: &str, v: Value| {
+            types.push((Value::from(name), Value::from(kind)));
+            data.push((
+                Value::from(name),
+                Value::Map(vec![(Value::Array(vec![]), v)]),
+            ));
+        };
+        let sizes = |xs: &[u64]| Value::Array(xs.iter().map(|&x| Value::from(x)).collect());
+        if !self.load_sizes.is_empty() {
+            put(
+                LOAD_BYTES,
+                "counter",
+                Value::from(self.load_sizes.iter().sum::<u64>()),
+            );
+            put(LOAD_TIME, "counter", Value::from(self.load_seconds));
+            put(LOAD_SIZE, "histogram", sizes(&self.load_sizes));
+        }
+        if !self.store_sizes.is_empty() {
+            put(
+                STORE_BYTES,
+                "counter",
+                Value::from(self.store_sizes.iter().sum::<u64>()),
+            );
+            put(STORE_SIZE, "histogram", sizes(&self.store_sizes));
+        }
+        if self.allocation_failures > 0 {
+            put(
+                ALLOCATION_FAILURE,
+                "counter",
+                Value::from(self.allocation_failures),
+            );
+        }
+        (!data.is_empty()).then(|| {
+            Value::Map(vec![
+                (Value::from("types"), Value::Map(types)),
+                (Value::from("data"), Value::Map(data)),
+            ])
+        })
+    }
 }
 
 /// Keys in insertion order, with O(log n) move-to-end and removal.
@@ -350,8 +420,15 @@ impl OffloadTier {
                 a.reused.insert(*k);
             }
         }
-        self.stats.loaded_blocks += hashes.len() as u64;
-        self.cfg.load_per_block * hashes.len() as u32
+        let cost = self.cfg.load_per_block * hashes.len() as u32;
+        if !hashes.is_empty() {
+            self.stats.loaded_blocks += hashes.len() as u64;
+            self.stats
+                .load_sizes
+                .push(hashes.len() as u64 * self.cfg.block_bytes);
+            self.stats.load_seconds += cost.as_secs_f64();
+        }
+        cost
     }
 
     /// Offer request `req`'s newly full blocks `hashes` (vLLM's `prepare_store` followed by
@@ -433,6 +510,9 @@ impl OffloadTier {
             a.inserted.extend(to_store.iter().copied());
         }
         self.stats.stored_blocks += to_store.len() as u64;
+        self.stats
+            .store_sizes
+            .push(to_store.len() as u64 * self.cfg.block_bytes);
         if self.record_events {
             self.events
                 .extend(to_store.iter().map(|k| KvEvent::BlockStored {
@@ -535,6 +615,8 @@ mod tests {
             blocks,
             policy,
             load_per_block: Duration::from_micros(50),
+            block_bytes: 1000,
+            connector_stats: false,
         });
         t.set_record_events(true);
         t
@@ -660,6 +742,36 @@ mod tests {
         };
         assert_eq!(a.target_t1, 1.0);
         assert!(!a.b1.contains(&h(1)) && a.t1.contains(&h(1)));
+    }
+
+    #[test]
+    fn the_connector_stats_carry_bytes_sizes_and_load_time_as_vllm_names_them() {
+        let mut t = tier(2, OffloadPolicy::Lru);
+        assert_eq!(
+            t.take_stats().kv_connector_stats(),
+            None,
+            "nothing happened"
+        );
+        t.store(1, &[h(1), h(2)]);
+        t.finish(1);
+        t.load(2, &[h(1)]);
+        t.store(3, &[h(3), h(4), h(5)]); // cannot fit: an allocation failure
+        let v = t.take_stats().kv_connector_stats().unwrap();
+        let text = v.to_string();
+        for (metric, kind, value) in [
+            ("vllm:kv_offload_load_bytes", "counter", "1000"),
+            ("vllm:kv_offload_load_time", "counter", "0.00005"),
+            ("vllm:kv_offload_load_size", "histogram", "[1000]"),
+            ("vllm:kv_offload_store_bytes", "counter", "2000"),
+            ("vllm:kv_offload_store_size", "histogram", "[2000]"),
+            ("vllm:kv_offload_allocation_failure", "counter", "1"),
+        ] {
+            assert!(
+                text.contains(&format!("\"{metric}\": \"{kind}\""))
+                    && text.contains(&format!("\"{metric}\": {{[]: {value}}}")),
+                "{metric}: {text}"
+            );
+        }
     }
 
     #[test]

@@ -450,7 +450,7 @@ fn write_scheduler_stats(w: &mut Writer, s: &SchedulerStats) {
         None => w.nil(),
     }
     w.str("kv_connector_stats");
-    w.nil();
+    w.opt_value(s.kv_connector_stats.as_ref());
     w.str("ec_connector_stats");
     w.nil();
     for (key, adapters) in [

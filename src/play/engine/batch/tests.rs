@@ -265,6 +265,8 @@ fn a_prompt_evicted_from_the_device_is_loaded_from_the_offload_tier() {
         blocks: 16,
         policy: OffloadPolicy::Lru,
         load_per_block: Duration::from_millis(1),
+        block_bytes: 1000,
+        connector_stats: false,
     }));
     let a: Vec<u32> = (3..35).collect(); // two full blocks
     add(&mut e, "a", a.clone(), None);
@@ -311,6 +313,8 @@ fn device_hits_are_offered_to_the_offload_tier_when_nothing_is_loaded() {
         blocks: 2,
         policy: OffloadPolicy::Lru,
         load_per_block: Duration::ZERO,
+        block_bytes: 1000,
+        connector_stats: false,
     }));
     let a: Vec<u32> = (3..35).collect();
     for (id, prompt) in [("a", a.clone()), ("b", (100..132).collect()), ("a2", a)] {
