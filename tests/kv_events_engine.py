@@ -6,7 +6,10 @@ vLLM's own `hash_block_tokens` (sha256, the default), reduced to 64 bits as vLLM
 publisher does. Prints one JSON object per line:
 
   {"kind": "ready"}
-  {"kind": "result", "stored": {...}, "removed": [...], "cleared": n, "mismatches": [...]}
+  {"kind": "result", "stored": {...}, "removed": [...], "cleared": n, "mismatches": [...],
+   "cpu_stored": [...], "cpu_removed": [...]}
+Only device events (medium GPU) are matched to the prompts; the offload tier's (medium CPU,
+vLLM's placeholder form: the hash alone) are listed apart.
 
 usage: kv_events_engine.py <endpoint> <block_size> <prompts as JSON list of lists>
 Reads `quit` on stdin to finish.
@@ -53,13 +56,20 @@ def main():
     print(json.dumps({"kind": "ready"}), flush=True)
 
     stored, removed, cleared, seqs = {}, [], 0, []
+    cpu_stored, cpu_removed, cpu_bad = [], [], []
     while True:
         for sock, _ in poller.poll(100):
             topic, seq, payload = sock.recv_multipart()
             seqs.append(int.from_bytes(seq, "big"))
             batch = decoder.decode(payload)
             for e in batch.events:
-                if isinstance(e, BlockStored):
+                if isinstance(e, BlockStored) and e.medium == "CPU":
+                    if e.token_ids or e.block_size != 0 or e.parent_block_hash is not None:
+                        cpu_bad.append(str(e))
+                    cpu_stored.extend(str(h) for h in e.block_hashes)
+                elif isinstance(e, BlockRemoved) and e.medium == "CPU":
+                    cpu_removed.extend(str(h) for h in e.block_hashes)
+                elif isinstance(e, BlockStored):
                     for i, h in enumerate(e.block_hashes):
                         toks = e.token_ids[i * e.block_size:(i + 1) * e.block_size]
                         stored[str(h)] = {"tokens": toks, "parent": e.parent_block_hash if i == 0 else e.block_hashes[i - 1]}
@@ -71,7 +81,7 @@ def main():
         if r and sys.stdin.readline().strip() == "quit":
             break
 
-    mismatches = []
+    mismatches = [f"CPU store not in vLLM's placeholder form: {e}" for e in cpu_bad]
     for pi, chain in enumerate(expected):
         prev = None
         for bi, (h, toks) in enumerate(chain):
@@ -86,6 +96,7 @@ def main():
     ordered = seqs == list(range(seqs[0], seqs[0] + len(seqs))) if seqs else False
     print(json.dumps({"kind": "result", "stored": len(stored), "removed": [str(h) for h in removed],
                       "cleared": cleared, "mismatches": mismatches, "seq_ordered": ordered,
+                      "cpu_stored": cpu_stored, "cpu_removed": cpu_removed,
                       "expected": [[str(h) for h, _ in c] for c in expected]}), flush=True)
 
 

@@ -25,6 +25,7 @@ use crate::play::content::text::TextTokens;
 use crate::play::content::tokens::{EchoTokens, RandomTokens, TokenSource};
 use crate::play::content::vocab::Vocabulary;
 use crate::play::engine::batch::ComposeRules;
+use crate::play::engine::offload::OffloadConfig;
 use crate::play::engine::queue_policy::SchedulingPolicy;
 use crate::play::engine::sim::{EngineConfig, SimEngine};
 
@@ -282,6 +283,13 @@ impl PlayConfig {
                 registration_generation: a.vllm_version >= VllmLine::new(0, 33),
                 peer_layout: a.kv_peer_layout.clone(),
             },
+            offload: OffloadConfig::from_flags(
+                a.kv_offload_blocks,
+                a.kv_offload_policy,
+                a.kv_offload_load_us,
+                (a.kv_block_bytes, a.kv_offload_connector_stats),
+                !a.no_enable_prefix_caching,
+            )?,
             shaping: Shaping {
                 vocab: vocab.clone(),
                 tool_calls: ToolCalls {

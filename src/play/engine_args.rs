@@ -13,6 +13,7 @@ use crate::play::content::failures::FailureType;
 use crate::play::content::pooling::Runner;
 use crate::play::content::replay::{MatchMode, MissPolicy};
 use crate::play::content::spec_decode::SpecMetricsLevel;
+use crate::play::engine::offload::OffloadPolicy;
 use crate::play::engine::queue_policy::SchedulingPolicy;
 
 /// `--tokens`.
@@ -271,6 +272,39 @@ pub struct EngineArgs {
     /// many tokens, plus vLLM's reserved null block).
     #[arg(long, conflicts_with = "num_gpu_blocks", value_parser = clap::value_parser!(u64).range(1..))]
     pub kv_cache_size: Option<u64>,
+
+    /// Blocks of host memory behind the prefix cache, as vLLM's OffloadingConnector with
+    /// its CPU backend keeps them (0 = no tier; docs/offload.md). Every full block a step computes
+    /// is stored there too; a new request loads the run of its blocks found there after
+    /// its device-cache hit and counts them as cached (external) tokens. Needs the prefix
+    /// cache. KV events report the tier's stores and evictions with medium `CPU`.
+    #[arg(long, default_value_t = 0, help_heading = "KV offload tier")]
+    pub kv_offload_blocks: u64,
+
+    /// Which idle block the offload tier evicts when it is full: `lru` or `arc` (vLLM's
+    /// `eviction_policy`).
+    #[arg(long, value_enum, default_value_t = OffloadPolicy::Lru, help_heading = "KV offload tier")]
+    pub kv_offload_policy: OffloadPolicy,
+
+    /// Microseconds loading one block from the offload tier adds to the step that admits
+    /// its request (default: a 2 MiB block, 16 tokens of an 8B model, over ~40 GB/s).
+    /// Stores cost no step time: vLLM overlaps them with compute.
+    #[arg(
+        long,
+        default_value_t = 50.0,
+        value_name = "US",
+        help_heading = "KV offload tier"
+    )]
+    pub kv_offload_load_us: f64,
+
+    /// Also send the tier's transfers (bytes and sizes of loads and stores, load time,
+    /// allocation failures; blocks of --kv-block-bytes) as vLLM's offloading connector
+    /// does, in the stats' `kv_connector_stats`, which a frontend shows as
+    /// `vllm:kv_offload_*`. Only for a frontend started with a `--kv-transfer-config`
+    /// naming the OffloadingConnector (vLLM's Python server): without it, that frontend
+    /// fails every request; vllm-rs ignores them.
+    #[arg(long, requires = "kv_offload_blocks", help_heading = "KV offload tier")]
+    pub kv_offload_connector_stats: bool,
 
     /// Waiting-queue order.
     #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]

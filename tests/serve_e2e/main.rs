@@ -26,6 +26,7 @@ mod bench;
 mod guidellm;
 mod inference_perf;
 mod load_generators;
+mod offload;
 mod openai;
 mod router;
 mod tokenizers;

@@ -539,6 +539,10 @@ pub struct SchedulerStats {
     /// Fraction 0..1, not a percentage.
     pub kv_cache_usage: f64,
     pub prefix_cache_stats: PrefixCacheStats,
+    /// A KV connector's hits (`vllm:external_prefix_cache_*`); `None` without one.
+    pub connector_prefix_cache_stats: Option<PrefixCacheStats>,
+    /// A KV connector's own stats, as its `KVConnectorStats.data` (`vllm:kv_offload_*`).
+    pub kv_connector_stats: Option<Value>,
     pub spec_decoding_stats: Option<SpecDecodingStats>,
     /// `{adapter name: request count}`.
     pub waiting_lora_adapters: Vec<(String, u64)>,

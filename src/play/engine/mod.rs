@@ -7,6 +7,7 @@ pub mod emit;
 pub mod engine_core;
 pub mod kv_cache;
 pub mod offline;
+pub mod offload;
 pub mod queue_policy;
 pub mod request;
 pub mod scripted;

@@ -336,6 +336,8 @@ mod tests {
             }),
             waiting_lora_adapters: vec![("b".into(), 2)],
             running_lora_adapters: vec![("a".into(), 1), ("c".into(), 3)],
+            connector_prefix_cache_stats: None,
+            kv_connector_stats: None,
         };
         let step = StepCounts {
             outputs: 14,

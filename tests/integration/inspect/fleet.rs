@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::simulate::{records, simulate, simulate_json, write_trace};
+use super::simulate::{SMALL_ENGINE, group_trace, records, simulate, simulate_json};
 use crate::support::{TestDir, number, s, texts};
 
 /// Prompt blocks every request of a group shares (block size 16: 512 tokens).
@@ -29,30 +29,11 @@ fn groups() -> Vec<u64> {
 /// Four groups of requests, each group sharing a 32-block prefix, plus two blocks of its
 /// own per request; one arrives every 60 ms, the groups interleaved.
 fn shared_prefixes(tmp: &TestDir) -> PathBuf {
-    let recs: Vec<Value> = groups()
-        .iter()
-        .enumerate()
-        .map(|(i, g)| {
-            let i = i as u64;
-            let mut hashes: Vec<u64> = (0..SHARED_BLOCKS).map(|b| g * 1000 + b).collect();
-            hashes.extend([100_000 + 2 * i, 100_001 + 2 * i]);
-            json!({"prompt_tokens": 16 * (SHARED_BLOCKS + 2), "output_tokens": 8,
-                   "arrival_ms": 60 * i, "block_hashes": hashes})
-        })
-        .collect();
-    write_trace(tmp, "groups.jsonl", json!({"block_size": 16}), &recs)
+    group_trace(tmp, "groups.jsonl", &groups(), (SHARED_BLOCKS, 60, 8))
 }
 
-/// Two engines of 80 blocks each: one holds two groups' prefixes, not four. A prefill
-/// of the whole prompt takes 200 ms (less by the share served from the cache).
-const ENGINE: [&str; 6] = [
-    "--num-gpu-blocks",
-    "80",
-    "--time-to-first-token",
-    "200",
-    "--inter-token-latency",
-    "10",
-];
+/// Two engines of 80 blocks each: one holds two groups' prefixes, not four.
+const ENGINE: [&str; 6] = SMALL_ENGINE;
 
 fn fleet_json(trace: &Path, route: &str, dump: &Path) -> Value {
     let mut a = vec![s(trace), "--engines", "2", "--route", route];

@@ -8,6 +8,7 @@ mod convert;
 mod convert_tools;
 mod fit;
 mod fleet;
+mod offload;
 mod perfetto;
 mod simulate;
 mod summarize;

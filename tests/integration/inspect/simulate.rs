@@ -29,6 +29,40 @@ pub(super) fn write_trace(tmp: &TestDir, name: &str, meta: Value, records: &[Val
     path
 }
 
+/// A trace of requests in prefix groups (blocks of 16 tokens): request i is in group
+/// `groups[i]`, whose prompts share `shared` blocks, plus two blocks of its own; one
+/// arrives every `gap_ms`, asking for `output` tokens.
+pub(super) fn group_trace(
+    tmp: &TestDir,
+    name: &str,
+    groups: &[u64],
+    (shared, gap_ms, output): (u64, u64, u64),
+) -> PathBuf {
+    let recs: Vec<Value> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let i = i as u64;
+            let mut hashes: Vec<u64> = (0..shared).map(|b| g * 1000 + b).collect();
+            hashes.extend([100_000 + 2 * i, 100_001 + 2 * i]);
+            json!({"prompt_tokens": 16 * (shared + 2), "output_tokens": output,
+                   "arrival_ms": gap_ms * i, "block_hashes": hashes})
+        })
+        .collect();
+    write_trace(tmp, name, json!({"block_size": 16}), &recs)
+}
+
+/// An engine of 80 blocks of 16 tokens whose prefill of a whole prompt takes 200 ms (less
+/// by the share served from the cache), and a decode 10 ms.
+pub(super) const SMALL_ENGINE: [&str; 6] = [
+    "--num-gpu-blocks",
+    "80",
+    "--time-to-first-token",
+    "200",
+    "--inter-token-latency",
+    "10",
+];
+
 /// The records of a simulated trace, by request id (`replay-<i>`).
 pub(super) fn records(path: &Path) -> std::collections::BTreeMap<String, Value> {
     let text = std::fs::read_to_string(path).unwrap();

@@ -5,8 +5,8 @@ use bytes::Bytes;
 use super::{EncodeError, EncodeOptions, Writer};
 use crate::line::{OutputField, VllmLine};
 use crate::types::{
-    CallId, EngineCoreOutput, EngineCoreOutputs, LogprobsLists, PrefillStats, SchedulerStats,
-    StopReason, UtilityOutput,
+    CallId, EngineCoreOutput, EngineCoreOutputs, LogprobsLists, PrefillStats, PrefixCacheStats,
+    SchedulerStats, StopReason, UtilityOutput,
 };
 
 /// Encode one envelope for `line` with default options. See [`encode_outputs_with`].
@@ -422,26 +422,12 @@ fn write_scheduler_stats(w: &mut Writer, s: &SchedulerStats) {
     w.str("iteration_details");
     w.nil();
     w.str("prefix_cache_stats");
-    let p = &s.prefix_cache_stats;
-    w.map(8);
-    w.str("reset");
-    w.bool(p.reset);
-    w.str("requests");
-    w.uint(p.requests);
-    w.str("queries");
-    w.uint(p.queries);
-    w.str("hits");
-    w.uint(p.hits);
-    w.str("preempted_requests");
-    w.uint(p.preempted_requests);
-    w.str("preempted_queries");
-    w.uint(p.preempted_queries);
-    w.str("preempted_hits");
-    w.uint(p.preempted_hits);
-    w.str("hits_by_source");
-    w.map(0);
+    write_prefix_cache_stats(w, &s.prefix_cache_stats);
     w.str("connector_prefix_cache_stats");
-    w.nil();
+    match &s.connector_prefix_cache_stats {
+        Some(p) => write_prefix_cache_stats(w, p),
+        None => w.nil(),
+    }
     w.str("kv_cache_eviction_events");
     w.array(0);
     w.str("spec_decoding_stats");
@@ -464,7 +450,7 @@ fn write_scheduler_stats(w: &mut Writer, s: &SchedulerStats) {
         None => w.nil(),
     }
     w.str("kv_connector_stats");
-    w.nil();
+    w.opt_value(s.kv_connector_stats.as_ref());
     w.str("ec_connector_stats");
     w.nil();
     for (key, adapters) in [
@@ -482,4 +468,25 @@ fn write_scheduler_stats(w: &mut Writer, s: &SchedulerStats) {
     w.nil();
     w.str("perf_stats");
     w.nil();
+}
+
+/// A `PrefixCacheStats`: the device cache's, or a KV connector's.
+fn write_prefix_cache_stats(w: &mut Writer, p: &PrefixCacheStats) {
+    w.map(8);
+    w.str("reset");
+    w.bool(p.reset);
+    w.str("requests");
+    w.uint(p.requests);
+    w.str("queries");
+    w.uint(p.queries);
+    w.str("hits");
+    w.uint(p.hits);
+    w.str("preempted_requests");
+    w.uint(p.preempted_requests);
+    w.str("preempted_queries");
+    w.uint(p.preempted_queries);
+    w.str("preempted_hits");
+    w.uint(p.preempted_hits);
+    w.str("hits_by_source");
+    w.map(0);
 }

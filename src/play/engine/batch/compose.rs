@@ -22,13 +22,14 @@
 
 use std::collections::BTreeSet;
 use std::ops::Bound::{Excluded, Unbounded};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sim_protocol::{EngineCoreEvent, EventType};
 use sim_trace::latency::{DecodeSlot, PrefillChunk, StepShape};
 
 use super::WaitKey;
 use super::{Batch, Slot};
+use crate::play::engine::block_hash::BlockHash;
 use crate::play::engine::request::Phase;
 use crate::play::engine::timer::instant_to_monotonic;
 
@@ -54,6 +55,9 @@ pub struct StepPlan {
     /// `(request, tokens computed in this step)`.
     pub scheduled: Vec<(Slot, u64)>,
     pub shape: StepShape,
+    /// Loading the blocks this step's new requests found in the offload tier: added to
+    /// the step's duration.
+    pub load_time: Duration,
 }
 
 impl Batch {
@@ -108,6 +112,10 @@ impl Batch {
             &r.tokens[from * bs..full * bs],
             r.lora_id.zip(r.lora_name.as_deref()),
         );
+        // vLLM's offloading connector offers each newly full block to its tier too
+        if let Some(t) = &mut self.offload {
+            t.store(r.key, &r.block_hashes[from..full]);
+        }
     }
 
     /// Index in `running` of the request to preempt: the newest, or under the priority
@@ -143,6 +151,7 @@ impl Batch {
             ..Default::default()
         };
         let mut preempted_any = false;
+        let mut load_time = Duration::ZERO;
 
         // 1. running requests
         let mut i = 0;
@@ -253,7 +262,27 @@ impl Batch {
                         hits = self.pool.lookup(probe);
                     }
                 }
-                let mut computed = (hits.len() * bs) as u64;
+                // the offload tier: the run of blocks after the device hit found there is
+                // loaded (vLLM's offloading connector's `get_num_new_matched_tokens`); every
+                // full block of the prompt can hit, the last one too
+                let mut from_tier: Vec<BlockHash> = Vec::new();
+                if first_admission
+                    && rules.enable_prefix_caching
+                    && !remote
+                    && let Some(t) = &self.offload
+                    && let Some(r) = self.requests.get_mut(id)
+                {
+                    let max_blocks = total as usize / bs;
+                    r.hash_blocks(max_blocks, bs, &self.none_hash);
+                    let probe = &r.block_hashes[hits.len()..max_blocks.min(r.block_hashes.len())];
+                    from_tier = probe[..t.lookup(probe)].to_vec();
+                }
+                let tier_tokens = (from_tier.len() * bs) as u64;
+                let mut computed = (hits.len() * bs) as u64 + tier_tokens;
+                // a whole prompt loaded: its last token is computed again to sample the next
+                // (vLLM, once the load is done); it still counts as cached
+                let tier_whole = u64::from(tier_tokens > 0 && computed >= total);
+                computed -= tier_whole;
                 // P/D decode side: the rest of the prompt (all but the last token, which is
                 // computed to sample) is pulled from the prefill engine, like the
                 // NixlConnector's `get_num_new_matched_tokens`
@@ -300,8 +329,8 @@ impl Batch {
                         // a pulled prompt counts whole as external (vLLM's connector
                         // matches every prompt token, then recomputes the last one)
                         let whole = u64::from(remote && external > 0);
-                        r.cached_tokens = computed + whole;
-                        r.external_cached_tokens = external + whole;
+                        r.cached_tokens = computed + whole + tier_whole;
+                        r.external_cached_tokens = external + whole + tier_tokens;
                     }
                     r.phase = Phase::Running;
                     r.pending_events.push(EngineCoreEvent {
@@ -312,7 +341,20 @@ impl Batch {
                         loras.insert(l);
                     }
                 }
+                if let Some(t) = &mut self.offload
+                    && first_admission
+                    && rules.enable_prefix_caching
+                    && !remote
+                {
+                    // the connector is asked for what the device cache did not hold
+                    let key = self.requests.get(id).map_or(0, |r| r.key);
+                    let queried = total - (hits.len() * bs) as u64;
+                    t.record_query(queried, tier_tokens, preempted_before);
+                    load_time += t.load(key, &from_tier);
+                }
                 if first_admission {
+                    // the device cache's own hits (the tier's are the connector's)
+                    let computed = computed + tier_whole - tier_tokens;
                     let d = &mut self.prefix_delta;
                     if preempted_before {
                         d.preempted_requests += 1;
@@ -323,6 +365,16 @@ impl Batch {
                         d.queries += total;
                         d.hits += computed;
                     }
+                }
+                // without a load, vLLM's store index stays at the request's first block:
+                // its device hits are offered to the tier with what it computes (a hit the
+                // tier lost is stored again); a load skips every hit block
+                if from_tier.is_empty()
+                    && !hits.is_empty()
+                    && let Some(t) = &mut self.offload
+                    && let Some(r) = self.requests.get(id)
+                {
+                    t.store(r.key, &r.block_hashes[..hits.len()]);
                 }
                 self.cache_full_blocks(id, n, rules.enable_prefix_caching);
                 if external > 0 {
@@ -372,6 +424,10 @@ impl Batch {
         }
         shape.running = self.running.len() as u64;
         shape.waiting = self.waiting.len() as u64;
-        Some(StepPlan { scheduled, shape })
+        Some(StepPlan {
+            scheduled,
+            shape,
+            load_time,
+        })
     }
 }

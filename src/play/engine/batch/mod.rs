@@ -14,10 +14,12 @@ mod table;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
+use sim_protocol::kv_events::KvEvent;
 use sim_protocol::{EngineCoreEvent, EventType, PrefixCacheStats};
 
 use super::block_hash::{BlockHash, default_none_hash};
 use super::kv_cache::{BlockPool, PoolEvent};
+use super::offload::{OffloadStats, OffloadTier};
 use super::queue_policy::{QueuePolicy, WaitingKey};
 use super::request::{Phase, SimRequest};
 use super::timer::instant_to_monotonic;
@@ -71,6 +73,8 @@ pub struct Batch {
     /// Blocks of finished prefill-instance requests (P/D), kept for the decode instance
     /// to read: request id → (block ids, when they are freed unread).
     held: HashMap<String, (Vec<usize>, Instant)>,
+    /// The KV offload tier behind the pool (`--kv-offload-blocks`), if any.
+    offload: Option<OffloadTier>,
 }
 
 /// A waiting request's place in the queue ([`QueuePolicy::sort_key`]).
@@ -99,12 +103,40 @@ impl Batch {
             dirty: false,
             log_requests,
             held: HashMap::new(),
+            offload: None,
         }
+    }
+
+    /// Put an offload tier behind the prefix cache.
+    pub fn set_offload(&mut self, tier: OffloadTier) {
+        self.offload = Some(tier);
+    }
+
+    /// The offload tier's KV events since the last call (medium `CPU`); vLLM publishes
+    /// them after the pool's events of the same step.
+    pub fn take_offload_events(&mut self) -> Vec<KvEvent> {
+        self.offload
+            .as_mut()
+            .map(OffloadTier::take_events)
+            .unwrap_or_default()
+    }
+
+    /// The offload tier's counters since the last call; `None` without a tier.
+    pub fn take_offload_stats(&mut self) -> Option<OffloadStats> {
+        self.offload.as_mut().map(OffloadTier::take_stats)
     }
 
     /// Record the pool's cache events (for the KV-events publisher).
     pub fn record_kv_events(&mut self, on: bool) {
         self.pool.set_record_events(on);
+    }
+
+    /// Record the offload tier's events (for the KV-events publisher; the offline
+    /// router follows the device cache only).
+    pub fn record_offload_events(&mut self, on: bool) {
+        if let Some(t) = &mut self.offload {
+            t.set_record_events(on);
+        }
     }
 
     /// The pool's cache events since the last call.
@@ -188,6 +220,9 @@ impl Batch {
     fn remove_slot(&mut self, slot: Slot) -> Option<SimRequest> {
         self.free_blocks(slot);
         let r = self.requests.remove(slot)?;
+        if let Some(t) = &mut self.offload {
+            t.finish(r.key);
+        }
         if r.lora_name.is_some() {
             self.lora_requests -= 1;
         }

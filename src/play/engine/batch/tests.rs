@@ -254,3 +254,81 @@ fn max_loras_limits_distinct_adapters_in_the_batch() {
         "reported as deferred, not waiting for capacity"
     );
 }
+
+#[test]
+fn a_prompt_evicted_from_the_device_is_loaded_from_the_offload_tier() {
+    use crate::play::engine::offload::{OffloadConfig, OffloadPolicy, OffloadTier};
+    use std::time::Duration;
+    // 4 usable device blocks of 16 tokens; a 16-block tier, 1 ms per loaded block
+    let mut e = engine(|_, kv| kv.0 = 5);
+    e.batch.set_offload(OffloadTier::new(OffloadConfig {
+        blocks: 16,
+        policy: OffloadPolicy::Lru,
+        load_per_block: Duration::from_millis(1),
+        block_bytes: 1000,
+        connector_stats: false,
+    }));
+    let a: Vec<u32> = (3..35).collect(); // two full blocks
+    add(&mut e, "a", a.clone(), None);
+    let p = plan(&mut e);
+    assert_eq!(p, s(&[("a", 32)]));
+    finish(&mut e, &p);
+    e.batch.remove("a");
+    // b takes every device block: a's cached blocks leave the device
+    add(&mut e, "b", (100..164).collect(), None);
+    let p = plan(&mut e);
+    assert_eq!(p, s(&[("b", 64)]));
+    finish(&mut e, &p);
+    e.batch.remove("b");
+    add(&mut e, "a2", a, None);
+    let step = e.batch.compose(&e.rules, Instant::now()).unwrap();
+    // the whole prompt is loaded (2 blocks, 2 ms); its last token is computed again
+    assert_eq!(step.load_time, Duration::from_millis(2));
+    assert_eq!(step.scheduled.len(), 1);
+    assert_eq!(step.scheduled[0].1, 1);
+    let r = e.batch.get("a2").unwrap();
+    assert_eq!((r.cached_tokens, r.external_cached_tokens), (32, 32));
+    // the device found nothing for a2; the connector's stats have the tier's hit
+    let (_, device) = e.batch.take_stats();
+    assert_eq!((device.queries, device.hits), (32 + 64 + 32, 0));
+    let tier = e.batch.take_offload_stats().unwrap();
+    assert_eq!(
+        (
+            tier.lookups.requests,
+            tier.lookups.queries,
+            tier.lookups.hits
+        ),
+        (3, 128, 32)
+    );
+    assert_eq!(tier.loaded_blocks, 2);
+}
+
+#[test]
+fn device_hits_are_offered_to_the_offload_tier_when_nothing_is_loaded() {
+    use crate::play::engine::offload::{OffloadConfig, OffloadPolicy, OffloadTier};
+    use std::time::Duration;
+    // a 2-block tier behind a large device cache
+    let mut e = engine(|_, _| {});
+    e.batch.set_offload(OffloadTier::new(OffloadConfig {
+        blocks: 2,
+        policy: OffloadPolicy::Lru,
+        load_per_block: Duration::ZERO,
+        block_bytes: 1000,
+        connector_stats: false,
+    }));
+    let a: Vec<u32> = (3..35).collect();
+    for (id, prompt) in [("a", a.clone()), ("b", (100..132).collect()), ("a2", a)] {
+        add(&mut e, id, prompt, None);
+        let p = plan(&mut e);
+        finish(&mut e, &p);
+        e.batch.remove(id);
+    }
+    // b's blocks pushed a's out of the tier; a2 hit its first block on the device, found
+    // nothing to load, and stored both blocks again (the hit one included)
+    let s = e.batch.take_offload_stats().unwrap();
+    assert_eq!(
+        (s.stored_blocks, s.evicted_blocks, s.loaded_blocks),
+        (6, 4, 0)
+    );
+    assert_eq!((s.lookups.queries, s.lookups.hits), (32 + 32 + 16, 0));
+}

@@ -12,6 +12,7 @@ use crate::play::content::failures::FailureInjector;
 use crate::play::content::pooling::Runner;
 use crate::play::content::spec_decode::{SpecMetricsLevel, SpecModel};
 use crate::play::engine::batch::ComposeRules;
+use crate::play::engine::offload::OffloadConfig;
 use crate::play::pd::PdConfig;
 
 /// Engine settings, validated.
@@ -62,4 +63,6 @@ pub struct EngineConfig {
     pub natural_output_len: Option<u64>,
     /// Prefill/decode disaggregation.
     pub pd: PdConfig,
+    /// The KV offload tier behind the prefix cache (`--kv-offload-blocks`), if any.
+    pub offload: Option<OffloadConfig>,
 }

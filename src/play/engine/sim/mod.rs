@@ -112,10 +112,14 @@ impl SimEngine {
         latency: Box<dyn LatencyModel>,
         policy: Box<dyn QueuePolicy>,
     ) -> Self {
+        let mut batch = Batch::new(cfg.num_gpu_blocks, cfg.block_size, cfg.log_requests, policy);
+        if let Some(o) = cfg.offload {
+            batch.set_offload(super::offload::OffloadTier::new(o));
+        }
         Self {
             tokens,
             latency,
-            batch: Batch::new(cfg.num_gpu_blocks, cfg.block_size, cfg.log_requests, policy),
+            batch,
             in_flight: None,
             wake: None,
             step_counter: 0,
@@ -160,6 +164,7 @@ impl SimEngine {
     /// Publish the block pool's cache events (BlockStored / BlockRemoved / AllBlocksCleared).
     pub fn set_kv_publisher(&mut self, p: KvEventPublisher) {
         self.batch.record_kv_events(p.is_enabled());
+        self.batch.record_offload_events(p.is_enabled());
         self.kv_publisher = Some(p);
     }
 
@@ -194,6 +199,7 @@ impl SimEngine {
             .take_kv_events()
             .into_iter()
             .map(|e| e.into_kv_event(bs))
+            .chain(self.batch.take_offload_events())
             .collect();
         if !events.is_empty() {
             p.publish(events);

@@ -44,6 +44,7 @@ impl SimEngine {
             {
                 timing.duration = timing.duration.max(self.cfg.first_token_floor);
             }
+            timing.duration += plan.load_time; // blocks loaded from the offload tier
             self.in_flight = Some(InFlight {
                 end: start + timing.duration,
                 plan,
@@ -87,6 +88,7 @@ impl SimEngine {
     pub(super) fn take_stats(&mut self) -> SchedulerStats {
         self.step_counter += 1;
         let (g, prefix) = self.batch.take_stats();
+        let offload = self.batch.take_offload_stats();
         SchedulerStats {
             num_running_reqs: g.running + self.scripts.len() as u64,
             // vLLM counts a request waiting for its grammar as waiting
@@ -95,6 +97,10 @@ impl SimEngine {
             step_counter: self.step_counter,
             kv_cache_usage: g.kv_cache_usage,
             prefix_cache_stats: prefix,
+            connector_prefix_cache_stats: offload.as_ref().map(|s| s.lookups),
+            kv_connector_stats: offload
+                .filter(|_| self.cfg.offload.is_some_and(|o| o.connector_stats))
+                .and_then(|s| s.kv_connector_stats()),
             spec_decoding_stats: self.spec_step.take().and_then(SpecStepStats::into_stats),
             running_lora_adapters: g.running_lora,
             waiting_lora_adapters: g.waiting_lora,
