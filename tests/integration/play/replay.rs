@@ -350,16 +350,20 @@ async fn recorded_steps_replay_their_bursts_and_gaps_at_concurrency_16() {
     }
     assert_eq!((k, drafts, accepted), (3, 16 * 4, 16 * (2 + 3 + 1)));
     // Every chunk at its scripted time, engine-stamped: the median within 1 ms (chunks on
-    // a step grid would move it by half a step) and the worst within 5 ms plus the longest
-    // stall the run suffered from the machine (a probe's overrun of a 1 ms sleep): the
-    // loop's lateness is typically under 0.5 ms, and a busy 2-core machine stalls it by as
-    // much as it stalls everything else.
+    // a step grid would move it by half a step) and the worst within 5 ms, each plus the
+    // longest stall the run suffered from the machine (a probe's overrun of a 1 ms sleep):
+    // the loop's lateness is typically under 0.5 ms, and a busy 2-core machine stalls it
+    // by as much as it stalls everything else (a median 14.7 ms off was seen at load 10).
     deviations.sort_by(f64::total_cmp);
     let median = deviations[deviations.len() / 2];
     for d in &deviations {
         worst = worst.max(*d);
     }
-    assert!(median < 0.001, "median deviation {:.3} ms", median * 1e3);
+    assert!(
+        median * 1e3 < 1.0 + stalled_ms,
+        "median deviation {:.3} ms, allowed 1 ms + the run's longest stall {stalled_ms:.3} ms",
+        median * 1e3
+    );
     assert!(
         worst * 1e3 < 5.0 + stalled_ms,
         "worst deviation {:.3} ms, allowed 5 ms + the run's longest stall {stalled_ms:.3} ms",
