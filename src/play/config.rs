@@ -282,6 +282,7 @@ impl PlayConfig {
                 block_bytes: a.kv_block_bytes,
                 registration_generation: a.vllm_version >= VllmLine::new(0, 33),
                 peer_layout: a.kv_peer_layout.clone(),
+                connector_stats: a.nixl_connector_stats,
             },
             offload: OffloadConfig::from_flags(
                 a.kv_offload_blocks,

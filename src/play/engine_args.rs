@@ -306,6 +306,15 @@ pub struct EngineArgs {
     #[arg(long, requires = "kv_offload_blocks", help_heading = "KV offload tier")]
     pub kv_offload_connector_stats: bool,
 
+    /// Report a `--pd-role decode` engine's NIXL reads (duration, bytes, descriptors, failed
+    /// reads) as vLLM's NixlConnector does, in the stats' `kv_connector_stats`, which a
+    /// frontend shows as `vllm:nixl_*`. Only for a frontend started with a
+    /// `--kv-transfer-config` naming the NixlConnector (vLLM's Python server): without it,
+    /// that frontend fails every request; vllm-rs ignores them. Reads move bytes only in
+    /// `nixl` builds.
+    #[arg(long, conflicts_with = "kv_offload_connector_stats")]
+    pub nixl_connector_stats: bool,
+
     /// Waiting-queue order.
     #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
     pub scheduling_policy: SchedulingPolicy,

@@ -201,6 +201,7 @@ impl<E: EngineCore> OfflineDriver<E> {
             let ev = crate::play::pd::PdEvent::Pulled {
                 request_id: p.request_id,
                 result: Ok(n),
+                transfer: crate::play::pd::connector_stats::Transfer::None,
             };
             self.push(self.now, EngineInput::Pd(ev));
         }

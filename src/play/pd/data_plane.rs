@@ -32,6 +32,8 @@ pub struct PullStats {
     pub blocks: usize,
     /// Bytes moved (0 on the no-op plane).
     pub bytes: usize,
+    /// Descriptors the READ moved: a block in every region (0 on the no-op plane).
+    pub descriptors: usize,
     pub elapsed: std::time::Duration,
     /// A vLLM peer's bytes, which cannot be checked here: SHA-256 of what was read,
     /// region by region, block by block (`None`: every byte was checked, or none moved).
@@ -87,6 +89,7 @@ pub trait DataPlane: Send + Sync + std::fmt::Debug {
         Ok(PullStats {
             blocks: remote_blocks.len(),
             bytes: 0,
+            descriptors: 0,
             elapsed: std::time::Duration::ZERO,
             digest: None,
         })
@@ -349,9 +352,11 @@ mod nixl_plane {
                 lock(&self.peers).remove(address);
             }
             let (stats, digest) = result.map_err(|e| format!("{e:#}"))?;
+            let regions = lock(&self.pool).regions();
             Ok(PullStats {
                 blocks: remote.len(),
                 bytes: stats.bytes,
+                descriptors: remote.len() * regions,
                 elapsed: stats.elapsed,
                 digest,
             })

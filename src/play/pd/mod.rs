@@ -25,6 +25,7 @@
 //! frontend's sockets: the side channel, the data plane behind it (no-op or NIXL), and the
 //! KV-cache events publisher.
 
+pub mod connector_stats;
 pub mod data_plane;
 pub mod handshake;
 pub mod kv_events;
@@ -85,6 +86,8 @@ pub struct PdConfig {
     pub registration_generation: bool,
     /// `--kv-peer-layout`: lay the NIXL pool out as this vLLM engine's KV cache.
     pub peer_layout: Option<layout::KvLayout>,
+    /// `--nixl-connector-stats`: report the reads as vLLM's NixlConnector does.
+    pub connector_stats: bool,
 }
 
 /// What the side channel and the KV pulls tell an engine.
@@ -98,10 +101,11 @@ pub enum PdEvent {
         block_ids: Vec<u64>,
         reply: tokio::sync::oneshot::Sender<Result<usize, String>>,
     },
-    /// Decode side: the pull for `request_id` ended.
+    /// Decode side: the pull for `request_id` ended, having moved `transfer`.
     Pulled {
         request_id: String,
         result: Result<usize, String>,
+        transfer: connector_stats::Transfer,
     },
 }
 
@@ -356,6 +360,7 @@ mod tests {
             block_bytes: 4096,
             registration_generation: true,
             peer_layout: None,
+            connector_stats: false,
         }
     }
 

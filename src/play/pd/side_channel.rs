@@ -11,7 +11,8 @@ use zeromq::{DealerSocket, Socket};
 
 use std::sync::Arc;
 
-use super::data_plane::{self, DataPlane};
+use super::connector_stats::{KvTransfer, Transfer};
+use super::data_plane::{self, DataPlane, PullStats};
 use crate::play::engine::engine_core::EngineInput;
 use crate::play::pd::{PdEvent, Pull, wire};
 
@@ -141,16 +142,27 @@ pub async fn watch_reads(
 /// Make one pull and report it to the engine: with a plane that moves bytes, the
 /// handshake (once per prefill engine) and a verified READ; otherwise one `vcr_read`.
 pub async fn pull(p: Pull, engine: mpsc::UnboundedSender<EngineInput>, plane: Arc<dyn DataPlane>) {
-    let result = if plane.moves_bytes() {
+    let (result, transfer) = if plane.moves_bytes() {
         // the handshake and the READ are bounded one by one: a first READ from a peer
         // pays UCX's connection set-up, seconds on a loaded machine
-        read_bytes(&p, plane).await
+        match read_bytes(&p, plane).await {
+            Ok(stats) => (
+                Ok(stats.blocks),
+                Transfer::Done(KvTransfer {
+                    seconds: stats.elapsed.as_secs_f64(),
+                    bytes: stats.bytes as u64,
+                    descriptors: stats.descriptors as u64,
+                }),
+            ),
+            Err(e) => (Err(e), Transfer::Failed),
+        }
     } else {
-        answered_within(&p, read_once(&p)).await
+        (answered_within(&p, read_once(&p)).await, Transfer::None)
     };
     let _ = engine.send(EngineInput::Pd(PdEvent::Pulled {
         request_id: p.request_id,
         result,
+        transfer,
     }));
 }
 
@@ -170,7 +182,7 @@ async fn answered_within<T>(
 
 /// The NIXL path: fetch the prefill engine's handshake if this plane has not loaded its
 /// agent yet, then READ and verify the blocks (on a blocking thread).
-async fn read_bytes(p: &Pull, plane: Arc<dyn DataPlane>) -> Result<usize, String> {
+async fn read_bytes(p: &Pull, plane: Arc<dyn DataPlane>) -> Result<PullStats, String> {
     let address = format!("tcp://{}:{}", p.remote.host, p.remote.port);
     // a peer is its engine at its address: a prefill engine restarted on the same port
     // has a new engine id (and a new agent), so it is handshaken again, as vLLM keys its
@@ -229,7 +241,7 @@ async fn read_bytes(p: &Pull, plane: Arc<dyn DataPlane>) -> Result<usize, String
             "NIXL READ done: a vLLM engine's KV, digested"
         ),
     }
-    Ok(stats.blocks)
+    Ok(stats)
 }
 
 /// vLLM's handshake as a REQ peer does it: `get_meta_msg` out, `[payload, perf_counter]`

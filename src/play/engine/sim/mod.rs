@@ -72,6 +72,8 @@ pub struct SimEngine {
     step_counter: u64,
     /// Speculative-decoding counters of the step being reported.
     spec_step: Option<SpecStepStats>,
+    /// NIXL reads since the last stats (`--nixl-connector-stats`).
+    nixl_stats: crate::play::pd::connector_stats::NixlStats,
     shutting_down: bool,
     util: UtilityState,
     warned_request_lens: HashSet<usize>,
@@ -124,6 +126,7 @@ impl SimEngine {
             wake: None,
             step_counter: 0,
             spec_step: None,
+            nixl_stats: Default::default(),
             shutting_down: false,
             util: UtilityState::default(),
             warned_request_lens: HashSet::new(),

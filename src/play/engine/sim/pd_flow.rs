@@ -95,7 +95,14 @@ impl SimEngine {
                 let _ = reply.send(answer);
                 self.flush_stats(now, out);
             }
-            PdEvent::Pulled { request_id, result } => {
+            PdEvent::Pulled {
+                request_id,
+                result,
+                transfer,
+            } => {
+                if self.cfg.pd.connector_stats {
+                    self.nixl_stats.record(transfer);
+                }
                 let policy = self.cfg.pd.failure_policy;
                 let Some(r) = self.batch.get_mut(&request_id).filter(|r| r.awaiting_kv) else {
                     tracing::debug!(request_id = %request_id, "a KV pull ended for a request that is gone");

@@ -100,7 +100,8 @@ impl SimEngine {
             connector_prefix_cache_stats: offload.as_ref().map(|s| s.lookups),
             kv_connector_stats: offload
                 .filter(|_| self.cfg.offload.is_some_and(|o| o.connector_stats))
-                .and_then(|s| s.kv_connector_stats()),
+                .and_then(|s| s.kv_connector_stats())
+                .or_else(|| self.nixl_stats.take()),
             spec_decoding_stats: self.spec_step.take().and_then(SpecStepStats::into_stats),
             running_lora_adapters: g.running_lora,
             waiting_lora_adapters: g.waiting_lora,
