@@ -1,0 +1,254 @@
+//! The tool-call formats of the frontends' tool parsers (`--tool-call-format`): how an
+//! answer that calls a tool is written, so that the parser the frontend was started with
+//! (`--tool-call-parser`) turns it into `tool_calls` and leaves `content` empty.
+//!
+//! Each format is a Lark grammar around the tool's name and arguments; the arguments follow
+//! the tool's (closed) JSON schema, as a JSON object or, for the formats that spell each
+//! argument on its own (pythonic, Qwen3's XML, GLM's key/value tags), one value per
+//! property. Only formats the parsers read from the text are here: those whose markers the
+//! parser looks up as single tokens of the vocabulary (llama3_json's `<|python_tag|>`,
+//! mistral's `[TOOL_CALLS]`, deepseek_v3's `<｜tool▁calls▁begin｜>`) refuse to start with
+//! a byte-level tokenizer such as the embedded model's.
+
+use serde_json::{Value, json};
+
+use super::lark::{lark_regex, lark_str, schema_text};
+
+/// How a tool call is written: the name is the frontend's `--tool-call-parser` that reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ToolCallFormat {
+    /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (Hermes, Qwen2.5/3 JSON).
+    #[default]
+    #[value(name = "hermes")]
+    Hermes,
+    /// `[get_weather(city="Paris", days=3)]`, Python call syntax (Llama 3.2, many others).
+    #[value(name = "pythonic")]
+    Pythonic,
+    /// Llama 4's pythonic calls (the same text; its parser also takes `<|python_start|>`).
+    #[value(name = "llama4_pythonic")]
+    Llama4Pythonic,
+    /// Qwen3-Coder's XML: `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>…`.
+    #[value(name = "qwen3_xml")]
+    Qwen3Xml,
+    /// The same XML under its other parser name.
+    #[value(name = "qwen3_coder")]
+    Qwen3Coder,
+    /// GLM-4.5/4.7: `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>…`.
+    #[value(name = "glm45")]
+    Glm45,
+    /// Granite 3: `<|tool_call|>[{"name": …, "arguments": {…}}]`.
+    #[value(name = "granite")]
+    Granite,
+    /// Kimi K2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0…`.
+    #[value(name = "kimi_k2")]
+    KimiK2,
+    /// xLAM: a bare JSON list `[{"name": …, "arguments": {…}}]`.
+    #[value(name = "xlam")]
+    Xlam,
+    /// InternLM 2: `<|action_start|><|plugin|>\n{"name": …, "parameters": {…}}<|action_end|>`.
+    #[value(name = "internlm")]
+    Internlm,
+    /// Phi-4-mini: `functools[{"name": …, "arguments": {…}}]`.
+    #[value(name = "phi4_mini_json")]
+    Phi4MiniJson,
+}
+
+/// Parser names that read a format under another name.
+const ALIASES: &[(&str, ToolCallFormat)] = &[
+    ("qwen3_json", ToolCallFormat::Hermes),
+    ("granite4", ToolCallFormat::Hermes),
+    ("glm47", ToolCallFormat::Glm45),
+];
+
+impl ToolCallFormat {
+    /// The `--tool-call-parser` that reads this format (the same name on both frontends).
+    pub fn parser(self) -> &'static str {
+        match self {
+            ToolCallFormat::Hermes => "hermes",
+            ToolCallFormat::Pythonic => "pythonic",
+            ToolCallFormat::Llama4Pythonic => "llama4_pythonic",
+            ToolCallFormat::Qwen3Xml => "qwen3_xml",
+            ToolCallFormat::Qwen3Coder => "qwen3_coder",
+            ToolCallFormat::Glm45 => "glm45",
+            ToolCallFormat::Granite => "granite",
+            ToolCallFormat::KimiK2 => "kimi_k2",
+            ToolCallFormat::Xlam => "xlam",
+            ToolCallFormat::Internlm => "internlm",
+            ToolCallFormat::Phi4MiniJson => "phi4_mini_json",
+        }
+    }
+
+    /// The format a `--tool-call-parser` reads, when the engine can write it.
+    pub fn from_parser(name: &str) -> Option<ToolCallFormat> {
+        use clap::ValueEnum;
+        ToolCallFormat::from_str(name, false)
+            .ok()
+            .or_else(|| ALIASES.iter().find(|(n, _)| *n == name).map(|(_, f)| *f))
+    }
+
+    /// A Lark grammar of one call to `name` whose arguments follow `params` (a closed JSON
+    /// schema).
+    pub fn grammar(self, name: &str, params: &Value) -> String {
+        let json_call = |key: &str| {
+            format!(
+                "{{\"name\": {}, \"{key}\": ",
+                serde_json::to_string(name).unwrap_or_default()
+            )
+        };
+        let args = format!("args: %json {}\n", schema_text(params));
+        let wrap = |before: String, after: &str| {
+            format!(
+                "start: {} args {}\n{args}",
+                lark_str(&before),
+                lark_str(after)
+            )
+        };
+        match self {
+            ToolCallFormat::Hermes => wrap(
+                format!("<tool_call>\n{}", json_call("arguments")),
+                "}\n</tool_call>",
+            ),
+            ToolCallFormat::Granite => {
+                wrap(format!("<|tool_call|>[{}", json_call("arguments")), "}]")
+            }
+            ToolCallFormat::Xlam => wrap(format!("[{}", json_call("arguments")), "}]"),
+            ToolCallFormat::Phi4MiniJson => {
+                wrap(format!("functools[{}", json_call("arguments")), "}]")
+            }
+            ToolCallFormat::Internlm => wrap(
+                format!("<|action_start|><|plugin|>\n{}", json_call("parameters")),
+                "}<|action_end|>",
+            ),
+            ToolCallFormat::KimiK2 => wrap(
+                format!(
+                    "<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>"
+                ),
+                "<|tool_call_end|><|tool_calls_section_end|>",
+            ),
+            ToolCallFormat::Pythonic | ToolCallFormat::Llama4Pythonic => {
+                let parts: Vec<String> = written_args(params)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, _))| {
+                        let sep = if i == 0 { "" } else { ", " };
+                        format!("{} v{i}", lark_str(&format!("{sep}{k}=")))
+                    })
+                    .collect();
+                format!(
+                    "start: {} {} {}\n{}",
+                    lark_str(&format!("[{name}(")),
+                    parts.join(" "),
+                    lark_str(")]"),
+                    value_rules(params, Spelling::Json)
+                )
+            }
+            ToolCallFormat::Qwen3Xml | ToolCallFormat::Qwen3Coder => {
+                let parts: Vec<String> = written_args(params)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, _))| {
+                        format!(
+                            "{} v{i} {}",
+                            lark_str(&format!("<parameter={k}>\n")),
+                            lark_str("\n</parameter>\n")
+                        )
+                    })
+                    .collect();
+                format!(
+                    "start: {} {} {}\n{}",
+                    lark_str(&format!("<tool_call>\n<function={name}>\n")),
+                    parts.join(" "),
+                    lark_str("</function>\n</tool_call>"),
+                    value_rules(params, Spelling::RawStrings)
+                )
+            }
+            ToolCallFormat::Glm45 => {
+                let parts: Vec<String> = written_args(params)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, _))| {
+                        format!(
+                            "{} v{i} {}",
+                            lark_str(&format!("<arg_key>{k}</arg_key>\n<arg_value>")),
+                            lark_str("</arg_value>\n")
+                        )
+                    })
+                    .collect();
+                format!(
+                    "start: {} {} {}\n{}",
+                    lark_str(&format!("<tool_call>{name}\n")),
+                    parts.join(" "),
+                    lark_str("</tool_call>"),
+                    value_rules(params, Spelling::RawStrings)
+                )
+            }
+        }
+    }
+}
+
+/// How a format that spells each argument on its own writes a value.
+#[derive(Clone, Copy, PartialEq)]
+enum Spelling {
+    /// Every value as JSON (pythonic: the parser takes JSON's literals as Python's).
+    Json,
+    /// Strings as bare text (the parser reads them so, and converts the other types by the
+    /// schema), other values as JSON.
+    RawStrings,
+}
+
+/// The arguments a call writes, in the schema's order: the required ones, or all of them
+/// when none is required (a call with some arguments reads better than an empty one).
+fn written_args(params: &Value) -> Vec<(String, Value)> {
+    let Some(props) = params.get("properties").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    let required: Vec<&str> = params
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    props
+        .iter()
+        .filter(|(k, _)| required.is_empty() || required.contains(&k.as_str()))
+        // a name a format cannot spell (quotes, `=` or `>`) is left out
+        .filter(|(k, _)| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_alphanumeric() || c == '_' || c == '-' || c == '.')
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The rules `v0`, `v1`, … of the written arguments' values.
+fn value_rules(params: &Value, spelling: Spelling) -> String {
+    written_args(params)
+        .iter()
+        .enumerate()
+        .map(|(i, (_, schema))| format!("v{i}: {}\n", value_rule(schema, spelling)))
+        .collect()
+}
+
+fn value_rule(schema: &Value, spelling: Spelling) -> String {
+    let is_string = schema.get("type").and_then(Value::as_str) == Some("string");
+    if spelling == Spelling::RawStrings && is_string {
+        if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+            let alts: Vec<String> = options
+                .iter()
+                .filter_map(Value::as_str)
+                .map(lark_str)
+                .collect();
+            if !alts.is_empty() {
+                return alts.join(" | ");
+            }
+        }
+        // a few words, no markup: what a model writes for a city or a query
+        return format!("/{}/", lark_regex("[A-Za-z][A-Za-z ]{0,40}[A-Za-z]"));
+    }
+    let schema = if schema.is_object() {
+        schema.clone()
+    } else {
+        json!({})
+    };
+    format!("%json {}", schema_text(&schema))
+}

@@ -1,0 +1,146 @@
+//! Which tool-call and reasoning parsers `serve` starts the frontend with, and the formats
+//! the engine writes for them: the engine's `--tool-call-format` / `--reasoning-format`
+//! name the parser that reads them, and a parser the user passes after `--` picks the
+//! engine's format when the engine knows it.
+
+use anyhow::{Result, bail};
+
+use crate::play::PlayArgs;
+use crate::play::content::constrained::ToolCallFormat;
+use crate::play::content::reasoning::ReasoningFormat;
+
+/// What the frontend is started with, beyond the user's own arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Parsing {
+    /// Tool-calling flags (`--enable-auto-tool-choice --tool-call-parser P`), or none.
+    pub tools: Vec<&'static str>,
+    /// The `--reasoning-parser` serve passes; `None` when the user passes their own.
+    pub reasoning: Option<&'static str>,
+}
+
+/// The value of `flag` among the user's frontend arguments (`--flag V` or `--flag=V`).
+fn user_value<'a>(user: &'a [String], flag: &str) -> Option<&'a str> {
+    let mut it = user.iter();
+    while let Some(a) = it.next() {
+        if a == flag {
+            return it.next().map(String::as_str);
+        }
+        if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// Decides the parsers and completes `play`'s formats from them. `own_model`: the user
+/// serves their own model (`--model`), whose chat template may not render tools the way
+/// the embedded one does, so no tool parser is chosen for it unless a format is asked for.
+pub(super) fn choose(play: &mut PlayArgs, user: &[String], own_model: bool) -> Result<Parsing> {
+    let tools = match user_value(user, "--tool-call-parser") {
+        Some(parser) => {
+            let known = ToolCallFormat::from_parser(parser);
+            match (play.tool_call_format, known) {
+                (Some(f), Some(k)) if f != k => bail!(
+                    "--tool-call-format {} and the frontend's --tool-call-parser {parser} disagree: give one of them",
+                    f.parser()
+                ),
+                (Some(_), _) => {}
+                (None, Some(k)) => play.tool_call_format = Some(k),
+                (None, None) => tracing::warn!(
+                    "the engine does not write the tool-call format of --tool-call-parser {parser}: its calls stay hermes-style (see --tool-call-format for the formats it writes)"
+                ),
+            }
+            Vec::new()
+        }
+        None if user
+            .iter()
+            .any(|a| a.starts_with("--enable-auto-tool-choice")) =>
+        {
+            Vec::new()
+        }
+        None if own_model && play.tool_call_format.is_none() => Vec::new(),
+        None => vec![
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            play.tool_call_format.unwrap_or_default().parser(),
+        ],
+    };
+    let reasoning = match user_value(user, "--reasoning-parser") {
+        Some(parser) => {
+            let known = ReasoningFormat::from_parser(parser);
+            match (play.reasoning_format, known) {
+                (Some(f), Some(k)) if f != k => bail!(
+                    "--reasoning-format {} and the frontend's --reasoning-parser {parser} disagree: give one of them",
+                    f.parser()
+                ),
+                (Some(_), _) => {}
+                (None, Some(k)) => play.reasoning_format = Some(k),
+                (None, None) => tracing::warn!(
+                    "the engine does not write the thinking format of --reasoning-parser {parser}: its answers carry no thinking block (see --reasoning-format for the formats it writes)"
+                ),
+            }
+            None
+        }
+        None => Some(play.reasoning_format.unwrap_or_default().parser()),
+    };
+    Ok(Parsing { tools, reasoning })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_engine_format_names_the_parser() {
+        let mut play = PlayArgs::defaults();
+        let p = choose(&mut play, &[], false).unwrap();
+        assert_eq!(
+            p.tools,
+            ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+        );
+        assert_eq!(p.reasoning, Some("none"));
+        play.tool_call_format = Some(ToolCallFormat::Qwen3Xml);
+        play.reasoning_format = Some(ReasoningFormat::Qwen3);
+        let p = choose(&mut play, &[], true).unwrap();
+        assert_eq!(p.tools[2], "qwen3_xml");
+        assert_eq!(p.reasoning, Some("qwen3"));
+        // the user's own model without a format asked for: no parser chosen for it
+        let p = choose(&mut PlayArgs::defaults(), &[], true).unwrap();
+        assert!(p.tools.is_empty());
+    }
+
+    #[test]
+    fn the_users_parser_picks_the_engine_format() {
+        let mut play = PlayArgs::defaults();
+        let u = user(&[
+            "--enable-auto-tool-choice",
+            "--tool-call-parser=pythonic",
+            "--reasoning-parser",
+            "glm47",
+        ]);
+        let p = choose(&mut play, &u, false).unwrap();
+        assert!(p.tools.is_empty() && p.reasoning.is_none(), "{p:?}");
+        assert_eq!(play.tool_call_format, Some(ToolCallFormat::Pythonic));
+        assert_eq!(play.reasoning_format, Some(ReasoningFormat::Glm45));
+        // a parser the engine has no format for leaves the default
+        let mut play = PlayArgs::defaults();
+        choose(&mut play, &user(&["--tool-call-parser", "mistral"]), false).unwrap();
+        assert_eq!(play.tool_call_format, None);
+    }
+
+    #[test]
+    fn a_format_and_a_parser_that_disagree_are_refused() {
+        let mut play = PlayArgs::defaults();
+        play.tool_call_format = Some(ToolCallFormat::Hermes);
+        let e = choose(&mut play, &user(&["--tool-call-parser", "xlam"]), false).unwrap_err();
+        assert!(e.to_string().contains("disagree"), "{e}");
+        play.tool_call_format = None;
+        play.reasoning_format = Some(ReasoningFormat::Granite);
+        let e = choose(&mut play, &user(&["--reasoning-parser", "qwen3"]), false).unwrap_err();
+        assert!(e.to_string().contains("--reasoning-format granite"), "{e}");
+    }
+}
