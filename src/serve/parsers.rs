@@ -37,6 +37,7 @@ fn user_value<'a>(user: &'a [String], flag: &str) -> Option<&'a str> {
 /// the embedded one does, so no tool parser is chosen for it unless a format is asked for.
 pub(super) fn choose(play: &mut PlayArgs, user: &[String], own_model: bool) -> Result<Parsing> {
     let tools = match user_value(user, "--tool-call-parser") {
+        Some("none") => Vec::new(),
         Some(parser) => {
             let known = ToolCallFormat::from_parser(parser);
             match (play.tool_call_format, known) {
@@ -66,6 +67,8 @@ pub(super) fn choose(play: &mut PlayArgs, user: &[String], own_model: bool) -> R
         ],
     };
     let reasoning = match user_value(user, "--reasoning-parser") {
+        // the user turns parsing off: the engine's thinking (if any) stays in `content`
+        Some("none") => None,
         Some(parser) => {
             let known = ReasoningFormat::from_parser(parser);
             match (play.reasoning_format, known) {
@@ -130,6 +133,13 @@ mod tests {
         let mut play = PlayArgs::defaults();
         choose(&mut play, &user(&["--tool-call-parser", "mistral"]), false).unwrap();
         assert_eq!(play.tool_call_format, None);
+        // parsing turned off after `--` keeps the engine's formats
+        play.tool_call_format = Some(ToolCallFormat::Xlam);
+        play.reasoning_format = Some(ReasoningFormat::Granite);
+        let off = user(&["--tool-call-parser", "none", "--reasoning-parser", "none"]);
+        let p = choose(&mut play, &off, false).unwrap();
+        assert!(p.tools.is_empty() && p.reasoning.is_none(), "{p:?}");
+        assert_eq!(play.reasoning_format, Some(ReasoningFormat::Granite));
     }
 
     #[test]

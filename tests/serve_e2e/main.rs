@@ -24,6 +24,7 @@ mod support;
 mod bench;
 mod load_generators;
 mod openai;
+mod parsers;
 mod tokenizers;
 
 fn free_port() -> u16 {

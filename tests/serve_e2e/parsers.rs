@@ -1,0 +1,299 @@
+//! Tool calls and thinking in every format the engine writes (`--tool-call-format`,
+//! `--reasoning-format`), read by the frontends' own parsers: vllm-rs's through `serve`
+//! for the formats it has a parser of (its `tool_calls`), the Python frontend's parser
+//! classes on the raw text of every format (`tests/clients/parsers_check.py`), and one
+//! Python frontend serving a Qwen3 stand-in (`qwen3_xml` calls and `qwen3` thinking), with
+//! `reasoning` and its token count in the answer.
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::support::vllm_python;
+
+/// The tool formats, whether vllm-rs 0.33 has their parser, and whether it serves
+/// `tool_choice: required` with them (for `qwen3_*` it sends a structural tag of style
+/// `qwen_xml`, for `kimi_k2` one the engine does not follow yet).
+const TOOL_FORMATS: &[(&str, bool, bool)] = &[
+    ("hermes", true, true),
+    ("qwen3_xml", true, false),
+    ("qwen3_coder", true, false),
+    ("glm45", true, true),
+    ("kimi_k2", true, false),
+    ("internlm", true, true),
+    ("phi4_mini_json", true, true),
+    ("pythonic", false, false),
+    ("llama4_pythonic", false, false),
+    ("granite", false, false),
+    ("xlam", false, false),
+];
+
+/// The reasoning formats; vllm-rs has no parser of them that starts with the embedded
+/// byte-level tokenizer (its `qwen3`, `glm45` and `kimi_k2` look `<think>` up as a token).
+const REASONING_FORMATS: &[&str] = &["qwen3", "glm45", "kimi_k2", "granite"];
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["tz"]}}}
+    ])
+}
+
+/// The prompt the embedded chat template renders for a user's question with [`tools`]: a
+/// completion of it is the engine's raw answer, no parser between.
+fn prompt_with_tools() -> String {
+    let lines: Vec<String> = tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    format!(
+        "<|im_start|>system\n<tools>\n{}\n</tools><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n",
+        lines.join("\n")
+    )
+}
+
+/// A call is to one of [`tools`], its arguments JSON valid for that tool's schema.
+fn assert_call(name: &str, arguments: &str, label: &str) {
+    let args: Value = serde_json::from_str(arguments)
+        .unwrap_or_else(|e| panic!("{label}: arguments are not JSON ({e}): {arguments}"));
+    let obj = args
+        .as_object()
+        .unwrap_or_else(|| panic!("{label}: arguments are not an object: {args}"));
+    match name {
+        "get_weather" => assert!(
+            // an integer in JSON Schema's sense: `-0` is one (serde_json reads it as -0.0)
+            obj.len() == 2
+                && args["city"].is_string()
+                && args["days"].as_f64().is_some_and(|d| d.fract() == 0.0),
+            "{label}: get_weather({args})"
+        ),
+        "get_time" => assert!(
+            obj.len() == 1 && ["UTC", "CET"].contains(&args["tz"].as_str().unwrap_or("")),
+            "{label}: get_time({args})"
+        ),
+        other => panic!("{label}: a call to {other}, which is no tool of the request"),
+    }
+}
+
+/// `content` beside tool calls: absent, or blank (no markup of the format left in it).
+fn assert_no_content(content: &Value, label: &str) {
+    let text = content.as_str().unwrap_or("");
+    assert!(
+        text.trim().is_empty(),
+        "{label}: content beside the calls: {content}"
+    );
+}
+
+/// A chat completion with [`tools`] under `tool_choice`; the answer's message.
+fn chat_with_tools(port: u16, tool_choice: &str, label: &str) -> Value {
+    let body = json!({"model": "tiny", "max_tokens": 300, "tools": tools(),
+        "tool_choice": tool_choice,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let (status, answer) = http_post_json(port, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{label} {tool_choice}: {answer}");
+    assert_eq!(
+        answer["choices"][0]["finish_reason"], "tool_calls",
+        "{label} {tool_choice}: {answer}"
+    );
+    answer["choices"][0]["message"].clone()
+}
+
+/// The message's calls are parsed, to the tools, with valid arguments, and nothing else.
+fn assert_parsed_calls(message: &Value, label: &str) {
+    let calls = message["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!calls.is_empty(), "{label}: no tool_calls: {message}");
+    for c in &calls {
+        let f = &c["function"];
+        assert_call(
+            f["name"].as_str().unwrap_or(""),
+            f["arguments"].as_str().unwrap_or(""),
+            label,
+        );
+    }
+    assert_no_content(&message["content"], label);
+}
+
+/// The raw text of a completion.
+fn complete(port: u16, prompt: &str, max_tokens: u32, label: &str) -> String {
+    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens});
+    let (status, answer) = http_post_json(port, "/v1/completions", &body);
+    assert_eq!(status, 200, "{label}: {answer}");
+    answer["choices"][0]["text"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Every tool format through vllm-rs 0.33 (one quick start each): its own parser where it
+/// has one (`auto`, and `required` where it serves it), and the raw text of every format
+/// and every thinking format read by the Python frontend's parser classes.
+#[test]
+fn every_format_reaches_clients_parsed_by_the_frontends_parsers() {
+    let mut cases = Vec::new();
+    for (i, &(format, rs_parses, rs_required)) in TOOL_FORMATS.iter().enumerate() {
+        // a thinking format rides along on the formats vllm-rs does not parse (the raw
+        // text is what is checked then)
+        let reasoning = (!rs_parses).then(|| REASONING_FORMATS[i % REASONING_FORMATS.len()]);
+        let mut flags = vec!["--tool-call-rate", "1", "--tool-call-format", format];
+        if let Some(r) = reasoning {
+            flags.extend(["--reasoning-format", r, "--reasoning-share", "0.5"]);
+        }
+        if !rs_parses {
+            flags.extend([
+                "--",
+                "--tool-call-parser",
+                "none",
+                "--reasoning-parser",
+                "none",
+            ]);
+        }
+        let mut serve = Serve::start(&flags);
+        serve.wait_ready();
+        let label = format!("vllm-rs {format}");
+        if rs_parses {
+            assert_parsed_calls(&chat_with_tools(serve.port, "auto", &label), &label);
+            if rs_required {
+                assert_parsed_calls(&chat_with_tools(serve.port, "required", &label), &label);
+            }
+        }
+        for n in 0..2 {
+            let text = complete(serve.port, &prompt_with_tools(), 300, &label);
+            cases.push(json!({"label": format!("{format} #{n}"), "tools": tools(),
+                "text": text, "tool_parser": format}));
+        }
+        if let Some(r) = reasoning {
+            let text = complete(serve.port, "Hello", 120, &label);
+            cases.push(json!({"label": r, "tools": [], "text": text, "reasoning_parser": r}));
+        }
+    }
+    let covered: Vec<&str> = cases
+        .iter()
+        .filter_map(|c| c["reasoning_parser"].as_str())
+        .collect();
+    assert_eq!(covered.len(), REASONING_FORMATS.len(), "{covered:?}");
+
+    for answer in python_parsers(&cases) {
+        let label = answer["label"].as_str().unwrap_or("?").to_string();
+        assert!(answer.get("error").is_none(), "{label}: {answer}");
+        let case = cases.iter().find(|c| c["label"] == label).unwrap();
+        if case.get("tool_parser").is_some() {
+            let calls = answer["calls"].as_array().cloned().unwrap_or_default();
+            assert_eq!(calls.len(), 1, "{label}: {answer} from {}", case["text"]);
+            assert_call(
+                calls[0]["name"].as_str().unwrap_or(""),
+                calls[0]["arguments"].as_str().unwrap_or(""),
+                &label,
+            );
+            assert_no_content(&answer["content"], &label);
+        } else {
+            // the thinking is half the answer (60 of 120 tokens, tags included), the rest
+            // is content without the format's markers
+            let reasoning = answer["reasoning"].as_str().unwrap_or("");
+            let content = answer["content"].as_str().unwrap_or("");
+            assert!(reasoning.trim().len() > 4, "{label}: {answer}");
+            assert!(content.trim().len() > 4, "{label}: {answer}");
+            for marker in ["think>", "thought process", "my response"] {
+                assert!(!content.contains(marker), "{label}: {answer}");
+            }
+        }
+    }
+}
+
+/// The cases read by the Python frontend's parsers (the cached vLLM 0.33.0 venv): one
+/// answer per case.
+fn python_parsers(cases: &[Value]) -> Vec<Value> {
+    let python = vllm_python("the Python frontend's parsers read the engine's formats");
+    let dir = TestDir::new("parsers-model");
+    vllm_vcr::tiny_model::write_to(dir.root()).unwrap();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/parsers_check.py"
+    );
+    let mut child = Command::new(python)
+        .args([script, dir.root().to_str().unwrap()])
+        .env("HF_HUB_OFFLINE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        for c in cases {
+            writeln!(stdin, "{c}").unwrap();
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let answers: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        out.status.success() && answers.len() == cases.len(),
+        "parsers_check.py: {} answers of {}:\n{stdout}\n{}",
+        answers.len(),
+        cases.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    answers
+}
+
+/// A Qwen3 stand-in behind the Python frontend: `qwen3_xml` calls and `qwen3` thinking,
+/// parsed by the frontend started with the parsers `serve` chose for them.
+#[test]
+fn a_qwen3_stand_in_behind_the_python_frontend_gives_parsed_calls_and_reasoning() {
+    let venv = cached_venv("vllm", "0.33.0");
+    let mut serve = Serve::start(&[
+        "--frontend",
+        "python",
+        "--python-venv",
+        venv.to_str().unwrap(),
+        "--tool-call-rate",
+        "1",
+        "--tool-call-format",
+        "qwen3_xml",
+        "--reasoning-format",
+        "qwen3",
+        "--reasoning-share",
+        "0.5",
+    ]);
+    serve.wait_ready();
+    let label = "python qwen3_xml";
+    for _ in 0..2 {
+        assert_parsed_calls(&chat_with_tools(serve.port, "auto", label), label);
+    }
+    let body = json!({"model": "tiny", "max_tokens": 80,
+        "messages": [{"role": "user", "content": "Hello"}]});
+    let (status, answer) = http_post_json(serve.port, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{answer}");
+    let message = &answer["choices"][0]["message"];
+    let reasoning = message["reasoning"]
+        .as_str()
+        .or(message["reasoning_content"].as_str())
+        .unwrap_or("");
+    let content = message["content"].as_str().unwrap_or("");
+    assert!(reasoning.trim().len() > 4, "no reasoning: {answer}");
+    assert!(
+        content.trim().len() > 4 && !content.contains("think>"),
+        "{answer}"
+    );
+    // every token is counted: 80 in all, the thinking (inside the tags) among them
+    let usage = &answer["usage"];
+    assert_eq!(usage["completion_tokens"], 80, "{answer}");
+    let thinking = usage["completion_tokens_details"]["reasoning_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!((10..=40).contains(&thinking), "{answer}");
+}
