@@ -12,7 +12,8 @@
 
 use serde_json::{Value, json};
 
-use super::lark::{lark_regex, lark_str, schema_text};
+use super::grammar::new_rule;
+use super::lark::{lark_lit, lark_regex, lark_seq, lark_str, schema_text};
 
 /// How a tool call is written: the name is the frontend's `--tool-call-parser` that reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -126,74 +127,88 @@ impl ToolCallFormat {
                 "<|tool_call_end|><|tool_calls_section_end|>",
             ),
             ToolCallFormat::Pythonic | ToolCallFormat::Llama4Pythonic => {
-                let parts: Vec<String> = written_args(params)
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (k, _))| {
-                        let sep = if i == 0 { "" } else { ", " };
-                        format!("{} v{i}", lark_str(&format!("{sep}{k}=")))
-                    })
-                    .collect();
-                format!(
-                    "start: {} {} {}\n{}",
-                    lark_str(&format!("[{name}(")),
-                    parts.join(" "),
-                    lark_str(")]"),
-                    value_rules(params, Spelling::Json)
-                )
+                spelled(&format!("[{name}("), Style::Pythonic, params, ")]")
             }
-            ToolCallFormat::Qwen3Xml | ToolCallFormat::Qwen3Coder => {
-                let parts: Vec<String> = written_args(params)
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (k, _))| {
-                        format!(
-                            "{} v{i} {}",
-                            lark_str(&format!("<parameter={k}>\n")),
-                            lark_str("\n</parameter>\n")
-                        )
-                    })
-                    .collect();
-                format!(
-                    "start: {} {} {}\n{}",
-                    lark_str(&format!("<tool_call>\n<function={name}>\n")),
-                    parts.join(" "),
-                    lark_str("</function>\n</tool_call>"),
-                    value_rules(params, Spelling::RawStrings)
-                )
-            }
-            ToolCallFormat::Glm45 => {
-                let parts: Vec<String> = written_args(params)
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (k, _))| {
-                        format!(
-                            "{} v{i} {}",
-                            lark_str(&format!("<arg_key>{k}</arg_key>\n<arg_value>")),
-                            lark_str("</arg_value>\n")
-                        )
-                    })
-                    .collect();
-                format!(
-                    "start: {} {} {}\n{}",
-                    lark_str(&format!("<tool_call>{name}\n")),
-                    parts.join(" "),
-                    lark_str("</tool_call>"),
-                    value_rules(params, Spelling::RawStrings)
-                )
-            }
+            ToolCallFormat::Qwen3Xml | ToolCallFormat::Qwen3Coder => spelled(
+                &format!("<tool_call>\n<function={name}>\n"),
+                Style::QwenXml,
+                params,
+                "</function>\n</tool_call>",
+            ),
+            ToolCallFormat::Glm45 => spelled(
+                &format!("<tool_call>{name}\n"),
+                Style::GlmXml,
+                params,
+                "</tool_call>",
+            ),
         }
     }
 }
 
-/// How a format that spells each argument on its own writes a value.
+/// A call whose arguments are spelled one by one in `style`, between `begin` and `end`.
+fn spelled(begin: &str, style: Style, params: &Value, end: &str) -> String {
+    let mut rules = Vec::new();
+    let args = spelled_arguments(style, params, &mut rules);
+    let mut lark = format!(
+        "start: {}\n",
+        lark_seq(&[&lark_str(begin), &args, &lark_str(end)])
+    );
+    for r in rules {
+        lark.push_str(&r);
+        lark.push('\n');
+    }
+    lark
+}
+
+/// How the formats that spell each argument on its own write one.
 #[derive(Clone, Copy, PartialEq)]
-enum Spelling {
-    /// Every value as JSON (pythonic: the parser takes JSON's literals as Python's).
-    Json,
-    /// Strings as bare text (the parser reads them so, and converts the other types by the
-    /// schema), other values as JSON.
-    RawStrings,
+enum Style {
+    /// `city="Paris", days=3`: every value as JSON (the parser takes JSON's literals as
+    /// Python's).
+    Pythonic,
+    /// `<parameter=city>\nParis\n</parameter>\n`: strings bare (the parser reads them so,
+    /// and converts the other types by the schema), other values as JSON.
+    QwenXml,
+    /// `<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n`, values as in Qwen's.
+    GlmXml,
+}
+
+/// The arguments of a structural tag's `json_schema` content of an XML `style` (what the
+/// frontends send for `tool_choice: required` with Qwen3's and GLM's parsers), as a Lark
+/// expression whose sub-rules go to `rules`; `None` for a style the engine cannot write.
+pub(super) fn styled_arguments(
+    style: &str,
+    params: &Value,
+    rules: &mut Vec<String>,
+) -> Option<String> {
+    let style = match style {
+        "qwen_xml" => Style::QwenXml,
+        "glm_xml" => Style::GlmXml,
+        _ => return None,
+    };
+    Some(spelled_arguments(style, params, rules))
+}
+
+fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> String {
+    let parts: Vec<String> = written_args(params)
+        .iter()
+        .enumerate()
+        .map(|(i, (k, schema))| {
+            let (before, after) = match style {
+                Style::Pythonic if i == 0 => (format!("{k}="), ""),
+                Style::Pythonic => (format!(", {k}="), ""),
+                Style::QwenXml => (format!("<parameter={k}>\n"), "\n</parameter>\n"),
+                Style::GlmXml => (
+                    format!("<arg_key>{k}</arg_key>\n<arg_value>"),
+                    "</arg_value>\n",
+                ),
+            };
+            let value = new_rule(value_rule(schema, style != Style::Pythonic), rules);
+            lark_seq(&[&lark_str(&before), &value, &lark_lit(after)])
+        })
+        .collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    lark_seq(&parts)
 }
 
 /// The arguments a call writes, in the schema's order: the required ones, or all of them
@@ -220,18 +235,10 @@ fn written_args(params: &Value) -> Vec<(String, Value)> {
         .collect()
 }
 
-/// The rules `v0`, `v1`, … of the written arguments' values.
-fn value_rules(params: &Value, spelling: Spelling) -> String {
-    written_args(params)
-        .iter()
-        .enumerate()
-        .map(|(i, (_, schema))| format!("v{i}: {}\n", value_rule(schema, spelling)))
-        .collect()
-}
-
-fn value_rule(schema: &Value, spelling: Spelling) -> String {
+/// A value of `schema`: a string bare (`raw_strings`) or any value as JSON.
+fn value_rule(schema: &Value, raw_strings: bool) -> String {
     let is_string = schema.get("type").and_then(Value::as_str) == Some("string");
-    if spelling == Spelling::RawStrings && is_string {
+    if raw_strings && is_string {
         if let Some(options) = schema.get("enum").and_then(Value::as_array) {
             let alts: Vec<String> = options
                 .iter()

@@ -589,3 +589,38 @@ fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
     );
     assert_eq!(ToolCallFormat::from_parser("mistral"), None);
 }
+
+#[test]
+fn xml_styled_arguments_of_a_required_call_are_spelled_per_parameter() {
+    // what the frontends send for `required` with the qwen3_xml parser (the tool's
+    // schema is the one the prompt shows, named by the tag's `begin`) and with glm45's
+    for (style, begin, end) in [
+        (
+            "qwen_xml",
+            "<tool_call>\n<function=get_weather>\n",
+            "\n</function>\n</tool_call>",
+        ),
+        ("glm_xml", "<tool_call>get_weather\n", "</tool_call>"),
+    ] {
+        let tag = json!({"type": "structural_tag", "format": {"type": "triggered_tags",
+            "triggers": [begin], "at_least_one": true, "stop_after_first": true,
+            "tags": [{"type": "tag", "begin": begin, "end": end,
+                "content": {"type": "json_schema", "json_schema": true, "style": style}}]}});
+        let (t, end_kind) = run(tag_grammar(&tag, &weather_tools()), "x", 300);
+        assert_eq!(end_kind, End::Eos, "{style}: {t}");
+        let format = if style == "qwen_xml" {
+            ToolCallFormat::Qwen3Xml
+        } else {
+            ToolCallFormat::Glm45
+        };
+        let t = t
+            .replace("<arg_value>", "")
+            .replace("</parameter>\n\n</function>", "</parameter>\n</function>");
+        let (name, args) = read_call(format, &t).unwrap_or_else(|| panic!("{style}: {t}"));
+        assert_eq!(name, "get_weather");
+        assert!(
+            args["city"].is_string() && args["days"].is_i64(),
+            "{style}: {t}"
+        );
+    }
+}
