@@ -88,7 +88,7 @@ pub struct EngineArgs {
 
     /// Under `tool_choice: auto`, the share of requests whose prompt shows tools (a
     /// `<tools>` block, as hermes-style chat templates render them) that are answered with
-    /// a `<tool_call>` to one of them, with arguments valid for its schema; the others get
+    /// a call to one of them (in the --tool-call-format), with arguments valid for its schema; the others get
     /// text. A request whose last message is a tool result is always answered with text.
     #[arg(long, default_value_t = 0.5)]
     pub tool_call_rate: f64,

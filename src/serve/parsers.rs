@@ -40,17 +40,13 @@ pub(super) fn choose(play: &mut PlayArgs, user: &[String], own_model: bool) -> R
         Some("none") => Vec::new(),
         Some(parser) => {
             let known = ToolCallFormat::from_parser(parser);
-            match (play.tool_call_format, known) {
-                (Some(f), Some(k)) if f != k => bail!(
-                    "--tool-call-format {} and the frontend's --tool-call-parser {parser} disagree: give one of them",
-                    f.parser()
-                ),
-                (Some(_), _) => {}
-                (None, Some(k)) => play.tool_call_format = Some(k),
-                (None, None) => tracing::warn!(
-                    "the engine does not write the tool-call format of --tool-call-parser {parser}: its calls stay hermes-style (see --tool-call-format for the formats it writes)"
-                ),
-            }
+            adopt(
+                &mut play.tool_call_format,
+                known,
+                parser,
+                Kind::TOOLS,
+                |f| f.parser(),
+            )?;
             Vec::new()
         }
         None if user
@@ -71,22 +67,68 @@ pub(super) fn choose(play: &mut PlayArgs, user: &[String], own_model: bool) -> R
         Some("none") => None,
         Some(parser) => {
             let known = ReasoningFormat::from_parser(parser);
-            match (play.reasoning_format, known) {
-                (Some(f), Some(k)) if f != k => bail!(
-                    "--reasoning-format {} and the frontend's --reasoning-parser {parser} disagree: give one of them",
-                    f.parser()
-                ),
-                (Some(_), _) => {}
-                (None, Some(k)) => play.reasoning_format = Some(k),
-                (None, None) => tracing::warn!(
-                    "the engine does not write the thinking format of --reasoning-parser {parser}: its answers carry no thinking block (see --reasoning-format for the formats it writes)"
-                ),
-            }
+            adopt(
+                &mut play.reasoning_format,
+                known,
+                parser,
+                Kind::REASONING,
+                |f| f.parser(),
+            )?;
             None
         }
         None => Some(play.reasoning_format.unwrap_or_default().parser()),
     };
     Ok(Parsing { tools, reasoning })
+}
+
+/// The flags and words of one kind of parser, for [`adopt`]'s messages.
+struct Kind {
+    format_flag: &'static str,
+    parser_flag: &'static str,
+    /// What the engine writes when it does not know the user's parser.
+    otherwise: &'static str,
+}
+
+impl Kind {
+    const TOOLS: Kind = Kind {
+        format_flag: "--tool-call-format",
+        parser_flag: "--tool-call-parser",
+        otherwise: "its calls stay hermes-style",
+    };
+    const REASONING: Kind = Kind {
+        format_flag: "--reasoning-format",
+        parser_flag: "--reasoning-parser",
+        otherwise: "its answers carry no thinking block",
+    };
+}
+
+/// The user started the frontend with `parser`, which reads format `known` (if the engine
+/// writes it): the engine writes that format unless told another (`given`), which is an
+/// error when they differ.
+fn adopt<F: Copy + PartialEq>(
+    given: &mut Option<F>,
+    known: Option<F>,
+    parser: &str,
+    kind: Kind,
+    name: impl Fn(F) -> &'static str,
+) -> Result<()> {
+    let Kind {
+        format_flag,
+        parser_flag,
+        otherwise,
+    } = kind;
+    match (*given, known) {
+        (Some(f), Some(k)) if f != k => bail!(
+            "{format_flag} {} and the frontend's {parser_flag} {parser} disagree: give one of them",
+            name(f)
+        ),
+        (Some(_), _) => {}
+        (None, Some(k)) => *given = Some(k),
+        (None, None) => tracing::warn!(
+            "the engine does not write the format of {parser_flag} {parser}: {otherwise} (see {format_flag} for the formats it writes)"
+        ),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
