@@ -102,10 +102,11 @@ pub struct EngineArgs {
     pub tool_call_format: Option<ToolCallFormat>,
 
     /// Free-text answers open with a thinking block in the format the frontend's
-    /// `--reasoning-parser` of this name reads, so clients get it as `reasoning_content`
-    /// (`serve` starts the frontend with that parser, or, given only a `--reasoning-parser`
-    /// after `--`, writes that parser's format). Default: none. deepseek_r1 and mistral are
-    /// not among them: their parsers need `<think>`/`[THINK]` as single tokens.
+    /// `--reasoning-parser` of this name reads, so clients get it as `reasoning`
+    /// (`reasoning_content` on older lines; `serve` starts the frontend with that parser,
+    /// or, given only a `--reasoning-parser` after `--`, writes that parser's format).
+    /// Default: none. deepseek_r1 and mistral are not among them, nor vllm-rs's parsers
+    /// for the embedded model: they need `<think>`/`[THINK]` as single tokens.
     #[arg(long, value_enum, value_name = "PARSER")]
     pub reasoning_format: Option<ReasoningFormat>,
 

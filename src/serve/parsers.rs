@@ -18,6 +18,33 @@ pub(super) struct Parsing {
     pub reasoning: Option<&'static str>,
 }
 
+/// Tool parsers vllm-rs (0.33) does not have: the Python frontend's only.
+const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &["pythonic", "llama4_pythonic", "granite", "xlam"];
+
+impl Parsing {
+    /// Refuses, before anything starts, the parsers serve chose that vllm-rs cannot run:
+    /// a tool parser it does not have (it would exit at start), and, for the embedded
+    /// model, a reasoning parser (its qwen3, glm45 and kimi_k2 parsers look `<think>` up as
+    /// one token, which the byte-level tokenizer lacks, and fail every chat request).
+    pub(super) fn check_vllm_rs(&self, embedded_model: bool) -> Result<()> {
+        if let Some(p) = self
+            .tools
+            .get(2)
+            .filter(|p| PYTHON_ONLY_TOOL_PARSERS.contains(p))
+        {
+            bail!(
+                "vllm-rs has no `{p}` tool-call parser: serve it with --frontend python (or pass `-- --tool-call-parser none` to get the calls as raw text)"
+            );
+        }
+        if let Some(r) = self.reasoning.filter(|r| *r != "none" && embedded_model) {
+            bail!(
+                "vllm-rs's `{r}` reasoning parser needs `<think>` as one token, which the embedded model's tokenizer lacks: serve it with --frontend python (or pass `-- --reasoning-parser none` to get the thinking inside the content)"
+            );
+        }
+        Ok(())
+    }
+}
+
 /// The value of `flag` among the user's frontend arguments (`--flag V` or `--flag=V`).
 fn user_value<'a>(user: &'a [String], flag: &str) -> Option<&'a str> {
     let mut it = user.iter();
@@ -182,6 +209,41 @@ mod tests {
         let p = choose(&mut play, &off, false).unwrap();
         assert!(p.tools.is_empty() && p.reasoning.is_none(), "{p:?}");
         assert_eq!(play.reasoning_format, Some(ReasoningFormat::Granite));
+    }
+
+    #[test]
+    fn parsers_vllm_rs_cannot_run_are_refused_before_it_starts() {
+        let mut play = PlayArgs::defaults();
+        assert!(
+            choose(&mut play, &[], false)
+                .unwrap()
+                .check_vllm_rs(true)
+                .is_ok()
+        );
+        play.tool_call_format = Some(ToolCallFormat::Pythonic);
+        let e = choose(&mut play, &[], false)
+            .unwrap()
+            .check_vllm_rs(true)
+            .unwrap_err();
+        assert!(e.to_string().contains("--frontend python"), "{e}");
+        play.tool_call_format = Some(ToolCallFormat::Glm45);
+        play.reasoning_format = Some(ReasoningFormat::Qwen3);
+        let p = choose(&mut play, &[], false).unwrap();
+        assert!(
+            p.check_vllm_rs(true)
+                .unwrap_err()
+                .to_string()
+                .contains("<think>")
+        );
+        // a model of the user's own may have the token; parsing off passes
+        assert!(p.check_vllm_rs(false).is_ok());
+        let off = user(&["--reasoning-parser", "none"]);
+        assert!(
+            choose(&mut play, &off, false)
+                .unwrap()
+                .check_vllm_rs(true)
+                .is_ok()
+        );
     }
 
     #[test]

@@ -297,3 +297,29 @@ fn a_qwen3_stand_in_behind_the_python_frontend_gives_parsed_calls_and_reasoning(
         .unwrap_or(0);
     assert!((10..=40).contains(&thinking), "{answer}");
 }
+
+/// What vllm-rs cannot parse with the embedded model is refused before anything starts,
+/// with the way out, rather than a frontend that exits or fails every request.
+#[test]
+fn formats_vllm_rs_cannot_parse_are_refused_with_the_way_out() {
+    for (flags, says) in [
+        (
+            ["--tool-call-format", "pythonic"],
+            "no `pythonic` tool-call parser",
+        ),
+        (
+            ["--reasoning-format", "qwen3"],
+            "needs `<think>` as one token",
+        ),
+    ] {
+        let port = free_port().to_string();
+        let out = vcr().args(["serve", "--port", &port]).args(flags).output();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(says) && err.contains("--frontend python"),
+            "{err}"
+        );
+        assert!(!err.contains("starting the frontend"), "{err}");
+    }
+}
