@@ -12,8 +12,7 @@
 
 use serde_json::{Value, json};
 
-use super::grammar::new_rule;
-use super::lark::{lark_lit, lark_regex, lark_seq, lark_str, schema_text};
+use super::lark::{lark_lit, lark_regex, lark_seq, lark_str, new_rule, schema_text};
 
 /// How a tool call is written: the name is the frontend's `--tool-call-parser` that reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -199,13 +199,6 @@ pub(super) fn format_rule(
     })
 }
 
-/// A sub-rule with `body`; its name.
-pub(super) fn new_rule(body: String, rules: &mut Vec<String>) -> String {
-    let name = format!("r{}", rules.len());
-    rules.push(format!("{name}: {body}"));
-    name
-}
-
 /// A `tag` format's parts: its begin string, and the Lark expressions of its content and
 /// of its end.
 pub(super) struct TagParts {
