@@ -105,6 +105,25 @@ pub(super) fn choose(play: &mut PlayArgs, user: &[String], own_model: bool) -> R
         }
         None => Some(play.reasoning_format.unwrap_or_default().parser()),
     };
+    if !own_model {
+        let tool = play.tool_call_format.unwrap_or_default();
+        let thinking = play.reasoning_format.unwrap_or_default();
+        for (flag, name, needs) in [
+            ("--tool-call-format", tool.parser(), tool.needs_tokens()),
+            (
+                "--reasoning-format",
+                thinking.parser(),
+                thinking.needs_tokens(),
+            ),
+        ] {
+            if !needs.is_empty() {
+                bail!(
+                    "{flag} {name}: its parser needs {} as single tokens, which the embedded model's tokenizer lacks: serve a model whose tokenizer has them (--model DIR)",
+                    needs.join(" and ")
+                );
+            }
+        }
+    }
     Ok(Parsing { tools, reasoning })
 }
 
@@ -200,7 +219,7 @@ mod tests {
         assert_eq!(play.reasoning_format, Some(ReasoningFormat::Glm45));
         // a parser the engine has no format for leaves the default
         let mut play = PlayArgs::defaults();
-        choose(&mut play, &user(&["--tool-call-parser", "mistral"]), false).unwrap();
+        choose(&mut play, &user(&["--tool-call-parser", "jamba"]), false).unwrap();
         assert_eq!(play.tool_call_format, None);
         // parsing turned off after `--` keeps the engine's formats
         play.tool_call_format = Some(ToolCallFormat::Xlam);
@@ -243,6 +262,30 @@ mod tests {
                 .unwrap()
                 .check_vllm_rs(true)
                 .is_ok()
+        );
+    }
+
+    #[test]
+    fn formats_whose_parser_needs_marker_tokens_need_a_model_of_ones_own() {
+        let mut play = PlayArgs::defaults();
+        play.tool_call_format = Some(ToolCallFormat::Mistral);
+        let e = choose(&mut play, &[], false).unwrap_err().to_string();
+        assert!(
+            e.contains("[TOOL_CALLS]") && e.contains("--model DIR"),
+            "{e}"
+        );
+        assert!(choose(&mut play, &[], true).is_ok());
+        let mut play = PlayArgs::defaults();
+        let e = choose(
+            &mut play,
+            &user(&["--reasoning-parser", "deepseek_r1"]),
+            false,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("--reasoning-format deepseek_r1") && e.contains("<think>"),
+            "{e}"
         );
     }
 

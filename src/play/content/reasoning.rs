@@ -6,9 +6,9 @@
 //! The block spends `--reasoning-share` of the answer's output tokens (the tags included
 //! in the share, so that usage counts every token the client is billed for): of the
 //! `max_tokens` the client bounded the answer with, or of the length the engine draws for
-//! an unbounded one (`--natural-output-len`). Only formats whose parser finds the tags in
-//! the text are here: deepseek_r1's and mistral's parsers look `<think>`/`[THINK]` up as
-//! single tokens of the vocabulary and refuse to start with a byte-level tokenizer.
+//! an unbounded one (`--natural-output-len`). deepseek_r1's and mistral's parsers look
+//! `<think>`/`[THINK]` up as single tokens of the vocabulary and refuse to start with a
+//! byte-level tokenizer such as the embedded model's ([`ReasoningFormat::needs_tokens`]).
 
 use std::sync::Arc;
 
@@ -36,6 +36,13 @@ pub enum ReasoningFormat {
     /// Granite 3.2's prose markers: `Here is my thought process: … Here is my response: …`.
     #[value(name = "granite")]
     Granite,
+    /// `<think>\n…\n</think>\n\n` (DeepSeek-R1; its parser needs `<think>` and `</think>`
+    /// in the vocabulary: a model of your own, `serve --model DIR`).
+    #[value(name = "deepseek_r1")]
+    DeepseekR1,
+    /// `[THINK]…[/THINK]` (Magistral; its parser needs `[THINK]` in the vocabulary).
+    #[value(name = "mistral")]
+    Mistral,
 }
 
 impl ReasoningFormat {
@@ -47,7 +54,25 @@ impl ReasoningFormat {
             ReasoningFormat::Glm45 => "glm45",
             ReasoningFormat::KimiK2 => "kimi_k2",
             ReasoningFormat::Granite => "granite",
+            ReasoningFormat::DeepseekR1 => "deepseek_r1",
+            ReasoningFormat::Mistral => "mistral",
         }
+    }
+
+    /// The markers this format's parser looks up as single tokens of the vocabulary (it
+    /// refuses to start without them). vllm-rs's parsers of the `<think>` formats need
+    /// `<think>` too ([`ReasoningFormat::think_token`]).
+    pub fn needs_tokens(self) -> &'static [&'static str] {
+        match self {
+            ReasoningFormat::DeepseekR1 => &["<think>", "</think>"],
+            ReasoningFormat::Mistral => &["[THINK]", "[/THINK]"],
+            _ => &[],
+        }
+    }
+
+    /// Whether the thinking is in `<think>` tags (vllm-rs's parsers of it need the token).
+    pub fn think_token(self) -> bool {
+        matches!(self.tags(), Some((open, _)) if open.starts_with("<think>"))
     }
 
     /// The format a `--reasoning-parser` reads, when the engine can write it.
@@ -63,9 +88,11 @@ impl ReasoningFormat {
     fn tags(self) -> Option<(&'static str, &'static str)> {
         match self {
             ReasoningFormat::None => None,
-            ReasoningFormat::Qwen3 | ReasoningFormat::Glm45 | ReasoningFormat::KimiK2 => {
-                Some(("<think>\n", "\n</think>\n\n"))
-            }
+            ReasoningFormat::Qwen3
+            | ReasoningFormat::Glm45
+            | ReasoningFormat::KimiK2
+            | ReasoningFormat::DeepseekR1 => Some(("<think>\n", "\n</think>\n\n")),
+            ReasoningFormat::Mistral => Some(("[THINK]", "[/THINK]")),
             ReasoningFormat::Granite => {
                 Some(("Here is my thought process:", " Here is my response:"))
             }
@@ -293,9 +320,11 @@ mod tests {
             ReasoningFormat::Glm45,
             ReasoningFormat::KimiK2,
             ReasoningFormat::Granite,
+            ReasoningFormat::DeepseekR1,
+            ReasoningFormat::Mistral,
         ] {
             assert_eq!(ReasoningFormat::from_parser(f.parser()), Some(f));
         }
-        assert_eq!(ReasoningFormat::from_parser("deepseek_r1"), None);
+        assert_eq!(ReasoningFormat::from_parser("olmo3"), None);
     }
 }

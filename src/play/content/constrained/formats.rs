@@ -5,10 +5,10 @@
 //! Each format is a Lark grammar around the tool's name and arguments; the arguments follow
 //! the tool's (closed) JSON schema, as a JSON object or, for the formats that spell each
 //! argument on its own (pythonic, Qwen3's XML, GLM's key/value tags), one value per
-//! property. Only formats the parsers read from the text are here: those whose markers the
-//! parser looks up as single tokens of the vocabulary (llama3_json's `<|python_tag|>`,
-//! mistral's `[TOOL_CALLS]`, deepseek_v3's `<｜tool▁calls▁begin｜>`) refuse to start with
-//! a byte-level tokenizer such as the embedded model's.
+//! property. The parsers of three formats look their markers up as single tokens of the
+//! vocabulary (llama3_json's `<|python_tag|>`, mistral's `[TOOL_CALLS]`, deepseek_v3's
+//! `<｜tool▁calls▁begin｜>`, [`ToolCallFormat::needs_tokens`]) and refuse to start with a
+//! byte-level tokenizer such as the embedded model's: they serve a model of your own.
 
 use serde_json::{Value, json};
 
@@ -51,6 +51,18 @@ pub enum ToolCallFormat {
     /// Phi-4-mini: `functools[{"name": …, "arguments": {…}}]`.
     #[value(name = "phi4_mini_json")]
     Phi4MiniJson,
+    /// Llama 3.1/3.2 JSON: `{"name": …, "parameters": {…}}` (its parser needs
+    /// `<|python_tag|>` in the vocabulary: a model of your own, `serve --model DIR`).
+    #[value(name = "llama3_json")]
+    Llama3Json,
+    /// Mistral (v11+ tokenizers): `[TOOL_CALLS]NAME[ARGS]{…}` (its parser needs
+    /// `[TOOL_CALLS]` in the vocabulary).
+    #[value(name = "mistral")]
+    Mistral,
+    /// DeepSeek-V3: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json…`
+    /// (its parser needs those markers in the vocabulary).
+    #[value(name = "deepseek_v3")]
+    DeepseekV3,
 }
 
 /// Parser names that read a format under another name.
@@ -58,6 +70,7 @@ const ALIASES: &[(&str, ToolCallFormat)] = &[
     ("qwen3_json", ToolCallFormat::Hermes),
     ("granite4", ToolCallFormat::Hermes),
     ("glm47", ToolCallFormat::Glm45),
+    ("llama4_json", ToolCallFormat::Llama3Json),
 ];
 
 impl ToolCallFormat {
@@ -75,6 +88,20 @@ impl ToolCallFormat {
             ToolCallFormat::Xlam => "xlam",
             ToolCallFormat::Internlm => "internlm",
             ToolCallFormat::Phi4MiniJson => "phi4_mini_json",
+            ToolCallFormat::Llama3Json => "llama3_json",
+            ToolCallFormat::Mistral => "mistral",
+            ToolCallFormat::DeepseekV3 => "deepseek_v3",
+        }
+    }
+
+    /// The markers this format's parser looks up as single tokens of the vocabulary (it
+    /// refuses to start without them): none for most.
+    pub fn needs_tokens(self) -> &'static [&'static str] {
+        match self {
+            ToolCallFormat::Llama3Json => &["<|python_tag|>"],
+            ToolCallFormat::Mistral => &["[TOOL_CALLS]"],
+            ToolCallFormat::DeepseekV3 => &["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"],
+            _ => &[],
         }
     }
 
@@ -97,11 +124,8 @@ impl ToolCallFormat {
         };
         let args = format!("args: %json {}\n", schema_text(params));
         let wrap = |before: String, after: &str| {
-            format!(
-                "start: {} args {}\n{args}",
-                lark_str(&before),
-                lark_str(after)
-            )
+            let start = lark_seq(&[&lark_str(&before), "args", &lark_lit(after)]);
+            format!("start: {start}\n{args}")
         };
         match self {
             ToolCallFormat::Hermes => wrap(
@@ -124,6 +148,14 @@ impl ToolCallFormat {
                     "<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>"
                 ),
                 "<|tool_call_end|><|tool_calls_section_end|>",
+            ),
+            ToolCallFormat::Llama3Json => wrap(json_call("parameters"), "}"),
+            ToolCallFormat::Mistral => wrap(format!("[TOOL_CALLS]{name}[ARGS]"), ""),
+            ToolCallFormat::DeepseekV3 => wrap(
+                format!(
+                    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n"
+                ),
+                "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
             ),
             ToolCallFormat::Pythonic | ToolCallFormat::Llama4Pythonic => {
                 spelled(&format!("[{name}("), Style::Pythonic, params, ")]")

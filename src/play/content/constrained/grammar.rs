@@ -191,9 +191,16 @@ pub(super) fn format_rule(
             new_rule(body, rules)
         }
         "triggered_tags" => triggered_tags(f, tool, tools, rules)?,
+        // what the frontends wrap an optional part in (llama3_json's `<|python_tag|>`)
+        "optional" => {
+            let content = f
+                .get("content")
+                .ok_or_else(|| "format `optional` has no `content`".to_string())?;
+            format!("({})?", format_rule(content, tool, tools, rules)?)
+        }
         other => {
             return Err(format!(
-                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, sequence, or, tag, tags_with_separator and triggered_tags are)"
+                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, sequence, or, optional, tag, tags_with_separator and triggered_tags are)"
             ));
         }
     })
@@ -355,7 +362,8 @@ pub(super) fn triggered_tags(
 }
 
 /// The tool a tag's `begin` calls: `"name": "X"` (the JSON formats), `<function=X>`
-/// (Qwen3's XML), `functions.X:` (Kimi K2's) or `<tool_call>X\n` (GLM's).
+/// (Qwen3's XML), `functions.X:` (Kimi K2's), `<｜tool▁sep｜>X\n` (DeepSeek-V3's) or
+/// `<tool_call>X\n` (GLM's).
 pub(super) fn tool_named_in(begin: &str) -> Option<String> {
     if let Some(i) = begin.find("\"name\"") {
         let rest = begin[i + 6..].trim_start().strip_prefix(':')?.trim_start();
@@ -365,6 +373,7 @@ pub(super) fn tool_named_in(begin: &str) -> Option<String> {
     [
         ("<function=", '>'),
         ("functions.", ':'),
+        ("<｜tool▁sep｜>", '\n'),
         ("<tool_call>", '\n'),
     ]
     .iter()

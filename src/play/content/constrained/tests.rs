@@ -521,6 +521,19 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
             "parameters",
             "<|action_end|>",
         ),
+        ToolCallFormat::Llama3Json => json_call("", "parameters", ""),
+        ToolCallFormat::Mistral => {
+            let (name, args) = t.strip_prefix("[TOOL_CALLS]")?.split_once("[ARGS]")?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
+        ToolCallFormat::DeepseekV3 => {
+            let body = t.strip_prefix(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>",
+            )?;
+            let (name, rest) = body.split_once("\n```json\n")?;
+            let args = rest.strip_suffix("\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
         ToolCallFormat::KimiK2 => {
             let body =
                 t.strip_prefix("<|tool_calls_section_begin|><|tool_call_begin|>functions.")?;
@@ -587,7 +600,11 @@ fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
         ToolCallFormat::from_parser("glm47"),
         Some(ToolCallFormat::Glm45)
     );
-    assert_eq!(ToolCallFormat::from_parser("mistral"), None);
+    assert_eq!(
+        ToolCallFormat::from_parser("llama4_json"),
+        Some(ToolCallFormat::Llama3Json)
+    );
+    assert_eq!(ToolCallFormat::from_parser("jamba"), None);
 }
 
 #[test]
