@@ -94,7 +94,8 @@ fn assert_no_markup(content: &Value, label: &str) {
 
 /// A chat completion with [`tools`] under `tool_choice`; the answer's message.
 fn chat_with_tools(port: u16, tool_choice: &str, label: &str) -> Value {
-    let body = json!({"model": "tiny", "max_tokens": 300, "tools": tools(),
+    // room for a few calls (their markers are a token a byte in the embedded vocabulary)
+    let body = json!({"model": "tiny", "max_tokens": 800, "tools": tools(),
         "tool_choice": tool_choice,
         "messages": [{"role": "user", "content": "Weather in Paris?"}]});
     let (status, answer) = http_post_json(port, "/v1/chat/completions", &body);
@@ -182,7 +183,15 @@ fn every_format_reaches_clients_parsed_by_the_frontends_parsers() {
         .collect();
     assert_eq!(covered.len(), REASONING_FORMATS.len(), "{covered:?}");
 
-    for answer in python_parsers(&cases) {
+    let model = TestDir::new("parsers-model");
+    vllm_vcr::tiny_model::write_to(model.root()).unwrap();
+    assert_read_back(&cases, model.root());
+}
+
+/// The Python frontend's parsers read each case as the engine meant it: one call to a
+/// tool with valid arguments and no content, or thinking and content split.
+fn assert_read_back(cases: &[Value], model: &std::path::Path) {
+    for answer in python_parsers(cases, model) {
         let label = answer["label"].as_str().unwrap_or("?").to_string();
         assert!(answer.get("error").is_none(), "{label}: {answer}");
         let case = cases.iter().find(|c| c["label"] == label).unwrap();
@@ -209,18 +218,16 @@ fn every_format_reaches_clients_parsed_by_the_frontends_parsers() {
     }
 }
 
-/// The cases read by the Python frontend's parsers (the cached vLLM 0.33.0 venv): one
-/// answer per case.
-fn python_parsers(cases: &[Value]) -> Vec<Value> {
+/// The cases read by the Python frontend's parsers (the cached vLLM 0.33.0 venv) with the
+/// tokenizer of `model`: one answer per case.
+fn python_parsers(cases: &[Value], model: &std::path::Path) -> Vec<Value> {
     let python = vllm_python("the Python frontend's parsers read the engine's formats");
-    let dir = TestDir::new("parsers-model");
-    vllm_vcr::tiny_model::write_to(dir.root()).unwrap();
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/clients/parsers_check.py"
     );
     let mut child = Command::new(python)
-        .args([script, dir.root().to_str().unwrap()])
+        .args([script, model.to_str().unwrap()])
         .env("HF_HUB_OFFLINE", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -274,28 +281,37 @@ fn a_qwen3_stand_in_behind_the_python_frontend_gives_parsed_calls_and_reasoning(
     for choice in ["auto", "auto", "required"] {
         assert_parsed_calls(&chat_with_tools(serve.port, choice, label), label);
     }
+    assert_thinking_parsed(serve.port, label);
+}
+
+/// A chat answer of 80 tokens thinks half of them: `reasoning` (`reasoning_content` on
+/// older lines) holds the thinking, `content` the rest without tags, and usage counts all
+/// 80 with the thinking among them.
+fn assert_thinking_parsed(port: u16, label: &str) {
     let body = json!({"model": "tiny", "max_tokens": 80,
         "messages": [{"role": "user", "content": "Hello"}]});
-    let (status, answer) = http_post_json(serve.port, "/v1/chat/completions", &body);
-    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = http_post_json(port, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{label}: {answer}");
     let message = &answer["choices"][0]["message"];
     let reasoning = message["reasoning"]
         .as_str()
         .or(message["reasoning_content"].as_str())
         .unwrap_or("");
     let content = message["content"].as_str().unwrap_or("");
-    assert!(reasoning.trim().len() > 4, "no reasoning: {answer}");
+    assert!(
+        reasoning.trim().len() > 4,
+        "{label}: no reasoning: {answer}"
+    );
     assert!(
         content.trim().len() > 4 && !content.contains("think>"),
-        "{answer}"
+        "{label}: {answer}"
     );
-    // every token is counted: 80 in all, the thinking (inside the tags) among them
     let usage = &answer["usage"];
-    assert_eq!(usage["completion_tokens"], 80, "{answer}");
+    assert_eq!(usage["completion_tokens"], 80, "{label}: {answer}");
     let thinking = usage["completion_tokens_details"]["reasoning_tokens"]
         .as_u64()
         .unwrap_or(0);
-    assert!((10..=40).contains(&thinking), "{answer}");
+    assert!((10..=40).contains(&thinking), "{label}: {answer}");
 }
 
 /// What vllm-rs cannot parse with the embedded model is refused before anything starts,
@@ -322,4 +338,94 @@ fn formats_vllm_rs_cannot_parse_are_refused_with_the_way_out() {
         );
         assert!(!err.contains("starting the frontend"), "{err}");
     }
+}
+
+/// The markers the llama3_json, mistral and deepseek_v3 tool parsers and the deepseek_r1
+/// and mistral reasoning parsers look up as single tokens.
+const MARKERS: &[&str] = &[
+    "<think>",
+    "</think>",
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[THINK]",
+    "[/THINK]",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+];
+
+/// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
+/// (not special, so answers keep them) after its 259 tokens.
+fn model_with_markers(dir: &TestDir) {
+    vllm_vcr::tiny_model::write_to(dir.root()).unwrap();
+    let path = dir.path("tokenizer.json");
+    let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let added = t["added_tokens"].as_array_mut().unwrap();
+    let first = vllm_vcr::tiny_model::TOKENIZER_VOCAB as usize;
+    for (i, m) in MARKERS.iter().enumerate() {
+        added.push(json!({"id": first + i, "content": m, "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": false}));
+    }
+    std::fs::write(&path, t.to_string()).unwrap();
+}
+
+/// The formats whose parsers need marker tokens, with a model that has them
+/// (`serve --model DIR`): llama3_json and deepseek_v3 calls and deepseek_r1 thinking
+/// parsed by vllm-rs, and the raw text of those and of mistral's calls and thinking read
+/// by the Python frontend's parsers.
+#[test]
+fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
+    let dir = TestDir::new("parsers-markers");
+    model_with_markers(&dir);
+    let model = dir.root().to_str().unwrap();
+    let mut cases = Vec::new();
+    // vllm-rs with a reasoning parser opens its `required` tag with a think block of free
+    // text (`any_text`), which the engine does not follow: `required` is checked without
+    for (format, reasoning, rs_parses) in [
+        ("llama3_json", None, true),
+        ("deepseek_v3", Some("deepseek_r1"), true),
+        ("mistral", Some("mistral"), false),
+    ] {
+        let mut flags = vec!["--model", model, "--served-model-name", "tiny"];
+        flags.extend(["--tool-call-rate", "1", "--tool-call-format", format]);
+        if let Some(r) = reasoning {
+            flags.extend(["--reasoning-format", r, "--reasoning-share", "0.5"]);
+        }
+        if !rs_parses {
+            // vllm-rs's mistral parser does not read the calls the engine writes, and it
+            // has no mistral reasoning parser: the raw text goes to the Python parsers
+            flags.extend([
+                "--",
+                "--tool-call-parser",
+                "none",
+                "--reasoning-parser",
+                "none",
+            ]);
+        }
+        let mut serve = Serve::start(&flags);
+        serve.wait_ready();
+        let label = format!("vllm-rs {format} (own model)");
+        if rs_parses {
+            assert_parsed_calls(&chat_with_tools(serve.port, "auto", &label), &label);
+            match reasoning {
+                None => {
+                    let message = chat_with_tools(serve.port, "required", &label);
+                    assert_parsed_calls(&message, &label);
+                }
+                Some(_) => assert_thinking_parsed(serve.port, &label),
+            }
+        }
+        let text = complete(serve.port, &prompt_with_tools(), 300, &label);
+        cases.push(json!({"label": format, "tools": tools(), "text": text,
+            "tool_parser": format}));
+        if let Some(r) = reasoning {
+            let text = complete(serve.port, "Hello", 120, &label);
+            cases.push(json!({"label": format!("{r} ({format})"), "tools": [],
+                "text": text, "reasoning_parser": r}));
+        }
+    }
+    assert_read_back(&cases, dir.root());
 }
