@@ -96,8 +96,8 @@ pub struct EngineArgs {
     /// How a tool call under `tool_choice: auto` is written: in the format the frontend's
     /// `--tool-call-parser` of this name reads (`serve` starts the frontend with it, or,
     /// given only a `--tool-call-parser` after `--`, writes that parser's format). Default:
-    /// hermes. llama3_json, mistral and deepseek_v3 are not among them: their parsers need
-    /// marker tokens the embedded byte-level tokenizer does not have.
+    /// hermes. llama3_json, mistral and deepseek_v3 need a model whose tokenizer has their
+    /// markers as tokens (`serve --model DIR`): their parsers refuse the embedded one.
     #[arg(long, value_enum, value_name = "PARSER")]
     pub tool_call_format: Option<ToolCallFormat>,
 
@@ -105,8 +105,8 @@ pub struct EngineArgs {
     /// `--reasoning-parser` of this name reads, so clients get it as `reasoning`
     /// (`reasoning_content` on older lines; `serve` starts the frontend with that parser,
     /// or, given only a `--reasoning-parser` after `--`, writes that parser's format).
-    /// Default: none. deepseek_r1 and mistral are not among them, nor vllm-rs's parsers
-    /// for the embedded model: they need `<think>`/`[THINK]` as single tokens.
+    /// Default: none. deepseek_r1 and mistral, and any behind vllm-rs, need a model whose
+    /// tokenizer has `<think>`/`[THINK]` as single tokens (`serve --model DIR`).
     #[arg(long, value_enum, value_name = "PARSER")]
     pub reasoning_format: Option<ReasoningFormat>,
 

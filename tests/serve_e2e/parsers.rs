@@ -136,6 +136,54 @@ fn complete(port: u16, prompt: &str, max_tokens: u32, label: &str) -> String {
         .to_string()
 }
 
+/// `serve` (vllm-rs) writing `format` calls (always, where the prompt shows tools) and
+/// `reasoning` thinking, serving `own_model` if given; `parses`: whether vllm-rs parses
+/// them, else its parsing is off and the raw text is what the test checks.
+fn serve_writing(
+    own_model: Option<&str>,
+    format: &str,
+    reasoning: Option<&str>,
+    parses: bool,
+) -> Serve {
+    let mut flags = Vec::new();
+    if let Some(m) = own_model {
+        flags.extend(["--model", m, "--served-model-name", "tiny"]);
+    }
+    flags.extend(["--tool-call-rate", "1", "--tool-call-format", format]);
+    if let Some(r) = reasoning {
+        flags.extend(["--reasoning-format", r, "--reasoning-share", "0.5"]);
+    }
+    if !parses {
+        flags.extend(["--", "--tool-call-parser", "none"]);
+        flags.extend(["--reasoning-parser", "none"]);
+    }
+    let mut serve = Serve::start(&flags);
+    serve.wait_ready();
+    serve
+}
+
+/// Raw answers of `serve` (completions: no parser between) for the Python frontend's
+/// parsers: `calls` answers to a prompt with tools, and a thinking one when `reasoning`
+/// is on.
+fn raw_cases(
+    serve: &Serve,
+    format: &str,
+    reasoning: Option<&str>,
+    calls: usize,
+    cases: &mut Vec<Value>,
+) {
+    for n in 0..calls {
+        let text = complete(serve.port, &prompt_with_tools(), 300, format);
+        cases.push(json!({"label": format!("{format} #{n}"), "tools": tools(),
+            "text": text, "tool_parser": format}));
+    }
+    if let Some(r) = reasoning {
+        let text = complete(serve.port, "Hello", 120, r);
+        cases.push(json!({"label": format!("{r} ({format})"), "tools": [],
+            "text": text, "reasoning_parser": r}));
+    }
+}
+
 /// Every tool format through vllm-rs 0.33 (one quick start each): its own parser where it
 /// has one (`auto` and `required`), and the raw text of every format
 /// and every thinking format read by the Python frontend's parser classes.
@@ -146,36 +194,14 @@ fn every_format_reaches_clients_parsed_by_the_frontends_parsers() {
         // a thinking format rides along on the formats vllm-rs does not parse (the raw
         // text is what is checked then)
         let reasoning = (!rs_parses).then(|| REASONING_FORMATS[i % REASONING_FORMATS.len()]);
-        let mut flags = vec!["--tool-call-rate", "1", "--tool-call-format", format];
-        if let Some(r) = reasoning {
-            flags.extend(["--reasoning-format", r, "--reasoning-share", "0.5"]);
-        }
-        if !rs_parses {
-            flags.extend([
-                "--",
-                "--tool-call-parser",
-                "none",
-                "--reasoning-parser",
-                "none",
-            ]);
-        }
-        let mut serve = Serve::start(&flags);
-        serve.wait_ready();
+        let serve = serve_writing(None, format, reasoning, rs_parses);
         let label = format!("vllm-rs {format}");
         if rs_parses {
             for choice in ["auto", "required"] {
                 assert_parsed_calls(&chat_with_tools(serve.port, choice, &label), &label);
             }
         }
-        for n in 0..2 {
-            let text = complete(serve.port, &prompt_with_tools(), 300, &label);
-            cases.push(json!({"label": format!("{format} #{n}"), "tools": tools(),
-                "text": text, "tool_parser": format}));
-        }
-        if let Some(r) = reasoning {
-            let text = complete(serve.port, "Hello", 120, &label);
-            cases.push(json!({"label": r, "tools": [], "text": text, "reasoning_parser": r}));
-        }
+        raw_cases(&serve, format, reasoning, 2, &mut cases);
     }
     let covered: Vec<&str> = cases
         .iter()
@@ -389,24 +415,7 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         ("deepseek_v3", Some("deepseek_r1"), true),
         ("mistral", Some("mistral"), false),
     ] {
-        let mut flags = vec!["--model", model, "--served-model-name", "tiny"];
-        flags.extend(["--tool-call-rate", "1", "--tool-call-format", format]);
-        if let Some(r) = reasoning {
-            flags.extend(["--reasoning-format", r, "--reasoning-share", "0.5"]);
-        }
-        if !rs_parses {
-            // vllm-rs's mistral parser does not read the calls the engine writes, and it
-            // has no mistral reasoning parser: the raw text goes to the Python parsers
-            flags.extend([
-                "--",
-                "--tool-call-parser",
-                "none",
-                "--reasoning-parser",
-                "none",
-            ]);
-        }
-        let mut serve = Serve::start(&flags);
-        serve.wait_ready();
+        let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");
         if rs_parses {
             assert_parsed_calls(&chat_with_tools(serve.port, "auto", &label), &label);
@@ -418,14 +427,7 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
                 Some(_) => assert_thinking_parsed(serve.port, &label),
             }
         }
-        let text = complete(serve.port, &prompt_with_tools(), 300, &label);
-        cases.push(json!({"label": format, "tools": tools(), "text": text,
-            "tool_parser": format}));
-        if let Some(r) = reasoning {
-            let text = complete(serve.port, "Hello", 120, &label);
-            cases.push(json!({"label": format!("{r} ({format})"), "tools": [],
-                "text": text, "reasoning_parser": r}));
-        }
+        raw_cases(&serve, format, reasoning, 1, &mut cases);
     }
     assert_read_back(&cases, dir.root());
 }
