@@ -19,6 +19,7 @@ use super::engine_args::{EngineArgs, TokenMode, TtftMode};
 use super::pd::PdConfig;
 use crate::play::content::constrained::{Shaping, ToolCalls};
 use crate::play::content::failures::FailureInjector;
+use crate::play::content::reasoning::{AnswerLength, Reasoning};
 use crate::play::content::replay::ReplaySetup;
 use crate::play::content::spec_decode::SpecModel;
 use crate::play::content::text::TextTokens;
@@ -228,6 +229,12 @@ impl PlayConfig {
             a.max_model_len
         };
         seconds(a.kv_lease_duration, "--kv-lease-duration", false)?;
+        if !(0.0..=1.0).contains(&a.reasoning_share) {
+            bail!(
+                "--reasoning-share must be between 0 and 1, got {}",
+                a.reasoning_share
+            );
+        }
         if !(0.0..=1.0).contains(&a.tool_call_rate) {
             bail!(
                 "--tool-call-rate must be between 0 and 1, got {}",
@@ -295,6 +302,11 @@ impl PlayConfig {
                 vocab: vocab.clone(),
                 tool_calls: ToolCalls {
                     rate: a.tool_call_rate,
+                    format: a.tool_call_format.unwrap_or_default(),
+                },
+                reasoning: Reasoning {
+                    format: a.reasoning_format.unwrap_or_default(),
+                    share: a.reasoning_share,
                 },
             },
         };
@@ -348,7 +360,7 @@ impl PlayConfig {
 
     /// Where output token ids come from.
     pub fn token_source(&self) -> Box<dyn TokenSource> {
-        match self.tokens {
+        let source: Box<dyn TokenSource> = match self.tokens {
             TokenMode::Random => Box::new(self.random.clone()),
             TokenMode::Echo => Box::new(EchoTokens {
                 fallback: Some(self.random.clone()),
@@ -357,7 +369,13 @@ impl PlayConfig {
                 seed: self.random.seed,
                 vocab: self.vocab.clone(),
             }),
-        }
+        };
+        let length = AnswerLength {
+            max_model_len: self.engine.max_model_len,
+            natural_mean: self.engine.natural_output_len,
+            seed: self.engine.seed,
+        };
+        (self.engine.shaping.reasoning).wrap(source, self.vocab.clone(), length)
     }
 
     /// The engine of DP rank `rank`: the one way an engine is made, for the live loop, the

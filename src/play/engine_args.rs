@@ -9,8 +9,10 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::pd::{LoadFailurePolicy, PdRole};
+use crate::play::content::constrained::ToolCallFormat;
 use crate::play::content::failures::FailureType;
 use crate::play::content::pooling::Runner;
+use crate::play::content::reasoning::ReasoningFormat;
 use crate::play::content::replay::{MatchMode, MissPolicy};
 use crate::play::content::spec_decode::SpecMetricsLevel;
 use crate::play::engine::offload::OffloadPolicy;
@@ -87,10 +89,33 @@ pub struct EngineArgs {
 
     /// Under `tool_choice: auto`, the share of requests whose prompt shows tools (a
     /// `<tools>` block, as hermes-style chat templates render them) that are answered with
-    /// a `<tool_call>` to one of them, with arguments valid for its schema; the others get
+    /// a call to one of them (in the --tool-call-format), with arguments valid for its schema; the others get
     /// text. A request whose last message is a tool result is always answered with text.
     #[arg(long, default_value_t = 0.5)]
     pub tool_call_rate: f64,
+
+    /// How a tool call under `tool_choice: auto` is written: in the format the frontend's
+    /// `--tool-call-parser` of this name reads (`serve` starts the frontend with it, or,
+    /// given only a `--tool-call-parser` after `--`, writes that parser's format). Default:
+    /// hermes. llama3_json, mistral and deepseek_v3 need a model whose tokenizer has their
+    /// markers as tokens (`serve --model DIR`): their parsers refuse the embedded one.
+    #[arg(long, value_enum, value_name = "PARSER")]
+    pub tool_call_format: Option<ToolCallFormat>,
+
+    /// Free-text answers open with a thinking block in the format the frontend's
+    /// `--reasoning-parser` of this name reads, so clients get it as `reasoning`
+    /// (`reasoning_content` on older lines; `serve` starts the frontend with that parser,
+    /// or, given only a `--reasoning-parser` after `--`, writes that parser's format).
+    /// Default: none. deepseek_r1 and mistral, and any behind vllm-rs, need a model whose
+    /// tokenizer has `<think>`/`[THINK]` as single tokens (`serve --model DIR`).
+    #[arg(long, value_enum, value_name = "PARSER")]
+    pub reasoning_format: Option<ReasoningFormat>,
+
+    /// With a --reasoning-format, the share of each free-text answer's output tokens spent
+    /// in its thinking block (tags included; of `max_tokens`, or of the natural length of
+    /// an unbounded answer). Usage counts every token, thinking included.
+    #[arg(long, default_value_t = 0.25, value_name = "F")]
+    pub reasoning_share: f64,
 
     /// The mean length, in tokens, of an answer the client did not bound: a request whose
     /// `max_tokens` reaches the end of the context (the client gave none, so the frontend

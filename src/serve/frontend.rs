@@ -244,8 +244,19 @@ pub(crate) struct FrontendSpec<'a> {
     pub ready_timeout_s: u64,
 }
 
-/// `vllm-rs serve` for `s`.
+/// `vllm-rs serve` for `s`, its reasoning parsing off.
 pub(crate) fn vllm_rs_command(bin: &Path, s: &FrontendSpec) -> Command {
+    vllm_rs_command_with(bin, s, Some("none"))
+}
+
+/// `vllm-rs serve` for `s` with this `--reasoning-parser` (`None`: the user's own, passed
+/// after `--`; vllm-rs refuses the flag twice). Its default, `auto`, would guess one from
+/// the model's name.
+pub(crate) fn vllm_rs_command_with(
+    bin: &Path,
+    s: &FrontendSpec,
+    reasoning: Option<&str>,
+) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("serve")
         .arg(s.model)
@@ -257,7 +268,12 @@ pub(crate) fn vllm_rs_command(bin: &Path, s: &FrontendSpec) -> Command {
         .arg("--served-model-name")
         .arg(s.name)
         .args(s.aliases)
-        .args(["--reasoning-parser", "none"])
+        .args(
+            reasoning
+                .map(|r| ["--reasoning-parser", r])
+                .into_iter()
+                .flatten(),
+        )
         .args([
             "--engine-ready-timeout-secs",
             &s.ready_timeout_s.to_string(),

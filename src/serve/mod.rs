@@ -16,6 +16,7 @@ use crate::play::{PlayArgs, TokenMode};
 pub mod frontend;
 mod logs;
 mod model;
+mod parsers;
 pub mod router;
 
 pub use model::TinyVocabArg;
@@ -23,7 +24,7 @@ pub use model::TinyVocabArg;
 pub use frontend::FrontendExited;
 use frontend::{
     FrontendSpec, die_with_parent, health_ok, line_of_venv, line_of_vllm_rs, log_tail,
-    model_max_len, output_of, python_command, url_host, vllm_rs_command,
+    model_max_len, output_of, python_command, url_host, vllm_rs_command_with,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -253,25 +254,20 @@ fn handshake_port(args: &ServeArgs) -> Result<u16> {
 }
 
 /// The frontend flags of the engine's kind of model: an embedding model's
-/// (`--runner pooling`), or tool calling for a generating one.
-fn runner_args(args: &ServeArgs, play: &PlayArgs) -> Vec<&'static str> {
+/// (`--runner pooling`), or the tool-call and reasoning parsers of a generating one
+/// ([`parsers::choose`]; vllm-rs gets its `--reasoning-parser` from `vllm_rs_command_with`).
+fn runner_args(play: &PlayArgs, parsing: &parsers::Parsing, python: bool) -> Vec<&'static str> {
     match play.runner {
         Runner::Pooling => vec!["--runner", "pooling"],
-        Runner::Generate => tool_calling(args, &args.frontend_args),
+        Runner::Generate => {
+            let mut v = parsing.tools.clone();
+            match parsing.reasoning {
+                Some(r) if python && r != "none" => v.extend(["--reasoning-parser", r]),
+                _ => {}
+            }
+            v
+        }
     }
-}
-
-/// The frontend flags that turn tool calling on for the embedded model (its chat template
-/// renders hermes-style `<tool_call>` blocks), unless the user's own frontend arguments
-/// choose a parser or another model is served.
-fn tool_calling(args: &ServeArgs, user: &[String]) -> Vec<&'static str> {
-    let chosen = user
-        .iter()
-        .any(|a| a.starts_with("--tool-call-parser") || a.starts_with("--enable-auto-tool-choice"));
-    if args.model.is_some() || chosen {
-        return Vec::new();
-    }
-    vec!["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 }
 
 /// Listen on --port and route to the frontend on `frontend_port` until the engine stops.
@@ -356,6 +352,9 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         play.max_model_len = play.max_model_len.min(m);
     }
 
+    // the formats the engine writes tool calls and thinking in, and the frontend's parsers
+    let parsing = parsers::choose(&mut play, &args.frontend_args, args.model.is_some())?;
+
     // the engine's flags are checked before anything starts; the files they name are kept
     // for the engine (read and logged once)
     crate::play::config::check_flags(&play)?;
@@ -436,8 +435,9 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                     tracing::warn!("{w}");
                 }
             }
-            let mut cmd = vllm_rs_command(&bin, &spec);
-            cmd.args(runner_args(&args, &play));
+            parsing.check_vllm_rs(args.model.is_none())?;
+            let mut cmd = vllm_rs_command_with(&bin, &spec, parsing.reasoning);
+            cmd.args(runner_args(&play, &parsing, false));
             let chosen = args
                 .frontend_args
                 .iter()
@@ -459,7 +459,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 play.vllm_version,
                 line_explicit,
             );
-            cmd.args(runner_args(&args, &play));
+            cmd.args(runner_args(&play, &parsing, true));
             cmd.args(&args.frontend_args);
             (cmd, grace(5))
         }

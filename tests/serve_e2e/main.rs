@@ -28,6 +28,7 @@ mod inference_perf;
 mod load_generators;
 mod offload;
 mod openai;
+mod parsers;
 mod router;
 mod tokenizers;
 

@@ -6,6 +6,7 @@ pub mod constrained;
 pub mod failures;
 pub mod logprobs;
 pub mod pooling;
+pub mod reasoning;
 pub mod replay;
 pub mod spec_decode;
 pub mod text;

@@ -5,6 +5,7 @@ use llguidance::api::TopLevelGrammar;
 use serde_json::{Value, json};
 use sim_protocol::{Constraint, StructuredOutputs};
 
+use super::formats::styled_arguments;
 use super::lark::*;
 use super::tools::PromptTools;
 
@@ -137,16 +138,18 @@ pub(super) fn format_rule(
         "regex" => new_rule(format!("/{}/", lark_regex(string("pattern")?)), rules),
         "json_schema" => {
             let style = f.get("style").and_then(Value::as_str).unwrap_or("json");
-            if style != "json" {
-                return Err(format!(
-                    "json_schema style `{style}` is not supported (only `json`)"
-                ));
-            }
             let schema = f.get("json_schema").cloned().unwrap_or(Value::Bool(true));
             let schema = match (&schema, tool.and_then(|t| tools.parameters_of(t))) {
                 (Value::Bool(true), Some(p)) => p,
                 _ => schema,
             };
+            if style != "json" {
+                return styled_arguments(style, &schema, rules).ok_or_else(|| {
+                    format!(
+                        "json_schema style `{style}` is not supported (json, qwen_xml and glm_xml are)"
+                    )
+                });
+            }
             new_rule(format!("%json {}", schema_text(&schema)), rules)
         }
         "sequence" => {
@@ -188,19 +191,19 @@ pub(super) fn format_rule(
             new_rule(body, rules)
         }
         "triggered_tags" => triggered_tags(f, tool, tools, rules)?,
+        // what the frontends wrap an optional part in (llama3_json's `<|python_tag|>`)
+        "optional" => {
+            let content = f
+                .get("content")
+                .ok_or_else(|| "format `optional` has no `content`".to_string())?;
+            format!("({})?", format_rule(content, tool, tools, rules)?)
+        }
         other => {
             return Err(format!(
-                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, sequence, or, tag, tags_with_separator and triggered_tags are)"
+                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, sequence, or, optional, tag, tags_with_separator and triggered_tags are)"
             ));
         }
     })
-}
-
-/// A sub-rule with `body`; its name.
-pub(super) fn new_rule(body: String, rules: &mut Vec<String>) -> String {
-    let name = format!("r{}", rules.len());
-    rules.push(format!("{name}: {body}"));
-    name
 }
 
 /// A `tag` format's parts: its begin string, and the Lark expressions of its content and
@@ -358,12 +361,27 @@ pub(super) fn triggered_tags(
     Ok(new_rule(body, rules))
 }
 
-/// `"name": "X"` in a tag's `begin`: the tool that tag calls.
+/// The tool a tag's `begin` calls: `"name": "X"` (the JSON formats), `<function=X>`
+/// (Qwen3's XML), `functions.X:` (Kimi K2's), `<｜tool▁sep｜>X\n` (DeepSeek-V3's) or
+/// `<tool_call>X\n` (GLM's).
 pub(super) fn tool_named_in(begin: &str) -> Option<String> {
-    let i = begin.find("\"name\"")?;
-    let rest = begin[i + 6..].trim_start().strip_prefix(':')?.trim_start();
-    let mut de = serde_json::Deserializer::from_str(rest).into_iter::<String>();
-    de.next()?.ok()
+    if let Some(i) = begin.find("\"name\"") {
+        let rest = begin[i + 6..].trim_start().strip_prefix(':')?.trim_start();
+        let mut de = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+        return de.next()?.ok();
+    }
+    [
+        ("<function=", '>'),
+        ("functions.", ':'),
+        ("<｜tool▁sep｜>", '\n'),
+        ("<tool_call>", '\n'),
+    ]
+    .iter()
+    .find_map(|(open, close)| {
+        let rest = &begin[begin.find(open)? + open.len()..];
+        Some(rest[..rest.find(*close)?].to_string())
+    })
+    .filter(|name| !name.is_empty())
 }
 
 /// A GBNF / EBNF grammar (`root ::= …`, what xgrammar takes) as Lark: `::=` becomes `:`,

@@ -20,6 +20,13 @@ pub(super) fn close_objects(v: &mut Value) {
     }
 }
 
+/// A sub-rule with `body`; its name.
+pub(super) fn new_rule(body: String, rules: &mut Vec<String>) -> String {
+    let name = format!("r{}", rules.len());
+    rules.push(format!("{name}: {body}"));
+    name
+}
+
 /// A Lark string literal.
 pub(super) fn lark_str(s: &str) -> String {
     Value::String(s.to_string()).to_string()

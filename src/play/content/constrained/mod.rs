@@ -13,8 +13,10 @@
 //! named function into a structural tag, and under `auto` the engine decides itself
 //! ([`ToolCalls`]): it reads the tools the chat template rendered into the prompt (hermes
 //! style, `<tools>…</tools>`) and, with probability `--tool-call-rate`, answers with a
-//! `<tool_call>` block whose arguments follow the tool's JSON schema.
+//! call whose arguments follow the tool's JSON schema, written in the format of the
+//! frontend's `--tool-call-parser` (`--tool-call-format`, [`ToolCallFormat`]).
 
+mod formats;
 mod grammar;
 mod lark;
 mod shaping;
@@ -23,6 +25,7 @@ mod stream;
 mod tests;
 mod tools;
 
+pub use formats::ToolCallFormat;
 pub use grammar::{gbnf_to_lark, grammar_for};
 pub use shaping::Shaping;
 pub use stream::{ConstrainedStream, GrammarJob};

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use sim_protocol::{Constraint, EngineCoreRequest, StructuredOutputs};
 
+use crate::play::content::reasoning::Reasoning;
 use crate::play::content::tokens::{TokenStream, stream_seed};
 use crate::play::content::vocab::Vocabulary;
 
@@ -19,6 +20,9 @@ use super::tools::{PromptTools, ToolCalls};
 pub struct Shaping {
     pub vocab: Arc<Vocabulary>,
     pub tool_calls: ToolCalls,
+    /// Thinking blocks in free-text answers (the token source's, see
+    /// [`Reasoning::wrap`]).
+    pub reasoning: Reasoning,
 }
 
 impl Shaping {

@@ -8,6 +8,7 @@ use sim_protocol::{Constraint, EngineCoreRequest, StructuredOutputs};
 use crate::play::content::tokens::TokenStream;
 use crate::play::content::vocab::Vocabulary;
 
+use super::formats::ToolCallFormat;
 use super::grammar::*;
 use super::shaping::*;
 use super::stream::*;
@@ -224,7 +225,11 @@ fn an_open_triggered_tag_is_a_call_or_text_under_the_tool_call_rate() {
     )]));
     let shaping = |rate| Shaping {
         vocab: vocab.clone(),
-        tool_calls: ToolCalls { rate },
+        tool_calls: ToolCalls {
+            rate,
+            format: Default::default(),
+        },
+        reasoning: Default::default(),
     };
     assert!(shaping(0.0).plan(&r, 1).unwrap().is_none(), "rate 0: text");
     let mut s = shaping(1.0)
@@ -435,15 +440,30 @@ fn tools_are_read_from_the_prompt_and_auto_calls_follow_the_rate() {
     let answered = prompt.replace("user\nhi", "user\n<tool_response>\n{}\n</tool_response>");
     assert!(PromptTools::from_prompt(&answered).after_tool_result);
     let calls = (0..400u64)
-        .filter(|s| ToolCalls { rate: 0.25 }.decide(&p, *s).is_some())
+        .filter(|s| {
+            ToolCalls {
+                rate: 0.25,
+                format: Default::default(),
+            }
+            .decide(&p, *s)
+            .is_some()
+        })
         .count();
     assert!((60..140).contains(&calls), "{calls} of 400 at rate 0.25");
     assert!(
-        ToolCalls { rate: 1.0 }
-            .decide(&PromptTools::from_prompt(&answered), 1)
-            .is_none()
+        ToolCalls {
+            rate: 1.0,
+            format: Default::default()
+        }
+        .decide(&PromptTools::from_prompt(&answered), 1)
+        .is_none()
     );
-    let g = ToolCalls { rate: 1.0 }.decide(&weather_tools(), 3).unwrap();
+    let g = ToolCalls {
+        rate: 1.0,
+        format: Default::default(),
+    }
+    .decide(&weather_tools(), 3)
+    .unwrap();
     let vocab = Vocabulary::embedded();
     let mut s = ConstrainedStream::new(vocab.clone(), g, &req("auto"), 1).unwrap();
     let ids: Vec<u32> = (0..600)
@@ -471,4 +491,153 @@ fn unsupported_kinds_are_named() {
     );
     let e = gbnf_to_lark("root ::= [a-z]{2,3}").unwrap_err();
     assert!(e.contains("repetition"), "{e}");
+}
+
+/// A call as each format's parser reads it: the tool's name and its arguments.
+fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
+    let json_call = |prefix: &str, key: &str, suffix: &str| {
+        let body = t.strip_prefix(prefix)?.strip_suffix(suffix)?;
+        let v: Value = serde_json::from_str(body).ok()?;
+        Some((v["name"].as_str()?.to_string(), v[key].clone()))
+    };
+    // a run of `KEY<sep>VALUE<end>` pairs, values as JSON or (`raw`) bare strings
+    let pairs = |body: &str, open: &str, sep: &str, end: &str| -> Option<Value> {
+        let mut args = serde_json::Map::new();
+        for part in body.split(open).skip(1) {
+            let (k, rest) = part.split_once(sep)?;
+            let v = rest.split(end).next()?.trim_matches('\n');
+            let v = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.into()));
+            args.insert(k.to_string(), v);
+        }
+        Some(Value::Object(args))
+    };
+    match format {
+        ToolCallFormat::Hermes => json_call("<tool_call>\n", "arguments", "\n</tool_call>"),
+        ToolCallFormat::Granite => json_call("<|tool_call|>[", "arguments", "]"),
+        ToolCallFormat::Xlam => json_call("[", "arguments", "]"),
+        ToolCallFormat::Phi4MiniJson => json_call("functools[", "arguments", "]"),
+        ToolCallFormat::Internlm => json_call(
+            "<|action_start|><|plugin|>\n",
+            "parameters",
+            "<|action_end|>",
+        ),
+        ToolCallFormat::Llama3Json => json_call("", "parameters", ""),
+        ToolCallFormat::Mistral => {
+            let (name, args) = t.strip_prefix("[TOOL_CALLS]")?.split_once("[ARGS]")?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
+        ToolCallFormat::DeepseekV3 => {
+            let body = t.strip_prefix(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>",
+            )?;
+            let (name, rest) = body.split_once("\n```json\n")?;
+            let args = rest.strip_suffix("\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
+        ToolCallFormat::KimiK2 => {
+            let body =
+                t.strip_prefix("<|tool_calls_section_begin|><|tool_call_begin|>functions.")?;
+            let (name, rest) = body.split_once(":0<|tool_call_argument_begin|>")?;
+            let args = rest.strip_suffix("<|tool_call_end|><|tool_calls_section_end|>")?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
+        ToolCallFormat::Pythonic | ToolCallFormat::Llama4Pythonic => {
+            let body = t.strip_prefix('[')?.strip_suffix(")]")?;
+            let (name, mut rest) = body.split_once('(')?;
+            let mut args = serde_json::Map::new();
+            while !rest.is_empty() {
+                let (k, after) = rest.trim_start_matches(", ").split_once('=')?;
+                let mut de = serde_json::Deserializer::from_str(after).into_iter::<Value>();
+                args.insert(k.into(), de.next()?.ok()?);
+                rest = &after[de.byte_offset()..];
+            }
+            Some((name.into(), Value::Object(args)))
+        }
+        ToolCallFormat::Qwen3Xml | ToolCallFormat::Qwen3Coder => {
+            let body = t.strip_prefix("<tool_call>\n<function=")?;
+            let body = body.strip_suffix("</function>\n</tool_call>")?;
+            let (name, rest) = body.split_once(">\n")?;
+            Some((
+                name.into(),
+                pairs(rest, "<parameter=", ">\n", "\n</parameter>")?,
+            ))
+        }
+        ToolCallFormat::Glm45 => {
+            let body = t
+                .strip_prefix("<tool_call>")?
+                .strip_suffix("</tool_call>")?;
+            let (name, rest) = body.split_once('\n')?;
+            let rest = rest.replace("</arg_key>\n", "\u{1}");
+            Some((
+                name.into(),
+                pairs(&rest, "<arg_key>", "\u{1}", "</arg_value>")?,
+            ))
+        }
+    }
+}
+
+#[test]
+fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
+    use clap::ValueEnum;
+    for format in ToolCallFormat::value_variants().iter().copied() {
+        let calls = ToolCalls { rate: 1.0, format };
+        for seed in 0..4 {
+            let g = calls.decide(&weather_tools(), seed).unwrap();
+            let (t, end) = run(g, "f", 300);
+            assert_eq!(end, End::Eos, "{format:?}: {t}");
+            let t = t.replace("<arg_value>", "");
+            let (name, args) =
+                read_call(format, &t).unwrap_or_else(|| panic!("{format:?} unreadable: {t}"));
+            assert_eq!(name, "get_weather", "{format:?}: {t}");
+            assert!(
+                args["city"].is_string() && args["days"].is_i64(),
+                "{format:?}: {args} from {t}"
+            );
+            assert_eq!(ToolCallFormat::from_parser(format.parser()), Some(format));
+        }
+    }
+    assert_eq!(
+        ToolCallFormat::from_parser("glm47"),
+        Some(ToolCallFormat::Glm45)
+    );
+    assert_eq!(
+        ToolCallFormat::from_parser("llama4_json"),
+        Some(ToolCallFormat::Llama3Json)
+    );
+    assert_eq!(ToolCallFormat::from_parser("jamba"), None);
+}
+
+#[test]
+fn xml_styled_arguments_of_a_required_call_are_spelled_per_parameter() {
+    // what the frontends send for `required` with the qwen3_xml parser (the tool's
+    // schema is the one the prompt shows, named by the tag's `begin`) and with glm45's
+    for (style, begin, end) in [
+        (
+            "qwen_xml",
+            "<tool_call>\n<function=get_weather>\n",
+            "\n</function>\n</tool_call>",
+        ),
+        ("glm_xml", "<tool_call>get_weather\n", "</tool_call>"),
+    ] {
+        let tag = json!({"type": "structural_tag", "format": {"type": "triggered_tags",
+            "triggers": [begin], "at_least_one": true, "stop_after_first": true,
+            "tags": [{"type": "tag", "begin": begin, "end": end,
+                "content": {"type": "json_schema", "json_schema": true, "style": style}}]}});
+        let (t, end_kind) = run(tag_grammar(&tag, &weather_tools()), "x", 300);
+        assert_eq!(end_kind, End::Eos, "{style}: {t}");
+        let format = if style == "qwen_xml" {
+            ToolCallFormat::Qwen3Xml
+        } else {
+            ToolCallFormat::Glm45
+        };
+        let t = t
+            .replace("<arg_value>", "")
+            .replace("</parameter>\n\n</function>", "</parameter>\n</function>");
+        let (name, args) = read_call(format, &t).unwrap_or_else(|| panic!("{style}: {t}"));
+        assert_eq!(name, "get_weather");
+        assert!(
+            args["city"].is_string() && args["days"].is_i64(),
+            "{style}: {t}"
+        );
+    }
 }

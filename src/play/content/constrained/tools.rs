@@ -1,12 +1,14 @@
 //! Tool calls under `tool_choice: auto`: the tools a chat template rendered into the
-//! prompt (hermes style, `<tools>…</tools>`), and the engine's own choice to call one.
+//! prompt (hermes style, `<tools>…</tools>`), and the engine's own choice to call one,
+//! written in the `--tool-call-format` of the frontend's parser ([`ToolCallFormat`]).
 
 use llguidance::api::TopLevelGrammar;
 use serde_json::{Value, json};
 
 use crate::play::content::tokens::SplitMix64;
 
-use super::lark::{close_objects, lark_str, schema_text};
+use super::formats::ToolCallFormat;
+use super::lark::close_objects;
 
 /// A tool the chat template showed the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,10 +77,11 @@ impl PromptTools {
 }
 
 /// `--tool-call-rate`: under `tool_choice: auto`, how often a prompt with tools is answered
-/// with a tool call.
+/// with a tool call; `--tool-call-format`: how the call is written.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ToolCalls {
     pub rate: f64,
+    pub format: ToolCallFormat,
 }
 
 impl ToolCalls {
@@ -105,16 +108,8 @@ impl ToolCalls {
         }
         let mut rng = self.draw(tools, seed)?;
         let tool = &tools.tools[(rng.next_u64() % tools.tools.len() as u64) as usize];
-        let begin = format!(
-            "<tool_call>\n{{\"name\": {}, \"arguments\": ",
-            json!(tool.name)
-        );
-        let lark = format!(
-            "start: {} args {}\nargs: %json {}\n",
-            lark_str(&begin),
-            lark_str("}\n</tool_call>"),
-            schema_text(&tools.parameters_of(&tool.name).unwrap_or_else(|| json!({})))
-        );
+        let params = tools.parameters_of(&tool.name).unwrap_or_else(|| json!({}));
+        let lark = self.format.grammar(&tool.name, &params);
         Some(TopLevelGrammar::from_lark(lark))
     }
 }

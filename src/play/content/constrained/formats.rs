@@ -1,0 +1,292 @@
+//! The tool-call formats of the frontends' tool parsers (`--tool-call-format`): how an
+//! answer that calls a tool is written, so that the parser the frontend was started with
+//! (`--tool-call-parser`) turns it into `tool_calls` and leaves `content` empty.
+//!
+//! Each format is a Lark grammar around the tool's name and arguments; the arguments follow
+//! the tool's (closed) JSON schema, as a JSON object or, for the formats that spell each
+//! argument on its own (pythonic, Qwen3's XML, GLM's key/value tags), one value per
+//! property. The parsers of three formats look their markers up as single tokens of the
+//! vocabulary (llama3_json's `<|python_tag|>`, mistral's `[TOOL_CALLS]`, deepseek_v3's
+//! `<｜tool▁calls▁begin｜>`, [`ToolCallFormat::needs_tokens`]) and refuse to start with a
+//! byte-level tokenizer such as the embedded model's: they serve a model of your own.
+
+use serde_json::{Value, json};
+
+use super::lark::{lark_lit, lark_regex, lark_seq, lark_str, new_rule, schema_text};
+
+/// How a tool call is written: the name is the frontend's `--tool-call-parser` that reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ToolCallFormat {
+    /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (Hermes, Qwen2.5/3 JSON).
+    #[default]
+    #[value(name = "hermes")]
+    Hermes,
+    /// `[get_weather(city="Paris", days=3)]`, Python call syntax (Llama 3.2, many others).
+    #[value(name = "pythonic")]
+    Pythonic,
+    /// Llama 4's pythonic calls (the same text; its parser also takes `<|python_start|>`).
+    #[value(name = "llama4_pythonic")]
+    Llama4Pythonic,
+    /// Qwen3-Coder's XML: `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>…`.
+    #[value(name = "qwen3_xml")]
+    Qwen3Xml,
+    /// The same XML under its other parser name.
+    #[value(name = "qwen3_coder")]
+    Qwen3Coder,
+    /// GLM-4.5/4.7: `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>…`.
+    #[value(name = "glm45")]
+    Glm45,
+    /// Granite 3: `<|tool_call|>[{"name": …, "arguments": {…}}]`.
+    #[value(name = "granite")]
+    Granite,
+    /// Kimi K2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0…`.
+    #[value(name = "kimi_k2")]
+    KimiK2,
+    /// xLAM: a bare JSON list `[{"name": …, "arguments": {…}}]`.
+    #[value(name = "xlam")]
+    Xlam,
+    /// InternLM 2: `<|action_start|><|plugin|>\n{"name": …, "parameters": {…}}<|action_end|>`.
+    #[value(name = "internlm")]
+    Internlm,
+    /// Phi-4-mini: `functools[{"name": …, "arguments": {…}}]`.
+    #[value(name = "phi4_mini_json")]
+    Phi4MiniJson,
+    /// Llama 3.1/3.2 JSON: `{"name": …, "parameters": {…}}` (its parser needs
+    /// `<|python_tag|>` in the vocabulary: a model of your own, `serve --model DIR`).
+    #[value(name = "llama3_json")]
+    Llama3Json,
+    /// Mistral (v11+ tokenizers): `[TOOL_CALLS]NAME[ARGS]{…}` (its parser needs
+    /// `[TOOL_CALLS]` in the vocabulary).
+    #[value(name = "mistral")]
+    Mistral,
+    /// DeepSeek-V3: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json…`
+    /// (its parser needs those markers in the vocabulary).
+    #[value(name = "deepseek_v3")]
+    DeepseekV3,
+}
+
+/// Parser names that read a format under another name.
+const ALIASES: &[(&str, ToolCallFormat)] = &[
+    ("qwen3_json", ToolCallFormat::Hermes),
+    ("granite4", ToolCallFormat::Hermes),
+    ("glm47", ToolCallFormat::Glm45),
+    ("llama4_json", ToolCallFormat::Llama3Json),
+];
+
+impl ToolCallFormat {
+    /// The `--tool-call-parser` that reads this format (the same name on both frontends).
+    pub fn parser(self) -> &'static str {
+        match self {
+            ToolCallFormat::Hermes => "hermes",
+            ToolCallFormat::Pythonic => "pythonic",
+            ToolCallFormat::Llama4Pythonic => "llama4_pythonic",
+            ToolCallFormat::Qwen3Xml => "qwen3_xml",
+            ToolCallFormat::Qwen3Coder => "qwen3_coder",
+            ToolCallFormat::Glm45 => "glm45",
+            ToolCallFormat::Granite => "granite",
+            ToolCallFormat::KimiK2 => "kimi_k2",
+            ToolCallFormat::Xlam => "xlam",
+            ToolCallFormat::Internlm => "internlm",
+            ToolCallFormat::Phi4MiniJson => "phi4_mini_json",
+            ToolCallFormat::Llama3Json => "llama3_json",
+            ToolCallFormat::Mistral => "mistral",
+            ToolCallFormat::DeepseekV3 => "deepseek_v3",
+        }
+    }
+
+    /// The markers this format's parser looks up as single tokens of the vocabulary (it
+    /// refuses to start without them): none for most.
+    pub fn needs_tokens(self) -> &'static [&'static str] {
+        match self {
+            ToolCallFormat::Llama3Json => &["<|python_tag|>"],
+            ToolCallFormat::Mistral => &["[TOOL_CALLS]"],
+            ToolCallFormat::DeepseekV3 => &["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"],
+            _ => &[],
+        }
+    }
+
+    /// The format a `--tool-call-parser` reads, when the engine can write it.
+    pub fn from_parser(name: &str) -> Option<ToolCallFormat> {
+        use clap::ValueEnum;
+        ToolCallFormat::from_str(name, false)
+            .ok()
+            .or_else(|| ALIASES.iter().find(|(n, _)| *n == name).map(|(_, f)| *f))
+    }
+
+    /// A Lark grammar of one call to `name` whose arguments follow `params` (a closed JSON
+    /// schema).
+    pub fn grammar(self, name: &str, params: &Value) -> String {
+        let json_call = |key: &str| {
+            format!(
+                "{{\"name\": {}, \"{key}\": ",
+                serde_json::to_string(name).unwrap_or_default()
+            )
+        };
+        let args = format!("args: %json {}\n", schema_text(params));
+        let wrap = |before: String, after: &str| {
+            let start = lark_seq(&[&lark_str(&before), "args", &lark_lit(after)]);
+            format!("start: {start}\n{args}")
+        };
+        match self {
+            ToolCallFormat::Hermes => wrap(
+                format!("<tool_call>\n{}", json_call("arguments")),
+                "}\n</tool_call>",
+            ),
+            ToolCallFormat::Granite => {
+                wrap(format!("<|tool_call|>[{}", json_call("arguments")), "}]")
+            }
+            ToolCallFormat::Xlam => wrap(format!("[{}", json_call("arguments")), "}]"),
+            ToolCallFormat::Phi4MiniJson => {
+                wrap(format!("functools[{}", json_call("arguments")), "}]")
+            }
+            ToolCallFormat::Internlm => wrap(
+                format!("<|action_start|><|plugin|>\n{}", json_call("parameters")),
+                "}<|action_end|>",
+            ),
+            ToolCallFormat::KimiK2 => wrap(
+                format!(
+                    "<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>"
+                ),
+                "<|tool_call_end|><|tool_calls_section_end|>",
+            ),
+            ToolCallFormat::Llama3Json => wrap(json_call("parameters"), "}"),
+            ToolCallFormat::Mistral => wrap(format!("[TOOL_CALLS]{name}[ARGS]"), ""),
+            ToolCallFormat::DeepseekV3 => wrap(
+                format!(
+                    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n"
+                ),
+                "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            ),
+            ToolCallFormat::Pythonic | ToolCallFormat::Llama4Pythonic => {
+                spelled(&format!("[{name}("), Style::Pythonic, params, ")]")
+            }
+            ToolCallFormat::Qwen3Xml | ToolCallFormat::Qwen3Coder => spelled(
+                &format!("<tool_call>\n<function={name}>\n"),
+                Style::QwenXml,
+                params,
+                "</function>\n</tool_call>",
+            ),
+            ToolCallFormat::Glm45 => spelled(
+                &format!("<tool_call>{name}\n"),
+                Style::GlmXml,
+                params,
+                "</tool_call>",
+            ),
+        }
+    }
+}
+
+/// A call whose arguments are spelled one by one in `style`, between `begin` and `end`.
+fn spelled(begin: &str, style: Style, params: &Value, end: &str) -> String {
+    let mut rules = Vec::new();
+    let args = spelled_arguments(style, params, &mut rules);
+    let mut lark = format!(
+        "start: {}\n",
+        lark_seq(&[&lark_str(begin), &args, &lark_str(end)])
+    );
+    for r in rules {
+        lark.push_str(&r);
+        lark.push('\n');
+    }
+    lark
+}
+
+/// How the formats that spell each argument on its own write one.
+#[derive(Clone, Copy, PartialEq)]
+enum Style {
+    /// `city="Paris", days=3`: every value as JSON (the parser takes JSON's literals as
+    /// Python's).
+    Pythonic,
+    /// `<parameter=city>\nParis\n</parameter>\n`: strings bare (the parser reads them so,
+    /// and converts the other types by the schema), other values as JSON.
+    QwenXml,
+    /// `<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n`, values as in Qwen's.
+    GlmXml,
+}
+
+/// The arguments of a structural tag's `json_schema` content of an XML `style` (what the
+/// frontends send for `tool_choice: required` with Qwen3's and GLM's parsers), as a Lark
+/// expression whose sub-rules go to `rules`; `None` for a style the engine cannot write.
+pub(super) fn styled_arguments(
+    style: &str,
+    params: &Value,
+    rules: &mut Vec<String>,
+) -> Option<String> {
+    let style = match style {
+        "qwen_xml" => Style::QwenXml,
+        "glm_xml" => Style::GlmXml,
+        _ => return None,
+    };
+    Some(spelled_arguments(style, params, rules))
+}
+
+fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> String {
+    let parts: Vec<String> = written_args(params)
+        .iter()
+        .enumerate()
+        .map(|(i, (k, schema))| {
+            let (before, after) = match style {
+                Style::Pythonic if i == 0 => (format!("{k}="), ""),
+                Style::Pythonic => (format!(", {k}="), ""),
+                Style::QwenXml => (format!("<parameter={k}>\n"), "\n</parameter>\n"),
+                Style::GlmXml => (
+                    format!("<arg_key>{k}</arg_key>\n<arg_value>"),
+                    "</arg_value>\n",
+                ),
+            };
+            let value = new_rule(value_rule(schema, style != Style::Pythonic), rules);
+            lark_seq(&[&lark_str(&before), &value, &lark_lit(after)])
+        })
+        .collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    lark_seq(&parts)
+}
+
+/// The arguments a call writes, in the schema's order: the required ones, or all of them
+/// when none is required (a call with some arguments reads better than an empty one).
+fn written_args(params: &Value) -> Vec<(String, Value)> {
+    let Some(props) = params.get("properties").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    let required: Vec<&str> = params
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    props
+        .iter()
+        .filter(|(k, _)| required.is_empty() || required.contains(&k.as_str()))
+        // a name a format cannot spell (quotes, `=` or `>`) is left out
+        .filter(|(k, _)| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_alphanumeric() || c == '_' || c == '-' || c == '.')
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// A value of `schema`: a string bare (`raw_strings`) or any value as JSON.
+fn value_rule(schema: &Value, raw_strings: bool) -> String {
+    let is_string = schema.get("type").and_then(Value::as_str) == Some("string");
+    if raw_strings && is_string {
+        if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+            let alts: Vec<String> = options
+                .iter()
+                .filter_map(Value::as_str)
+                .map(lark_str)
+                .collect();
+            if !alts.is_empty() {
+                return alts.join(" | ");
+            }
+        }
+        // a few words, no markup: what a model writes for a city or a query
+        return format!("/{}/", lark_regex("[A-Za-z][A-Za-z ]{0,40}[A-Za-z]"));
+    }
+    let schema = if schema.is_object() {
+        schema.clone()
+    } else {
+        json!({})
+    };
+    format!("%json {}", schema_text(&schema))
+}

@@ -1,0 +1,330 @@
+//! Thinking blocks (`--reasoning-format`, `--reasoning-share`): a free-text answer opens
+//! with the format's think block, so that the reasoning parser the frontend was started
+//! with (`--reasoning-parser`) moves it into `reasoning_content` and leaves the rest in
+//! `content`.
+//!
+//! The block spends `--reasoning-share` of the answer's output tokens (the tags included
+//! in the share, so that usage counts every token the client is billed for): of the
+//! `max_tokens` the client bounded the answer with, or of the length the engine draws for
+//! an unbounded one (`--natural-output-len`). deepseek_r1's and mistral's parsers look
+//! `<think>`/`[THINK]` up as single tokens of the vocabulary and refuse to start with a
+//! byte-level tokenizer such as the embedded model's ([`ReasoningFormat::needs_tokens`]).
+
+use std::sync::Arc;
+
+use sim_protocol::EngineCoreRequest;
+
+use crate::play::content::tokens::{SplitMix64, TokenSource, TokenStream, request_seed};
+use crate::play::content::vocab::Vocabulary;
+
+/// How an answer's thinking is written: the name is the frontend's `--reasoning-parser`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ReasoningFormat {
+    /// No thinking block.
+    #[default]
+    #[value(name = "none")]
+    None,
+    /// `<think>\n…\n</think>\n\n` (Qwen3, QwQ).
+    #[value(name = "qwen3")]
+    Qwen3,
+    /// The same tags, read by GLM-4.5's parser.
+    #[value(name = "glm45")]
+    Glm45,
+    /// The same tags, read by Kimi K2's parser.
+    #[value(name = "kimi_k2")]
+    KimiK2,
+    /// Granite 3.2's prose markers: `Here is my thought process: … Here is my response: …`.
+    #[value(name = "granite")]
+    Granite,
+    /// `<think>\n…\n</think>\n\n` (DeepSeek-R1; its parser needs `<think>` and `</think>`
+    /// in the vocabulary: a model of your own, `serve --model DIR`).
+    #[value(name = "deepseek_r1")]
+    DeepseekR1,
+    /// `[THINK]…[/THINK]` (Magistral; its parser needs `[THINK]` in the vocabulary).
+    #[value(name = "mistral")]
+    Mistral,
+}
+
+impl ReasoningFormat {
+    /// The `--reasoning-parser` that reads this format (`none` turns parsing off).
+    pub fn parser(self) -> &'static str {
+        match self {
+            ReasoningFormat::None => "none",
+            ReasoningFormat::Qwen3 => "qwen3",
+            ReasoningFormat::Glm45 => "glm45",
+            ReasoningFormat::KimiK2 => "kimi_k2",
+            ReasoningFormat::Granite => "granite",
+            ReasoningFormat::DeepseekR1 => "deepseek_r1",
+            ReasoningFormat::Mistral => "mistral",
+        }
+    }
+
+    /// The markers this format's parser looks up as single tokens of the vocabulary (it
+    /// refuses to start without them). vllm-rs's parsers of the `<think>` formats need
+    /// `<think>` too ([`ReasoningFormat::think_token`]).
+    pub fn needs_tokens(self) -> &'static [&'static str] {
+        match self {
+            ReasoningFormat::DeepseekR1 => &["<think>", "</think>"],
+            ReasoningFormat::Mistral => &["[THINK]", "[/THINK]"],
+            _ => &[],
+        }
+    }
+
+    /// Whether the thinking is in `<think>` tags (vllm-rs's parsers of it need the token).
+    pub fn think_token(self) -> bool {
+        matches!(self.tags(), Some((open, _)) if open.starts_with("<think>"))
+    }
+
+    /// The format a `--reasoning-parser` reads, when the engine can write it.
+    pub fn from_parser(name: &str) -> Option<ReasoningFormat> {
+        use clap::ValueEnum;
+        match name {
+            "glm47" => Some(ReasoningFormat::Glm45),
+            _ => ReasoningFormat::from_str(name, false).ok(),
+        }
+    }
+
+    /// The text that opens and the text that closes the thinking.
+    fn tags(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            ReasoningFormat::None => None,
+            ReasoningFormat::Qwen3
+            | ReasoningFormat::Glm45
+            | ReasoningFormat::KimiK2
+            | ReasoningFormat::DeepseekR1 => Some(("<think>\n", "\n</think>\n\n")),
+            ReasoningFormat::Mistral => Some(("[THINK]", "[/THINK]")),
+            ReasoningFormat::Granite => {
+                Some(("Here is my thought process:", " Here is my response:"))
+            }
+        }
+    }
+}
+
+/// The engine's reasoning settings, and what it needs to know an answer's length ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Reasoning {
+    pub format: ReasoningFormat,
+    /// The share of an answer's output tokens spent thinking, in [0, 1].
+    pub share: f64,
+}
+
+/// What decides an answer's length: the engine's context and its natural-length draw.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerLength {
+    pub max_model_len: u64,
+    /// `--natural-output-len` (its mean), when on.
+    pub natural_mean: Option<u64>,
+    /// The engine's seed (`--seed`), which the natural length is drawn from.
+    pub seed: u64,
+}
+
+impl AnswerLength {
+    /// How many tokens `req`'s answer will have if it is free text: its `max_tokens`, or
+    /// for an unbounded one, the engine's natural length (drawn as the engine draws it, from
+    /// the request id).
+    pub fn of(&self, req: &EngineCoreRequest) -> u64 {
+        let prompt = req.prompt_token_ids.as_ref().map_or(0, Vec::len) as u64;
+        let left = self.max_model_len.saturating_sub(prompt);
+        let sp = req.sampling_params.as_ref();
+        let max = sp.and_then(|sp| sp.max_tokens).map(u64::from);
+        let unbounded = max.is_none_or(|m| prompt + m >= self.max_model_len);
+        let ignore_eos = sp.is_some_and(|sp| sp.ignore_eos);
+        match self.natural_mean {
+            Some(mean) if unbounded && !ignore_eos => {
+                let mut rng = SplitMix64(request_seed(self.seed ^ 0x6e61_7475, &req.request_id));
+                let u = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                (1 + (-(mean as f64) * u.ln()) as u64).min(max.unwrap_or(left))
+            }
+            _ => max.unwrap_or(left).min(left.max(1)),
+        }
+    }
+}
+
+impl Reasoning {
+    /// `inner`'s answers, each opening with a thinking block (unchanged when off).
+    pub fn wrap(
+        self,
+        inner: Box<dyn TokenSource>,
+        vocab: Arc<Vocabulary>,
+        length: AnswerLength,
+    ) -> Box<dyn TokenSource> {
+        if self.format == ReasoningFormat::None || self.share <= 0.0 {
+            return inner;
+        }
+        Box::new(Thinking {
+            reasoning: self,
+            inner,
+            vocab,
+            length,
+        })
+    }
+}
+
+/// A token source whose answers think first.
+struct Thinking {
+    reasoning: Reasoning,
+    inner: Box<dyn TokenSource>,
+    vocab: Arc<Vocabulary>,
+    length: AnswerLength,
+}
+
+impl TokenSource for Thinking {
+    fn stream_for(&self, req: &EngineCoreRequest) -> Box<dyn TokenStream> {
+        let inner = self.inner.stream_for(req);
+        let Some((open, close)) = self.reasoning.format.tags() else {
+            return inner;
+        };
+        let (open, close) = (self.vocab.encode(open), self.vocab.encode(close));
+        let total = self.length.of(req);
+        let thinking = (self.reasoning.share * total as f64).round() as u64;
+        // the tags count toward the share; an answer too short for them gets none
+        let words = thinking.saturating_sub((open.len() + close.len()) as u64);
+        if thinking < (open.len() + close.len()) as u64 {
+            return inner;
+        }
+        Box::new(ThinkingStream {
+            inner,
+            open,
+            close,
+            words,
+            at: 0,
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{}, thinking {:.0}% of each answer ({} format)",
+            self.inner.describe(),
+            self.reasoning.share * 100.0,
+            self.reasoning.format.parser()
+        )
+    }
+}
+
+/// The opening tag, `words` tokens of the inner stream, the closing tag, then the inner
+/// stream's answer.
+struct ThinkingStream {
+    inner: Box<dyn TokenStream>,
+    open: Vec<u32>,
+    close: Vec<u32>,
+    words: u64,
+    /// Tokens handed out so far.
+    at: u64,
+}
+
+impl TokenStream for ThinkingStream {
+    fn next_token(&mut self, avoid: &[u32]) -> u32 {
+        let (o, w, c) = (self.open.len() as u64, self.words, self.close.len() as u64);
+        let at = self.at;
+        self.at += 1;
+        if at < o {
+            self.open[at as usize]
+        } else if at < o + w {
+            self.inner.next_token(avoid)
+        } else if at < o + w + c {
+            self.close[(at - o - w) as usize]
+        } else {
+            self.inner.next_token(avoid)
+        }
+    }
+
+    fn failure(&self) -> Option<&str> {
+        self.inner.failure()
+    }
+
+    fn free_text(&self) -> bool {
+        self.inner.free_text()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::play::content::text::TextTokens;
+    use sim_protocol::SamplingParams;
+
+    fn req(max_tokens: Option<u32>) -> EngineCoreRequest {
+        EngineCoreRequest {
+            request_id: "r1".into(),
+            prompt_token_ids: Some(vec![1; 10]),
+            sampling_params: Some(SamplingParams {
+                max_tokens,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn answer(format: ReasoningFormat, share: f64, max_tokens: Option<u32>) -> (String, usize) {
+        let vocab = Vocabulary::embedded();
+        let inner = Box::new(TextTokens {
+            seed: 7,
+            vocab: vocab.clone(),
+        });
+        let length = AnswerLength {
+            max_model_len: 2048,
+            natural_mean: Some(64),
+            seed: 7,
+        };
+        let source = Reasoning { format, share }.wrap(inner, vocab.clone(), length);
+        let r = req(max_tokens);
+        let n = length.of(&r) as usize;
+        let mut s = source.stream_for(&r);
+        let ids: Vec<u32> = (0..n).map(|_| s.next_token(&[])).collect();
+        (vocab.decode(&ids), n)
+    }
+
+    #[test]
+    fn a_bounded_answer_thinks_for_its_share_of_max_tokens() {
+        let (text, n) = answer(ReasoningFormat::Qwen3, 0.5, Some(100));
+        assert_eq!(n, 100);
+        let body = text.strip_prefix("<think>\n").expect(&text);
+        let (thinking, rest) = body.split_once("\n</think>\n\n").expect(&text);
+        // one byte per token in the embedded vocabulary: the block is half the answer
+        assert_eq!(
+            thinking.len() + "<think>\n\n</think>\n\n".len(),
+            50,
+            "{text}"
+        );
+        assert_eq!(rest.len(), 50, "{text}");
+        assert!(!rest.contains("think>"), "{text}");
+    }
+
+    #[test]
+    fn an_unbounded_answer_thinks_for_its_share_of_the_natural_length() {
+        let (text, n) = answer(ReasoningFormat::Granite, 0.6, None);
+        assert!(n > 0 && n < 2000, "{n}");
+        if n >= 60 {
+            let body = text
+                .strip_prefix("Here is my thought process:")
+                .expect(&text);
+            let (thinking, _) = body.split_once(" Here is my response:").expect(&text);
+            let block = thinking.len() + 48;
+            assert_eq!(block, (0.6 * n as f64).round() as usize, "{text}");
+        }
+    }
+
+    #[test]
+    fn off_or_too_short_leaves_the_answer_alone() {
+        let (plain, _) = answer(ReasoningFormat::None, 0.5, Some(40));
+        assert!(!plain.contains("think"), "{plain}");
+        let (short, _) = answer(ReasoningFormat::Qwen3, 0.1, Some(40));
+        assert!(!short.contains("<think>"), "{short}");
+    }
+
+    #[test]
+    fn parser_names_read_back() {
+        for f in [
+            ReasoningFormat::None,
+            ReasoningFormat::Qwen3,
+            ReasoningFormat::Glm45,
+            ReasoningFormat::KimiK2,
+            ReasoningFormat::Granite,
+            ReasoningFormat::DeepseekR1,
+            ReasoningFormat::Mistral,
+        ] {
+            assert_eq!(ReasoningFormat::from_parser(f.parser()), Some(f));
+        }
+        assert_eq!(ReasoningFormat::from_parser("olmo3"), None);
+    }
+}

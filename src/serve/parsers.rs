@@ -1,0 +1,303 @@
+//! Which tool-call and reasoning parsers `serve` starts the frontend with, and the formats
+//! the engine writes for them: the engine's `--tool-call-format` / `--reasoning-format`
+//! name the parser that reads them, and a parser the user passes after `--` picks the
+//! engine's format when the engine knows it.
+
+use anyhow::{Result, bail};
+
+use crate::play::PlayArgs;
+use crate::play::content::constrained::ToolCallFormat;
+use crate::play::content::reasoning::ReasoningFormat;
+
+/// What the frontend is started with, beyond the user's own arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Parsing {
+    /// Tool-calling flags (`--enable-auto-tool-choice --tool-call-parser P`), or none.
+    pub tools: Vec<&'static str>,
+    /// The `--reasoning-parser` serve passes; `None` when the user passes their own.
+    pub reasoning: Option<&'static str>,
+}
+
+/// Tool parsers vllm-rs (0.33) does not have: the Python frontend's only.
+const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &["pythonic", "llama4_pythonic", "granite", "xlam"];
+
+impl Parsing {
+    /// Refuses, before anything starts, the parsers serve chose that vllm-rs cannot run:
+    /// a tool parser it does not have (it would exit at start), and, for the embedded
+    /// model, a reasoning parser (its qwen3, glm45 and kimi_k2 parsers look `<think>` up as
+    /// one token, which the byte-level tokenizer lacks, and fail every chat request).
+    pub(super) fn check_vllm_rs(&self, embedded_model: bool) -> Result<()> {
+        if let Some(p) = self
+            .tools
+            .get(2)
+            .filter(|p| PYTHON_ONLY_TOOL_PARSERS.contains(p))
+        {
+            bail!(
+                "vllm-rs has no `{p}` tool-call parser: serve it with --frontend python (or pass `-- --tool-call-parser none` to get the calls as raw text)"
+            );
+        }
+        if let Some(r) = self.reasoning.filter(|r| *r != "none" && embedded_model) {
+            bail!(
+                "vllm-rs's `{r}` reasoning parser needs `<think>` as one token, which the embedded model's tokenizer lacks: serve it with --frontend python (or pass `-- --reasoning-parser none` to get the thinking inside the content)"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The value of `flag` among the user's frontend arguments (`--flag V` or `--flag=V`).
+fn user_value<'a>(user: &'a [String], flag: &str) -> Option<&'a str> {
+    let mut it = user.iter();
+    while let Some(a) = it.next() {
+        if a == flag {
+            return it.next().map(String::as_str);
+        }
+        if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// Decides the parsers and completes `play`'s formats from them. `own_model`: the user
+/// serves their own model (`--model`), whose chat template may not render tools the way
+/// the embedded one does, so no tool parser is chosen for it unless a format is asked for.
+pub(super) fn choose(play: &mut PlayArgs, user: &[String], own_model: bool) -> Result<Parsing> {
+    let tools = match user_value(user, "--tool-call-parser") {
+        Some("none") => Vec::new(),
+        Some(parser) => {
+            let known = ToolCallFormat::from_parser(parser);
+            adopt(
+                &mut play.tool_call_format,
+                known,
+                parser,
+                Kind::TOOLS,
+                |f| f.parser(),
+            )?;
+            Vec::new()
+        }
+        None if user
+            .iter()
+            .any(|a| a.starts_with("--enable-auto-tool-choice")) =>
+        {
+            Vec::new()
+        }
+        None if own_model && play.tool_call_format.is_none() => Vec::new(),
+        None => vec![
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            play.tool_call_format.unwrap_or_default().parser(),
+        ],
+    };
+    let reasoning = match user_value(user, "--reasoning-parser") {
+        // the user turns parsing off: the engine's thinking (if any) stays in `content`
+        Some("none") => None,
+        Some(parser) => {
+            let known = ReasoningFormat::from_parser(parser);
+            adopt(
+                &mut play.reasoning_format,
+                known,
+                parser,
+                Kind::REASONING,
+                |f| f.parser(),
+            )?;
+            None
+        }
+        None => Some(play.reasoning_format.unwrap_or_default().parser()),
+    };
+    if !own_model {
+        let tool = play.tool_call_format.unwrap_or_default();
+        let thinking = play.reasoning_format.unwrap_or_default();
+        for (flag, name, needs) in [
+            ("--tool-call-format", tool.parser(), tool.needs_tokens()),
+            (
+                "--reasoning-format",
+                thinking.parser(),
+                thinking.needs_tokens(),
+            ),
+        ] {
+            if !needs.is_empty() {
+                bail!(
+                    "{flag} {name}: its parser needs {} as single tokens, which the embedded model's tokenizer lacks: serve a model whose tokenizer has them (--model DIR)",
+                    needs.join(" and ")
+                );
+            }
+        }
+    }
+    Ok(Parsing { tools, reasoning })
+}
+
+/// The flags and words of one kind of parser, for [`adopt`]'s messages.
+struct Kind {
+    format_flag: &'static str,
+    parser_flag: &'static str,
+    /// What the engine writes when it does not know the user's parser.
+    otherwise: &'static str,
+}
+
+impl Kind {
+    const TOOLS: Kind = Kind {
+        format_flag: "--tool-call-format",
+        parser_flag: "--tool-call-parser",
+        otherwise: "its calls stay hermes-style",
+    };
+    const REASONING: Kind = Kind {
+        format_flag: "--reasoning-format",
+        parser_flag: "--reasoning-parser",
+        otherwise: "its answers carry no thinking block",
+    };
+}
+
+/// The user started the frontend with `parser`, which reads format `known` (if the engine
+/// writes it): the engine writes that format unless told another (`given`), which is an
+/// error when they differ.
+fn adopt<F: Copy + PartialEq>(
+    given: &mut Option<F>,
+    known: Option<F>,
+    parser: &str,
+    kind: Kind,
+    name: impl Fn(F) -> &'static str,
+) -> Result<()> {
+    let Kind {
+        format_flag,
+        parser_flag,
+        otherwise,
+    } = kind;
+    match (*given, known) {
+        (Some(f), Some(k)) if f != k => bail!(
+            "{format_flag} {} and the frontend's {parser_flag} {parser} disagree: give one of them",
+            name(f)
+        ),
+        (Some(_), _) => {}
+        (None, Some(k)) => *given = Some(k),
+        (None, None) => tracing::warn!(
+            "the engine does not write the format of {parser_flag} {parser}: {otherwise} (see {format_flag} for the formats it writes)"
+        ),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_engine_format_names_the_parser() {
+        let mut play = PlayArgs::defaults();
+        let p = choose(&mut play, &[], false).unwrap();
+        assert_eq!(
+            p.tools,
+            ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+        );
+        assert_eq!(p.reasoning, Some("none"));
+        play.tool_call_format = Some(ToolCallFormat::Qwen3Xml);
+        play.reasoning_format = Some(ReasoningFormat::Qwen3);
+        let p = choose(&mut play, &[], true).unwrap();
+        assert_eq!(p.tools[2], "qwen3_xml");
+        assert_eq!(p.reasoning, Some("qwen3"));
+        // the user's own model without a format asked for: no parser chosen for it
+        let p = choose(&mut PlayArgs::defaults(), &[], true).unwrap();
+        assert!(p.tools.is_empty());
+    }
+
+    #[test]
+    fn the_users_parser_picks_the_engine_format() {
+        let mut play = PlayArgs::defaults();
+        let u = user(&[
+            "--enable-auto-tool-choice",
+            "--tool-call-parser=pythonic",
+            "--reasoning-parser",
+            "glm47",
+        ]);
+        let p = choose(&mut play, &u, false).unwrap();
+        assert!(p.tools.is_empty() && p.reasoning.is_none(), "{p:?}");
+        assert_eq!(play.tool_call_format, Some(ToolCallFormat::Pythonic));
+        assert_eq!(play.reasoning_format, Some(ReasoningFormat::Glm45));
+        // a parser the engine has no format for leaves the default
+        let mut play = PlayArgs::defaults();
+        choose(&mut play, &user(&["--tool-call-parser", "jamba"]), false).unwrap();
+        assert_eq!(play.tool_call_format, None);
+        // parsing turned off after `--` keeps the engine's formats
+        play.tool_call_format = Some(ToolCallFormat::Xlam);
+        play.reasoning_format = Some(ReasoningFormat::Granite);
+        let off = user(&["--tool-call-parser", "none", "--reasoning-parser", "none"]);
+        let p = choose(&mut play, &off, false).unwrap();
+        assert!(p.tools.is_empty() && p.reasoning.is_none(), "{p:?}");
+        assert_eq!(play.reasoning_format, Some(ReasoningFormat::Granite));
+    }
+
+    #[test]
+    fn parsers_vllm_rs_cannot_run_are_refused_before_it_starts() {
+        let mut play = PlayArgs::defaults();
+        assert!(
+            choose(&mut play, &[], false)
+                .unwrap()
+                .check_vllm_rs(true)
+                .is_ok()
+        );
+        play.tool_call_format = Some(ToolCallFormat::Pythonic);
+        let e = choose(&mut play, &[], false)
+            .unwrap()
+            .check_vllm_rs(true)
+            .unwrap_err();
+        assert!(e.to_string().contains("--frontend python"), "{e}");
+        play.tool_call_format = Some(ToolCallFormat::Glm45);
+        play.reasoning_format = Some(ReasoningFormat::Qwen3);
+        let p = choose(&mut play, &[], false).unwrap();
+        assert!(
+            p.check_vllm_rs(true)
+                .unwrap_err()
+                .to_string()
+                .contains("<think>")
+        );
+        // a model of the user's own may have the token; parsing off passes
+        assert!(p.check_vllm_rs(false).is_ok());
+        let off = user(&["--reasoning-parser", "none"]);
+        assert!(
+            choose(&mut play, &off, false)
+                .unwrap()
+                .check_vllm_rs(true)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn formats_whose_parser_needs_marker_tokens_need_a_model_of_ones_own() {
+        let mut play = PlayArgs::defaults();
+        play.tool_call_format = Some(ToolCallFormat::Mistral);
+        let e = choose(&mut play, &[], false).unwrap_err().to_string();
+        assert!(
+            e.contains("[TOOL_CALLS]") && e.contains("--model DIR"),
+            "{e}"
+        );
+        assert!(choose(&mut play, &[], true).is_ok());
+        let mut play = PlayArgs::defaults();
+        let e = choose(
+            &mut play,
+            &user(&["--reasoning-parser", "deepseek_r1"]),
+            false,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("--reasoning-format deepseek_r1") && e.contains("<think>"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_format_and_a_parser_that_disagree_are_refused() {
+        let mut play = PlayArgs::defaults();
+        play.tool_call_format = Some(ToolCallFormat::Hermes);
+        let e = choose(&mut play, &user(&["--tool-call-parser", "xlam"]), false).unwrap_err();
+        assert!(e.to_string().contains("disagree"), "{e}");
+        play.tool_call_format = None;
+        play.reasoning_format = Some(ReasoningFormat::Granite);
+        let e = choose(&mut play, &user(&["--reasoning-parser", "qwen3"]), false).unwrap_err();
+        assert!(e.to_string().contains("--reasoning-format granite"), "{e}");
+    }
+}

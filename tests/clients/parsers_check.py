@@ -1,0 +1,54 @@
+"""Answers the engine wrote, read by the Python frontend's own tool-call and reasoning parsers.
+
+Usage: parsers_check.py MODEL_DIR < cases.jsonl, one case per line:
+{"label": ..., "tools": [...], "text": ..., "tool_parser": NAME} or {..., "reasoning_parser": NAME}.
+Prints one JSON line per case: the tool calls (name, arguments text) and content the tool
+parser extracts, or the reasoning and content the reasoning parser splits. A parser that
+fails to start or to read prints {"label": ..., "error": ...}.
+"""
+
+import json
+import sys
+
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.reasoning import ReasoningParserManager
+from vllm.tokenizers import get_tokenizer
+from vllm.tool_parsers import ToolParserManager
+
+
+def main() -> None:
+    tokenizer = get_tokenizer(sys.argv[1])
+    for line in sys.stdin:
+        case = json.loads(line)
+        out = {"label": case["label"]}
+        try:
+            request = ChatCompletionRequest(
+                model="tiny",
+                messages=[{"role": "user", "content": "hi"}],
+                tools=case["tools"] or None,
+                tool_choice="auto" if case["tools"] else "none",
+            )
+            if "tool_parser" in case:
+                cls = ToolParserManager.get_tool_parser(case["tool_parser"])
+                try:
+                    parser = cls(tokenizer, case["tools"])
+                except TypeError:
+                    parser = cls(tokenizer)
+                got = parser.extract_tool_calls(case["text"], request)
+                out["calls"] = [
+                    {"name": c.function.name, "arguments": c.function.arguments}
+                    for c in got.tool_calls
+                ]
+                out["content"] = got.content
+            else:
+                cls = ReasoningParserManager.get_reasoning_parser(case["reasoning_parser"])
+                reasoning, content = cls(tokenizer).extract_reasoning(case["text"], request)
+                out["reasoning"] = reasoning
+                out["content"] = content
+        except Exception as e:  # a parser's failure is the check's answer, not a crash
+            out["error"] = f"{type(e).__name__}: {e}"
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

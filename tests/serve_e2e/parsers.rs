@@ -1,0 +1,433 @@
+//! Tool calls and thinking in every format the engine writes (`--tool-call-format`,
+//! `--reasoning-format`), read by the frontends' own parsers: vllm-rs's through `serve`
+//! for the formats it has a parser of (its `tool_calls`), the Python frontend's parser
+//! classes on the raw text of every format (`tests/clients/parsers_check.py`), and one
+//! Python frontend serving a Qwen3 stand-in (`qwen3_xml` calls and `qwen3` thinking), with
+//! `reasoning` and its token count in the answer.
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::support::vllm_python;
+
+/// The tool formats, and whether vllm-rs 0.33 has their parser (it then serves
+/// `tool_choice: required` with them too, as a structural tag in the format).
+const TOOL_FORMATS: &[(&str, bool)] = &[
+    ("hermes", true),
+    ("qwen3_xml", true),
+    ("qwen3_coder", true),
+    ("glm45", true),
+    ("kimi_k2", true),
+    ("internlm", true),
+    ("phi4_mini_json", true),
+    ("pythonic", false),
+    ("llama4_pythonic", false),
+    ("granite", false),
+    ("xlam", false),
+];
+
+/// The reasoning formats; vllm-rs has no parser of them that starts with the embedded
+/// byte-level tokenizer (its `qwen3`, `glm45` and `kimi_k2` look `<think>` up as a token).
+const REASONING_FORMATS: &[&str] = &["qwen3", "glm45", "kimi_k2", "granite"];
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["tz"]}}}
+    ])
+}
+
+/// The prompt the embedded chat template renders for a user's question with [`tools`]: a
+/// completion of it is the engine's raw answer, no parser between.
+fn prompt_with_tools() -> String {
+    let lines: Vec<String> = tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    format!(
+        "<|im_start|>system\n<tools>\n{}\n</tools><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n",
+        lines.join("\n")
+    )
+}
+
+/// A call is to one of [`tools`], its arguments JSON valid for that tool's schema.
+fn assert_call(name: &str, arguments: &str, label: &str) {
+    let args: Value = serde_json::from_str(arguments)
+        .unwrap_or_else(|e| panic!("{label}: arguments are not JSON ({e}): {arguments}"));
+    let obj = args
+        .as_object()
+        .unwrap_or_else(|| panic!("{label}: arguments are not an object: {args}"));
+    match name {
+        "get_weather" => assert!(
+            // an integer in JSON Schema's sense: `-0` is one (serde_json reads it as -0.0)
+            obj.len() == 2
+                && args["city"].is_string()
+                && args["days"].as_f64().is_some_and(|d| d.fract() == 0.0),
+            "{label}: get_weather({args})"
+        ),
+        "get_time" => assert!(
+            obj.len() == 1 && ["UTC", "CET"].contains(&args["tz"].as_str().unwrap_or("")),
+            "{label}: get_time({args})"
+        ),
+        other => panic!("{label}: a call to {other}, which is no tool of the request"),
+    }
+}
+
+/// `content` beside tool calls: absent, or prose (under `required` the frontends' tags let
+/// text follow the calls), with no markup of the format left in it.
+fn assert_no_markup(content: &Value, label: &str) {
+    let text = content.as_str().unwrap_or("");
+    assert!(
+        text.chars()
+            .all(|c| c.is_alphanumeric() || c.is_whitespace() || ",.;:!?'-".contains(c)),
+        "{label}: markup in the content beside the calls: {content}"
+    );
+}
+
+/// A chat completion with [`tools`] under `tool_choice`; the answer's message.
+fn chat_with_tools(port: u16, tool_choice: &str, label: &str) -> Value {
+    // room for a few calls (their markers are a token a byte in the embedded vocabulary)
+    let body = json!({"model": "tiny", "max_tokens": 800, "tools": tools(),
+        "tool_choice": tool_choice,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let (status, answer) = http_post_json(port, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{label} {tool_choice}: {answer}");
+    assert_eq!(
+        answer["choices"][0]["finish_reason"], "tool_calls",
+        "{label} {tool_choice}: {answer}"
+    );
+    answer["choices"][0]["message"].clone()
+}
+
+/// The message's calls are parsed, to the tools, with valid arguments, and nothing else.
+fn assert_parsed_calls(message: &Value, label: &str) {
+    let calls = message["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!calls.is_empty(), "{label}: no tool_calls: {message}");
+    for c in &calls {
+        let f = &c["function"];
+        assert_call(
+            f["name"].as_str().unwrap_or(""),
+            f["arguments"].as_str().unwrap_or(""),
+            label,
+        );
+    }
+    assert_no_markup(&message["content"], label);
+}
+
+/// The raw text of a completion.
+fn complete(port: u16, prompt: &str, max_tokens: u32, label: &str) -> String {
+    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens});
+    let (status, answer) = http_post_json(port, "/v1/completions", &body);
+    assert_eq!(status, 200, "{label}: {answer}");
+    answer["choices"][0]["text"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// `serve` (vllm-rs) writing `format` calls (always, where the prompt shows tools) and
+/// `reasoning` thinking, serving `own_model` if given; `parses`: whether vllm-rs parses
+/// them, else its parsing is off and the raw text is what the test checks.
+fn serve_writing(
+    own_model: Option<&str>,
+    format: &str,
+    reasoning: Option<&str>,
+    parses: bool,
+) -> Serve {
+    let mut flags = Vec::new();
+    if let Some(m) = own_model {
+        flags.extend(["--model", m, "--served-model-name", "tiny"]);
+    }
+    flags.extend(["--tool-call-rate", "1", "--tool-call-format", format]);
+    if let Some(r) = reasoning {
+        flags.extend(["--reasoning-format", r, "--reasoning-share", "0.5"]);
+    }
+    if !parses {
+        flags.extend(["--", "--tool-call-parser", "none"]);
+        flags.extend(["--reasoning-parser", "none"]);
+    }
+    let mut serve = Serve::start(&flags);
+    serve.wait_ready();
+    serve
+}
+
+/// Raw answers of `serve` (completions: no parser between) for the Python frontend's
+/// parsers: `calls` answers to a prompt with tools, and a thinking one when `reasoning`
+/// is on.
+fn raw_cases(
+    serve: &Serve,
+    format: &str,
+    reasoning: Option<&str>,
+    calls: usize,
+    cases: &mut Vec<Value>,
+) {
+    for n in 0..calls {
+        let text = complete(serve.port, &prompt_with_tools(), 300, format);
+        cases.push(json!({"label": format!("{format} #{n}"), "tools": tools(),
+            "text": text, "tool_parser": format}));
+    }
+    if let Some(r) = reasoning {
+        let text = complete(serve.port, "Hello", 120, r);
+        cases.push(json!({"label": format!("{r} ({format})"), "tools": [],
+            "text": text, "reasoning_parser": r}));
+    }
+}
+
+/// Every tool format through vllm-rs 0.33 (one quick start each): its own parser where it
+/// has one (`auto` and `required`), and the raw text of every format
+/// and every thinking format read by the Python frontend's parser classes.
+#[test]
+fn every_format_reaches_clients_parsed_by_the_frontends_parsers() {
+    let mut cases = Vec::new();
+    for (i, &(format, rs_parses)) in TOOL_FORMATS.iter().enumerate() {
+        // a thinking format rides along on the formats vllm-rs does not parse (the raw
+        // text is what is checked then)
+        let reasoning = (!rs_parses).then(|| REASONING_FORMATS[i % REASONING_FORMATS.len()]);
+        let serve = serve_writing(None, format, reasoning, rs_parses);
+        let label = format!("vllm-rs {format}");
+        if rs_parses {
+            for choice in ["auto", "required"] {
+                assert_parsed_calls(&chat_with_tools(serve.port, choice, &label), &label);
+            }
+        }
+        raw_cases(&serve, format, reasoning, 2, &mut cases);
+    }
+    let covered: Vec<&str> = cases
+        .iter()
+        .filter_map(|c| c["reasoning_parser"].as_str())
+        .collect();
+    assert_eq!(covered.len(), REASONING_FORMATS.len(), "{covered:?}");
+
+    let model = TestDir::new("parsers-model");
+    vllm_vcr::tiny_model::write_to(model.root()).unwrap();
+    assert_read_back(&cases, model.root());
+}
+
+/// The Python frontend's parsers read each case as the engine meant it: one call to a
+/// tool with valid arguments and no content, or thinking and content split.
+fn assert_read_back(cases: &[Value], model: &std::path::Path) {
+    for answer in python_parsers(cases, model) {
+        let label = answer["label"].as_str().unwrap_or("?").to_string();
+        assert!(answer.get("error").is_none(), "{label}: {answer}");
+        let case = cases.iter().find(|c| c["label"] == label).unwrap();
+        if case.get("tool_parser").is_some() {
+            let calls = answer["calls"].as_array().cloned().unwrap_or_default();
+            assert_eq!(calls.len(), 1, "{label}: {answer} from {}", case["text"]);
+            assert_call(
+                calls[0]["name"].as_str().unwrap_or(""),
+                calls[0]["arguments"].as_str().unwrap_or(""),
+                &label,
+            );
+            assert_no_markup(&answer["content"], &label);
+        } else {
+            // the thinking is half the answer (60 of 120 tokens, tags included), the rest
+            // is content without the format's markers
+            let reasoning = answer["reasoning"].as_str().unwrap_or("");
+            let content = answer["content"].as_str().unwrap_or("");
+            assert!(reasoning.trim().len() > 4, "{label}: {answer}");
+            assert!(content.trim().len() > 4, "{label}: {answer}");
+            for marker in ["think>", "thought process", "my response"] {
+                assert!(!content.contains(marker), "{label}: {answer}");
+            }
+        }
+    }
+}
+
+/// The cases read by the Python frontend's parsers (the cached vLLM 0.33.0 venv) with the
+/// tokenizer of `model`: one answer per case.
+fn python_parsers(cases: &[Value], model: &std::path::Path) -> Vec<Value> {
+    let python = vllm_python("the Python frontend's parsers read the engine's formats");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/parsers_check.py"
+    );
+    let mut child = Command::new(python)
+        .args([script, model.to_str().unwrap()])
+        .env("HF_HUB_OFFLINE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        for c in cases {
+            writeln!(stdin, "{c}").unwrap();
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let answers: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        out.status.success() && answers.len() == cases.len(),
+        "parsers_check.py: {} answers of {}:\n{stdout}\n{}",
+        answers.len(),
+        cases.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    answers
+}
+
+/// A Qwen3 stand-in behind the Python frontend: `qwen3_xml` calls and `qwen3` thinking,
+/// parsed by the frontend started with the parsers `serve` chose for them.
+#[test]
+fn a_qwen3_stand_in_behind_the_python_frontend_gives_parsed_calls_and_reasoning() {
+    let venv = cached_venv("vllm", "0.33.0");
+    let mut serve = Serve::start(&[
+        "--frontend",
+        "python",
+        "--python-venv",
+        venv.to_str().unwrap(),
+        "--tool-call-rate",
+        "1",
+        "--tool-call-format",
+        "qwen3_xml",
+        "--reasoning-format",
+        "qwen3",
+        "--reasoning-share",
+        "0.5",
+    ]);
+    serve.wait_ready();
+    let label = "python qwen3_xml";
+    for choice in ["auto", "auto", "required"] {
+        assert_parsed_calls(&chat_with_tools(serve.port, choice, label), label);
+    }
+    assert_thinking_parsed(serve.port, label);
+}
+
+/// A chat answer of 80 tokens thinks half of them: `reasoning` (`reasoning_content` on
+/// older lines) holds the thinking, `content` the rest without tags, and usage counts all
+/// 80 with the thinking among them.
+fn assert_thinking_parsed(port: u16, label: &str) {
+    let body = json!({"model": "tiny", "max_tokens": 80,
+        "messages": [{"role": "user", "content": "Hello"}]});
+    let (status, answer) = http_post_json(port, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{label}: {answer}");
+    let message = &answer["choices"][0]["message"];
+    let reasoning = message["reasoning"]
+        .as_str()
+        .or(message["reasoning_content"].as_str())
+        .unwrap_or("");
+    let content = message["content"].as_str().unwrap_or("");
+    assert!(
+        reasoning.trim().len() > 4,
+        "{label}: no reasoning: {answer}"
+    );
+    assert!(
+        content.trim().len() > 4 && !content.contains("think>"),
+        "{label}: {answer}"
+    );
+    let usage = &answer["usage"];
+    assert_eq!(usage["completion_tokens"], 80, "{label}: {answer}");
+    let thinking = usage["completion_tokens_details"]["reasoning_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!((10..=40).contains(&thinking), "{label}: {answer}");
+}
+
+/// What vllm-rs cannot parse with the embedded model is refused before anything starts,
+/// with the way out, rather than a frontend that exits or fails every request.
+#[test]
+fn formats_vllm_rs_cannot_parse_are_refused_with_the_way_out() {
+    for (flags, says) in [
+        (
+            ["--tool-call-format", "pythonic"],
+            "no `pythonic` tool-call parser",
+        ),
+        (
+            ["--reasoning-format", "qwen3"],
+            "needs `<think>` as one token",
+        ),
+    ] {
+        let port = free_port().to_string();
+        let out = vcr().args(["serve", "--port", &port]).args(flags).output();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(says) && err.contains("--frontend python"),
+            "{err}"
+        );
+        assert!(!err.contains("starting the frontend"), "{err}");
+    }
+}
+
+/// The markers the llama3_json, mistral and deepseek_v3 tool parsers and the deepseek_r1
+/// and mistral reasoning parsers look up as single tokens.
+const MARKERS: &[&str] = &[
+    "<think>",
+    "</think>",
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[THINK]",
+    "[/THINK]",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+];
+
+/// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
+/// (not special, so answers keep them) after its 259 tokens.
+fn model_with_markers(dir: &TestDir) {
+    vllm_vcr::tiny_model::write_to(dir.root()).unwrap();
+    let path = dir.path("tokenizer.json");
+    let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let added = t["added_tokens"].as_array_mut().unwrap();
+    let first = vllm_vcr::tiny_model::TOKENIZER_VOCAB as usize;
+    for (i, m) in MARKERS.iter().enumerate() {
+        added.push(json!({"id": first + i, "content": m, "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": false}));
+    }
+    std::fs::write(&path, t.to_string()).unwrap();
+}
+
+/// The formats whose parsers need marker tokens, with a model that has them
+/// (`serve --model DIR`): llama3_json and deepseek_v3 calls and deepseek_r1 thinking
+/// parsed by vllm-rs, and the raw text of those and of mistral's calls and thinking read
+/// by the Python frontend's parsers.
+#[test]
+fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
+    let dir = TestDir::new("parsers-markers");
+    model_with_markers(&dir);
+    let model = dir.root().to_str().unwrap();
+    let mut cases = Vec::new();
+    // vllm-rs with a reasoning parser opens its `required` tag with a think block of free
+    // text (`any_text`), which the engine does not follow: `required` is checked without
+    for (format, reasoning, rs_parses) in [
+        ("llama3_json", None, true),
+        ("deepseek_v3", Some("deepseek_r1"), true),
+        ("mistral", Some("mistral"), false),
+    ] {
+        let serve = serve_writing(Some(model), format, reasoning, rs_parses);
+        let label = format!("vllm-rs {format} (own model)");
+        if rs_parses {
+            assert_parsed_calls(&chat_with_tools(serve.port, "auto", &label), &label);
+            match reasoning {
+                None => {
+                    let message = chat_with_tools(serve.port, "required", &label);
+                    assert_parsed_calls(&message, &label);
+                }
+                Some(_) => assert_thinking_parsed(serve.port, &label),
+            }
+        }
+        raw_cases(&serve, format, reasoning, 1, &mut cases);
+    }
+    assert_read_back(&cases, dir.root());
+}
