@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use sim_protocol::EngineCoreRequest;
 
-use crate::play::content::tokens::{SplitMix64, TokenSource, TokenStream, request_seed};
+use crate::play::content::tokens::{TokenSource, TokenStream, natural_length};
 use crate::play::content::vocab::Vocabulary;
 
 /// How an answer's thinking is written: the name is the frontend's `--reasoning-parser`.
@@ -131,9 +131,7 @@ impl AnswerLength {
         let ignore_eos = sp.is_some_and(|sp| sp.ignore_eos);
         match self.natural_mean {
             Some(mean) if unbounded && !ignore_eos => {
-                let mut rng = SplitMix64(request_seed(self.seed ^ 0x6e61_7475, &req.request_id));
-                let u = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-                (1 + (-(mean as f64) * u.ln()) as u64).min(max.unwrap_or(left))
+                natural_length(self.seed, &req.request_id, mean).min(max.unwrap_or(left))
             }
             _ => max.unwrap_or(left).min(left.max(1)),
         }

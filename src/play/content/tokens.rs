@@ -225,6 +225,16 @@ pub fn request_seed(seed: u64, request_id: &str) -> u64 {
     h.finish()
 }
 
+/// The natural length of an answer the client did not bound (`--natural-output-len`,
+/// mean `mean`): exponential, at least one token, drawn from the request's own seed so no
+/// other per-request draw moves. The engine ends the answer there; the thinking block of
+/// `--reasoning-share` is sized from the same draw.
+pub fn natural_length(seed: u64, request_id: &str, mean: u64) -> u64 {
+    let mut rng = SplitMix64(request_seed(seed ^ 0x6e61_7475, request_id));
+    let u = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    1 + (-(mean as f64) * u.ln()) as u64
+}
+
 /// FNV-1a, for seeding (stable across platforms and releases, unlike `DefaultHasher`).
 struct Fnv(u64);
 

@@ -13,7 +13,7 @@ use sim_protocol::{
 
 use crate::play::content::pooling::{PoolingRequest, Runner};
 use crate::play::content::spec_decode::RequestSpecTracker;
-use crate::play::content::tokens::{SplitMix64, TokenStream, request_seed};
+use crate::play::content::tokens::{SplitMix64, TokenStream, natural_length, request_seed};
 use crate::play::engine::engine_core::{GrammarCompile, GrammarReady, Outbox};
 use crate::play::engine::request::SimRequest;
 use crate::play::engine::timer::instant_to_monotonic;
@@ -215,10 +215,7 @@ impl SimEngine {
         if !unbounded || r.eos.is_none() || !r.stream.free_text() || r.recorded_end.is_some() {
             return None;
         }
-        let mut rng = SplitMix64(request_seed(self.cfg.seed ^ 0x6e61_7475, &r.id));
-        // exponential with the given mean, at least one token
-        let u = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-        Some(1 + (-(mean as f64) * u.ln()) as u64)
+        Some(natural_length(self.cfg.seed, &r.id, mean))
     }
 
     /// Admit a checked request whose token stream is ready: it becomes a [`SimRequest`]
