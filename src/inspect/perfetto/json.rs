@@ -46,18 +46,18 @@ fn string(buf: &mut Vec<u8>, s: &str) {
 }
 
 #[inline]
-fn uint(buf: &mut Vec<u8>, v: u64) {
+pub(crate) fn uint(buf: &mut Vec<u8>, v: u64) {
     let _ = CompactFormatter.write_u64(buf, v);
 }
 
 #[inline]
-fn int(buf: &mut Vec<u8>, v: i64) {
+pub(crate) fn int(buf: &mut Vec<u8>, v: i64) {
     let _ = CompactFormatter.write_i64(buf, v);
 }
 
 /// A float as serde_json writes it: `null` when not finite.
 #[inline]
-fn float(buf: &mut Vec<u8>, v: f64) {
+pub(crate) fn float(buf: &mut Vec<u8>, v: f64) {
     if v.is_finite() {
         let _ = CompactFormatter.write_f64(buf, v);
     } else {

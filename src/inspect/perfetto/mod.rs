@@ -7,7 +7,7 @@
 //! - [`proto`] (over the small encoder [`pb`]) and [`json`]: the two formats;
 //! - [`serve`]: `--open`, the file served to the hosted UI.
 
-mod json;
+pub(crate) mod json;
 mod pb;
 mod proto;
 mod serve;
