@@ -407,7 +407,7 @@ mod tests {
         extra.insert("session_id".to_string(), Value::from("a\"b\n"));
         extra.insert("delay".to_string(), serde_json::json!({"x": [1, 2.5]}));
         for (t, ids, extra) in [
-            (27482.0, vec![46, 47, u64::MAX], BTreeMap::new()),
+            (27482.0f64, vec![46, 47, u64::MAX], BTreeMap::new()),
             (0.125, vec![], extra.clone()),
             (-3.0, vec![0], extra.clone()),
             (1e300, vec![1], extra),
