@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use vllm_vcr::inspect::convert::{ConvertArgs, Format as ConvertFormat, run as convert};
 use vllm_vcr::inspect::gen_demo::{GenDemoArgs, run as gen_demo};
-use vllm_vcr::inspect::perfetto::{Format, PERFETTO_UI_PORT, PerfettoArgs, write};
+use vllm_vcr::inspect::perfetto::{Format, PerfettoArgs, write};
 use vllm_vcr::inspect::summarize::Summary;
 
 /// User + system CPU seconds of this process so far, all threads.
@@ -137,25 +137,12 @@ fn main() {
         "inspect: MB of input per CPU-second ({requests} requests of gen-demo --arrival-rate 50)"
     );
     println!(
-        "{:<28} {:>10} {:>10} {:>10}",
+        "{:<32} {:>10} {:>10} {:>10}",
         "path", "input MB", "CPU s", "MB/CPU-s"
     );
     let out = at("out");
     let perfetto = |format: Format, output: &Path| {
-        let args = PerfettoArgs {
-            trace: trace.clone(),
-            output: Some(output.to_path_buf()),
-            format: Some(format),
-            step_stats: None,
-            name: None,
-            track_per_request: false,
-            open: false,
-            port: PERFETTO_UI_PORT,
-            json: false,
-            from_ms: None,
-            to_ms: None,
-            max_requests: None,
-        };
+        let args = PerfettoArgs::to_file(trace.clone(), output.to_path_buf(), format);
         let file = std::fs::File::create(output).expect("creating the output");
         write(&args, format, Some(file), false).map(drop)
     };
@@ -236,7 +223,7 @@ fn main() {
         let cpu = cpu_seconds() - before;
         let mb = size(input) as f64 / 1e6;
         println!(
-            "{name:<28} {mb:>10.1} {cpu:>10.2} {:>10.0}",
+            "{name:<32} {mb:>10.1} {cpu:>10.2} {:>10.0}",
             mb / cpu.max(1e-6)
         );
         let _ = std::fs::remove_file(&out);

@@ -86,6 +86,27 @@ pub struct PerfettoArgs {
     pub max_requests: Option<u64>,
 }
 
+impl PerfettoArgs {
+    /// `inspect perfetto TRACE -o OUTPUT --format FORMAT`, every other option at its
+    /// default (what the benches run).
+    pub fn to_file(trace: PathBuf, output: PathBuf, format: Format) -> PerfettoArgs {
+        PerfettoArgs {
+            trace,
+            output: Some(output),
+            format: Some(format),
+            step_stats: None,
+            name: None,
+            track_per_request: false,
+            open: false,
+            port: PERFETTO_UI_PORT,
+            json: false,
+            from_ms: None,
+            to_ms: None,
+            max_requests: None,
+        }
+    }
+}
+
 /// The timeline's file format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
