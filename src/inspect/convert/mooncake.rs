@@ -46,7 +46,9 @@ use sim_trace::trace::{
     contains_bytes, parse_line, parse_line_as,
 };
 
-use super::mooncake_line::{HashIds, MooncakeIn, write_mooncake_line, write_record_line};
+use super::mooncake_line::{
+    HashIds, MAX_EXACT, MooncakeIn, write_mooncake_line, write_record_line,
+};
 use super::{ConvertArgs, OutputGuard, Report, trace_err};
 use crate::inspect::progress::Progress;
 
@@ -59,9 +61,6 @@ const EXTRA_KEY_QUOTED: &[u8] = b"\"mooncake\"";
 
 /// The keys of the format.
 const KEYS: [&str; 4] = ["timestamp", "input_length", "output_length", "hash_ids"];
-
-/// Integers above this lose precision in an `f64` `arrival_ms`.
-pub(super) const MAX_EXACT: u64 = 1 << 53;
 
 fn line_error(path: &Path, line: u64, what: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("{}:{line}: {what}", path.display())

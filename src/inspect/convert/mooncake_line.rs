@@ -15,8 +15,10 @@ use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use super::mooncake::MAX_EXACT;
 use crate::inspect::perfetto::json::{float, int, uint};
+
+/// Integers above this lose precision in an `f64` `arrival_ms`.
+pub(super) const MAX_EXACT: u64 = 1 << 53;
 
 /// One line of a Mooncake file, read straight from its text: the format's four keys, and
 /// the others sorted by name (a repeated key: its last value, as a JSON object keeps).

@@ -12,6 +12,7 @@ mod pb;
 mod proto;
 mod serve;
 pub mod sink;
+mod time;
 pub mod timeline;
 
 use std::fs::File;
