@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use vllm_vcr::inspect::gen_demo::{GenDemoArgs, run as gen_demo};
-use vllm_vcr::inspect::perfetto::{Format, PERFETTO_UI_PORT, PerfettoArgs, write};
+use vllm_vcr::inspect::perfetto::{Format, PerfettoArgs, write};
 
 fn main() {
     let requests: u64 = std::env::var("PERFETTO_BENCH_REQUESTS")
@@ -46,20 +46,7 @@ fn main() {
     let mut results = Vec::new();
     for (format, name) in [(Format::Proto, "out.pftrace"), (Format::Json, "out.json")] {
         let out: PathBuf = dir.join(name);
-        let args = PerfettoArgs {
-            trace: trace.clone(),
-            output: Some(out.clone()),
-            format: Some(format),
-            step_stats: None,
-            name: None,
-            track_per_request: false,
-            open: false,
-            port: PERFETTO_UI_PORT,
-            json: false,
-            from_ms: None,
-            to_ms: None,
-            max_requests: None,
-        };
+        let args = PerfettoArgs::to_file(trace.clone(), out.clone(), format);
         let file = std::fs::File::create(&out).expect("creating the output");
         let started = Instant::now();
         let summary = write(&args, format, Some(file), false).expect("inspect perfetto");

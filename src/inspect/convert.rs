@@ -20,6 +20,7 @@ mod csv_trace;
 mod guidellm;
 mod inference_perf;
 mod mooncake;
+mod mooncake_line;
 mod vllm_bench;
 
 use std::collections::BTreeMap;

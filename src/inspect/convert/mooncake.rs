@@ -38,7 +38,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 use sim_trace::fastjson;
 use sim_trace::trace::{
@@ -46,6 +46,9 @@ use sim_trace::trace::{
     contains_bytes, parse_line, parse_line_as,
 };
 
+use super::mooncake_line::{
+    HashIds, MAX_EXACT, MooncakeIn, write_mooncake_line, write_record_line,
+};
 use super::{ConvertArgs, OutputGuard, Report, trace_err};
 use crate::inspect::progress::Progress;
 
@@ -58,9 +61,6 @@ const EXTRA_KEY_QUOTED: &[u8] = b"\"mooncake\"";
 
 /// The keys of the format.
 const KEYS: [&str; 4] = ["timestamp", "input_length", "output_length", "hash_ids"];
-
-/// Integers above this lose precision in an `f64` `arrival_ms`.
-const MAX_EXACT: u64 = 1 << 53;
 
 fn line_error(path: &Path, line: u64, what: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("{}:{line}: {what}", path.display())
@@ -85,122 +85,6 @@ fn uint(path: &Path, line: u64, value: Option<&Value>, key: &str) -> Result<u32>
     u32::try_from(n).map_err(|_| line_error(path, line, format!("`{key}` {n} is too large")))
 }
 
-/// A record line with the Mooncake keys the schema has no field for.
-#[derive(Serialize)]
-struct RecordLine<'a> {
-    #[serde(flatten)]
-    record: &'a TraceRecord,
-    #[serde(rename = "mooncake", skip_serializing_if = "BTreeMap::is_empty")]
-    extra: BTreeMap<String, Value>,
-}
-
-/// One line of a Mooncake file, read straight from its text: the format's four keys, and
-/// the others sorted by name (a repeated key: its last value, as a JSON object keeps).
-/// Reading the line into a `serde_json::Value` first and taking it apart cost more than
-/// the rest of the conversion.
-#[derive(Default)]
-struct MooncakeIn {
-    /// `false` when the line is not a JSON object.
-    object: bool,
-    timestamp: Option<Value>,
-    input_length: Option<Value>,
-    output_length: Option<Value>,
-    hash_ids: Option<Value>,
-    extra: BTreeMap<String, Value>,
-}
-
-/// A key of a Mooncake line, not copied when it is one of the format's.
-enum Key {
-    Timestamp,
-    InputLength,
-    OutputLength,
-    HashIds,
-    Other(String),
-}
-
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Key;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_str<E: serde::de::Error>(self, k: &str) -> std::result::Result<Key, E> {
-                Ok(match k {
-                    "timestamp" => Key::Timestamp,
-                    "input_length" => Key::InputLength,
-                    "output_length" => Key::OutputLength,
-                    "hash_ids" => Key::HashIds,
-                    other => Key::Other(other.to_string()),
-                })
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-impl<'de> Deserialize<'de> for MooncakeIn {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = MooncakeIn;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON value")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<MooncakeIn, A::Error> {
-                let mut line = MooncakeIn {
-                    object: true,
-                    ..MooncakeIn::default()
-                };
-                while let Some(key) = map.next_key::<Key>()? {
-                    let value = map.next_value::<Value>()?;
-                    match key {
-                        Key::Timestamp => line.timestamp = Some(value),
-                        Key::InputLength => line.input_length = Some(value),
-                        Key::OutputLength => line.output_length = Some(value),
-                        Key::HashIds => line.hash_ids = Some(value),
-                        Key::Other(k) => {
-                            line.extra.insert(k, value);
-                        }
-                    }
-                }
-                Ok(line)
-            }
-            // anything else is "not an object", reported by the caller
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> std::result::Result<MooncakeIn, A::Error> {
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(MooncakeIn::default())
-            }
-            fn visit_bool<E>(self, _: bool) -> std::result::Result<MooncakeIn, E> {
-                Ok(MooncakeIn::default())
-            }
-            fn visit_i64<E>(self, _: i64) -> std::result::Result<MooncakeIn, E> {
-                Ok(MooncakeIn::default())
-            }
-            fn visit_u64<E>(self, _: u64) -> std::result::Result<MooncakeIn, E> {
-                Ok(MooncakeIn::default())
-            }
-            fn visit_f64<E>(self, _: f64) -> std::result::Result<MooncakeIn, E> {
-                Ok(MooncakeIn::default())
-            }
-            fn visit_str<E>(self, _: &str) -> std::result::Result<MooncakeIn, E> {
-                Ok(MooncakeIn::default())
-            }
-            fn visit_unit<E>(self) -> std::result::Result<MooncakeIn, E> {
-                Ok(MooncakeIn::default())
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
 pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
     let input = &args.input;
     let block_size = args.block_size.unwrap_or(MOONCAKE_BLOCK_SIZE);
@@ -217,6 +101,7 @@ pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Repo
     let mut without_ids = 0u64;
     let mut progress = Progress::new("convert: lines");
     let mut index = 0u64;
+    let mut buf = Vec::with_capacity(4096);
     while let Some(item) = reader.next_with(fastjson::from_slice::<MooncakeIn>) {
         let obj = item.map_err(trace_err)?;
         let line = reader.line();
@@ -251,36 +136,32 @@ pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Repo
         };
         let input_length = uint(input, line, obj.input_length.as_ref(), "input_length")?;
         let output_length = uint(input, line, obj.output_length.as_ref(), "output_length")?;
-        let hash_ids = match &obj.hash_ids {
-            None | Some(Value::Null) => {
+        let hash_ids = match obj.hash_ids {
+            None | Some(HashIds::Null) => {
                 without_ids += 1;
-                Vec::new()
+                None
             }
-            Some(Value::Array(ids)) => ids
-                .iter()
-                .map(|v| {
-                    v.as_u64().map(BlockHash::Int).ok_or_else(|| {
-                        line_error(
-                            input,
-                            line,
-                            format!("`hash_ids` must hold non-negative integers, got {v}"),
-                        )
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?,
-            Some(other) => bail!(line_error(
+            Some(HashIds::Ints(ids)) => Some(ids),
+            Some(HashIds::BadElement(v)) => bail!(line_error(
+                input,
+                line,
+                format!("`hash_ids` must hold non-negative integers, got {v}")
+            )),
+            Some(HashIds::NotArray(other)) => bail!(line_error(
                 input,
                 line,
                 format!("`hash_ids` must be an array, got {other}")
             )),
         };
         let wanted = input_length.div_ceil(block_size) as usize;
-        if obj.hash_ids.as_ref().is_some_and(|v| !v.is_null()) && hash_ids.len() != wanted {
+        if let Some(ids) = &hash_ids
+            && ids.len() != wanted
+        {
             off_count += 1;
             off_example.get_or_insert_with(|| {
                 format!(
                     "line {line}: {} ids for {input_length} tokens, {wanted} expected",
-                    hash_ids.len()
+                    ids.len()
                 )
             });
         }
@@ -289,19 +170,14 @@ pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Repo
                 extra_keys.insert(k.clone());
             }
         }
-        let record = TraceRecord {
-            request_id: Some(format!("mooncake-{index}")),
-            prompt_tokens: input_length,
-            output_tokens: output_length,
-            arrival_ms: Some(timestamp),
-            block_hashes: hash_ids,
-            ..TraceRecord::default()
-        };
-        w.write_json(&RecordLine {
-            record: &record,
-            extra: obj.extra,
-        })
-        .map_err(trace_err)?;
+        write_record_line(
+            &mut buf,
+            index,
+            (input_length, output_length, timestamp),
+            hash_ids.as_deref().unwrap_or_default(),
+            &obj.extra,
+        )?;
+        w.write_raw_line(&buf).map_err(trace_err)?;
         index += 1;
         report.written += 1;
     }
@@ -324,26 +200,6 @@ pub fn from_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Repo
         ));
     }
     Ok(report)
-}
-
-/// One Mooncake line, keys in the format's order, then any kept extra keys.
-#[derive(Serialize)]
-struct MooncakeLine<'a> {
-    timestamp: Value,
-    input_length: u32,
-    output_length: u32,
-    hash_ids: &'a [u64],
-    #[serde(flatten)]
-    extra: BTreeMap<String, Value>,
-}
-
-/// Write a number as Mooncake does: integers without a fraction.
-fn number(x: f64) -> Value {
-    if x.fract() == 0.0 && x.abs() < MAX_EXACT as f64 {
-        Value::from(x as i64)
-    } else {
-        Value::from(x)
-    }
 }
 
 /// One line of a trace, with the Mooncake keys a record kept.
@@ -654,15 +510,11 @@ pub fn to_mooncake(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report
         }
         let hash_ids = ids.of(&record)?;
         buf.clear();
-        serde_json::to_writer(
+        write_mooncake_line(
             &mut buf,
-            &MooncakeLine {
-                timestamp: number(arrival),
-                input_length: record.prompt_tokens,
-                output_length: record.output_tokens,
-                hash_ids: &hash_ids,
-                extra,
-            },
+            (arrival, record.prompt_tokens, record.output_tokens),
+            &hash_ids,
+            &extra,
         )?;
         match temp_writer.as_mut() {
             None => sink.write_raw_line(&buf).map_err(trace_err)?,

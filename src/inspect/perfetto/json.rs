@@ -46,18 +46,18 @@ fn string(buf: &mut Vec<u8>, s: &str) {
 }
 
 #[inline]
-fn uint(buf: &mut Vec<u8>, v: u64) {
+pub(crate) fn uint(buf: &mut Vec<u8>, v: u64) {
     let _ = CompactFormatter.write_u64(buf, v);
 }
 
 #[inline]
-fn int(buf: &mut Vec<u8>, v: i64) {
+pub(crate) fn int(buf: &mut Vec<u8>, v: i64) {
     let _ = CompactFormatter.write_i64(buf, v);
 }
 
 /// A float as serde_json writes it: `null` when not finite.
 #[inline]
-fn float(buf: &mut Vec<u8>, v: f64) {
+pub(crate) fn float(buf: &mut Vec<u8>, v: f64) {
     if v.is_finite() {
         let _ = CompactFormatter.write_f64(buf, v);
     } else {
@@ -69,9 +69,13 @@ fn float(buf: &mut Vec<u8>, v: f64) {
 pub struct JsonSink {
     out: Output,
     first: bool,
-    /// Scratch: the event being written.
+    /// Events written and not yet passed to the output, the one being written last.
     line: Vec<u8>,
 }
+
+/// Events are written one after the other into one buffer, passed to the output once it
+/// holds this much: one copy of each event fewer than writing them one at a time.
+const FLUSH_AT: usize = 1 << 17;
 
 impl JsonSink {
     pub fn new(mut out: Output) -> Result<JsonSink> {
@@ -79,16 +83,16 @@ impl JsonSink {
         Ok(JsonSink {
             out,
             first: true,
-            line: Vec::with_capacity(1024),
+            line: Vec::with_capacity(FLUSH_AT + 4096),
         })
     }
 
     /// Start an event: `{"name":…,"ph":"…","ts":…` into `self.line` (a separator first
-    /// but for the first event). [`end`](Self::end) writes it out in one call: writes into
-    /// the output stream cost more than the encoding when they came a few bytes at a time.
+    /// but for the first event). [`end`](Self::end) writes the buffered events out once
+    /// they fill it: writes into the output stream cost more than the encoding when they
+    /// came a few bytes at a time.
     #[inline]
     fn begin(&mut self, name: &str, ph: &[u8], ts: i64) {
-        self.line.clear();
         if !std::mem::replace(&mut self.first, false) {
             self.line.extend_from_slice(b",\n");
         }
@@ -112,7 +116,10 @@ impl JsonSink {
     #[inline]
     fn end(&mut self) -> Result<()> {
         self.line.push(b'}');
-        self.out.write_all(&self.line)?;
+        if self.line.len() >= FLUSH_AT {
+            self.out.write_all(&self.line)?;
+            self.line.clear();
+        }
         Ok(())
     }
 
@@ -186,6 +193,7 @@ impl Sink for JsonSink {
     }
 
     fn finish(mut self: Box<Self>) -> Result<u64> {
+        self.out.write_all(&self.line)?;
         self.out.write_all(b"\n]}\n")?;
         self.out.finish()
     }

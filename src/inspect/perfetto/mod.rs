@@ -7,11 +7,12 @@
 //! - [`proto`] (over the small encoder [`pb`]) and [`json`]: the two formats;
 //! - [`serve`]: `--open`, the file served to the hosted UI.
 
-mod json;
+pub(crate) mod json;
 mod pb;
 mod proto;
 mod serve;
 pub mod sink;
+mod time;
 pub mod timeline;
 
 use std::fs::File;
@@ -84,6 +85,27 @@ pub struct PerfettoArgs {
     /// At most this many requests (the first ones of the window, in file order).
     #[arg(long, value_name = "N")]
     pub max_requests: Option<u64>,
+}
+
+impl PerfettoArgs {
+    /// `inspect perfetto TRACE -o OUTPUT --format FORMAT`, every other option at its
+    /// default (what the benches run).
+    pub fn to_file(trace: PathBuf, output: PathBuf, format: Format) -> PerfettoArgs {
+        PerfettoArgs {
+            trace,
+            output: Some(output),
+            format: Some(format),
+            step_stats: None,
+            name: None,
+            track_per_request: false,
+            open: false,
+            port: PERFETTO_UI_PORT,
+            json: false,
+            from_ms: None,
+            to_ms: None,
+            max_requests: None,
+        }
+    }
 }
 
 /// The timeline's file format.

@@ -77,6 +77,16 @@ impl Encoder {
         self.buf.extend_from_slice(v);
     }
 
+    /// The first `used` bytes of `block`, already encoded (whole fields), appended as they
+    /// are. The whole block is copied and the rest dropped: a copy of a fixed size is a few
+    /// inlined moves, one of a variable length a call into libc's `memmove`, which for
+    /// packets of ~45 bytes cost more than encoding them.
+    pub fn raw_prefix<const N: usize>(&mut self, block: &[u8; N], used: usize) {
+        let len = self.buf.len();
+        self.buf.extend_from_slice(block);
+        self.buf.truncate(len + used.min(N));
+    }
+
     /// `string` fields.
     pub fn string(&mut self, field: u32, v: &str) {
         self.bytes_field(field, v.as_bytes());

@@ -39,6 +39,7 @@ use sim_trace::trace::{TraceItem, TraceLine, TraceReader, TraceRecord};
 
 use super::PerfettoArgs;
 use super::sink::{Arg, NamedArg, Sink, Slice};
+use super::time::us;
 use crate::inspect::progress::Progress;
 
 /// The requests and steps a run draws (`--from-ms`, `--to-ms`, `--max-requests`). Both
@@ -87,11 +88,6 @@ const MIXED_COLOUR: &str = "yellow";
 
 /// Steps' counter samples held back to absorb interleaving between engines.
 const STEP_REORDER: usize = 4096;
-
-/// µs on the trace's clock.
-fn us(ms: f64) -> i64 {
-    (ms * 1000.0).round() as i64
-}
 
 /// The boundaries of a request's spans in µs: arrival, first token, then the end of each
 /// gap. Each boundary is rounded once and kept non-decreasing, so consecutive spans tile
