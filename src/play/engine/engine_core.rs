@@ -103,6 +103,33 @@ impl Outbox {
     }
 }
 
+/// Where the loop hands what the engine wants sent. The live engine's outlet encodes and
+/// writes the outputs on the loop's own thread ([`crate::play::outlet`]); a channel serves
+/// the tests.
+pub trait Outlet {
+    /// Take one item; `false` when the output side is broken and the loop must stop.
+    fn deliver(&mut self, item: Outbound) -> bool;
+    /// Some output waits for a peer to read: the loop also waits on [`Self::drain`].
+    fn backlogged(&self) -> bool {
+        false
+    }
+    /// A peer's backlog is past its bound: the loop waits on [`Self::drain`] before it
+    /// steps again (a ZMQ PUSH at its high-water mark blocks its sender alike).
+    fn over_bound(&self) -> bool {
+        false
+    }
+    /// Write some of the backlog once a peer can take it. Cancel-safe.
+    fn drain(&mut self) -> impl std::future::Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+impl Outlet for mpsc::UnboundedSender<Outbound> {
+    fn deliver(&mut self, item: Outbound) -> bool {
+        self.send(item).is_ok()
+    }
+}
+
 /// The engine side of the loop.
 pub trait EngineCore {
     /// A message (or an undecodable frame) from the frontend.
@@ -143,10 +170,10 @@ pub struct LoopControl {
 }
 
 /// Drive `engine` until shutdown or until the frontend goes away.
-pub async fn run_loop<E: EngineCore>(
+pub async fn run_loop<E: EngineCore, O: Outlet>(
     engine: &mut E,
     inputs: &mut mpsc::UnboundedReceiver<EngineInput>,
-    outputs: &mpsc::UnboundedSender<Outbound>,
+    outputs: &mut O,
     mut ctl: LoopControl,
 ) -> LoopExit {
     let mut timer = match PreciseTimer::new() {
@@ -165,7 +192,7 @@ pub async fn run_loop<E: EngineCore>(
     }
     loop {
         if drain_until.is_some() && engine.is_idle() {
-            if !flush(&mut out, outputs) {
+            if !flush(&mut out, outputs).await {
                 return LoopExit::OutputsClosed;
             }
             return LoopExit::Drained;
@@ -182,7 +209,7 @@ pub async fn run_loop<E: EngineCore>(
                     engine.on_input(m, now, &mut out);
                 }
                 None => {
-                    flush(&mut out, outputs);
+                    flush(&mut out, outputs).await;
                     return LoopExit::InputsClosed;
                 }
             },
@@ -203,15 +230,16 @@ pub async fn run_loop<E: EngineCore>(
                 let now = Instant::now();
                 if drain_until.is_some_and(|d| now >= d) {
                     engine.abort_all(now, &mut out);
-                    if !flush(&mut out, outputs) {
+                    if !flush(&mut out, outputs).await {
                         return LoopExit::OutputsClosed;
                     }
                     return LoopExit::DrainTimedOut;
                 }
                 engine.on_deadline(now, &mut out);
             }
+            () = outputs.drain(), if outputs.backlogged() => {}
         }
-        if !flush(&mut out, outputs) {
+        if !flush(&mut out, outputs).await {
             return LoopExit::OutputsClosed;
         }
     }
@@ -254,11 +282,16 @@ async fn sleep_until(timer: &mut Option<PreciseTimer>, deadline: Option<Instant>
     }
 }
 
-fn flush(out: &mut Outbox, outputs: &mpsc::UnboundedSender<Outbound>) -> bool {
+/// Hand over what the engine wants sent; while a peer's backlog is past its bound, wait
+/// for it before the next step.
+async fn flush<O: Outlet>(out: &mut Outbox, outputs: &mut O) -> bool {
     for item in out.items.drain(..) {
-        if outputs.send(item).is_err() {
+        if !outputs.deliver(item) {
             return false;
         }
+    }
+    while outputs.over_bound() {
+        outputs.drain().await;
     }
     true
 }
@@ -379,7 +412,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn paces_tokens_and_drains_on_shutdown() {
         let (in_tx, mut in_rx) = mpsc::unbounded_channel();
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+        let (mut out_tx, mut out_rx) = mpsc::unbounded_channel();
         let (sd_tx, sd_rx) = watch::channel(false);
         let mut engine = ConstantEngine {
             n: 3,
@@ -393,7 +426,7 @@ mod tests {
             run_loop(
                 &mut engine,
                 &mut in_rx,
-                &out_tx,
+                &mut out_tx,
                 LoopControl {
                     shutdown: sd_rx,
                     side: None,
@@ -416,7 +449,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn drain_timeout_aborts_the_rest() {
         let (in_tx, mut in_rx) = mpsc::unbounded_channel();
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+        let (mut out_tx, mut out_rx) = mpsc::unbounded_channel();
         let (sd_tx, sd_rx) = watch::channel(false);
         let mut engine = ConstantEngine {
             n: 1000,
@@ -429,7 +462,7 @@ mod tests {
             run_loop(
                 &mut engine,
                 &mut in_rx,
-                &out_tx,
+                &mut out_tx,
                 LoopControl {
                     shutdown: sd_rx,
                     side: None,
@@ -449,7 +482,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn closed_inputs_end_the_loop() {
         let (in_tx, mut in_rx) = mpsc::unbounded_channel::<EngineInput>();
-        let (out_tx, _out_rx) = mpsc::unbounded_channel();
+        let (mut out_tx, _out_rx) = mpsc::unbounded_channel();
         let (_sd_tx, sd_rx) = watch::channel(false);
         let mut engine = ConstantEngine {
             n: 1,
@@ -461,7 +494,7 @@ mod tests {
         let exit = run_loop(
             &mut engine,
             &mut in_rx,
-            &out_tx,
+            &mut out_tx,
             LoopControl {
                 shutdown: sd_rx,
                 side: None,
