@@ -66,17 +66,6 @@ impl EngineOutlet {
     }
 
     fn send_outputs(&mut self, client: u32, env: EngineCoreOutputs) -> bool {
-        let line = self.encoder.line();
-        let frames = match self.encoder.encode(&env) {
-            Ok(f) => f,
-            Err(e) => {
-                // An engine that cannot speak its line is broken: fail loudly.
-                tracing::error!("cannot encode an output for vLLM {line}: {e}");
-                self.failure = Some(format!("encoding failed: {e}"));
-                self.queue_dead();
-                return false;
-            }
-        };
         let clients = self.clients.len();
         let Some(c) = self.clients.get_mut(client as usize) else {
             tracing::error!(
@@ -91,11 +80,23 @@ impl EngineOutlet {
             abort_for_gone_client(&self.side, client, &env);
             return true;
         }
-        if let Err(e) = c.writer.send(&frames) {
-            gone(c, client, &e);
-            abort_for_gone_client(&self.side, client, &env);
+        let encoder = &mut self.encoder;
+        match c.writer.send_encoded(|buf| encoder.encode_into(&env, buf)) {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                gone(c, client, &e);
+                abort_for_gone_client(&self.side, client, &env);
+                true
+            }
+            Err(e) => {
+                // An engine that cannot speak its line is broken: fail loudly.
+                let line = self.encoder.line();
+                tracing::error!("cannot encode an output for vLLM {line}: {e}");
+                self.failure = Some(format!("encoding failed: {e}"));
+                self.queue_dead();
+                false
+            }
         }
-        true
     }
 
     /// Queue `ENGINE_CORE_DEAD` on every socket, after what is queued there.

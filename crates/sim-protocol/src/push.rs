@@ -182,21 +182,62 @@ impl PushWriter {
     /// Send one message: written at once when nothing waits before it, else queued after
     /// the backlog. An error means the peer is gone.
     pub fn send(&mut self, frames: &[Bytes]) -> io::Result<()> {
-        if self.backlogged() {
-            put_message(&mut self.backlog, frames);
-            return Ok(());
-        }
         let mut msg = std::mem::take(&mut self.scratch);
         msg.clear();
         put_message(&mut msg, frames);
-        let result = self.write_now(&msg);
-        if let Ok(n) = result
-            && n < msg.len()
-        {
-            self.backlog.extend_from_slice(&msg[n..]);
-        }
+        let result = self.send_wire(&msg);
         self.scratch = msg;
-        result.map(drop)
+        result
+    }
+
+    /// Send one message whose first frame `write_body` appends to the buffer it is given
+    /// (returning the frames after it, usually none): the body is encoded where it is
+    /// written from, with no copy and no allocation of its own. An `Err` of `write_body`
+    /// sends nothing and is returned as is.
+    pub fn send_encoded<E>(
+        &mut self,
+        write_body: impl FnOnce(&mut Vec<u8>) -> Result<Vec<Bytes>, E>,
+    ) -> Result<io::Result<()>, E> {
+        let mut msg = std::mem::take(&mut self.scratch);
+        msg.clear();
+        // room for a long header; a short one is written into its last two bytes
+        msg.extend_from_slice(&[0; 9]);
+        let rest = match write_body(&mut msg) {
+            Ok(rest) => rest,
+            Err(e) => {
+                self.scratch = msg;
+                return Err(e);
+            }
+        };
+        let more = if rest.is_empty() { 0 } else { FLAG_MORE };
+        let len = msg.len() - 9;
+        let start = match u8::try_from(len) {
+            Ok(n) => {
+                msg[7] = more;
+                msg[8] = n;
+                7
+            }
+            Err(_) => {
+                msg[0] = more | zmtp::FLAG_LONG;
+                msg[1..9].copy_from_slice(&(len as u64).to_be_bytes());
+                0
+            }
+        };
+        put_message(&mut msg, &rest);
+        let result = self.send_wire(&msg[start..]);
+        self.scratch = msg;
+        Ok(result)
+    }
+
+    /// Send bytes that are whole ZMTP messages.
+    fn send_wire(&mut self, wire: &[u8]) -> io::Result<()> {
+        if self.backlogged() {
+            self.backlog.extend_from_slice(wire);
+            return Ok(());
+        }
+        let n = self.write_now(wire)?;
+        self.backlog.extend_from_slice(&wire[n..]);
+        Ok(())
     }
 
     /// Write what the kernel takes without waiting.
@@ -319,6 +360,51 @@ mod tests {
         // each message: a 9-byte long-frame header, then the body
         assert_eq!(got.len(), sent * (9 + chunk.len()));
         assert_eq!(&got[..9], &[zmtp::FLAG_LONG, 0, 0, 0, 0, 0, 1, 0, 0]);
+    }
+
+    /// A body encoded in place goes out as the same frames as the body sent whole: short
+    /// and long headers, with and without frames after it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_encoded_body_is_framed_like_a_whole_one() {
+        let cases: [(usize, Vec<Bytes>); 4] = [
+            (5, vec![]),
+            (300, vec![]),
+            (5, vec![Bytes::from_static(b"aux")]),
+            (70_000, vec![Bytes::from(vec![9u8; 400])]),
+        ];
+        for (len, rest) in cases {
+            let body = Bytes::from((0..len).map(|i| i as u8).collect::<Vec<u8>>());
+            let mut expected = Vec::new();
+            let whole: Vec<Bytes> = std::iter::once(body.clone())
+                .chain(rest.iter().cloned())
+                .collect();
+            put_message(&mut expected, &whole);
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+            ours.set_nonblocking(true).unwrap();
+            let mut w = PushWriter::new(PushStream::Unix(ours)).unwrap();
+            w.send_encoded(|buf| {
+                buf.extend_from_slice(&body);
+                Ok::<_, ()>(rest.clone())
+            })
+            .unwrap()
+            .unwrap();
+            let failed: Result<io::Result<()>, &str> = w.send_encoded(|buf| {
+                buf.extend_from_slice(b"half-written");
+                Err("cannot encode")
+            });
+            assert_eq!(failed.err(), Some("cannot encode"));
+            drop(w);
+            let mut got = Vec::new();
+            use std::io::Read;
+            let mut theirs = theirs;
+            theirs.read_to_end(&mut got).unwrap();
+            assert_eq!(
+                got,
+                expected,
+                "body of {len} bytes, {} frames after",
+                rest.len()
+            );
+        }
     }
 
     /// A peer that went away: the send fails, so the caller can stop sending to it.
