@@ -180,21 +180,19 @@ impl Outlet for EngineOutlet {
             .any(|c| c.failed == 0 && c.writer.over_bound())
     }
 
-    fn drain(&mut self) -> impl std::future::Future<Output = ()> + Send {
-        async move {
-            // the first client with a backlog (rarely more than one: each is a frontend
-            // API server reading its own socket)
-            let Some((i, c)) = self
-                .clients
-                .iter_mut()
-                .enumerate()
-                .find(|(_, c)| c.failed == 0 && c.writer.backlogged())
-            else {
-                return;
-            };
-            if let Err(e) = c.writer.flush().await {
-                gone(c, i as u32, &e);
-            }
+    async fn drain(&mut self) {
+        // the first client with a backlog (rarely more than one: each is a frontend API
+        // server reading its own socket)
+        let Some((i, c)) = self
+            .clients
+            .iter_mut()
+            .enumerate()
+            .find(|(_, c)| c.failed == 0 && c.writer.backlogged())
+        else {
+            return;
+        };
+        if let Err(e) = c.writer.flush().await {
+            gone(c, i as u32, &e);
         }
     }
 }
