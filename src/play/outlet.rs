@@ -118,6 +118,7 @@ impl EngineOutlet {
     /// Write what is still queued, for up to `limit` (vLLM's output sockets linger 4 s),
     /// then report the outputs no client could take.
     pub(crate) async fn linger(&mut self, limit: Duration) {
+        self.hold(false);
         let done = tokio::time::timeout(limit, async {
             while self.backlogged() {
                 self.drain().await;
@@ -165,6 +166,16 @@ impl Outlet for EngineOutlet {
                 true
             }
             job @ (Outbound::Pull(_) | Outbound::Compile(_)) => self.jobs.send(job).is_ok(),
+        }
+    }
+
+    fn hold(&mut self, on: bool) {
+        for (i, c) in self.clients.iter_mut().enumerate() {
+            if c.failed == 0
+                && let Err(e) = c.writer.hold(on)
+            {
+                gone(c, i as u32, &e);
+            }
         }
     }
 

@@ -154,15 +154,24 @@ pub fn put_message(out: &mut Vec<u8>, frames: &[Bytes]) {
 }
 
 /// One peer's output: the stream, registered with the runtime of the thread that writes
-/// it, and the bytes the kernel has not taken yet.
+/// it, the messages held for one write, and the bytes the kernel has not taken yet.
 pub struct PushWriter {
     fd: AsyncFd<PushStream>,
     /// Framed bytes not written yet; `backlog[start..]` is what is left.
     backlog: Vec<u8>,
     start: usize,
-    /// The message being framed (kept to reuse its allocation).
-    scratch: Vec<u8>,
+    /// Framed messages not handed to the kernel yet: the message being framed, or, while
+    /// [`Self::hold`] is on, every message since (its allocation is reused).
+    held: Vec<u8>,
+    /// Messages in `held`.
+    held_messages: usize,
+    holding: bool,
 }
+
+/// Held messages are written once they reach this many bytes, or [`HOLD_MESSAGES`]
+/// messages, holding or not: a burst's first outputs are not kept back for long.
+pub const HOLD_LIMIT: usize = 64 << 10;
+pub const HOLD_MESSAGES: usize = 32;
 
 impl PushWriter {
     /// Register `stream` with the current tokio runtime (call it on the writing thread).
@@ -175,19 +184,18 @@ impl PushWriter {
             fd,
             backlog: Vec::new(),
             start: 0,
-            scratch: Vec::with_capacity(4096),
+            held: Vec::with_capacity(4096),
+            held_messages: 0,
+            holding: false,
         })
     }
 
     /// Send one message: written at once when nothing waits before it, else queued after
     /// the backlog. An error means the peer is gone.
     pub fn send(&mut self, frames: &[Bytes]) -> io::Result<()> {
-        let mut msg = std::mem::take(&mut self.scratch);
-        msg.clear();
-        put_message(&mut msg, frames);
-        let result = self.send_wire(&msg);
-        self.scratch = msg;
-        result
+        put_message(&mut self.held, frames);
+        self.held_messages += 1;
+        self.release()
     }
 
     /// Send one message whose first frame `write_body` appends to the buffer it is given
@@ -198,46 +206,63 @@ impl PushWriter {
         &mut self,
         write_body: impl FnOnce(&mut Vec<u8>) -> Result<Vec<Bytes>, E>,
     ) -> Result<io::Result<()>, E> {
-        let mut msg = std::mem::take(&mut self.scratch);
-        msg.clear();
-        // room for a long header; a short one is written into its last two bytes
-        msg.extend_from_slice(&[0; 9]);
-        let rest = match write_body(&mut msg) {
+        let at = self.held.len();
+        // room for a long header
+        self.held.extend_from_slice(&[0; 9]);
+        let rest = match write_body(&mut self.held) {
             Ok(rest) => rest,
             Err(e) => {
-                self.scratch = msg;
+                self.held.truncate(at);
                 return Err(e);
             }
         };
         let more = if rest.is_empty() { 0 } else { FLAG_MORE };
-        let len = msg.len() - 9;
-        let start = match u8::try_from(len) {
+        let len = self.held.len() - at - 9;
+        match u8::try_from(len) {
             Ok(n) => {
-                msg[7] = more;
-                msg[8] = n;
-                7
+                // a short header: move the (short) body up against it
+                self.held.copy_within(at + 9.., at + 2);
+                self.held.truncate(at + 2 + len);
+                self.held[at] = more;
+                self.held[at + 1] = n;
             }
             Err(_) => {
-                msg[0] = more | zmtp::FLAG_LONG;
-                msg[1..9].copy_from_slice(&(len as u64).to_be_bytes());
-                0
+                self.held[at] = more | zmtp::FLAG_LONG;
+                self.held[at + 1..at + 9].copy_from_slice(&(len as u64).to_be_bytes());
             }
-        };
-        put_message(&mut msg, &rest);
-        let result = self.send_wire(&msg[start..]);
-        self.scratch = msg;
-        Ok(result)
+        }
+        put_message(&mut self.held, &rest);
+        self.held_messages += 1;
+        Ok(self.release())
     }
 
-    /// Send bytes that are whole ZMTP messages.
-    fn send_wire(&mut self, wire: &[u8]) -> io::Result<()> {
-        if self.backlogged() {
-            self.backlog.extend_from_slice(wire);
+    /// Hold the messages sent from now on for one write (up to [`HOLD_LIMIT`] bytes or
+    /// [`HOLD_MESSAGES`] messages), or,
+    /// with `false`, write what is held now. For a burst of messages produced back to back
+    /// (an engine whose steps are due at once): one system call instead of one each.
+    pub fn hold(&mut self, on: bool) -> io::Result<()> {
+        self.holding = on;
+        self.release()
+    }
+
+    /// Write the held messages unless they are to be held longer.
+    fn release(&mut self) -> io::Result<()> {
+        let full = self.held.len() >= HOLD_LIMIT || self.held_messages >= HOLD_MESSAGES;
+        if self.held.is_empty() || (self.holding && !full) {
             return Ok(());
         }
-        let n = self.write_now(wire)?;
-        self.backlog.extend_from_slice(&wire[n..]);
-        Ok(())
+        self.held_messages = 0;
+        let result = if self.backlogged() {
+            self.backlog.extend_from_slice(&self.held);
+            Ok(())
+        } else {
+            self.write_now(&self.held).map(|n| {
+                let rest = &self.held[n..];
+                self.backlog.extend_from_slice(rest);
+            })
+        };
+        self.held.clear();
+        result
     }
 
     /// Write what the kernel takes without waiting.
@@ -255,7 +280,7 @@ impl PushWriter {
         Ok(n)
     }
 
-    /// Bytes waiting for the peer.
+    /// Bytes waiting for the peer (not counting held ones).
     pub fn backlog(&self) -> usize {
         self.backlog.len() - self.start
     }
@@ -298,6 +323,8 @@ impl PushWriter {
     /// Forget the backlog (the peer is gone).
     pub fn discard(&mut self) {
         self.backlog = Vec::new();
+        self.held = Vec::new();
+        self.held_messages = 0;
         self.start = 0;
     }
 }
@@ -405,6 +432,41 @@ mod tests {
                 rest.len()
             );
         }
+    }
+
+    /// Held messages reach the peer only when released (or past the limit), whole and in
+    /// order.
+    #[tokio::test(flavor = "current_thread")]
+    async fn held_messages_leave_together_when_released() {
+        use std::io::Read;
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        let mut w = PushWriter::new(PushStream::Unix(ours)).unwrap();
+        w.hold(true).unwrap();
+        for m in [&b"a"[..], b"bb", b"ccc"] {
+            w.send_encoded(|buf| {
+                buf.extend_from_slice(m);
+                Ok::<_, ()>(vec![])
+            })
+            .unwrap()
+            .unwrap();
+        }
+        let mut got = [0u8; 64];
+        let nothing = theirs.read(&mut got);
+        assert_eq!(
+            nothing.map_err(|e| e.kind()),
+            Err(io::ErrorKind::WouldBlock)
+        );
+        w.hold(false).unwrap();
+        let n = theirs.read(&mut got).unwrap();
+        assert_eq!(&got[..n], b"\x00\x01a\x00\x02bb\x00\x03ccc");
+        // past the limit, held bytes go out without a release
+        w.hold(true).unwrap();
+        let big = Bytes::from(vec![5u8; HOLD_LIMIT]);
+        w.send(std::slice::from_ref(&big)).unwrap();
+        let n = theirs.read(&mut got).unwrap();
+        assert!(n > 0);
     }
 
     /// A peer that went away: the send fails, so the caller can stop sending to it.

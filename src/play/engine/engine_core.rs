@@ -118,6 +118,9 @@ pub trait Outlet {
     fn over_bound(&self) -> bool {
         false
     }
+    /// `true`: the next step is due at once, so hold what is delivered to send it with
+    /// that step's (one write for a burst of back-to-back steps); `false`: send it now.
+    fn hold(&mut self, _on: bool) {}
     /// Write some of the backlog once a peer can take it. Cancel-safe.
     fn drain(&mut self) -> impl std::future::Future<Output = ()> + Send {
         async {}
@@ -242,6 +245,10 @@ pub async fn run_loop<E: EngineCore, O: Outlet>(
         if !flush(&mut out, outputs).await {
             return LoopExit::OutputsClosed;
         }
+        // Outputs of steps that run back to back (an engine with no latency, or one catching
+        // up) leave together once the loop is about to wait; a paced step's leave at once.
+        let due = engine.next_deadline().is_some_and(|d| d <= Instant::now());
+        outputs.hold(due);
     }
 }
 
