@@ -511,4 +511,56 @@ mod tests {
         .await;
         assert_eq!(exit, LoopExit::InputsClosed);
     }
+
+    /// What the loop asks of its outlet, in order: `o` an output, `h` hold, `s` send now.
+    #[derive(Default)]
+    struct Recorder(String);
+
+    impl Outlet for Recorder {
+        fn deliver(&mut self, _: Outbound) -> bool {
+            self.0.push('o');
+            true
+        }
+        fn hold(&mut self, on: bool) {
+            self.0.push(if on { 'h' } else { 's' });
+        }
+    }
+
+    async fn record(gap: Duration) -> String {
+        let (_in_tx, mut in_rx) = mpsc::unbounded_channel();
+        let (_sd_tx, sd_rx) = watch::channel(true);
+        let mut engine = ConstantEngine {
+            n: 4,
+            gap,
+            live: vec![("a".into(), 0, 0, Instant::now())],
+            draining: false,
+        };
+        let mut rec = Recorder::default();
+        let ctl = LoopControl {
+            shutdown: sd_rx,
+            side: None,
+            shutdown_timeout: Duration::from_secs(5),
+        };
+        let exit = run_loop(&mut engine, &mut in_rx, &mut rec, ctl).await;
+        assert_eq!(exit, LoopExit::Drained);
+        rec.0
+    }
+
+    /// Steps that are due back to back hold their outputs for one write, released once
+    /// the loop is about to wait; a paced step's output is released at once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn back_to_back_steps_are_held_and_paced_ones_sent_at_once() {
+        let burst = record(Duration::ZERO).await;
+        let outputs: String = burst.chars().filter(|c| *c == 'o').collect();
+        assert_eq!(outputs, "oooo", "{burst}");
+        let first_send = burst.find('s').expect("released at the end");
+        assert!(
+            burst[..first_send].matches('o').count() == 4,
+            "every output of the burst held until it ends: {burst}"
+        );
+        // the next step 100 ms away: the output leaves before the loop waits for it
+        let paced = record(Duration::from_millis(100)).await;
+        assert!(paced.starts_with("os"), "{paced}");
+        assert!(paced.ends_with('s'), "{paced}");
+    }
 }
