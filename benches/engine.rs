@@ -17,7 +17,9 @@
 //!
 //! Environment: `BENCH_QUICK=1` shrinks every run (smoke mode); `BENCH_SKIP_FRONTEND=1`
 //! skips part 3; `BENCH_ONLY=throughput,pacing,grammar,soak,replay,simulate,frontend` runs only those;
-//! `BENCH_CONCURRENCY=N` runs only that row of part 1; `BENCH_BIN=PATH` runs another build.
+//! `BENCH_CONCURRENCY=N` runs only that row of part 1; `BENCH_BIN=PATH` runs another build;
+//! `BENCH_BEFORE=PATH` runs part 3 with that build and this one alternating, `BENCH_PAIRS`
+//! pairs per row (default 2).
 
 #[path = "engine/direct.rs"]
 mod direct;
@@ -29,7 +31,7 @@ mod process;
 mod workloads;
 
 use crate::direct::{direct_run, grammar_run};
-use crate::frontend::frontend_run;
+use crate::frontend::frontend_part;
 use crate::process::{log_field, part, quick};
 use crate::workloads::{simulate_part, write_model, write_replay_trace};
 
@@ -203,31 +205,7 @@ fn main() {
         simulate_part(&dir, q);
     }
     if part("frontend") && std::env::var_os("BENCH_SKIP_FRONTEND").is_none() {
-        println!(
-            "\n## Through vllm-rs 0.33 (`vllm-rs bench serve`, random dataset, 64 in / 256 out)\n"
-        );
-        println!(
-            "| concurrency | output tokens/s | wall s | engine CPU s | frontend CPU s | engine share of CPU |"
-        );
-        println!("|---:|---:|---:|---:|---:|---:|");
-        for &(c, n) in &[(16usize, 1000usize), (64, 3000), (256, 6000)] {
-            let n = if q { n / 4 } else { n };
-            match frontend_run(&dir.join(format!("fe-{c}")), c, n) {
-                Some(r) => println!(
-                    "| {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.1} % |",
-                    r.concurrency,
-                    r.output_tok_s,
-                    r.wall,
-                    r.engine_cpu,
-                    r.frontend_cpu,
-                    100.0 * r.engine_cpu / (r.engine_cpu + r.frontend_cpu)
-                ),
-                None => println!(
-                    "| {c} | (vllm-rs 0.33.0 not in the cache or failed; see {}) | | | | |",
-                    dir.display()
-                ),
-            }
-        }
+        frontend_part(&dir, q);
     }
     eprintln!("logs in {}", dir.display());
 }

@@ -22,12 +22,18 @@ pub(crate) fn vllm_rs_path() -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
+/// One `vllm-rs bench serve` run against the engine build at `bin`, started with
+/// `engine_args` (e.g. an inter-token latency).
 pub(crate) fn frontend_run(
     dir: &Path,
+    bin: &str,
+    engine_args: &[&str],
     concurrency: usize,
     prompts: usize,
 ) -> Option<FrontendResult> {
     let rs = vllm_rs_path()?;
+    // a fresh directory per run: the result JSON read below must be this run's
+    let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).ok()?;
     let model = dir.join("model");
     vllm_vcr::tiny_model::write_to(&model).unwrap();
@@ -57,9 +63,14 @@ pub(crate) fn frontend_run(
         .stderr(std::fs::File::create(dir.join("frontend.log")).unwrap())
         .spawn()
         .ok()?;
-    let engine = Engine::start(
+    let args: Vec<&str> = ["--max-num-seqs", "1024"]
+        .into_iter()
+        .chain(engine_args.iter().copied())
+        .collect();
+    let engine = Engine::start_bin(
+        bin,
         &format!("tcp://127.0.0.1:{hp}"),
-        &["--max-num-seqs", "1024"],
+        &args,
         &dir.join("engine-frontend.log"),
     );
     if !wait_health(port, Duration::from_secs(30)) {
@@ -135,4 +146,61 @@ pub(crate) fn result_json_value(dir: &Path, key: &str) -> Option<f64> {
         }
     }
     None
+}
+
+/// Part 3: the engine's CPU as a share of the frontend's, unpaced (the engine as fast as
+/// it can go) and paced (10 ms between tokens), at concurrency 16, 64 and 256. With
+/// `BENCH_BEFORE=PATH` each row runs that build and this one alternately (`BENCH_PAIRS`
+/// pairs), so a before/after shares one session's load.
+pub(crate) fn frontend_part(dir: &Path, quick: bool) {
+    let after = crate::process::bin();
+    let before = std::env::var("BENCH_BEFORE").ok();
+    let pairs: usize = std::env::var("BENCH_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let builds: Vec<(&str, &str)> = match &before {
+        Some(b) => vec![("before", b.as_str()), ("after", after.as_str())],
+        None => vec![("this", after.as_str())],
+    };
+    let rounds = if before.is_some() { pairs } else { 1 };
+    println!(
+        "\n## Through vllm-rs 0.33 (`vllm-rs bench serve`, random dataset, 64 in / 256 out)\n"
+    );
+    println!(
+        "| pacing | concurrency | build | output tokens/s | wall s | engine CPU s | frontend CPU s | engine CPU / frontend CPU |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    // paced runs last (prompts / concurrency) × 2.6 s: about 16 s each
+    let cases: [(&str, &[&str], usize, usize); 6] = [
+        ("unpaced", &[], 16, 1000),
+        ("unpaced", &[], 64, 3000),
+        ("unpaced", &[], 256, 6000),
+        ("ITL 10 ms", &["--inter-token-latency", "10"], 16, 96),
+        ("ITL 10 ms", &["--inter-token-latency", "10"], 64, 384),
+        ("ITL 10 ms", &["--inter-token-latency", "10"], 256, 1536),
+    ];
+    for (pacing, args, c, n) in cases {
+        let n = if quick { (n / 4).max(c) } else { n };
+        for round in 0..rounds {
+            for &(name, bin) in &builds {
+                let run_dir = dir.join(format!("fe-{c}-{}-{name}-{round}", args.len()));
+                match frontend_run(&run_dir, bin, args, c, n) {
+                    Some(r) => println!(
+                        "| {pacing} | {} | {name} | {:.0} | {:.1} | {:.2} | {:.2} | {:.1} % |",
+                        r.concurrency,
+                        r.output_tok_s,
+                        r.wall,
+                        r.engine_cpu,
+                        r.frontend_cpu,
+                        100.0 * r.engine_cpu / r.frontend_cpu
+                    ),
+                    None => println!(
+                        "| {pacing} | {c} | {name} | (vllm-rs 0.33.0 not in the cache or failed; see {}) | | | | |",
+                        run_dir.display()
+                    ),
+                }
+            }
+        }
+    }
 }

@@ -46,8 +46,13 @@ pub(crate) struct Engine {
 
 impl Engine {
     pub(crate) fn start(handshake: &str, extra: &[&str], log: &Path) -> Engine {
+        Self::start_bin(&bin(), handshake, extra, log)
+    }
+
+    /// [`Engine::start`] of the build at `bin`.
+    pub(crate) fn start_bin(bin: &str, handshake: &str, extra: &[&str], log: &Path) -> Engine {
         let f = std::fs::File::create(log).unwrap();
-        let child = Command::new(bin())
+        let child = Command::new(bin)
             .arg("play")
             .args(["--handshake-address", handshake])
             .args(extra)

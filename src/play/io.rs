@@ -1,6 +1,6 @@
-//! The engine's sockets: decode what the frontend sends into [`EngineInput`]s, encode what
-//! the engine emits for the configured line, and keep the engine loop on its own thread so
-//! socket work never delays pacing.
+//! The engine's sockets: decode what the frontend sends into [`EngineInput`]s, and run the
+//! engine loop on its own thread, where each step's outputs are encoded and written to the
+//! output sockets ([`super::outlet`]), so input decoding never delays pacing.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -8,13 +8,13 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use sim_protocol::decode::decode_input_with;
-use sim_protocol::encode::encode_outputs;
-use sim_protocol::transport::{ConnectOptions, connect_to_frontend};
-use sim_protocol::{ENGINE_CORE_DEAD, VllmLine};
+use sim_protocol::push::connect_to_frontend_direct;
+use sim_protocol::transport::ConnectOptions;
 use tokio::sync::{mpsc, watch};
-use zeromq::{SocketRecv, SocketSend, ZmqMessage};
+use zeromq::SocketRecv;
 
 use super::config::PlayConfig;
+use super::outlet::EngineOutlet;
 use crate::play::engine::engine_core::{EngineInput, LoopControl, LoopExit, Outbound, run_loop};
 use crate::play::engine::sim::SimEngine;
 
@@ -29,6 +29,10 @@ pub struct Pacing {
     pub p99_ms: f64,
     pub max_ms: f64,
 }
+
+/// How long the engine's last outputs may wait for the frontend to read them at the end
+/// (vLLM's output sockets linger 4 s).
+const LINGER: Duration = Duration::from_secs(4);
 
 /// The pacing of every engine this process ran, as each stopped.
 static PACING: Mutex<Vec<Pacing>> = Mutex::new(Vec::new());
@@ -105,7 +109,7 @@ pub async fn run_engine(
         cfg.engine.num_gpu_blocks,
         cfg.engine.block_size,
     );
-    let connect = connect_to_frontend(&cfg.handshake_address, rank, &ready, &opts);
+    let connect = connect_to_frontend_direct(&cfg.handshake_address, rank, &ready, &opts);
     let sockets = tokio::select! {
         r = connect => r.with_context(|| format!("handshake with the frontend at {}", cfg.handshake_address))?,
         _ = shutdown.wait_for(|v| *v) => {
@@ -122,7 +126,7 @@ pub async fn run_engine(
     );
 
     let (in_tx, mut in_rx) = mpsc::unbounded_channel::<EngineInput>();
-    let (out_tx, out_rx) = mpsc::unbounded_channel::<Outbound>();
+    let (jobs_tx, jobs_rx) = mpsc::unbounded_channel::<Outbound>();
     let mut input_tasks = Vec::new();
     for (i, sock) in sockets.inputs.into_iter().enumerate() {
         input_tasks.push(tokio::spawn(input_task(
@@ -150,13 +154,8 @@ pub async fn run_engine(
             ))
         });
     let line = cfg.line;
-    let output_task = tokio::spawn(output_task(
-        line,
-        sockets.outputs,
-        out_rx,
-        side_tx,
-        plane.clone(),
-    ));
+    let jobs_task = tokio::spawn(jobs_task(jobs_rx, side_tx.clone(), plane.clone()));
+    let streams = sockets.outputs;
 
     let mut engine = cfg.build_engine(rank);
     engine.set_data_plane(plane);
@@ -169,17 +168,34 @@ pub async fn run_engine(
         shutdown_timeout: cfg.shutdown_timeout,
         side: Some(side_rx),
     };
-    let dead_tx = out_tx.clone();
     let engine_thread = std::thread::Builder::new()
         .name(format!("engine-{rank}"))
-        .spawn(move || -> Result<(LoopExit, SimEngine)> {
+        .spawn(move || -> Result<(LoopExit, SimEngine, Option<String>)> {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .context("engine runtime")?;
+            let mut outlet = {
+                let _in_rt = rt.enter();
+                EngineOutlet::new(line, streams, jobs_tx, side_tx)
+                    .context("registering the output sockets")?
+            };
             let mut engine = engine;
-            let exit = rt.block_on(run_loop(&mut engine, &mut in_rx, &out_tx, ctl));
-            Ok((exit, engine))
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                rt.block_on(run_loop(&mut engine, &mut in_rx, &mut outlet, ctl))
+            }));
+            match run {
+                Ok(exit) => {
+                    rt.block_on(outlet.linger(LINGER));
+                    let failure = outlet.failure().map(str::to_string);
+                    Ok((exit, engine, failure))
+                }
+                Err(panic) => {
+                    // A fatal engine error: tell the frontend the way vLLM does.
+                    rt.block_on(outlet.send_dead());
+                    std::panic::resume_unwind(panic)
+                }
+            }
         })
         .context("spawning the engine thread")?;
 
@@ -187,7 +203,7 @@ pub async fn run_engine(
         .await
         .context("joining the engine thread")?;
     let result = match joined {
-        Ok(Ok((exit, mut engine))) => {
+        Ok(Ok((exit, mut engine, failure))) => {
             report_pacing(rank, &engine);
             let replay = engine.replay_summary().map(|(line, json)| {
                 tracing::info!(rank, "replay: {line}");
@@ -205,16 +221,15 @@ pub async fn run_engine(
                     tracing::warn!(rank, "the frontend's input sockets closed; engine stopped");
                     Ok(replay)
                 }
-                LoopExit::OutputsClosed => Err(anyhow::anyhow!("output socket task ended")),
+                LoopExit::OutputsClosed => Err(anyhow::anyhow!(
+                    "the output side stopped: {}",
+                    failure.as_deref().unwrap_or("unknown")
+                )),
             }
         }
-        Ok(Err(e)) => {
-            let _ = dead_tx.send(Outbound::Dead);
-            Err(e)
-        }
+        Ok(Err(e)) => Err(e),
         Err(panic) => {
-            // A fatal engine error: tell the frontend the way vLLM does.
-            let _ = dead_tx.send(Outbound::Dead);
+            // the engine thread sent ENGINE_CORE_DEAD before it ended
             let what = panic
                 .downcast_ref::<String>()
                 .cloned()
@@ -223,14 +238,7 @@ pub async fn run_engine(
             Err(anyhow::anyhow!("engine thread panicked: {what}"))
         }
     };
-    drop(dead_tx);
-    // The output task ends when every sender is gone, after flushing what was queued.
-    match tokio::time::timeout(Duration::from_secs(5), output_task).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => tracing::warn!("output socket: {e:#}"),
-        Ok(Err(e)) => tracing::warn!("output task: {e}"),
-        Err(_) => tracing::warn!("output task did not finish flushing in 5 s"),
-    }
+    jobs_task.abort();
     for t in input_tasks {
         t.abort();
     }
@@ -297,62 +305,14 @@ async fn input_task<S: SocketRecv>(
     }
 }
 
-async fn output_task<S: SocketSend>(
-    line: VllmLine,
-    mut outputs: Vec<S>,
+/// Run the pulls and grammar compiles the engine hands out, on this (the io) runtime.
+async fn jobs_task(
     mut rx: mpsc::UnboundedReceiver<Outbound>,
     side: mpsc::UnboundedSender<EngineInput>,
     plane: std::sync::Arc<dyn crate::play::pd::data_plane::DataPlane>,
-) -> Result<()> {
-    // A client whose output socket failed is gone (its API server died or closed the
-    // socket): like vLLM when a client goes away, its requests are aborted rather than
-    // generated for nobody, and nothing more is sent to it. The first failure is logged;
-    // the outputs dropped after it are counted.
-    let mut failed: Vec<u64> = vec![0; outputs.len()];
+) {
     while let Some(item) = rx.recv().await {
         match item {
-            Outbound::Outputs {
-                client,
-                outputs: env,
-            } => {
-                let frames = match encode_outputs(line, &env) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        // An engine that cannot speak its line is broken: fail loudly.
-                        tracing::error!("cannot encode an output for vLLM {line}: {e}");
-                        send_dead(&mut outputs).await;
-                        return Err(anyhow::anyhow!("encoding failed: {e}"));
-                    }
-                };
-                let Some(sock) = outputs.get_mut(client as usize) else {
-                    tracing::error!(
-                        client,
-                        clients = outputs.len(),
-                        "dropping an output for an unknown client index"
-                    );
-                    continue;
-                };
-                let fails = &mut failed[client as usize];
-                if *fails > 0 {
-                    *fails += 1;
-                    abort_for_gone_client(&side, client, &env);
-                    continue;
-                }
-                let msg =
-                    ZmqMessage::try_from(frames).map_err(|_| anyhow::anyhow!("empty message"))?;
-                if let Err(e) = sock.send(msg).await {
-                    tracing::warn!(
-                        client,
-                        "output socket send failed (frontend gone?): {e}; aborting this \
-                         client's requests and sending it nothing more"
-                    );
-                    *fails = 1;
-                    abort_for_gone_client(&side, client, &env);
-                }
-            }
-            Outbound::Dead => {
-                send_dead(&mut outputs).await;
-            }
             Outbound::Pull(p) => {
                 tokio::spawn(crate::play::pd::side_channel::pull(
                     p,
@@ -377,147 +337,8 @@ async fn output_task<S: SocketSend>(
                     let _ = side.send(ready);
                 });
             }
+            // the engine thread's outlet writes these itself
+            Outbound::Outputs { .. } | Outbound::Dead => {}
         }
-    }
-    for (client, n) in failed.iter().enumerate().filter(|(_, n)| **n > 1) {
-        tracing::warn!(client, "{n} outputs could not be sent to this client");
-    }
-    Ok(())
-}
-
-/// Abort the unfinished requests of an envelope meant for a client that is gone, through
-/// the engine's own input path (as the frontend's abort would come). Every request of the
-/// client is in such an envelope at its next step with output: running ones at once,
-/// waiting ones when they are scheduled (they produce their first token, then stop).
-fn abort_for_gone_client(
-    side: &mpsc::UnboundedSender<EngineInput>,
-    client: u32,
-    env: &sim_protocol::EngineCoreOutputs,
-) {
-    let ids: Vec<String> = env
-        .outputs
-        .iter()
-        .filter(|o| o.finish_reason.is_none())
-        .map(|o| o.request_id.to_string())
-        .collect();
-    if ids.is_empty() {
-        return;
-    }
-    tracing::info!(
-        client,
-        aborted = ids.len(),
-        "aborting the requests of a client that is gone"
-    );
-    let _ = side.send(EngineInput::Message {
-        client,
-        msg: sim_protocol::InputMessage::Abort(ids),
-    });
-}
-
-async fn send_dead<S: SocketSend>(outputs: &mut [S]) {
-    tracing::error!("sending ENGINE_CORE_DEAD to the frontend");
-    for sock in outputs.iter_mut() {
-        let _ = sock
-            .send(ZmqMessage::from(Bytes::from_static(ENGINE_CORE_DEAD)))
-            .await;
-    }
-    // zeromq has no linger: give the frames a moment to leave before the sockets drop.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use sim_protocol::EngineCoreOutputs;
-    use zeromq::{PullSocket, PushSocket, Socket};
-
-    /// A client whose output socket fails is gone: the unfinished requests of that
-    /// envelope, and of every later one for it, come back to the engine as the frontend's
-    /// abort would, and nothing more is sent to it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_client_whose_send_fails_has_its_requests_aborted() {
-        use sim_protocol::{EngineCoreOutput, FinishReason, InputMessage};
-        // a PUSH socket with no peer: every send fails
-        let push = PushSocket::new();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (side, mut side_rx) = mpsc::unbounded_channel();
-        let plane = std::sync::Arc::new(crate::play::pd::data_plane::NoopDataPlane);
-        let task = tokio::spawn(output_task(
-            VllmLine::new(0, 33),
-            vec![push],
-            rx,
-            side,
-            plane,
-        ));
-        let out = |id: &str, finish: Option<FinishReason>| EngineCoreOutput {
-            request_id: id.into(),
-            new_token_ids: vec![7].into(),
-            finish_reason: finish,
-            ..Default::default()
-        };
-        let envelope = |outputs: Vec<EngineCoreOutput>| Outbound::Outputs {
-            client: 0,
-            outputs: EngineCoreOutputs {
-                timestamp: 1.0,
-                outputs,
-                ..Default::default()
-            },
-        };
-        tx.send(envelope(vec![
-            out("a", None),
-            out("b", Some(FinishReason::Length)),
-        ]))
-        .unwrap();
-        tx.send(envelope(vec![out("c", None)])).unwrap();
-        drop(tx);
-        task.await.unwrap().unwrap();
-        let mut aborted = Vec::new();
-        while let Ok(input) = side_rx.try_recv() {
-            match input {
-                EngineInput::Message {
-                    client: 0,
-                    msg: InputMessage::Abort(ids),
-                } => aborted.push(ids),
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        // the finished request is not aborted; the later one is
-        assert_eq!(aborted, vec![vec!["a".to_string()], vec!["c".to_string()]]);
-    }
-
-    /// A fatal error reaches the frontend as the raw ENGINE_CORE_DEAD frame, after the
-    /// outputs queued before it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn dead_sentinel_follows_queued_outputs() {
-        let mut pull = PullSocket::new();
-        let ep = pull.bind("tcp://127.0.0.1:0").await.unwrap();
-        let mut push = PushSocket::new();
-        push.connect(&ep.to_string()).await.unwrap();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (side, _side_rx) = mpsc::unbounded_channel();
-        let plane = std::sync::Arc::new(crate::play::pd::data_plane::NoopDataPlane);
-        let task = tokio::spawn(output_task(
-            VllmLine::new(0, 33),
-            vec![push],
-            rx,
-            side,
-            plane,
-        ));
-        tx.send(Outbound::Outputs {
-            client: 0,
-            outputs: EngineCoreOutputs {
-                timestamp: 1.0,
-                finished_requests: Some(vec!["x".into()]),
-                ..Default::default()
-            },
-        })
-        .unwrap();
-        tx.send(Outbound::Dead).unwrap();
-        drop(tx);
-        let first = pull.recv().await.unwrap().into_vec();
-        assert_ne!(first[0].as_ref(), ENGINE_CORE_DEAD);
-        let second = pull.recv().await.unwrap().into_vec();
-        assert_eq!(second, vec![Bytes::from_static(ENGINE_CORE_DEAD)]);
-        task.await.unwrap().unwrap();
     }
 }

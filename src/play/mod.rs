@@ -13,6 +13,7 @@ pub mod content;
 pub mod engine;
 pub mod engine_args;
 pub mod io;
+mod outlet;
 pub mod pd;
 
 use anyhow::{Context, Result};

@@ -6,6 +6,7 @@
 //! - [`ready`]: the engine's ready response and the handshake maps;
 //! - [`transport`]: sockets and the handshake, engine side and frontend side;
 //! - [`zmtp`]: ZMTP framing of our own (greeting, READY, frame headers);
+//! - [`push`]: the engine's output sockets on that framing, written from the engine thread;
 //! - [`listener`]: sockets that accept peers we do not control, each peer bounded.
 //!
 //! No simulation lives here.
@@ -15,6 +16,7 @@ pub mod encode;
 pub mod kv_events;
 pub mod line;
 pub mod listener;
+pub mod push;
 pub mod ready;
 pub mod transport;
 pub mod types;

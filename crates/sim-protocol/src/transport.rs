@@ -99,10 +99,11 @@ pub struct CoordinatorSockets {
 }
 
 /// What an engine holds after the handshake: one input DEALER and one output PUSH per
-/// frontend client (index = `client_index`).
-pub struct EngineSockets {
+/// frontend client (index = `client_index`); the PUSH is the zeromq crate's, or our own
+/// ([`crate::push::connect_to_frontend_direct`]).
+pub struct EngineSockets<O = PushSocket> {
     pub inputs: Vec<DealerSocket>,
-    pub outputs: Vec<PushSocket>,
+    pub outputs: Vec<O>,
     pub init: HandshakeInit,
     pub coordinator: Option<CoordinatorSockets>,
 }
@@ -329,6 +330,29 @@ pub async fn connect_to_frontend(
     ready: &ReadyResponse,
     opts: &ConnectOptions,
 ) -> Result<EngineSockets, TransportError> {
+    connect_engine(
+        handshake_address,
+        rank,
+        ready,
+        opts,
+        async |output, opts| {
+            let mut push = PushSocket::with_options(socket_options(None)?);
+            let what = "frontend's output socket";
+            connect_retrying(&mut push, &output, opts.connect_timeout, what, false).await?;
+            Ok(push)
+        },
+    )
+    .await
+}
+
+/// [`connect_to_frontend`] with each output socket connected by `connect_output`.
+pub(crate) async fn connect_engine<O>(
+    handshake_address: &str,
+    rank: u16,
+    ready: &ReadyResponse,
+    opts: &ConnectOptions,
+    connect_output: impl AsyncFn(String, ConnectOptions) -> Result<O, TransportError>,
+) -> Result<EngineSockets<O>, TransportError> {
     let address = connect_address(handshake_address)?;
     let identity = rank_identity(rank);
 
@@ -387,16 +411,7 @@ pub async fn connect_to_frontend(
         inputs.push(dealer);
 
         let output = connect_address(output)?;
-        let mut push = PushSocket::with_options(socket_options(None)?);
-        connect_retrying(
-            &mut push,
-            &output,
-            opts.connect_timeout,
-            "frontend's output socket",
-            false,
-        )
-        .await?;
-        outputs.push(push);
+        outputs.push(connect_output(output.clone(), *opts).await?);
         tracing::debug!(rank, client = i, %input, %output, "data sockets connected");
     }
 

@@ -103,6 +103,36 @@ impl Outbox {
     }
 }
 
+/// Where the loop hands what the engine wants sent. The live engine's outlet encodes and
+/// writes the outputs on the loop's own thread ([`crate::play::outlet`]); a channel serves
+/// the tests.
+pub trait Outlet {
+    /// Take one item; `false` when the output side is broken and the loop must stop.
+    fn deliver(&mut self, item: Outbound) -> bool;
+    /// Some output waits for a peer to read: the loop also waits on [`Self::drain`].
+    fn backlogged(&self) -> bool {
+        false
+    }
+    /// A peer's backlog is past its bound: the loop waits on [`Self::drain`] before it
+    /// steps again (a ZMQ PUSH at its high-water mark blocks its sender alike).
+    fn over_bound(&self) -> bool {
+        false
+    }
+    /// `true`: the next step is due at once, so hold what is delivered to send it with
+    /// that step's (one write for a burst of back-to-back steps); `false`: send it now.
+    fn hold(&mut self, _on: bool) {}
+    /// Write some of the backlog once a peer can take it. Cancel-safe.
+    fn drain(&mut self) -> impl std::future::Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+impl Outlet for mpsc::UnboundedSender<Outbound> {
+    fn deliver(&mut self, item: Outbound) -> bool {
+        self.send(item).is_ok()
+    }
+}
+
 /// The engine side of the loop.
 pub trait EngineCore {
     /// A message (or an undecodable frame) from the frontend.
@@ -143,10 +173,10 @@ pub struct LoopControl {
 }
 
 /// Drive `engine` until shutdown or until the frontend goes away.
-pub async fn run_loop<E: EngineCore>(
+pub async fn run_loop<E: EngineCore, O: Outlet>(
     engine: &mut E,
     inputs: &mut mpsc::UnboundedReceiver<EngineInput>,
-    outputs: &mpsc::UnboundedSender<Outbound>,
+    outputs: &mut O,
     mut ctl: LoopControl,
 ) -> LoopExit {
     let mut timer = match PreciseTimer::new() {
@@ -165,7 +195,7 @@ pub async fn run_loop<E: EngineCore>(
     }
     loop {
         if drain_until.is_some() && engine.is_idle() {
-            if !flush(&mut out, outputs) {
+            if !flush(&mut out, outputs).await {
                 return LoopExit::OutputsClosed;
             }
             return LoopExit::Drained;
@@ -182,7 +212,7 @@ pub async fn run_loop<E: EngineCore>(
                     engine.on_input(m, now, &mut out);
                 }
                 None => {
-                    flush(&mut out, outputs);
+                    flush(&mut out, outputs).await;
                     return LoopExit::InputsClosed;
                 }
             },
@@ -203,17 +233,22 @@ pub async fn run_loop<E: EngineCore>(
                 let now = Instant::now();
                 if drain_until.is_some_and(|d| now >= d) {
                     engine.abort_all(now, &mut out);
-                    if !flush(&mut out, outputs) {
+                    if !flush(&mut out, outputs).await {
                         return LoopExit::OutputsClosed;
                     }
                     return LoopExit::DrainTimedOut;
                 }
                 engine.on_deadline(now, &mut out);
             }
+            () = outputs.drain(), if outputs.backlogged() => {}
         }
-        if !flush(&mut out, outputs) {
+        if !flush(&mut out, outputs).await {
             return LoopExit::OutputsClosed;
         }
+        // Outputs of steps that run back to back (an engine with no latency, or one catching
+        // up) leave together once the loop is about to wait; a paced step's leave at once.
+        let due = engine.next_deadline().is_some_and(|d| d <= Instant::now());
+        outputs.hold(due);
     }
 }
 
@@ -254,11 +289,16 @@ async fn sleep_until(timer: &mut Option<PreciseTimer>, deadline: Option<Instant>
     }
 }
 
-fn flush(out: &mut Outbox, outputs: &mpsc::UnboundedSender<Outbound>) -> bool {
+/// Hand over what the engine wants sent; while a peer's backlog is past its bound, wait
+/// for it before the next step.
+async fn flush<O: Outlet>(out: &mut Outbox, outputs: &mut O) -> bool {
     for item in out.items.drain(..) {
-        if outputs.send(item).is_err() {
+        if !outputs.deliver(item) {
             return false;
         }
+    }
+    while outputs.over_bound() {
+        outputs.drain().await;
     }
     true
 }
@@ -379,7 +419,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn paces_tokens_and_drains_on_shutdown() {
         let (in_tx, mut in_rx) = mpsc::unbounded_channel();
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+        let (mut out_tx, mut out_rx) = mpsc::unbounded_channel();
         let (sd_tx, sd_rx) = watch::channel(false);
         let mut engine = ConstantEngine {
             n: 3,
@@ -393,7 +433,7 @@ mod tests {
             run_loop(
                 &mut engine,
                 &mut in_rx,
-                &out_tx,
+                &mut out_tx,
                 LoopControl {
                     shutdown: sd_rx,
                     side: None,
@@ -416,7 +456,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn drain_timeout_aborts_the_rest() {
         let (in_tx, mut in_rx) = mpsc::unbounded_channel();
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+        let (mut out_tx, mut out_rx) = mpsc::unbounded_channel();
         let (sd_tx, sd_rx) = watch::channel(false);
         let mut engine = ConstantEngine {
             n: 1000,
@@ -429,7 +469,7 @@ mod tests {
             run_loop(
                 &mut engine,
                 &mut in_rx,
-                &out_tx,
+                &mut out_tx,
                 LoopControl {
                     shutdown: sd_rx,
                     side: None,
@@ -449,7 +489,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn closed_inputs_end_the_loop() {
         let (in_tx, mut in_rx) = mpsc::unbounded_channel::<EngineInput>();
-        let (out_tx, _out_rx) = mpsc::unbounded_channel();
+        let (mut out_tx, _out_rx) = mpsc::unbounded_channel();
         let (_sd_tx, sd_rx) = watch::channel(false);
         let mut engine = ConstantEngine {
             n: 1,
@@ -461,7 +501,7 @@ mod tests {
         let exit = run_loop(
             &mut engine,
             &mut in_rx,
-            &out_tx,
+            &mut out_tx,
             LoopControl {
                 shutdown: sd_rx,
                 side: None,
@@ -470,5 +510,57 @@ mod tests {
         )
         .await;
         assert_eq!(exit, LoopExit::InputsClosed);
+    }
+
+    /// What the loop asks of its outlet, in order: `o` an output, `h` hold, `s` send now.
+    #[derive(Default)]
+    struct Recorder(String);
+
+    impl Outlet for Recorder {
+        fn deliver(&mut self, _: Outbound) -> bool {
+            self.0.push('o');
+            true
+        }
+        fn hold(&mut self, on: bool) {
+            self.0.push(if on { 'h' } else { 's' });
+        }
+    }
+
+    async fn record(gap: Duration) -> String {
+        let (_in_tx, mut in_rx) = mpsc::unbounded_channel();
+        let (_sd_tx, sd_rx) = watch::channel(true);
+        let mut engine = ConstantEngine {
+            n: 4,
+            gap,
+            live: vec![("a".into(), 0, 0, Instant::now())],
+            draining: false,
+        };
+        let mut rec = Recorder::default();
+        let ctl = LoopControl {
+            shutdown: sd_rx,
+            side: None,
+            shutdown_timeout: Duration::from_secs(5),
+        };
+        let exit = run_loop(&mut engine, &mut in_rx, &mut rec, ctl).await;
+        assert_eq!(exit, LoopExit::Drained);
+        rec.0
+    }
+
+    /// Steps that are due back to back hold their outputs for one write, released once
+    /// the loop is about to wait; a paced step's output is released at once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn back_to_back_steps_are_held_and_paced_ones_sent_at_once() {
+        let burst = record(Duration::ZERO).await;
+        let outputs: String = burst.chars().filter(|c| *c == 'o').collect();
+        assert_eq!(outputs, "oooo", "{burst}");
+        let first_send = burst.find('s').expect("released at the end");
+        assert!(
+            burst[..first_send].matches('o').count() == 4,
+            "every output of the burst held until it ends: {burst}"
+        );
+        // the next step 100 ms away: the output leaves before the loop waits for it
+        let paced = record(Duration::from_millis(100)).await;
+        assert!(paced.starts_with("os"), "{paced}");
+        assert!(paced.ends_with('s'), "{paced}");
     }
 }

@@ -52,6 +52,40 @@ impl OutputEncoder {
     }
 
     pub fn encode(&mut self, out: &EngineCoreOutputs) -> Result<Vec<Bytes>, EncodeError> {
+        let mut buf = Vec::with_capacity(self.estimate(out));
+        let aux = self.encode_into(out, &mut buf)?;
+        let mut frames = Vec::with_capacity(1 + aux.len());
+        frames.push(Bytes::from(buf));
+        frames.extend(aux);
+        Ok(frames)
+    }
+
+    /// Append the payload frame to `buf` (a sender's reused buffer, e.g. after the ZMTP
+    /// frame header it will fill in) and return the aux frames, usually none.
+    pub fn encode_into(
+        &mut self,
+        out: &EngineCoreOutputs,
+        buf: &mut Vec<u8>,
+    ) -> Result<Vec<Bytes>, EncodeError> {
+        let start = buf.len();
+        buf.reserve(self.estimate(out));
+        let mut w = Writer {
+            buf: std::mem::take(buf),
+            aux: Vec::new(),
+            threshold: self.opts.inline_threshold,
+            overflow: None,
+        };
+        let written = write_envelope(&mut w, self.line, out);
+        *buf = w.buf;
+        written?;
+        if let Some(n) = w.overflow {
+            return Err(EncodeError::TooLong(n));
+        }
+        self.size_hint = buf.len() - start;
+        Ok(w.aux)
+    }
+
+    fn estimate(&self, out: &EngineCoreOutputs) -> usize {
         let estimate = 32
             + out
                 .outputs
@@ -63,16 +97,7 @@ impl OutputEncoder {
             } else {
                 0
             };
-        let mut w = Writer::new(
-            estimate.max(self.size_hint.min(1 << 20)),
-            self.opts.inline_threshold,
-        );
-        write_envelope(&mut w, self.line, out)?;
-        if let Some(n) = w.overflow {
-            return Err(EncodeError::TooLong(n));
-        }
-        self.size_hint = w.buf.len();
-        Ok(w.into_frames())
+        estimate.max(self.size_hint.min(1 << 20))
     }
 }
 
