@@ -86,6 +86,8 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
                         "--bench",
                         "perfetto",
                         "--bench",
+                        "inspect",
+                        "--bench",
                         "replay",
                         "--bench",
                         "fit",
