@@ -82,12 +82,13 @@ fn assert_call(name: &str, arguments: &str, label: &str) {
 }
 
 /// `content` beside tool calls: absent, or prose (under `required` the frontends' tags let
-/// text follow the calls), with no markup of the format left in it.
+/// text follow the calls), with no markup of the format left in it: no brackets, braces,
+/// tags or pipes (the prose's own punctuation includes quotes: `" slowly` was seen).
 fn assert_no_markup(content: &Value, label: &str) {
     let text = content.as_str().unwrap_or("");
     assert!(
         text.chars()
-            .all(|c| c.is_alphanumeric() || c.is_whitespace() || ",.;:!?'-".contains(c)),
+            .all(|c| c.is_alphanumeric() || c.is_whitespace() || ",.;:!?'\"-".contains(c)),
         "{label}: markup in the content beside the calls: {content}"
     );
 }

@@ -110,6 +110,9 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
                 // the real CPU engine with NIXL, the vLLM peer of the real-peer legs
                 let peer = crate::fetch::fetch_nixl_peer(&cache)?;
                 eprintln!("  NIXL for the real CPU engine: {}", peer.display());
+                // the Python frontend that shows a decode engine's reads as vllm:nixl_*
+                let frontend = crate::fetch::fetch_python(&cache, "vllm", "0.33.0")?;
+                eprintln!("  the Python frontend: {}", frontend.display());
                 // and its bench (a few 64 MiB READs) once
                 cargo(
                     root,
