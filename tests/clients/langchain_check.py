@@ -46,12 +46,12 @@ class Forecast(BaseModel):
     sky: Literal["sunny", "cloudy", "rain"]
 
 
-def chat(**kwargs):
+def chat(max_tokens=120, **kwargs):
     return ChatOpenAI(
         model=MODEL,
         base_url=BASE,
         api_key="none",
-        max_tokens=120,
+        max_tokens=max_tokens,
         timeout=120,
         max_retries=0,
         **kwargs,
@@ -102,8 +102,20 @@ def run():
         ("json_mode", Forecast.model_json_schema(), dict),
     ):
         try:
-            out = chat().with_structured_output(schema, method=method).invoke(prompt)
-            check(f"with_structured_output({method})", isinstance(out, want), repr(out))
+            # room for the whole object: a string the schema leaves unbounded can run long,
+            # and an object cut at max_tokens is no object (LangChain then returns None)
+            out = (
+                chat(max_tokens=1000)
+                .with_structured_output(schema, method=method, include_raw=True)
+                .invoke(prompt)
+            )
+            raw = out["raw"]
+            check(
+                f"with_structured_output({method})",
+                isinstance(out["parsed"], want) and out["parsing_error"] is None,
+                f"{out['parsed']!r} (finish {raw.response_metadata.get('finish_reason')}, "
+                f"error {out['parsing_error']!r}, raw {raw.content!r} {raw.tool_calls!r})",
+            )
         except Exception as e:  # noqa: BLE001 - every failure is reported as a check
             check(f"with_structured_output({method})", False, f"{type(e).__name__}: {e}")
 
