@@ -2,7 +2,6 @@
 //! Perfetto export, each driven through the binary.
 
 mod calibrate;
-mod calibrate_e2e;
 mod compare;
 mod convert;
 mod convert_tools;
