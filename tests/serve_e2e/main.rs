@@ -455,6 +455,26 @@ fn a_prompt_longer_than_the_kv_cache_is_refused_at_once_not_left_waiting() {
 
 /// A venv of the cache (installed by `cargo xtask fetch --python --cpu-engine`, which CI's
 /// fetch stage runs): a test that needs it fails, it does not skip.
+/// vLLM's Python frontend from a venv of the cache, as `serve`'s flags.
+struct PythonFrontend(String);
+
+impl PythonFrontend {
+    /// `package==version`'s venv ([`cached_venv`]).
+    fn of(package: &str, version: &str) -> Self {
+        Self(cached_venv(package, version).display().to_string())
+    }
+
+    /// `--frontend python --python-venv VENV`.
+    fn args(&self) -> [&str; 4] {
+        ["--frontend", "python", "--python-venv", &self.0]
+    }
+
+    /// [`Self::args`] followed by `more`.
+    fn with<'a>(&'a self, more: &[&'a str]) -> Vec<&'a str> {
+        self.args().iter().chain(more).copied().collect()
+    }
+}
+
 fn cached_venv(package: &str, version: &str) -> PathBuf {
     let cache = vllm_vcr::frontends::cache_root().unwrap();
     let venv = vllm_vcr::frontends::python_venv(&cache, package, version);

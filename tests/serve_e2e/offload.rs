@@ -41,13 +41,7 @@ fn vllm_rs_counts_offload_tier_hits_as_external_prefix_cache_hits() {
 
 #[test]
 fn the_python_frontend_counts_offload_tier_hits_as_external_prefix_cache_hits() {
-    let venv = cached_venv("vllm", "0.33.0");
-    external_hits_in_metrics(&[
-        "--frontend",
-        "python",
-        "--python-venv",
-        venv.to_str().unwrap(),
-    ]);
+    external_hits_in_metrics(&PythonFrontend::of("vllm", "0.33.0").args());
 }
 
 /// Three prompts through 11 device blocks and a 64-block tier, then the first again: the
@@ -88,8 +82,8 @@ fn external_hits_in_metrics(frontend: &[&str]) {
 /// `vllm:kv_offload_*`.
 #[test]
 fn the_python_frontend_with_the_offloading_connector_counts_the_tiers_transfers() {
-    let venv = cached_venv("vllm", "0.33.0");
-    let mut serve = Serve::start(&[
+    let python = PythonFrontend::of("vllm", "0.33.0");
+    let mut serve = Serve::start(&python.with(&[
         "--num-gpu-blocks",
         "12",
         "--block-size",
@@ -99,14 +93,10 @@ fn the_python_frontend_with_the_offloading_connector_counts_the_tiers_transfers(
         "--kv-block-bytes",
         "1000000",
         "--kv-offload-connector-stats",
-        "--frontend",
-        "python",
-        "--python-venv",
-        venv.to_str().unwrap(),
         "--",
         "--kv-transfer-config",
         r#"{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"cpu_bytes_to_use":64000000}}"#,
-    ]);
+    ]));
     let (_, frontend_pid) = serve.wait_ready();
     let (a, b, c) = (prompt(0), prompt(80), prompt(160));
     for p in [&a, &b, &c, &a] {

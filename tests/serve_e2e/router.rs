@@ -54,13 +54,9 @@ fn prefix_aware_keeps_each_shared_prefix_on_one_engine_through_vllm_rs() {
 
 #[test]
 fn prefix_aware_keeps_each_shared_prefix_on_one_engine_through_the_python_frontend() {
-    let venv = cached_venv("vllm", "0.33.0");
-    prefix_aware_keeps_each_shared_prefix_on_one_engine(&[
-        "--frontend",
-        "python",
-        "--python-venv",
-        venv.to_str().unwrap(),
-    ]);
+    prefix_aware_keeps_each_shared_prefix_on_one_engine(
+        &PythonFrontend::of("vllm", "0.33.0").args(),
+    );
 }
 
 /// Requests with one of two long shared prefixes, the first of each overlapping: each
