@@ -13,7 +13,36 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// Accept connections on `listener` until `shutdown` changes, each handled by `handle` on
+/// a task of its own; a connection that fails is logged under the proxy's name `who`.
+pub(crate) async fn serve_connections<F, Fut>(
+    who: &'static str,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+    handle: F,
+) -> Result<()>
+where
+    F: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return Ok(()),
+            accepted = listener.accept() => {
+                let (conn, peer) = accepted.with_context(|| format!("{who}: accept"))?;
+                let work = handle(conn, peer);
+                tokio::spawn(async move {
+                    if let Err(e) = work.await {
+                        tracing::warn!(%peer, "{who}: {e:#}");
+                    }
+                });
+            }
+        }
+    }
+}
 
 /// The limits a client's request is read under.
 #[derive(Debug, Clone, Copy)]

@@ -28,6 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::http_proxy::{
     Limits, encode_request, exchange, read_request, refuse, relay, respond, respond_raw,
+    serve_connections,
 };
 use tokio::sync::watch;
 
@@ -77,7 +78,7 @@ fn authority(base: &str, flag: &str) -> Result<String> {
     Ok(auth.to_string())
 }
 
-pub async fn run(args: PdProxyArgs, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+pub async fn run(args: PdProxyArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
     let prefill = authority(&args.prefill, "--prefill")?;
     let decode = authority(&args.decode, "--decode")?;
     let listener = TcpListener::bind((args.host.as_str(), args.port))
@@ -94,20 +95,11 @@ pub async fn run(args: PdProxyArgs, mut shutdown: watch::Receiver<bool>) -> Resu
         args.host,
         args.port
     );
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => return Ok(()),
-            accepted = listener.accept() => {
-                let (conn, peer) = accepted.context("pd-proxy: accept")?;
-                let (p, d) = (prefill.clone(), decode.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = handle(conn, peer, &p, &d, timeout, limits).await {
-                        tracing::warn!(%peer, "pd-proxy: {e:#}");
-                    }
-                });
-            }
-        }
-    }
+    serve_connections("pd-proxy", listener, shutdown, |conn, peer| {
+        let (p, d) = (prefill.clone(), decode.clone());
+        async move { handle(conn, peer, &p, &d, timeout, limits).await }
+    })
+    .await
 }
 
 async fn handle(

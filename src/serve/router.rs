@@ -22,13 +22,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::ValueEnum;
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::http_proxy::{Limits, encode_request, read_request, refuse, relay};
+use crate::http_proxy::{Limits, encode_request, read_request, refuse, relay, serve_connections};
 
 /// Characters per prefix block of a prompt's text (about 16 tokens of English).
 pub const BLOCK_CHARS: usize = 64;
@@ -209,23 +209,14 @@ pub(crate) async fn run(
     router: Router,
     limits: Limits,
     timeout: Duration,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
     let router = Arc::new(Mutex::new(router));
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => return Ok(()),
-            accepted = listener.accept() => {
-                let (conn, peer) = accepted.context("router: accept")?;
-                let (router, frontend) = (router.clone(), frontend.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = handle(conn, peer, &frontend, &router, limits, timeout).await {
-                        tracing::warn!(%peer, "router: {e:#}");
-                    }
-                });
-            }
-        }
-    }
+    serve_connections(limits.who, listener, shutdown, |conn, peer| {
+        let (router, frontend) = (router.clone(), frontend.clone());
+        async move { handle(conn, peer, &frontend, &router, limits, timeout).await }
+    })
+    .await
 }
 
 async fn handle(

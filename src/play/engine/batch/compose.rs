@@ -250,6 +250,12 @@ impl Batch {
                 let total = r.tokens.len() as u64;
                 let first_admission = r.num_computed == 0;
                 let remote = first_admission && r.remote_prefill && !r.started;
+                // the offload tier is asked what a new, locally computed prompt's device
+                // hit leaves (vLLM's offloading connector)
+                let asks_tier = self.offload.is_some()
+                    && first_admission
+                    && rules.enable_prefix_caching
+                    && !remote;
                 let bs = self.block_size as usize;
                 // prefix-cache lookup: whole blocks, leaving at least one token to compute
                 let mut hits: Vec<usize> = Vec::new();
@@ -266,9 +272,7 @@ impl Batch {
                 // loaded (vLLM's offloading connector's `get_num_new_matched_tokens`); every
                 // full block of the prompt can hit, the last one too
                 let mut from_tier: Vec<BlockHash> = Vec::new();
-                if first_admission
-                    && rules.enable_prefix_caching
-                    && !remote
+                if asks_tier
                     && let Some(t) = &self.offload
                     && let Some(r) = self.requests.get_mut(id)
                 {
@@ -341,11 +345,7 @@ impl Batch {
                         loras.insert(l);
                     }
                 }
-                if let Some(t) = &mut self.offload
-                    && first_admission
-                    && rules.enable_prefix_caching
-                    && !remote
-                {
+                if asks_tier && let Some(t) = &mut self.offload {
                     // the connector is asked for what the device cache did not hold
                     let key = self.requests.get(id).map_or(0, |r| r.key);
                     let queried = total - (hits.len() * bs) as u64;
