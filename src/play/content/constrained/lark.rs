@@ -61,15 +61,29 @@ pub(super) fn lark_seq(parts: &[&str]) -> String {
 pub(super) fn lark_regex(rx: &str) -> String {
     let mut out = String::with_capacity(rx.len() + 2);
     let mut chars = rx.chars();
+    // `\d` is an ASCII digit, as xgrammar reads it and a model writes one: llguidance's
+    // `\d` takes any Unicode digit, and a call index written `0５` is no index to a parser
+    let mut in_class = false;
     while let Some(c) = chars.next() {
         match c {
-            '\\' => {
-                out.push('\\');
-                match chars.next() {
-                    Some('\n') => out.push('n'),
-                    Some(e) => out.push(e),
-                    None => out.push('\\'),
+            '\\' => match chars.next() {
+                Some('d') if in_class => out.push_str("0-9"),
+                Some('d') => out.push_str("[0-9]"),
+                Some('D') if !in_class => out.push_str("[^0-9]"),
+                Some('\n') => out.push_str("\\n"),
+                Some(e) => {
+                    out.push('\\');
+                    out.push(e);
                 }
+                None => out.push_str("\\\\"),
+            },
+            '[' => {
+                in_class = true;
+                out.push(c);
+            }
+            ']' => {
+                in_class = false;
+                out.push(c);
             }
             '/' => out.push_str("\\/"),
             '\n' => out.push_str("\\n"),

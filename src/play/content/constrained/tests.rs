@@ -641,3 +641,11 @@ fn xml_styled_arguments_of_a_required_call_are_spelled_per_parameter() {
         );
     }
 }
+
+#[test]
+fn a_frontends_digit_class_takes_ascii_digits_only() {
+    use super::lark::lark_regex;
+    assert_eq!(lark_regex(r"\d+:[\d_]\D"), "[0-9]+:[0-9_][^0-9]");
+    // everything else passes through as before
+    assert_eq!(lark_regex("a/b\\w\n"), "a\\/b\\w\\n");
+}
