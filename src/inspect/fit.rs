@@ -179,6 +179,7 @@ fn report(m: &FittedModel, output: &Path, bytes: usize, secs: f64) -> String {
         (l.per_prefill_depth_ms, "Σ (d1² − d0²)/2"),
         (l.after_prefill_ms, "Σ γ^k"),
         (l.per_after_prefill_token_ms, "Σ P·γ^k"),
+        (l.new_shape_ms, "[new step size]"),
     ] {
         if c != 0.0 {
             law += &format!(" + {c}·{what}");

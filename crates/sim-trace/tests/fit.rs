@@ -209,6 +209,29 @@ fn linear_synth() -> Synth {
     }
 }
 
+/// A step of a size (prefilled tokens plus decodes) the engine has not run before costs
+/// 3 ms more: varied prompts run many sizes, and the fit finds the cost — not a fixed
+/// cost on every prefill step. (Unchunked: a capture reports a chunked prompt's tokens
+/// when its prefill completes, so the sizes of chunk steps are not in it.)
+#[test]
+fn the_cost_of_a_step_size_never_run_before_is_recovered() {
+    let s = Synth {
+        new_size_ms: 3.0,
+        budget: 4096,
+        ..linear_synth()
+    };
+    let (trace, steps) = (tmp("new-size.jsonl.gz"), tmp("new-size-steps.jsonl.gz"));
+    s.write(&trace, Some(&steps));
+    let model = fit(&[FitInput {
+        trace,
+        steps: Some(steps),
+    }])
+    .unwrap();
+    assert_recovers(&model, &s, 0.05);
+    within("new_shape_ms", model.law.new_shape_ms, 3.0, 0.15);
+    assert!(model.law.prefill_step_ms.abs() < 0.5, "{:?}", model.law);
+}
+
 fn assert_recovers(model: &FittedModel, s: &Synth, tol: f64) {
     let l = &model.law;
 

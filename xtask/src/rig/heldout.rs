@@ -47,8 +47,10 @@ pub struct Row {
     pub host_speed: Option<f64>,
     /// Δ % against the leave-one-shape-out model (held-out workloads only).
     pub loo_delta: [[Option<f64>; 3]; 3],
-    /// The workload's own repeat distance, %.
+    /// The workload's own repeat distance, %, at one host speed ([`at_one_speed`]).
     pub noise: [[Option<f64>; 3]; 3],
+    /// The host speed of the workload's seed-0 capture and of its repeat.
+    pub repeat_speeds: Option<(Option<f64>, Option<f64>)>,
     /// `calibrate`'s `steps` section against the suite's model.
     pub steps: Value,
 }
@@ -64,6 +66,23 @@ impl Row {
 /// The tolerance of a cell: max(the floor, the repeat distance).
 pub fn tolerance(noise: Option<f64>, q: usize) -> f64 {
     noise.map_or(FLOOR[q], |n| n.abs().max(FLOOR[q]))
+}
+
+/// A repeat distance with the host's drift between the two captures taken out: each
+/// capture's latencies divided by its host speed against the suite's model (the median of
+/// its step durations over the law), as the speed-matched cells are judged. On a host
+/// whose speed moves by tens of percent within an hour (corpus v2's), the raw distance
+/// measures the host; this one measures how far the engine repeats a workload's shape.
+/// Latencies scale with step durations exactly in a closed loop, approximately in an
+/// open one (queueing grows faster than the steps).
+fn at_one_speed(
+    raw: [[Option<f64>; 3]; 3],
+    speeds: (Option<f64>, Option<f64>),
+) -> [[Option<f64>; 3]; 3] {
+    let (Some(a), Some(b)) = speeds else {
+        return raw;
+    };
+    raw.map(|m| m.map(|d| d.map(|d| ((1.0 + d / 100.0) * a / b - 1.0) * 100.0)))
 }
 
 fn pooled(v: &Value, path: &dyn Fn(&Value, &str) -> Value) -> [[Option<f64>; 3]; 3] {
@@ -177,12 +196,19 @@ pub fn evaluate(engine: &Path, dir: &Path, work: &Path, plots: Option<&Path>) ->
                     .arg(dir.join(&rep.file))
                     .arg("--json");
                 let c = json_of(&mut cmd, "inspect compare")?;
-                pooled(all_cohort(&c), &|c, k| {
+                let raw = pooled(all_cohort(&c), &|c, k| {
                     c["traces"][1][k]["delta_pct"].clone()
-                })
+                });
+                let speed = |e: &Entry| -> Result<Option<f64>> {
+                    let v = calibrate(engine, dir, e, &suite_model, true, None)?;
+                    Ok(v["host_speed"]["factor"].as_f64())
+                };
+                let speeds = (speed(fit_e)?, speed(rep)?);
+                (at_one_speed(raw, speeds), Some(speeds))
             }
-            None => [[None; 3]; 3],
+            None => ([[None; 3]; 3], None),
         };
+        let (noise, repeat_speeds) = noise;
         eprintln!("heldout: {}", w.name);
         rows.push(Row {
             workload: w.name.to_string(),
@@ -193,6 +219,7 @@ pub fn evaluate(engine: &Path, dir: &Path, work: &Path, plots: Option<&Path>) ->
             host_speed: v["host_speed"]["factor"].as_f64(),
             loo_delta,
             noise,
+            repeat_speeds,
             steps: v["steps"].clone(),
         });
     }
@@ -216,10 +243,12 @@ pub fn render(rows: &[Row], heatmap: &str, step_figures: &dyn Fn(&str) -> Vec<St
          pooled Δ % of the `gate` capture simulated under that model against the capture\n\
          (p50 / p90 / p99). *Speed-matched*: the model scaled to the capture's host speed\n\
          (`calibrate --match-host-speed`: the median of the capture's step durations over the\n\
-         law, the *host speed* column), which takes out the host's drift between the fit\n\
-         captures and this one and leaves the model's shape to judge; *as fitted*: without\n\
-         it. *Noise* is the workload's own repeat distance (its seed-0 capture against the\n\
-         seed-0 repeat); *loo* is the speed-matched Δ under a model fitted on every other\n\
+         law, the *host speed* column; in brackets the speeds of the workload's seed-0 capture\n\
+         and of its repeat), which takes out the host's drift between the fit captures and\n\
+         this one and leaves the model's shape to judge; *as fitted*: without it. *Noise* is\n\
+         the workload's own repeat distance (its seed-0 capture against the seed-0 repeat),\n\
+         at one host speed like the cells it judges: each capture's latencies divided by its\n\
+         host speed; *loo* is the speed-matched Δ under a model fitted on every other\n\
          workload (leave one shape out). A cell holds (✓) within max(3 %, noise) at p50 and\n\
          p90, max(8 %, noise) at p99, speed-matched.\n\n\
          ![heatmap]({heatmap})\n"
@@ -268,8 +297,11 @@ pub fn render(rows: &[Row], heatmap: &str, step_figures: &dyn Fn(&str) -> Vec<St
                     } else {
                         String::new()
                     },
-                    match (first, r.host_speed) {
-                        (true, Some(x)) => format!("{x:.2}"),
+                    match (first, r.host_speed, r.repeat_speeds) {
+                        (true, Some(x), Some((Some(a), Some(b)))) => {
+                            format!("{x:.2} ({a:.2}, {b:.2})")
+                        }
+                        (true, Some(x), _) => format!("{x:.2}"),
                         _ => String::new(),
                     },
                     d.join(" / "),

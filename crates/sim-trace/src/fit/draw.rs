@@ -10,7 +10,7 @@
 
 use super::features::NF;
 use super::model::{DecodeBin, FittedModel, PrefillClass};
-use super::observe::{AfterPrefill, mean_burst};
+use super::observe::{AfterPrefill, SeenSizes, mean_burst};
 use super::residual;
 use crate::latency::{LatencyModel, StepShape, StepTiming};
 
@@ -24,6 +24,8 @@ pub struct FittedLatency {
     burst_cdf: Vec<f64>,
     /// The prefills of the steps paced so far, fading.
     after: AfterPrefill,
+    /// The step sizes paced so far.
+    sizes: SeenSizes,
 }
 
 impl FittedModel {
@@ -46,6 +48,7 @@ impl FittedModel {
         };
         FittedLatency {
             after: AfterPrefill::new(self.law.after_prefill_decay),
+            sizes: SeenSizes::default(),
             model: self,
             rng: seed ^ 0x6669_7474_6564_0002,
             time_scale: if time_scale.is_finite() && time_scale > 0.0 {
@@ -58,9 +61,10 @@ impl FittedModel {
     }
 
     /// The law's value for a step of this shape, ms, when its decodes deliver one token
-    /// each and no prefill ran before it (before the ratio is drawn).
+    /// each, no prefill ran before it and the engine ran its size before (before the
+    /// ratio is drawn).
     pub fn law_ms(&self, shape: &StepShape) -> f64 {
-        self.law.ms(&features(shape, None, [0.0; 2]))
+        self.law.ms(&features(shape, None, [0.0; 2], false))
     }
 
     /// The median duration of a step of this shape, ms, when its decodes deliver one token
@@ -148,8 +152,14 @@ impl FittedModel {
 }
 
 /// The law's features for a step of this shape whose decodes deliver `tokens` (`None`:
-/// one each), carrying `after` from the steps before it ([`AfterPrefill::sums`]).
-fn features(shape: &StepShape, tokens: Option<&[u32]>, after: [f64; 2]) -> [f64; NF] {
+/// one each), carrying `after` from the steps before it ([`AfterPrefill::sums`]), the
+/// engine's first of its size or not.
+fn features(
+    shape: &StepShape,
+    tokens: Option<&[u32]>,
+    after: [f64; 2],
+    new_size: bool,
+) -> [f64; NF] {
     let decodes = shape.decodes.len() as f64;
     let delivered: f64 = tokens.map_or(decodes, |t| t.iter().map(|&n| f64::from(n)).sum());
     let ctx: f64 = shape.decodes.iter().map(|d| d.context as f64).sum();
@@ -173,6 +183,7 @@ fn features(shape: &StepShape, tokens: Option<&[u32]>, after: [f64; 2]) -> [f64;
         depth,
         after[0],
         after[1],
+        if new_size { 1.0 } else { 0.0 },
     ]
 }
 
@@ -210,7 +221,11 @@ impl LatencyModel for FittedLatency {
         let tokens = (!decode_tokens.is_empty()).then_some(decode_tokens.as_slice());
         let u = self.unit();
         let m = &self.model;
-        let ms = m.law.ms(&features(shape, tokens, self.after.sums())) * m.ratio(shape, tokens, u);
+        let new_size = self
+            .sizes
+            .first(shape.prefill_tokens() + shape.decodes.len() as u64);
+        let x = features(shape, tokens, self.after.sums(), new_size);
+        let ms = m.law.ms(&x) * m.ratio(shape, tokens, u);
         self.after.after_step(shape.prefill_tokens());
         StepTiming {
             duration: crate::latency::duration_from_ms(ms / self.time_scale),
@@ -231,6 +246,7 @@ impl LatencyModel for FittedLatency {
             (l.per_prefill_depth_ms, "prefill token·depth"),
             (l.after_prefill_ms, "earlier prefill step"),
             (l.per_after_prefill_token_ms, "earlier prefill token"),
+            (l.new_shape_ms, "new step size"),
         ] {
             if c != 0.0 {
                 law += &format!(" + {c:.4e}/{what}");

@@ -134,6 +134,7 @@ pub(crate) fn build(
         after_prefill_ms: coef[7],
         per_after_prefill_token_ms: coef[8],
         after_prefill_decay,
+        new_shape_ms: coef[9],
         floor_ms: sig(floor_ms),
         residual_autocorrelation: sel.rho,
         terms: sel.terms,

@@ -3,7 +3,7 @@
 
 /// Features of the law, in selection order: when the captures vary two terms only
 /// together, the later one is dropped.
-pub(crate) const NF: usize = 9;
+pub(crate) const NF: usize = 10;
 /// Names of the features, as the model file calls their coefficients.
 pub(crate) const TERMS: [&str; NF] = [
     "step_ms",
@@ -15,6 +15,7 @@ pub(crate) const TERMS: [&str; NF] = [
     "per_prefill_depth_ms",
     "after_prefill_ms",
     "per_after_prefill_token_ms",
+    "new_shape_ms",
 ];
 
 /// Which residual distribution an observation belongs to.

@@ -98,6 +98,10 @@ pub struct StepLaw {
     /// The discount per step of the two terms above (0: no carry-over), chosen by the fit.
     #[serde(default)]
     pub after_prefill_decay: f64,
+    /// Per step of a size (tokens scheduled) the engine has not run since it started: the
+    /// CPU engine prepares kernels per shape.
+    #[serde(default)]
+    pub new_shape_ms: f64,
     /// No step is predicted faster than the fastest captured one.
     pub floor_ms: f64,
     /// Lag-1 autocorrelation of the fit's relative residuals in capture order (the
@@ -123,6 +127,7 @@ impl StepLaw {
             self.per_prefill_depth_ms,
             self.after_prefill_ms,
             self.per_after_prefill_token_ms,
+            self.new_shape_ms,
         ]
     }
 
@@ -328,6 +333,7 @@ impl FittedModel {
                 "law.per_after_prefill_token_ms",
                 l.per_after_prefill_token_ms,
             ),
+            ("law.new_shape_ms", l.new_shape_ms),
         ];
         for (name, c) in coefficients {
             if !is_sane_ms(c) {

@@ -19,6 +19,13 @@
 //!   discounted by `decay` per step since: `after_prefill = Σ decay^k` and
 //!   `after_prefill_tokens = Σ P·decay^k` over earlier steps with prefill work (`k` steps
 //!   ago, `P` tokens). The pacer keeps the same sums ([`AfterPrefill`]).
+//! * A step of a size (tokens scheduled in it) the engine has not run since it started
+//!   costs a few milliseconds more: the CPU engine prepares its kernels per shape and
+//!   caches them. A closed loop of fixed 128-token prompts repeats a handful of sizes and
+//!   never pays it after the first; prompts of varied lengths pay it on most prefills
+//!   (the corpus: 2–8 ms a new size, at 60–77 µs a token, where a law without the term
+//!   charges every prefill step a fixed 1–4 ms). The pacer keeps the same set
+//!   ([`SeenSizes`]).
 
 use super::capture::{Capture, Step, UNKNOWN};
 use super::features::{Kind, NF, Obs};
@@ -60,8 +67,35 @@ impl AfterPrefill {
     }
 }
 
-/// The features of one step, which carries `after` ([`AfterPrefill::sums`]).
-fn features(s: &Step, prefill_work: bool, after: [f64; 2]) -> [f32; NF] {
+/// The step sizes (tokens scheduled in one step: prefilled tokens plus one per decode) an
+/// engine has run since it started. Bounded: sizes past [`SeenSizes::MAX`] count as seen.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct SeenSizes {
+    bits: Vec<u64>,
+}
+
+impl SeenSizes {
+    /// Larger than any step's token budget; a bitset of this many bits is 128 KiB.
+    const MAX: u64 = 1 << 20;
+
+    /// Whether a step of `tokens` scheduled tokens is the first of its size (and remember it).
+    pub fn first(&mut self, tokens: u64) -> bool {
+        if tokens >= Self::MAX {
+            return false;
+        }
+        let (word, bit) = ((tokens / 64) as usize, tokens % 64);
+        if self.bits.len() <= word {
+            self.bits.resize(word + 1, 0);
+        }
+        let new = self.bits[word] & (1 << bit) == 0;
+        self.bits[word] |= 1 << bit;
+        new
+    }
+}
+
+/// The features of one step, which carries `after` ([`AfterPrefill::sums`]) and is the
+/// engine's first step of its size or not.
+fn features(s: &Step, prefill_work: bool, after: [f64; 2], new_size: bool) -> [f32; NF] {
     let decodes = s.decodes as f32;
     [
         1.0,
@@ -73,6 +107,7 @@ fn features(s: &Step, prefill_work: bool, after: [f64; 2]) -> [f32; NF] {
         s.depth,
         after[0] as f32,
         after[1] as f32,
+        if new_size { 1.0 } else { 0.0 },
     ]
 }
 
@@ -104,15 +139,18 @@ pub(crate) fn observations(cap: &Capture, decay: f64, out: &mut Vec<Obs>) {
     let mut open: Option<Episode> = None;
     let mut engine = None;
     let mut after = AfterPrefill::new(decay);
+    let mut sizes = SeenSizes::default();
     for s in &cap.steps {
         if engine != Some(s.engine) {
             // another engine's steps: an episode does not span engines
             open = None;
             engine = Some(s.engine);
             after = AfterPrefill::new(decay);
+            sizes = SeenSizes::default();
         }
         let carried = after.sums();
         after.after_step(u64::from(s.prefill));
+        let new_size = sizes.first(u64::from(s.prefill) + u64::from(s.decodes));
         let outputs = s.decodes + s.firsts;
         let partial = if s.running == UNKNOWN {
             0
@@ -127,7 +165,7 @@ pub(crate) fn observations(cap: &Capture, decay: f64, out: &mut Vec<Obs>) {
             open = None;
             if let (Some(y), true) = (dur, s.decodes > 0) {
                 out.push(Obs {
-                    x: features(s, false, carried),
+                    x: features(s, false, carried, new_size),
                     y,
                     weight: 1.0,
                     kind: Kind::Decode {
@@ -146,7 +184,7 @@ pub(crate) fn observations(cap: &Capture, decay: f64, out: &mut Vec<Obs>) {
             prefill: 0,
             valid: true,
         });
-        for (a, b) in ep.x.iter_mut().zip(features(s, true, carried)) {
+        for (a, b) in ep.x.iter_mut().zip(features(s, true, carried, new_size)) {
             *a += b;
         }
         ep.y += dur.unwrap_or(f32::NAN);
@@ -180,6 +218,7 @@ pub(crate) fn observations(cap: &Capture, decay: f64, out: &mut Vec<Obs>) {
                 0.0,
                 d * g.ctx as f32,
                 d * (burst - 1) as f32,
+                0.0,
                 0.0,
                 0.0,
                 0.0,

@@ -7,7 +7,8 @@
 //! A term is kept only when the captures identify it:
 //!
 //! 1. a term that is zero in every observation never happened (no prefill depth in a
-//!    capture without prefix hits or chunking, no bursts without speculative decoding);
+//!    capture without prefix hits or chunking, no bursts without speculative decoding),
+//!    and one that is non-zero in fewer than [`MIN_SEEN`] is not fitted;
 //! 2. a term the captures vary (almost) only together with earlier terms (in [`TERMS`]
 //!    order) is not identifiable: the Cholesky pivot of its standardised column (almost)
 //!    vanishes (the fixture's prompts all have 128 tokens at depth 0 but for one warm-up
@@ -27,6 +28,10 @@ use super::features::{NF, Obs, TERMS};
 
 /// Standard errors a kept coefficient must be away from zero.
 pub(crate) const MIN_T: f64 = 3.0;
+/// Observations a term must be non-zero in to be fitted at all: a fixed-shape capture
+/// runs a new step size only in its first few steps, whose cost is the engine warming up
+/// (100 ms and more), not what a new size costs later.
+const MIN_SEEN: usize = 20;
 /// A squared standardised Cholesky pivot below this — less than 0.01 % of the column's
 /// norm not explained by the earlier columns — makes the column (almost) a combination of
 /// earlier ones: its coefficient would rest on a handful of observations. (The fixture's
@@ -84,10 +89,16 @@ pub(crate) fn select(obs: &[Obs]) -> Selection {
         })
         .collect();
     for j in 1..NF {
-        if obs.iter().all(|o| o.x[j] == 0.0) {
+        let seen = obs.iter().filter(|o| o.x[j] != 0.0).count();
+        if seen == 0 {
             active[j] = false;
             terms[j].kept = false;
             terms[j].why = "the captures never show it".into();
+        } else if seen < MIN_SEEN {
+            active[j] = false;
+            terms[j].kept = false;
+            terms[j].why =
+                format!("the captures show it in {seen} observations only (fewer than {MIN_SEEN})");
         }
     }
     loop {

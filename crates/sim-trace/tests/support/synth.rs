@@ -13,7 +13,8 @@ use sim_trace::steps::StepStats;
 use sim_trace::trace::{ItlCtx, TraceMeta, TraceRecord, TraceWriter};
 
 /// What to simulate. Costs in ms; a step costs
-/// `(step + decode·D + context·ΣC + prefill·P + depth·Q + burst·(T − D)) × noise`.
+/// `(step + decode·D + context·ΣC + prefill·P + depth·Q + burst·(T − D) + [a new size]·new_size)
+/// × noise`, the size of a step being P + D.
 #[derive(Debug, Clone)]
 pub struct Synth {
     pub requests: usize,
@@ -25,6 +26,8 @@ pub struct Synth {
     pub per_prefill_token_ms: f64,
     pub per_prefill_depth_ms: f64,
     pub per_burst_token_ms: f64,
+    /// Per step of a size (prefilled tokens plus decodes) not run before.
+    pub new_size_ms: f64,
     /// Multiplicative noise, uniform in `[1 − noise, 1 + noise]`.
     pub noise: f64,
     /// Token budget per step (`max_num_batched_tokens`).
@@ -53,6 +56,7 @@ impl Default for Synth {
             per_prefill_token_ms: 0.05,
             per_prefill_depth_ms: 0.0,
             per_burst_token_ms: 0.0,
+            new_size_ms: 0.0,
             noise: 0.05,
             budget: 2048,
             prompt: (128, 128),
@@ -123,6 +127,8 @@ impl Synth {
         // when each client sends its next request
         let mut arrivals: Vec<f64> = (0..self.concurrency).map(|c| c as f64 * 0.5).collect();
         let mut issued = 0usize;
+        // the step sizes run so far
+        let mut sizes = std::collections::HashSet::new();
         let (mut waiting, mut running): (VecDeque<Req>, Vec<Req>) = Default::default();
         let (mut t, mut prev_ts, mut done) = (0.0f64, None::<f64>, 0usize);
         while done < self.requests {
@@ -196,7 +202,9 @@ impl Synth {
                 p += f64::from(c);
                 q += (d1 * d1 - d0 * d0) / 2.0;
             }
+            let new_size = sizes.insert(p as u64 + u64::from(d));
             let cost = self.step_ms
+                + if new_size { self.new_size_ms } else { 0.0 }
                 + self.per_decode_ms * f64::from(d)
                 + self.per_context_token_ms * ctx
                 + self.per_prefill_token_ms * p
