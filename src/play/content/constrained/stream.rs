@@ -260,7 +260,13 @@ impl ConstrainedStream {
                 }
             }
         }
-        // 5. a class of allowed tokens (letters, digits, a closer, other punctuation, …),
+        // 5. the grammar is complete and only free text could follow (after the calls of a
+        //    `required` answer): a model that has answered stops, rather than trail off into
+        //    stray digits and brackets, which a client would get as `content`
+        if can_end {
+            return Some(trie_eos);
+        }
+        // 6. a class of allowed tokens (letters, digits, a closer, other punctuation, …),
         //    then a token of that class: short lexemes, and closing grows likelier
         let mut classes: Vec<(Class, Vec<u32>)> = Vec::new();
         mask.iter_set_entries(|t| {
@@ -299,7 +305,7 @@ pub(super) fn first_line(e: &str) -> String {
     e.lines().next().unwrap_or_default().trim().to_string()
 }
 
-/// What a token looks like, for step 4 of [`ConstrainedStream::pick`].
+/// What a token looks like, for step 6 of [`ConstrainedStream::pick`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Class {
     Eos,

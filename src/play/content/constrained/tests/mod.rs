@@ -252,6 +252,22 @@ fn triggered_tags_are_text_with_calls_where_a_trigger_starts_them() {
     }
 }
 
+/// Issue r28: the text a `required` answer under `triggered_tags` may add after its calls
+/// (what vllm-rs sends with the qwen3_xml parser) held stray digits and brackets, which
+/// clients got as `content` ("]" was seen). It is prose or nothing.
+#[test]
+fn text_after_required_calls_is_prose() {
+    let required = hermes_triggered("f", strict_params(), true, false);
+    for i in 0..100 {
+        let g = tag_grammar(&required, &PromptTools::default());
+        let (t, end) = run(g, &format!("p{i}"), 300);
+        assert_eq!(end, End::Eos, "{t}");
+        let after = t.rsplit("</tool_call>").next().unwrap_or("");
+        let prose = |c: char| c.is_ascii_alphabetic() || c == ' ' || ",.".contains(c);
+        assert!(after.chars().all(prose), "{after:?} after the calls: {t}");
+    }
+}
+
 /// Issue 22 H6: under `tool_choice: auto` the model chooses between text and a call;
 /// the engine draws it under `--tool-call-rate`, as it does for tools without `strict`.
 /// A call starts the answer and follows the schema; text comes from the token source.
