@@ -308,6 +308,11 @@ impl PlayConfig {
                     format: a.reasoning_format.unwrap_or_default(),
                     share: a.reasoning_share,
                 },
+                length: AnswerLength {
+                    max_model_len,
+                    natural_mean: (a.natural_output_len > 0).then_some(a.natural_output_len),
+                    seed: a.seed,
+                },
             },
         };
         Ok(Self {
@@ -370,12 +375,8 @@ impl PlayConfig {
                 vocab: self.vocab.clone(),
             }),
         };
-        let length = AnswerLength {
-            max_model_len: self.engine.max_model_len,
-            natural_mean: self.engine.natural_output_len,
-            seed: self.engine.seed,
-        };
-        (self.engine.shaping.reasoning).wrap(source, self.vocab.clone(), length)
+        let shaping = &self.engine.shaping;
+        (shaping.reasoning).wrap(source, self.vocab.clone(), shaping.length)
     }
 
     /// The engine of DP rank `rank`: the one way an engine is made, for the live loop, the

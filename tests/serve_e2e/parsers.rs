@@ -316,10 +316,7 @@ fn assert_thinking_parsed(port: u16, label: &str) {
     let (status, answer) = http_post_json(port, "/v1/chat/completions", &body);
     assert_eq!(status, 200, "{label}: {answer}");
     let message = &answer["choices"][0]["message"];
-    let reasoning = message["reasoning"]
-        .as_str()
-        .or(message["reasoning_content"].as_str())
-        .unwrap_or("");
+    let reasoning = reasoning_of(message);
     let content = message["content"].as_str().unwrap_or("");
     assert!(
         reasoning.trim().len() > 4,
@@ -335,6 +332,26 @@ fn assert_thinking_parsed(port: u16, label: &str) {
         .as_u64()
         .unwrap_or(0);
     assert!((10..=40).contains(&thinking), "{label}: {answer}");
+}
+
+/// The thinking a frontend's reasoning parser took out of an answer: `reasoning`
+/// (`reasoning_content` on older lines).
+fn reasoning_of(message: &Value) -> &str {
+    message["reasoning"]
+        .as_str()
+        .or(message["reasoning_content"].as_str())
+        .unwrap_or("")
+}
+
+/// A `required` answer behind a reasoning parser thinks before its calls: the frontend
+/// parses the block out, prose without its tags, of its share of the answer: half of the
+/// 800 tokens (`--reasoning-share 0.5`), its two tags among them, one token a byte.
+fn assert_required_thinks(message: &Value, label: &str) {
+    let reasoning = reasoning_of(message);
+    assert!(
+        (300..=400).contains(&reasoning.trim().len()) && !reasoning.contains("think>"),
+        "{label}: the thinking before a required call: {message}"
+    );
 }
 
 /// What vllm-rs cannot parse with the embedded model is refused before anything starts,
@@ -398,30 +415,31 @@ fn model_with_markers(dir: &TestDir) {
 /// The formats whose parsers need marker tokens, with a model that has them
 /// (`serve --model DIR`): llama3_json and deepseek_v3 calls and deepseek_r1 thinking
 /// parsed by vllm-rs, and the raw text of those and of mistral's calls and thinking read
-/// by the Python frontend's parsers.
+/// by the Python frontend's parsers. Behind a reasoning parser (deepseek_r1, and qwen3
+/// beside qwen3_xml calls, which needs `<think>` as a token), vllm-rs opens the tag of
+/// `tool_choice: required` with a think block of free text: the answer thinks, then calls,
+/// and both reach the client parsed.
 #[test]
 fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
     let dir = TestDir::new("parsers-markers");
     model_with_markers(&dir);
     let model = dir.root().to_str().unwrap();
     let mut cases = Vec::new();
-    // vllm-rs with a reasoning parser opens its `required` tag with a think block of free
-    // text (`any_text`), which the engine does not follow: `required` is checked without
     for (format, reasoning, rs_parses) in [
         ("llama3_json", None, true),
         ("deepseek_v3", Some("deepseek_r1"), true),
+        ("qwen3_xml", Some("qwen3"), true),
         ("mistral", Some("mistral"), false),
     ] {
         let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");
         if rs_parses {
             assert_parsed_calls(&chat_with_tools(serve.port, "auto", &label), &label);
-            match reasoning {
-                None => {
-                    let message = chat_with_tools(serve.port, "required", &label);
-                    assert_parsed_calls(&message, &label);
-                }
-                Some(_) => assert_thinking_parsed(serve.port, &label),
+            let message = chat_with_tools(serve.port, "required", &label);
+            assert_parsed_calls(&message, &label);
+            if reasoning.is_some() {
+                assert_required_thinks(&message, &label);
+                assert_thinking_parsed(serve.port, &label);
             }
         }
         raw_cases(&serve, format, reasoning, 1, &mut cases);

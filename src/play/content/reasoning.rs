@@ -6,9 +6,14 @@
 //! The block spends `--reasoning-share` of the answer's output tokens (the tags included
 //! in the share, so that usage counts every token the client is billed for): of the
 //! `max_tokens` the client bounded the answer with, or of the length the engine draws for
-//! an unbounded one (`--natural-output-len`). deepseek_r1's and mistral's parsers look
-//! `<think>`/`[THINK]` up as single tokens of the vocabulary and refuse to start with a
-//! byte-level tokenizer such as the embedded model's ([`ReasoningFormat::needs_tokens`]).
+//! an unbounded one (`--natural-output-len`). A structural tag that opens with a think
+//! block (vllm-rs behind a reasoning parser, `tool_choice: required`) gets one of the same
+//! share, at most half of `max_tokens` so that the calls after it have room
+//! (`constrained/free_text.rs`).
+//!
+//! deepseek_r1's and mistral's parsers look `<think>`/`[THINK]` up as single tokens of the
+//! vocabulary and refuse to start with a byte-level tokenizer such as the embedded
+//! model's ([`ReasoningFormat::needs_tokens`]).
 
 use std::sync::Arc;
 

@@ -79,14 +79,18 @@ pub(super) fn upgrade_legacy_tag(tag: &mut Value) -> Result<Value, String> {
         "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}}))
 }
 
-/// The top-level `triggered_tags` format of a structural tag when it leaves the model free
-/// to answer with text (`at_least_one` false): what the frontends send for `tool_choice`
-/// `auto` with strict tools.
+/// The `triggered_tags` format that ends a structural tag (the whole of it, or the last
+/// element of its sequence, after a think block) when it leaves the model free to answer
+/// with text (`at_least_one` false): what the frontends send for `tool_choice` `auto` with
+/// strict tools.
 pub(super) fn open_triggered_tags(tag: &mut Value) -> Option<&mut serde_json::Map<String, Value>> {
-    let format = match tag.get("format") {
+    let mut format = match tag.get("format") {
         Some(_) => tag.get_mut("format")?,
         None => tag,
     };
+    while format.get("type").and_then(Value::as_str) == Some("sequence") {
+        format = format.get_mut("elements")?.as_array_mut()?.last_mut()?;
+    }
     let f = format.as_object_mut()?;
     let open = f.get("type").and_then(Value::as_str) == Some("triggered_tags")
         && !f
@@ -152,8 +156,19 @@ pub(super) fn format_rule(
             }
             new_rule(format!("%json {}", schema_text(&schema)), rules)
         }
+        // free text to the end of the answer (inside a tag, [`tag_parts`] ends it at the
+        // tag's end)
+        "any_text" => any_text(f, rules)?,
         "sequence" => {
-            let parts = list("elements")?
+            let elements = list("elements")?;
+            // xgrammar's reading too: free text has no end of its own, so nothing can follow it
+            if elements.iter().rev().skip(1).any(is_any_text) {
+                return Err(
+                    "`any_text` runs to the end of its tag or of the answer: in a sequence it can only be the last element"
+                        .into(),
+                );
+            }
+            let parts = elements
                 .iter()
                 .map(|e| format_rule(e, tool, tools, rules))
                 .collect::<Result<Vec<_>, _>>()?;
@@ -200,7 +215,7 @@ pub(super) fn format_rule(
         }
         other => {
             return Err(format!(
-                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, sequence, or, optional, tag, tags_with_separator and triggered_tags are)"
+                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, any_text, sequence, or, optional, tag, tags_with_separator and triggered_tags are)"
             ));
         }
     })
@@ -220,43 +235,76 @@ pub(super) fn tag_parts(
     tools: &PromptTools,
     rules: &mut Vec<String>,
 ) -> Result<TagParts, String> {
-    let begin = match f.get("begin") {
-        Some(Value::String(s)) => s.clone(),
-        Some(_) => {
-            return Err("a tag's `begin` is not a string (token begins are not supported)".into());
-        }
-        None => return Err("a tag has no `begin`".into()),
-    };
+    let begin = tag_begin(f)?;
     let named = tool_named_in(&begin);
     let content = f
         .get("content")
         .ok_or_else(|| format!("the tag {begin:?} has no `content`"))?;
+    let (ends, optional) = tag_ends(f, &begin)?;
+    // `""` is no Lark expression: an empty end makes the whole choice optional
+    let alts = format!(
+        "({})",
+        ends.iter()
+            .map(|e| lark_str(e))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    if is_any_text(content) {
+        // free text ends where the tag's end first appears: text and end are one lazy
+        // lexeme, as xgrammar's tag dispatch stops at the end string
+        let text = any_text(content, rules)?;
+        let content = if ends.is_empty() {
+            text
+        } else {
+            let name = format!("r{}", rules.len());
+            rules.push(format!("{name}[lazy]: {text} {alts}"));
+            if optional {
+                format!("({name} | {text})")
+            } else {
+                name
+            }
+        };
+        return Ok(TagParts {
+            begin,
+            content,
+            end: String::new(),
+        });
+    }
     let content = format_rule(content, named.as_deref().or(tool), tools, rules)?;
-    let end = match f.get("end") {
-        Some(Value::String(s)) => lark_lit(s),
+    let end = match (ends.is_empty(), optional) {
+        (true, _) => String::new(),
+        (false, false) => alts,
+        (false, true) => format!("{alts}?"),
+    };
+    Ok(TagParts {
+        begin,
+        content,
+        end,
+    })
+}
+
+/// A tag's `begin` string.
+pub(super) fn tag_begin(f: &Value) -> Result<String, String> {
+    match f.get("begin") {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err("a tag's `begin` is not a string (token begins are not supported)".into()),
+        None => Err("a tag has no `begin`".into()),
+    }
+}
+
+/// A tag's end strings, the empty one left out, and whether it may end with none (an end
+/// of `""`).
+pub(super) fn tag_ends(f: &Value, begin: &str) -> Result<(Vec<String>, bool), String> {
+    let ends = match f.get("end") {
+        Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) if a.is_empty() => {
             return Err(format!(
                 "the tag {begin:?} has an empty `end` list: it could never close (give at least one end string, \"\" for none)"
             ));
         }
-        Some(Value::Array(a)) => {
-            let ends = a
-                .iter()
-                .map(|e| e.as_str().map(lark_lit))
-                .collect::<Option<Vec<String>>>()
-                .ok_or_else(|| {
-                    format!("the tag {begin:?} has an `end` list that is not all strings")
-                })?;
-            // `""` is no Lark expression: an empty end makes the whole choice optional
-            let (empty, ends): (Vec<String>, Vec<String>) =
-                ends.into_iter().partition(String::is_empty);
-            let alts = format!("({})", ends.join(" | "));
-            match (empty.is_empty(), ends.is_empty()) {
-                (_, true) => String::new(),
-                (true, false) => alts,
-                (false, false) => format!("{alts}?"),
-            }
-        }
+        Some(v @ Value::Array(_)) => string_list(v).ok_or_else(|| {
+            format!("the tag {begin:?} has an `end` list that is not all strings")
+        })?,
         Some(_) => {
             return Err(format!(
                 "the tag {begin:?} has an `end` that is neither a string nor a list of strings (token ends are not supported)"
@@ -264,11 +312,51 @@ pub(super) fn tag_parts(
         }
         None => return Err(format!("the tag {begin:?} has no `end`")),
     };
-    Ok(TagParts {
-        begin,
-        content,
-        end,
-    })
+    let optional = ends.iter().any(String::is_empty);
+    Ok((
+        ends.into_iter().filter(|e| !e.is_empty()).collect(),
+        optional,
+    ))
+}
+
+/// Whether a format is xgrammar's `any_text`.
+pub(super) fn is_any_text(f: &Value) -> bool {
+    f.get("type").and_then(Value::as_str) == Some("any_text")
+}
+
+/// xgrammar's `any_text` as a Lark terminal: any text that holds none of its `excludes`.
+/// Its name.
+fn any_text(f: &Value, rules: &mut Vec<String>) -> Result<String, String> {
+    let excludes = match f.get("excludes") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) => string_list(v).ok_or("any_text `excludes` is not a list of strings")?,
+    };
+    let name = format!("ANY{}", rules.len());
+    rules.push(format!("{name}: {}", text_without(&excludes)));
+    Ok(name)
+}
+
+/// The body of a Lark terminal of any text that holds none of `banned` (empty strings are
+/// no ban).
+fn text_without(banned: &[String]) -> String {
+    let banned: Vec<String> = banned
+        .iter()
+        .filter(|b| !b.is_empty())
+        .map(|b| regex_escape(b))
+        .collect();
+    if banned.is_empty() {
+        "/(.|\\n)*/".into()
+    } else {
+        format!("/(.|\\n)*/ & ~/(.|\\n)*({})(.|\\n)*/", banned.join("|"))
+    }
+}
+
+/// A JSON list of strings.
+fn string_list(v: &Value) -> Option<Vec<String>> {
+    v.as_array()?
+        .iter()
+        .map(|x| x.as_str().map(str::to_string))
+        .collect()
 }
 
 /// xgrammar's `triggered_tags`: free text, in which each trigger starts one of the tags
@@ -282,29 +370,18 @@ pub(super) fn triggered_tags(
     rules: &mut Vec<String>,
 ) -> Result<String, String> {
     let strings = |key: &str, required: bool| -> Result<Vec<String>, String> {
-        let Some(v) = f.get(key) else {
-            return if required {
-                Err(format!("triggered_tags has no `{key}` list"))
-            } else {
-                Ok(Vec::new())
-            };
-        };
-        v.as_array()
-            .and_then(|a| {
-                a.iter()
-                    .map(|x| x.as_str().map(str::to_string))
-                    .collect::<Option<Vec<_>>>()
-            })
-            .ok_or_else(|| format!("triggered_tags `{key}` is not a list of strings"))
+        match f.get(key) {
+            None if required => Err(format!("triggered_tags has no `{key}` list")),
+            None => Ok(Vec::new()),
+            Some(v) => string_list(v)
+                .ok_or_else(|| format!("triggered_tags `{key}` is not a list of strings")),
+        }
     };
     let triggers = strings("triggers", true)?;
     if triggers.is_empty() || triggers.iter().any(String::is_empty) {
         return Err("triggered_tags needs at least one trigger, and no empty one".into());
     }
-    let excludes: Vec<String> = strings("excludes", false)?
-        .into_iter()
-        .filter(|e| !e.is_empty())
-        .collect();
+    let excludes = strings("excludes", false)?;
     let tags = f
         .get("tags")
         .and_then(Value::as_array)
@@ -314,15 +391,8 @@ pub(super) fn triggered_tags(
     let n = rules.len();
     // free text: anything that holds no trigger and no excluded string
     let text = format!("TT{n}_TEXT");
-    let banned: Vec<String> = triggers
-        .iter()
-        .chain(&excludes)
-        .map(|t| regex_escape(t))
-        .collect();
-    rules.push(format!(
-        "{text}: /(.|\\n)*/ & ~/(.|\\n)*({})(.|\\n)*/",
-        banned.join("|")
-    ));
+    let banned: Vec<String> = triggers.iter().chain(&excludes).cloned().collect();
+    rules.push(format!("{text}: {}", text_without(&banned)));
     // text up to a trigger, as one lazy lexeme: it ends where the trigger does
     for (i, t) in triggers.iter().enumerate() {
         rules.push(format!("tt{n}_trigger{i}[lazy]: {text} {}", lark_str(t)));

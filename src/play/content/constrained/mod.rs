@@ -15,8 +15,14 @@
 //! style, `<tools>…</tools>`) and, with probability `--tool-call-rate`, answers with a
 //! call whose arguments follow the tool's JSON schema, written in the format of the
 //! frontend's `--tool-call-parser` (`--tool-call-format`, [`ToolCallFormat`]).
+//!
+//! Where a structural tag leaves the text free (`any_text`: the think block vllm-rs opens
+//! `required` with behind a reasoning parser), the walker writes prose of a length it plans
+//! and then the tag's end (`free_text.rs`): a think block spends `--reasoning-share` of the
+//! answer.
 
 mod formats;
+mod free_text;
 mod grammar;
 mod lark;
 mod shaping;

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use serde_json::Value;
 use sim_protocol::{Constraint, EngineCoreRequest, StructuredOutputs};
 
-use crate::play::content::reasoning::Reasoning;
+use crate::play::content::reasoning::{AnswerLength, Reasoning};
 use crate::play::content::tokens::{TokenStream, stream_seed};
 use crate::play::content::vocab::Vocabulary;
 
+use super::free_text::FreeTextPlan;
 use super::grammar::{open_triggered_tags, upgrade_legacy_tag};
 use super::stream::{GrammarJob, Recipe};
 use super::tools::{PromptTools, ToolCalls};
@@ -21,8 +22,10 @@ pub struct Shaping {
     pub vocab: Arc<Vocabulary>,
     pub tool_calls: ToolCalls,
     /// Thinking blocks in free-text answers (the token source's, see
-    /// [`Reasoning::wrap`]).
+    /// [`Reasoning::wrap`]), and in the think block a structural tag opens with.
     pub reasoning: Reasoning,
+    /// What an answer's length is, which the thinking is a share of.
+    pub length: AnswerLength,
 }
 
 impl Shaping {
@@ -51,6 +54,9 @@ impl Shaping {
             .as_ref()
             .and_then(|sp| sp.structured_outputs.as_ref());
         let stream_seed = stream_seed(seed, req);
+        let sp = req.sampling_params.as_ref();
+        let max_tokens = sp.and_then(|sp| sp.max_tokens).map(u64::from);
+        let mut free = FreeTextPlan::default();
         let (recipe, kind) = match structured {
             Some(v) => {
                 let so = StructuredOutputs::parse(v)?;
@@ -68,13 +74,16 @@ impl Shaping {
                         let mut tag = upgrade_legacy_tag(&mut tag).map_err(fail)?;
                         // text or tool calls, the model's choice: the engine chooses as it
                         // does under `auto` (`--tool-call-rate`); text comes from the token
-                        // source, a call starts the answer
+                        // source, a call starts the answer (after the think block the tag
+                        // may open with)
                         if let Some(f) = open_triggered_tags(&mut tag) {
                             if !self.tool_calls.calls(&tools, stream_seed) {
                                 return Ok(None);
                             }
                             f.insert("at_least_one".into(), Value::Bool(true));
                         }
+                        let format = tag.get("format").unwrap_or(&tag);
+                        free = FreeTextPlan::of(format, self.thinking(req, max_tokens));
                         Recipe::Tag(tag, tools)
                     }
                     _ => Recipe::Structured(so),
@@ -90,15 +99,24 @@ impl Shaping {
             }
             None => return Ok(None),
         };
-        let sp = req.sampling_params.as_ref();
         Ok(Some(GrammarJob {
             vocab: self.vocab.clone(),
             recipe,
             kind,
             seed: stream_seed,
             eos: sp.and_then(|sp| sp.eos_token_id).unwrap_or(self.vocab.eos),
-            max_tokens: sp.and_then(|sp| sp.max_tokens).map(u64::from),
+            max_tokens,
+            free,
         }))
+    }
+
+    /// The tokens of a think block that opens `req`'s answer under a grammar, tags
+    /// included: `--reasoning-share` of the answer's length, as in a free-text answer, but at
+    /// most half of `max_tokens`, so that what the grammar asks after it (the calls) has
+    /// room.
+    fn thinking(&self, req: &EngineCoreRequest, max_tokens: Option<u64>) -> u64 {
+        let share = (self.reasoning.share * self.length.of(req) as f64).round() as u64;
+        max_tokens.map_or(share, |m| share.min(m / 2))
     }
 
     /// Whether the prompt's text holds `<tools>`. Without it the prompt declares no tool

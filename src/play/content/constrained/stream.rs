@@ -15,6 +15,7 @@ use crate::play::content::text::Prose;
 use crate::play::content::tokens::{SplitMix64, TokenStream, stream_seed};
 use crate::play::content::vocab::Vocabulary;
 
+use super::free_text::{FreeText, FreeTextPlan, Pen};
 use super::grammar::{grammar_for, structural_tag_to_lark};
 use super::tools::PromptTools;
 
@@ -29,6 +30,8 @@ pub struct GrammarJob {
     pub(super) seed: u64,
     pub(super) eos: u32,
     pub(super) max_tokens: Option<u64>,
+    /// Where the grammar leaves the text free, and how long the walker makes it.
+    pub(super) free: FreeTextPlan,
 }
 
 /// What a [`GrammarJob`] builds its grammar from.
@@ -61,6 +64,7 @@ impl GrammarJob {
             seed,
             eos,
             max_tokens,
+            free,
         } = self;
         let fail =
             |why: String| format!("structured outputs of kind `{kind}` cannot be generated: {why}");
@@ -79,10 +83,21 @@ impl GrammarJob {
         if let Some(e) = matcher.get_error() {
             return Err(fail(first_line(&e)));
         }
+        let mut rng = SplitMix64(seed);
+        let mut prose = Prose::new(seed ^ 0x5eed);
+        let free = FreeText::new(
+            free,
+            Pen {
+                vocab: &vocab,
+                prose: &mut prose,
+                rng: &mut rng,
+            },
+        );
         Ok(ConstrainedStream {
             matcher,
-            rng: SplitMix64(seed),
-            prose: Prose::new(seed ^ 0x5eed),
+            rng,
+            prose,
+            free,
             vocab,
             word: VecDeque::new(),
             forced: VecDeque::new(),
@@ -103,6 +118,8 @@ pub struct ConstrainedStream {
     vocab: Arc<Vocabulary>,
     rng: SplitMix64,
     prose: Prose,
+    /// The free text the grammar leaves, written as prose of a planned length.
+    free: FreeText,
     /// The rest of the word being spelled.
     word: VecDeque<u32>,
     /// Tokens the grammar forced, already consumed by the matcher.
@@ -138,6 +155,7 @@ impl ConstrainedStream {
             kind: "grammar",
             seed: stream_seed(seed, req),
             max_tokens: sp.and_then(|sp| sp.max_tokens).map(u64::from),
+            free: FreeTextPlan::default(),
         }
         .compile()
     }
@@ -173,15 +191,19 @@ impl ConstrainedStream {
         self.max_tokens.map(|m| m.saturating_sub(self.emitted + 1))
     }
 
+    /// The budget is nearly spent: close what is open as fast as the grammar allows, so the
+    /// answer is complete rather than cut at `length`.
+    fn tight(&self) -> bool {
+        self.left()
+            .zip(self.max_tokens)
+            .is_some_and(|(l, m)| l < (m / 4).max(8))
+    }
+
     fn pick(&mut self, mask: &SimpleVob, avoid: &[u32]) -> Option<u32> {
         let n = f64::from(self.sampled);
         let trie_eos = self.vocab.eos;
         let left = self.left();
-        // the budget is nearly spent: close what is open as fast as the grammar allows, so
-        // the answer is complete rather than cut at `length`
-        let tight = left
-            .zip(self.max_tokens)
-            .is_some_and(|(l, m)| l < (m / 4).max(8));
+        let tight = self.tight();
         // 1. go on spelling the current word
         if let Some(&w) = self.word.front() {
             if mask.is_allowed(w) && !tight && self.unit() < 0.9 {
@@ -238,7 +260,13 @@ impl ConstrainedStream {
                 }
             }
         }
-        // 5. a class of allowed tokens (letters, digits, a closer, other punctuation, …),
+        // 5. the grammar is complete and only free text could follow (after the calls of a
+        //    `required` answer): a model that has answered stops, rather than trail off into
+        //    stray digits and brackets, which a client would get as `content`
+        if can_end {
+            return Some(trie_eos);
+        }
+        // 6. a class of allowed tokens (letters, digits, a closer, other punctuation, …),
         //    then a token of that class: short lexemes, and closing grows likelier
         let mut classes: Vec<(Class, Vec<u32>)> = Vec::new();
         mask.iter_set_entries(|t| {
@@ -277,7 +305,7 @@ pub(super) fn first_line(e: &str) -> String {
     e.lines().next().unwrap_or_default().trim().to_string()
 }
 
-/// What a token looks like, for step 4 of [`ConstrainedStream::pick`].
+/// What a token looks like, for step 6 of [`ConstrainedStream::pick`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Class {
     Eos,
@@ -322,6 +350,12 @@ impl TokenStream for ConstrainedStream {
         let t = self.next_inner(avoid);
         if self.failure.is_none() && !self.done {
             self.emitted += 1;
+            let pen = Pen {
+                vocab: &self.vocab,
+                prose: &mut self.prose,
+                rng: &mut self.rng,
+            };
+            self.free.saw(self.vocab.token_bytes(t), pen);
         }
         t
     }
@@ -366,6 +400,15 @@ impl ConstrainedStream {
             Ok(_) => return self.fail(""),
             Err(e) => return self.fail(&e.to_string()),
         };
+        // free text the walker planned: not sampled, so it leaves the shaping of what
+        // follows (how soon structures close) as it was
+        let tight = self.tight();
+        if let Some(t) = self.free.next(&mask, tight) {
+            if let Err(e) = self.matcher.consume_token(t) {
+                return self.fail(&e.to_string());
+            }
+            return t;
+        }
         let Some(t) = self.pick(&mask, avoid) else {
             return self.fail("");
         };

@@ -33,7 +33,7 @@ async fn structured_outputs_are_valid_instances_or_a_named_error() {
     let mut bad = request("bad", &[40, 41, 44], 50);
     bad.sampling_params.as_mut().unwrap().structured_outputs = Some(structured(
         "structural_tag",
-        Value::from(r#"{"type": "structural_tag", "format": {"type": "any_text"}}"#),
+        Value::from(r#"{"type": "structural_tag", "format": {"type": "any_tokens"}}"#),
     ));
     w.send(&InputMessage::Add(Box::new(bad))).await;
     let got = w.collect(&["json", "choice", "bad"]).await;
@@ -59,7 +59,7 @@ async fn structured_outputs_are_valid_instances_or_a_named_error() {
         .find_map(|o| (o.request_id == "bad").then(|| o.error.clone()).flatten())
         .expect("an error on the bad request's output");
     assert!(
-        err.message.contains("structural_tag") && err.message.contains("any_text"),
+        err.message.contains("structural_tag") && err.message.contains("any_tokens"),
         "{}",
         err.message
     );

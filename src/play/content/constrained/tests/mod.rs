@@ -5,6 +5,7 @@ use llguidance::api::TopLevelGrammar;
 use serde_json::{Value, json};
 use sim_protocol::{Constraint, EngineCoreRequest, StructuredOutputs};
 
+use crate::play::content::reasoning::{AnswerLength, Reasoning, ReasoningFormat};
 use crate::play::content::tokens::TokenStream;
 use crate::play::content::vocab::Vocabulary;
 
@@ -14,6 +15,8 @@ use super::shaping::*;
 use super::stream::*;
 use super::tools::*;
 use sim_protocol::SamplingParams;
+
+mod free_text;
 
 fn so(c: Constraint) -> StructuredOutputs {
     StructuredOutputs {
@@ -69,8 +72,13 @@ enum End {
 /// Run `g` for request `id` as the engine would: to EOS, a failure or `max_tokens`.
 fn run(g: TopLevelGrammar, id: &str, max_tokens: u32) -> (String, End) {
     let vocab = Vocabulary::embedded();
-    let mut s =
-        ConstrainedStream::new(vocab.clone(), g, &req_max(id, Some(max_tokens)), 1).unwrap();
+    let s = ConstrainedStream::new(vocab, g, &req_max(id, Some(max_tokens)), 1).unwrap();
+    drain(Box::new(s), max_tokens)
+}
+
+/// A stream's answer under `max_tokens`, as the engine would end it.
+fn drain(mut s: Box<dyn TokenStream>, max_tokens: u32) -> (String, End) {
+    let vocab = Vocabulary::embedded();
     let mut ids = Vec::new();
     while ids.len() < max_tokens as usize {
         let t = s.next_token(&[]);
@@ -134,6 +142,41 @@ fn hermes_calls(text: &str) -> Result<Vec<Value>, String> {
             serde_json::from_str(body).map_err(|e| format!("{e}: {text}"))
         })
         .collect()
+}
+
+/// A chat prompt as the embedded template renders it, without tools.
+const PROMPT: &str = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+
+/// A request under structural tag `tag` (prompt [`PROMPT`]).
+fn tag_req(tag: &Value, max_tokens: u32) -> EngineCoreRequest {
+    let mut r = req_max("a", Some(max_tokens));
+    r.prompt_token_ids = Some(Vocabulary::embedded().encode(PROMPT));
+    r.sampling_params.as_mut().unwrap().structured_outputs = Some(rmpv::Value::Map(vec![(
+        "structural_tag".into(),
+        tag.to_string().into(),
+    )]));
+    r
+}
+
+/// The engine's shaping at `--tool-call-rate rate` and `--reasoning-share share`, in a
+/// context of 2048 tokens.
+fn shaping(rate: f64, share: f64) -> Shaping {
+    Shaping {
+        vocab: Vocabulary::embedded(),
+        tool_calls: ToolCalls {
+            rate,
+            format: Default::default(),
+        },
+        reasoning: Reasoning {
+            format: ReasoningFormat::Qwen3,
+            share,
+        },
+        length: AnswerLength {
+            max_model_len: 2048,
+            natural_mean: Some(256),
+            seed: 1,
+        },
+    }
 }
 
 /// Issue 22 H6: `tools` with `strict: true` made the frontends send a `triggered_tags`
@@ -209,6 +252,22 @@ fn triggered_tags_are_text_with_calls_where_a_trigger_starts_them() {
     }
 }
 
+/// Issue r28: the text a `required` answer under `triggered_tags` may add after its calls
+/// (what vllm-rs sends with the qwen3_xml parser) held stray digits and brackets, which
+/// clients got as `content` ("]" was seen). It is prose or nothing.
+#[test]
+fn text_after_required_calls_is_prose() {
+    let required = hermes_triggered("f", strict_params(), true, false);
+    for i in 0..100 {
+        let g = tag_grammar(&required, &PromptTools::default());
+        let (t, end) = run(g, &format!("p{i}"), 300);
+        assert_eq!(end, End::Eos, "{t}");
+        let after = t.rsplit("</tool_call>").next().unwrap_or("");
+        let prose = |c: char| c.is_ascii_alphabetic() || c == ' ' || ",.".contains(c);
+        assert!(after.chars().all(prose), "{after:?} after the calls: {t}");
+    }
+}
+
 /// Issue 22 H6: under `tool_choice: auto` the model chooses between text and a call;
 /// the engine draws it under `--tool-call-rate`, as it does for tools without `strict`.
 /// A call starts the answer and follows the schema; text comes from the token source.
@@ -216,23 +275,12 @@ fn triggered_tags_are_text_with_calls_where_a_trigger_starts_them() {
 fn an_open_triggered_tag_is_a_call_or_text_under_the_tool_call_rate() {
     let vocab = Vocabulary::embedded();
     let tag = hermes_triggered("f", strict_params(), false, false);
-    let prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
-    let mut r = req_max("a", Some(300));
-    r.prompt_token_ids = Some(vocab.encode(prompt));
-    r.sampling_params.as_mut().unwrap().structured_outputs = Some(rmpv::Value::Map(vec![(
-        "structural_tag".into(),
-        tag.to_string().into(),
-    )]));
-    let shaping = |rate| Shaping {
-        vocab: vocab.clone(),
-        tool_calls: ToolCalls {
-            rate,
-            format: Default::default(),
-        },
-        reasoning: Default::default(),
-    };
-    assert!(shaping(0.0).plan(&r, 1).unwrap().is_none(), "rate 0: text");
-    let mut s = shaping(1.0)
+    let mut r = tag_req(&tag, 300);
+    assert!(
+        shaping(0.0, 0.0).plan(&r, 1).unwrap().is_none(),
+        "rate 0: text"
+    );
+    let mut s = shaping(1.0, 0.0)
         .stream_for(&r, 1)
         .unwrap()
         .expect("rate 1: a call");
@@ -247,9 +295,9 @@ fn an_open_triggered_tag_is_a_call_or_text_under_the_tool_call_rate() {
         "{t}"
     );
     // after a tool's result the answer is text
-    let answered = prompt.replace("user\nhi", "tool\n<tool_response>\n{}\n</tool_response>");
+    let answered = PROMPT.replace("user\nhi", "tool\n<tool_response>\n{}\n</tool_response>");
     r.prompt_token_ids = Some(vocab.encode(&answered));
-    assert!(shaping(1.0).plan(&r, 1).unwrap().is_none());
+    assert!(shaping(1.0, 0.0).plan(&r, 1).unwrap().is_none());
 }
 
 /// Issue 22 H1: a grammar the backend cannot follow (a lexer past its limits, a
@@ -479,14 +527,15 @@ fn tools_are_read_from_the_prompt_and_auto_calls_follow_the_rate() {
 
 #[test]
 fn unsupported_kinds_are_named() {
-    let tag = json!({"type": "structural_tag", "format": {"type": "any_text"}});
+    // token-level formats: the engine's grammars are over text
+    let tag = json!({"type": "structural_tag", "format": {"type": "any_tokens"}});
     let e = grammar_for(
         &so(Constraint::StructuralTag(tag.to_string())),
         &PromptTools::default(),
     )
     .unwrap_err();
     assert!(
-        e.contains("structural_tag") && e.contains("any_text"),
+        e.contains("structural_tag") && e.contains("`any_tokens` is not supported"),
         "{e}"
     );
     let e = gbnf_to_lark("root ::= [a-z]{2,3}").unwrap_err();
