@@ -113,7 +113,9 @@ pub struct EngineArgs {
 
     /// With a --reasoning-format, the share of each free-text answer's output tokens spent
     /// in its thinking block (tags included; of `max_tokens`, or of the natural length of
-    /// an unbounded answer). Usage counts every token, thinking included.
+    /// an unbounded answer). Also sizes the think block a frontend's structural tag opens
+    /// with (`tool_choice: required` behind a reasoning parser), at most half of
+    /// `max_tokens` so the calls after it fit. Usage counts every token, thinking included.
     #[arg(long, default_value_t = 0.25, value_name = "F")]
     pub reasoning_share: f64,
 
