@@ -78,14 +78,21 @@ impl Running {
             .lines()
             .filter(|l| l.starts_with("test result:"))
             .collect();
-        let secs = self.started.elapsed().as_secs_f64();
+        // when it ended: its log's last write (it may have ended long before `finish`)
+        let ended = std::fs::metadata(&self.log)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .unwrap_or_default();
+        let secs = (self.started.elapsed().saturating_sub(ended)).as_secs_f64();
         let mut detail = status.to_string();
         if !results.is_empty() {
             detail += &format!("; {}", results.join(" / "));
         }
         detail += &format!(
-            "; {secs:.1} s in all, {:.1} s of it after the work beside it ended",
-            waiting.elapsed().as_secs_f64()
+            "; ran {secs:.1} s, {:.1} s of it after the work beside it ended ({:.1} s before)",
+            waiting.elapsed().saturating_sub(ended).as_secs_f64(),
+            ended.saturating_sub(waiting.elapsed()).as_secs_f64()
         );
         eprintln!("=== {}: {detail}", self.name);
         let check = CheckResult {
