@@ -37,58 +37,6 @@ fn cargo_with(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
     Ok(())
 }
 
-/// The benchmarks the benches stage runs, each once in its smoke size (`fit` is
-/// sim-trace's, the others the root crate's).
-const BENCHES: [&str; 6] = ["engine", "tap", "perfetto", "inspect", "replay", "fit"];
-
-/// The benches stage: every benchmark of [`BENCHES`] built in one cargo invocation, then
-/// `engine` (whose paced runs through real frontends mostly wait) beside the others, which
-/// run one after the other. Nothing here judges a number, so sharing the cores costs no
-/// check anything.
-fn benches(root: &Path) -> Result<()> {
-    let quick = [("BENCH_QUICK", "1")];
-    let args = |names: &[&str]| -> Vec<String> {
-        let mut v: Vec<String> = vec!["test".into(), "--workspace".into()];
-        for n in names {
-            v.extend(["--bench".to_string(), n.to_string()]);
-        }
-        v
-    };
-    let mut build = args(&BENCHES);
-    build.push("--no-run".into());
-    cargo_with(
-        root,
-        &build.iter().map(String::as_str).collect::<Vec<_>>(),
-        &quick,
-    )?;
-    let dir = std::env::temp_dir().join(format!("vllm-vcr-ci-benches-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut cmd = Command::new(cargo_bin());
-    cmd.current_dir(root).args(args(&BENCHES[..1])).envs(quick);
-    let engine = Beside {
-        name: format!("the {} benchmark", BENCHES[0]),
-        cmd,
-    }
-    .start(&dir, "the other benchmarks")?;
-    let others = cargo_with(
-        root,
-        &args(&BENCHES[1..])
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-        &quick,
-    );
-    let (name, check) = engine.finish();
-    if check.pass {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    others?;
-    if !check.pass {
-        bail!("{name} failed: {}", check.detail);
-    }
-    Ok(())
-}
-
 pub type Stage<'a> = (&'static str, Box<dyn Fn() -> Result<()> + 'a>);
 
 /// Every stage, in the order `cargo xtask ci` runs them (the CI workflow's jobs run them
@@ -134,9 +82,34 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
             Box::new(|| cargo(root, &["test", "--workspace", "--no-fail-fast"])),
         ),
         // every benchmark once in its smoke size (`BENCH_QUICK=1`, a debug build; NIXL's in
-        // the nixl stage, which has the feature): it fails on a crash, never on a number;
-        // the numbers come from `cargo bench` on a quiet machine (docs/performance.md)
-        ("benches", Box::new(|| benches(root))),
+        // the nixl stage, which has the feature): it fails
+        // on a crash, never on a number; the numbers come from `cargo bench` on a quiet
+        // machine (docs/performance.md)
+        (
+            "benches",
+            Box::new(|| {
+                cargo_with(
+                    root,
+                    &[
+                        "test",
+                        "--workspace",
+                        "--bench",
+                        "engine",
+                        "--bench",
+                        "tap",
+                        "--bench",
+                        "perfetto",
+                        "--bench",
+                        "inspect",
+                        "--bench",
+                        "replay",
+                        "--bench",
+                        "fit",
+                    ],
+                    &[("BENCH_QUICK", "1")],
+                )
+            }),
+        ),
         // the NIXL data plane: libclang and the nixl-cu12 runtime installed if missing,
         // the crate built with the feature, two agents moving real bytes, then the P/D
         // pair behind real frontends reading and verifying KV bytes over NIXL, then a real

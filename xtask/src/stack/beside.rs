@@ -1,9 +1,8 @@
 //! A command run beside other work, for what only waits part of the time: its output goes
 //! to a log, printed whole when it ends, and its exit status is one check. CI runs the
 //! `serve_e2e` tests beside the e2e legs that compare content only
-//! ([`crate::e2e::runner`]), and the engine benchmark (whose paced runs mostly wait) beside
-//! the other benchmarks; nothing that runs beside anything judges wall-clock timing unless
-//! against the disturbance it measured.
+//! ([`crate::e2e::runner`]); nothing that runs beside anything judges wall-clock timing
+//! unless against the disturbance it measured.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
