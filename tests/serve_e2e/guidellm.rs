@@ -152,12 +152,14 @@ fn guidellm_runs_synthetic_and_replays_a_mooncake_trace_against_serve() {
     let (prompt, output) = mooncake_totals();
     assert_eq!(served.ok, MOONCAKE_ROWS.len() as f64);
     assert_eq!((served.prompt, served.output), (prompt, output));
-    // guidellm 0.8.1 ends the benchmark when it sends the trace's last request, which it
-    // then counts nowhere (it was served: see above); none errored
+    // guidellm 0.8.1 ends the benchmark when it sends the trace's last request: that request
+    // (served: see above) is in its report only when its answer was back before guidellm
+    // wrapped up, which a loaded host's slower wrap-up lets happen; none errored
     let (ok, errored, incomplete) = totals(&bench);
-    assert_eq!(
-        (ok, errored, incomplete),
-        (MOONCAKE_ROWS.len() as u64 - 1, 0, 0)
+    let all = MOONCAKE_ROWS.len() as u64;
+    assert!(
+        (ok == all || ok == all - 1) && (errored, incomplete) == (0, 0),
+        "guidellm reports {ok} successful, {errored} errored, {incomplete} incomplete of {all}"
     );
     // each request it reports has the lengths of a row of the trace, as the server counted
     let mut rows = MOONCAKE_ROWS.to_vec();
@@ -172,8 +174,11 @@ fn guidellm_runs_synthetic_and_replays_a_mooncake_trace_against_serve() {
             .unwrap_or_else(|| panic!("guidellm reports {lens:?}, not a row of {rows:?}"));
         rows.remove(at);
     }
-    // and the one it left out is the last
-    assert_eq!(rows, MOONCAKE_ROWS[MOONCAKE_ROWS.len() - 1..]);
+    // and the one it may leave out is the last
+    assert!(
+        rows.is_empty() || rows == MOONCAKE_ROWS[MOONCAKE_ROWS.len() - 1..],
+        "guidellm left out {rows:?}"
+    );
     eprintln!(
         "guidellm {GUIDELLM_VERSION} replay: {} of {} requests served, {ok} reported, TTFT p50 {:.2} ms, ITL p50 {:.2} ms",
         served.ok,

@@ -6,7 +6,10 @@
 //! tokenizers tools load (by Hugging Face id, a user's model directory) in [`tokenizers`].
 //!
 //! A binary of its own: real frontends (Python ones included) load the machine, and their
-//! start-up and shutdown checks are bounded.
+//! start-up and shutdown checks are bounded. `test = false` in Cargo.toml: CI's e2e stage
+//! runs it (`cargo test --test serve_e2e`) beside the e2e legs that compare content only,
+//! not the test stage; its load generators' timing checks are judged against the
+//! disturbance they measure.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;

@@ -84,7 +84,8 @@ commands:
                --keep-logs DIR write logs and the model directory to DIR and keep them
   ci         fmt --check, clippy -D warnings, workflows (actionlint), fetch (all + python +
              cpu engine), test, nixl, build, containers, e2e (all + python + scheduler + record +
-             replay + parity legs, cpu engine included); stops at the first failing stage
+             replay + parity legs, cpu engine included, and the serve_e2e tests beside them);
+             stops at the first failing stage
                --stage NAME    only this stage; repeatable (what the CI workflow's jobs run)
   containers the image and deploy/ for real with podman (installed with apt if missing): a
              debootstrap base image (built once, cached as a tarball in the cache), the image's

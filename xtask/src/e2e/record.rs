@@ -39,6 +39,15 @@ pub(crate) struct RecordLeg {
     pub engine: Engine,
 }
 
+impl RecordLeg {
+    /// Whether its checks judge wall-clock timing: behind `play`, the trace's TTFT and ITL
+    /// against play's pacing ([`timing_ok`]); behind the real engine, only that they are
+    /// positive.
+    pub(crate) fn judges_timing(&self) -> bool {
+        matches!(self.engine, Engine::Play { .. })
+    }
+}
+
 /// The record legs: `play` behind vllm-rs of the default and the oldest selected line (and
 /// the Python frontend), and with `cpu_engine` a real vLLM engine-core behind vllm-rs of
 /// the default line (and the Python frontend).

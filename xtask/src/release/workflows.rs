@@ -166,6 +166,10 @@ mod tests {
                 "ci.yml does not run stage `{stage}` ({how})"
             );
         }
+        // the e2e stage's other half: the serve_e2e tests (`test = false`, so the test
+        // stage's `cargo test --workspace` leaves them out)
+        let serve = format!("cargo test --test {}", crate::release::ci::SERVE_E2E);
+        assert!(ci.contains(&serve), "ci.yml does not run `{serve}`");
         // the per-line jobs come from compat.toml, through `cargo xtask matrix`
         assert!(ci.contains("cargo xtask matrix"));
         assert!(ci.contains("matrix: ${{ fromJSON(needs.lines.outputs.matrix) }}"));

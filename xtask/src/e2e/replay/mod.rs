@@ -100,6 +100,14 @@ pub(crate) struct ReplayLeg {
     pub kind: LegKind,
 }
 
+impl ReplayLeg {
+    /// Whether its checks judge wall-clock timing: the verbatim steps' gaps and drift (against
+    /// the engines' own lateness). The others compare content only.
+    pub(crate) fn judges_timing(&self) -> bool {
+        matches!(self.kind, LegKind::Steps { .. })
+    }
+}
+
 /// What every leg gets from the e2e runner.
 pub(crate) struct Env<'a> {
     pub engine_bin: &'a Path,
