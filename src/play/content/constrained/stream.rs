@@ -103,6 +103,7 @@ impl GrammarJob {
             forced: VecDeque::new(),
             sampled: 0,
             emitted: 0,
+            digit_run: 0,
             max_tokens,
             eos,
             done: false,
@@ -127,6 +128,8 @@ pub struct ConstrainedStream {
     sampled: u32,
     /// Tokens handed out so far, forced ones included.
     emitted: u64,
+    /// Digits written since the last other character: a number's length so far.
+    digit_run: u32,
     /// The request's `max_tokens`: what is left of it decides whether another structure
     /// is opened and how soon open ones close.
     max_tokens: Option<u64>,
@@ -286,10 +289,14 @@ impl ConstrainedStream {
                 None => classes.push((class, vec![t])),
             }
         });
-        let total: f64 = classes.iter().map(|(c, _)| c.weight(n)).sum();
+        let run = self.digit_run;
+        let total: f64 = classes.iter().map(|(c, _)| c.weight(n, run)).sum();
+        if total <= 0.0 {
+            return mask.first_bit_set().map(|t| t as u32);
+        }
         let mut x = self.unit() * total;
         for (c, ids) in &classes {
-            let w = c.weight(n);
+            let w = c.weight(n, run);
             if x < w {
                 return Some(ids[(self.rng.next_u64() % ids.len() as u64) as usize]);
             }
@@ -304,6 +311,10 @@ impl ConstrainedStream {
 pub(super) fn first_line(e: &str) -> String {
     e.lines().next().unwrap_or_default().trim().to_string()
 }
+
+/// The longest number the walker writes where the grammar lets it stop (see
+/// [`Class::weight`]).
+const MAX_DIGITS: u32 = 9;
 
 /// What a token looks like, for step 6 of [`ConstrainedStream::pick`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -331,12 +342,17 @@ impl Class {
         }
     }
 
-    /// `n`: tokens sampled so far.
-    fn weight(&self, n: f64) -> f64 {
+    /// `n`: tokens sampled so far; `digits`: the length of the number being written.
+    /// A model writes short numbers: each digit makes another less likely, and none
+    /// follows the ninth where the grammar allows anything else, so an integer stays
+    /// inside the 64-bit range parsers read it into (vllm-rs's `qwen3_coder` keeps a
+    /// 20-digit `integer` argument as a string).
+    fn weight(&self, n: f64, digits: u32) -> f64 {
         match self {
             Class::Eos => 2.0 + n / 4.0,
             Class::Letters => 3.0,
-            Class::Digits => 2.0,
+            Class::Digits if digits >= MAX_DIGITS => 0.0,
+            Class::Digits => 2.0 * 0.5f64.powi(digits as i32),
             Class::Space => 0.3,
             Class::Quote => 1.0 + n / 8.0,
             Class::Punctuation => 0.5 + n / 20.0,
@@ -350,6 +366,12 @@ impl TokenStream for ConstrainedStream {
         let t = self.next_inner(avoid);
         if self.failure.is_none() && !self.done {
             self.emitted += 1;
+            let bytes = self.vocab.token_bytes(t);
+            self.digit_run = if !bytes.is_empty() && bytes.iter().all(u8::is_ascii_digit) {
+                self.digit_run + bytes.len() as u32
+            } else {
+                0
+            };
             let pen = Pen {
                 vocab: &self.vocab,
                 prose: &mut self.prose,

@@ -421,6 +421,35 @@ fn json_schema_instances_parse_and_follow_the_schema() {
     }
 }
 
+/// Parsers read an `integer` into 64 bits (vllm-rs's `qwen3_coder` keeps a longer one as
+/// a string), and a model writes short numbers: in the call formats that spell arguments
+/// one by one, a number ends only with a newline, which the walker rarely picks.
+#[test]
+fn integers_are_written_short_enough_for_a_parser_to_read() {
+    let params = json!({"type": "object", "properties": {"days": {"type": "integer"}},
+        "required": ["days"]});
+    let lark = ToolCallFormat::Qwen3Coder.grammar("get_weather", &params);
+    let vocab = Vocabulary::embedded();
+    let mut longest = 0;
+    for i in 0..300 {
+        let g = TopLevelGrammar::from_lark(lark.clone());
+        let mut s = ConstrainedStream::new(vocab.clone(), g, &req(&format!("n{i}")), 1).unwrap();
+        let ids: Vec<u32> = (0..200)
+            .map(|_| s.next_token(&[]))
+            .take_while(|&t| t != vcr_host::tiny_model::EOS_TOKEN_ID)
+            .collect();
+        let text = vocab.decode(&ids);
+        let days = text
+            .split("<parameter=days>\n")
+            .nth(1)
+            .and_then(|v| v.split("\n</parameter>").next())
+            .unwrap_or_else(|| panic!("no days: {text}"));
+        assert!(days.parse::<i64>().is_ok(), "not a 64-bit integer: {text}");
+        longest = longest.max(days.trim_start_matches('-').len());
+    }
+    assert!(longest <= 9, "a {longest}-digit number");
+}
+
 #[test]
 fn regex_choice_grammar_and_json_object() {
     let none = PromptTools::default();
