@@ -12,7 +12,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use sim_trace::loads::{CALIBRATION_SUITE, workload};
+use sim_trace::loads::{CALIBRATION_SUITE, SUITE_SEEDS, workload};
 
 #[derive(Debug, Clone, Args)]
 pub struct SuiteArgs {
@@ -34,9 +34,12 @@ pub struct SuiteArgs {
     #[arg(long, value_name = "PATH")]
     pub bench_bin: Option<PathBuf>,
 
-    /// Seed of the loads' prompts and lengths.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Seeds of the loads' prompts and lengths: every load runs once per seed, in turn
+    /// (comma-separated). A model fitted on two seeds' runs tells its terms apart better
+    /// than one fitted on one (docs/fidelity.md); one seed halves the time.
+    #[arg(long = "seeds", alias = "seed", value_delimiter = ',', value_name = "N,…",
+          default_values_t = SUITE_SEEDS)]
+    pub seeds: Vec<u64>,
 
     /// Only these workloads of the suite (comma-separated names).
     #[arg(long, value_delimiter = ',', value_name = "NAME,…")]
@@ -47,9 +50,21 @@ pub struct SuiteArgs {
     pub dry_run: bool,
 }
 
-/// The `bench serve` argument lists of the selected suite workloads: (name, what it is,
-/// arguments after `bench serve`).
-pub fn commands(a: &SuiteArgs) -> Result<Vec<(&'static str, String, Vec<String>)>> {
+/// One load of the suite to send.
+pub struct SuiteLoad {
+    pub name: &'static str,
+    pub seed: u64,
+    /// What it is, for the comment above its command.
+    pub what: String,
+    /// The arguments after `bench serve`.
+    pub args: Vec<String>,
+}
+
+/// The `bench serve` loads of the selected suite workloads, every seed's in turn.
+pub fn commands(a: &SuiteArgs) -> Result<Vec<SuiteLoad>> {
+    if a.seeds.is_empty() {
+        bail!("--seeds: give at least one seed");
+    }
     for name in &a.only {
         if !CALIBRATION_SUITE.contains(&name.as_str()) {
             bail!(
@@ -59,7 +74,11 @@ pub fn commands(a: &SuiteArgs) -> Result<Vec<(&'static str, String, Vec<String>)
         }
     }
     let mut out = Vec::new();
-    for name in CALIBRATION_SUITE {
+    for (&seed, name) in a
+        .seeds
+        .iter()
+        .flat_map(|s| CALIBRATION_SUITE.iter().map(move |n| (s, n)))
+    {
         if !a.only.is_empty() && !a.only.iter().any(|o| o == name) {
             continue;
         }
@@ -75,8 +94,13 @@ pub fn commands(a: &SuiteArgs) -> Result<Vec<(&'static str, String, Vec<String>)
         .iter()
         .map(|s| s.to_string())
         .collect();
-        args.extend(w.bench_args(w.requests, a.seed, &dataset_dir()));
-        out.push((*name, w.describe(), args));
+        args.extend(w.bench_args(w.requests, seed, &dataset_dir()));
+        out.push(SuiteLoad {
+            name,
+            seed,
+            what: w.describe(),
+            args,
+        });
     }
     Ok(out)
 }
@@ -109,20 +133,26 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         "# the calibration suite: {} load(s); run `vllm-vcr record` between the frontend and the engine while they run",
         commands.len()
     );
-    for (name, what, args) in &commands {
+    for SuiteLoad {
+        name,
+        seed,
+        what,
+        args,
+    } in &commands
+    {
         let line = std::iter::once(bench.display().to_string())
             .chain(["bench".into(), "serve".into()])
             .chain(args.iter().cloned())
             .map(|w| shell_word(&w))
             .collect::<Vec<_>>()
             .join(" ");
-        crate::outln!("\n# {name}: {what}\n{line}");
+        crate::outln!("\n# {name}, seed {seed}: {what}\n{line}");
         if a.dry_run {
             continue;
         }
         if let Some(w) = workload(name) {
             let dir = dataset_dir();
-            w.write_dataset(w.requests, a.seed, &dir)
+            w.write_dataset(w.requests, *seed, &dir)
                 .with_context(|| format!("writing {name}'s dataset into {}", dir.display()))?;
         }
         let status = Command::new(&bench)
@@ -135,7 +165,7 @@ pub fn run(a: &SuiteArgs) -> Result<()> {
         }
     }
     crate::outln!(
-        "\n# then stop the tap and fit: vllm-vcr inspect fit TRACE --steps SIDECAR -o model.json"
+        "\n# then stop the tap and fit: vllm-vcr inspect fit --per-capture-speed TRACE --steps SIDECAR -o model.json"
     );
     Ok(())
 }

@@ -121,9 +121,9 @@ fn a_mooncake_trace_of_long_prompts_replays_through_bench_serve_with_no_failures
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
 }
 
-/// `inspect suite` drives the calibration suite's three loads through a real frontend
-/// (`serve`, vllm-rs 0.33's `bench serve`): each command is printed before it runs, every
-/// request succeeds, and the shared-prefix load shows as prefix-cache hits in the
+/// `inspect suite` drives the calibration suite's three loads, under each of its two
+/// seeds, through a real frontend (`serve`, vllm-rs 0.33's `bench serve`): each command is
+/// printed before it runs, every request succeeds, and the shared-prefix load shows as prefix-cache hits in the
 /// frontend's metrics.
 #[test]
 fn the_calibration_suite_runs_against_a_frontend() {
@@ -147,22 +147,32 @@ fn the_calibration_suite_runs_against_a_frontend() {
         "{report}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for name in sim_trace::loads::CALIBRATION_SUITE {
-        let w = sim_trace::loads::workload(name).unwrap();
-        let args = w.bench_args(w.requests, 0, std::path::Path::new("/unused"));
-        let line = report
-            .lines()
-            .find(|l| l.contains(" bench serve ") && l.contains(&args[3]) && l.contains(&args[5]))
-            .unwrap_or_else(|| panic!("no command for {name}:\n{report}"));
-        assert!(line.contains(&format!("--base-url {base}")), "{line}");
+    let seeds = sim_trace::loads::SUITE_SEEDS;
+    for seed in seeds {
+        for name in sim_trace::loads::CALIBRATION_SUITE {
+            let w = sim_trace::loads::workload(name).unwrap();
+            let args = w.bench_args(w.requests, seed, std::path::Path::new("/unused"));
+            let seed_arg = format!("--seed {seed}");
+            let line = report
+                .lines()
+                .find(|l| {
+                    l.contains(" bench serve ")
+                        && l.contains(&args[3])
+                        && l.contains(&args[5])
+                        && l.contains(&seed_arg)
+                })
+                .unwrap_or_else(|| panic!("no command for {name} seed {seed}:\n{report}"));
+            assert!(line.contains(&format!("--base-url {base}")), "{line}");
+        }
     }
     let succeeded: Vec<u64> = report
         .lines()
         .filter_map(|l| l.strip_prefix("Successful requests:"))
         .map(|v| v.trim().parse().unwrap())
         .collect();
-    let wanted: Vec<u64> = sim_trace::loads::CALIBRATION_SUITE
+    let wanted: Vec<u64> = seeds
         .iter()
+        .flat_map(|_| sim_trace::loads::CALIBRATION_SUITE)
         .map(|n| u64::from(sim_trace::loads::workload(n).unwrap().requests))
         .collect();
     assert_eq!(succeeded, wanted, "{report}");
@@ -171,7 +181,7 @@ fn the_calibration_suite_runs_against_a_frontend() {
         .filter_map(|l| l.strip_prefix("Failed requests:"))
         .map(str::trim)
         .collect();
-    assert_eq!(failed, vec!["0"; 3], "{report}");
+    assert_eq!(failed, vec!["0"; wanted.len()], "{report}");
     let text = http_get(serve.port, "/metrics").text();
     let hits: f64 = text
         .lines()
