@@ -331,6 +331,30 @@ fn multi_token_bursts_replay_jointly_with_their_gaps() {
     }
 }
 
+/// Lag-1 correlation of a series.
+fn lag1(v: &[f64]) -> f64 {
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let var: f64 = v.iter().map(|x| (x - m) * (x - m)).sum();
+    let cov: f64 = v.windows(2).map(|w| (w[0] - m) * (w[1] - m)).sum();
+    cov / var
+}
+
+/// Consecutive captured steps share their conditions, and so do the model's: the full
+/// batch's decode steps, one after another, are as correlated with their neighbours as
+/// the captured ones (each draw alone keeps the captured distribution: the test above).
+#[test]
+fn slow_steps_come_in_runs_as_captured() {
+    let model = fixture_model();
+    let rho = model.law.residual_autocorrelation;
+    let mut lat = model.latency(1, 1.0);
+    let sim = lag1(&draws(&mut lat, &shape(8, &[]), 20_000));
+    let real = lag1(&captured(8, 0));
+    assert!(
+        real > 0.2 && (sim - real).abs() < 0.15,
+        "lag-1 correlation of decode steps: modelled {sim:.3}, captured {real:.3} (the law's residuals: {rho:.3})"
+    );
+}
+
 #[test]
 fn a_saved_model_loads_and_draws_the_same() {
     let model = fixture_model();

@@ -78,14 +78,16 @@ const GATED: &[(&str, Cells)] = &[
         &[
             ("ttft_ms", &["p50", "p90"]),
             ("itl_ms", &["p50", "p90"]),
-            ("request_total_ms", &["p50"]),
+            ("request_total_ms", &["p50", "p90", "p99"]),
         ],
     ),
     (
         "concurrency-2",
         &[
             ("ttft_ms", &["p50", "p90", "p99"]),
-            ("itl_ms", &["p50", "p90"]),
+            // ITL p90 left with the correlated draws (+8.4 % against 8.3): runs of slow
+            // steps, which widened the request totals towards the engine's (below)
+            ("itl_ms", &["p50"]),
             ("request_total_ms", &["p50", "p90", "p99"]),
         ],
     ),
@@ -110,25 +112,26 @@ const GATED: &[(&str, Cells)] = &[
         &[
             ("ttft_ms", &["p99"]),
             ("itl_ms", &["p50", "p90"]),
-            ("request_total_ms", &["p90", "p99"]),
+            ("request_total_ms", &["p50", "p90", "p99"]),
         ],
     ),
     (
         "poisson",
         &[
             ("ttft_ms", &["p50", "p90", "p99"]),
-            ("itl_ms", &["p50", "p90"]),
+            // ITL p90 left with the correlated draws (+8.6 % against 8.3)
+            ("itl_ms", &["p50"]),
             ("request_total_ms", &["p50", "p90", "p99"]),
         ],
     ),
     (
         "bursts",
         &[
-            // TTFT p99 left the ratchet with the new-step-size term (−6.5 % against a
-            // tolerance of 5.0): the term moved the fixed closed loops' held-out TTFT by
-            // 7–11 points towards the engine (docs/fidelity.md)
-            ("itl_ms", &["p50"]),
-            ("request_total_ms", &["p50", "p99"]),
+            // request total p50 left with the correlated draws (−8.6 % against 6.9);
+            // TTFT p50 and p99 came back, with ITL p90 and request total p90
+            ("ttft_ms", &["p50", "p99"]),
+            ("itl_ms", &["p50", "p90"]),
+            ("request_total_ms", &["p90", "p99"]),
         ],
     ),
     (
@@ -142,16 +145,17 @@ const GATED: &[(&str, Cells)] = &[
     (
         "sessions-no-prefix-cache",
         &[
-            ("ttft_ms", &["p90"]),
-            ("itl_ms", &["p50"]),
-            ("request_total_ms", &["p99"]),
+            ("ttft_ms", &["p90", "p99"]),
+            ("itl_ms", &["p50", "p90"]),
+            ("request_total_ms", &["p50", "p99"]),
         ],
     ),
     (
         "spec-ngram",
         &[
-            ("ttft_ms", &["p99"]),
-            ("itl_ms", &["p50", "p90"]),
+            // ITL p50 left with the correlated draws (−7.4 % against 7.3)
+            ("ttft_ms", &["p90", "p99"]),
+            ("itl_ms", &["p90"]),
             ("request_total_ms", &["p50"]),
         ],
     ),
@@ -404,7 +408,7 @@ const HELD_OUT_GATED: &[(&str, Cells)] = &[
         &[
             ("ttft_ms", &["p99"]),
             ("itl_ms", &["p50"]),
-            ("request_total_ms", &["p50", "p99"]),
+            ("request_total_ms", &["p50", "p90", "p99"]),
         ],
     ),
     (
@@ -435,27 +439,27 @@ const HELD_OUT_GATED: &[(&str, Cells)] = &[
         "poisson",
         &[
             ("ttft_ms", &["p90", "p99"]),
-            ("itl_ms", &["p50", "p90", "p99"]),
-            ("request_total_ms", &["p50", "p90", "p99"]),
+            ("itl_ms", &["p50", "p90"]),
+            ("request_total_ms", &["p50", "p99"]),
         ],
     ),
     (
         "bursts",
         &[
-            ("itl_ms", &["p50", "p99"]),
+            ("itl_ms", &["p50", "p90", "p99"]),
             ("request_total_ms", &["p50", "p99"]),
         ],
     ),
     (
         "sessions",
-        &[("itl_ms", &["p50", "p90"]), ("request_total_ms", &["p50"])],
+        &[("itl_ms", &["p90"]), ("request_total_ms", &["p50"])],
     ),
     (
         "sessions-no-prefix-cache",
         &[
             ("ttft_ms", &["p90", "p99"]),
-            ("itl_ms", &["p50"]),
-            ("request_total_ms", &["p50", "p99"]),
+            ("itl_ms", &["p90", "p99"]),
+            ("request_total_ms", &["p50", "p90", "p99"]),
         ],
     ),
     (
@@ -485,8 +489,8 @@ const HELD_OUT_GATED: &[(&str, Cells)] = &[
     (
         "varlen-bursts8",
         &[
-            ("ttft_ms", &["p50", "p90", "p99"]),
-            ("itl_ms", &["p90"]),
+            ("ttft_ms", &["p90", "p99"]),
+            ("itl_ms", &["p90", "p99"]),
             ("request_total_ms", &["p50", "p90", "p99"]),
         ],
     ),
@@ -512,7 +516,7 @@ const HELD_OUT_GATED: &[(&str, Cells)] = &[
         &[
             ("ttft_ms", &["p50", "p99"]),
             ("itl_ms", &["p50", "p90", "p99"]),
-            ("request_total_ms", &["p99"]),
+            ("request_total_ms", &["p50", "p99"]),
         ],
     ),
     (
@@ -520,7 +524,7 @@ const HELD_OUT_GATED: &[(&str, Cells)] = &[
         &[
             ("ttft_ms", &["p50", "p90", "p99"]),
             ("itl_ms", &["p50", "p90", "p99"]),
-            ("request_total_ms", &["p90", "p99"]),
+            ("request_total_ms", &["p50", "p90", "p99"]),
         ],
     ),
 ];

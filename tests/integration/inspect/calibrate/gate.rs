@@ -71,11 +71,11 @@ fn in_sample_on_the_cpu_engine_capture() {
         "{out}"
     );
     assert!(
-        out.contains("+0.9 !"),
+        out.contains("+1.4 !"),
         "the failing cells are marked:\n{out}"
     );
     assert!(
-        err.contains("error: 36 of 36 gated cells out of tolerance: TTFT p50 all +0.9 % (339.6 vs captured 336.7, tolerance 0.01 %)"),
+        err.contains("error: 36 of 36 gated cells out of tolerance: TTFT p50 all +1.4 % (341.3 vs captured 336.7, tolerance 0.01 %)"),
         "{err}"
     );
     assert!(err.contains("and 30 more"), "{err}");
@@ -187,18 +187,20 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
     // together, the engine queueing what arrives during a step when the step ends (as
     // vLLM's engine-core does), so the engine falls into the capture's rhythm — one
     // request prefilled alone, the other seven in the next step — and TTFT and the whole
-    // ITL distribution follow the capture (TTFT −0.2 / −3.4 / −7.1 %, ITL −0.2 / −0.2 /
-    // −0.3 %, request total +0.4 / −5.1 / −10.1 % at this seed)
+    // ITL distribution follow the capture (TTFT −0.2 / +0.7 / −19.7 %, ITL −0.2 / −0.4 /
+    // −3.3 %, request total +0.5 / −3.8 / −10.7 % at this seed). TTFT p99 of 301 requests
+    // is their third-slowest, one slow prefill step: −3 … −22 % over seeds 0–5 (−6 … −24
+    // with the ratios drawn independently), ITL p99 −3.3 … +2.9 %.
     let closed = json(&["--replay-concurrency", "auto"]);
     assert_eq!(closed["arrivals"], "concurrency");
     assert_eq!(closed["replay_concurrency"], 8);
     for (metric, q, within) in [
         ("ttft_ms", 0, 2.0),
         ("ttft_ms", 1, 5.0),
-        ("ttft_ms", 2, 10.0),
+        ("ttft_ms", 2, 25.0),
         ("itl_ms", 0, 2.0),
         ("itl_ms", 1, 2.0),
-        ("itl_ms", 2, 3.0),
+        ("itl_ms", 2, 4.0),
         ("request_total_ms", 0, 2.0),
         ("request_total_ms", 1, 7.0),
         ("request_total_ms", 2, 12.0),
