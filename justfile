@@ -27,6 +27,9 @@ fetch *ARGS:
 bench:
     cargo bench --bench engine
 
+# what CI's fmt and clippy stages check (serve_e2e is `test = false`: `--all-targets`
+# leaves it out, so it is linted by name)
 lint:
     cargo fmt --all --check
     cargo clippy --workspace --all-targets -- -D warnings
+    cargo clippy --test serve_e2e -- -D warnings
