@@ -117,7 +117,21 @@ fn a_mooncake_trace_of_long_prompts_replays_through_bench_serve_with_no_failures
     assert_eq!(field("Failed requests:"), 0, "{report}");
     assert_eq!(field("Successful requests:"), REQUESTS, "{report}");
     assert_eq!(field("Total input tokens:"), input_tokens, "{report}");
-    assert_eq!(field("Total generated tokens:"), output_tokens, "{report}");
+    // the server's own count beside the benchmark's: one CI run under load saw the
+    // benchmark report 2,229 generated tokens for 2,320 with every request successful
+    // (not reproduced since, quiet or beside three busy loops); this says on which side
+    // the tokens went missing if it happens again
+    let served = super::load_generators::Served::read(serve.port);
+    assert_eq!(
+        served.output as u64, output_tokens,
+        "the server's vllm:generation_tokens_total\n{report}"
+    );
+    assert_eq!(
+        field("Total generated tokens:"),
+        output_tokens,
+        "the benchmark's count (the server counted {} output tokens)\n{report}",
+        served.output
+    );
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
 }
 
