@@ -9,7 +9,7 @@
 //! The other binaries hold what must not share the machine with these tests (Cargo runs
 //! test binaries one after the other): `tests/serve_e2e/` and `tests/kv_events_e2e/` start real
 //! vLLM frontends and Python consumers whose start-up is bounded, `tests/replay_fitted/`
-//! compares wall-clock latencies with a capture's; `tests/nixl/` is what CI's `nixl` stage
+//! compares wall-clock latencies with a capture's; `tests/nixl/` is what CI's test stage
 //! runs with the feature.
 
 #[path = "../support/mod.rs"]

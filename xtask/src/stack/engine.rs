@@ -3,15 +3,27 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use vcr_host::child::ChildGuard;
 use vcr_host::tiny_model::{MAX_MODEL_LEN, TOKENIZER_VOCAB};
 
-/// `cargo build` the engine binary and return its path.
+/// The cargo features of every [`build_engine`] in this process, once set (none before).
+static FEATURES: OnceLock<&'static [&'static str]> = OnceLock::new();
+
+/// Build the engine with `features` from now on: `cargo xtask ci` builds everything with
+/// the same features, so the test, bench, image and e2e builds share one compile of the
+/// crate (a build with other features recompiles all of it). Only the first call counts.
+pub(crate) fn use_features(features: &'static [&'static str]) {
+    let _ = FEATURES.set(features);
+}
+
+/// `cargo build` the engine binary (with the features [`use_features`] set) and return
+/// its path.
 pub(crate) fn build_engine(root: &Path) -> Result<PathBuf> {
-    build_engine_with(root, &[])
+    build_engine_with(root, FEATURES.get().copied().unwrap_or(&[]))
 }
 
 /// [`build_engine`] with cargo `features` (the binary is replaced by the next build
