@@ -87,8 +87,28 @@ struct Serve {
     port: u16,
     handshake_port: u16,
     frontend: String,
+    /// The frontend's pid once the ready block named it: the leader of its own process
+    /// group (see the `Drop`).
+    frontend_pid: Option<u32>,
     /// The lines of the ready block read so far (what a user sees first).
     banner: Vec<String>,
+}
+
+/// The guard kills `serve` at once (no grace), and `serve` takes its frontend along only
+/// when it shuts down itself; killed, it leaves the frontend to its death signal, which
+/// reaches the Python frontend's main process but not the API servers and the
+/// data-parallel coordinator it started — they stayed behind after every run, adopted by
+/// init. The frontend leads its own process group, and they are in it: kill the group.
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(pid) = self.frontend_pid
+            && self.process.is_running()
+        {
+            // SAFETY: signalling the process group `serve` created for its frontend, while
+            // `serve` (which would reap it) still runs, so the group id is not reused.
+            unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+        }
+    }
 }
 
 impl Serve {
@@ -126,6 +146,7 @@ impl Serve {
             port,
             handshake_port,
             frontend: String::new(),
+            frontend_pid: None,
             banner: Vec::new(),
         }
     }
@@ -162,6 +183,7 @@ impl Serve {
             }
             self.banner.push(line);
         }
+        self.frontend_pid = pid;
         (base.unwrap(), pid.unwrap())
     }
 

@@ -143,6 +143,12 @@ impl TestProcess {
         let _ = self.child.wait();
     }
 
+    /// Whether the process still runs (not exited, or exited and not yet reaped by this
+    /// guard); never panics, for use in a `Drop`.
+    pub fn is_running(&mut self) -> bool {
+        !self.try_wait_quietly()
+    }
+
     fn try_wait_quietly(&mut self) -> bool {
         self.child.try_wait().ok().flatten().is_some()
     }
