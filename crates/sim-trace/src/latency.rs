@@ -276,15 +276,8 @@ impl KnobLatency {
         }
     }
 
-    fn uniform(&mut self) -> f64 {
-        let z = crate::rng::splitmix64(&mut self.rng);
-        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
     fn normal(&mut self) -> f64 {
-        // Box–Muller
-        let (u1, u2) = (self.uniform(), self.uniform());
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+        crate::rng::standard_normal(&mut self.rng)
     }
 
     /// A draw with the given mean and standard deviation: the mean itself when the spread

@@ -442,6 +442,10 @@ pub const WORKLOADS: &[Workload] = &[
 /// +23–25 % to within ±11 %.
 pub const SUITE_SEEDS: [u64; 2] = [0, 1];
 
+/// The corpus roles of the suite's runs under [`SUITE_SEEDS`] (`fit` is seed 0, `gate`
+/// seed 1): the captures the project's own suite model is fitted on.
+pub const SUITE_FIT_ROLES: [&str; 2] = ["fit", "gate"];
+
 /// The calibration suite: the workloads a user captures from their own engine to fit a
 /// model for it.
 pub const CALIBRATION_SUITE: &[&str] = &[

@@ -548,7 +548,7 @@ fn a_model_fitted_on_the_calibration_suite_predicts_the_held_out_shapes() {
     let suite: Vec<&Entry> = sim_trace::loads::CALIBRATION_SUITE
         .iter()
         .flat_map(|w| {
-            ["fit", "gate"]
+            sim_trace::loads::SUITE_FIT_ROLES
                 .map(|r| of(w, r).unwrap_or_else(|| panic!("no {r} capture of the suite's {w}")))
         })
         .collect();

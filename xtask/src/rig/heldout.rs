@@ -19,14 +19,10 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use sim_trace::loads::{CALIBRATION_SUITE, WORKLOADS};
+use sim_trace::loads::{CALIBRATION_SUITE, SUITE_FIT_ROLES, WORKLOADS};
 
 use crate::rig::corpus::{self, Entry};
 
-/// The roles of the suite's captures its model is fitted on: the two seeds the suite runs
-/// its loads under (`sim_trace::loads::SUITE_SEEDS`; the corpus's `fit` is seed 0, `gate`
-/// seed 1).
-const SUITE_ROLES: [&str; 2] = ["fit", "gate"];
 use crate::rig::tool::{json_of, run_quiet};
 
 pub const METRICS: [(&str, &str); 3] = [
@@ -154,9 +150,9 @@ pub fn evaluate(engine: &Path, dir: &Path, work: &Path, plots: Option<&Path>) ->
     };
     let suite_fit: Vec<&Entry> = CALIBRATION_SUITE
         .iter()
-        .flat_map(|w| SUITE_ROLES.iter().filter_map(move |r| of(w, r)))
+        .flat_map(|w| SUITE_FIT_ROLES.iter().filter_map(move |r| of(w, r)))
         .collect();
-    if suite_fit.len() != CALIBRATION_SUITE.len() * SUITE_ROLES.len() {
+    if suite_fit.len() != CALIBRATION_SUITE.len() * SUITE_FIT_ROLES.len() {
         bail!(
             "{}: the calibration suite needs a fit and a gate capture (its two seeds) of each of {}",
             dir.display(),

@@ -237,17 +237,10 @@ impl FittedLatency {
         (crate::rng::splitmix64(&mut self.rng) >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// A standard normal draw (Box–Muller).
-    fn normal(&mut self) -> f64 {
-        let u1 = self.unit().max(f64::MIN_POSITIVE);
-        let u2 = self.unit();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-
     /// The uniform that picks this step's ratio: the next value of the AR(1) state, through
     /// the normal CDF (see the module docs).
     fn correlated_unit(&mut self) -> f64 {
-        let e = self.normal();
+        let e = crate::rng::standard_normal(&mut self.rng);
         self.z = self.rho * self.z + (1.0 - self.rho * self.rho).sqrt() * e;
         normal_cdf(self.z)
     }

@@ -291,9 +291,6 @@ impl ConstrainedStream {
         });
         let run = self.digit_run;
         let total: f64 = classes.iter().map(|(c, _)| c.weight(n, run)).sum();
-        if total <= 0.0 {
-            return mask.first_bit_set().map(|t| t as u32);
-        }
         let mut x = self.unit() * total;
         for (c, ids) in &classes {
             let w = c.weight(n, run);
