@@ -34,7 +34,10 @@ pub(super) fn strings(v: &[&str]) -> Vec<String> {
 pub(super) fn serve(port: u16, extra: &[String], name: &str) -> TestProcess {
     let mut args = strings(&["serve", "--port"]);
     args.push(port.to_string());
-    args.extend(strings(&["--log-requests"]));
+    // serve's own wait for its frontend (default 120 s) as long as this hang guard: the
+    // Python frontend inspects the model in a subprocess before it listens, and on a
+    // loaded 2-core host that outlasted 120 s (a CI run, 2026-11-28)
+    args.extend(strings(&["--log-requests", "--startup-timeout", "300"]));
     args.extend_from_slice(extra);
     let p = start(&args, name);
     wait_health(port, &p);
