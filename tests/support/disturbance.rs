@@ -2,7 +2,10 @@
 //! to sleep 1 ms over and over and keeps how much longer each sleep took. A stall that
 //! delays the code under test (another process's burst on shared cores) delays the probe
 //! too, so a timing check can be judged against what its own run suffered instead of
-//! being run a second time.
+//! being run a second time. A client in another process (a Python load generator) is
+//! also slowed by something a short sleep barely feels: more runnable tasks than cores,
+//! which stretches any CPU work by their ratio. The probe samples the kernel's count of
+//! runnable tasks at each tick and keeps the mean of that stretch.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +14,24 @@ use std::time::{Duration, Instant};
 
 pub struct Disturbance {
     stop: Arc<AtomicBool>,
-    probe: Option<JoinHandle<Duration>>,
+    probe: Option<JoinHandle<(Duration, f64)>>,
+}
+
+/// What a probed window suffered.
+#[derive(Clone, Copy, Debug)]
+pub struct Suffered {
+    /// The longest a 1 ms sleep overran, ms.
+    pub worst_ms: f64,
+    /// How much CPU work was stretched on average: runnable tasks (the probe standing in
+    /// for the work) per core, at least 1 (1 where the kernel does not say).
+    pub cpu_stretch: f64,
+}
+
+/// Runnable tasks now, this thread included (`/proc/loadavg`'s fourth field).
+fn runnable() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let field = text.split_whitespace().nth(3)?;
+    field.split('/').next()?.parse().ok()
 }
 
 impl Disturbance {
@@ -21,13 +41,24 @@ impl Disturbance {
         let flag = stop.clone();
         let probe = std::thread::spawn(move || {
             let tick = Duration::from_millis(1);
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
             let mut worst = Duration::ZERO;
+            let (mut stretch, mut samples) = (0.0, 0u32);
             while !flag.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 std::thread::sleep(tick);
                 worst = worst.max(t.elapsed().saturating_sub(tick));
+                if let Some(n) = runnable() {
+                    stretch += (n / cores).max(1.0);
+                    samples += 1;
+                }
             }
-            worst
+            let mean = if samples == 0 {
+                1.0
+            } else {
+                stretch / f64::from(samples)
+            };
+            (worst, mean)
         });
         Self {
             stop,
@@ -36,14 +67,22 @@ impl Disturbance {
     }
 
     /// Stop probing: the longest a 1 ms sleep overran while the test ran, ms.
-    pub fn worst_ms(mut self) -> f64 {
+    pub fn worst_ms(self) -> f64 {
+        self.finish().worst_ms
+    }
+
+    /// Stop probing: everything the window suffered.
+    pub fn finish(mut self) -> Suffered {
         self.stop.store(true, Ordering::Relaxed);
-        let worst = self
+        let (worst, cpu_stretch) = self
             .probe
             .take()
             .and_then(|p| p.join().ok())
-            .unwrap_or_default();
-        worst.as_secs_f64() * 1e3
+            .unwrap_or((Duration::ZERO, 1.0));
+        Suffered {
+            worst_ms: worst.as_secs_f64() * 1e3,
+            cpu_stretch,
+        }
     }
 }
 
