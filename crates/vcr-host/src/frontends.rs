@@ -524,6 +524,31 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
         );
         return Ok(venv);
     }
+    // Installs into the cache are serialised by a lock on a file beside the venvs: tests
+    // run in parallel and several may want one tool the first time, and a second install
+    // would remove the venv the first has finished and handed to its test. Whoever waited
+    // finds the install done.
+    let pydir = cache.join("py");
+    std::fs::create_dir_all(&pydir).with_context(|| format!("creating {}", pydir.display()))?;
+    let lock_path = pydir.join(".install.lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("opening {}", lock_path.display()))?;
+    lock.lock()
+        .with_context(|| format!("locking {}", lock_path.display()))?;
+    if stamp.is_file() && (pins.ready)(&venv) {
+        crate::errln!(
+            "fetch: {} {}=={}: installed meanwhile at {}",
+            pins.what,
+            package,
+            version,
+            venv.display()
+        );
+        return Ok(venv);
+    }
     let started = Instant::now();
     let (major, minor) = python_version()?;
     if major != 3 || !(11..15).contains(&minor) {
@@ -534,8 +559,6 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
             version
         );
     }
-    let pydir = cache.join("py");
-    std::fs::create_dir_all(&pydir).with_context(|| format!("creating {}", pydir.display()))?;
     let tools = pydir.join("tools");
     let uv = tools.join("bin").join("uv");
     if !uv.is_file() {
