@@ -19,7 +19,11 @@ pub fn grammar_for(so: &StructuredOutputs, tools: &PromptTools) -> Result<TopLev
         Constraint::JsonSchema(text) => {
             let mut schema: Value = serde_json::from_str(text)
                 .map_err(|e| fail(format!("the schema is not JSON: {e}")))?;
-            if so.disable_additional_properties {
+            // vLLM's xgrammar backend (what its frontends pick unless a schema needs
+            // another) compiles schemas in strict mode: an object that declares its
+            // properties has no others. Its guidance backend leaves them open unless the
+            // request disables them.
+            if so.backend.as_deref() != Some("guidance") || so.disable_additional_properties {
                 close_objects(&mut schema);
             }
             TopLevelGrammar::from_json_schema(compact(schema, so.whitespace_pattern.as_deref()))
@@ -143,9 +147,14 @@ pub(super) fn format_rule(
         "json_schema" => {
             let style = f.get("style").and_then(Value::as_str).unwrap_or("json");
             let schema = f.get("json_schema").cloned().unwrap_or(Value::Bool(true));
+            // xgrammar compiles a tag's schema in strict mode too
             let schema = match (&schema, tool.and_then(|t| tools.parameters_of(t))) {
                 (Value::Bool(true), Some(p)) => p,
-                _ => schema,
+                _ => {
+                    let mut schema = schema;
+                    close_objects(&mut schema);
+                    schema
+                }
             };
             if style != "json" {
                 return styled_arguments(style, &schema, rules).ok_or_else(|| {

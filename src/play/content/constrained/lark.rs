@@ -3,9 +3,72 @@
 
 use serde_json::{Value, json};
 
-/// `additionalProperties: false` on every object schema that does not say otherwise
-/// (`disable_additional_properties`).
+/// Keywords whose value maps names to subschemas.
+const SCHEMA_MAPS: [&str; 6] = [
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+    "dependencies",
+];
+
+/// Keywords whose value is a subschema or a list of them.
+const SUBSCHEMAS: [&str; 16] = [
+    "additionalProperties",
+    "unevaluatedProperties",
+    "propertyNames",
+    "contains",
+    "additionalItems",
+    "unevaluatedItems",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contentSchema",
+    "items",
+    "prefixItems",
+    "allOf",
+    "anyOf",
+    "oneOf",
+];
+
+/// `additionalProperties: false` on every schema that declares `properties` (or
+/// `patternProperties`) and does not say otherwise, wherever the schema nests one: what
+/// vLLM's default structured-output backend (xgrammar, in its strict mode) enforces, and
+/// its `guidance` backend with `disable_additional_properties`. An object schema that
+/// declares no properties (`{"type": "object"}`) stays open, as there. Only schema
+/// keywords are walked: an `enum` or `const` value is data, not a schema.
 pub(super) fn close_objects(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for key in SCHEMA_MAPS {
+                if let Some(Value::Object(subs)) = m.get_mut(key) {
+                    subs.values_mut().for_each(close_objects);
+                }
+            }
+            for key in SUBSCHEMAS {
+                if let Some(sub) = m.get_mut(key) {
+                    close_objects(sub);
+                }
+            }
+            let declares = ["properties", "patternProperties"]
+                .iter()
+                .any(|k| m.get(*k).is_some_and(Value::is_object));
+            if declares && !m.contains_key("additionalProperties") {
+                m.insert("additionalProperties".into(), Value::Bool(false));
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(close_objects),
+        _ => {}
+    }
+}
+
+/// `additionalProperties: false` on every object schema that does not say otherwise, with
+/// or without declared properties: a tool's parameters as a model writes them when it
+/// follows the signature it was shown (no keys it was not shown, none at all where the
+/// signature declares none).
+pub(super) fn close_every_object(v: &mut Value) {
     match v {
         Value::Object(m) => {
             let is_object = m.get("type").and_then(Value::as_str) == Some("object")
@@ -13,9 +76,9 @@ pub(super) fn close_objects(v: &mut Value) {
             if is_object && !m.contains_key("additionalProperties") {
                 m.insert("additionalProperties".into(), Value::Bool(false));
             }
-            m.values_mut().for_each(close_objects);
+            m.values_mut().for_each(close_every_object);
         }
-        Value::Array(a) => a.iter_mut().for_each(close_objects),
+        Value::Array(a) => a.iter_mut().for_each(close_every_object),
         _ => {}
     }
 }

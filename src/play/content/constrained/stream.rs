@@ -104,6 +104,7 @@ impl GrammarJob {
             sampled: 0,
             emitted: 0,
             digit_run: 0,
+            in_exponent: false,
             max_tokens,
             eos,
             done: false,
@@ -130,6 +131,9 @@ pub struct ConstrainedStream {
     emitted: u64,
     /// Digits written since the last other character: a number's length so far.
     digit_run: u32,
+    /// Whether the number being written is in its exponent (its digits then count from
+    /// [`MAX_DIGITS`] − 2, so it takes one or two).
+    in_exponent: bool,
     /// The request's `max_tokens`: what is left of it decides whether another structure
     /// is opened and how soon open ones close.
     max_tokens: Option<u64>,
@@ -272,6 +276,7 @@ impl ConstrainedStream {
         // 6. a class of allowed tokens (letters, digits, a closer, other punctuation, …),
         //    then a token of that class: short lexemes, and closing grows likelier
         let mut classes: Vec<(Class, Vec<u32>)> = Vec::new();
+        let run = self.digit_run;
         mask.iter_set_entries(|t| {
             let t = t as u32;
             let class = if t == trie_eos {
@@ -281,6 +286,8 @@ impl ConstrainedStream {
                 Class::Eos
             } else if self.vocab.is_special(t) {
                 return;
+            } else if run > 0 && is_exponent(self.vocab.token_bytes(t)) {
+                Class::Exponent
             } else {
                 Class::of(self.vocab.token_bytes(t))
             };
@@ -289,7 +296,6 @@ impl ConstrainedStream {
                 None => classes.push((class, vec![t])),
             }
         });
-        let run = self.digit_run;
         let total: f64 = classes.iter().map(|(c, _)| c.weight(n, run)).sum();
         let mut x = self.unit() * total;
         for (c, ids) in &classes {
@@ -313,12 +319,22 @@ pub(super) fn first_line(e: &str) -> String {
 /// [`Class::weight`]).
 const MAX_DIGITS: u32 = 9;
 
+/// Whether a token right after digits starts a number's exponent (`e`, `E+`, `e-12`, …).
+fn is_exponent(b: &[u8]) -> bool {
+    matches!(b.first(), Some(b'e' | b'E'))
+        && b[1..]
+            .iter()
+            .all(|c| c.is_ascii_digit() || *c == b'+' || *c == b'-')
+}
+
 /// What a token looks like, for step 6 of [`ConstrainedStream::pick`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Class {
     Eos,
     Letters,
     Digits,
+    /// `e`/`E` after digits: a number's exponent, which models seldom write.
+    Exponent,
     Space,
     Quote,
     Punctuation,
@@ -350,6 +366,7 @@ impl Class {
             Class::Letters => 3.0,
             Class::Digits if digits >= MAX_DIGITS => 0.0,
             Class::Digits => 2.0 * 0.5f64.powi(digits as i32),
+            Class::Exponent => 0.02,
             Class::Space => 0.3,
             Class::Quote => 1.0 + n / 8.0,
             Class::Punctuation => 0.5 + n / 20.0,
@@ -364,11 +381,18 @@ impl TokenStream for ConstrainedStream {
         if self.failure.is_none() && !self.done {
             self.emitted += 1;
             let bytes = self.vocab.token_bytes(t);
-            self.digit_run = if !bytes.is_empty() && bytes.iter().all(u8::is_ascii_digit) {
+            let digits = !bytes.is_empty() && bytes.iter().all(u8::is_ascii_digit);
+            let sign = !bytes.is_empty() && bytes.iter().all(|c| *c == b'+' || *c == b'-');
+            let exponent = self.digit_run > 0 && is_exponent(bytes);
+            self.digit_run = if digits {
                 self.digit_run + bytes.len() as u32
+            } else if exponent || (self.in_exponent && sign) {
+                // an exponent takes a digit or two, so the number stays a finite f64
+                MAX_DIGITS - 2
             } else {
                 0
             };
+            self.in_exponent = exponent || (self.in_exponent && (digits || sign));
             let pen = Pen {
                 vocab: &self.vocab,
                 prose: &mut self.prose,

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::play::content::tokens::SplitMix64;
 
 use super::formats::ToolCallFormat;
-use super::lark::close_objects;
+use super::lark::close_every_object;
 
 /// A tool the chat template showed the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,7 +71,7 @@ impl PromptTools {
             .find(|t| t.name == name)?
             .parameters
             .clone();
-        close_objects(&mut p);
+        close_every_object(&mut p);
         Some(p)
     }
 }

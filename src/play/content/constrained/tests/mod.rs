@@ -421,6 +421,82 @@ fn json_schema_instances_parse_and_follow_the_schema() {
     }
 }
 
+/// vLLM's default backend (xgrammar, strict) never writes a key an object's schema does not
+/// declare, whether or not it says `additionalProperties`; an object that declares no
+/// properties takes any keys; the `guidance` backend leaves declared objects open unless
+/// the request disables additional properties.
+#[test]
+fn objects_with_declared_properties_get_no_others_as_xgrammar_writes_them() {
+    let schema = json!({
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "meta": {"type": "object"}},
+        "required": ["a", "meta"],
+    });
+    let outputs = |backend: Option<&str>, disable: bool| -> Vec<Value> {
+        (0..60)
+            .map(|i| {
+                let mut so = so(Constraint::JsonSchema(schema.to_string()));
+                so.backend = backend.map(str::to_string);
+                so.disable_additional_properties = disable;
+                let g = grammar_for(&so, &PromptTools::default()).unwrap();
+                let (text, end) = run(g, &format!("o{i}"), 300);
+                assert_eq!(end, End::Eos, "{text}");
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+            })
+            .collect()
+    };
+    let extra = |v: &Value| {
+        v.as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k != "a" && k != "meta")
+    };
+    for (backend, disable) in [
+        (Some("xgrammar"), false),
+        (None, false),
+        (Some("guidance"), true),
+    ] {
+        let out = outputs(backend, disable);
+        assert!(
+            !out.iter().any(extra),
+            "{backend:?}: {:?}",
+            out.iter().find(|v| extra(v))
+        );
+        assert!(
+            out.iter()
+                .any(|v| !v["meta"].as_object().unwrap().is_empty()),
+            "{backend:?}: an object without declared properties takes keys"
+        );
+    }
+    assert!(outputs(Some("guidance"), false).iter().any(extra));
+}
+
+/// A model writes numbers a client's JSON parser reads as finite doubles: an exponent is
+/// rare and short.
+#[test]
+fn numbers_stay_finite_doubles() {
+    let schema = json!({"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+        "required": ["x", "y"]});
+    let mut exponents = 0;
+    for i in 0..200 {
+        let (text, stopped) = generate(
+            Constraint::JsonSchema(schema.to_string()),
+            &PromptTools::default(),
+            &format!("n{i}"),
+        );
+        assert!(stopped, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        for k in ["x", "y"] {
+            assert!(v[k].as_f64().is_some_and(f64::is_finite), "{text}");
+        }
+        exponents += usize::from(text.contains(['e', 'E']));
+    }
+    assert!(
+        exponents < 20,
+        "{exponents} of 200 answers wrote an exponent"
+    );
+}
+
 /// Parsers read an `integer` into 64 bits (vllm-rs's `qwen3_coder` keeps a longer one as
 /// a string), and a model writes short numbers: in the call formats that spell arguments
 /// one by one, a number ends only with a newline, which the walker rarely picks.
