@@ -139,14 +139,27 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
         ),
         // the NIXL bench (a few 64 MiB READs) once, in its full size: the NIXL runtime
         // installed if missing (libclang with it), the crate as the test stage built it
-        // (tests/nixl ran there)
+        // (tests/nixl ran there); then clippy over the code only the NIXL feature compiles
+        // (the clippy stage runs before libclang is fetched, so without the feature)
         (
             "nixl",
             Box::new(|| {
                 let cache = vcr_host::frontends::cache_root()?;
                 let lib = crate::fetch::fetch_nixl(&cache)?;
                 eprintln!("  NIXL runtime: {}", lib.display());
-                cargo(root, &["test", "--features", FEATURE, "--bench", "nixl"])
+                cargo(root, &["test", "--features", FEATURE, "--bench", "nixl"])?;
+                cargo(
+                    root,
+                    &[
+                        "clippy",
+                        "--features",
+                        FEATURE,
+                        "--all-targets",
+                        "--",
+                        "-D",
+                        "warnings",
+                    ],
+                )
             }),
         ),
         (
