@@ -36,7 +36,9 @@ pub struct SuiteArgs {
 
     /// Seeds of the loads' prompts and lengths: every load runs once per seed, in turn
     /// (comma-separated). A model fitted on two seeds' runs tells its terms apart better
-    /// than one fitted on one (docs/fidelity.md); one seed halves the time.
+    /// than one fitted on one: with one run, whether the cost of a prompt's attention over
+    /// its earlier tokens is told apart from its per-token cost depends on which run it
+    /// was, and short prompts are then modelled too slow. One seed halves the time.
     #[arg(long = "seeds", alias = "seed", value_delimiter = ',', value_name = "N,…",
           default_values_t = SUITE_SEEDS)]
     pub seeds: Vec<u64>,
