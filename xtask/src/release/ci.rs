@@ -95,6 +95,9 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
         (
             "test",
             Box::new(|| {
+                // what the fetch stage fetches (nothing to do after it), so that `--stage
+                // test` alone finds the frontends, the CPU engine and NIXL in the cache
+                crate::fetch_cmd(root, &[], true, false, true, true)?;
                 cargo(
                     root,
                     &[
