@@ -27,8 +27,13 @@ struct Pickle {
 
 impl Pickle {
     fn new() -> Self {
+        Self::with_capacity(128)
+    }
+
+    /// A writer with room for `bytes` of body, so that a block's ints never regrow it.
+    fn with_capacity(bytes: usize) -> Self {
         Self {
-            body: Vec::with_capacity(128),
+            body: Vec::with_capacity(bytes),
         }
     }
 
@@ -105,30 +110,42 @@ impl Pickle {
         }
     }
 
-    fn finish(mut self) -> Vec<u8> {
+    /// The protocol header (PROTO 5, and a FRAME of the body's length once it has 4 bytes)
+    /// and the body with its STOP: the pickle is the two back to back.
+    fn header_and_body(mut self) -> (([u8; 11], usize), Vec<u8>) {
         self.body.push(0x2e); // STOP
-        let mut out = Vec::with_capacity(self.body.len() + 11);
-        out.extend_from_slice(&[0x80, 0x05]);
+        let mut head = [0u8; 11];
+        head[..2].copy_from_slice(&[0x80, 0x05]);
+        let mut n = 2;
         if self.body.len() >= 4 {
-            out.push(0x95); // FRAME
-            out.extend_from_slice(&(self.body.len() as u64).to_le_bytes());
+            head[2] = 0x95; // FRAME
+            head[3..11].copy_from_slice(&(self.body.len() as u64).to_le_bytes());
+            n = 11;
         }
-        out.extend_from_slice(&self.body);
-        out
+        ((head, n), self.body)
     }
-}
 
-fn sha256(bytes: &[u8]) -> BlockHash {
-    let mut h = Sha256::new();
-    h.update(bytes);
-    h.finalize().into()
+    #[cfg(test)]
+    fn finish(self) -> Vec<u8> {
+        let ((head, n), body) = self.header_and_body();
+        [&head[..n], &body].concat()
+    }
+
+    /// SHA-256 of the pickle, fed in two parts rather than copied into one.
+    fn sha256(self) -> BlockHash {
+        let ((head, n), body) = self.header_and_body();
+        let mut h = Sha256::new();
+        h.update(&head[..n]);
+        h.update(&body);
+        h.finalize().into()
+    }
 }
 
 /// vLLM's `NONE_HASH` for a seed (`"vllm-none-hash"` unless `$PYTHONHASHSEED` is set).
 pub fn none_hash(seed: &str) -> BlockHash {
     let mut p = Pickle::new();
     p.str(seed);
-    sha256(&p.finish())
+    p.sha256()
 }
 
 /// The seed vLLM uses for `NONE_HASH` with the default sha256 algorithm.
@@ -139,7 +156,8 @@ pub fn default_none_hash() -> BlockHash {
 
 /// `hash_block_tokens(sha256, parent, tokens, extra_keys)`.
 pub fn hash_block(parent: &BlockHash, tokens: &[u32], extra: &[ExtraKey]) -> BlockHash {
-    let mut p = Pickle::new();
+    // the parent (35 bytes with its opcodes), at most 5 bytes a token, tuples and extras
+    let mut p = Pickle::with_capacity(64 + 5 * tokens.len());
     p.tuple_start(3);
     p.bytes(parent);
     p.tuple_start(tokens.len());
@@ -169,7 +187,7 @@ pub fn hash_block(parent: &BlockHash, tokens: &[u32], extra: &[ExtraKey]) -> Blo
         p.tuple_end(extra.len());
     }
     p.tuple_end(3);
-    sha256(&p.finish())
+    p.sha256()
 }
 
 /// The 64-bit form KV events carry (`int.from_bytes(hash, "big") & (2**64 - 1)`).
