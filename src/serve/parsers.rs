@@ -19,7 +19,23 @@ pub(super) struct Parsing {
 }
 
 /// Tool parsers vllm-rs (0.33) does not have: the Python frontend's only.
-const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &["pythonic", "llama4_pythonic", "granite", "xlam"];
+const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &[
+    "pythonic",
+    "llama4_pythonic",
+    "granite",
+    "xlam",
+    "dots",
+    "step3",
+    "longcat",
+    "hunyuan_a13b",
+    "jamba",
+    "granite-20b-fc",
+    "gigachat3",
+    "apertus",
+    "olmo3",
+    "lfm2",
+    "functiongemma",
+];
 
 impl Parsing {
     /// Refuses, before anything starts, the parsers serve chose that vllm-rs cannot run:
@@ -219,7 +235,7 @@ mod tests {
         assert_eq!(play.reasoning_format, Some(ReasoningFormat::Glm45));
         // a parser the engine has no format for leaves the default
         let mut play = PlayArgs::defaults();
-        choose(&mut play, &user(&["--tool-call-parser", "jamba"]), false).unwrap();
+        choose(&mut play, &user(&["--tool-call-parser", "kimi_k3"]), false).unwrap();
         assert_eq!(play.tool_call_format, None);
         // parsing turned off after `--` keeps the engine's formats
         play.tool_call_format = Some(ToolCallFormat::Xlam);
