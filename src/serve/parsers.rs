@@ -52,6 +52,13 @@ impl Parsing {
                 "vllm-rs has no `{p}` tool-call parser: serve it with --frontend python (or pass `-- --tool-call-parser none` to get the calls as raw text)"
             );
         }
+        // vllm-rs parses Gemma 4's thinking and calls together: beside another tool parser it
+        // fails every chat request (HTTP 500), and the engine writes no Gemma 4 calls
+        if self.reasoning == Some("gemma4") && !self.tools.is_empty() {
+            bail!(
+                "vllm-rs runs its `gemma4` reasoning parser only beside its `gemma4` tool-call parser, whose format the engine does not write: serve it with --frontend python"
+            );
+        }
         if let Some(r) = self.reasoning.filter(|r| *r != "none" && embedded_model) {
             bail!(
                 "vllm-rs's `{r}` reasoning parser needs `<think>` as one token, which the embedded model's tokenizer lacks: serve it with --frontend python (or pass `-- --reasoning-parser none` to get the thinking inside the content)"
@@ -272,6 +279,21 @@ mod tests {
         );
         // a model of the user's own may have the token; parsing off passes
         assert!(p.check_vllm_rs(false).is_ok());
+        // Gemma 4's thinking beside another tool parser: vllm-rs would fail every request
+        play.reasoning_format = Some(ReasoningFormat::Gemma4);
+        let p = choose(&mut play, &[], true).unwrap();
+        let e = p.check_vllm_rs(false).unwrap_err().to_string();
+        assert!(
+            e.contains("`gemma4`") && e.contains("--frontend python"),
+            "{e}"
+        );
+        let off = user(&["--tool-call-parser", "none"]);
+        assert!(
+            choose(&mut play, &off, true)
+                .unwrap()
+                .check_vllm_rs(false)
+                .is_ok()
+        );
         let off = user(&["--reasoning-parser", "none"]);
         assert!(
             choose(&mut play, &off, false)
