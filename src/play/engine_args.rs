@@ -97,8 +97,9 @@ pub struct EngineArgs {
     /// How a tool call under `tool_choice: auto` is written: in the format the frontend's
     /// `--tool-call-parser` of this name reads (`serve` starts the frontend with it, or,
     /// given only a `--tool-call-parser` after `--`, writes that parser's format). Default:
-    /// hermes. llama3_json, mistral and deepseek_v3 need a model whose tokenizer has their
-    /// markers as tokens (`serve --model DIR`): their parsers refuse the embedded one.
+    /// hermes. llama3_json, mistral, deepseek_v3, deepseek_v31, jamba and lfm2 need a model
+    /// whose tokenizer has their markers as tokens (`serve --model DIR`): their parsers
+    /// refuse the embedded one.
     #[arg(long, value_enum, value_name = "PARSER")]
     pub tool_call_format: Option<ToolCallFormat>,
 
@@ -106,8 +107,9 @@ pub struct EngineArgs {
     /// `--reasoning-parser` of this name reads, so clients get it as `reasoning`
     /// (`reasoning_content` on older lines; `serve` starts the frontend with that parser,
     /// or, given only a `--reasoning-parser` after `--`, writes that parser's format).
-    /// Default: none. deepseek_r1 and mistral, and any behind vllm-rs, need a model whose
-    /// tokenizer has `<think>`/`[THINK]` as single tokens (`serve --model DIR`).
+    /// Default: none. deepseek_r1, ernie45, step3 and mistral, and any behind vllm-rs, need
+    /// a model whose tokenizer has their tags (`<think>`, `</think>`, `[THINK]`, …) as
+    /// single tokens (`serve --model DIR`).
     #[arg(long, value_enum, value_name = "PARSER")]
     pub reasoning_format: Option<ReasoningFormat>,
 

@@ -19,7 +19,23 @@ pub(super) struct Parsing {
 }
 
 /// Tool parsers vllm-rs (0.33) does not have: the Python frontend's only.
-const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &["pythonic", "llama4_pythonic", "granite", "xlam"];
+const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &[
+    "pythonic",
+    "llama4_pythonic",
+    "granite",
+    "xlam",
+    "dots",
+    "step3",
+    "longcat",
+    "hunyuan_a13b",
+    "jamba",
+    "granite-20b-fc",
+    "gigachat3",
+    "apertus",
+    "olmo3",
+    "lfm2",
+    "functiongemma",
+];
 
 impl Parsing {
     /// Refuses, before anything starts, the parsers serve chose that vllm-rs cannot run:
@@ -34,6 +50,13 @@ impl Parsing {
         {
             bail!(
                 "vllm-rs has no `{p}` tool-call parser: serve it with --frontend python (or pass `-- --tool-call-parser none` to get the calls as raw text)"
+            );
+        }
+        // vllm-rs parses Gemma 4's thinking and calls together: beside another tool parser it
+        // fails every chat request (HTTP 500), and the engine writes no Gemma 4 calls
+        if self.reasoning == Some("gemma4") && !self.tools.is_empty() {
+            bail!(
+                "vllm-rs runs its `gemma4` reasoning parser only beside its `gemma4` tool-call parser, whose format the engine does not write: serve it with --frontend python"
             );
         }
         if let Some(r) = self.reasoning.filter(|r| *r != "none" && embedded_model) {
@@ -219,7 +242,7 @@ mod tests {
         assert_eq!(play.reasoning_format, Some(ReasoningFormat::Glm45));
         // a parser the engine has no format for leaves the default
         let mut play = PlayArgs::defaults();
-        choose(&mut play, &user(&["--tool-call-parser", "jamba"]), false).unwrap();
+        choose(&mut play, &user(&["--tool-call-parser", "kimi_k3"]), false).unwrap();
         assert_eq!(play.tool_call_format, None);
         // parsing turned off after `--` keeps the engine's formats
         play.tool_call_format = Some(ToolCallFormat::Xlam);
@@ -256,6 +279,21 @@ mod tests {
         );
         // a model of the user's own may have the token; parsing off passes
         assert!(p.check_vllm_rs(false).is_ok());
+        // Gemma 4's thinking beside another tool parser: vllm-rs would fail every request
+        play.reasoning_format = Some(ReasoningFormat::Gemma4);
+        let p = choose(&mut play, &[], true).unwrap();
+        let e = p.check_vllm_rs(false).unwrap_err().to_string();
+        assert!(
+            e.contains("`gemma4`") && e.contains("--frontend python"),
+            "{e}"
+        );
+        let off = user(&["--tool-call-parser", "none"]);
+        assert!(
+            choose(&mut play, &off, true)
+                .unwrap()
+                .check_vllm_rs(false)
+                .is_ok()
+        );
         let off = user(&["--reasoning-parser", "none"]);
         assert!(
             choose(&mut play, &off, false)

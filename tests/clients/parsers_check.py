@@ -1,7 +1,9 @@
 """Answers the engine wrote, read by the Python frontend's own tool-call and reasoning parsers.
 
 Usage: parsers_check.py MODEL_DIR < cases.jsonl, one case per line:
-{"label": ..., "tools": [...], "text": ..., "tool_parser": NAME} or {..., "reasoning_parser": NAME}.
+{"label": ..., "tools": [...], "text": ..., "tool_parser": NAME} or {..., "reasoning_parser": NAME}
+(and optionally "chat_template_kwargs": {...}, what the request would send: DeepSeek-V3's
+reasoning parser reads thinking only when the request turns it on).
 Prints one JSON line per case: the tool calls (name, arguments text) and content the tool
 parser extracts, or the reasoning and content the reasoning parser splits. A parser that
 fails to start or to read prints {"label": ..., "error": ...}.
@@ -31,7 +33,9 @@ def main() -> None:
             if "tool_parser" in case:
                 cls = ToolParserManager.get_tool_parser(case["tool_parser"])
                 try:
-                    parser = cls(tokenizer, case["tools"])
+                    # the request's tools as the frontend hands them over: parsers that
+                    # convert spelled arguments by the tool's schema find it there
+                    parser = cls(tokenizer, request.tools)
                 except TypeError:
                     parser = cls(tokenizer)
                 got = parser.extract_tool_calls(case["text"], request)
@@ -42,7 +46,9 @@ def main() -> None:
                 out["content"] = got.content
             else:
                 cls = ReasoningParserManager.get_reasoning_parser(case["reasoning_parser"])
-                reasoning, content = cls(tokenizer).extract_reasoning(case["text"], request)
+                kwargs = case.get("chat_template_kwargs") or {}
+                parser = cls(tokenizer, chat_template_kwargs=kwargs)
+                reasoning, content = parser.extract_reasoning(case["text"], request)
                 out["reasoning"] = reasoning
                 out["content"] = content
         except Exception as e:  # a parser's failure is the check's answer, not a crash

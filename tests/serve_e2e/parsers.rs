@@ -24,11 +24,47 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     ("llama4_pythonic", false),
     ("granite", false),
     ("xlam", false),
+    ("seed_oss", true),
+    ("minimax_m2", true),
+    ("mimo", true),
+    ("dots", false),
+    ("step3", false),
+    ("longcat", false),
+    ("hunyuan_a13b", false),
+    ("granite-20b-fc", false),
+    ("gigachat3", false),
+    ("apertus", false),
+    ("olmo3", false),
+    ("functiongemma", false),
+    ("deepseek_v32", true),
+    ("deepseek_v4", true),
 ];
 
-/// The reasoning formats; vllm-rs has no parser of them that starts with the embedded
-/// byte-level tokenizer (its `qwen3`, `glm45` and `kimi_k2` look `<think>` up as a token).
-const REASONING_FORMATS: &[&str] = &["qwen3", "glm45", "kimi_k2", "granite"];
+/// Tool parsers that read a format above under another name (`ALIASES` in
+/// `constrained/formats.rs`): the Python frontend's parser of that name reads its raw text.
+const TOOL_ALIASES: &[(&str, &str)] = &[
+    ("ernie45", "hermes"),
+    ("step3p5", "qwen3_coder"),
+    ("step5", "qwen3_coder"),
+];
+
+/// The reasoning formats whose Python parsers start with the embedded byte-level
+/// tokenizer (each rides along on a tool format vllm-rs does not parse; vllm-rs's parsers
+/// of them look `<think>` up as a token).
+const REASONING_FORMATS: &[&str] = &[
+    "qwen3",
+    "glm45",
+    "kimi_k2",
+    "granite",
+    "seed_oss",
+    "minimax_m2",
+    "step3p5",
+    "mimo",
+    "nemotron_v3",
+    "hunyuan_a13b",
+    "deepseek_v4",
+    "gemma4",
+];
 
 fn tools() -> Value {
     json!([
@@ -174,7 +210,8 @@ fn raw_cases(
     cases: &mut Vec<Value>,
 ) {
     for n in 0..calls {
-        let text = complete(serve.port, &prompt_with_tools(), 300, format);
+        // room for the longest call (Step-3's markers are 3 bytes a character)
+        let text = complete(serve.port, &prompt_with_tools(), 500, format);
         cases.push(json!({"label": format!("{format} #{n}"), "tools": tools(),
             "text": text, "tool_parser": format}));
     }
@@ -191,10 +228,11 @@ fn raw_cases(
 #[test]
 fn every_format_reaches_clients_parsed_by_the_frontends_parsers() {
     let mut cases = Vec::new();
-    for (i, &(format, rs_parses)) in TOOL_FORMATS.iter().enumerate() {
+    let mut riders = REASONING_FORMATS.iter().copied().cycle();
+    for &(format, rs_parses) in TOOL_FORMATS {
         // a thinking format rides along on the formats vllm-rs does not parse (the raw
         // text is what is checked then)
-        let reasoning = (!rs_parses).then(|| REASONING_FORMATS[i % REASONING_FORMATS.len()]);
+        let reasoning = if rs_parses { None } else { riders.next() };
         let serve = serve_writing(None, format, reasoning, rs_parses);
         let label = format!("vllm-rs {format}");
         if rs_parses {
@@ -208,11 +246,37 @@ fn every_format_reaches_clients_parsed_by_the_frontends_parsers() {
         .iter()
         .filter_map(|c| c["reasoning_parser"].as_str())
         .collect();
-    assert_eq!(covered.len(), REASONING_FORMATS.len(), "{covered:?}");
+    assert!(
+        REASONING_FORMATS.iter().all(|r| covered.contains(r)),
+        "{covered:?}"
+    );
+    cases.extend(alias_cases(&cases, "tool_parser", TOOL_ALIASES));
 
     let model = TestDir::new("parsers-model");
     vllm_vcr::tiny_model::write_to(model.root()).unwrap();
     assert_read_back(&cases, model.root());
+}
+
+/// The cases of each aliased parser (`key`: `tool_parser` or `reasoning_parser`) again,
+/// read by the parser of the alias's name.
+fn alias_cases(cases: &[Value], key: &str, aliases: &[(&str, &str)]) -> Vec<Value> {
+    let mut more = Vec::new();
+    for (alias, format) in aliases {
+        let of_format = cases.iter().filter(|c| c[key] == *format);
+        for c in of_format {
+            let mut c = c.clone();
+            c["label"] = json!(format!("{} as {alias}", c["label"].as_str().unwrap_or("")));
+            c[key] = json!(alias);
+            more.push(c);
+        }
+    }
+    assert!(
+        aliases
+            .iter()
+            .all(|(a, _)| more.iter().any(|c| c[key] == *a)),
+        "an alias without a case of its format: {aliases:?}"
+    );
+    more
 }
 
 /// The Python frontend's parsers read each case as the engine meant it: one call to a
@@ -380,8 +444,9 @@ fn formats_vllm_rs_cannot_parse_are_refused_with_the_way_out() {
     }
 }
 
-/// The markers the llama3_json, mistral and deepseek_v3 tool parsers and the deepseek_r1
-/// and mistral reasoning parsers look up as single tokens.
+/// The markers the llama3_json, mistral, deepseek_v3, deepseek_v31, jamba and lfm2 tool
+/// parsers and the deepseek_r1, ernie45, step3 and mistral reasoning parsers look up as
+/// single tokens.
 const MARKERS: &[&str] = &[
     "<think>",
     "</think>",
@@ -395,6 +460,12 @@ const MARKERS: &[&str] = &[
     "<｜tool▁call▁begin｜>",
     "<｜tool▁call▁end｜>",
     "<｜tool▁sep｜>",
+    "<tool_calls>",
+    "</tool_calls>",
+    "<|tool_call_start|>",
+    "<|tool_call_end|>",
+    "<seed:think>",
+    "</seed:think>",
 ];
 
 /// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
@@ -413,36 +484,76 @@ fn model_with_markers(dir: &TestDir) {
 }
 
 /// The formats whose parsers need marker tokens, with a model that has them
-/// (`serve --model DIR`): llama3_json and deepseek_v3 calls and deepseek_r1 thinking
-/// parsed by vllm-rs, and the raw text of those and of mistral's calls and thinking read
-/// by the Python frontend's parsers. Behind a reasoning parser (deepseek_r1, and qwen3
+/// (`serve --model DIR`): llama3_json, deepseek_v3 and deepseek_v31 calls and deepseek_r1
+/// thinking parsed by vllm-rs, and the raw text of those and of mistral's, jamba's and
+/// lfm2's calls and mistral's, ernie45's and step3's thinking read by the Python
+/// frontend's parsers. Behind a reasoning parser (deepseek_r1, and qwen3
 /// beside qwen3_xml calls, which needs `<think>` as a token), vllm-rs opens the tag of
 /// `tool_choice: required` with a think block of free text: the answer thinks, then calls,
-/// and both reach the client parsed.
+/// and both reach the client parsed. vllm-rs's seed_oss, minimax_m2, mimo, step3p5,
+/// nemotron_v3 and deepseek_v4 reasoning parsers split a chat answer's thinking beside
+/// their families' calls (their `required` tags open with no think block).
 #[test]
 fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
     let dir = TestDir::new("parsers-markers");
     model_with_markers(&dir);
     let model = dir.root().to_str().unwrap();
     let mut cases = Vec::new();
-    for (format, reasoning, rs_parses) in [
-        ("llama3_json", None, true),
-        ("deepseek_v3", Some("deepseek_r1"), true),
-        ("qwen3_xml", Some("qwen3"), true),
-        ("mistral", Some("mistral"), false),
+    // (format, reasoning format, whether vllm-rs parses them, whether its tag of `required`
+    // opens with a think block: `None` where `required` is not checked beside thinking)
+    for (format, reasoning, rs_parses, required_thinks) in [
+        ("llama3_json", None, true, Some(false)),
+        ("deepseek_v3", Some("deepseek_r1"), true, Some(true)),
+        ("qwen3_xml", Some("qwen3"), true, Some(true)),
+        ("mistral", Some("mistral"), false, Some(false)),
+        ("deepseek_v31", None, true, Some(false)),
+        ("jamba", Some("ernie45"), false, Some(false)),
+        ("lfm2", Some("step3"), false, Some(false)),
+        // vllm-rs's reasoning parsers of these families, beside their calls
+        ("seed_oss", Some("seed_oss"), true, Some(false)),
+        // known gap: behind a reasoning parser, vllm-rs's `required` tag for MiniMax-M2 has
+        // the engine open calls inside `<minimax:tool_call>` until `max_tokens` cuts one
+        ("minimax_m2", Some("minimax_m2"), true, None),
+        ("mimo", Some("mimo"), true, Some(false)),
+        ("qwen3_coder", Some("step3p5"), true, Some(false)),
+        ("hermes", Some("nemotron_v3"), true, Some(false)),
+        ("deepseek_v4", Some("deepseek_v4"), true, Some(false)),
     ] {
         let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");
         if rs_parses {
             assert_parsed_calls(&chat_with_tools(serve.port, "auto", &label), &label);
-            let message = chat_with_tools(serve.port, "required", &label);
-            assert_parsed_calls(&message, &label);
+            if let Some(thinks) = required_thinks {
+                let message = chat_with_tools(serve.port, "required", &label);
+                assert_parsed_calls(&message, &label);
+                if thinks {
+                    assert_required_thinks(&message, &label);
+                }
+            }
             if reasoning.is_some() {
-                assert_required_thinks(&message, &label);
                 assert_thinking_parsed(serve.port, &label);
             }
         }
         raw_cases(&serve, format, reasoning, 1, &mut cases);
     }
+    // DeepSeek-R1's thinking read by the parsers that are DeepSeek-R1's under other names;
+    // DeepSeek-V3's reads it when the request turns thinking on, as a client of a V3.1
+    // deployment does
+    let mut more = alias_cases(
+        &cases,
+        "reasoning_parser",
+        &[
+            ("step5", "deepseek_r1"),
+            ("holo2", "deepseek_r1"),
+            ("deepseek_v3", "deepseek_r1"),
+        ],
+    );
+    for c in more
+        .iter_mut()
+        .filter(|c| c["reasoning_parser"] == "deepseek_v3")
+    {
+        c["chat_template_kwargs"] = json!({"thinking": true});
+    }
+    cases.extend(more);
     assert_read_back(&cases, dir.root());
 }

@@ -11,9 +11,9 @@
 //! share, at most half of `max_tokens` so that the calls after it have room
 //! (`constrained/free_text.rs`).
 //!
-//! deepseek_r1's and mistral's parsers look `<think>`/`[THINK]` up as single tokens of the
-//! vocabulary and refuse to start with a byte-level tokenizer such as the embedded
-//! model's ([`ReasoningFormat::needs_tokens`]).
+//! deepseek_r1's, ernie45's, step3's and mistral's parsers look their tags (`<think>`,
+//! `</think>`, `[THINK]`) up as single tokens of the vocabulary and refuse to start with a
+//! byte-level tokenizer such as the embedded model's ([`ReasoningFormat::needs_tokens`]).
 
 use std::sync::Arc;
 
@@ -48,7 +48,53 @@ pub enum ReasoningFormat {
     /// `[THINK]…[/THINK]` (Magistral; its parser needs `[THINK]` in the vocabulary).
     #[value(name = "mistral")]
     Mistral,
+    /// `<seed:think>\n…\n</seed:think>\n\n` (Seed-OSS).
+    #[value(name = "seed_oss")]
+    SeedOss,
+    /// `<think>\n…\n</think>\n\n`, read by MiniMax-M2's parser (the Python one also reads
+    /// a block without its opening tag; vllm-rs's does not, so the engine writes it).
+    #[value(name = "minimax_m2")]
+    MinimaxM2,
+    /// `…\n</think>\n\n`: Step-3 writes no opening tag, and its parser takes what comes
+    /// before `</think>` as thinking, an opening tag included (it needs `</think>` in the
+    /// vocabulary).
+    #[value(name = "step3")]
+    Step3,
+    /// `<think>\n…\n</think>\n\n`, read by Step-3.5's parser.
+    #[value(name = "step3p5")]
+    Step3p5,
+    /// `<think>\n…\n</think>\n\n`, read by MiMo's parser.
+    #[value(name = "mimo")]
+    Mimo,
+    /// `<think>\n…\n</think>\n\n`, read by Nemotron 3's parser.
+    #[value(name = "nemotron_v3")]
+    NemotronV3,
+    /// `<think>\n…\n</think>\n<answer>\n` then the answer (Hunyuan-A13B).
+    #[value(name = "hunyuan_a13b")]
+    HunyuanA13b,
+    /// `<think>\n…\n</think>\n\n` (ERNIE 4.5; its parser needs `<think>` and `</think>` in
+    /// the vocabulary).
+    #[value(name = "ernie45")]
+    Ernie45,
+    /// `<think>\n…\n</think>\n\n`, read by DeepSeek-V4's parser.
+    #[value(name = "deepseek_v4")]
+    DeepseekV4,
+    /// `<|channel>thought\n…<channel|>` then the answer (Gemma 4).
+    #[value(name = "gemma4")]
+    Gemma4,
 }
+
+/// Parser names that read a format under another name.
+const ALIASES: &[(&str, ReasoningFormat)] = &[
+    ("glm47", ReasoningFormat::Glm45),
+    // Step-5's and Holo2's parsers are DeepSeek-R1's
+    ("step5", ReasoningFormat::DeepseekR1),
+    ("holo2", ReasoningFormat::DeepseekR1),
+    // DeepSeek-V3's parser is DeepSeek-R1's when the request turns thinking on
+    // (`chat_template_kwargs: {"thinking": true}`), and leaves the text alone otherwise
+    ("deepseek_v3", ReasoningFormat::DeepseekR1),
+    ("deepseek_v41", ReasoningFormat::DeepseekV4),
+];
 
 impl ReasoningFormat {
     /// The `--reasoning-parser` that reads this format (`none` turns parsing off).
@@ -61,6 +107,16 @@ impl ReasoningFormat {
             ReasoningFormat::Granite => "granite",
             ReasoningFormat::DeepseekR1 => "deepseek_r1",
             ReasoningFormat::Mistral => "mistral",
+            ReasoningFormat::SeedOss => "seed_oss",
+            ReasoningFormat::MinimaxM2 => "minimax_m2",
+            ReasoningFormat::Step3 => "step3",
+            ReasoningFormat::Step3p5 => "step3p5",
+            ReasoningFormat::Mimo => "mimo",
+            ReasoningFormat::NemotronV3 => "nemotron_v3",
+            ReasoningFormat::HunyuanA13b => "hunyuan_a13b",
+            ReasoningFormat::Ernie45 => "ernie45",
+            ReasoningFormat::DeepseekV4 => "deepseek_v4",
+            ReasoningFormat::Gemma4 => "gemma4",
         }
     }
 
@@ -69,8 +125,9 @@ impl ReasoningFormat {
     /// `<think>` too ([`ReasoningFormat::think_token`]).
     pub fn needs_tokens(self) -> &'static [&'static str] {
         match self {
-            ReasoningFormat::DeepseekR1 => &["<think>", "</think>"],
+            ReasoningFormat::DeepseekR1 | ReasoningFormat::Ernie45 => &["<think>", "</think>"],
             ReasoningFormat::Mistral => &["[THINK]", "[/THINK]"],
+            ReasoningFormat::Step3 => &["</think>"],
             _ => &[],
         }
     }
@@ -83,10 +140,9 @@ impl ReasoningFormat {
     /// The format a `--reasoning-parser` reads, when the engine can write it.
     pub fn from_parser(name: &str) -> Option<ReasoningFormat> {
         use clap::ValueEnum;
-        match name {
-            "glm47" => Some(ReasoningFormat::Glm45),
-            _ => ReasoningFormat::from_str(name, false).ok(),
-        }
+        ReasoningFormat::from_str(name, false)
+            .ok()
+            .or_else(|| ALIASES.iter().find(|(n, _)| *n == name).map(|(_, f)| *f))
     }
 
     /// The text that opens and the text that closes the thinking.
@@ -96,7 +152,17 @@ impl ReasoningFormat {
             ReasoningFormat::Qwen3
             | ReasoningFormat::Glm45
             | ReasoningFormat::KimiK2
-            | ReasoningFormat::DeepseekR1 => Some(("<think>\n", "\n</think>\n\n")),
+            | ReasoningFormat::DeepseekR1
+            | ReasoningFormat::MinimaxM2
+            | ReasoningFormat::Step3p5
+            | ReasoningFormat::Mimo
+            | ReasoningFormat::NemotronV3
+            | ReasoningFormat::Ernie45
+            | ReasoningFormat::DeepseekV4 => Some(("<think>\n", "\n</think>\n\n")),
+            ReasoningFormat::Gemma4 => Some(("<|channel>thought\n", "<channel|>")),
+            ReasoningFormat::Step3 => Some(("", "\n</think>\n\n")),
+            ReasoningFormat::SeedOss => Some(("<seed:think>\n", "\n</seed:think>\n\n")),
+            ReasoningFormat::HunyuanA13b => Some(("<think>\n", "\n</think>\n<answer>\n")),
             ReasoningFormat::Mistral => Some(("[THINK]", "[/THINK]")),
             ReasoningFormat::Granite => {
                 Some(("Here is my thought process:", " Here is my response:"))
@@ -316,17 +382,37 @@ mod tests {
     }
 
     #[test]
+    fn formats_without_an_opening_tag_or_with_an_answer_tag_spend_the_same_share() {
+        // Step-3's block has no opening tag: the answer opens with the thinking itself
+        let (text, _) = answer(ReasoningFormat::Step3, 0.5, Some(100));
+        let (thinking, rest) = text.split_once("\n</think>\n\n").expect(&text);
+        assert!(!thinking.contains("<think>"), "{text}");
+        assert_eq!(thinking.len() + "\n</think>\n\n".len(), 50, "{text}");
+        assert_eq!(rest.len(), 50, "{text}");
+        // Hunyuan's closes the block by opening the answer
+        let (text, _) = answer(ReasoningFormat::HunyuanA13b, 0.5, Some(100));
+        let body = text.strip_prefix("<think>\n").expect(&text);
+        let (_, rest) = body.split_once("\n</think>\n<answer>\n").expect(&text);
+        assert_eq!(rest.len(), 50, "{text}");
+        let (text, _) = answer(ReasoningFormat::SeedOss, 0.5, Some(100));
+        let body = text.strip_prefix("<seed:think>\n").expect(&text);
+        assert!(body.contains("\n</seed:think>\n\n"), "{text}");
+    }
+
+    #[test]
     fn parser_names_read_back() {
-        for f in [
-            ReasoningFormat::None,
-            ReasoningFormat::Qwen3,
-            ReasoningFormat::Glm45,
-            ReasoningFormat::KimiK2,
-            ReasoningFormat::Granite,
-            ReasoningFormat::DeepseekR1,
-            ReasoningFormat::Mistral,
-        ] {
+        use clap::ValueEnum;
+        for f in ReasoningFormat::value_variants().iter().copied() {
             assert_eq!(ReasoningFormat::from_parser(f.parser()), Some(f));
+        }
+        for (alias, f) in [
+            ("glm47", ReasoningFormat::Glm45),
+            ("step5", ReasoningFormat::DeepseekR1),
+            ("holo2", ReasoningFormat::DeepseekR1),
+            ("deepseek_v3", ReasoningFormat::DeepseekR1),
+            ("deepseek_v41", ReasoningFormat::DeepseekV4),
+        ] {
+            assert_eq!(ReasoningFormat::from_parser(alias), Some(f), "{alias}");
         }
         assert_eq!(ReasoningFormat::from_parser("olmo3"), None);
     }

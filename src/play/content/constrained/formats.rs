@@ -4,10 +4,10 @@
 //!
 //! Each format is a Lark grammar around the tool's name and arguments; the arguments follow
 //! the tool's (closed) JSON schema, as a JSON object or, for the formats that spell each
-//! argument on its own (pythonic, Qwen3's XML, GLM's key/value tags), one value per
-//! property. The parsers of three formats look their markers up as single tokens of the
+//! argument on its own (pythonic, Qwen3's XML, GLM's key/value tags, …), one value per
+//! property. The parsers of a few formats look their markers up as single tokens of the
 //! vocabulary (llama3_json's `<|python_tag|>`, mistral's `[TOOL_CALLS]`, deepseek_v3's
-//! `<｜tool▁calls▁begin｜>`, [`ToolCallFormat::needs_tokens`]) and refuse to start with a
+//! `<｜tool▁calls▁begin｜>`, …: [`ToolCallFormat::needs_tokens`]) and refuse to start with a
 //! byte-level tokenizer such as the embedded model's: they serve a model of your own.
 
 use serde_json::{Value, json};
@@ -63,6 +63,63 @@ pub enum ToolCallFormat {
     /// (its parser needs those markers in the vocabulary).
     #[value(name = "deepseek_v3")]
     DeepseekV3,
+    /// DeepSeek-V3.1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>…`
+    /// (its parser needs the calls' markers in the vocabulary).
+    #[value(name = "deepseek_v31")]
+    DeepseekV31,
+    /// MiniMax-M2: `<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="KEY">VALUE</parameter>…`.
+    #[value(name = "minimax_m2")]
+    MinimaxM2,
+    /// Seed-OSS: Qwen3-Coder's XML inside `<seed:tool_call>…</seed:tool_call>`.
+    #[value(name = "seed_oss")]
+    SeedOss,
+    /// MiMo: Qwen3-Coder's XML without line breaks,
+    /// `<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>`
+    /// (its parser keeps the line breaks around a value as part of it).
+    #[value(name = "mimo")]
+    Mimo,
+    /// dots.llm: `<dots_function_call>\n<invoke name="NAME">\n<parameter name="KEY">VALUE</parameter>…`.
+    #[value(name = "dots")]
+    Dots,
+    /// Step-3: `<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="NAME">…`.
+    #[value(name = "step3")]
+    Step3,
+    /// LongCat-Flash: Hermes's JSON inside `<longcat_tool_call>…</longcat_tool_call>`.
+    #[value(name = "longcat")]
+    Longcat,
+    /// Hunyuan-A13B: `<tool_calls>[{"name": …, "arguments": {…}}]</tool_calls>`.
+    #[value(name = "hunyuan_a13b")]
+    HunyuanA13b,
+    /// Jamba: the same text as Hunyuan's (its parser needs `<tool_calls>` and
+    /// `</tool_calls>` in the vocabulary).
+    #[value(name = "jamba")]
+    Jamba,
+    /// Granite 20B FC: `<function_call> {"name": …, "arguments": {…}}`.
+    #[value(name = "granite-20b-fc")]
+    Granite20bFc,
+    /// GigaChat 3: `<|function_call|>{"name": …, "arguments": {…}}`.
+    #[value(name = "gigachat3")]
+    Gigachat3,
+    /// Apertus: `<|tools_prefix|>[{"NAME": {…}}]<|tools_suffix|>`.
+    #[value(name = "apertus")]
+    Apertus,
+    /// OLMo 3: `<function_calls>NAME(city="Paris", days=3)</function_calls>`.
+    #[value(name = "olmo3")]
+    Olmo3,
+    /// LFM2: `<|tool_call_start|>[NAME(city="Paris", days=3)]<|tool_call_end|>` (its parser
+    /// needs those two markers in the vocabulary).
+    #[value(name = "lfm2")]
+    Lfm2,
+    /// FunctionGemma: `<start_function_call>call:NAME{KEY:<escape>VALUE<escape>,…}<end_function_call>`.
+    #[value(name = "functiongemma")]
+    FunctionGemma,
+    /// DeepSeek-V3.2's DSML: `<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n`
+    /// `<｜DSML｜parameter name="KEY" string="true">VALUE</｜DSML｜parameter>\n…`.
+    #[value(name = "deepseek_v32")]
+    DeepseekV32,
+    /// DeepSeek-V4's DSML: the same inside `<｜DSML｜tool_calls>…</｜DSML｜tool_calls>`.
+    #[value(name = "deepseek_v4")]
+    DeepseekV4,
 }
 
 /// Parser names that read a format under another name.
@@ -71,6 +128,10 @@ const ALIASES: &[(&str, ToolCallFormat)] = &[
     ("granite4", ToolCallFormat::Hermes),
     ("glm47", ToolCallFormat::Glm45),
     ("llama4_json", ToolCallFormat::Llama3Json),
+    // ERNIE 4.5 reads Hermes's text; Step-3.5 and Step-5 read Qwen3-Coder's XML
+    ("ernie45", ToolCallFormat::Hermes),
+    ("step3p5", ToolCallFormat::Qwen3Coder),
+    ("step5", ToolCallFormat::Qwen3Coder),
 ];
 
 impl ToolCallFormat {
@@ -91,6 +152,23 @@ impl ToolCallFormat {
             ToolCallFormat::Llama3Json => "llama3_json",
             ToolCallFormat::Mistral => "mistral",
             ToolCallFormat::DeepseekV3 => "deepseek_v3",
+            ToolCallFormat::DeepseekV31 => "deepseek_v31",
+            ToolCallFormat::MinimaxM2 => "minimax_m2",
+            ToolCallFormat::SeedOss => "seed_oss",
+            ToolCallFormat::Mimo => "mimo",
+            ToolCallFormat::Dots => "dots",
+            ToolCallFormat::Step3 => "step3",
+            ToolCallFormat::Longcat => "longcat",
+            ToolCallFormat::HunyuanA13b => "hunyuan_a13b",
+            ToolCallFormat::Jamba => "jamba",
+            ToolCallFormat::Granite20bFc => "granite-20b-fc",
+            ToolCallFormat::Gigachat3 => "gigachat3",
+            ToolCallFormat::Apertus => "apertus",
+            ToolCallFormat::Olmo3 => "olmo3",
+            ToolCallFormat::Lfm2 => "lfm2",
+            ToolCallFormat::FunctionGemma => "functiongemma",
+            ToolCallFormat::DeepseekV32 => "deepseek_v32",
+            ToolCallFormat::DeepseekV4 => "deepseek_v4",
         }
     }
 
@@ -100,7 +178,11 @@ impl ToolCallFormat {
         match self {
             ToolCallFormat::Llama3Json => &["<|python_tag|>"],
             ToolCallFormat::Mistral => &["[TOOL_CALLS]"],
-            ToolCallFormat::DeepseekV3 => &["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"],
+            ToolCallFormat::DeepseekV3 | ToolCallFormat::DeepseekV31 => {
+                &["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"]
+            }
+            ToolCallFormat::Jamba => &["<tool_calls>", "</tool_calls>"],
+            ToolCallFormat::Lfm2 => &["<|tool_call_start|>", "<|tool_call_end|>"],
             _ => &[],
         }
     }
@@ -157,6 +239,31 @@ impl ToolCallFormat {
                 ),
                 "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
             ),
+            ToolCallFormat::DeepseekV31 => wrap(
+                format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"),
+                "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            ),
+            ToolCallFormat::Longcat => wrap(
+                format!("<longcat_tool_call>\n{}", json_call("arguments")),
+                "}\n</longcat_tool_call>",
+            ),
+            ToolCallFormat::HunyuanA13b | ToolCallFormat::Jamba => wrap(
+                format!("<tool_calls>[{}", json_call("arguments")),
+                "}]</tool_calls>",
+            ),
+            ToolCallFormat::Granite20bFc => {
+                wrap(format!("<function_call> {}", json_call("arguments")), "}")
+            }
+            ToolCallFormat::Gigachat3 => {
+                wrap(format!("<|function_call|>{}", json_call("arguments")), "}")
+            }
+            ToolCallFormat::Apertus => wrap(
+                format!(
+                    "<|tools_prefix|>[{{{}: ",
+                    serde_json::to_string(name).unwrap_or_default()
+                ),
+                "}]<|tools_suffix|>",
+            ),
             ToolCallFormat::Pythonic | ToolCallFormat::Llama4Pythonic => {
                 spelled(&format!("[{name}("), Style::Pythonic, params, ")]")
             }
@@ -172,6 +279,69 @@ impl ToolCallFormat {
                 params,
                 "</tool_call>",
             ),
+            ToolCallFormat::Olmo3 => spelled(
+                &format!("<function_calls>{name}("),
+                Style::Pythonic,
+                params,
+                ")</function_calls>",
+            ),
+            ToolCallFormat::Lfm2 => spelled(
+                &format!("<|tool_call_start|>[{name}("),
+                Style::Pythonic,
+                params,
+                ")]<|tool_call_end|>",
+            ),
+            ToolCallFormat::SeedOss => spelled(
+                &format!("<seed:tool_call>\n<function={name}>\n"),
+                Style::QwenXml,
+                params,
+                "</function>\n</seed:tool_call>",
+            ),
+            ToolCallFormat::Mimo => spelled(
+                &format!("<tool_call><function={name}>"),
+                Style::QwenInline,
+                params,
+                "</function></tool_call>",
+            ),
+            ToolCallFormat::MinimaxM2 => spelled(
+                &format!("<minimax:tool_call>\n<invoke name=\"{name}\">\n"),
+                Style::InvokeXml,
+                params,
+                "</invoke>\n</minimax:tool_call>",
+            ),
+            ToolCallFormat::Dots => spelled(
+                &format!("<dots_function_call>\n<invoke name=\"{name}\">\n"),
+                Style::InvokeXml,
+                params,
+                "</invoke>\n</dots_function_call>",
+            ),
+            ToolCallFormat::Step3 => spelled(
+                &format!(
+                    "<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"{name}\">"
+                ),
+                Style::StepXml,
+                params,
+                "</steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>",
+            ),
+            ToolCallFormat::FunctionGemma => spelled(
+                &format!("<start_function_call>call:{name}{{"),
+                Style::Gemma,
+                params,
+                "}<end_function_call>",
+            ),
+            ToolCallFormat::DeepseekV32 | ToolCallFormat::DeepseekV4 => {
+                let block = if self == ToolCallFormat::DeepseekV32 {
+                    "function_calls"
+                } else {
+                    "tool_calls"
+                };
+                spelled(
+                    &format!("<｜DSML｜{block}>\n<｜DSML｜invoke name=\"{name}\">\n"),
+                    Style::Dsml,
+                    params,
+                    &format!("</｜DSML｜invoke>\n</｜DSML｜{block}>"),
+                )
+            }
         }
     }
 }
@@ -202,6 +372,21 @@ enum Style {
     QwenXml,
     /// `<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n`, values as in Qwen's.
     GlmXml,
+    /// `<parameter=city>Paris</parameter>`, values as in Qwen's, inline (MiMo).
+    QwenInline,
+    /// `<parameter name="city">Paris</parameter>\n` (MiniMax-M2, dots), values as in Qwen's.
+    InvokeXml,
+    /// `<steptml:parameter name="city">Paris</steptml:parameter>` (Step-3), values as in
+    /// Qwen's.
+    StepXml,
+    /// `city:<escape>"Paris"<escape>,days:<escape>3<escape>` (FunctionGemma): every value
+    /// as JSON, which its parser reads first, so that a bare word such as `true` cannot
+    /// turn a string into another type.
+    Gemma,
+    /// `<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n` (DeepSeek's
+    /// DSML): a string bare under `string="true"`, any other value as JSON under
+    /// `string="false"`, which is how the parser tells them apart.
+    Dsml,
 }
 
 /// The arguments of a structural tag's `json_schema` content of an XML `style` (what the
@@ -214,7 +399,13 @@ pub(super) fn styled_arguments(
 ) -> Option<String> {
     let style = match style {
         "qwen_xml" => Style::QwenXml,
+        // the same after a tag's begin without a line break (MiMo's: `grammar::tag_parts`)
+        "qwen_xml_inline" => Style::QwenInline,
         "glm_xml" => Style::GlmXml,
+        // MiniMax-M2's parser's tag (`<invoke name="NAME">` around the arguments)
+        "minimax_xml" => Style::InvokeXml,
+        // DeepSeek-V3.2's and V4's (`<｜DSML｜parameter name="KEY" string="…">`)
+        "deepseek_xml" => Style::Dsml,
         _ => return None,
     };
     Some(spelled_arguments(style, params, rules))
@@ -233,8 +424,24 @@ fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> S
                     format!("<arg_key>{k}</arg_key>\n<arg_value>"),
                     "</arg_value>\n",
                 ),
+                Style::QwenInline => (format!("<parameter={k}>"), "</parameter>"),
+                Style::InvokeXml => (format!("<parameter name=\"{k}\">"), "</parameter>\n"),
+                Style::StepXml => (
+                    format!("<steptml:parameter name=\"{k}\">"),
+                    "</steptml:parameter>",
+                ),
+                Style::Gemma if i == 0 => (format!("{k}:<escape>"), "<escape>"),
+                Style::Gemma => (format!(",{k}:<escape>"), "<escape>"),
+                Style::Dsml => (
+                    format!(
+                        "<｜DSML｜parameter name=\"{k}\" string=\"{}\">",
+                        is_string(schema)
+                    ),
+                    "</｜DSML｜parameter>\n",
+                ),
             };
-            let value = new_rule(value_rule(schema, style != Style::Pythonic), rules);
+            let raw_strings = !matches!(style, Style::Pythonic | Style::Gemma);
+            let value = new_rule(value_rule(schema, raw_strings), rules);
             lark_seq(&[&lark_str(&before), &value, &lark_lit(after)])
         })
         .collect();
@@ -266,10 +473,14 @@ fn written_args(params: &Value) -> Vec<(String, Value)> {
         .collect()
 }
 
+/// Whether `schema` is a string's (the styles with bare strings write its values bare).
+fn is_string(schema: &Value) -> bool {
+    schema.get("type").and_then(Value::as_str) == Some("string")
+}
+
 /// A value of `schema`: a string bare (`raw_strings`) or any value as JSON.
 fn value_rule(schema: &Value, raw_strings: bool) -> String {
-    let is_string = schema.get("type").and_then(Value::as_str) == Some("string");
-    if raw_strings && is_string {
+    if raw_strings && is_string(schema) {
         if let Some(options) = schema.get("enum").and_then(Value::as_array) {
             let alts: Vec<String> = options
                 .iter()

@@ -159,7 +159,7 @@ pub(super) fn format_rule(
             if style != "json" {
                 return styled_arguments(style, &schema, rules).ok_or_else(|| {
                     format!(
-                        "json_schema style `{style}` is not supported (json, qwen_xml and glm_xml are)"
+                        "json_schema style `{style}` is not supported (json, qwen_xml, glm_xml, minimax_xml and deepseek_xml are)"
                     )
                 });
             }
@@ -279,6 +279,20 @@ pub(super) fn tag_parts(
             end: String::new(),
         });
     }
+    // MiMo's tag spells Qwen's XML without line breaks (`<tool_call><function=NAME>`), and
+    // its parser keeps a value's line breaks as part of it: after a begin without one, the
+    // values go inline
+    let inline;
+    let content = if content.get("style").and_then(Value::as_str) == Some("qwen_xml")
+        && !begin.ends_with('\n')
+    {
+        let mut c = content.clone();
+        c["style"] = Value::from("qwen_xml_inline");
+        inline = c;
+        &inline
+    } else {
+        content
+    };
     let content = format_rule(content, named.as_deref().or(tool), tools, rules)?;
     let end = match (ends.is_empty(), optional) {
         (true, _) => String::new(),
@@ -441,8 +455,9 @@ pub(super) fn triggered_tags(
 }
 
 /// The tool a tag's `begin` calls: `"name": "X"` (the JSON formats), `<function=X>`
-/// (Qwen3's XML), `functions.X:` (Kimi K2's), `<｜tool▁sep｜>X\n` (DeepSeek-V3's) or
-/// `<tool_call>X\n` (GLM's).
+/// (Qwen3's XML), `functions.X:` (Kimi K2's), `<｜tool▁sep｜>X\n` (DeepSeek-V3's),
+/// `<｜tool▁call▁begin｜>X<｜tool▁sep｜>` (DeepSeek-V3.1's), `invoke name="X"` (MiniMax-M2's,
+/// DeepSeek-V3.2's DSML) or `<tool_call>X\n` (GLM's).
 pub(super) fn tool_named_in(begin: &str) -> Option<String> {
     if let Some(i) = begin.find("\"name\"") {
         let rest = begin[i + 6..].trim_start().strip_prefix(':')?.trim_start();
@@ -453,6 +468,8 @@ pub(super) fn tool_named_in(begin: &str) -> Option<String> {
         ("<function=", '>'),
         ("functions.", ':'),
         ("<｜tool▁sep｜>", '\n'),
+        ("<｜tool▁call▁begin｜>", '<'),
+        ("invoke name=\"", '"'),
         ("<tool_call>", '\n'),
     ]
     .iter()
