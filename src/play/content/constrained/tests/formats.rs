@@ -1,0 +1,307 @@
+//! Tool calls in every `--tool-call-format`: each format's answer read back as its
+//! frontend parser reads it (the tool, and arguments typed by the tool's schema), and the
+//! argument styles of the structural tags the frontends send for `required`.
+
+use super::*;
+
+/// A Python call `NAME(k=v, …` (the closing parenthesis cut): the name and its arguments,
+/// each value JSON (the formats write Python's literals as JSON's).
+fn python_call(body: &str) -> Option<(String, Value)> {
+    let (name, mut rest) = body.split_once('(')?;
+    let mut args = serde_json::Map::new();
+    while !rest.is_empty() {
+        let (k, after) = rest.trim_start_matches(", ").split_once('=')?;
+        let mut de = serde_json::Deserializer::from_str(after).into_iter::<Value>();
+        args.insert(k.into(), de.next()?.ok()?);
+        rest = &after[de.byte_offset()..];
+    }
+    Some((name.into(), Value::Object(args)))
+}
+
+/// A call as each format's parser reads it: the tool's name and its arguments.
+fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
+    let json_call = |prefix: &str, key: &str, suffix: &str| {
+        let body = t.strip_prefix(prefix)?.strip_suffix(suffix)?;
+        let v: Value = serde_json::from_str(body).ok()?;
+        Some((v["name"].as_str()?.to_string(), v[key].clone()))
+    };
+    // a run of `KEY<sep>VALUE<end>` pairs, values as JSON or (`raw`) bare strings
+    let pairs = |body: &str, open: &str, sep: &str, end: &str| -> Option<Value> {
+        let mut args = serde_json::Map::new();
+        for part in body.split(open).skip(1) {
+            let (k, rest) = part.split_once(sep)?;
+            let v = rest.split(end).next()?.trim_matches('\n');
+            let v = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.into()));
+            args.insert(k.to_string(), v);
+        }
+        Some(Value::Object(args))
+    };
+    match format {
+        ToolCallFormat::Hermes => json_call("<tool_call>\n", "arguments", "\n</tool_call>"),
+        ToolCallFormat::Granite => json_call("<|tool_call|>[", "arguments", "]"),
+        ToolCallFormat::Xlam => json_call("[", "arguments", "]"),
+        ToolCallFormat::Phi4MiniJson => json_call("functools[", "arguments", "]"),
+        ToolCallFormat::Internlm => json_call(
+            "<|action_start|><|plugin|>\n",
+            "parameters",
+            "<|action_end|>",
+        ),
+        ToolCallFormat::Llama3Json => json_call("", "parameters", ""),
+        ToolCallFormat::Mistral => {
+            let (name, args) = t.strip_prefix("[TOOL_CALLS]")?.split_once("[ARGS]")?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
+        ToolCallFormat::DeepseekV3 => {
+            let body = t.strip_prefix(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>",
+            )?;
+            let (name, rest) = body.split_once("\n```json\n")?;
+            let args = rest.strip_suffix("\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
+        ToolCallFormat::KimiK2 => {
+            let body =
+                t.strip_prefix("<|tool_calls_section_begin|><|tool_call_begin|>functions.")?;
+            let (name, rest) = body.split_once(":0<|tool_call_argument_begin|>")?;
+            let args = rest.strip_suffix("<|tool_call_end|><|tool_calls_section_end|>")?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
+        ToolCallFormat::DeepseekV31 => {
+            let body = t.strip_prefix("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>")?;
+            let (name, rest) = body.split_once("<｜tool▁sep｜>")?;
+            let args = rest.strip_suffix("<｜tool▁call▁end｜><｜tool▁calls▁end｜>")?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
+        ToolCallFormat::Longcat => json_call(
+            "<longcat_tool_call>\n",
+            "arguments",
+            "\n</longcat_tool_call>",
+        ),
+        ToolCallFormat::HunyuanA13b | ToolCallFormat::Jamba => {
+            json_call("<tool_calls>[", "arguments", "]</tool_calls>")
+        }
+        ToolCallFormat::Granite20bFc => json_call("<function_call> ", "arguments", ""),
+        ToolCallFormat::Gigachat3 => json_call("<|function_call|>", "arguments", ""),
+        ToolCallFormat::Apertus => {
+            let body = t
+                .strip_prefix("<|tools_prefix|>[")?
+                .strip_suffix("]<|tools_suffix|>")?;
+            let v: Value = serde_json::from_str(body).ok()?;
+            let (name, args) = v.as_object()?.iter().next()?;
+            Some((name.clone(), args.clone()))
+        }
+        ToolCallFormat::Pythonic | ToolCallFormat::Llama4Pythonic => {
+            python_call(t.strip_prefix('[')?.strip_suffix(")]")?)
+        }
+        ToolCallFormat::Olmo3 => python_call(
+            t.strip_prefix("<function_calls>")?
+                .strip_suffix(")</function_calls>")?,
+        ),
+        ToolCallFormat::Lfm2 => python_call(
+            t.strip_prefix("<|tool_call_start|>[")?
+                .strip_suffix(")]<|tool_call_end|>")?,
+        ),
+        ToolCallFormat::FunctionGemma => {
+            let body = t
+                .strip_prefix("<start_function_call>call:")?
+                .strip_suffix("}<end_function_call>")?;
+            let (name, rest) = body.split_once('{')?;
+            // a value may hold commas: the pairs are split where one ends and a key follows
+            let rest = format!("\u{2}{rest}").replace("<escape>,", "<escape>\u{2}");
+            Some((name.into(), pairs(&rest, "\u{2}", ":<escape>", "<escape>")?))
+        }
+        ToolCallFormat::Qwen3Xml | ToolCallFormat::Qwen3Coder => {
+            let body = t.strip_prefix("<tool_call>\n<function=")?;
+            let body = body.strip_suffix("</function>\n</tool_call>")?;
+            let (name, rest) = body.split_once(">\n")?;
+            Some((
+                name.into(),
+                pairs(rest, "<parameter=", ">\n", "\n</parameter>")?,
+            ))
+        }
+        ToolCallFormat::SeedOss => {
+            let body = t.strip_prefix("<seed:tool_call>\n<function=")?;
+            let body = body.strip_suffix("</function>\n</seed:tool_call>")?;
+            let (name, rest) = body.split_once(">\n")?;
+            Some((
+                name.into(),
+                pairs(rest, "<parameter=", ">\n", "\n</parameter>")?,
+            ))
+        }
+        ToolCallFormat::Mimo => {
+            let body = t.strip_prefix("<tool_call><function=")?;
+            let body = body.strip_suffix("</function></tool_call>")?;
+            let (name, rest) = body.split_once('>')?;
+            // the parser keeps line breaks: a value must have none to be read as written
+            if rest.contains('\n') {
+                return None;
+            }
+            Some((
+                name.into(),
+                pairs(rest, "<parameter=", ">", "</parameter>")?,
+            ))
+        }
+        ToolCallFormat::MinimaxM2 | ToolCallFormat::Dots => {
+            let (open, close) = if format == ToolCallFormat::Dots {
+                ("<dots_function_call>\n", "</dots_function_call>")
+            } else {
+                ("<minimax:tool_call>\n", "</minimax:tool_call>")
+            };
+            let body = t.strip_prefix(open)?.strip_suffix(close)?;
+            let body = body.strip_prefix("<invoke name=\"")?;
+            let body = body.strip_suffix("</invoke>\n")?;
+            let (name, rest) = body.split_once("\">\n")?;
+            Some((
+                name.into(),
+                pairs(rest, "<parameter name=\"", "\">", "</parameter>")?,
+            ))
+        }
+        ToolCallFormat::DeepseekV32 | ToolCallFormat::DeepseekV4 => {
+            let block = if format == ToolCallFormat::DeepseekV32 {
+                "function_calls"
+            } else {
+                "tool_calls"
+            };
+            let body = t
+                .strip_prefix(&format!("<｜DSML｜{block}>\n<｜DSML｜invoke name=\""))?
+                .strip_suffix(&format!("</｜DSML｜invoke>\n</｜DSML｜{block}>"))?;
+            let (name, rest) = body.split_once("\">\n")?;
+            // the parser's reading: a value under `string="true"` is the string itself,
+            // any other is JSON
+            let mut args = serde_json::Map::new();
+            for part in rest.split("<｜DSML｜parameter name=\"").skip(1) {
+                let (head, after) = part.split_once('>')?;
+                let (k, flag) = head.split_once("\" string=\"")?;
+                let v = after.split("</｜DSML｜parameter>").next()?;
+                let v = match flag {
+                    "true\"" => Value::String(v.into()),
+                    _ => serde_json::from_str(v).ok()?,
+                };
+                args.insert(k.into(), v);
+            }
+            Some((name.into(), Value::Object(args)))
+        }
+        ToolCallFormat::Step3 => {
+            let body = t.strip_prefix(
+                "<｜tool_calls_begin｜><｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name=\"",
+            )?;
+            let body =
+                body.strip_suffix("</steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>")?;
+            let (name, rest) = body.split_once("\">")?;
+            Some((
+                name.into(),
+                pairs(
+                    rest,
+                    "<steptml:parameter name=\"",
+                    "\">",
+                    "</steptml:parameter>",
+                )?,
+            ))
+        }
+        ToolCallFormat::Glm45 => {
+            let body = t
+                .strip_prefix("<tool_call>")?
+                .strip_suffix("</tool_call>")?;
+            let (name, rest) = body.split_once('\n')?;
+            let rest = rest.replace("</arg_key>\n", "\u{1}");
+            Some((
+                name.into(),
+                pairs(&rest, "<arg_key>", "\u{1}", "</arg_value>")?,
+            ))
+        }
+    }
+}
+
+#[test]
+fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
+    use clap::ValueEnum;
+    for format in ToolCallFormat::value_variants().iter().copied() {
+        let calls = ToolCalls { rate: 1.0, format };
+        for seed in 0..4 {
+            let g = calls.decide(&weather_tools(), seed).unwrap();
+            // room for Step-3's call: its markers are 3 bytes a character, one token a byte
+            let (t, end) = run(g, "f", 500);
+            assert_eq!(end, End::Eos, "{format:?}: {t}");
+            let t = t.replace("<arg_value>", "");
+            let (name, args) =
+                read_call(format, &t).unwrap_or_else(|| panic!("{format:?} unreadable: {t}"));
+            assert_eq!(name, "get_weather", "{format:?}: {t}");
+            assert!(
+                args["city"].is_string() && args["days"].is_i64(),
+                "{format:?}: {args} from {t}"
+            );
+            assert_eq!(ToolCallFormat::from_parser(format.parser()), Some(format));
+        }
+    }
+    assert_eq!(
+        ToolCallFormat::from_parser("glm47"),
+        Some(ToolCallFormat::Glm45)
+    );
+    assert_eq!(
+        ToolCallFormat::from_parser("llama4_json"),
+        Some(ToolCallFormat::Llama3Json)
+    );
+    for (alias, format) in [
+        ("ernie45", ToolCallFormat::Hermes),
+        ("step3p5", ToolCallFormat::Qwen3Coder),
+        ("step5", ToolCallFormat::Qwen3Coder),
+    ] {
+        assert_eq!(ToolCallFormat::from_parser(alias), Some(format), "{alias}");
+    }
+    assert_eq!(ToolCallFormat::from_parser("kimi_k3"), None);
+}
+
+#[test]
+fn xml_styled_arguments_of_a_required_call_are_spelled_per_parameter() {
+    // what the frontends send for `required` with the qwen3_xml parser (the tool's
+    // schema is the one the prompt shows, named by the tag's `begin`) and with glm45's
+    for (style, begin, end) in [
+        (
+            "qwen_xml",
+            "<tool_call>\n<function=get_weather>\n",
+            "\n</function>\n</tool_call>",
+        ),
+        ("glm_xml", "<tool_call>get_weather\n", "</tool_call>"),
+        // MiMo's tag: Qwen's XML without line breaks, values inline
+        (
+            "qwen_xml",
+            "<tool_call><function=get_weather>",
+            "</function></tool_call>",
+        ),
+        // DeepSeek-V3.2's tag: DSML parameters inside its `invoke`
+        (
+            "deepseek_xml",
+            "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n",
+            "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+        ),
+        // MiniMax-M2's tag: `<invoke …>` inside its `<minimax:tool_call>` trigger
+        (
+            "minimax_xml",
+            "<minimax:tool_call>\n<invoke name=\"get_weather\">\n",
+            "</invoke>\n</minimax:tool_call>",
+        ),
+    ] {
+        let tag = json!({"type": "structural_tag", "format": {"type": "triggered_tags",
+            "triggers": [begin], "at_least_one": true, "stop_after_first": true,
+            "tags": [{"type": "tag", "begin": begin, "end": end,
+                "content": {"type": "json_schema", "json_schema": true, "style": style}}]}});
+        let (t, end_kind) = run(tag_grammar(&tag, &weather_tools()), "x", 300);
+        assert_eq!(end_kind, End::Eos, "{style}: {t}");
+        let format = match style {
+            "qwen_xml" if !begin.ends_with('\n') => ToolCallFormat::Mimo,
+            "qwen_xml" => ToolCallFormat::Qwen3Xml,
+            "minimax_xml" => ToolCallFormat::MinimaxM2,
+            "deepseek_xml" => ToolCallFormat::DeepseekV32,
+            _ => ToolCallFormat::Glm45,
+        };
+        let t = t
+            .replace("<arg_value>", "")
+            .replace("</parameter>\n\n</function>", "</parameter>\n</function>");
+        let (name, args) = read_call(format, &t).unwrap_or_else(|| panic!("{style}: {t}"));
+        assert_eq!(name, "get_weather");
+        assert!(
+            args["city"].is_string() && args["days"].is_i64(),
+            "{style}: {t}"
+        );
+    }
+}
