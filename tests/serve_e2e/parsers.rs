@@ -511,9 +511,7 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         ("lfm2", Some("step3"), false, Some(false)),
         // vllm-rs's reasoning parsers of these families, beside their calls
         ("seed_oss", Some("seed_oss"), true, Some(false)),
-        // known gap: behind a reasoning parser, vllm-rs's `required` tag for MiniMax-M2 has
-        // the engine open calls inside `<minimax:tool_call>` until `max_tokens` cuts one
-        ("minimax_m2", Some("minimax_m2"), true, None),
+        ("minimax_m2", Some("minimax_m2"), true, Some(true)),
         ("mimo", Some("mimo"), true, Some(false)),
         ("qwen3_coder", Some("step3p5"), true, Some(false)),
         ("hermes", Some("nemotron_v3"), true, Some(false)),

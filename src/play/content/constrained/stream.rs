@@ -242,8 +242,10 @@ impl ConstrainedStream {
             if can_end {
                 return Some(trie_eos);
             }
-            // a quote first: inside a string it is the only closer (a bracket there is text)
-            for closer in [&b"\""[..], b"}", b"]", b")"] {
+            // a quote first: inside a string it is the only closer (a bracket there is text);
+            // `/` last, after a `<` that could open another element or close the one
+            // around it (`</minimax:tool_call>` after a call)
+            for closer in [&b"\""[..], b"}", b"]", b")", b"/"] {
                 let ids = self
                     .vocab
                     .encode(std::str::from_utf8(closer).unwrap_or_default());
