@@ -110,18 +110,15 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
             let rest = format!("\u{2}{rest}").replace("<escape>,", "<escape>\u{2}");
             Some((name.into(), pairs(&rest, "\u{2}", ":<escape>", "<escape>")?))
         }
-        ToolCallFormat::Qwen3Xml | ToolCallFormat::Qwen3Coder => {
-            let body = t.strip_prefix("<tool_call>\n<function=")?;
-            let body = body.strip_suffix("</function>\n</tool_call>")?;
-            let (name, rest) = body.split_once(">\n")?;
-            Some((
-                name.into(),
-                pairs(rest, "<parameter=", ">\n", "\n</parameter>")?,
-            ))
-        }
-        ToolCallFormat::SeedOss => {
-            let body = t.strip_prefix("<seed:tool_call>\n<function=")?;
-            let body = body.strip_suffix("</function>\n</seed:tool_call>")?;
+        ToolCallFormat::Qwen3Xml | ToolCallFormat::Qwen3Coder | ToolCallFormat::SeedOss => {
+            // Seed-OSS writes Qwen3-Coder's XML inside a tag of its own
+            let wrapper = if format == ToolCallFormat::SeedOss {
+                "seed:tool_call"
+            } else {
+                "tool_call"
+            };
+            let body = t.strip_prefix(&format!("<{wrapper}>\n<function="))?;
+            let body = body.strip_suffix(&format!("</function>\n</{wrapper}>"))?;
             let (name, rest) = body.split_once(">\n")?;
             Some((
                 name.into(),

@@ -45,6 +45,18 @@ fn generate(c: Constraint, tools: &PromptTools, id: &str) -> (String, bool) {
     (vocab.decode(&ids), false)
 }
 
+/// An instance of a JSON `schema` for request `id`: it ended with EOS and parses.
+fn json_instance(schema: &Value, id: &str) -> (String, Value) {
+    let (text, stopped) = generate(
+        Constraint::JsonSchema(schema.to_string()),
+        &PromptTools::default(),
+        id,
+    );
+    assert!(stopped, "{text}");
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (text, v)
+}
+
 fn req(id: &str) -> EngineCoreRequest {
     req_max(id, None)
 }
@@ -407,13 +419,7 @@ fn json_schema_instances_parse_and_follow_the_schema() {
         "required": ["a", "b", "tags"],
     });
     for i in 0..20 {
-        let (text, stopped) = generate(
-            Constraint::JsonSchema(schema.to_string()),
-            &PromptTools::default(),
-            &format!("r{i}"),
-        );
-        assert!(stopped, "{text}");
-        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let (text, v) = json_instance(&schema, &format!("r{i}"));
         let a = v["a"].as_i64().unwrap();
         assert!((3..=9000).contains(&a), "{text}");
         assert!(["x", "y"].contains(&v["b"].as_str().unwrap()), "{text}");
@@ -480,13 +486,7 @@ fn numbers_stay_finite_doubles() {
         "required": ["x", "y"]});
     let mut exponents = 0;
     for i in 0..200 {
-        let (text, stopped) = generate(
-            Constraint::JsonSchema(schema.to_string()),
-            &PromptTools::default(),
-            &format!("n{i}"),
-        );
-        assert!(stopped, "{text}");
-        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let (text, v) = json_instance(&schema, &format!("n{i}"));
         for k in ["x", "y"] {
             assert!(v[k].as_f64().is_some_and(f64::is_finite), "{text}");
         }
