@@ -3,7 +3,7 @@
 //!
 //! The suite is a short fixed set of `bench serve` loads ([`sim_trace::loads`]: lengths
 //! from short to near a 2,048-token context at 2 in flight, a batch of 12, a prefix-cache
-//! mix at 6 requests a second), the same the project's own fidelity table is fitted on.
+//! mix at 6 requests a second, fixed lengths 6 at a time), the same the project's own fidelity table is fitted on.
 //! Each load's command is printed before it runs, so it can be reproduced with `vllm bench
 //! serve` (Python) as well as with `vllm-rs bench serve`; `--dry-run` only prints them.
 

@@ -242,7 +242,8 @@ const SESSIONS: Arrivals = Arrivals::Sessions {
 pub const WORKLOADS: &[Workload] = &[
     // ---- the calibration suite: few minutes of engine time, every term of the model
     // varied on its own (lengths from short to near the 2,048-token context, batch sizes
-    // from 1 to 12, cache hits at several depths, mixed prefill/decode steps)
+    // from 1 to 12, cache hits at several depths, mixed prefill/decode steps, step sizes
+    // run once and run again, an engine busy and one that falls idle)
     load(
         "suite-lengths-c2",
         Shape::varied(900, 128, 0.9, 0.9),
@@ -267,6 +268,18 @@ pub const WORKLOADS: &[Workload] = &[
             burstiness: 1.0,
         },
         160,
+        &[],
+        Part::Suite,
+    ),
+    // Fixed lengths in a closed loop: the engine runs the same step sizes over and over
+    // (rounds of six prompts prefilled together, then six decodes), so the fit can tell a
+    // prefill step's own cost from the cost of a step size the engine runs for the first
+    // time, which varied lengths pay on nearly every prefill.
+    load(
+        "suite-fixed-c6",
+        Shape::fixed(192, 48),
+        Arrivals::Concurrency(6),
+        240,
         &[],
         Part::Suite,
     ),
@@ -452,6 +465,7 @@ pub const CALIBRATION_SUITE: &[&str] = &[
     "suite-lengths-c2",
     "suite-batch-c12",
     "suite-prefix-poisson6",
+    "suite-fixed-c6",
 ];
 
 /// The workload named `name`.

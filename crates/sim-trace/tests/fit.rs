@@ -180,8 +180,26 @@ fn without_the_sidecar_the_records_give_the_same_steps() {
         steps: None,
     }])
     .unwrap();
-    // every step of the fixture emitted a token, so the token times show them all
-    assert_eq!(with.law, without.law);
+    // every step of the fixture emitted a token, so the token times show them all; only
+    // the sidecar says when the engine sat idle (its one such step is too few to fit)
+    let terms = |law: &sim_trace::fit::StepLaw| {
+        law.terms
+            .iter()
+            .filter(|t| t.term != "after_idle_ms")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(terms(&with.law), terms(&without.law));
+    assert_eq!(
+        sim_trace::fit::StepLaw {
+            terms: Vec::new(),
+            ..with.law.clone()
+        },
+        sim_trace::fit::StepLaw {
+            terms: Vec::new(),
+            ..without.law.clone()
+        }
+    );
     assert_eq!(with.decode, without.decode);
     assert_eq!(with.prefill, without.prefill);
 }
@@ -230,6 +248,42 @@ fn the_cost_of_a_step_size_never_run_before_is_recovered() {
     assert_recovers(&model, &s, 0.05);
     within("new_shape_ms", model.law.new_shape_ms, 3.0, 0.15);
     assert!(model.law.prefill_step_ms.abs() < 0.5, "{:?}", model.law);
+}
+
+/// A step the engine starts after sitting idle for 5 ms or more costs 2 ms more (its
+/// worker threads are woken); one it starts sooner does not. A client that thinks 0–12 ms
+/// between requests leaves both kinds; the fit finds the cost, and the pacer charges it to
+/// the steps the engine says start from idle, and to no other.
+#[test]
+fn the_wake_up_of_an_idle_engine_is_recovered() {
+    let s = Synth {
+        idle_wake_ms: 2.0,
+        requests: 600,
+        concurrency: 1,
+        think_ms: 12.0,
+        budget: 4096,
+        output: (8, 64),
+        ..linear_synth()
+    };
+    let (trace, steps) = (tmp("idle-wake.jsonl.gz"), tmp("idle-wake-steps.jsonl.gz"));
+    s.write(&trace, Some(&steps));
+    let model = fit(&[FitInput {
+        trace,
+        steps: Some(steps),
+    }])
+    .unwrap();
+    within("after_idle_ms", model.law.after_idle_ms, 2.0, 0.15);
+    let warm = shape(0, &[300]);
+    let cold = StepShape {
+        after_idle: true,
+        ..warm.clone()
+    };
+    within(
+        "a 300-token prefill from idle over one straight after a step",
+        model.law_ms(&cold) - model.law_ms(&warm),
+        2.0,
+        0.15,
+    );
 }
 
 fn assert_recovers(model: &FittedModel, s: &Synth, tol: f64) {

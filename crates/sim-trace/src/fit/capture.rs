@@ -81,6 +81,10 @@ pub(crate) struct Step {
     /// The engine reported nothing running or waiting before this step (sidecar only): its
     /// `step_ms` includes idle time.
     pub idle_before: bool,
+    /// The engine had nothing running or waiting before this step (sidecar only). Unlike
+    /// `idle_before`, kept when the trace's arrivals correct the step's duration: how long
+    /// the engine sat idle is read from them.
+    pub after_idle: bool,
 }
 
 impl Step {
@@ -99,6 +103,7 @@ impl Step {
             finished: 0,
             engine: 0,
             idle_before: false,
+            after_idle: false,
         }
     }
 
@@ -450,6 +455,7 @@ fn read_sidecar(path: &Path) -> Result<Vec<Step>, FitError> {
         step.prefill = s.prefill_tokens.min(u64::from(u32::MAX)) as u32;
         step.engine = engine as u16;
         step.idle_before = idle;
+        step.after_idle = idle;
         steps.push(step);
     }
     // sidecar lines come in emission order; several engines may interleave out of order

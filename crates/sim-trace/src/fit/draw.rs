@@ -219,6 +219,7 @@ fn features(
         after[0],
         after[1],
         if new_size { 1.0 } else { 0.0 },
+        if shape.after_idle { 1.0 } else { 0.0 },
     ]
 }
 
@@ -290,6 +291,7 @@ impl LatencyModel for FittedLatency {
             (l.after_prefill_ms, "earlier prefill step"),
             (l.per_after_prefill_token_ms, "earlier prefill token"),
             (l.new_shape_ms, "new step size"),
+            (l.after_idle_ms, "step from idle"),
         ] {
             if c != 0.0 {
                 law += &format!(" + {c:.4e}/{what}");

@@ -135,6 +135,7 @@ pub(crate) fn build(
         per_after_prefill_token_ms: coef[8],
         after_prefill_decay,
         new_shape_ms: coef[9],
+        after_idle_ms: coef[10],
         floor_ms: sig(floor_ms),
         residual_autocorrelation: sel.rho,
         terms: sel.terms,

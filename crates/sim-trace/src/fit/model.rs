@@ -102,6 +102,9 @@ pub struct StepLaw {
     /// CPU engine prepares kernels per shape.
     #[serde(default)]
     pub new_shape_ms: f64,
+    /// Per step the engine starts from idle (nothing running or waiting before it).
+    #[serde(default)]
+    pub after_idle_ms: f64,
     /// No step is predicted faster than the fastest captured one.
     pub floor_ms: f64,
     /// Lag-1 autocorrelation of the fit's relative residuals in capture order (the
@@ -128,6 +131,7 @@ impl StepLaw {
             self.after_prefill_ms,
             self.per_after_prefill_token_ms,
             self.new_shape_ms,
+            self.after_idle_ms,
         ]
     }
 
@@ -334,6 +338,7 @@ impl FittedModel {
                 l.per_after_prefill_token_ms,
             ),
             ("law.new_shape_ms", l.new_shape_ms),
+            ("law.after_idle_ms", l.after_idle_ms),
         ];
         for (name, c) in coefficients {
             if !is_sane_ms(c) {

@@ -26,9 +26,17 @@
 //!   (the corpus: 2–8 ms a new size, at 60–77 µs a token, where a law without the term
 //!   charges every prefill step a fixed 1–4 ms). The pacer keeps the same set
 //!   ([`SeenSizes`]).
+//! * A step the engine starts after sitting idle for [`IDLE_WAKE_MS`] or more costs more
+//!   than one it starts straight after another (its duration runs from the request's
+//!   arrival): the CPU engine's worker threads have gone to sleep and must be woken. A
+//!   lone 128-token prefill took 12.3 ms within 2 ms of the previous step and 13.2–14.4 ms
+//!   after 5 ms or more; a closed loop sends its next request within a millisecond or two
+//!   and never pays it, an open loop pays it on most arrivals (the `after_idle` term).
+//!   The engine tells the pacer ([`crate::latency::StepShape::after_idle`]).
 
 use super::capture::{Capture, Step, UNKNOWN};
 use super::features::{Kind, NF, Obs};
+use crate::latency::IDLE_WAKE_MS;
 
 /// The prefills before a step, discounted per step since: `[Σ decay^k, Σ P·decay^k]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -95,7 +103,13 @@ impl SeenSizes {
 
 /// The features of one step, which carries `after` ([`AfterPrefill::sums`]) and is the
 /// engine's first step of its size or not.
-fn features(s: &Step, prefill_work: bool, after: [f64; 2], new_size: bool) -> [f32; NF] {
+fn features(
+    s: &Step,
+    prefill_work: bool,
+    after: [f64; 2],
+    new_size: bool,
+    from_idle: bool,
+) -> [f32; NF] {
     let decodes = s.decodes as f32;
     [
         1.0,
@@ -108,6 +122,7 @@ fn features(s: &Step, prefill_work: bool, after: [f64; 2], new_size: bool) -> [f
         after[0] as f32,
         after[1] as f32,
         if new_size { 1.0 } else { 0.0 },
+        if from_idle { 1.0 } else { 0.0 },
     ]
 }
 
@@ -140,6 +155,9 @@ pub(crate) fn observations(cap: &Capture, decay: f64, out: &mut Vec<Obs>) {
     let mut engine = None;
     let mut after = AfterPrefill::new(decay);
     let mut sizes = SeenSizes::default();
+    // when the engine last emitted something: a step that starts long after it starts
+    // from idle
+    let mut last_active = f64::NEG_INFINITY;
     for s in &cap.steps {
         if engine != Some(s.engine) {
             // another engine's steps: an episode does not span engines
@@ -147,6 +165,7 @@ pub(crate) fn observations(cap: &Capture, decay: f64, out: &mut Vec<Obs>) {
             engine = Some(s.engine);
             after = AfterPrefill::new(decay);
             sizes = SeenSizes::default();
+            last_active = f64::NEG_INFINITY;
         }
         let carried = after.sums();
         after.after_step(u64::from(s.prefill));
@@ -159,13 +178,18 @@ pub(crate) fn observations(cap: &Capture, decay: f64, out: &mut Vec<Obs>) {
         };
         let work = s.firsts > 0 || partial > 0;
         let dur = duration(s);
+        let from_idle = s.after_idle
+            && dur.is_some_and(|d| s.ts - f64::from(d) - last_active >= IDLE_WAKE_MS as f64);
+        if s.decodes + s.firsts > 0 {
+            last_active = s.ts;
+        }
         if !work {
             // an open episode that ends without a first token recomputed a preempted
             // request, or lost track: drop it
             open = None;
             if let (Some(y), true) = (dur, s.decodes > 0) {
                 out.push(Obs {
-                    x: features(s, false, carried, new_size),
+                    x: features(s, false, carried, new_size, from_idle),
                     y,
                     weight: 1.0,
                     kind: Kind::Decode {
@@ -184,7 +208,10 @@ pub(crate) fn observations(cap: &Capture, decay: f64, out: &mut Vec<Obs>) {
             prefill: 0,
             valid: true,
         });
-        for (a, b) in ep.x.iter_mut().zip(features(s, true, carried, new_size)) {
+        for (a, b) in
+            ep.x.iter_mut()
+                .zip(features(s, true, carried, new_size, from_idle))
+        {
             *a += b;
         }
         ep.y += dur.unwrap_or(f32::NAN);
@@ -218,6 +245,7 @@ pub(crate) fn observations(cap: &Capture, decay: f64, out: &mut Vec<Obs>) {
                 0.0,
                 d * g.ctx as f32,
                 d * (burst - 1) as f32,
+                0.0,
                 0.0,
                 0.0,
                 0.0,

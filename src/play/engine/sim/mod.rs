@@ -69,6 +69,9 @@ pub struct SimEngine {
     /// other input of the same instant: vLLM's engine-core drains its input queue before
     /// it schedules, so requests that reach it together share the first step.
     wake: Option<Instant>,
+    /// When the last step ended: a step that starts long after it starts from idle
+    /// ([`sim_trace::latency::StepShape::after_idle`]).
+    last_step_end: Option<Instant>,
     step_counter: u64,
     /// Speculative-decoding counters of the step being reported.
     spec_step: Option<SpecStepStats>,
@@ -124,6 +127,7 @@ impl SimEngine {
             batch,
             in_flight: None,
             wake: None,
+            last_step_end: None,
             step_counter: 0,
             spec_step: None,
             nixl_stats: Default::default(),
@@ -481,6 +485,7 @@ impl EngineCore for SimEngine {
             return;
         };
         let end = step.end;
+        self.last_step_end = Some(end);
         self.complete_step(step, now, out);
         // Back to back: the next step starts when this one ended, whenever the loop got
         // round to it, so the step clock does not drift with the loop's lateness (and a

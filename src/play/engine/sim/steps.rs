@@ -13,6 +13,10 @@ use crate::play::engine::engine_core::{EngineCore, Outbox};
 
 use super::{InFlight, SimEngine};
 
+/// An engine idle this long before a step starts it from idle (a fitted model charges
+/// such a step its wake-up).
+pub(super) const IDLE_WAKE: Duration = Duration::from_millis(sim_trace::latency::IDLE_WAKE_MS);
+
 impl SimEngine {
     /// Start a step if none is running and there is work (after arrivals, aborts,
     /// resumes).
@@ -29,7 +33,10 @@ impl SimEngine {
         if !self.util.scheduling_enabled() {
             return;
         }
-        if let Some(plan) = self.batch.compose(&self.cfg.rules, start) {
+        if let Some(mut plan) = self.batch.compose(&self.cfg.rules, start) {
+            plan.shape.after_idle = self
+                .last_step_end
+                .is_some_and(|end| start.saturating_duration_since(end) >= IDLE_WAKE);
             let mut timing = self.latency.step(&plan.shape);
             // a step that samples a first token runs the model at least once, even when
             // the whole prompt was cached (vLLM recomputes its last token): no cheaper than
