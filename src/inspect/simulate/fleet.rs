@@ -12,6 +12,7 @@ use sim_protocol::{EngineCoreRequest, SamplingParams, VllmLine};
 use super::arrivals::Arrivals;
 use super::follow::{self, Finished, Follower};
 use super::options::{Counts, RunOptions};
+use super::prehash::PromptHashes;
 use super::route::{Load, Router};
 use super::workload::{Turn, Workload};
 use crate::inspect::progress::Progress;
@@ -61,6 +62,10 @@ pub fn run_workload(
             }
         })
         .collect();
+    // each distinct prompt block hashed once for every engine (same flags, same chain
+    // root), when the trace's blocks are the engine's and the prompts share them
+    let mut prehash = (work.trace_block_size == block_size && !opts.cold_prompts)
+        .then(|| PromptHashes::new(fleet[0].driver.engine_mut().block_hash_root(), block_size));
     let name = |e: usize| (engines > 1).then_some(e as u32);
     // the KV blocks each request takes at its longest (prompt and every output token),
     // and those it added to its engine when routed
@@ -119,6 +124,13 @@ pub fn run_workload(
             m.load.requests += 1;
             m.load.blocks += added[i];
             m.follower.arrive(i, at, &req);
+            if let Some(p) = prehash.as_mut() {
+                let prompt = req.prompt_token_ids.as_deref().unwrap_or_default();
+                let hashes = p.of(prompt, work.hashes(i));
+                m.driver
+                    .engine_mut()
+                    .offer_prompt_hashes(&req.request_id, hashes);
+            }
             m.driver.add(at, 0, req);
         }
         for (e, m) in fleet.iter_mut().enumerate() {

@@ -12,6 +12,7 @@ pub mod arrivals;
 mod fleet;
 mod follow;
 mod options;
+mod prehash;
 mod report;
 mod route;
 pub mod workload;

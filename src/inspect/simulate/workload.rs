@@ -416,9 +416,8 @@ impl Workload {
                 Some(h) if !cold => mix(*h ^ SHARED_SALT),
                 _ => mix(mix(i as u64 ^ UNIQUE_SALT) ^ k as u64),
             };
-            let mut rng = SplitMix64(seed);
             let n = bs.min(len - lo);
-            out.extend((0..n).map(|_| ids.start + rng.below(span) as u32));
+            fill_block(&mut out, SplitMix64(seed), ids.start, span, n);
         }
         out
     }
@@ -570,6 +569,29 @@ pub fn duration_ms(ms: f64) -> Duration {
     sim_trace::latency::duration_from_ms(ms)
 }
 
+/// Append `n` ids in `start..start + span` drawn from `rng`. A vocabulary range of at most
+/// 2^16 ids takes four ids from each 64-bit draw (each 16-bit lane scaled onto the range),
+/// a quarter of the generator's work on the long prompts of a conversation trace; a wider
+/// range takes one draw per id.
+fn fill_block(out: &mut Vec<u32>, mut rng: SplitMix64, start: u32, span: u64, n: usize) {
+    if span > 1 << 16 {
+        out.extend((0..n).map(|_| start + rng.below(span) as u32));
+        return;
+    }
+    let lane = |x: u64| start + (((x & 0xffff) * span) >> 16) as u32;
+    let mut left = n;
+    while left >= 4 {
+        let x = rng.next_u64();
+        out.extend_from_slice(&[lane(x), lane(x >> 16), lane(x >> 32), lane(x >> 48)]);
+        left -= 4;
+    }
+    let mut x = rng.next_u64();
+    for _ in 0..left {
+        out.push(lane(x));
+        x >>= 16;
+    }
+}
+
 /// SplitMix64's finaliser: spreads nearby seeds (consecutive hashes, request indexes).
 fn mix(x: u64) -> u64 {
     SplitMix64(x).next_u64()
@@ -635,6 +657,26 @@ mod tests {
         assert_ne!(cold[0][..4], cold[1][..4]);
         assert_ne!(cold[0][..4], cold[2][..4]);
         assert_eq!(w.prompt(1, 3..259, false), p[1], "deterministic");
+    }
+
+    #[test]
+    fn synthesized_ids_stay_in_the_vocabulary_range() {
+        // four ids a draw (with a tail of 1–3), and one a draw past 2^16 ids
+        for n in [1, 3, 4, 7, 512] {
+            let mut out = Vec::new();
+            fill_block(&mut out, SplitMix64(n as u64), 3, 256, n);
+            assert_eq!(out.len(), n);
+            assert!(out.iter().all(|t| (3..259).contains(t)));
+            let mut wide = Vec::new();
+            fill_block(&mut wide, SplitMix64(n as u64), 3, 150_000, n);
+            assert!(wide.iter().all(|t| (3..150_003).contains(t)));
+        }
+        let mut out = Vec::new();
+        fill_block(&mut out, SplitMix64(1), 0, 4, 4096);
+        assert!(
+            (0..4).all(|id| out.contains(&id)),
+            "every id of the range is drawn"
+        );
     }
 
     #[test]

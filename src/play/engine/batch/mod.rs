@@ -81,6 +81,11 @@ pub struct Batch {
 pub(crate) type WaitKey = (i64, i64, i64);
 
 impl Batch {
+    /// The parent hash of every prompt's first block (vLLM's `NONE_HASH`).
+    pub fn block_hash_root(&self) -> BlockHash {
+        self.none_hash
+    }
+
     pub fn new(
         num_gpu_blocks: u64,
         block_size: u64,

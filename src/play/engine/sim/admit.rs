@@ -63,6 +63,7 @@ impl SimEngine {
     ) {
         let client = reply_client(client, &req);
         if let Err(refusal) = self.check_add(&req) {
+            self.prehashed.remove(&req.request_id);
             self.refuse(out, client, &req.request_id, refusal, now);
             return;
         }
@@ -106,7 +107,10 @@ impl SimEngine {
                 let queued_at = self.input_taken_at(now);
                 self.admit(client, req, stream, queued_at, now, out);
             }
-            Err(reject) => self.refuse(out, client, &req.request_id, reject.into(), now),
+            Err(reject) => {
+                self.prehashed.remove(&req.request_id);
+                self.refuse(out, client, &req.request_id, reject.into(), now);
+            }
         }
     }
 
@@ -244,11 +248,20 @@ impl SimEngine {
         stream: Box<dyn TokenStream>,
         now: Instant,
     ) -> Result<SimRequest, Reject> {
+        let prehashed = self.prehashed.remove(&req.request_id);
         let served = self
             .replay
             .resolve(req, stream, self.cfg.log_requests)
             .map_err(Reject::replay_miss)?;
         let mut r = SimRequest::new(req, served.stream, 0);
+        if let Some(mut hashes) = prehashed
+            && r.lora_key.is_none()
+            && r.cache_salt.as_deref().is_none_or(str::is_empty)
+        {
+            // what `hash_blocks` would compute for the prompt's complete blocks
+            hashes.truncate(r.tokens.len() / (self.cfg.block_size.max(1) as usize));
+            r.block_hashes = hashes;
+        }
         r.script = served.script;
         if let Some((len, reason)) = served.recorded_end {
             // the stream ends where the capture did

@@ -13,7 +13,7 @@
 //! is followed by one that starts at `t`, so a live run and an offline run on a virtual
 //! clock (`offline.rs`) that see the same arrivals compose the same steps.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use rmpv::Value;
@@ -26,6 +26,7 @@ use sim_trace::latency::{LatencyModel, StepTiming};
 use sim_trace::stats::Samples;
 
 use super::batch::{Batch, StepPlan};
+use super::block_hash::BlockHash;
 use super::engine_core::{EngineCore, EngineInput, Outbox};
 use super::queue_policy::QueuePolicy;
 use super::request::SimRequest;
@@ -99,6 +100,9 @@ pub struct SimEngine {
     due_tried: Option<Instant>,
     /// Requests waiting for their grammar to compile (vLLM's `WAITING_FOR_FSM`), by id.
     compiling: BTreeMap<String, Compiling>,
+    /// Prompt block hashes a caller computed before adding the request, by id (see
+    /// [`SimEngine::offer_prompt_hashes`]); taken when the request's add is handled.
+    prehashed: HashMap<String, Vec<BlockHash>>,
 }
 
 /// A request whose grammar is being compiled off the step loop.
@@ -145,8 +149,26 @@ impl SimEngine {
             bad_frames: BadFrames::default(),
             due_tried: None,
             compiling: BTreeMap::new(),
+            prehashed: HashMap::new(),
             cfg,
         }
+    }
+
+    /// The parent hash of every prompt's first block (vLLM's `NONE_HASH`), where a
+    /// caller's [`offer_prompt_hashes`](Self::offer_prompt_hashes) chain starts.
+    pub fn block_hash_root(&self) -> BlockHash {
+        self.batch.block_hash_root()
+    }
+
+    /// Hand over the hashes of the complete blocks of the prompt of the request
+    /// `request_id` that is about to be added, so the engine does not compute them: each
+    /// `block_hash::hash_block(parent, block, &[])` at this engine's block size, chained
+    /// from [`block_hash_root`](Self::block_hash_root). A driver that sees many prompts
+    /// share blocks (conversation turns) computes each distinct one once. Ignored for a
+    /// request whose hashes carry extra keys (LoRA, cache salt); taken when the request is
+    /// admitted (after its grammar compiles, if it has one), dropped if it is refused.
+    pub fn offer_prompt_hashes(&mut self, request_id: &str, hashes: Vec<BlockHash>) {
+        self.prehashed.insert(request_id.to_string(), hashes);
     }
 
     pub fn engine_index(&self) -> u32 {
