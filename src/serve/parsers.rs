@@ -37,6 +37,10 @@ const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &[
     "functiongemma",
 ];
 
+/// The markers vllm-rs's `gemma4` parser looks up as single tokens.
+pub(crate) const GEMMA4_TOKENS: &[&str] =
+    &["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>"];
+
 impl Parsing {
     /// Refuses, before anything starts, the parsers serve chose that vllm-rs cannot run:
     /// a tool parser it does not have (it would exit at start), and, for the embedded
@@ -52,11 +56,25 @@ impl Parsing {
                 "vllm-rs has no `{p}` tool-call parser: serve it with --frontend python (or pass `-- --tool-call-parser none` to get the calls as raw text)"
             );
         }
-        // vllm-rs parses Gemma 4's thinking and calls together: beside another tool parser it
-        // fails every chat request (HTTP 500), and the engine writes no Gemma 4 calls
-        if self.reasoning == Some("gemma4") && !self.tools.is_empty() {
+        // vllm-rs reads Gemma 4's thinking and calls with one parser: each of its two names
+        // fails every chat request (HTTP 500) beside another parser of the other kind, and
+        // it looks Gemma 4's markers up as tokens
+        let tool = self.tools.get(2).copied();
+        let gemma4_tools = tool == Some("gemma4");
+        if gemma4_tools && self.reasoning != Some("gemma4") {
             bail!(
-                "vllm-rs runs its `gemma4` reasoning parser only beside its `gemma4` tool-call parser, whose format the engine does not write: serve it with --frontend python"
+                "vllm-rs reads Gemma 4's calls only beside its `gemma4` reasoning parser: add --reasoning-format gemma4 (or serve it with --frontend python)"
+            );
+        }
+        if self.reasoning == Some("gemma4") && tool.is_some() && !gemma4_tools {
+            bail!(
+                "vllm-rs runs its `gemma4` reasoning parser only beside its `gemma4` tool-call parser: use --tool-call-format gemma4 (or serve it with --frontend python)"
+            );
+        }
+        if embedded_model && (gemma4_tools || self.reasoning == Some("gemma4")) {
+            bail!(
+                "vllm-rs's `gemma4` parser needs {} as single tokens, which the embedded model's tokenizer lacks: serve a model whose tokenizer has them (--model DIR) or serve it with --frontend python",
+                GEMMA4_TOKENS.join(", ")
             );
         }
         if let Some(r) = self.reasoning.filter(|r| *r != "none" && embedded_model) {
@@ -294,6 +312,21 @@ mod tests {
                 .check_vllm_rs(false)
                 .is_ok()
         );
+        // beside its own tool parser, with a model that has its markers, it runs
+        play.tool_call_format = Some(ToolCallFormat::Gemma4);
+        let pair = choose(&mut play, &[], true).unwrap();
+        assert!(pair.check_vllm_rs(false).is_ok());
+        let e = pair.check_vllm_rs(true).unwrap_err().to_string();
+        assert!(e.contains("<|channel>") && e.contains("--model DIR"), "{e}");
+        // Gemma 4's calls without its thinking parser: vllm-rs would fail every request
+        play.reasoning_format = None;
+        let e = choose(&mut play, &[], true)
+            .unwrap()
+            .check_vllm_rs(false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--reasoning-format gemma4"), "{e}");
+        play.tool_call_format = Some(ToolCallFormat::Glm45);
         let off = user(&["--reasoning-parser", "none"]);
         assert!(
             choose(&mut play, &off, false)

@@ -38,6 +38,8 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     ("functiongemma", false),
     ("deepseek_v32", true),
     ("deepseek_v4", true),
+    // vllm-rs's gemma4 parser needs its markers as tokens (the marker-token test below)
+    ("gemma4", false),
 ];
 
 /// Tool parsers that read a format above under another name (`ALIASES` in
@@ -445,8 +447,8 @@ fn formats_vllm_rs_cannot_parse_are_refused_with_the_way_out() {
 }
 
 /// The markers the llama3_json, mistral, deepseek_v3, deepseek_v31, jamba and lfm2 tool
-/// parsers and the deepseek_r1, ernie45, step3 and mistral reasoning parsers look up as
-/// single tokens.
+/// parsers, the deepseek_r1, ernie45, step3 and mistral reasoning parsers and vllm-rs's
+/// gemma4 parser (calls and thinking in one) look up as single tokens.
 const MARKERS: &[&str] = &[
     "<think>",
     "</think>",
@@ -466,6 +468,10 @@ const MARKERS: &[&str] = &[
     "<|tool_call_end|>",
     "<seed:think>",
     "</seed:think>",
+    "<|channel>",
+    "<channel|>",
+    "<|tool_call>",
+    "<tool_call|>",
 ];
 
 /// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
@@ -492,7 +498,8 @@ fn model_with_markers(dir: &TestDir) {
 /// `tool_choice: required` with a think block of free text: the answer thinks, then calls,
 /// and both reach the client parsed. vllm-rs's seed_oss, minimax_m2, mimo, step3p5,
 /// nemotron_v3 and deepseek_v4 reasoning parsers split a chat answer's thinking beside
-/// their families' calls (their `required` tags open with no think block).
+/// their families' calls (their `required` tags open with no think block), and its gemma4
+/// parser reads Gemma 4's calls and thinking together.
 #[test]
 fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
     let dir = TestDir::new("parsers-markers");
@@ -516,6 +523,8 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         ("qwen3_coder", Some("step3p5"), true, Some(false)),
         ("hermes", Some("nemotron_v3"), true, Some(false)),
         ("deepseek_v4", Some("deepseek_v4"), true, Some(false)),
+        // vllm-rs reads Gemma 4's calls and thinking with one parser
+        ("gemma4", Some("gemma4"), true, Some(false)),
     ] {
         let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");

@@ -120,6 +120,10 @@ pub enum ToolCallFormat {
     /// DeepSeek-V4's DSML: the same inside `<｜DSML｜tool_calls>…</｜DSML｜tool_calls>`.
     #[value(name = "deepseek_v4")]
     DeepseekV4,
+    /// Gemma 4: `<|tool_call>call:NAME{city:<|"|>Paris<|"|>,days:3}<tool_call|>`, its own
+    /// syntax: strings between `<|"|>`, other scalars bare, objects and lists nested in it.
+    #[value(name = "gemma4")]
+    Gemma4,
 }
 
 /// Parser names that read a format under another name.
@@ -169,6 +173,7 @@ impl ToolCallFormat {
             ToolCallFormat::FunctionGemma => "functiongemma",
             ToolCallFormat::DeepseekV32 => "deepseek_v32",
             ToolCallFormat::DeepseekV4 => "deepseek_v4",
+            ToolCallFormat::Gemma4 => "gemma4",
         }
     }
 
@@ -342,6 +347,21 @@ impl ToolCallFormat {
                     &format!("</｜DSML｜invoke>\n</｜DSML｜{block}>"),
                 )
             }
+            ToolCallFormat::Gemma4 => {
+                let mut rules = Vec::new();
+                let args = gemma4_fields(params, &mut rules, 0);
+                let start = lark_seq(&[
+                    &lark_str(&format!("<|tool_call>call:{name}{{")),
+                    &args,
+                    &lark_str("}<tool_call|>"),
+                ]);
+                let mut lark = format!("start: {start}\n");
+                for r in rules {
+                    lark.push_str(&r);
+                    lark.push('\n');
+                }
+                lark
+            }
         }
     }
 }
@@ -471,6 +491,90 @@ fn written_args(params: &Value) -> Vec<(String, Value)> {
         })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
+}
+
+/// Gemma 4's string delimiter (one token of its vocabulary).
+const GEMMA4_QUOTE: &str = "<|\"|>";
+
+/// How deep Gemma 4's arguments nest before a value is written flat (a string).
+const GEMMA4_DEPTH: usize = 4;
+
+/// The fields of an object of `schema` in Gemma 4's syntax, `key:value` joined by `,`
+/// (its parser splits at the first `:`, so keys are bare).
+fn gemma4_fields(schema: &Value, rules: &mut Vec<String>, depth: usize) -> String {
+    let parts: Vec<String> = written_args(schema)
+        .iter()
+        .enumerate()
+        .map(|(i, (k, s))| {
+            let before = if i == 0 {
+                format!("{k}:")
+            } else {
+                format!(",{k}:")
+            };
+            let value = new_rule(gemma4_value(s, rules, depth), rules);
+            lark_seq(&[&lark_str(&before), &value])
+        })
+        .collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    lark_seq(&parts)
+}
+
+/// A value of `schema` in Gemma 4's syntax. Its parser hands back scalars as the text it
+/// read and the frontend types them by the tool's schema (into nested objects and list
+/// items too), so numbers and booleans are written bare as JSON spells them; a string goes
+/// between `<|"|>` (its parser would cut a bare one at a comma); an object is `{…}` of its
+/// fields and a list `[…]` of one item.
+fn gemma4_value(schema: &Value, rules: &mut Vec<String>, depth: usize) -> String {
+    let ty = match schema.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        // a union: its first type (a parser converts to any of them)
+        Some(Value::Array(ts)) => ts.iter().find_map(Value::as_str).unwrap_or("string"),
+        _ if schema.get("enum").is_some() => "enum",
+        _ => "string",
+    };
+    let quoted = |body: &str| {
+        lark_seq(&[
+            &lark_str(GEMMA4_QUOTE),
+            &format!("({body})"),
+            &lark_str(GEMMA4_QUOTE),
+        ])
+    };
+    match ty {
+        "object" if depth < GEMMA4_DEPTH => {
+            let fields = gemma4_fields(schema, rules, depth + 1);
+            lark_seq(&[&lark_str("{"), &fields, &lark_str("}")])
+        }
+        "array" if depth < GEMMA4_DEPTH => {
+            let empty = json!({});
+            let items = schema.get("items").unwrap_or(&empty);
+            if schema.get("maxItems").and_then(Value::as_u64) == Some(0) {
+                return lark_str("[]");
+            }
+            let item = new_rule(gemma4_value(items, rules, depth + 1), rules);
+            lark_seq(&[&lark_str("["), &item, &lark_str("]")])
+        }
+        "integer" | "number" | "boolean" | "null" | "enum" => {
+            // a string among an enum's values goes quoted, the others bare
+            if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+                let alts: Vec<String> = options
+                    .iter()
+                    .map(|o| match o {
+                        Value::String(s) => quoted(&lark_str(s)),
+                        other => lark_str(&other.to_string()),
+                    })
+                    .collect();
+                if !alts.is_empty() {
+                    return alts.join(" | ");
+                }
+            }
+            format!("%json {}", schema_text(schema))
+        }
+        // a string, or a value of no declared type (which a string satisfies)
+        _ => quoted(&value_rule(
+            &json!({"type": "string", "enum": schema.get("enum")}),
+            true,
+        )),
+    }
 }
 
 /// Whether `schema` is a string's (the styles with bare strings write its values bare).

@@ -18,6 +18,44 @@ fn python_call(body: &str) -> Option<(String, Value)> {
     Some((name.into(), Value::Object(args)))
 }
 
+/// Gemma 4's arguments (`key:value,…` with strings between `<|"|>`, objects `{…}`, lists
+/// `[…]`) as JSON, scalars typed as the frontend types them (bare text read as JSON);
+/// `None` where the text is not that syntax. The rest of the text is returned too.
+fn gemma4_value(t: &str) -> Option<(Value, &str)> {
+    const Q: &str = "<|\"|>";
+    if let Some(rest) = t.strip_prefix(Q) {
+        let (s, rest) = rest.split_once(Q)?;
+        return Some((Value::String(s.into()), rest));
+    }
+    if let Some(mut rest) = t.strip_prefix('{') {
+        let mut obj = serde_json::Map::new();
+        loop {
+            if let Some(after) = rest.strip_prefix('}') {
+                return Some((Value::Object(obj), after));
+            }
+            rest = rest.strip_prefix(',').unwrap_or(rest);
+            let (k, after) = rest.split_once(':')?;
+            let (v, after) = gemma4_value(after)?;
+            obj.insert(k.into(), v);
+            rest = after;
+        }
+    }
+    if let Some(mut rest) = t.strip_prefix('[') {
+        let mut items = Vec::new();
+        loop {
+            if let Some(after) = rest.strip_prefix(']') {
+                return Some((Value::Array(items), after));
+            }
+            rest = rest.strip_prefix(',').unwrap_or(rest);
+            let (v, after) = gemma4_value(rest)?;
+            items.push(v);
+            rest = after;
+        }
+    }
+    let end = t.find([',', '}', ']'])?;
+    Some((serde_json::from_str(&t[..end]).ok()?, &t[end..]))
+}
+
 /// A call as each format's parser reads it: the tool's name and its arguments.
 fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
     let json_call = |prefix: &str, key: &str, suffix: &str| {
@@ -195,6 +233,14 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
                 )?,
             ))
         }
+        ToolCallFormat::Gemma4 => {
+            let body = t
+                .strip_prefix("<|tool_call>call:")?
+                .strip_suffix("<tool_call|>")?;
+            let (name, rest) = body.split_at(body.find('{')?);
+            let (args, rest) = gemma4_value(rest)?;
+            rest.is_empty().then(|| (name.into(), args))
+        }
         ToolCallFormat::Glm45 => {
             let body = t
                 .strip_prefix("<tool_call>")?
@@ -246,6 +292,45 @@ fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
         assert_eq!(ToolCallFormat::from_parser(alias), Some(format), "{alias}");
     }
     assert_eq!(ToolCallFormat::from_parser("kimi_k3"), None);
+}
+
+#[test]
+fn gemma4_calls_nest_objects_and_lists_in_its_own_syntax() {
+    let tools = PromptTools {
+        tools: vec![Tool {
+            name: "plan".into(),
+            parameters: json!({"type": "object", "properties": {
+                "trip": {"type": "object", "properties": {
+                    "city": {"type": "string"}, "nights": {"type": "integer"},
+                    "stops": {"type": "array", "items": {"type": "string"}}},
+                    "required": ["city", "nights", "stops"]},
+                "fast": {"type": "boolean"},
+                "unit": {"type": "string", "enum": ["C", "F"]}},
+                "required": ["trip", "fast", "unit"]}),
+        }],
+        after_tool_result: false,
+    };
+    let calls = ToolCalls {
+        rate: 1.0,
+        format: ToolCallFormat::Gemma4,
+    };
+    for seed in 0..4 {
+        let (t, end) = run(calls.decide(&tools, seed).unwrap(), "g", 400);
+        assert_eq!(end, End::Eos, "{t}");
+        let (name, args) = read_call(ToolCallFormat::Gemma4, &t).unwrap_or_else(|| panic!("{t}"));
+        assert_eq!(name, "plan");
+        let trip = &args["trip"];
+        assert!(
+            trip["city"].is_string()
+                && trip["nights"].is_i64()
+                && trip["stops"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().all(Value::is_string))
+                && args["fast"].is_boolean()
+                && ["C", "F"].contains(&args["unit"].as_str().unwrap_or("")),
+            "{args} from {t}"
+        );
+    }
 }
 
 #[test]
