@@ -41,6 +41,9 @@ const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &[
 pub(crate) const GEMMA4_TOKENS: &[&str] =
     &["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>"];
 
+/// Reasoning parsers vllm-rs (0.33) does not have: the Python frontend's only.
+const PYTHON_ONLY_REASONING_PARSERS: &[&str] = &["olmo3"];
+
 impl Parsing {
     /// Refuses, before anything starts, the parsers serve chose that vllm-rs cannot run:
     /// a tool parser it does not have (it would exit at start), and, for the embedded
@@ -54,6 +57,14 @@ impl Parsing {
         {
             bail!(
                 "vllm-rs has no `{p}` tool-call parser: serve it with --frontend python (or pass `-- --tool-call-parser none` to get the calls as raw text)"
+            );
+        }
+        if let Some(r) = self
+            .reasoning
+            .filter(|r| PYTHON_ONLY_REASONING_PARSERS.contains(r))
+        {
+            bail!(
+                "vllm-rs has no `{r}` reasoning parser: serve it with --frontend python (or pass `-- --reasoning-parser none` to get the thinking inside the content)"
             );
         }
         // vllm-rs reads Gemma 4's thinking and calls with one parser: each of its two names
@@ -318,6 +329,14 @@ mod tests {
         assert!(pair.check_vllm_rs(false).is_ok());
         let e = pair.check_vllm_rs(true).unwrap_err().to_string();
         assert!(e.contains("<|channel>") && e.contains("--model DIR"), "{e}");
+        // a reasoning parser vllm-rs does not have, even with a model of one's own
+        play.reasoning_format = Some(ReasoningFormat::Olmo3);
+        let e = choose(&mut play, &[], true)
+            .unwrap()
+            .check_vllm_rs(false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no `olmo3` reasoning parser"), "{e}");
         // Gemma 4's calls without its thinking parser: vllm-rs would fail every request
         play.reasoning_format = None;
         let e = choose(&mut play, &[], true)

@@ -489,10 +489,27 @@ fn model_with_markers(dir: &TestDir) {
     std::fs::write(&path, t.to_string()).unwrap();
 }
 
+/// The embedded model with [`OLMO3_PIECES`] in its vocabulary (a model of its own: beside
+/// the markers, the engine's grammar backend stalled on DeepSeek-V3's calls).
+fn model_with_olmo3_pieces(dir: &TestDir) {
+    vllm_vcr::tiny_model::write_to(dir.root()).unwrap();
+    let path = dir.path("tokenizer.json");
+    let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let first = vllm_vcr::tiny_model::TOKENIZER_VOCAB as usize;
+    let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+    for (i, piece) in OLMO3_PIECES.iter().enumerate() {
+        vocab.insert(piece.to_string(), json!(first + i));
+    }
+    std::fs::write(&path, t.to_string()).unwrap();
+}
+
+/// The pieces of `</think>` OLMo 3's reasoning parser looks up (`>` is a byte's token).
+const OLMO3_PIECES: &[&str] = &["Ġ</", "</", "think"];
+
 /// The formats whose parsers need marker tokens, with a model that has them
 /// (`serve --model DIR`): llama3_json, deepseek_v3 and deepseek_v31 calls and deepseek_r1
 /// thinking parsed by vllm-rs, and the raw text of those and of mistral's, jamba's and
-/// lfm2's calls and mistral's, ernie45's and step3's thinking read by the Python
+/// lfm2's calls and mistral's, ernie45's, step3's and olmo3's thinking read by the Python
 /// frontend's parsers. Behind a reasoning parser (deepseek_r1, and qwen3
 /// beside qwen3_xml calls, which needs `<think>` as a token), vllm-rs opens the tag of
 /// `tool_choice: required` with a think block of free text: the answer thinks, then calls,
@@ -563,4 +580,13 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
     }
     cases.extend(more);
     assert_read_back(&cases, dir.root());
+
+    // OLMo 3's thinking parser (the Python frontend's only) with a vocabulary that has the
+    // pieces of `</think>` it looks up
+    let olmo = TestDir::new("parsers-olmo3");
+    model_with_olmo3_pieces(&olmo);
+    let serve = serve_writing(olmo.root().to_str(), "olmo3", Some("olmo3"), false);
+    let mut cases = Vec::new();
+    raw_cases(&serve, "olmo3", Some("olmo3"), 1, &mut cases);
+    assert_read_back(&cases, olmo.root());
 }

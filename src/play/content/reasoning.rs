@@ -11,7 +11,7 @@
 //! share, at most half of `max_tokens` so that the calls after it have room
 //! (`constrained/free_text.rs`).
 //!
-//! deepseek_r1's, ernie45's, step3's and mistral's parsers look their tags (`<think>`,
+//! deepseek_r1's, ernie45's, step3's, mistral's and olmo3's parsers look their tags (`<think>`,
 //! `</think>`, `[THINK]`) up as single tokens of the vocabulary and refuse to start with a
 //! byte-level tokenizer such as the embedded model's ([`ReasoningFormat::needs_tokens`]).
 
@@ -82,6 +82,10 @@ pub enum ReasoningFormat {
     /// `<|channel>thought\n…<channel|>` then the answer (Gemma 4).
     #[value(name = "gemma4")]
     Gemma4,
+    /// `<think>\n…\n</think>\n\n` (OLMo 3: plain text, but its parser looks `</think>`'s
+    /// byte-pair pieces up in the vocabulary, `Ġ</`, `</`, `think` and `>`).
+    #[value(name = "olmo3")]
+    Olmo3,
 }
 
 /// Parser names that read a format under another name.
@@ -117,6 +121,7 @@ impl ReasoningFormat {
             ReasoningFormat::Ernie45 => "ernie45",
             ReasoningFormat::DeepseekV4 => "deepseek_v4",
             ReasoningFormat::Gemma4 => "gemma4",
+            ReasoningFormat::Olmo3 => "olmo3",
         }
     }
 
@@ -128,6 +133,7 @@ impl ReasoningFormat {
             ReasoningFormat::DeepseekR1 | ReasoningFormat::Ernie45 => &["<think>", "</think>"],
             ReasoningFormat::Mistral => &["[THINK]", "[/THINK]"],
             ReasoningFormat::Step3 => &["</think>"],
+            ReasoningFormat::Olmo3 => &["Ġ</", "</", "think", ">"],
             _ => &[],
         }
     }
@@ -158,7 +164,8 @@ impl ReasoningFormat {
             | ReasoningFormat::Mimo
             | ReasoningFormat::NemotronV3
             | ReasoningFormat::Ernie45
-            | ReasoningFormat::DeepseekV4 => Some(("<think>\n", "\n</think>\n\n")),
+            | ReasoningFormat::DeepseekV4
+            | ReasoningFormat::Olmo3 => Some(("<think>\n", "\n</think>\n\n")),
             ReasoningFormat::Gemma4 => Some(("<|channel>thought\n", "<channel|>")),
             ReasoningFormat::Step3 => Some(("", "\n</think>\n\n")),
             ReasoningFormat::SeedOss => Some(("<seed:think>\n", "\n</seed:think>\n\n")),
@@ -414,6 +421,6 @@ mod tests {
         ] {
             assert_eq!(ReasoningFormat::from_parser(alias), Some(f), "{alias}");
         }
-        assert_eq!(ReasoningFormat::from_parser("olmo3"), None);
+        assert_eq!(ReasoningFormat::from_parser("kimi_k3"), None);
     }
 }
