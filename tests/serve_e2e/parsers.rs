@@ -38,6 +38,7 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     ("functiongemma", false),
     ("deepseek_v32", true),
     ("deepseek_v4", true),
+    ("deepseek_v41", true),
     // vllm-rs's gemma4 parser needs its markers as tokens (the marker-token test below)
     ("gemma4", false),
 ];
@@ -48,7 +49,11 @@ const TOOL_ALIASES: &[(&str, &str)] = &[
     ("ernie45", "hermes"),
     ("step3p5", "qwen3_coder"),
     ("step5", "qwen3_coder"),
+    ("ling3", "glm45"),
 ];
+
+/// Reasoning parsers that read a format above under another name.
+const REASONING_ALIASES: &[(&str, &str)] = &[("ling3", "glm45")];
 
 /// The reasoning formats whose Python parsers start with the embedded byte-level
 /// tokenizer (each rides along on a tool format vllm-rs does not parse; vllm-rs's parsers
@@ -253,6 +258,7 @@ fn every_format_reaches_clients_parsed_by_the_frontends_parsers() {
         "{covered:?}"
     );
     cases.extend(alias_cases(&cases, "tool_parser", TOOL_ALIASES));
+    cases.extend(alias_cases(&cases, "reasoning_parser", REASONING_ALIASES));
 
     let model = TestDir::new("parsers-model");
     vllm_vcr::tiny_model::write_to(model.root()).unwrap();

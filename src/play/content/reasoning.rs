@@ -98,6 +98,8 @@ const ALIASES: &[(&str, ReasoningFormat)] = &[
     // (`chat_template_kwargs: {"thinking": true}`), and leaves the text alone otherwise
     ("deepseek_v3", ReasoningFormat::DeepseekR1),
     ("deepseek_v41", ReasoningFormat::DeepseekV4),
+    // Ling 3's parser is GLM-4.7's
+    ("ling3", ReasoningFormat::Glm45),
 ];
 
 impl ReasoningFormat {
@@ -418,6 +420,7 @@ mod tests {
             ("holo2", ReasoningFormat::DeepseekR1),
             ("deepseek_v3", ReasoningFormat::DeepseekR1),
             ("deepseek_v41", ReasoningFormat::DeepseekV4),
+            ("ling3", ReasoningFormat::Glm45),
         ] {
             assert_eq!(ReasoningFormat::from_parser(alias), Some(f), "{alias}");
         }

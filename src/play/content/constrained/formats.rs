@@ -120,6 +120,10 @@ pub enum ToolCallFormat {
     /// DeepSeek-V4's DSML: the same inside `<｜DSML｜tool_calls>…</｜DSML｜tool_calls>`.
     #[value(name = "deepseek_v4")]
     DeepseekV4,
+    /// DeepSeek-V4.1's spaced DSML: `<｜DSML｜ calls>\n<｜DSML｜ invoke name="NAME">\n`
+    /// `<｜DSML｜ parameter name="KEY" string="true">VALUE</｜DSML｜ parameter>\n…`.
+    #[value(name = "deepseek_v41")]
+    DeepseekV41,
     /// Gemma 4: `<|tool_call>call:NAME{city:<|"|>Paris<|"|>,days:3}<tool_call|>`, its own
     /// syntax: strings between `<|"|>`, other scalars bare, objects and lists nested in it.
     #[value(name = "gemma4")]
@@ -136,6 +140,8 @@ const ALIASES: &[(&str, ToolCallFormat)] = &[
     ("ernie45", ToolCallFormat::Hermes),
     ("step3p5", ToolCallFormat::Qwen3Coder),
     ("step5", ToolCallFormat::Qwen3Coder),
+    // Ling 3 reads GLM-4.7's text
+    ("ling3", ToolCallFormat::Glm45),
 ];
 
 impl ToolCallFormat {
@@ -173,6 +179,7 @@ impl ToolCallFormat {
             ToolCallFormat::FunctionGemma => "functiongemma",
             ToolCallFormat::DeepseekV32 => "deepseek_v32",
             ToolCallFormat::DeepseekV4 => "deepseek_v4",
+            ToolCallFormat::DeepseekV41 => "deepseek_v41",
             ToolCallFormat::Gemma4 => "gemma4",
         }
     }
@@ -347,6 +354,12 @@ impl ToolCallFormat {
                     &format!("</｜DSML｜invoke>\n</｜DSML｜{block}>"),
                 )
             }
+            ToolCallFormat::DeepseekV41 => spelled(
+                &format!("<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"{name}\">\n"),
+                Style::DsmlSpaced,
+                params,
+                "</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+            ),
             ToolCallFormat::Gemma4 => {
                 let mut rules = Vec::new();
                 let args = gemma4_fields(params, &mut rules, 0);
@@ -407,6 +420,8 @@ enum Style {
     /// DSML): a string bare under `string="true"`, any other value as JSON under
     /// `string="false"`, which is how the parser tells them apart.
     Dsml,
+    /// The same in DeepSeek-V4.1's spaced tags, `<｜DSML｜ parameter name="city" …>`.
+    DsmlSpaced,
 }
 
 /// The arguments of a structural tag's `json_schema` content of an XML `style` (what the
@@ -426,6 +441,8 @@ pub(super) fn styled_arguments(
         "minimax_xml" => Style::InvokeXml,
         // DeepSeek-V3.2's and V4's (`<｜DSML｜parameter name="KEY" string="…">`)
         "deepseek_xml" => Style::Dsml,
+        // DeepSeek-V4.1's (`<｜DSML｜ parameter name="KEY" string="…">`)
+        "deepseek_v4_1_xml" => Style::DsmlSpaced,
         _ => return None,
     };
     Some(spelled_arguments(style, params, rules))
@@ -458,6 +475,13 @@ fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> S
                         is_string(schema)
                     ),
                     "</｜DSML｜parameter>\n",
+                ),
+                Style::DsmlSpaced => (
+                    format!(
+                        "<｜DSML｜ parameter name=\"{k}\" string=\"{}\">",
+                        is_string(schema)
+                    ),
+                    "</｜DSML｜ parameter>\n",
                 ),
             };
             let raw_strings = !matches!(style, Style::Pythonic | Style::Gemma);

@@ -191,23 +191,23 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
                 pairs(rest, "<parameter name=\"", "\">", "</parameter>")?,
             ))
         }
-        ToolCallFormat::DeepseekV32 | ToolCallFormat::DeepseekV4 => {
-            let block = if format == ToolCallFormat::DeepseekV32 {
-                "function_calls"
-            } else {
-                "tool_calls"
+        ToolCallFormat::DeepseekV32 | ToolCallFormat::DeepseekV4 | ToolCallFormat::DeepseekV41 => {
+            let (block, dsml) = match format {
+                ToolCallFormat::DeepseekV32 => ("function_calls", "｜DSML｜"),
+                ToolCallFormat::DeepseekV4 => ("tool_calls", "｜DSML｜"),
+                _ => ("calls", "｜DSML｜ "),
             };
             let body = t
-                .strip_prefix(&format!("<｜DSML｜{block}>\n<｜DSML｜invoke name=\""))?
-                .strip_suffix(&format!("</｜DSML｜invoke>\n</｜DSML｜{block}>"))?;
+                .strip_prefix(&format!("<{dsml}{block}>\n<{dsml}invoke name=\""))?
+                .strip_suffix(&format!("</{dsml}invoke>\n</{dsml}{block}>"))?;
             let (name, rest) = body.split_once("\">\n")?;
             // the parser's reading: a value under `string="true"` is the string itself,
             // any other is JSON
             let mut args = serde_json::Map::new();
-            for part in rest.split("<｜DSML｜parameter name=\"").skip(1) {
+            for part in rest.split(&format!("<{dsml}parameter name=\"")).skip(1) {
                 let (head, after) = part.split_once('>')?;
                 let (k, flag) = head.split_once("\" string=\"")?;
-                let v = after.split("</｜DSML｜parameter>").next()?;
+                let v = after.split(&format!("</{dsml}parameter>")).next()?;
                 let v = match flag {
                     "true\"" => Value::String(v.into()),
                     _ => serde_json::from_str(v).ok()?,
@@ -288,6 +288,7 @@ fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
         ("ernie45", ToolCallFormat::Hermes),
         ("step3p5", ToolCallFormat::Qwen3Coder),
         ("step5", ToolCallFormat::Qwen3Coder),
+        ("ling3", ToolCallFormat::Glm45),
     ] {
         assert_eq!(ToolCallFormat::from_parser(alias), Some(format), "{alias}");
     }
@@ -356,6 +357,12 @@ fn xml_styled_arguments_of_a_required_call_are_spelled_per_parameter() {
             "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n",
             "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
         ),
+        // DeepSeek-V4.1's tag: spaced DSML parameters inside its `invoke`
+        (
+            "deepseek_v4_1_xml",
+            "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n",
+            "</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+        ),
         // MiniMax-M2's tag: `<invoke …>` inside its `<minimax:tool_call>` trigger
         (
             "minimax_xml",
@@ -374,6 +381,7 @@ fn xml_styled_arguments_of_a_required_call_are_spelled_per_parameter() {
             "qwen_xml" => ToolCallFormat::Qwen3Xml,
             "minimax_xml" => ToolCallFormat::MinimaxM2,
             "deepseek_xml" => ToolCallFormat::DeepseekV32,
+            "deepseek_v4_1_xml" => ToolCallFormat::DeepseekV41,
             _ => ToolCallFormat::Glm45,
         };
         let t = t
