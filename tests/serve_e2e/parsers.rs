@@ -39,6 +39,7 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     ("deepseek_v32", true),
     ("deepseek_v4", true),
     ("deepseek_v41", true),
+    ("minimax_m3", true),
     // vllm-rs's gemma4 parser needs its markers as tokens (the marker-token test below)
     ("gemma4", false),
 ];

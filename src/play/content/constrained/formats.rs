@@ -13,6 +13,7 @@
 use serde_json::{Value, json};
 
 use super::lark::{lark_lit, lark_regex, lark_seq, lark_str, new_rule, schema_text};
+use super::nested::{gemma4_fields, minimax_m3_fields};
 
 /// How a tool call is written: the name is the frontend's `--tool-call-parser` that reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -124,6 +125,11 @@ pub enum ToolCallFormat {
     /// `<｜DSML｜ parameter name="KEY" string="true">VALUE</｜DSML｜ parameter>\n…`.
     #[value(name = "deepseek_v41")]
     DeepseekV41,
+    /// MiniMax-M3: every tag after `]<]minimax[>[`, arguments as elements named after them
+    /// (`<city>Paris</city>`), nested: an object's fields as elements, a list's items as
+    /// `<item>` elements.
+    #[value(name = "minimax_m3")]
+    MinimaxM3,
     /// Gemma 4: `<|tool_call>call:NAME{city:<|"|>Paris<|"|>,days:3}<tool_call|>`, its own
     /// syntax: strings between `<|"|>`, other scalars bare, objects and lists nested in it.
     #[value(name = "gemma4")]
@@ -181,6 +187,7 @@ impl ToolCallFormat {
             ToolCallFormat::DeepseekV4 => "deepseek_v4",
             ToolCallFormat::DeepseekV41 => "deepseek_v41",
             ToolCallFormat::Gemma4 => "gemma4",
+            ToolCallFormat::MinimaxM3 => "minimax_m3",
         }
     }
 
@@ -363,20 +370,40 @@ impl ToolCallFormat {
             ToolCallFormat::Gemma4 => {
                 let mut rules = Vec::new();
                 let args = gemma4_fields(params, &mut rules, 0);
-                let start = lark_seq(&[
-                    &lark_str(&format!("<|tool_call>call:{name}{{")),
+                nested_call(
+                    &format!("<|tool_call>call:{name}{{"),
                     &args,
-                    &lark_str("}<tool_call|>"),
-                ]);
-                let mut lark = format!("start: {start}\n");
-                for r in rules {
-                    lark.push_str(&r);
-                    lark.push('\n');
-                }
-                lark
+                    "}<tool_call|>",
+                    rules,
+                )
+            }
+            ToolCallFormat::MinimaxM3 => {
+                let mut rules = Vec::new();
+                let args = minimax_m3_fields(params, &mut rules, 0, "\n");
+                nested_call(
+                    &format!("{M3}<tool_call>\n{M3}<invoke name=\"{name}\">\n"),
+                    &args,
+                    &format!("{M3}</invoke>\n{M3}</tool_call>"),
+                    rules,
+                )
             }
         }
     }
+}
+
+/// MiniMax-M3's marker before every tag of its calls.
+const M3: &str = "]<]minimax[>[";
+
+/// A call of the nested formats: `args` (a Lark expression whose sub-rules are `rules`)
+/// between `begin` and `end`.
+fn nested_call(begin: &str, args: &str, end: &str, rules: Vec<String>) -> String {
+    let start = lark_seq(&[&lark_str(begin), args, &lark_str(end)]);
+    let mut lark = format!("start: {start}\n");
+    for r in rules {
+        lark.push_str(&r);
+        lark.push('\n');
+    }
+    lark
 }
 
 /// A call whose arguments are spelled one by one in `style`, between `begin` and `end`.
@@ -495,7 +522,7 @@ fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> S
 
 /// The arguments a call writes, in the schema's order: the required ones, or all of them
 /// when none is required (a call with some arguments reads better than an empty one).
-fn written_args(params: &Value) -> Vec<(String, Value)> {
+pub(super) fn written_args(params: &Value) -> Vec<(String, Value)> {
     let Some(props) = params.get("properties").and_then(Value::as_object) else {
         return Vec::new();
     };
@@ -517,97 +544,13 @@ fn written_args(params: &Value) -> Vec<(String, Value)> {
         .collect()
 }
 
-/// Gemma 4's string delimiter (one token of its vocabulary).
-const GEMMA4_QUOTE: &str = "<|\"|>";
-
-/// How deep Gemma 4's arguments nest before a value is written flat (a string).
-const GEMMA4_DEPTH: usize = 4;
-
-/// The fields of an object of `schema` in Gemma 4's syntax, `key:value` joined by `,`
-/// (its parser splits at the first `:`, so keys are bare).
-fn gemma4_fields(schema: &Value, rules: &mut Vec<String>, depth: usize) -> String {
-    let parts: Vec<String> = written_args(schema)
-        .iter()
-        .enumerate()
-        .map(|(i, (k, s))| {
-            let before = if i == 0 {
-                format!("{k}:")
-            } else {
-                format!(",{k}:")
-            };
-            let value = new_rule(gemma4_value(s, rules, depth), rules);
-            lark_seq(&[&lark_str(&before), &value])
-        })
-        .collect();
-    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
-    lark_seq(&parts)
-}
-
-/// A value of `schema` in Gemma 4's syntax. Its parser hands back scalars as the text it
-/// read and the frontend types them by the tool's schema (into nested objects and list
-/// items too), so numbers and booleans are written bare as JSON spells them; a string goes
-/// between `<|"|>` (its parser would cut a bare one at a comma); an object is `{…}` of its
-/// fields and a list `[…]` of one item.
-fn gemma4_value(schema: &Value, rules: &mut Vec<String>, depth: usize) -> String {
-    let ty = match schema.get("type") {
-        Some(Value::String(t)) => t.as_str(),
-        // a union: its first type (a parser converts to any of them)
-        Some(Value::Array(ts)) => ts.iter().find_map(Value::as_str).unwrap_or("string"),
-        _ if schema.get("enum").is_some() => "enum",
-        _ => "string",
-    };
-    let quoted = |body: &str| {
-        lark_seq(&[
-            &lark_str(GEMMA4_QUOTE),
-            &format!("({body})"),
-            &lark_str(GEMMA4_QUOTE),
-        ])
-    };
-    match ty {
-        "object" if depth < GEMMA4_DEPTH => {
-            let fields = gemma4_fields(schema, rules, depth + 1);
-            lark_seq(&[&lark_str("{"), &fields, &lark_str("}")])
-        }
-        "array" if depth < GEMMA4_DEPTH => {
-            let empty = json!({});
-            let items = schema.get("items").unwrap_or(&empty);
-            if schema.get("maxItems").and_then(Value::as_u64) == Some(0) {
-                return lark_str("[]");
-            }
-            let item = new_rule(gemma4_value(items, rules, depth + 1), rules);
-            lark_seq(&[&lark_str("["), &item, &lark_str("]")])
-        }
-        "integer" | "number" | "boolean" | "null" | "enum" => {
-            // a string among an enum's values goes quoted, the others bare
-            if let Some(options) = schema.get("enum").and_then(Value::as_array) {
-                let alts: Vec<String> = options
-                    .iter()
-                    .map(|o| match o {
-                        Value::String(s) => quoted(&lark_str(s)),
-                        other => lark_str(&other.to_string()),
-                    })
-                    .collect();
-                if !alts.is_empty() {
-                    return alts.join(" | ");
-                }
-            }
-            format!("%json {}", schema_text(schema))
-        }
-        // a string, or a value of no declared type (which a string satisfies)
-        _ => quoted(&value_rule(
-            &json!({"type": "string", "enum": schema.get("enum")}),
-            true,
-        )),
-    }
-}
-
 /// Whether `schema` is a string's (the styles with bare strings write its values bare).
 fn is_string(schema: &Value) -> bool {
     schema.get("type").and_then(Value::as_str) == Some("string")
 }
 
 /// A value of `schema`: a string bare (`raw_strings`) or any value as JSON.
-fn value_rule(schema: &Value, raw_strings: bool) -> String {
+pub(super) fn value_rule(schema: &Value, raw_strings: bool) -> String {
     if raw_strings && is_string(schema) {
         if let Some(options) = schema.get("enum").and_then(Value::as_array) {
             let alts: Vec<String> = options

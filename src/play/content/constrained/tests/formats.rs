@@ -56,6 +56,48 @@ fn gemma4_value(t: &str) -> Option<(Value, &str)> {
     Some((serde_json::from_str(&t[..end]).ok()?, &t[end..]))
 }
 
+/// MiniMax-M3's elements (`]<]minimax[>[<k>…]<]minimax[>[</k>`, whitespace between them)
+/// as JSON: an element of `<item>` children a list, of other children an object, else its
+/// text (read as JSON where it is, as the frontend types it by the schema).
+fn m3_elements(mut t: &str) -> Option<Value> {
+    const M3: &str = "]<]minimax[>[";
+    let mut fields = Vec::new();
+    loop {
+        t = t.trim_start();
+        if t.is_empty() {
+            break;
+        }
+        let (name, rest) = t.strip_prefix(M3)?.strip_prefix('<')?.split_once('>')?;
+        let close = format!("{M3}</{name}>");
+        // the matching close: the first one after as many opens of the same name
+        let (mut depth, mut at) = (0, 0);
+        let end = loop {
+            let next_close = rest[at..].find(&close)? + at;
+            let opens = rest[at..next_close]
+                .matches(&format!("{M3}<{name}>"))
+                .count();
+            depth += opens;
+            if depth == 0 {
+                break next_close;
+            }
+            depth -= 1;
+            at = next_close + close.len();
+        };
+        let body = &rest[..end];
+        let value = if body.starts_with(M3) {
+            m3_elements(body)?
+        } else {
+            serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.into()))
+        };
+        fields.push((name.to_string(), value));
+        t = &rest[end + close.len()..];
+    }
+    if !fields.is_empty() && fields.iter().all(|(k, _)| k == "item") {
+        return Some(Value::Array(fields.into_iter().map(|(_, v)| v).collect()));
+    }
+    Some(Value::Object(fields.into_iter().collect()))
+}
+
 /// A call as each format's parser reads it: the tool's name and its arguments.
 fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
     let json_call = |prefix: &str, key: &str, suffix: &str| {
@@ -233,6 +275,13 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
                 )?,
             ))
         }
+        ToolCallFormat::MinimaxM3 => {
+            let body = t
+                .strip_prefix("]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"")?
+                .strip_suffix("]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>")?;
+            let (name, rest) = body.split_once("\">\n")?;
+            Some((name.into(), m3_elements(rest)?))
+        }
         ToolCallFormat::Gemma4 => {
             let body = t
                 .strip_prefix("<|tool_call>call:")?
@@ -296,7 +345,7 @@ fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
 }
 
 #[test]
-fn gemma4_calls_nest_objects_and_lists_in_its_own_syntax() {
+fn gemma4_and_minimax_m3_calls_nest_objects_and_lists_in_their_own_syntax() {
     let tools = PromptTools {
         tools: vec![Tool {
             name: "plan".into(),
@@ -311,14 +360,14 @@ fn gemma4_calls_nest_objects_and_lists_in_its_own_syntax() {
         }],
         after_tool_result: false,
     };
-    let calls = ToolCalls {
-        rate: 1.0,
-        format: ToolCallFormat::Gemma4,
-    };
-    for seed in 0..4 {
-        let (t, end) = run(calls.decide(&tools, seed).unwrap(), "g", 400);
+    for (format, seed) in [ToolCallFormat::Gemma4, ToolCallFormat::MinimaxM3]
+        .into_iter()
+        .flat_map(|f| (0..4).map(move |seed| (f, seed)))
+    {
+        let calls = ToolCalls { rate: 1.0, format };
+        let (t, end) = run(calls.decide(&tools, seed).unwrap(), "g", 600);
         assert_eq!(end, End::Eos, "{t}");
-        let (name, args) = read_call(ToolCallFormat::Gemma4, &t).unwrap_or_else(|| panic!("{t}"));
+        let (name, args) = read_call(format, &t).unwrap_or_else(|| panic!("{t}"));
         assert_eq!(name, "plan");
         let trip = &args["trip"];
         assert!(
