@@ -35,6 +35,7 @@ const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &[
     "olmo3",
     "lfm2",
     "functiongemma",
+    "plamo3",
 ];
 
 /// The markers vllm-rs's `gemma4` parser looks up as single tokens.
@@ -42,7 +43,7 @@ pub(crate) const GEMMA4_TOKENS: &[&str] =
     &["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>"];
 
 /// Reasoning parsers vllm-rs (0.33) does not have: the Python frontend's only.
-const PYTHON_ONLY_REASONING_PARSERS: &[&str] = &["olmo3"];
+const PYTHON_ONLY_REASONING_PARSERS: &[&str] = &["olmo3", "plamo3"];
 
 impl Parsing {
     /// Refuses, before anything starts, the parsers serve chose that vllm-rs cannot run:

@@ -40,6 +40,7 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     ("deepseek_v4", true),
     ("deepseek_v41", true),
     ("minimax_m3", true),
+    ("plamo3", false),
     // vllm-rs's gemma4 parser needs its markers as tokens (the marker-token test below)
     ("gemma4", false),
 ];
@@ -72,6 +73,7 @@ const REASONING_FORMATS: &[&str] = &[
     "hunyuan_a13b",
     "deepseek_v4",
     "gemma4",
+    "plamo3",
 ];
 
 fn tools() -> Value {
@@ -311,7 +313,8 @@ fn assert_read_back(cases: &[Value], model: &std::path::Path) {
             let content = answer["content"].as_str().unwrap_or("");
             assert!(reasoning.trim().len() > 4, "{label}: {answer}");
             assert!(content.trim().len() > 4, "{label}: {answer}");
-            for marker in ["think>", "thought process", "my response"] {
+            // `|>` ends Gemma 4's and PLaMo 3's markers
+            for marker in ["think>", "thought process", "my response", "|>"] {
                 assert!(!content.contains(marker), "{label}: {answer}");
             }
         }

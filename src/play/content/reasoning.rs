@@ -86,6 +86,10 @@ pub enum ReasoningFormat {
     /// byte-pair pieces up in the vocabulary, `Ġ</`, `</`, `think` and `>`).
     #[value(name = "olmo3")]
     Olmo3,
+    /// `<|plamo:begin_think:plamo|>\n…\n<|plamo:end_think:plamo|>` then the answer
+    /// (PLaMo 3).
+    #[value(name = "plamo3")]
+    Plamo3,
 }
 
 /// Parser names that read a format under another name.
@@ -124,6 +128,7 @@ impl ReasoningFormat {
             ReasoningFormat::DeepseekV4 => "deepseek_v4",
             ReasoningFormat::Gemma4 => "gemma4",
             ReasoningFormat::Olmo3 => "olmo3",
+            ReasoningFormat::Plamo3 => "plamo3",
         }
     }
 
@@ -170,6 +175,10 @@ impl ReasoningFormat {
             | ReasoningFormat::Olmo3 => Some(("<think>\n", "\n</think>\n\n")),
             ReasoningFormat::Gemma4 => Some(("<|channel>thought\n", "<channel|>")),
             ReasoningFormat::Step3 => Some(("", "\n</think>\n\n")),
+            ReasoningFormat::Plamo3 => Some((
+                "<|plamo:begin_think:plamo|>\n",
+                "\n<|plamo:end_think:plamo|>",
+            )),
             ReasoningFormat::SeedOss => Some(("<seed:think>\n", "\n</seed:think>\n\n")),
             ReasoningFormat::HunyuanA13b => Some(("<think>\n", "\n</think>\n<answer>\n")),
             ReasoningFormat::Mistral => Some(("[THINK]", "[/THINK]")),

@@ -130,6 +130,12 @@ pub enum ToolCallFormat {
     /// `<item>` elements.
     #[value(name = "minimax_m3")]
     MinimaxM3,
+    /// PLaMo 3: `<|plamo:begin_tool_requests:plamo|><|plamo:begin_tool_request:plamo|>`
+    /// `<|plamo:begin_tool_name:plamo|>NAME<|plamo:end_tool_name:plamo|>`, then the JSON
+    /// arguments in `<|plamo:begin_tool_arguments:plamo|><|plamo:constrain|>json<|plamo:msg|>`
+    /// … `<|plamo:end_tool_arguments:plamo|>`, and the two ends.
+    #[value(name = "plamo3")]
+    Plamo3,
     /// Gemma 4: `<|tool_call>call:NAME{city:<|"|>Paris<|"|>,days:3}<tool_call|>`, its own
     /// syntax: strings between `<|"|>`, other scalars bare, objects and lists nested in it.
     #[value(name = "gemma4")]
@@ -188,6 +194,7 @@ impl ToolCallFormat {
             ToolCallFormat::DeepseekV41 => "deepseek_v41",
             ToolCallFormat::Gemma4 => "gemma4",
             ToolCallFormat::MinimaxM3 => "minimax_m3",
+            ToolCallFormat::Plamo3 => "plamo3",
         }
     }
 
@@ -282,6 +289,12 @@ impl ToolCallFormat {
                     serde_json::to_string(name).unwrap_or_default()
                 ),
                 "}]<|tools_suffix|>",
+            ),
+            ToolCallFormat::Plamo3 => wrap(
+                format!(
+                    "<|plamo:begin_tool_requests:plamo|><|plamo:begin_tool_request:plamo|><|plamo:begin_tool_name:plamo|>{name}<|plamo:end_tool_name:plamo|><|plamo:begin_tool_arguments:plamo|><|plamo:constrain|>json<|plamo:msg|>"
+                ),
+                "<|plamo:end_tool_arguments:plamo|><|plamo:end_tool_request:plamo|><|plamo:end_tool_requests:plamo|>",
             ),
             ToolCallFormat::Pythonic | ToolCallFormat::Llama4Pythonic => {
                 spelled(&format!("[{name}("), Style::Pythonic, params, ")]")

@@ -275,6 +275,15 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
                 )?,
             ))
         }
+        ToolCallFormat::Plamo3 => {
+            let body = t
+                .strip_prefix("<|plamo:begin_tool_requests:plamo|><|plamo:begin_tool_request:plamo|><|plamo:begin_tool_name:plamo|>")?
+                .strip_suffix("<|plamo:end_tool_arguments:plamo|><|plamo:end_tool_request:plamo|><|plamo:end_tool_requests:plamo|>")?;
+            let (name, args) = body.split_once(
+                "<|plamo:end_tool_name:plamo|><|plamo:begin_tool_arguments:plamo|><|plamo:constrain|>json<|plamo:msg|>",
+            )?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
         ToolCallFormat::MinimaxM3 => {
             let body = t
                 .strip_prefix("]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"")?
