@@ -38,9 +38,24 @@ const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &[
     "plamo3",
 ];
 
-/// The markers vllm-rs's `gemma4` parser looks up as single tokens.
-pub(crate) const GEMMA4_TOKENS: &[&str] =
-    &["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>"];
+/// vllm-rs's parsers that read a family's calls and thinking together (one name for
+/// both kinds), and the markers each looks up as single tokens.
+pub(crate) const UNIFIED_PARSERS: &[(&str, &[&str])] = &[
+    (
+        "gemma4",
+        &["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>"],
+    ),
+    (
+        "inkling",
+        &[
+            "<|message_model|>",
+            "<|content_text|>",
+            "<|content_thinking|>",
+            "<|content_invoke_tool_json|>",
+            "<|end_message|>",
+        ],
+    ),
+];
 
 /// Reasoning parsers vllm-rs (0.33) does not have: the Python frontend's only.
 const PYTHON_ONLY_REASONING_PARSERS: &[&str] = &["olmo3", "plamo3"];
@@ -68,26 +83,29 @@ impl Parsing {
                 "vllm-rs has no `{r}` reasoning parser: serve it with --frontend python (or pass `-- --reasoning-parser none` to get the thinking inside the content)"
             );
         }
-        // vllm-rs reads Gemma 4's thinking and calls with one parser: each of its two names
-        // fails every chat request (HTTP 500) beside another parser of the other kind, and
-        // it looks Gemma 4's markers up as tokens
+        // vllm-rs reads Gemma 4's and Inkling's thinking and calls with one parser each:
+        // either of its two names fails every chat request (HTTP 500) beside another parser
+        // of the other kind, and it looks the family's markers up as tokens
         let tool = self.tools.get(2).copied();
-        let gemma4_tools = tool == Some("gemma4");
-        if gemma4_tools && self.reasoning != Some("gemma4") {
-            bail!(
-                "vllm-rs reads Gemma 4's calls only beside its `gemma4` reasoning parser: add --reasoning-format gemma4 (or serve it with --frontend python)"
-            );
-        }
-        if self.reasoning == Some("gemma4") && tool.is_some() && !gemma4_tools {
-            bail!(
-                "vllm-rs runs its `gemma4` reasoning parser only beside its `gemma4` tool-call parser: use --tool-call-format gemma4 (or serve it with --frontend python)"
-            );
-        }
-        if embedded_model && (gemma4_tools || self.reasoning == Some("gemma4")) {
-            bail!(
-                "vllm-rs's `gemma4` parser needs {} as single tokens, which the embedded model's tokenizer lacks: serve a model whose tokenizer has them (--model DIR) or serve it with --frontend python",
-                GEMMA4_TOKENS.join(", ")
-            );
+        for &(name, tokens) in UNIFIED_PARSERS {
+            let as_tools = tool == Some(name);
+            let as_reasoning = self.reasoning == Some(name);
+            if as_tools && !as_reasoning {
+                bail!(
+                    "vllm-rs reads `{name}` calls only beside its `{name}` reasoning parser: add --reasoning-format {name} (or serve it with --frontend python)"
+                );
+            }
+            if as_reasoning && tool.is_some() && !as_tools {
+                bail!(
+                    "vllm-rs runs its `{name}` reasoning parser only beside its `{name}` tool-call parser: use --tool-call-format {name} (or serve it with --frontend python)"
+                );
+            }
+            if embedded_model && (as_tools || as_reasoning) {
+                bail!(
+                    "vllm-rs's `{name}` parser needs {} as single tokens, which the embedded model's tokenizer lacks: serve a model whose tokenizer has them (--model DIR) or serve it with --frontend python",
+                    tokens.join(", ")
+                );
+            }
         }
         if let Some(r) = self.reasoning.filter(|r| *r != "none" && embedded_model) {
             bail!(

@@ -41,6 +41,8 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     ("deepseek_v41", true),
     ("minimax_m3", true),
     ("plamo3", false),
+    // vllm-rs's inkling parser needs its markers as tokens (the marker-token test below)
+    ("inkling", false),
     // vllm-rs's gemma4 parser needs its markers as tokens (the marker-token test below)
     ("gemma4", false),
 ];
@@ -74,6 +76,7 @@ const REASONING_FORMATS: &[&str] = &[
     "deepseek_v4",
     "gemma4",
     "plamo3",
+    "inkling",
 ];
 
 fn tools() -> Value {
@@ -226,7 +229,7 @@ fn raw_cases(
             "text": text, "tool_parser": format}));
     }
     if let Some(r) = reasoning {
-        let text = complete(serve.port, "Hello", 120, r);
+        let text = complete(serve.port, "Hello", 240, r);
         cases.push(json!({"label": format!("{r} ({format})"), "tools": [],
             "text": text, "reasoning_parser": r}));
     }
@@ -307,8 +310,9 @@ fn assert_read_back(cases: &[Value], model: &std::path::Path) {
             );
             assert_no_markup(&answer["content"], &label);
         } else {
-            // the thinking is half the answer (60 of 120 tokens, tags included), the rest
-            // is content without the format's markers
+            // the thinking is half the answer (120 of 240 tokens, tags included: room for
+            // Inkling's 80 bytes of them, one token a byte), the rest is content without the
+            // format's markers
             let reasoning = answer["reasoning"].as_str().unwrap_or("");
             let content = answer["content"].as_str().unwrap_or("");
             assert!(reasoning.trim().len() > 4, "{label}: {answer}");
@@ -458,7 +462,7 @@ fn formats_vllm_rs_cannot_parse_are_refused_with_the_way_out() {
 
 /// The markers the llama3_json, mistral, deepseek_v3, deepseek_v31, jamba and lfm2 tool
 /// parsers, the deepseek_r1, ernie45, step3 and mistral reasoning parsers and vllm-rs's
-/// gemma4 parser (calls and thinking in one) look up as single tokens.
+/// gemma4 and inkling parsers (calls and thinking in one) look up as single tokens.
 const MARKERS: &[&str] = &[
     "<think>",
     "</think>",
@@ -482,6 +486,11 @@ const MARKERS: &[&str] = &[
     "<channel|>",
     "<|tool_call>",
     "<tool_call|>",
+    "<|message_model|>",
+    "<|content_text|>",
+    "<|content_thinking|>",
+    "<|content_invoke_tool_json|>",
+    "<|end_message|>",
 ];
 
 /// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
@@ -526,7 +535,7 @@ const OLMO3_PIECES: &[&str] = &["Ġ</", "</", "think"];
 /// and both reach the client parsed. vllm-rs's seed_oss, minimax_m2, mimo, step3p5,
 /// nemotron_v3 and deepseek_v4 reasoning parsers split a chat answer's thinking beside
 /// their families' calls (their `required` tags open with no think block), and its gemma4
-/// parser reads Gemma 4's calls and thinking together.
+/// and inkling parsers read their families' calls and thinking together.
 #[test]
 fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
     let dir = TestDir::new("parsers-markers");
@@ -552,6 +561,7 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         ("deepseek_v4", Some("deepseek_v4"), true, Some(false)),
         // vllm-rs reads Gemma 4's calls and thinking with one parser
         ("gemma4", Some("gemma4"), true, Some(false)),
+        ("inkling", Some("inkling"), true, Some(false)),
     ] {
         let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");

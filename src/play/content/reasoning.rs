@@ -90,6 +90,10 @@ pub enum ReasoningFormat {
     /// (PLaMo 3).
     #[value(name = "plamo3")]
     Plamo3,
+    /// `<|message_model|><|content_thinking|>…<|end_message|>` then the answer in a text
+    /// block, `<|message_model|><|content_text|>…` (Inkling).
+    #[value(name = "inkling")]
+    Inkling,
 }
 
 /// Parser names that read a format under another name.
@@ -129,6 +133,7 @@ impl ReasoningFormat {
             ReasoningFormat::Gemma4 => "gemma4",
             ReasoningFormat::Olmo3 => "olmo3",
             ReasoningFormat::Plamo3 => "plamo3",
+            ReasoningFormat::Inkling => "inkling",
         }
     }
 
@@ -175,6 +180,10 @@ impl ReasoningFormat {
             | ReasoningFormat::Olmo3 => Some(("<think>\n", "\n</think>\n\n")),
             ReasoningFormat::Gemma4 => Some(("<|channel>thought\n", "<channel|>")),
             ReasoningFormat::Step3 => Some(("", "\n</think>\n\n")),
+            ReasoningFormat::Inkling => Some((
+                "<|message_model|><|content_thinking|>",
+                "<|end_message|><|message_model|><|content_text|>",
+            )),
             ReasoningFormat::Plamo3 => Some((
                 "<|plamo:begin_think:plamo|>\n",
                 "\n<|plamo:end_think:plamo|>",

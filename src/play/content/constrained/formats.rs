@@ -136,6 +136,10 @@ pub enum ToolCallFormat {
     /// … `<|plamo:end_tool_arguments:plamo|>`, and the two ends.
     #[value(name = "plamo3")]
     Plamo3,
+    /// Inkling: `<|message_model|><|content_invoke_tool_json|>{"name": …, "args": {…}}`
+    /// `<|end_message|>`.
+    #[value(name = "inkling")]
+    Inkling,
     /// Gemma 4: `<|tool_call>call:NAME{city:<|"|>Paris<|"|>,days:3}<tool_call|>`, its own
     /// syntax: strings between `<|"|>`, other scalars bare, objects and lists nested in it.
     #[value(name = "gemma4")]
@@ -195,6 +199,7 @@ impl ToolCallFormat {
             ToolCallFormat::Gemma4 => "gemma4",
             ToolCallFormat::MinimaxM3 => "minimax_m3",
             ToolCallFormat::Plamo3 => "plamo3",
+            ToolCallFormat::Inkling => "inkling",
         }
     }
 
@@ -289,6 +294,13 @@ impl ToolCallFormat {
                     serde_json::to_string(name).unwrap_or_default()
                 ),
                 "}]<|tools_suffix|>",
+            ),
+            ToolCallFormat::Inkling => wrap(
+                format!(
+                    "<|message_model|><|content_invoke_tool_json|>{}",
+                    json_call("args")
+                ),
+                "}<|end_message|>",
             ),
             ToolCallFormat::Plamo3 => wrap(
                 format!(

@@ -275,6 +275,11 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
                 )?,
             ))
         }
+        ToolCallFormat::Inkling => json_call(
+            "<|message_model|><|content_invoke_tool_json|>",
+            "args",
+            "<|end_message|>",
+        ),
         ToolCallFormat::Plamo3 => {
             let body = t
                 .strip_prefix("<|plamo:begin_tool_requests:plamo|><|plamo:begin_tool_request:plamo|><|plamo:begin_tool_name:plamo|>")?
