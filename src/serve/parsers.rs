@@ -36,6 +36,7 @@ const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &[
     "lfm2",
     "functiongemma",
     "plamo3",
+    "muse_glimmer",
 ];
 
 /// vllm-rs's parsers that read a family's calls and thinking together (one name for
@@ -55,6 +56,7 @@ pub(crate) const UNIFIED_PARSERS: &[(&str, &[&str])] = &[
             "<|end_message|>",
         ],
     ),
+    ("muse", &["<|start|>", "<|message|>", "<|eom|>", "<|eot|>"]),
 ];
 
 /// Reasoning parsers vllm-rs (0.33) does not have: the Python frontend's only.
@@ -83,7 +85,7 @@ impl Parsing {
                 "vllm-rs has no `{r}` reasoning parser: serve it with --frontend python (or pass `-- --reasoning-parser none` to get the thinking inside the content)"
             );
         }
-        // vllm-rs reads Gemma 4's and Inkling's thinking and calls with one parser each:
+        // vllm-rs reads Gemma 4's, Inkling's and Muse's thinking and calls with one parser each:
         // either of its two names fails every chat request (HTTP 500) beside another parser
         // of the other kind, and it looks the family's markers up as tokens
         let tool = self.tools.get(2).copied();

@@ -43,6 +43,9 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     ("plamo3", false),
     // vllm-rs's inkling parser needs its markers as tokens (the marker-token test below)
     ("inkling", false),
+    // and so does its muse parser
+    ("muse", false),
+    ("muse_glimmer", false),
     // vllm-rs's gemma4 parser needs its markers as tokens (the marker-token test below)
     ("gemma4", false),
 ];
@@ -54,10 +57,11 @@ const TOOL_ALIASES: &[(&str, &str)] = &[
     ("step3p5", "qwen3_coder"),
     ("step5", "qwen3_coder"),
     ("ling3", "glm45"),
+    ("musespark1x", "muse"),
 ];
 
 /// Reasoning parsers that read a format above under another name.
-const REASONING_ALIASES: &[(&str, &str)] = &[("ling3", "glm45")];
+const REASONING_ALIASES: &[(&str, &str)] = &[("ling3", "glm45"), ("muse_glimmer", "muse")];
 
 /// The reasoning formats whose Python parsers start with the embedded byte-level
 /// tokenizer (each rides along on a tool format vllm-rs does not parse; vllm-rs's parsers
@@ -77,6 +81,7 @@ const REASONING_FORMATS: &[&str] = &[
     "gemma4",
     "plamo3",
     "inkling",
+    "muse",
 ];
 
 fn tools() -> Value {
@@ -462,7 +467,7 @@ fn formats_vllm_rs_cannot_parse_are_refused_with_the_way_out() {
 
 /// The markers the llama3_json, mistral, deepseek_v3, deepseek_v31, jamba and lfm2 tool
 /// parsers, the deepseek_r1, ernie45, step3 and mistral reasoning parsers and vllm-rs's
-/// gemma4 and inkling parsers (calls and thinking in one) look up as single tokens.
+/// gemma4, inkling and muse parsers (calls and thinking in one) look up as single tokens.
 const MARKERS: &[&str] = &[
     "<think>",
     "</think>",
@@ -491,6 +496,10 @@ const MARKERS: &[&str] = &[
     "<|content_thinking|>",
     "<|content_invoke_tool_json|>",
     "<|end_message|>",
+    "<|start|>",
+    "<|message|>",
+    "<|eom|>",
+    "<|eot|>",
 ];
 
 /// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
@@ -535,7 +544,7 @@ const OLMO3_PIECES: &[&str] = &["Ġ</", "</", "think"];
 /// and both reach the client parsed. vllm-rs's seed_oss, minimax_m2, mimo, step3p5,
 /// nemotron_v3 and deepseek_v4 reasoning parsers split a chat answer's thinking beside
 /// their families' calls (their `required` tags open with no think block), and its gemma4
-/// and inkling parsers read their families' calls and thinking together.
+/// inkling and muse parsers read their families' calls and thinking together.
 #[test]
 fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
     let dir = TestDir::new("parsers-markers");
@@ -562,6 +571,7 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         // vllm-rs reads Gemma 4's calls and thinking with one parser
         ("gemma4", Some("gemma4"), true, Some(false)),
         ("inkling", Some("inkling"), true, Some(false)),
+        ("muse", Some("muse"), true, Some(false)),
     ] {
         let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");

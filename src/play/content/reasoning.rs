@@ -94,6 +94,11 @@ pub enum ReasoningFormat {
     /// block, `<|message_model|><|content_text|>…` (Inkling).
     #[value(name = "inkling")]
     Inkling,
+    /// ` to=self<|message|>…<|eom|>` then the answer to the user,
+    /// `<|start|>assistant to=user<|message|>…` (Muse Spark and Muse Glimmer: the prompt
+    /// ends with `<|start|>assistant`, so the first message opens with its recipient).
+    #[value(name = "muse")]
+    Muse,
 }
 
 /// Parser names that read a format under another name.
@@ -108,6 +113,8 @@ const ALIASES: &[(&str, ReasoningFormat)] = &[
     ("deepseek_v41", ReasoningFormat::DeepseekV4),
     // Ling 3's parser is GLM-4.7's
     ("ling3", ReasoningFormat::Glm45),
+    // Muse Glimmer's parser reads Muse Spark's messages
+    ("muse_glimmer", ReasoningFormat::Muse),
 ];
 
 impl ReasoningFormat {
@@ -134,6 +141,7 @@ impl ReasoningFormat {
             ReasoningFormat::Olmo3 => "olmo3",
             ReasoningFormat::Plamo3 => "plamo3",
             ReasoningFormat::Inkling => "inkling",
+            ReasoningFormat::Muse => "muse",
         }
     }
 
@@ -180,6 +188,10 @@ impl ReasoningFormat {
             | ReasoningFormat::Olmo3 => Some(("<think>\n", "\n</think>\n\n")),
             ReasoningFormat::Gemma4 => Some(("<|channel>thought\n", "<channel|>")),
             ReasoningFormat::Step3 => Some(("", "\n</think>\n\n")),
+            ReasoningFormat::Muse => Some((
+                " to=self<|message|>",
+                "<|eom|><|start|>assistant to=user<|message|>",
+            )),
             ReasoningFormat::Inkling => Some((
                 "<|message_model|><|content_thinking|>",
                 "<|end_message|><|message_model|><|content_text|>",
@@ -439,6 +451,7 @@ mod tests {
             ("deepseek_v3", ReasoningFormat::DeepseekR1),
             ("deepseek_v41", ReasoningFormat::DeepseekV4),
             ("ling3", ReasoningFormat::Glm45),
+            ("muse_glimmer", ReasoningFormat::Muse),
         ] {
             assert_eq!(ReasoningFormat::from_parser(alias), Some(f), "{alias}");
         }

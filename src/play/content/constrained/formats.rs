@@ -140,6 +140,17 @@ pub enum ToolCallFormat {
     /// `<|end_message|>`.
     #[value(name = "inkling")]
     Inkling,
+    /// Muse Spark: ` to=NAME<|message|><atem:function_calls>\n`
+    /// `<atem:invoke name="NAME">\n<atem:parameter name="KEY">VALUE</atem:parameter>\n…`
+    /// `</atem:invoke>\n</atem:function_calls><|eom|>`, strings bare (its parser keeps a
+    /// string parameter as written and reads the others as JSON). The prompt ends with
+    /// `<|start|>assistant`, so the answer's first message opens with its recipient.
+    #[value(name = "muse")]
+    Muse,
+    /// Muse Glimmer: the same with every value as JSON (its parser reads each as JSON
+    /// first, so a bare `true` would not stay a string).
+    #[value(name = "muse_glimmer")]
+    MuseGlimmer,
     /// Gemma 4: `<|tool_call>call:NAME{city:<|"|>Paris<|"|>,days:3}<tool_call|>`, its own
     /// syntax: strings between `<|"|>`, other scalars bare, objects and lists nested in it.
     #[value(name = "gemma4")]
@@ -158,6 +169,7 @@ const ALIASES: &[(&str, ToolCallFormat)] = &[
     ("step5", ToolCallFormat::Qwen3Coder),
     // Ling 3 reads GLM-4.7's text
     ("ling3", ToolCallFormat::Glm45),
+    ("musespark1x", ToolCallFormat::Muse),
 ];
 
 impl ToolCallFormat {
@@ -200,6 +212,8 @@ impl ToolCallFormat {
             ToolCallFormat::MinimaxM3 => "minimax_m3",
             ToolCallFormat::Plamo3 => "plamo3",
             ToolCallFormat::Inkling => "inkling",
+            ToolCallFormat::Muse => "muse",
+            ToolCallFormat::MuseGlimmer => "muse_glimmer",
         }
     }
 
@@ -294,6 +308,18 @@ impl ToolCallFormat {
                     serde_json::to_string(name).unwrap_or_default()
                 ),
                 "}]<|tools_suffix|>",
+            ),
+            ToolCallFormat::Muse | ToolCallFormat::MuseGlimmer => spelled(
+                &format!(
+                    " to={name}<|message|><atem:function_calls>\n<atem:invoke name=\"{name}\">\n"
+                ),
+                if self == ToolCallFormat::Muse {
+                    Style::Atem
+                } else {
+                    Style::AtemJson
+                },
+                params,
+                "</atem:invoke>\n</atem:function_calls><|eom|>",
             ),
             ToolCallFormat::Inkling => wrap(
                 format!(
@@ -472,6 +498,10 @@ enum Style {
     /// DSML): a string bare under `string="true"`, any other value as JSON under
     /// `string="false"`, which is how the parser tells them apart.
     Dsml,
+    /// `<atem:parameter name="city">Paris</atem:parameter>\n` (Muse), values as in Qwen's.
+    Atem,
+    /// The same with every value as JSON (Muse Glimmer).
+    AtemJson,
     /// The same in DeepSeek-V4.1's spaced tags, `<｜DSML｜ parameter name="city" …>`.
     DsmlSpaced,
 }
@@ -528,6 +558,10 @@ fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> S
                     ),
                     "</｜DSML｜parameter>\n",
                 ),
+                Style::Atem | Style::AtemJson => (
+                    format!("<atem:parameter name=\"{k}\">"),
+                    "</atem:parameter>\n",
+                ),
                 Style::DsmlSpaced => (
                     format!(
                         "<｜DSML｜ parameter name=\"{k}\" string=\"{}\">",
@@ -536,7 +570,7 @@ fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> S
                     "</｜DSML｜ parameter>\n",
                 ),
             };
-            let raw_strings = !matches!(style, Style::Pythonic | Style::Gemma);
+            let raw_strings = !matches!(style, Style::Pythonic | Style::Gemma | Style::AtemJson);
             let value = new_rule(value_rule(schema, raw_strings), rules);
             lark_seq(&[&lark_str(&before), &value, &lark_lit(after)])
         })

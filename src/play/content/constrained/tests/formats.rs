@@ -275,6 +275,33 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
                 )?,
             ))
         }
+        ToolCallFormat::Muse | ToolCallFormat::MuseGlimmer => {
+            let body = t
+                .strip_prefix(" to=")?
+                .strip_suffix("</atem:invoke>\n</atem:function_calls><|eom|>")?;
+            let (to, rest) =
+                body.split_once("<|message|><atem:function_calls>\n<atem:invoke name=\"")?;
+            let (name, rest) = rest.split_once("\">\n")?;
+            if to != name {
+                return None;
+            }
+            // Muse keeps strings as written; Muse Glimmer reads every value as JSON
+            let mut args = serde_json::Map::new();
+            for part in rest.split("<atem:parameter name=\"").skip(1) {
+                let (k, after) = part.split_once("\">")?;
+                let v = after.split("</atem:parameter>").next()?;
+                let v = match serde_json::from_str(v) {
+                    Ok(Value::String(_)) if format == ToolCallFormat::Muse => {
+                        Value::String(v.into())
+                    }
+                    Ok(v) => v,
+                    Err(_) if format == ToolCallFormat::Muse => Value::String(v.into()),
+                    Err(_) => return None,
+                };
+                args.insert(k.into(), v);
+            }
+            Some((name.into(), Value::Object(args)))
+        }
         ToolCallFormat::Inkling => json_call(
             "<|message_model|><|content_invoke_tool_json|>",
             "args",
@@ -352,6 +379,7 @@ fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
         ("step3p5", ToolCallFormat::Qwen3Coder),
         ("step5", ToolCallFormat::Qwen3Coder),
         ("ling3", ToolCallFormat::Glm45),
+        ("musespark1x", ToolCallFormat::Muse),
     ] {
         assert_eq!(ToolCallFormat::from_parser(alias), Some(format), "{alias}");
     }
