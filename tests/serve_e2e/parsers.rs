@@ -500,6 +500,8 @@ const MARKERS: &[&str] = &[
     "<|message|>",
     "<|eom|>",
     "<|eot|>",
+    "<mm:think>",
+    "</mm:think>",
 ];
 
 /// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
@@ -537,13 +539,13 @@ const OLMO3_PIECES: &[&str] = &["Ġ</", "</", "think"];
 /// The formats whose parsers need marker tokens, with a model that has them
 /// (`serve --model DIR`): llama3_json, deepseek_v3 and deepseek_v31 calls and deepseek_r1
 /// thinking parsed by vllm-rs, and the raw text of those and of mistral's, jamba's and
-/// lfm2's calls and mistral's, ernie45's, step3's and olmo3's thinking read by the Python
-/// frontend's parsers. Behind a reasoning parser (deepseek_r1, and qwen3
+/// lfm2's calls and mistral's, ernie45's, step3's, minimax_m3's and olmo3's thinking read
+/// by the Python frontend's parsers. Behind a reasoning parser (deepseek_r1, and qwen3
 /// beside qwen3_xml calls, which needs `<think>` as a token), vllm-rs opens the tag of
 /// `tool_choice: required` with a think block of free text: the answer thinks, then calls,
 /// and both reach the client parsed. vllm-rs's seed_oss, minimax_m2, mimo, step3p5,
 /// nemotron_v3 and deepseek_v4 reasoning parsers split a chat answer's thinking beside
-/// their families' calls (their `required` tags open with no think block), and its gemma4
+/// their families' calls (their `required` tags open with no think block), and its gemma4,
 /// inkling and muse parsers read their families' calls and thinking together.
 #[test]
 fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
@@ -572,6 +574,8 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         ("gemma4", Some("gemma4"), true, Some(false)),
         ("inkling", Some("inkling"), true, Some(false)),
         ("muse", Some("muse"), true, Some(false)),
+        // MiniMax-M3's thinking, read by the Python frontend's parser
+        ("minimax_m3", Some("minimax_m3"), false, Some(false)),
     ] {
         let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");

@@ -99,6 +99,10 @@ pub enum ReasoningFormat {
     /// ends with `<|start|>assistant`, so the first message opens with its recipient).
     #[value(name = "muse")]
     Muse,
+    /// `<mm:think>\n…\n</mm:think>\n\n` (MiniMax-M3; its parser needs both tags in the
+    /// vocabulary).
+    #[value(name = "minimax_m3")]
+    MinimaxM3,
 }
 
 /// Parser names that read a format under another name.
@@ -142,6 +146,7 @@ impl ReasoningFormat {
             ReasoningFormat::Plamo3 => "plamo3",
             ReasoningFormat::Inkling => "inkling",
             ReasoningFormat::Muse => "muse",
+            ReasoningFormat::MinimaxM3 => "minimax_m3",
         }
     }
 
@@ -154,6 +159,7 @@ impl ReasoningFormat {
             ReasoningFormat::Mistral => &["[THINK]", "[/THINK]"],
             ReasoningFormat::Step3 => &["</think>"],
             ReasoningFormat::Olmo3 => &["Ġ</", "</", "think", ">"],
+            ReasoningFormat::MinimaxM3 => &["<mm:think>", "</mm:think>"],
             _ => &[],
         }
     }
@@ -188,6 +194,7 @@ impl ReasoningFormat {
             | ReasoningFormat::Olmo3 => Some(("<think>\n", "\n</think>\n\n")),
             ReasoningFormat::Gemma4 => Some(("<|channel>thought\n", "<channel|>")),
             ReasoningFormat::Step3 => Some(("", "\n</think>\n\n")),
+            ReasoningFormat::MinimaxM3 => Some(("<mm:think>\n", "\n</mm:think>\n\n")),
             ReasoningFormat::Muse => Some((
                 " to=self<|message|>",
                 "<|eom|><|start|>assistant to=user<|message|>",
