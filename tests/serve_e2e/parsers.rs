@@ -57,6 +57,7 @@ const TOOL_ALIASES: &[(&str, &str)] = &[
     ("step3p5", "qwen3_coder"),
     ("step5", "qwen3_coder"),
     ("ling3", "glm45"),
+    ("poolside_v1", "glm45"),
     ("musespark1x", "muse"),
 ];
 

@@ -169,6 +169,8 @@ const ALIASES: &[(&str, ToolCallFormat)] = &[
     ("step5", ToolCallFormat::Qwen3Coder),
     // Ling 3 reads GLM-4.7's text
     ("ling3", ToolCallFormat::Glm45),
+    // Poolside's (Laguna's) parser reads GLM-4.5's text
+    ("poolside_v1", ToolCallFormat::Glm45),
     ("musespark1x", ToolCallFormat::Muse),
 ];
 

@@ -379,6 +379,7 @@ fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
         ("step3p5", ToolCallFormat::Qwen3Coder),
         ("step5", ToolCallFormat::Qwen3Coder),
         ("ling3", ToolCallFormat::Glm45),
+        ("poolside_v1", ToolCallFormat::Glm45),
         ("musespark1x", ToolCallFormat::Muse),
     ] {
         assert_eq!(ToolCallFormat::from_parser(alias), Some(format), "{alias}");
