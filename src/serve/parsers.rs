@@ -35,7 +35,32 @@ const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &[
     "olmo3",
     "lfm2",
     "functiongemma",
+    "plamo3",
+    "muse_glimmer",
 ];
+
+/// vllm-rs's parsers that read a family's calls and thinking together (one name for
+/// both kinds), and the markers each looks up as single tokens.
+pub(crate) const UNIFIED_PARSERS: &[(&str, &[&str])] = &[
+    (
+        "gemma4",
+        &["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>"],
+    ),
+    (
+        "inkling",
+        &[
+            "<|message_model|>",
+            "<|content_text|>",
+            "<|content_thinking|>",
+            "<|content_invoke_tool_json|>",
+            "<|end_message|>",
+        ],
+    ),
+    ("muse", &["<|start|>", "<|message|>", "<|eom|>", "<|eot|>"]),
+];
+
+/// Reasoning parsers vllm-rs (0.33) does not have: the Python frontend's only.
+const PYTHON_ONLY_REASONING_PARSERS: &[&str] = &["olmo3", "plamo3"];
 
 impl Parsing {
     /// Refuses, before anything starts, the parsers serve chose that vllm-rs cannot run:
@@ -52,12 +77,37 @@ impl Parsing {
                 "vllm-rs has no `{p}` tool-call parser: serve it with --frontend python (or pass `-- --tool-call-parser none` to get the calls as raw text)"
             );
         }
-        // vllm-rs parses Gemma 4's thinking and calls together: beside another tool parser it
-        // fails every chat request (HTTP 500), and the engine writes no Gemma 4 calls
-        if self.reasoning == Some("gemma4") && !self.tools.is_empty() {
+        if let Some(r) = self
+            .reasoning
+            .filter(|r| PYTHON_ONLY_REASONING_PARSERS.contains(r))
+        {
             bail!(
-                "vllm-rs runs its `gemma4` reasoning parser only beside its `gemma4` tool-call parser, whose format the engine does not write: serve it with --frontend python"
+                "vllm-rs has no `{r}` reasoning parser: serve it with --frontend python (or pass `-- --reasoning-parser none` to get the thinking inside the content)"
             );
+        }
+        // vllm-rs reads Gemma 4's, Inkling's and Muse's thinking and calls with one parser each:
+        // either of its two names fails every chat request (HTTP 500) beside another parser
+        // of the other kind, and it looks the family's markers up as tokens
+        let tool = self.tools.get(2).copied();
+        for &(name, tokens) in UNIFIED_PARSERS {
+            let as_tools = tool == Some(name);
+            let as_reasoning = self.reasoning == Some(name);
+            if as_tools && !as_reasoning {
+                bail!(
+                    "vllm-rs reads `{name}` calls only beside its `{name}` reasoning parser: add --reasoning-format {name} (or serve it with --frontend python)"
+                );
+            }
+            if as_reasoning && tool.is_some() && !as_tools {
+                bail!(
+                    "vllm-rs runs its `{name}` reasoning parser only beside its `{name}` tool-call parser: use --tool-call-format {name} (or serve it with --frontend python)"
+                );
+            }
+            if embedded_model && (as_tools || as_reasoning) {
+                bail!(
+                    "vllm-rs's `{name}` parser needs {} as single tokens, which the embedded model's tokenizer lacks: serve a model whose tokenizer has them (--model DIR) or serve it with --frontend python",
+                    tokens.join(", ")
+                );
+            }
         }
         if let Some(r) = self.reasoning.filter(|r| *r != "none" && embedded_model) {
             bail!(
@@ -294,6 +344,29 @@ mod tests {
                 .check_vllm_rs(false)
                 .is_ok()
         );
+        // beside its own tool parser, with a model that has its markers, it runs
+        play.tool_call_format = Some(ToolCallFormat::Gemma4);
+        let pair = choose(&mut play, &[], true).unwrap();
+        assert!(pair.check_vllm_rs(false).is_ok());
+        let e = pair.check_vllm_rs(true).unwrap_err().to_string();
+        assert!(e.contains("<|channel>") && e.contains("--model DIR"), "{e}");
+        // a reasoning parser vllm-rs does not have, even with a model of one's own
+        play.reasoning_format = Some(ReasoningFormat::Olmo3);
+        let e = choose(&mut play, &[], true)
+            .unwrap()
+            .check_vllm_rs(false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no `olmo3` reasoning parser"), "{e}");
+        // Gemma 4's calls without its thinking parser: vllm-rs would fail every request
+        play.reasoning_format = None;
+        let e = choose(&mut play, &[], true)
+            .unwrap()
+            .check_vllm_rs(false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--reasoning-format gemma4"), "{e}");
+        play.tool_call_format = Some(ToolCallFormat::Glm45);
         let off = user(&["--reasoning-parser", "none"]);
         assert!(
             choose(&mut play, &off, false)

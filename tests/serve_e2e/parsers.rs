@@ -38,6 +38,16 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     ("functiongemma", false),
     ("deepseek_v32", true),
     ("deepseek_v4", true),
+    ("deepseek_v41", true),
+    ("minimax_m3", true),
+    ("plamo3", false),
+    // vllm-rs's inkling parser needs its markers as tokens (the marker-token test below)
+    ("inkling", false),
+    // and so does its muse parser
+    ("muse", false),
+    ("muse_glimmer", false),
+    // vllm-rs's gemma4 parser needs its markers as tokens (the marker-token test below)
+    ("gemma4", false),
 ];
 
 /// Tool parsers that read a format above under another name (`ALIASES` in
@@ -46,7 +56,13 @@ const TOOL_ALIASES: &[(&str, &str)] = &[
     ("ernie45", "hermes"),
     ("step3p5", "qwen3_coder"),
     ("step5", "qwen3_coder"),
+    ("ling3", "glm45"),
+    ("poolside_v1", "glm45"),
+    ("musespark1x", "muse"),
 ];
+
+/// Reasoning parsers that read a format above under another name.
+const REASONING_ALIASES: &[(&str, &str)] = &[("ling3", "glm45"), ("muse_glimmer", "muse")];
 
 /// The reasoning formats whose Python parsers start with the embedded byte-level
 /// tokenizer (each rides along on a tool format vllm-rs does not parse; vllm-rs's parsers
@@ -64,6 +80,9 @@ const REASONING_FORMATS: &[&str] = &[
     "hunyuan_a13b",
     "deepseek_v4",
     "gemma4",
+    "plamo3",
+    "inkling",
+    "muse",
 ];
 
 fn tools() -> Value {
@@ -216,7 +235,7 @@ fn raw_cases(
             "text": text, "tool_parser": format}));
     }
     if let Some(r) = reasoning {
-        let text = complete(serve.port, "Hello", 120, r);
+        let text = complete(serve.port, "Hello", 240, r);
         cases.push(json!({"label": format!("{r} ({format})"), "tools": [],
             "text": text, "reasoning_parser": r}));
     }
@@ -251,6 +270,7 @@ fn every_format_reaches_clients_parsed_by_the_frontends_parsers() {
         "{covered:?}"
     );
     cases.extend(alias_cases(&cases, "tool_parser", TOOL_ALIASES));
+    cases.extend(alias_cases(&cases, "reasoning_parser", REASONING_ALIASES));
 
     let model = TestDir::new("parsers-model");
     vllm_vcr::tiny_model::write_to(model.root()).unwrap();
@@ -296,13 +316,15 @@ fn assert_read_back(cases: &[Value], model: &std::path::Path) {
             );
             assert_no_markup(&answer["content"], &label);
         } else {
-            // the thinking is half the answer (60 of 120 tokens, tags included), the rest
-            // is content without the format's markers
+            // the thinking is half the answer (120 of 240 tokens, tags included: room for
+            // Inkling's 80 bytes of them, one token a byte), the rest is content without the
+            // format's markers
             let reasoning = answer["reasoning"].as_str().unwrap_or("");
             let content = answer["content"].as_str().unwrap_or("");
             assert!(reasoning.trim().len() > 4, "{label}: {answer}");
             assert!(content.trim().len() > 4, "{label}: {answer}");
-            for marker in ["think>", "thought process", "my response"] {
+            // `|>` ends Gemma 4's and PLaMo 3's markers
+            for marker in ["think>", "thought process", "my response", "|>"] {
                 assert!(!content.contains(marker), "{label}: {answer}");
             }
         }
@@ -445,8 +467,8 @@ fn formats_vllm_rs_cannot_parse_are_refused_with_the_way_out() {
 }
 
 /// The markers the llama3_json, mistral, deepseek_v3, deepseek_v31, jamba and lfm2 tool
-/// parsers and the deepseek_r1, ernie45, step3 and mistral reasoning parsers look up as
-/// single tokens.
+/// parsers, the deepseek_r1, ernie45, step3 and mistral reasoning parsers and vllm-rs's
+/// gemma4, inkling and muse parsers (calls and thinking in one) look up as single tokens.
 const MARKERS: &[&str] = &[
     "<think>",
     "</think>",
@@ -466,6 +488,21 @@ const MARKERS: &[&str] = &[
     "<|tool_call_end|>",
     "<seed:think>",
     "</seed:think>",
+    "<|channel>",
+    "<channel|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|message_model|>",
+    "<|content_text|>",
+    "<|content_thinking|>",
+    "<|content_invoke_tool_json|>",
+    "<|end_message|>",
+    "<|start|>",
+    "<|message|>",
+    "<|eom|>",
+    "<|eot|>",
+    "<mm:think>",
+    "</mm:think>",
 ];
 
 /// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
@@ -483,16 +520,34 @@ fn model_with_markers(dir: &TestDir) {
     std::fs::write(&path, t.to_string()).unwrap();
 }
 
+/// The embedded model with [`OLMO3_PIECES`] in its vocabulary (a model of its own: beside
+/// the markers, the engine's grammar backend stalled on DeepSeek-V3's calls).
+fn model_with_olmo3_pieces(dir: &TestDir) {
+    vllm_vcr::tiny_model::write_to(dir.root()).unwrap();
+    let path = dir.path("tokenizer.json");
+    let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let first = vllm_vcr::tiny_model::TOKENIZER_VOCAB as usize;
+    let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+    for (i, piece) in OLMO3_PIECES.iter().enumerate() {
+        vocab.insert(piece.to_string(), json!(first + i));
+    }
+    std::fs::write(&path, t.to_string()).unwrap();
+}
+
+/// The pieces of `</think>` OLMo 3's reasoning parser looks up (`>` is a byte's token).
+const OLMO3_PIECES: &[&str] = &["Ġ</", "</", "think"];
+
 /// The formats whose parsers need marker tokens, with a model that has them
 /// (`serve --model DIR`): llama3_json, deepseek_v3 and deepseek_v31 calls and deepseek_r1
 /// thinking parsed by vllm-rs, and the raw text of those and of mistral's, jamba's and
-/// lfm2's calls and mistral's, ernie45's and step3's thinking read by the Python
-/// frontend's parsers. Behind a reasoning parser (deepseek_r1, and qwen3
+/// lfm2's calls and mistral's, ernie45's, step3's, minimax_m3's and olmo3's thinking read
+/// by the Python frontend's parsers. Behind a reasoning parser (deepseek_r1, and qwen3
 /// beside qwen3_xml calls, which needs `<think>` as a token), vllm-rs opens the tag of
 /// `tool_choice: required` with a think block of free text: the answer thinks, then calls,
 /// and both reach the client parsed. vllm-rs's seed_oss, minimax_m2, mimo, step3p5,
 /// nemotron_v3 and deepseek_v4 reasoning parsers split a chat answer's thinking beside
-/// their families' calls (their `required` tags open with no think block).
+/// their families' calls (their `required` tags open with no think block), and its gemma4,
+/// inkling and muse parsers read their families' calls and thinking together.
 #[test]
 fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
     let dir = TestDir::new("parsers-markers");
@@ -516,6 +571,12 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         ("qwen3_coder", Some("step3p5"), true, Some(false)),
         ("hermes", Some("nemotron_v3"), true, Some(false)),
         ("deepseek_v4", Some("deepseek_v4"), true, Some(false)),
+        // vllm-rs reads Gemma 4's calls and thinking with one parser
+        ("gemma4", Some("gemma4"), true, Some(false)),
+        ("inkling", Some("inkling"), true, Some(false)),
+        ("muse", Some("muse"), true, Some(false)),
+        // MiniMax-M3's thinking, read by the Python frontend's parser
+        ("minimax_m3", Some("minimax_m3"), false, Some(false)),
     ] {
         let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");
@@ -554,4 +615,13 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
     }
     cases.extend(more);
     assert_read_back(&cases, dir.root());
+
+    // OLMo 3's thinking parser (the Python frontend's only) with a vocabulary that has the
+    // pieces of `</think>` it looks up
+    let olmo = TestDir::new("parsers-olmo3");
+    model_with_olmo3_pieces(&olmo);
+    let serve = serve_writing(olmo.root().to_str(), "olmo3", Some("olmo3"), false);
+    let mut cases = Vec::new();
+    raw_cases(&serve, "olmo3", Some("olmo3"), 1, &mut cases);
+    assert_read_back(&cases, olmo.root());
 }

@@ -11,7 +11,7 @@
 //! share, at most half of `max_tokens` so that the calls after it have room
 //! (`constrained/free_text.rs`).
 //!
-//! deepseek_r1's, ernie45's, step3's and mistral's parsers look their tags (`<think>`,
+//! deepseek_r1's, ernie45's, step3's, mistral's and olmo3's parsers look their tags (`<think>`,
 //! `</think>`, `[THINK]`) up as single tokens of the vocabulary and refuse to start with a
 //! byte-level tokenizer such as the embedded model's ([`ReasoningFormat::needs_tokens`]).
 
@@ -82,6 +82,27 @@ pub enum ReasoningFormat {
     /// `<|channel>thought\n…<channel|>` then the answer (Gemma 4).
     #[value(name = "gemma4")]
     Gemma4,
+    /// `<think>\n…\n</think>\n\n` (OLMo 3: plain text, but its parser looks `</think>`'s
+    /// byte-pair pieces up in the vocabulary, `Ġ</`, `</`, `think` and `>`).
+    #[value(name = "olmo3")]
+    Olmo3,
+    /// `<|plamo:begin_think:plamo|>\n…\n<|plamo:end_think:plamo|>` then the answer
+    /// (PLaMo 3).
+    #[value(name = "plamo3")]
+    Plamo3,
+    /// `<|message_model|><|content_thinking|>…<|end_message|>` then the answer in a text
+    /// block, `<|message_model|><|content_text|>…` (Inkling).
+    #[value(name = "inkling")]
+    Inkling,
+    /// ` to=self<|message|>…<|eom|>` then the answer to the user,
+    /// `<|start|>assistant to=user<|message|>…` (Muse Spark and Muse Glimmer: the prompt
+    /// ends with `<|start|>assistant`, so the first message opens with its recipient).
+    #[value(name = "muse")]
+    Muse,
+    /// `<mm:think>\n…\n</mm:think>\n\n` (MiniMax-M3; its parser needs both tags in the
+    /// vocabulary).
+    #[value(name = "minimax_m3")]
+    MinimaxM3,
 }
 
 /// Parser names that read a format under another name.
@@ -94,6 +115,10 @@ const ALIASES: &[(&str, ReasoningFormat)] = &[
     // (`chat_template_kwargs: {"thinking": true}`), and leaves the text alone otherwise
     ("deepseek_v3", ReasoningFormat::DeepseekR1),
     ("deepseek_v41", ReasoningFormat::DeepseekV4),
+    // Ling 3's parser is GLM-4.7's
+    ("ling3", ReasoningFormat::Glm45),
+    // Muse Glimmer's parser reads Muse Spark's messages
+    ("muse_glimmer", ReasoningFormat::Muse),
 ];
 
 impl ReasoningFormat {
@@ -117,6 +142,11 @@ impl ReasoningFormat {
             ReasoningFormat::Ernie45 => "ernie45",
             ReasoningFormat::DeepseekV4 => "deepseek_v4",
             ReasoningFormat::Gemma4 => "gemma4",
+            ReasoningFormat::Olmo3 => "olmo3",
+            ReasoningFormat::Plamo3 => "plamo3",
+            ReasoningFormat::Inkling => "inkling",
+            ReasoningFormat::Muse => "muse",
+            ReasoningFormat::MinimaxM3 => "minimax_m3",
         }
     }
 
@@ -128,6 +158,8 @@ impl ReasoningFormat {
             ReasoningFormat::DeepseekR1 | ReasoningFormat::Ernie45 => &["<think>", "</think>"],
             ReasoningFormat::Mistral => &["[THINK]", "[/THINK]"],
             ReasoningFormat::Step3 => &["</think>"],
+            ReasoningFormat::Olmo3 => &["Ġ</", "</", "think", ">"],
+            ReasoningFormat::MinimaxM3 => &["<mm:think>", "</mm:think>"],
             _ => &[],
         }
     }
@@ -158,9 +190,23 @@ impl ReasoningFormat {
             | ReasoningFormat::Mimo
             | ReasoningFormat::NemotronV3
             | ReasoningFormat::Ernie45
-            | ReasoningFormat::DeepseekV4 => Some(("<think>\n", "\n</think>\n\n")),
+            | ReasoningFormat::DeepseekV4
+            | ReasoningFormat::Olmo3 => Some(("<think>\n", "\n</think>\n\n")),
             ReasoningFormat::Gemma4 => Some(("<|channel>thought\n", "<channel|>")),
             ReasoningFormat::Step3 => Some(("", "\n</think>\n\n")),
+            ReasoningFormat::MinimaxM3 => Some(("<mm:think>\n", "\n</mm:think>\n\n")),
+            ReasoningFormat::Muse => Some((
+                " to=self<|message|>",
+                "<|eom|><|start|>assistant to=user<|message|>",
+            )),
+            ReasoningFormat::Inkling => Some((
+                "<|message_model|><|content_thinking|>",
+                "<|end_message|><|message_model|><|content_text|>",
+            )),
+            ReasoningFormat::Plamo3 => Some((
+                "<|plamo:begin_think:plamo|>\n",
+                "\n<|plamo:end_think:plamo|>",
+            )),
             ReasoningFormat::SeedOss => Some(("<seed:think>\n", "\n</seed:think>\n\n")),
             ReasoningFormat::HunyuanA13b => Some(("<think>\n", "\n</think>\n<answer>\n")),
             ReasoningFormat::Mistral => Some(("[THINK]", "[/THINK]")),
@@ -411,9 +457,11 @@ mod tests {
             ("holo2", ReasoningFormat::DeepseekR1),
             ("deepseek_v3", ReasoningFormat::DeepseekR1),
             ("deepseek_v41", ReasoningFormat::DeepseekV4),
+            ("ling3", ReasoningFormat::Glm45),
+            ("muse_glimmer", ReasoningFormat::Muse),
         ] {
             assert_eq!(ReasoningFormat::from_parser(alias), Some(f), "{alias}");
         }
-        assert_eq!(ReasoningFormat::from_parser("olmo3"), None);
+        assert_eq!(ReasoningFormat::from_parser("kimi_k3"), None);
     }
 }

@@ -13,6 +13,7 @@
 use serde_json::{Value, json};
 
 use super::lark::{lark_lit, lark_regex, lark_seq, lark_str, new_rule, schema_text};
+use super::nested::{gemma4_fields, minimax_m3_fields};
 
 /// How a tool call is written: the name is the frontend's `--tool-call-parser` that reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -120,6 +121,40 @@ pub enum ToolCallFormat {
     /// DeepSeek-V4's DSML: the same inside `<｜DSML｜tool_calls>…</｜DSML｜tool_calls>`.
     #[value(name = "deepseek_v4")]
     DeepseekV4,
+    /// DeepSeek-V4.1's spaced DSML: `<｜DSML｜ calls>\n<｜DSML｜ invoke name="NAME">\n`
+    /// `<｜DSML｜ parameter name="KEY" string="true">VALUE</｜DSML｜ parameter>\n…`.
+    #[value(name = "deepseek_v41")]
+    DeepseekV41,
+    /// MiniMax-M3: every tag after `]<]minimax[>[`, arguments as elements named after them
+    /// (`<city>Paris</city>`), nested: an object's fields as elements, a list's items as
+    /// `<item>` elements.
+    #[value(name = "minimax_m3")]
+    MinimaxM3,
+    /// PLaMo 3: `<|plamo:begin_tool_requests:plamo|><|plamo:begin_tool_request:plamo|>`
+    /// `<|plamo:begin_tool_name:plamo|>NAME<|plamo:end_tool_name:plamo|>`, then the JSON
+    /// arguments in `<|plamo:begin_tool_arguments:plamo|><|plamo:constrain|>json<|plamo:msg|>`
+    /// … `<|plamo:end_tool_arguments:plamo|>`, and the two ends.
+    #[value(name = "plamo3")]
+    Plamo3,
+    /// Inkling: `<|message_model|><|content_invoke_tool_json|>{"name": …, "args": {…}}`
+    /// `<|end_message|>`.
+    #[value(name = "inkling")]
+    Inkling,
+    /// Muse Spark: ` to=NAME<|message|><atem:function_calls>\n`
+    /// `<atem:invoke name="NAME">\n<atem:parameter name="KEY">VALUE</atem:parameter>\n…`
+    /// `</atem:invoke>\n</atem:function_calls><|eom|>`, strings bare (its parser keeps a
+    /// string parameter as written and reads the others as JSON). The prompt ends with
+    /// `<|start|>assistant`, so the answer's first message opens with its recipient.
+    #[value(name = "muse")]
+    Muse,
+    /// Muse Glimmer: the same with every value as JSON (its parser reads each as JSON
+    /// first, so a bare `true` would not stay a string).
+    #[value(name = "muse_glimmer")]
+    MuseGlimmer,
+    /// Gemma 4: `<|tool_call>call:NAME{city:<|"|>Paris<|"|>,days:3}<tool_call|>`, its own
+    /// syntax: strings between `<|"|>`, other scalars bare, objects and lists nested in it.
+    #[value(name = "gemma4")]
+    Gemma4,
 }
 
 /// Parser names that read a format under another name.
@@ -132,6 +167,11 @@ const ALIASES: &[(&str, ToolCallFormat)] = &[
     ("ernie45", ToolCallFormat::Hermes),
     ("step3p5", ToolCallFormat::Qwen3Coder),
     ("step5", ToolCallFormat::Qwen3Coder),
+    // Ling 3 reads GLM-4.7's text
+    ("ling3", ToolCallFormat::Glm45),
+    // Poolside's (Laguna's) parser reads GLM-4.5's text
+    ("poolside_v1", ToolCallFormat::Glm45),
+    ("musespark1x", ToolCallFormat::Muse),
 ];
 
 impl ToolCallFormat {
@@ -169,6 +209,13 @@ impl ToolCallFormat {
             ToolCallFormat::FunctionGemma => "functiongemma",
             ToolCallFormat::DeepseekV32 => "deepseek_v32",
             ToolCallFormat::DeepseekV4 => "deepseek_v4",
+            ToolCallFormat::DeepseekV41 => "deepseek_v41",
+            ToolCallFormat::Gemma4 => "gemma4",
+            ToolCallFormat::MinimaxM3 => "minimax_m3",
+            ToolCallFormat::Plamo3 => "plamo3",
+            ToolCallFormat::Inkling => "inkling",
+            ToolCallFormat::Muse => "muse",
+            ToolCallFormat::MuseGlimmer => "muse_glimmer",
         }
     }
 
@@ -264,6 +311,31 @@ impl ToolCallFormat {
                 ),
                 "}]<|tools_suffix|>",
             ),
+            ToolCallFormat::Muse | ToolCallFormat::MuseGlimmer => spelled(
+                &format!(
+                    " to={name}<|message|><atem:function_calls>\n<atem:invoke name=\"{name}\">\n"
+                ),
+                if self == ToolCallFormat::Muse {
+                    Style::Atem
+                } else {
+                    Style::AtemJson
+                },
+                params,
+                "</atem:invoke>\n</atem:function_calls><|eom|>",
+            ),
+            ToolCallFormat::Inkling => wrap(
+                format!(
+                    "<|message_model|><|content_invoke_tool_json|>{}",
+                    json_call("args")
+                ),
+                "}<|end_message|>",
+            ),
+            ToolCallFormat::Plamo3 => wrap(
+                format!(
+                    "<|plamo:begin_tool_requests:plamo|><|plamo:begin_tool_request:plamo|><|plamo:begin_tool_name:plamo|>{name}<|plamo:end_tool_name:plamo|><|plamo:begin_tool_arguments:plamo|><|plamo:constrain|>json<|plamo:msg|>"
+                ),
+                "<|plamo:end_tool_arguments:plamo|><|plamo:end_tool_request:plamo|><|plamo:end_tool_requests:plamo|>",
+            ),
             ToolCallFormat::Pythonic | ToolCallFormat::Llama4Pythonic => {
                 spelled(&format!("[{name}("), Style::Pythonic, params, ")]")
             }
@@ -342,8 +414,49 @@ impl ToolCallFormat {
                     &format!("</｜DSML｜invoke>\n</｜DSML｜{block}>"),
                 )
             }
+            ToolCallFormat::DeepseekV41 => spelled(
+                &format!("<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"{name}\">\n"),
+                Style::DsmlSpaced,
+                params,
+                "</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+            ),
+            ToolCallFormat::Gemma4 => {
+                let mut rules = Vec::new();
+                let args = gemma4_fields(params, &mut rules, 0);
+                nested_call(
+                    &format!("<|tool_call>call:{name}{{"),
+                    &args,
+                    "}<tool_call|>",
+                    rules,
+                )
+            }
+            ToolCallFormat::MinimaxM3 => {
+                let mut rules = Vec::new();
+                let args = minimax_m3_fields(params, &mut rules, 0, "\n");
+                nested_call(
+                    &format!("{M3}<tool_call>\n{M3}<invoke name=\"{name}\">\n"),
+                    &args,
+                    &format!("{M3}</invoke>\n{M3}</tool_call>"),
+                    rules,
+                )
+            }
         }
     }
+}
+
+/// MiniMax-M3's marker before every tag of its calls.
+const M3: &str = "]<]minimax[>[";
+
+/// A call of the nested formats: `args` (a Lark expression whose sub-rules are `rules`)
+/// between `begin` and `end`.
+fn nested_call(begin: &str, args: &str, end: &str, rules: Vec<String>) -> String {
+    let start = lark_seq(&[&lark_str(begin), args, &lark_str(end)]);
+    let mut lark = format!("start: {start}\n");
+    for r in rules {
+        lark.push_str(&r);
+        lark.push('\n');
+    }
+    lark
 }
 
 /// A call whose arguments are spelled one by one in `style`, between `begin` and `end`.
@@ -387,6 +500,12 @@ enum Style {
     /// DSML): a string bare under `string="true"`, any other value as JSON under
     /// `string="false"`, which is how the parser tells them apart.
     Dsml,
+    /// `<atem:parameter name="city">Paris</atem:parameter>\n` (Muse), values as in Qwen's.
+    Atem,
+    /// The same with every value as JSON (Muse Glimmer).
+    AtemJson,
+    /// The same in DeepSeek-V4.1's spaced tags, `<｜DSML｜ parameter name="city" …>`.
+    DsmlSpaced,
 }
 
 /// The arguments of a structural tag's `json_schema` content of an XML `style` (what the
@@ -406,6 +525,8 @@ pub(super) fn styled_arguments(
         "minimax_xml" => Style::InvokeXml,
         // DeepSeek-V3.2's and V4's (`<｜DSML｜parameter name="KEY" string="…">`)
         "deepseek_xml" => Style::Dsml,
+        // DeepSeek-V4.1's (`<｜DSML｜ parameter name="KEY" string="…">`)
+        "deepseek_v4_1_xml" => Style::DsmlSpaced,
         _ => return None,
     };
     Some(spelled_arguments(style, params, rules))
@@ -439,8 +560,19 @@ fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> S
                     ),
                     "</｜DSML｜parameter>\n",
                 ),
+                Style::Atem | Style::AtemJson => (
+                    format!("<atem:parameter name=\"{k}\">"),
+                    "</atem:parameter>\n",
+                ),
+                Style::DsmlSpaced => (
+                    format!(
+                        "<｜DSML｜ parameter name=\"{k}\" string=\"{}\">",
+                        is_string(schema)
+                    ),
+                    "</｜DSML｜ parameter>\n",
+                ),
             };
-            let raw_strings = !matches!(style, Style::Pythonic | Style::Gemma);
+            let raw_strings = !matches!(style, Style::Pythonic | Style::Gemma | Style::AtemJson);
             let value = new_rule(value_rule(schema, raw_strings), rules);
             lark_seq(&[&lark_str(&before), &value, &lark_lit(after)])
         })
@@ -451,7 +583,7 @@ fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> S
 
 /// The arguments a call writes, in the schema's order: the required ones, or all of them
 /// when none is required (a call with some arguments reads better than an empty one).
-fn written_args(params: &Value) -> Vec<(String, Value)> {
+pub(super) fn written_args(params: &Value) -> Vec<(String, Value)> {
     let Some(props) = params.get("properties").and_then(Value::as_object) else {
         return Vec::new();
     };
@@ -479,7 +611,7 @@ fn is_string(schema: &Value) -> bool {
 }
 
 /// A value of `schema`: a string bare (`raw_strings`) or any value as JSON.
-fn value_rule(schema: &Value, raw_strings: bool) -> String {
+pub(super) fn value_rule(schema: &Value, raw_strings: bool) -> String {
     if raw_strings && is_string(schema) {
         if let Some(options) = schema.get("enum").and_then(Value::as_array) {
             let alts: Vec<String> = options

@@ -159,7 +159,7 @@ pub(super) fn format_rule(
             if style != "json" {
                 return styled_arguments(style, &schema, rules).ok_or_else(|| {
                     format!(
-                        "json_schema style `{style}` is not supported (json, qwen_xml, glm_xml, minimax_xml and deepseek_xml are)"
+                        "json_schema style `{style}` is not supported (json, qwen_xml, glm_xml, minimax_xml, deepseek_xml and deepseek_v4_1_xml are)"
                     )
                 });
             }

@@ -25,6 +25,7 @@ mod formats;
 mod free_text;
 mod grammar;
 mod lark;
+mod nested;
 mod shaping;
 mod stream;
 #[cfg(test)]

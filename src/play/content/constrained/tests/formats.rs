@@ -18,6 +18,86 @@ fn python_call(body: &str) -> Option<(String, Value)> {
     Some((name.into(), Value::Object(args)))
 }
 
+/// Gemma 4's arguments (`key:value,…` with strings between `<|"|>`, objects `{…}`, lists
+/// `[…]`) as JSON, scalars typed as the frontend types them (bare text read as JSON);
+/// `None` where the text is not that syntax. The rest of the text is returned too.
+fn gemma4_value(t: &str) -> Option<(Value, &str)> {
+    const Q: &str = "<|\"|>";
+    if let Some(rest) = t.strip_prefix(Q) {
+        let (s, rest) = rest.split_once(Q)?;
+        return Some((Value::String(s.into()), rest));
+    }
+    if let Some(mut rest) = t.strip_prefix('{') {
+        let mut obj = serde_json::Map::new();
+        loop {
+            if let Some(after) = rest.strip_prefix('}') {
+                return Some((Value::Object(obj), after));
+            }
+            rest = rest.strip_prefix(',').unwrap_or(rest);
+            let (k, after) = rest.split_once(':')?;
+            let (v, after) = gemma4_value(after)?;
+            obj.insert(k.into(), v);
+            rest = after;
+        }
+    }
+    if let Some(mut rest) = t.strip_prefix('[') {
+        let mut items = Vec::new();
+        loop {
+            if let Some(after) = rest.strip_prefix(']') {
+                return Some((Value::Array(items), after));
+            }
+            rest = rest.strip_prefix(',').unwrap_or(rest);
+            let (v, after) = gemma4_value(rest)?;
+            items.push(v);
+            rest = after;
+        }
+    }
+    let end = t.find([',', '}', ']'])?;
+    Some((serde_json::from_str(&t[..end]).ok()?, &t[end..]))
+}
+
+/// MiniMax-M3's elements (`]<]minimax[>[<k>…]<]minimax[>[</k>`, whitespace between them)
+/// as JSON: an element of `<item>` children a list, of other children an object, else its
+/// text (read as JSON where it is, as the frontend types it by the schema).
+fn m3_elements(mut t: &str) -> Option<Value> {
+    const M3: &str = "]<]minimax[>[";
+    let mut fields = Vec::new();
+    loop {
+        t = t.trim_start();
+        if t.is_empty() {
+            break;
+        }
+        let (name, rest) = t.strip_prefix(M3)?.strip_prefix('<')?.split_once('>')?;
+        let close = format!("{M3}</{name}>");
+        // the matching close: the first one after as many opens of the same name
+        let (mut depth, mut at) = (0, 0);
+        let end = loop {
+            let next_close = rest[at..].find(&close)? + at;
+            let opens = rest[at..next_close]
+                .matches(&format!("{M3}<{name}>"))
+                .count();
+            depth += opens;
+            if depth == 0 {
+                break next_close;
+            }
+            depth -= 1;
+            at = next_close + close.len();
+        };
+        let body = &rest[..end];
+        let value = if body.starts_with(M3) {
+            m3_elements(body)?
+        } else {
+            serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.into()))
+        };
+        fields.push((name.to_string(), value));
+        t = &rest[end + close.len()..];
+    }
+    if !fields.is_empty() && fields.iter().all(|(k, _)| k == "item") {
+        return Some(Value::Array(fields.into_iter().map(|(_, v)| v).collect()));
+    }
+    Some(Value::Object(fields.into_iter().collect()))
+}
+
 /// A call as each format's parser reads it: the tool's name and its arguments.
 fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
     let json_call = |prefix: &str, key: &str, suffix: &str| {
@@ -153,23 +233,23 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
                 pairs(rest, "<parameter name=\"", "\">", "</parameter>")?,
             ))
         }
-        ToolCallFormat::DeepseekV32 | ToolCallFormat::DeepseekV4 => {
-            let block = if format == ToolCallFormat::DeepseekV32 {
-                "function_calls"
-            } else {
-                "tool_calls"
+        ToolCallFormat::DeepseekV32 | ToolCallFormat::DeepseekV4 | ToolCallFormat::DeepseekV41 => {
+            let (block, dsml) = match format {
+                ToolCallFormat::DeepseekV32 => ("function_calls", "｜DSML｜"),
+                ToolCallFormat::DeepseekV4 => ("tool_calls", "｜DSML｜"),
+                _ => ("calls", "｜DSML｜ "),
             };
             let body = t
-                .strip_prefix(&format!("<｜DSML｜{block}>\n<｜DSML｜invoke name=\""))?
-                .strip_suffix(&format!("</｜DSML｜invoke>\n</｜DSML｜{block}>"))?;
+                .strip_prefix(&format!("<{dsml}{block}>\n<{dsml}invoke name=\""))?
+                .strip_suffix(&format!("</{dsml}invoke>\n</{dsml}{block}>"))?;
             let (name, rest) = body.split_once("\">\n")?;
             // the parser's reading: a value under `string="true"` is the string itself,
             // any other is JSON
             let mut args = serde_json::Map::new();
-            for part in rest.split("<｜DSML｜parameter name=\"").skip(1) {
+            for part in rest.split(&format!("<{dsml}parameter name=\"")).skip(1) {
                 let (head, after) = part.split_once('>')?;
                 let (k, flag) = head.split_once("\" string=\"")?;
-                let v = after.split("</｜DSML｜parameter>").next()?;
+                let v = after.split(&format!("</{dsml}parameter>")).next()?;
                 let v = match flag {
                     "true\"" => Value::String(v.into()),
                     _ => serde_json::from_str(v).ok()?,
@@ -194,6 +274,62 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
                     "</steptml:parameter>",
                 )?,
             ))
+        }
+        ToolCallFormat::Muse | ToolCallFormat::MuseGlimmer => {
+            let body = t
+                .strip_prefix(" to=")?
+                .strip_suffix("</atem:invoke>\n</atem:function_calls><|eom|>")?;
+            let (to, rest) =
+                body.split_once("<|message|><atem:function_calls>\n<atem:invoke name=\"")?;
+            let (name, rest) = rest.split_once("\">\n")?;
+            if to != name {
+                return None;
+            }
+            // Muse keeps strings as written; Muse Glimmer reads every value as JSON
+            let mut args = serde_json::Map::new();
+            for part in rest.split("<atem:parameter name=\"").skip(1) {
+                let (k, after) = part.split_once("\">")?;
+                let v = after.split("</atem:parameter>").next()?;
+                let v = match serde_json::from_str(v) {
+                    Ok(Value::String(_)) if format == ToolCallFormat::Muse => {
+                        Value::String(v.into())
+                    }
+                    Ok(v) => v,
+                    Err(_) if format == ToolCallFormat::Muse => Value::String(v.into()),
+                    Err(_) => return None,
+                };
+                args.insert(k.into(), v);
+            }
+            Some((name.into(), Value::Object(args)))
+        }
+        ToolCallFormat::Inkling => json_call(
+            "<|message_model|><|content_invoke_tool_json|>",
+            "args",
+            "<|end_message|>",
+        ),
+        ToolCallFormat::Plamo3 => {
+            let body = t
+                .strip_prefix("<|plamo:begin_tool_requests:plamo|><|plamo:begin_tool_request:plamo|><|plamo:begin_tool_name:plamo|>")?
+                .strip_suffix("<|plamo:end_tool_arguments:plamo|><|plamo:end_tool_request:plamo|><|plamo:end_tool_requests:plamo|>")?;
+            let (name, args) = body.split_once(
+                "<|plamo:end_tool_name:plamo|><|plamo:begin_tool_arguments:plamo|><|plamo:constrain|>json<|plamo:msg|>",
+            )?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
+        ToolCallFormat::MinimaxM3 => {
+            let body = t
+                .strip_prefix("]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"")?
+                .strip_suffix("]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>")?;
+            let (name, rest) = body.split_once("\">\n")?;
+            Some((name.into(), m3_elements(rest)?))
+        }
+        ToolCallFormat::Gemma4 => {
+            let body = t
+                .strip_prefix("<|tool_call>call:")?
+                .strip_suffix("<tool_call|>")?;
+            let (name, rest) = body.split_at(body.find('{')?);
+            let (args, rest) = gemma4_value(rest)?;
+            rest.is_empty().then(|| (name.into(), args))
         }
         ToolCallFormat::Glm45 => {
             let body = t
@@ -242,10 +378,52 @@ fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
         ("ernie45", ToolCallFormat::Hermes),
         ("step3p5", ToolCallFormat::Qwen3Coder),
         ("step5", ToolCallFormat::Qwen3Coder),
+        ("ling3", ToolCallFormat::Glm45),
+        ("poolside_v1", ToolCallFormat::Glm45),
+        ("musespark1x", ToolCallFormat::Muse),
     ] {
         assert_eq!(ToolCallFormat::from_parser(alias), Some(format), "{alias}");
     }
     assert_eq!(ToolCallFormat::from_parser("kimi_k3"), None);
+}
+
+#[test]
+fn gemma4_and_minimax_m3_calls_nest_objects_and_lists_in_their_own_syntax() {
+    let tools = PromptTools {
+        tools: vec![Tool {
+            name: "plan".into(),
+            parameters: json!({"type": "object", "properties": {
+                "trip": {"type": "object", "properties": {
+                    "city": {"type": "string"}, "nights": {"type": "integer"},
+                    "stops": {"type": "array", "items": {"type": "string"}}},
+                    "required": ["city", "nights", "stops"]},
+                "fast": {"type": "boolean"},
+                "unit": {"type": "string", "enum": ["C", "F"]}},
+                "required": ["trip", "fast", "unit"]}),
+        }],
+        after_tool_result: false,
+    };
+    for (format, seed) in [ToolCallFormat::Gemma4, ToolCallFormat::MinimaxM3]
+        .into_iter()
+        .flat_map(|f| (0..4).map(move |seed| (f, seed)))
+    {
+        let calls = ToolCalls { rate: 1.0, format };
+        let (t, end) = run(calls.decide(&tools, seed).unwrap(), "g", 600);
+        assert_eq!(end, End::Eos, "{t}");
+        let (name, args) = read_call(format, &t).unwrap_or_else(|| panic!("{t}"));
+        assert_eq!(name, "plan");
+        let trip = &args["trip"];
+        assert!(
+            trip["city"].is_string()
+                && trip["nights"].is_i64()
+                && trip["stops"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().all(Value::is_string))
+                && args["fast"].is_boolean()
+                && ["C", "F"].contains(&args["unit"].as_str().unwrap_or("")),
+            "{args} from {t}"
+        );
+    }
 }
 
 #[test]
@@ -271,6 +449,12 @@ fn xml_styled_arguments_of_a_required_call_are_spelled_per_parameter() {
             "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n",
             "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
         ),
+        // DeepSeek-V4.1's tag: spaced DSML parameters inside its `invoke`
+        (
+            "deepseek_v4_1_xml",
+            "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n",
+            "</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+        ),
         // MiniMax-M2's tag: `<invoke …>` inside its `<minimax:tool_call>` trigger
         (
             "minimax_xml",
@@ -289,6 +473,7 @@ fn xml_styled_arguments_of_a_required_call_are_spelled_per_parameter() {
             "qwen_xml" => ToolCallFormat::Qwen3Xml,
             "minimax_xml" => ToolCallFormat::MinimaxM2,
             "deepseek_xml" => ToolCallFormat::DeepseekV32,
+            "deepseek_v4_1_xml" => ToolCallFormat::DeepseekV41,
             _ => ToolCallFormat::Glm45,
         };
         let t = t
