@@ -197,3 +197,56 @@ pub(super) fn compact(schema: Value, whitespace_pattern: Option<&str>) -> Value 
     }
     schema
 }
+
+/// The arguments a call writes, in the schema's order: the required ones, or all of them
+/// when none is required (a call with some arguments reads better than an empty one).
+pub(super) fn written_args(params: &Value) -> Vec<(String, Value)> {
+    let Some(props) = params.get("properties").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    let required: Vec<&str> = params
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    props
+        .iter()
+        .filter(|(k, _)| required.is_empty() || required.contains(&k.as_str()))
+        // a name a format cannot spell (quotes, `=` or `>`) is left out
+        .filter(|(k, _)| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_alphanumeric() || c == '_' || c == '-' || c == '.')
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Whether `schema` is a string's (the styles with bare strings write its values bare).
+pub(super) fn is_string(schema: &Value) -> bool {
+    schema.get("type").and_then(Value::as_str) == Some("string")
+}
+
+/// A value of `schema`: a string bare (`raw_strings`) or any value as JSON.
+pub(super) fn value_rule(schema: &Value, raw_strings: bool) -> String {
+    if raw_strings && is_string(schema) {
+        if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+            let alts: Vec<String> = options
+                .iter()
+                .filter_map(Value::as_str)
+                .map(lark_str)
+                .collect();
+            if !alts.is_empty() {
+                return alts.join(" | ");
+            }
+        }
+        // a few words, no markup: what a model writes for a city or a query
+        return format!("/{}/", lark_regex("[A-Za-z][A-Za-z ]{0,40}[A-Za-z]"));
+    }
+    let schema = if schema.is_object() {
+        schema.clone()
+    } else {
+        json!({})
+    };
+    format!("%json {}", schema_text(&schema))
+}

@@ -5,8 +5,7 @@
 
 use serde_json::{Value, json};
 
-use super::formats::{value_rule, written_args};
-use super::lark::{lark_seq, lark_str, new_rule, schema_text};
+use super::lark::{lark_seq, lark_str, new_rule, schema_text, value_rule, written_args};
 
 /// Gemma 4's string delimiter (one token of its vocabulary).
 const GEMMA4_QUOTE: &str = "<|\"|>";

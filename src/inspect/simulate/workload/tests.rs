@@ -1,0 +1,216 @@
+//! Workload tests: synthesized prompts, turns of a conversation, a closed loop's
+//! turnaround and ramp, prefix caching read from a capture.
+
+use super::*;
+
+fn workload(records: &[(f64, u32, &[u64], Option<f64>)], bs: usize) -> Workload {
+    let mut hashes = Vec::new();
+    let reqs = records
+        .iter()
+        .map(|(a, p, h, e2e)| {
+            let start = hashes.len() as u32;
+            hashes.extend_from_slice(h);
+            Planned {
+                arrival_ms: Some(*a),
+                sent_ms: None,
+                prompt_tokens: *p,
+                output_tokens: 4,
+                e2e_ms: *e2e,
+                ttft_ms: None,
+                concurrency: None,
+                source: 0,
+                hashes: (start, h.len() as u32),
+            }
+        })
+        .collect();
+    Workload {
+        meta: TraceMeta::default(),
+        trace_block_size: bs,
+        reqs,
+        hashes,
+        records_in_trace: records.len() as u64,
+        without_arrival: 0,
+        cached_tokens: None,
+    }
+}
+
+#[test]
+fn shared_hashes_give_shared_blocks_and_the_rest_is_unique() {
+    let w = workload(
+        &[
+            (0.0, 10, &[7, 8], None),
+            (1.0, 9, &[7, 9], None),
+            (2.0, 10, &[7, 8], None),
+        ],
+        4,
+    );
+    let p: Vec<Vec<u32>> = (0..3).map(|i| w.prompt(i, 3..259, false)).collect();
+    assert_eq!(p[0].len(), 10);
+    assert_eq!(p[0][..4], p[1][..4], "hash 7 is one block");
+    assert_ne!(p[0][4..8], p[1][4..8], "hashes 8 and 9 differ");
+    assert_eq!(p[0][..8], p[2][..8], "the same chain");
+    assert_ne!(
+        p[0][8..],
+        p[2][8..],
+        "the partial tail is the request's own"
+    );
+    assert!(p.iter().flatten().all(|t| (3..259).contains(t)));
+    let cold: Vec<Vec<u32>> = (0..3).map(|i| w.prompt(i, 3..259, true)).collect();
+    assert_ne!(cold[0][..4], cold[1][..4]);
+    assert_ne!(cold[0][..4], cold[2][..4]);
+    assert_eq!(w.prompt(1, 3..259, false), p[1], "deterministic");
+}
+
+#[test]
+fn synthesized_ids_stay_in_the_vocabulary_range() {
+    // four ids a draw (with a tail of 1–3), and one a draw past 2^16 ids
+    for n in [1, 3, 4, 7, 512] {
+        let mut out = Vec::new();
+        fill_block(&mut out, SplitMix64(n as u64), 3, 256, n);
+        assert_eq!(out.len(), n);
+        assert!(out.iter().all(|t| (3..259).contains(t)));
+        let mut wide = Vec::new();
+        fill_block(&mut wide, SplitMix64(n as u64), 3, 150_000, n);
+        assert!(wide.iter().all(|t| (3..150_003).contains(t)));
+    }
+    let mut out = Vec::new();
+    fill_block(&mut out, SplitMix64(1), 0, 4, 4096);
+    assert!(
+        (0..4).all(|id| out.contains(&id)),
+        "every id of the range is drawn"
+    );
+}
+
+#[test]
+fn a_turn_continues_the_longest_latest_chain_it_extends() {
+    // block size 4: a record's chain is the hashes of its complete blocks
+    let w = workload(
+        &[
+            (0.0, 8, &[1, 2], Some(100.0)),         // 0: chain [1,2]
+            (50.0, 8, &[1, 3], Some(10.0)),         // 1: shares block 1 only: a root
+            (300.0, 14, &[1, 2, 4, 5], Some(40.0)), // 2: chain [1,2,4] (5 is partial)
+            (400.0, 9, &[1, 2, 4], None),           // 3: chain [1,2] (4 is partial)
+            (500.0, 16, &[1, 2, 4, 6], Some(1.0)),  // 4: chain [1,2,4,6]
+            (600.0, 3, &[], None),                  // 5: no hashes
+            (700.0, 8, &[1, 2], None),              // 6: chain [1,2], like 0 and 3
+        ],
+        4,
+    );
+    let t = w.sessions();
+    let ms = |x: f64| Duration::from_secs_f64(x / 1000.0);
+    assert_eq!(t[0], Turn::Root);
+    assert_eq!(t[1], Turn::Root);
+    // 300 − (0 + 100)
+    assert_eq!(
+        t[2],
+        Turn::After {
+            parent: 0,
+            gap: ms(200.0)
+        }
+    );
+    // 2's chain [1,2,4] is all of 3's hashes: the longest; 400 − (300 + 40)
+    assert_eq!(
+        t[3],
+        Turn::After {
+            parent: 2,
+            gap: ms(60.0)
+        }
+    );
+    // [1,2,4] (request 2) beats [1,2] (requests 0 and 3)
+    assert_eq!(
+        t[4],
+        Turn::After {
+            parent: 2,
+            gap: ms(160.0)
+        }
+    );
+    assert_eq!(t[5], Turn::Root);
+    // the latest with chain [1,2] is 3, which has no recorded end
+    assert_eq!(t[6], Turn::NotBefore { parent: 3 });
+    let c = Children::of(&t);
+    assert_eq!(c.of_request(0).collect::<Vec<_>>(), vec![2]);
+    assert_eq!(c.of_request(2).collect::<Vec<_>>(), vec![3, 4]);
+    assert_eq!(c.of_request(3).collect::<Vec<_>>(), vec![6]);
+    assert_eq!(c.of_request(1).count(), 0);
+
+    // 6 repeats 0's chain [1,2] under 3 (whose chain is [1,2] too): no new turn
+    assert_eq!(w.turn_numbers(&t), vec![1, 1, 2, 2, 3, 1, 2]);
+    // sessions: 0 → 2 → {3 → 6, 4}; 1 and 5 alone
+    let g = Sessions::of(&t);
+    assert_eq!(g.roots, vec![0, 1, 5]);
+    assert_eq!(g.root_of, vec![0, 1, 0, 0, 0, 5, 0]);
+    assert_eq!((g.size[0], g.size[1], g.size[5], g.size[2]), (5, 1, 1, 0));
+    // session 0 spans 0..501 (request 4 ends at 501, 2 at 340, 3 and 6 untimed),
+    // session 1 50..60: two at once
+    assert_eq!(g.captured_concurrency(&w), Some(2));
+}
+
+#[test]
+fn a_closed_loops_turnaround_is_the_median_gap_from_a_finish_to_the_next_send_plus_intake() {
+    // two in flight, each 10 ms long; the engine queued each send 1 ms after it
+    let records: Vec<(f64, u32, &[u64], Option<f64>)> = [0.0, 0.0, 13.0, 14.0, 28.0, 29.0]
+        .iter()
+        .map(|&a| (a, 8, &[][..], Some(10.0)))
+        .collect();
+    let mut w = workload(&records, 4);
+    assert_eq!(w.turnaround_ms(2), None, "no sends recorded");
+    for p in &mut w.reqs {
+        p.sent_ms = p.arrival_ms.map(|a| a - 1.0);
+    }
+    // the first two found an idle engine
+    assert_eq!(w.intake_ms(), Some(1.0));
+    // sends at 12, 13, 27, 28 after ends at 10, 10, 24, 24: gaps 2, 3, 3, 4
+    assert_eq!(w.turnaround_ms(2), Some(3.0 + 1.0));
+}
+
+#[test]
+fn a_ramp_request_queued_as_an_earlier_ones_first_token_came_out_arrives_just_after_it() {
+    // a burst sent at once, which the engine took in two steps
+    let records: Vec<(f64, u32, &[u64], Option<f64>)> = [5.0, 5.0, 40.0]
+        .iter()
+        .map(|&a| (a, 8, &[][..], Some(100.0)))
+        .collect();
+    let mut w = workload(&records, 4);
+    for (p, t) in w.reqs.iter_mut().zip([1.0, 1.5, 2.0]) {
+        p.ttft_ms = Some(35.0);
+        p.sent_ms = Some(t);
+    }
+    assert_eq!(w.ramp_sends(3), vec![Some(5.0), Some(5.0), Some(5.01)]);
+}
+
+#[test]
+fn a_capture_without_cache_hits_despite_shared_blocks_had_no_prefix_caching() {
+    let shared: Vec<(f64, u32, &[u64], Option<f64>)> = (0..6)
+        .map(|i| (f64::from(i), 8, &[1u64, 2][..], Some(1.0)))
+        .collect();
+    let mut w = workload(&shared, 4);
+    assert_eq!(w.sharing_requests(), 5);
+    assert!(
+        !w.captured_without_prefix_caching(),
+        "no cached_tokens field"
+    );
+    w.cached_tokens = Some(0);
+    assert!(w.captured_without_prefix_caching());
+    w.cached_tokens = Some(640);
+    assert!(
+        !w.captured_without_prefix_caching(),
+        "the cache served some"
+    );
+    let firsts = [[1u64], [2], [3], [4], [5], [6]];
+    let distinct: Vec<(f64, u32, &[u64], Option<f64>)> = firsts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (i as f64, 8, &h[..], Some(1.0)))
+        .collect();
+    let mut w = workload(&distinct, 4);
+    w.cached_tokens = Some(0);
+    assert!(!w.captured_without_prefix_caching(), "nothing to share");
+    // prompts of exactly one shared block: vLLM computes the last token, no hit
+    let whole: Vec<(f64, u32, &[u64], Option<f64>)> = (0..6)
+        .map(|i| (f64::from(i), 4, &[1u64][..], Some(1.0)))
+        .collect();
+    let mut w = workload(&whole, 4);
+    w.cached_tokens = Some(0);
+    assert_eq!(w.sharing_requests(), 0);
+    assert!(!w.captured_without_prefix_caching());
+}
