@@ -18,6 +18,7 @@ use super::workload::{Turn, Workload};
 use crate::inspect::progress::Progress;
 use crate::play::config::PlayConfig;
 use crate::play::content::replay::prompt_block_hashes;
+use crate::play::engine::block_hash::hash_u64;
 use crate::play::engine::offline::OfflineDriver;
 use crate::play::engine::sim::SimEngine;
 
@@ -107,8 +108,17 @@ pub fn run_workload(
             }
             let prompt = work.prompt(i, ids.clone(), opts.cold_prompts);
             let req = request(i, prompt, work.reqs[i].output_tokens, line, at);
+            // the engine's hashes of the prompt's blocks, from the memo when it applies;
+            // a cache-following router reads the same chain in its 64-bit form
+            let engine_hashes = prehash.as_mut().map(|p| {
+                let prompt = req.prompt_token_ids.as_deref().unwrap_or_default();
+                p.of(prompt, work.hashes(i))
+            });
             let hashes = if engines > 1 && router.follows_cache() {
-                prompt_block_hashes(&req, block_size)
+                match &engine_hashes {
+                    Some(h) => h.iter().map(hash_u64).collect(),
+                    None => prompt_block_hashes(&req, block_size),
+                }
             } else {
                 Vec::new()
             };
@@ -124,9 +134,7 @@ pub fn run_workload(
             m.load.requests += 1;
             m.load.blocks += added[i];
             m.follower.arrive(i, at, &req);
-            if let Some(p) = prehash.as_mut() {
-                let prompt = req.prompt_token_ids.as_deref().unwrap_or_default();
-                let hashes = p.of(prompt, work.hashes(i));
+            if let Some(hashes) = engine_hashes {
                 m.driver
                     .engine_mut()
                     .offer_prompt_hashes(&req.request_id, hashes);
