@@ -181,6 +181,7 @@ fn report(m: &FittedModel, output: &Path, bytes: usize, secs: f64) -> String {
         (l.per_after_prefill_token_ms, "Σ P·γ^k"),
         (l.new_shape_ms, "[new step size]"),
         (l.after_idle_ms, "[from idle]"),
+        (l.per_first_token_ms, "first tokens"),
     ] {
         if c != 0.0 {
             law += &format!(" + {c}·{what}");

@@ -286,6 +286,36 @@ fn the_wake_up_of_an_idle_engine_is_recovered() {
     );
 }
 
+/// Each request whose prefill completes in a step costs the step 1.5 ms more (its first
+/// token sampled), whatever its length: a step that finishes three prompts of 100 tokens
+/// costs more than one that finishes one of 300. Unchunked prompts of 64–512 tokens at 8
+/// in flight run steps finishing one to several; the fit finds the cost per request, not
+/// per step.
+#[test]
+fn the_cost_of_each_first_token_is_recovered() {
+    let s = Synth {
+        per_first_token_ms: 1.5,
+        requests: 1500,
+        concurrency: 8,
+        prompt: (64, 512),
+        output: (4, 48),
+        budget: 4096,
+        think_ms: 0.0,
+        ..linear_synth()
+    };
+    let (trace, steps) = (
+        tmp("first-token.jsonl.gz"),
+        tmp("first-token-steps.jsonl.gz"),
+    );
+    s.write(&trace, Some(&steps));
+    let model = fit(&[FitInput {
+        trace,
+        steps: Some(steps),
+    }])
+    .unwrap();
+    within("per_first_token_ms", model.law.per_first_token_ms, 1.5, 0.2);
+}
+
 fn assert_recovers(model: &FittedModel, s: &Synth, tol: f64) {
     let l = &model.law;
 

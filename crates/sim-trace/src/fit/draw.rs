@@ -220,6 +220,11 @@ fn features(
         after[1],
         if new_size { 1.0 } else { 0.0 },
         if shape.after_idle { 1.0 } else { 0.0 },
+        shape
+            .prefills
+            .iter()
+            .filter(|c| c.context + c.tokens >= c.uncached_prompt)
+            .count() as f64,
     ]
 }
 
@@ -292,6 +297,7 @@ impl LatencyModel for FittedLatency {
             (l.per_after_prefill_token_ms, "earlier prefill token"),
             (l.new_shape_ms, "new step size"),
             (l.after_idle_ms, "step from idle"),
+            (l.per_first_token_ms, "first token"),
         ] {
             if c != 0.0 {
                 law += &format!(" + {c:.4e}/{what}");

@@ -136,6 +136,7 @@ pub(crate) fn build(
         after_prefill_decay,
         new_shape_ms: coef[9],
         after_idle_ms: coef[10],
+        per_first_token_ms: coef[11],
         floor_ms: sig(floor_ms),
         residual_autocorrelation: sel.rho,
         terms: sel.terms,

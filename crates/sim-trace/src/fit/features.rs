@@ -3,7 +3,7 @@
 
 /// Features of the law, in selection order: when the captures vary two terms only
 /// together, the later one is dropped.
-pub(crate) const NF: usize = 11;
+pub(crate) const NF: usize = 12;
 /// Names of the features, as the model file calls their coefficients.
 pub(crate) const TERMS: [&str; NF] = [
     "step_ms",
@@ -17,6 +17,7 @@ pub(crate) const TERMS: [&str; NF] = [
     "per_after_prefill_token_ms",
     "new_shape_ms",
     "after_idle_ms",
+    "per_first_token_ms",
 ];
 
 /// Which residual distribution an observation belongs to.

@@ -105,6 +105,9 @@ pub struct StepLaw {
     /// Per step the engine starts from idle (nothing running or waiting before it).
     #[serde(default)]
     pub after_idle_ms: f64,
+    /// Per request whose prefill completes in the step (its first token sampled).
+    #[serde(default)]
+    pub per_first_token_ms: f64,
     /// No step is predicted faster than the fastest captured one.
     pub floor_ms: f64,
     /// Lag-1 autocorrelation of the fit's relative residuals in capture order (the
@@ -132,6 +135,7 @@ impl StepLaw {
             self.per_after_prefill_token_ms,
             self.new_shape_ms,
             self.after_idle_ms,
+            self.per_first_token_ms,
         ]
     }
 
@@ -339,6 +343,7 @@ impl FittedModel {
             ),
             ("law.new_shape_ms", l.new_shape_ms),
             ("law.after_idle_ms", l.after_idle_ms),
+            ("law.per_first_token_ms", l.per_first_token_ms),
         ];
         for (name, c) in coefficients {
             if !is_sane_ms(c) {

@@ -123,6 +123,7 @@ fn features(
         after[1] as f32,
         if new_size { 1.0 } else { 0.0 },
         if from_idle { 1.0 } else { 0.0 },
+        s.firsts as f32,
     ]
 }
 
@@ -245,6 +246,7 @@ pub(crate) fn observations(cap: &Capture, decay: f64, out: &mut Vec<Obs>) {
                 0.0,
                 d * g.ctx as f32,
                 d * (burst - 1) as f32,
+                0.0,
                 0.0,
                 0.0,
                 0.0,

@@ -15,7 +15,7 @@ use sim_trace::trace::{ItlCtx, TraceMeta, TraceRecord, TraceWriter};
 
 /// What to simulate. Costs in ms; a step costs
 /// `(step + decode·D + context·ΣC + prefill·P + depth·Q + burst·(T − D) + [a new size]·new_size
-/// + [from idle]·idle_wake) × noise`, the size of a step being P + D.
+/// + [from idle]·idle_wake + first_token·F) × noise`, the size of a step being P + D.
 #[derive(Debug, Clone)]
 pub struct Synth {
     pub requests: usize,
@@ -31,6 +31,8 @@ pub struct Synth {
     pub new_size_ms: f64,
     /// Per step started after the engine sat idle `IDLE_WAKE_MS` or more.
     pub idle_wake_ms: f64,
+    /// Per request whose prefill completes in the step.
+    pub per_first_token_ms: f64,
     /// Multiplicative noise, uniform in `[1 − noise, 1 + noise]`.
     pub noise: f64,
     /// Token budget per step (`max_num_batched_tokens`).
@@ -61,6 +63,7 @@ impl Default for Synth {
             per_burst_token_ms: 0.0,
             new_size_ms: 0.0,
             idle_wake_ms: 0.0,
+            per_first_token_ms: 0.0,
             noise: 0.05,
             budget: 2048,
             prompt: (128, 128),
@@ -208,9 +211,14 @@ impl Synth {
             }
             let new_size = sizes.insert(p as u64 + u64::from(d));
             let from_idle = prev_ts.is_some_and(|p| t - p >= IDLE_WAKE_MS as f64);
+            let completing = chunks
+                .iter()
+                .filter(|&&(i, c)| running[i].computed + c == running[i].prompt)
+                .count();
             let cost = self.step_ms
                 + if new_size { self.new_size_ms } else { 0.0 }
                 + if from_idle { self.idle_wake_ms } else { 0.0 }
+                + self.per_first_token_ms * completing as f64
                 + self.per_decode_ms * f64::from(d)
                 + self.per_context_token_ms * ctx
                 + self.per_prefill_token_ms * p
