@@ -62,6 +62,8 @@ pub struct PlayConfig {
     pub replay: Option<ReplaySetup>,
     /// The latency model fitted to a capture (`--latency-trace`); the knobs otherwise.
     pub model: Option<FittedModel>,
+    /// Multiplier on the model's steps with prefill work ([`EngineArgs::prefill_speed`]).
+    pub prefill_speed: f64,
 }
 
 /// A seconds flag set in code (flags parsed by clap are range-checked already).
@@ -344,6 +346,7 @@ impl PlayConfig {
             max_num_batched_tokens: a.max_num_batched_tokens_or_default(),
             replay,
             model,
+            prefill_speed: a.prefill_speed.unwrap_or(1.0),
         })
     }
 }
@@ -386,7 +389,11 @@ impl PlayConfig {
         cfg.engine_index = u32::from(rank);
         let seed = self.random.seed.wrapping_add(u64::from(rank));
         let latency: Box<dyn LatencyModel> = match &self.model {
-            Some(m) => Box::new(m.clone().latency(seed, self.knobs.time_scale)),
+            Some(m) => Box::new(
+                m.clone()
+                    .latency(seed, self.knobs.time_scale)
+                    .with_prefill_speed(self.prefill_speed),
+            ),
             None => latency::from_knobs(self.knobs, seed),
         };
         cfg.first_token_floor = self.decode_step_floor();

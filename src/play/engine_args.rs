@@ -239,6 +239,12 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 1.0, value_parser = crate::flag_ranges::time_scale)]
     pub time_scale: f64,
 
+    /// A fitted model's steps with prefill work take this many times as long as its law
+    /// says (`calibrate --match-host-speed` sets it from the capture's own steps; not a
+    /// flag).
+    #[arg(skip)]
+    pub prefill_speed: Option<f64>,
+
     /// Tokens per request per output message (vLLM emits one per step; more models
     /// speculative or multi-token steps).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]

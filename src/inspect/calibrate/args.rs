@@ -77,6 +77,16 @@ pub struct CalibrateArgs {
     #[arg(long, requires = "steps")]
     pub match_host_speed: bool,
 
+    /// With --match-host-speed: match the decode-only steps and the steps with prefill
+    /// work apart, each class by the median of its own captured durations over the law.
+    /// A shared host's speed drifts unevenly (between two runs of one workload its
+    /// memory-bound decode steps moved up to 25 % against the law, its compute-bound
+    /// prefills 5–10 %), which one factor turns into a prefill error; two factors also take
+    /// out the model's own prefill-to-decode level for this capture, so the comparison
+    /// judges less of the model.
+    #[arg(long, requires = "match_host_speed")]
+    pub host_speed_per_class: bool,
+
     #[command(flatten, next_help_heading = "Engine (the flags of `play`)")]
     pub engine: EngineArgs,
 }

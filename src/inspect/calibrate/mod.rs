@@ -146,9 +146,9 @@ pub fn run_with(
                 &engine.latency_steps,
             )?
             .context("--steps checks a fitted model: --latency-trace gives none")?;
-            let speed = steps::host_speed(&m, &a.trace, sidecar, a.match_host_speed)?;
-            let scale = if speed.applied { speed.factor } else { 1.0 };
-            let check = steps::check(&m, &a.trace, sidecar, scale, engine.seed)?;
+            let speed = steps::host_speed(&m, &a.trace, sidecar, a.match_host_speed)?
+                .per_class(a.host_speed_per_class);
+            let check = steps::check(&m, &a.trace, sidecar, speed.scale(), engine.seed)?;
             (Some(check), Some(speed))
         }
         None => (None, None),
@@ -156,12 +156,22 @@ pub fn run_with(
     // the model's run only: the knobs are fitted to the capture as it is
     let mut model_engine = engine.clone();
     if let Some(s) = speed.as_ref().filter(|s| s.applied) {
-        model_engine.time_scale = engine.time_scale / s.factor;
-        crate::errln!(
-            "calibrate: host speed: the capture's steps ran {:.3}× the model's law (median over {} steps); the model is scaled by it",
-            s.factor,
-            s.steps
-        );
+        let scale = s.scale();
+        model_engine.time_scale = engine.time_scale / scale.decode;
+        model_engine.prefill_speed = Some(scale.prefill / scale.decode);
+        if s.per_class {
+            crate::errln!(
+                "calibrate: host speed: the capture's decode-only steps ran {:.3}× the model's law, its steps with prefill work {:.3}×; each class of the model's steps is scaled by its own",
+                scale.decode,
+                scale.prefill
+            );
+        } else {
+            crate::errln!(
+                "calibrate: host speed: the capture's steps ran {:.3}× the model's law (median over {} steps); the model is scaled by it",
+                s.factor,
+                s.steps
+            );
+        }
     }
     let ModelRun {
         samples: mod_samples,

@@ -178,6 +178,9 @@ impl Report<'_> {
             "steps": self.steps.map(|(c, p)| steps::json(c, p)),
             "host_speed": self.speed.map(|s| json!({
                 "factor": s.factor, "steps": s.steps, "applied": s.applied,
+                "per_class": s.per_class,
+                "decode": s.decode.map(|(f, n)| json!({"factor": f, "steps": n})),
+                "prefill": s.prefill.map(|(f, n)| json!({"factor": f, "steps": n})),
             })),
             "dump_samples": self.args.dump_samples,
             "preemptions": {
@@ -315,15 +318,23 @@ impl Report<'_> {
             steps::write_text(out, c, p)?;
         }
         if let Some(s) = self.speed {
+            let class = |c: Option<(f64, u64)>| {
+                c.map_or("too few steps".to_string(), |(f, n)| {
+                    format!("{f:.3}× over {n}")
+                })
+            };
             writeln!(
                 out,
-                "host speed: the capture's steps ran {:.3}× the model's law (median over {} steps){}",
+                "host speed: the capture's steps ran {:.3}× the model's law (median over {} steps; decode-only {}, with prefill work {}){}",
                 s.factor,
                 s.steps,
-                if s.applied {
-                    "; the model was scaled by it (--match-host-speed)"
-                } else {
-                    ""
+                class(s.decode),
+                class(s.prefill),
+                match (s.applied, s.per_class) {
+                    (true, false) => "; the model was scaled by it (--match-host-speed)",
+                    (true, true) =>
+                        "; each class of the model's steps was scaled by its own (--host-speed-per-class)",
+                    _ => "",
                 }
             )?;
         }

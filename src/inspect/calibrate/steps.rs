@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use sim_trace::fit::{CHECK_LEVELS, FitInput, FittedModel, StepCheck};
+use sim_trace::fit::{CHECK_LEVELS, ClassScale, FitInput, FittedModel, StepCheck};
 
 use crate::inspect::plot;
 
@@ -21,7 +21,7 @@ pub fn check(
     model: &FittedModel,
     trace: &Path,
     sidecar: &Path,
-    scale: f64,
+    scale: ClassScale,
     seed: u64,
 ) -> Result<StepCheck> {
     let input = FitInput {
@@ -32,12 +32,40 @@ pub fn check(
         .with_context(|| format!("--steps {}: the step-level check", sidecar.display()))
 }
 
-/// The capture's host speed against the model (`sim_trace::fit::host_speed`).
+/// The capture's host speed against the model (`sim_trace::fit::host_speeds`): over
+/// every step, and apart for the decode-only steps and the steps with prefill work.
 pub struct HostSpeed {
     pub factor: f64,
     pub steps: u64,
+    pub decode: Option<(f64, u64)>,
+    pub prefill: Option<(f64, u64)>,
     /// `--match-host-speed`: the model's run was scaled by it.
     pub applied: bool,
+    /// `--host-speed-per-class`: each step class by its own speed.
+    pub per_class: bool,
+}
+
+impl HostSpeed {
+    /// What `--match-host-speed` multiplies the model's durations by, per step class.
+    pub fn scale(&self) -> ClassScale {
+        if !self.applied {
+            return ClassScale::uniform(1.0);
+        }
+        if !self.per_class {
+            return ClassScale::uniform(self.factor);
+        }
+        // a class with too few steps of its own keeps the overall speed
+        ClassScale {
+            decode: self.decode.map_or(self.factor, |d| d.0),
+            prefill: self.prefill.map_or(self.factor, |p| p.0),
+        }
+    }
+
+    /// The same, matched per class or not.
+    pub fn per_class(mut self, on: bool) -> Self {
+        self.per_class = on;
+        self
+    }
 }
 
 /// Measure the host speed of `trace` with its `sidecar` against `model`.
@@ -51,12 +79,15 @@ pub fn host_speed(
         trace: trace.to_path_buf(),
         steps: Some(sidecar.to_path_buf()),
     };
-    let (factor, steps) = sim_trace::fit::host_speed(model, &input)
+    let s = sim_trace::fit::host_speeds(model, &input)
         .with_context(|| format!("--steps {}: the host speed", sidecar.display()))?;
     Ok(HostSpeed {
-        factor,
-        steps,
+        factor: s.all.0,
+        steps: s.all.1,
+        decode: s.decode,
+        prefill: s.prefill,
         applied,
+        per_class: false,
     })
 }
 

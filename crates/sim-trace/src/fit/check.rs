@@ -87,6 +87,24 @@ pub struct StepCheck {
     pub decode_bins: Vec<([u32; 2], ClassCheck)>,
 }
 
+/// Multipliers on a model's durations: the decode-only steps', and the steps with prefill
+/// work.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClassScale {
+    pub decode: f64,
+    pub prefill: f64,
+}
+
+impl ClassScale {
+    /// Every step alike.
+    pub const fn uniform(s: f64) -> Self {
+        Self {
+            decode: s,
+            prefill: s,
+        }
+    }
+}
+
 /// Check `model` against the steps of `input` (a trace with its sidecar: without one, only
 /// the decode gaps of the trace's records are seen), every modelled duration multiplied by
 /// `scale` (1, or the capture's [`host_speed`] to judge the model's shape). Draws are
@@ -94,7 +112,7 @@ pub struct StepCheck {
 pub fn check_steps(
     model: &FittedModel,
     input: &FitInput,
-    scale: f64,
+    scale: ClassScale,
     seed: u64,
 ) -> Result<StepCheck, FitError> {
     let cap = capture::read(input)?;
@@ -110,7 +128,11 @@ pub fn check_steps(
             Kind::Decode { burst, .. } => Some(burst),
             Kind::Prefill { .. } => None,
         };
-        let modelled = scale * model.law.ms(&o.xf()) * model.ratio_of(o.kind, burst, u);
+        let s = match o.kind {
+            Kind::Decode { .. } => scale.decode,
+            Kind::Prefill { .. } => scale.prefill,
+        };
+        let modelled = s * model.law.ms(&o.xf()) * model.ratio_of(o.kind, burst, u);
         let e = by.entry(StepClass::of(o)).or_default();
         e.0.push(f64::from(o.y));
         e.1.push(modelled);
@@ -148,6 +170,40 @@ pub fn host_speed(model: &FittedModel, input: &FitInput) -> Result<(f64, u64), F
     let mut obs = Vec::new();
     observe::observations(&cap, model.law.after_prefill_decay, &mut obs);
     super::estimate::median_speed(&model.law, obs.iter().map(|o| (o.y, o))).ok_or(FitError::NoSteps)
+}
+
+/// A capture's host speed against a model, per step class: [`host_speed`] over every
+/// observation, and apart over the decode-only steps and over the steps with prefill work
+/// (`None` for a class of fewer than [`MIN_CLASS_STEPS`] observations).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostSpeeds {
+    pub all: (f64, u64),
+    pub decode: Option<(f64, u64)>,
+    pub prefill: Option<(f64, u64)>,
+}
+
+/// The fewest observations a step class's own speed rests on.
+pub const MIN_CLASS_STEPS: u64 = 20;
+
+/// [`host_speed`], and the speed of each step class ([`HostSpeeds`]).
+pub fn host_speeds(model: &FittedModel, input: &FitInput) -> Result<HostSpeeds, FitError> {
+    let cap = capture::read(input)?;
+    let mut obs = Vec::new();
+    observe::observations(&cap, model.law.after_prefill_decay, &mut obs);
+    let of = |decode: Option<bool>| {
+        super::estimate::median_speed(
+            &model.law,
+            obs.iter()
+                .filter(|o| decode.is_none_or(|d| matches!(o.kind, Kind::Decode { .. }) == d))
+                .map(|o| (o.y, o)),
+        )
+    };
+    let class = |d| of(Some(d)).filter(|&(_, n)| n >= MIN_CLASS_STEPS);
+    Ok(HostSpeeds {
+        all: of(None).ok_or(FitError::NoSteps)?,
+        decode: class(true),
+        prefill: class(false),
+    })
 }
 
 fn mean(v: &[f64]) -> f64 {

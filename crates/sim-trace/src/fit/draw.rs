@@ -29,6 +29,10 @@ pub struct FittedLatency {
     model: FittedModel,
     rng: u64,
     time_scale: f64,
+    /// Multiplier on the steps with prefill work, beside `time_scale`: 1, or how much
+    /// slower a capture's host ran its prefills than its decodes against the law
+    /// ([`FittedLatency::with_prefill_speed`]).
+    prefill_speed: f64,
     /// Cumulative burst distribution: `burst_cdf[n − 1]` = P(burst ≤ n).
     burst_cdf: Vec<f64>,
     /// The prefills of the steps paced so far, fading.
@@ -76,6 +80,7 @@ impl FittedModel {
                 1.0
             },
             burst_cdf,
+            prefill_speed: 1.0,
         }
     }
 
@@ -229,6 +234,20 @@ fn features(
 }
 
 impl FittedLatency {
+    /// Every step with prefill work takes `factor` times as long (a non-positive or
+    /// non-finite factor counts as 1). A host's speed drifts unevenly: between two runs of
+    /// the same workload the decode-only steps (memory-bound) moved up to 25 % against the
+    /// law where the steps with prefills (compute-bound) moved 5–10 %, so a capture's
+    /// speed is matched per class ([`crate::fit::host_speeds`]).
+    pub fn with_prefill_speed(mut self, factor: f64) -> Self {
+        self.prefill_speed = if factor.is_finite() && factor > 0.0 {
+            factor
+        } else {
+            1.0
+        };
+        self
+    }
+
     /// The model this pacer draws from.
     pub fn model(&self) -> &FittedModel {
         &self.model
@@ -274,7 +293,10 @@ impl LatencyModel for FittedLatency {
             .sizes
             .first(shape.prefill_tokens() + shape.decodes.len() as u64);
         let x = features(shape, tokens, self.after.sums(), new_size);
-        let ms = m.law.ms(&x) * m.ratio(shape, tokens, u);
+        let mut ms = m.law.ms(&x) * m.ratio(shape, tokens, u);
+        if !shape.prefills.is_empty() {
+            ms *= self.prefill_speed;
+        }
         self.after.after_step(shape.prefill_tokens());
         StepTiming {
             duration: crate::latency::duration_from_ms(ms / self.time_scale),

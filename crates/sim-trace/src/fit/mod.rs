@@ -55,7 +55,10 @@ mod regress;
 mod residual;
 
 pub use capture::FitInput;
-pub use check::{CHECK_LEVELS, ClassCheck, StepCheck, StepClass, check_steps, host_speed};
+pub use check::{
+    CHECK_LEVELS, ClassCheck, ClassScale, HostSpeeds, MIN_CLASS_STEPS, StepCheck, StepClass,
+    check_steps, host_speed, host_speeds,
+};
 pub use draw::FittedLatency;
 pub use error::FitError;
 pub use format::{FORMAT, VERSION};

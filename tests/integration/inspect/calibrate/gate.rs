@@ -395,3 +395,67 @@ fn the_step_check_and_the_host_speed_judge_the_model_on_the_captured_steps() {
     let (_, fixed) = pooled(&matched);
     assert!(fixed[0].abs() < 5.0 && fixed[1].abs() < 5.0, "{fixed:?}");
 }
+
+#[test]
+fn a_host_speed_matched_per_class_takes_out_a_drift_of_the_decodes_alone() {
+    let tmp = TestDir::new("a_host_speed_matched_per_class_takes_out_a_drift_of_the_decodes_alone");
+    let (trace, steps) = (cpu_capture("trace.jsonl.gz"), cpu_capture("steps.jsonl.gz"));
+    let model = tmp.path("class-model.json");
+    inspect("fit", &[s(&trace), "--steps", s(&steps), "-o", s(&model)]).run();
+    // a host whose decode steps ran 25 % slower than the fit's and whose prefills did not:
+    // the model's decode terms made 20 % faster, its prefill terms left as fitted
+    let drifted = tmp.path("class-model-decodes-fast.json");
+    let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&model).unwrap()).unwrap();
+    for k in [
+        "step_ms",
+        "per_decode_ms",
+        "per_context_token_ms",
+        "floor_ms",
+    ] {
+        let x = m["law"][k].as_f64().unwrap();
+        m["law"][k] = json!(x * 0.8);
+    }
+    std::fs::write(&drifted, serde_json::to_string(&m).unwrap()).unwrap();
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            s(&trace),
+            "--latency-trace",
+            s(&drifted),
+            "--steps",
+            s(&steps),
+            "--json",
+            "--tolerance",
+            "100000",
+        ];
+        args.extend_from_slice(extra);
+        let (out, _) = texts(&calibrate(&args).output());
+        serde_json::from_str(&out).unwrap()
+    };
+    let class_p50 = |v: &Value, class: &str| -> f64 {
+        let c = v["steps"]["classes"].as_array().unwrap();
+        let c = c.iter().find(|c| c["class"] == class).unwrap();
+        c["delta_pct"][1].as_f64().unwrap()
+    };
+    // the speeds per class tell the drift apart
+    let v = run(&["--match-host-speed", "--host-speed-per-class"]);
+    let hs = &v["host_speed"];
+    let (decode, prefill) = (
+        hs["decode"]["factor"].as_f64().unwrap(),
+        hs["prefill"]["factor"].as_f64().unwrap(),
+    );
+    assert!((1.2..=1.3).contains(&decode), "decode-only speed {hs}");
+    assert!(prefill < decode - 0.1, "the prefills drifted less: {hs}");
+    assert_eq!(hs["per_class"], true);
+    // matched per class, both classes of steps come back to the capture's at the median;
+    // one factor (the decodes', most of the steps) overshoots the prefills
+    let (per_class, one) = (v, run(&["--match-host-speed"]));
+    for class in ["decode-only", "mixed"] {
+        let d = class_p50(&per_class, class);
+        assert!(d.abs() < 5.0, "{class} p50 {d:+.1} % matched per class");
+    }
+    let overshoot = class_p50(&one, "mixed");
+    assert!(
+        overshoot > class_p50(&per_class, "mixed") + 3.0,
+        "one factor for every step: mixed p50 {overshoot:+.1} %"
+    );
+}
