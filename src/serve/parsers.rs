@@ -37,6 +37,8 @@ const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &[
     "functiongemma",
     "plamo3",
     "muse_glimmer",
+    "cohere_command3",
+    "cohere_command4",
 ];
 
 /// vllm-rs's parsers that read a family's calls and thinking together (one name for
@@ -60,7 +62,8 @@ pub(crate) const UNIFIED_PARSERS: &[(&str, &[&str])] = &[
 ];
 
 /// Reasoning parsers vllm-rs (0.33) does not have: the Python frontend's only.
-const PYTHON_ONLY_REASONING_PARSERS: &[&str] = &["olmo3", "plamo3"];
+const PYTHON_ONLY_REASONING_PARSERS: &[&str] =
+    &["olmo3", "plamo3", "cohere_command3", "cohere_command4"];
 
 impl Parsing {
     /// Refuses, before anything starts, the parsers serve chose that vllm-rs cannot run:

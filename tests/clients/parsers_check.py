@@ -7,12 +7,18 @@ reasoning parser reads thinking only when the request turns it on).
 Prints one JSON line per case: the tool calls (name, arguments text) and content the tool
 parser extracts, or the reasoning and content the reasoning parser splits. A parser that
 fails to start or to read prints {"label": ..., "error": ...}.
+
+A parser whose frontend path is a parser of its own family rather than the tool or reasoning
+parser class (Cohere Command's, read by `cohere_melody`; the frontend composes it in
+`ParserManager`) is read through that composed parser's `parse`, as the frontend reads it.
 """
 
 import json
 import sys
 
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.parser.abstract_parser import DelegatingParser
+from vllm.parser.parser_manager import ParserManager
 from vllm.reasoning import ReasoningParserManager
 from vllm.tokenizers import get_tokenizer
 from vllm.tool_parsers import ToolParserManager
@@ -30,7 +36,25 @@ def main() -> None:
                 tools=case["tools"] or None,
                 tool_choice="auto" if case["tools"] else "none",
             )
-            if "tool_parser" in case:
+            composed = ParserManager.get_parser(
+                tool_parser_name=case.get("tool_parser"),
+                reasoning_parser_name=case.get("reasoning_parser"),
+                enable_auto_tools=True,
+            )
+            if composed is not None and composed.parse is not DelegatingParser.parse:
+                kwargs = case.get("chat_template_kwargs") or {}
+                parser = composed(tokenizer, request.tools, chat_template_kwargs=kwargs)
+                reasoning, content, calls = parser.parse(
+                    case["text"], request, enable_auto_tools=True
+                )
+                if "tool_parser" in case:
+                    out["calls"] = [
+                        {"name": c.name, "arguments": c.arguments} for c in calls or []
+                    ]
+                else:
+                    out["reasoning"] = reasoning
+                out["content"] = content
+            elif "tool_parser" in case:
                 cls = ToolParserManager.get_tool_parser(case["tool_parser"])
                 try:
                     # the request's tools as the frontend hands them over: parsers that

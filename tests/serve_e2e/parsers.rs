@@ -48,6 +48,9 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     ("muse_glimmer", false),
     // vllm-rs's gemma4 parser needs its markers as tokens (the marker-token test below)
     ("gemma4", false),
+    // read by `cohere_melody` inside the Python frontend's Cohere Command parser
+    ("cohere_command3", false),
+    ("cohere_command4", false),
 ];
 
 /// Tool parsers that read a format above under another name (`ALIASES` in
@@ -83,6 +86,8 @@ const REASONING_FORMATS: &[&str] = &[
     "plamo3",
     "inkling",
     "muse",
+    "cohere_command3",
+    "cohere_command4",
 ];
 
 fn tools() -> Value {

@@ -588,7 +588,10 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
         }
         let mut cmd = uv_install();
         cmd.args(list);
-        run(cmd, &format!("installing {} beside {package}", list.join(" ")))
+        run(
+            cmd,
+            &format!("installing {} beside {package}", list.join(" ")),
+        )
     };
     if done() {
         // a venv made before a companion was listed gets it alone

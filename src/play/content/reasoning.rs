@@ -103,6 +103,14 @@ pub enum ReasoningFormat {
     /// vocabulary).
     #[value(name = "minimax_m3")]
     MinimaxM3,
+    /// `<|START_THINKING|>…<|END_THINKING|><|START_RESPONSE|>` then the answer (Command A,
+    /// Cohere's `cmd3` rendering).
+    #[value(name = "cohere_command3")]
+    CohereCommand3,
+    /// `<|START_THINKING|>…<|END_THINKING|><|START_TEXT|>` then the answer (Command A
+    /// Reasoning, `cmd4`).
+    #[value(name = "cohere_command4")]
+    CohereCommand4,
 }
 
 /// Parser names that read a format under another name.
@@ -147,6 +155,8 @@ impl ReasoningFormat {
             ReasoningFormat::Inkling => "inkling",
             ReasoningFormat::Muse => "muse",
             ReasoningFormat::MinimaxM3 => "minimax_m3",
+            ReasoningFormat::CohereCommand3 => "cohere_command3",
+            ReasoningFormat::CohereCommand4 => "cohere_command4",
         }
     }
 
@@ -208,6 +218,12 @@ impl ReasoningFormat {
                 "\n<|plamo:end_think:plamo|>",
             )),
             ReasoningFormat::SeedOss => Some(("<seed:think>\n", "\n</seed:think>\n\n")),
+            ReasoningFormat::CohereCommand3 => {
+                Some(("<|START_THINKING|>", "<|END_THINKING|><|START_RESPONSE|>"))
+            }
+            ReasoningFormat::CohereCommand4 => {
+                Some(("<|START_THINKING|>", "<|END_THINKING|><|START_TEXT|>"))
+            }
             ReasoningFormat::HunyuanA13b => Some(("<think>\n", "\n</think>\n<answer>\n")),
             ReasoningFormat::Mistral => Some(("[THINK]", "[/THINK]")),
             ReasoningFormat::Granite => {
@@ -440,6 +456,19 @@ mod tests {
         let body = text.strip_prefix("<think>\n").expect(&text);
         let (_, rest) = body.split_once("\n</think>\n<answer>\n").expect(&text);
         assert_eq!(rest.len(), 50, "{text}");
+        // Cohere Command's closes the block by opening the answer's, in either rendering
+        for (format, answer_tag) in [
+            (ReasoningFormat::CohereCommand3, "<|START_RESPONSE|>"),
+            (ReasoningFormat::CohereCommand4, "<|START_TEXT|>"),
+        ] {
+            // its tags are 52 bytes, a token each: room for them and some thinking
+            let (text, _) = answer(format, 0.5, Some(200));
+            let body = text.strip_prefix("<|START_THINKING|>").expect(&text);
+            let (thinking, rest) = body.split_once("<|END_THINKING|>").expect(&text);
+            let rest = rest.strip_prefix(answer_tag).expect(&text);
+            assert!(!thinking.is_empty() && !rest.contains("<|"), "{text}");
+            assert_eq!(rest.len(), 100, "{text}");
+        }
         let (text, _) = answer(ReasoningFormat::SeedOss, 0.5, Some(100));
         let body = text.strip_prefix("<seed:think>\n").expect(&text);
         assert!(body.contains("\n</seed:think>\n\n"), "{text}");

@@ -157,6 +157,13 @@ pub enum ToolCallFormat {
     /// syntax: strings between `<|"|>`, other scalars bare, objects and lists nested in it.
     #[value(name = "gemma4")]
     Gemma4,
+    /// Command A (Cohere's `cmd3` rendering): `<|START_ACTION|>[\n    {"tool_call_id": "0",`
+    /// ` "tool_name": …, "parameters": {…}}\n]<|END_ACTION|>`, as the model writes its calls.
+    #[value(name = "cohere_command3")]
+    CohereCommand3,
+    /// Command A Reasoning (`cmd4`): the same calls, read by its own parser.
+    #[value(name = "cohere_command4")]
+    CohereCommand4,
 }
 
 /// Parser names that read a format under another name.
@@ -218,6 +225,8 @@ impl ToolCallFormat {
             ToolCallFormat::Inkling => "inkling",
             ToolCallFormat::Muse => "muse",
             ToolCallFormat::MuseGlimmer => "muse_glimmer",
+            ToolCallFormat::CohereCommand3 => "cohere_command3",
+            ToolCallFormat::CohereCommand4 => "cohere_command4",
         }
     }
 
@@ -324,6 +333,13 @@ impl ToolCallFormat {
                 },
                 params,
                 "</atem:invoke>\n</atem:function_calls><|eom|>",
+            ),
+            ToolCallFormat::CohereCommand3 | ToolCallFormat::CohereCommand4 => wrap(
+                format!(
+                    "<|START_ACTION|>[\n    {{\"tool_call_id\": \"0\", \"tool_name\": {}, \"parameters\": ",
+                    serde_json::to_string(name).unwrap_or_default()
+                ),
+                "}\n]<|END_ACTION|>",
             ),
             ToolCallFormat::Inkling => wrap(
                 format!(

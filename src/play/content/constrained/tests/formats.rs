@@ -302,6 +302,19 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
             }
             Some((name.into(), Value::Object(args)))
         }
+        ToolCallFormat::CohereCommand3 | ToolCallFormat::CohereCommand4 => {
+            let body = t
+                .strip_prefix("<|START_ACTION|>")?
+                .strip_suffix("<|END_ACTION|>")?;
+            let calls: Value = serde_json::from_str(body).ok()?;
+            let [call] = calls.as_array()?.as_slice() else {
+                return None;
+            };
+            Some((
+                call["tool_name"].as_str()?.into(),
+                call["parameters"].clone(),
+            ))
+        }
         ToolCallFormat::Inkling => json_call(
             "<|message_model|><|content_invoke_tool_json|>",
             "args",
