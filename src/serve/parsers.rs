@@ -62,8 +62,14 @@ pub(crate) const UNIFIED_PARSERS: &[(&str, &[&str])] = &[
 ];
 
 /// Reasoning parsers vllm-rs (0.33) does not have: the Python frontend's only.
-const PYTHON_ONLY_REASONING_PARSERS: &[&str] =
-    &["olmo3", "plamo3", "cohere_command3", "cohere_command4"];
+const PYTHON_ONLY_REASONING_PARSERS: &[&str] = &[
+    "olmo3",
+    "plamo3",
+    "cohere_command3",
+    "cohere_command4",
+    "minimax_m2_append_think",
+    "k2_horizon",
+];
 
 impl Parsing {
     /// Refuses, before anything starts, the parsers serve chose that vllm-rs cannot run:

@@ -9,8 +9,9 @@ parser extracts, or the reasoning and content the reasoning parser splits. A par
 fails to start or to read prints {"label": ..., "error": ...}.
 
 A parser whose frontend path is a parser of its own family rather than the tool or reasoning
-parser class (Cohere Command's, read by `cohere_melody`; the frontend composes it in
-`ParserManager`) is read through that composed parser's `parse`, as the frontend reads it.
+parser class alone (Cohere Command's, read by `cohere_melody`; Kimi K3's; MiniCPM-V's: the
+frontend composes them in `ParserManager`) is read through that composed parser's `parse`,
+as the frontend reads it.
 """
 
 import json
@@ -41,7 +42,7 @@ def main() -> None:
                 reasoning_parser_name=case.get("reasoning_parser"),
                 enable_auto_tools=True,
             )
-            if composed is not None and composed.parse is not DelegatingParser.parse:
+            if composed is not None and composed.__bases__ != (DelegatingParser,):
                 kwargs = case.get("chat_template_kwargs") or {}
                 parser = composed(tokenizer, request.tools, chat_template_kwargs=kwargs)
                 reasoning, content, calls = parser.parse(

@@ -65,7 +65,12 @@ const TOOL_ALIASES: &[(&str, &str)] = &[
 ];
 
 /// Reasoning parsers that read a format above under another name.
-const REASONING_ALIASES: &[(&str, &str)] = &[("ling3", "glm45"), ("muse_glimmer", "muse")];
+const REASONING_ALIASES: &[(&str, &str)] = &[
+    ("ling3", "glm45"),
+    ("muse_glimmer", "muse"),
+    ("granite_thinking_parser", "nemotron_v3"),
+    ("minicpmv", "qwen3"),
+];
 
 /// The reasoning formats whose Python parsers start with the embedded byte-level
 /// tokenizer (each rides along on a tool format vllm-rs does not parse; vllm-rs's parsers
@@ -88,6 +93,8 @@ const REASONING_FORMATS: &[&str] = &[
     "muse",
     "cohere_command3",
     "cohere_command4",
+    "minimax_m2_append_think",
+    "kimi_k3",
 ];
 
 fn tools() -> Value {
@@ -320,6 +327,17 @@ fn assert_read_back(cases: &[Value], model: &std::path::Path) {
                 &label,
             );
             assert_no_markup(&answer["content"], &label);
+        } else if case["reasoning_parser"] == "minimax_m2_append_think" {
+            // this parser splits nothing: the client gets the whole answer as content,
+            // the thinking block in it whole with the opening tag the model never writes
+            let content = answer["content"].as_str().unwrap_or("");
+            let (thinking, rest) = content.split_once("\n</think>\n\n").unwrap_or(("", ""));
+            assert!(answer["reasoning"].is_null(), "{label}: {answer}");
+            assert!(
+                thinking.len() > 10 && thinking.starts_with("<think>") && rest.trim().len() > 4,
+                "{label}: {answer}"
+            );
+            assert_eq!(content.matches("think>").count(), 2, "{label}: {answer}");
         } else {
             // the thinking is half the answer (120 of 240 tokens, tags included: room for
             // Inkling's 80 bytes of them, one token a byte), the rest is content without the
@@ -508,6 +526,10 @@ const MARKERS: &[&str] = &[
     "<|eot|>",
     "<mm:think>",
     "</mm:think>",
+    // Poolside's reasoning parser (DeepSeek-V3's) looks up its turn's start
+    "<assistant>",
+    "<ifm|think>",
+    "</ifm|think>",
 ];
 
 /// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
@@ -582,6 +604,8 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         ("muse", Some("muse"), true, Some(false)),
         // MiniMax-M3's thinking, read by the Python frontend's parser
         ("minimax_m3", Some("minimax_m3"), false, Some(false)),
+        // and K2 Horizon's
+        ("hunyuan_a13b", Some("k2_horizon"), false, Some(false)),
     ] {
         let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");
@@ -610,13 +634,21 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
             ("step5", "deepseek_r1"),
             ("holo2", "deepseek_r1"),
             ("deepseek_v3", "deepseek_r1"),
+            ("poolside_v1", "deepseek_r1"),
+            ("hy_v3", "deepseek_r1"),
+            ("hy_v4", "deepseek_r1"),
         ],
     );
-    for c in more
-        .iter_mut()
-        .filter(|c| c["reasoning_parser"] == "deepseek_v3")
-    {
-        c["chat_template_kwargs"] = json!({"thinking": true});
+    // Hunyuan V3's parser splits thinking only at a `reasoning_effort` the request names
+    // (its default is `no_think`)
+    for c in &mut more {
+        match c["reasoning_parser"].as_str() {
+            Some("deepseek_v3" | "poolside_v1") => {
+                c["chat_template_kwargs"] = json!({"thinking": true})
+            }
+            Some("hy_v3") => c["chat_template_kwargs"] = json!({"reasoning_effort": "high"}),
+            _ => {}
+        }
     }
     cases.extend(more);
     assert_read_back(&cases, dir.root());

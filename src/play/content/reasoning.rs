@@ -111,6 +111,19 @@ pub enum ReasoningFormat {
     /// Reasoning, `cmd4`).
     #[value(name = "cohere_command4")]
     CohereCommand4,
+    /// `…\n</think>\n\n` then the answer, as MiniMax-M2 writes it (no opening tag): its
+    /// `minimax_m2_append_think` parser splits nothing, it hands the whole answer to the
+    /// client as `content` with `<think>` put back in front.
+    #[value(name = "minimax_m2_append_think")]
+    MinimaxM2AppendThink,
+    /// `<ifm|think>…</ifm|think>` then the answer (K2 Horizon at its default
+    /// `reasoning_effort`, `high`; its parser needs both tags in the vocabulary).
+    #[value(name = "k2_horizon")]
+    K2Horizon,
+    /// Kimi K3's XTML channels: `<|open|>think<|sep|>…<|close|>think<|sep|>` then the
+    /// answer in `<|open|>response<|sep|>…`.
+    #[value(name = "kimi_k3")]
+    KimiK3,
 }
 
 /// Parser names that read a format under another name.
@@ -127,6 +140,16 @@ const ALIASES: &[(&str, ReasoningFormat)] = &[
     ("ling3", ReasoningFormat::Glm45),
     // Muse Glimmer's parser reads Muse Spark's messages
     ("muse_glimmer", ReasoningFormat::Muse),
+    // Granite 4.2's parser is Nemotron 3's; MiniCPM-V's is Qwen3's (its own newline
+    // recovery aside)
+    ("granite_thinking_parser", ReasoningFormat::NemotronV3),
+    ("minicpmv", ReasoningFormat::Qwen3),
+    // Hunyuan's V3 and V4 parsers read `<think>` tags (V3's only at a `reasoning_effort`
+    // other than `no_think`, its default); Poolside's is DeepSeek-V3's, which needs an
+    // `<assistant>` token too
+    ("hy_v3", ReasoningFormat::DeepseekR1),
+    ("hy_v4", ReasoningFormat::DeepseekR1),
+    ("poolside_v1", ReasoningFormat::DeepseekR1),
 ];
 
 impl ReasoningFormat {
@@ -157,6 +180,9 @@ impl ReasoningFormat {
             ReasoningFormat::MinimaxM3 => "minimax_m3",
             ReasoningFormat::CohereCommand3 => "cohere_command3",
             ReasoningFormat::CohereCommand4 => "cohere_command4",
+            ReasoningFormat::MinimaxM2AppendThink => "minimax_m2_append_think",
+            ReasoningFormat::K2Horizon => "k2_horizon",
+            ReasoningFormat::KimiK3 => "kimi_k3",
         }
     }
 
@@ -170,6 +196,7 @@ impl ReasoningFormat {
             ReasoningFormat::Step3 => &["</think>"],
             ReasoningFormat::Olmo3 => &["Ġ</", "</", "think", ">"],
             ReasoningFormat::MinimaxM3 => &["<mm:think>", "</mm:think>"],
+            ReasoningFormat::K2Horizon => &["<ifm|think>", "</ifm|think>"],
             _ => &[],
         }
     }
@@ -203,7 +230,14 @@ impl ReasoningFormat {
             | ReasoningFormat::DeepseekV4
             | ReasoningFormat::Olmo3 => Some(("<think>\n", "\n</think>\n\n")),
             ReasoningFormat::Gemma4 => Some(("<|channel>thought\n", "<channel|>")),
-            ReasoningFormat::Step3 => Some(("", "\n</think>\n\n")),
+            ReasoningFormat::Step3 | ReasoningFormat::MinimaxM2AppendThink => {
+                Some(("", "\n</think>\n\n"))
+            }
+            ReasoningFormat::K2Horizon => Some(("<ifm|think>", "</ifm|think>")),
+            ReasoningFormat::KimiK3 => Some((
+                "<|open|>think<|sep|>",
+                "<|close|>think<|sep|><|open|>response<|sep|>",
+            )),
             ReasoningFormat::MinimaxM3 => Some(("<mm:think>\n", "\n</mm:think>\n\n")),
             ReasoningFormat::Muse => Some((
                 " to=self<|message|>",
@@ -488,9 +522,14 @@ mod tests {
             ("deepseek_v41", ReasoningFormat::DeepseekV4),
             ("ling3", ReasoningFormat::Glm45),
             ("muse_glimmer", ReasoningFormat::Muse),
+            ("granite_thinking_parser", ReasoningFormat::NemotronV3),
+            ("minicpmv", ReasoningFormat::Qwen3),
+            ("hy_v3", ReasoningFormat::DeepseekR1),
+            ("hy_v4", ReasoningFormat::DeepseekR1),
+            ("poolside_v1", ReasoningFormat::DeepseekR1),
         ] {
             assert_eq!(ReasoningFormat::from_parser(alias), Some(f), "{alias}");
         }
-        assert_eq!(ReasoningFormat::from_parser("kimi_k3"), None);
+        assert_eq!(ReasoningFormat::from_parser("openai_gptoss"), None);
     }
 }
