@@ -39,6 +39,8 @@ const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &[
     "muse_glimmer",
     "cohere_command3",
     "cohere_command4",
+    "k2_horizon",
+    "minicpm5",
 ];
 
 /// vllm-rs's parsers that read a family's calls and thinking together (one name for

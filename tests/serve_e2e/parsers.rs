@@ -51,6 +51,9 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     // read by `cohere_melody` inside the Python frontend's Cohere Command parser
     ("cohere_command3", false),
     ("cohere_command4", false),
+    ("kimi_k3", false),
+    ("k2_horizon", false),
+    ("minicpm5", false),
 ];
 
 /// Tool parsers that read a format above under another name (`ALIASES` in
@@ -606,6 +609,9 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         ("minimax_m3", Some("minimax_m3"), false, Some(false)),
         // and K2 Horizon's
         ("hunyuan_a13b", Some("k2_horizon"), false, Some(false)),
+        // Hunyuan's calls, read by the Python frontend's parsers
+        ("hy_v3", None, false, Some(false)),
+        ("hy_v4", None, false, Some(false)),
     ] {
         let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");
