@@ -533,6 +533,12 @@ const MARKERS: &[&str] = &[
     "<assistant>",
     "<ifm|think>",
     "</ifm|think>",
+    // gpt-oss's harmony (its parser reads them as ids of its own vocabulary: the check
+    // re-encodes the text)
+    "<|channel|>",
+    "<|constrain|>",
+    "<|call|>",
+    "<|end|>",
 ];
 
 /// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
@@ -612,6 +618,8 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         // Hunyuan's calls, read by the Python frontend's parsers
         ("hy_v3", None, false, Some(false)),
         ("hy_v4", None, false, Some(false)),
+        // gpt-oss's harmony calls and thinking
+        ("openai", Some("openai_gptoss"), false, Some(false)),
     ] {
         let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");

@@ -124,6 +124,12 @@ pub enum ReasoningFormat {
     /// answer in `<|open|>response<|sep|>…`.
     #[value(name = "kimi_k3")]
     KimiK3,
+    /// gpt-oss's harmony: `<|channel|>analysis<|message|>…<|end|>` then the answer in
+    /// `<|start|>assistant<|channel|>final<|message|>…` (the prompt ends with
+    /// `<|start|>assistant`; the frontend reads it as token ids of gpt-oss's own
+    /// vocabulary).
+    #[value(name = "openai_gptoss")]
+    OpenaiGptoss,
 }
 
 /// Parser names that read a format under another name.
@@ -183,6 +189,7 @@ impl ReasoningFormat {
             ReasoningFormat::MinimaxM2AppendThink => "minimax_m2_append_think",
             ReasoningFormat::K2Horizon => "k2_horizon",
             ReasoningFormat::KimiK3 => "kimi_k3",
+            ReasoningFormat::OpenaiGptoss => "openai_gptoss",
         }
     }
 
@@ -197,6 +204,9 @@ impl ReasoningFormat {
             ReasoningFormat::Olmo3 => &["Ġ</", "</", "think", ">"],
             ReasoningFormat::MinimaxM3 => &["<mm:think>", "</mm:think>"],
             ReasoningFormat::K2Horizon => &["<ifm|think>", "</ifm|think>"],
+            ReasoningFormat::OpenaiGptoss => {
+                &["<|channel|>", "<|message|>", "<|end|>", "<|start|>"]
+            }
             _ => &[],
         }
     }
@@ -234,6 +244,10 @@ impl ReasoningFormat {
                 Some(("", "\n</think>\n\n"))
             }
             ReasoningFormat::K2Horizon => Some(("<ifm|think>", "</ifm|think>")),
+            ReasoningFormat::OpenaiGptoss => Some((
+                "<|channel|>analysis<|message|>",
+                "<|end|><|start|>assistant<|channel|>final<|message|>",
+            )),
             ReasoningFormat::KimiK3 => Some((
                 "<|open|>think<|sep|>",
                 "<|close|>think<|sep|><|open|>response<|sep|>",
@@ -530,6 +544,6 @@ mod tests {
         ] {
             assert_eq!(ReasoningFormat::from_parser(alias), Some(f), "{alias}");
         }
-        assert_eq!(ReasoningFormat::from_parser("openai_gptoss"), None);
+        assert_eq!(ReasoningFormat::from_parser("beam"), None);
     }
 }

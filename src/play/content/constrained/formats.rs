@@ -188,6 +188,12 @@ pub enum ToolCallFormat {
     /// strings bare (its parser reads the block as XML and types values by the schema).
     #[value(name = "minicpm5")]
     Minicpm5,
+    /// gpt-oss's harmony: `<|channel|>commentary to=functions.NAME <|constrain|>json`
+    /// `<|message|>{…}<|call|>` (the prompt ends with `<|start|>assistant`). The frontend
+    /// reads harmony as token ids of gpt-oss's own vocabulary (o200k_harmony), so only a
+    /// model with that tokenizer is read.
+    #[value(name = "openai")]
+    Openai,
 }
 
 /// Parser names that read a format under another name.
@@ -256,6 +262,7 @@ impl ToolCallFormat {
             ToolCallFormat::KimiK3 => "kimi_k3",
             ToolCallFormat::K2Horizon => "k2_horizon",
             ToolCallFormat::Minicpm5 => "minicpm5",
+            ToolCallFormat::Openai => "openai",
         }
     }
 
@@ -272,6 +279,7 @@ impl ToolCallFormat {
                 &["<tool_calls>", "</tool_calls>"]
             }
             ToolCallFormat::Lfm2 => &["<|tool_call_start|>", "<|tool_call_end|>"],
+            ToolCallFormat::Openai => &["<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"],
             _ => &[],
         }
     }
@@ -371,6 +379,10 @@ impl ToolCallFormat {
                     serde_json::to_string(name).unwrap_or_default()
                 ),
                 "}\n]<|END_ACTION|>",
+            ),
+            ToolCallFormat::Openai => wrap(
+                format!("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"),
+                "<|call|>",
             ),
             ToolCallFormat::Inkling => wrap(
                 format!(

@@ -357,6 +357,13 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
             }
             Some((name.into(), Value::Object(args)))
         }
+        ToolCallFormat::Openai => {
+            let body = t
+                .strip_prefix("<|channel|>commentary to=functions.")?
+                .strip_suffix("<|call|>")?;
+            let (name, args) = body.split_once(" <|constrain|>json<|message|>")?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
         ToolCallFormat::CohereCommand3 | ToolCallFormat::CohereCommand4 => {
             let body = t
                 .strip_prefix("<|START_ACTION|>")?
@@ -452,7 +459,7 @@ fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
     ] {
         assert_eq!(ToolCallFormat::from_parser(alias), Some(format), "{alias}");
     }
-    assert_eq!(ToolCallFormat::from_parser("openai"), None);
+    assert_eq!(ToolCallFormat::from_parser("beam"), None);
 }
 
 #[test]
