@@ -539,22 +539,41 @@ const MARKERS: &[&str] = &[
     "<|constrain|>",
     "<|call|>",
     "<|end|>",
+    "<|open|>",
+    "<|close|>",
+    "<|sep|>",
+    "<|end_of_msg|>",
 ];
 
-/// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
+/// A model of one's own whose tokenizer has `markers`: the embedded one with them added
 /// (not special, so answers keep them) after its 259 tokens.
-fn model_with_markers(dir: &TestDir) {
+fn model_with_markers(dir: &TestDir, markers: &[&str]) {
     vllm_vcr::tiny_model::write_to(dir.root()).unwrap();
     let path = dir.path("tokenizer.json");
     let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let added = t["added_tokens"].as_array_mut().unwrap();
     let first = vllm_vcr::tiny_model::TOKENIZER_VOCAB as usize;
-    for (i, m) in MARKERS.iter().enumerate() {
+    for (i, m) in markers.iter().enumerate() {
         added.push(json!({"id": first + i, "content": m, "single_word": false,
             "lstrip": false, "rstrip": false, "normalized": false, "special": false}));
     }
     std::fs::write(&path, t.to_string()).unwrap();
 }
+
+/// The markers vllm-rs's `hy_v3` and `hy_v4` parsers read with.
+const HY_MARKERS: &[&str] = &[
+    "<think>",
+    "</think>",
+    "<tool_calls>",
+    "</tool_calls>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_sep>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+];
 
 /// The embedded model with [`OLMO3_PIECES`] in its vocabulary (a model of its own: beside
 /// the markers, the engine's grammar backend stalled on DeepSeek-V3's calls).
@@ -587,7 +606,7 @@ const OLMO3_PIECES: &[&str] = &["Ġ</", "</", "think"];
 #[test]
 fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
     let dir = TestDir::new("parsers-markers");
-    model_with_markers(&dir);
+    model_with_markers(&dir, MARKERS);
     let model = dir.root().to_str().unwrap();
     let mut cases = Vec::new();
     // (format, reasoning format, whether vllm-rs parses them, whether its tag of `required`
@@ -618,6 +637,9 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         // Hunyuan's calls, read by the Python frontend's parsers
         ("hy_v3", None, false, Some(false)),
         ("hy_v4", None, false, Some(false)),
+        // vllm-rs reads Kimi K3's calls and thinking with one parser; its tag of
+        // `required` holds free text the engine cannot follow yet (not checked)
+        ("kimi_k3", Some("kimi_k3"), true, None),
         // gpt-oss's harmony calls and thinking
         ("openai", Some("openai_gptoss"), false, Some(false)),
     ] {
@@ -666,6 +688,34 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
     }
     cases.extend(more);
     assert_read_back(&cases, dir.root());
+
+    // vllm-rs's Hunyuan parsers read calls and thinking together (the user names both, as
+    // the engine's thinking for them is DeepSeek-R1's text), with their own markers as
+    // tokens (a model of their own: `<tool_call>` as a token is not Hermes's test here)
+    let hy = TestDir::new("parsers-hy");
+    model_with_markers(&hy, HY_MARKERS);
+    let hy_model = hy.root().to_str().unwrap();
+    for name in ["hy_v3", "hy_v4"] {
+        let mut serve = Serve::start(&[
+            "--model",
+            hy_model,
+            "--served-model-name",
+            "tiny",
+            "--tool-call-rate",
+            "1",
+            "--reasoning-share",
+            "0.5",
+            "--",
+            "--tool-call-parser",
+            name,
+            "--reasoning-parser",
+            name,
+        ]);
+        serve.wait_ready();
+        let label = format!("vllm-rs {name} (own model)");
+        assert_parsed_calls(&chat_with_tools(serve.port, "auto", &label), &label);
+        assert_thinking_parsed(serve.port, &label);
+    }
 
     // OLMo 3's thinking parser (the Python frontend's only) with a vocabulary that has the
     // pieces of `</think>` it looks up
