@@ -11,9 +11,11 @@
 //! share, at most half of `max_tokens` so that the calls after it have room
 //! (`constrained/free_text.rs`).
 //!
-//! deepseek_r1's, ernie45's, step3's, mistral's and olmo3's parsers look their tags (`<think>`,
-//! `</think>`, `[THINK]`) up as single tokens of the vocabulary and refuse to start with a
-//! byte-level tokenizer such as the embedded model's ([`ReasoningFormat::needs_tokens`]).
+//! deepseek_r1's, ernie45's, step3's, mistral's, olmo3's, minimax_m3's and k2_horizon's parsers
+//! look their tags (`<think>`, `</think>`, `[THINK]`, …) up as single tokens of the vocabulary
+//! and refuse to start with a byte-level tokenizer such as the embedded model's
+//! ([`ReasoningFormat::needs_tokens`]); gpt-oss's harmony (`openai_gptoss`) is read from the
+//! token ids of gpt-oss's own vocabulary, so only a model with its tokenizer is read.
 
 use std::sync::Arc;
 

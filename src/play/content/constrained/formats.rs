@@ -9,6 +9,8 @@
 //! vocabulary (llama3_json's `<|python_tag|>`, mistral's `[TOOL_CALLS]`, deepseek_v3's
 //! `<｜tool▁calls▁begin｜>`, …: [`ToolCallFormat::needs_tokens`]) and refuse to start with a
 //! byte-level tokenizer such as the embedded model's: they serve a model of your own.
+//! Harmony (`openai`) is read from the token ids of gpt-oss's own vocabulary: only a model
+//! with gpt-oss's tokenizer is read.
 
 use serde_json::Value;
 
