@@ -37,6 +37,10 @@ const PYTHON_ONLY_TOOL_PARSERS: &[&str] = &[
     "functiongemma",
     "plamo3",
     "muse_glimmer",
+    "cohere_command3",
+    "cohere_command4",
+    "k2_horizon",
+    "minicpm5",
 ];
 
 /// vllm-rs's parsers that read a family's calls and thinking together (one name for
@@ -57,10 +61,39 @@ pub(crate) const UNIFIED_PARSERS: &[(&str, &[&str])] = &[
         ],
     ),
     ("muse", &["<|start|>", "<|message|>", "<|eom|>", "<|eot|>"]),
+    (
+        "kimi_k3",
+        &["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"],
+    ),
+    ("hy_v3", HY_TOKENS),
+    ("hy_v4", HY_TOKENS),
+];
+
+/// The markers vllm-rs's Hunyuan parsers were seen to read with (`<tool_call>` is the first
+/// they ask for).
+const HY_TOKENS: &[&str] = &[
+    "<think>",
+    "</think>",
+    "<tool_calls>",
+    "</tool_calls>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_sep>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
 ];
 
 /// Reasoning parsers vllm-rs (0.33) does not have: the Python frontend's only.
-const PYTHON_ONLY_REASONING_PARSERS: &[&str] = &["olmo3", "plamo3"];
+const PYTHON_ONLY_REASONING_PARSERS: &[&str] = &[
+    "olmo3",
+    "plamo3",
+    "cohere_command3",
+    "cohere_command4",
+    "minimax_m2_append_think",
+    "k2_horizon",
+];
 
 impl Parsing {
     /// Refuses, before anything starts, the parsers serve chose that vllm-rs cannot run:
@@ -93,8 +126,14 @@ impl Parsing {
             let as_tools = tool == Some(name);
             let as_reasoning = self.reasoning == Some(name);
             if as_tools && !as_reasoning {
+                // Hunyuan's thinking is DeepSeek-R1's text: the engine's format of that
+                // name is not the parser's, so the user names both parsers
+                let add = match ReasoningFormat::from_parser(name) {
+                    Some(f) if f.parser() == name => format!("add --reasoning-format {name}"),
+                    _ => format!("pass `-- --tool-call-parser {name} --reasoning-parser {name}`"),
+                };
                 bail!(
-                    "vllm-rs reads `{name}` calls only beside its `{name}` reasoning parser: add --reasoning-format {name} (or serve it with --frontend python)"
+                    "vllm-rs reads `{name}` calls only beside its `{name}` reasoning parser: {add} (or serve it with --frontend python)"
                 );
             }
             if as_reasoning && tool.is_some() && !as_tools {
@@ -292,7 +331,7 @@ mod tests {
         assert_eq!(play.reasoning_format, Some(ReasoningFormat::Glm45));
         // a parser the engine has no format for leaves the default
         let mut play = PlayArgs::defaults();
-        choose(&mut play, &user(&["--tool-call-parser", "kimi_k3"]), false).unwrap();
+        choose(&mut play, &user(&["--tool-call-parser", "beam"]), false).unwrap();
         assert_eq!(play.tool_call_format, None);
         // parsing turned off after `--` keeps the engine's formats
         play.tool_call_format = Some(ToolCallFormat::Xlam);
@@ -366,7 +405,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--reasoning-format gemma4"), "{e}");
+        // Kimi K3's calls the same; Hunyuan's thinking has no format of its parser's name
+        // (the engine writes DeepSeek-R1's text), so the user names both parsers
+        play.tool_call_format = Some(ToolCallFormat::KimiK3);
+        let e = choose(&mut play, &[], true)
+            .unwrap()
+            .check_vllm_rs(false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--reasoning-format kimi_k3"), "{e}");
+        play.tool_call_format = Some(ToolCallFormat::HyV3);
+        let e = choose(&mut play, &[], true)
+            .unwrap()
+            .check_vllm_rs(false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--reasoning-parser hy_v3`"), "{e}");
+        play.tool_call_format = None;
+        let both = user(&["--tool-call-parser", "hy_v3", "--reasoning-parser", "hy_v3"]);
+        let p = choose(&mut play, &both, true).unwrap();
+        assert!(p.check_vllm_rs(false).is_ok());
+        assert_eq!(play.tool_call_format, Some(ToolCallFormat::HyV3));
+        assert_eq!(play.reasoning_format, Some(ReasoningFormat::DeepseekR1));
         play.tool_call_format = Some(ToolCallFormat::Glm45);
+        play.reasoning_format = None;
         let off = user(&["--reasoning-parser", "none"]);
         assert!(
             choose(&mut play, &off, false)

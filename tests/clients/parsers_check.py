@@ -7,12 +7,22 @@ reasoning parser reads thinking only when the request turns it on).
 Prints one JSON line per case: the tool calls (name, arguments text) and content the tool
 parser extracts, or the reasoning and content the reasoning parser splits. A parser that
 fails to start or to read prints {"label": ..., "error": ...}.
+
+A parser whose frontend path is a parser of its own family rather than the tool or reasoning
+parser class alone (Cohere Command's, read by `cohere_melody`; Kimi K3's; MiniCPM-V's: the
+frontend composes them in `ParserManager`) is read through that composed parser's `parse`,
+as the frontend reads it. gpt-oss's harmony (`openai` calls, `openai_gptoss` thinking) is read
+from token ids of its own vocabulary (o200k_harmony, which the harmony package ships): the
+ids of the engine's text in it, what a model with gpt-oss's tokenizer would have written.
 """
 
 import json
 import sys
 
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.parser.harmony_utils import get_encoding
+from vllm.parser.abstract_parser import DelegatingParser
+from vllm.parser.parser_manager import ParserManager
 from vllm.reasoning import ReasoningParserManager
 from vllm.tokenizers import get_tokenizer
 from vllm.tool_parsers import ToolParserManager
@@ -30,7 +40,39 @@ def main() -> None:
                 tools=case["tools"] or None,
                 tool_choice="auto" if case["tools"] else "none",
             )
-            if "tool_parser" in case:
+            harmony = case.get("tool_parser") == "openai" or (
+                case.get("reasoning_parser") == "openai_gptoss"
+            )
+            composed = ParserManager.get_parser(
+                tool_parser_name=case.get("tool_parser"),
+                reasoning_parser_name=case.get("reasoning_parser"),
+                enable_auto_tools=True,
+                is_harmony=harmony,
+            )
+            if composed is not None and (
+                harmony or composed.__bases__ != (DelegatingParser,)
+            ):
+                kwargs = case.get("chat_template_kwargs") or {}
+                parser = composed(tokenizer, request.tools, chat_template_kwargs=kwargs)
+                ids = (
+                    get_encoding().encode(case["text"], allowed_special="all")
+                    if harmony
+                    else ()
+                )
+                reasoning, content, calls = parser.parse(
+                    case["text"],
+                    request,
+                    enable_auto_tools=True,
+                    model_output_token_ids=ids,
+                )
+                if "tool_parser" in case:
+                    out["calls"] = [
+                        {"name": c.name, "arguments": c.arguments} for c in calls or []
+                    ]
+                else:
+                    out["reasoning"] = reasoning
+                out["content"] = content
+            elif "tool_parser" in case:
                 cls = ToolParserManager.get_tool_parser(case["tool_parser"])
                 try:
                     # the request's tools as the frontend hands them over: parsers that

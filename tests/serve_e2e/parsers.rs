@@ -48,6 +48,12 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     ("muse_glimmer", false),
     // vllm-rs's gemma4 parser needs its markers as tokens (the marker-token test below)
     ("gemma4", false),
+    // read by `cohere_melody` inside the Python frontend's Cohere Command parser
+    ("cohere_command3", false),
+    ("cohere_command4", false),
+    ("kimi_k3", false),
+    ("k2_horizon", false),
+    ("minicpm5", false),
 ];
 
 /// Tool parsers that read a format above under another name (`ALIASES` in
@@ -62,7 +68,12 @@ const TOOL_ALIASES: &[(&str, &str)] = &[
 ];
 
 /// Reasoning parsers that read a format above under another name.
-const REASONING_ALIASES: &[(&str, &str)] = &[("ling3", "glm45"), ("muse_glimmer", "muse")];
+const REASONING_ALIASES: &[(&str, &str)] = &[
+    ("ling3", "glm45"),
+    ("muse_glimmer", "muse"),
+    ("granite_thinking_parser", "nemotron_v3"),
+    ("minicpmv", "qwen3"),
+];
 
 /// The reasoning formats whose Python parsers start with the embedded byte-level
 /// tokenizer (each rides along on a tool format vllm-rs does not parse; vllm-rs's parsers
@@ -83,6 +94,10 @@ const REASONING_FORMATS: &[&str] = &[
     "plamo3",
     "inkling",
     "muse",
+    "cohere_command3",
+    "cohere_command4",
+    "minimax_m2_append_think",
+    "kimi_k3",
 ];
 
 fn tools() -> Value {
@@ -315,6 +330,17 @@ fn assert_read_back(cases: &[Value], model: &std::path::Path) {
                 &label,
             );
             assert_no_markup(&answer["content"], &label);
+        } else if case["reasoning_parser"] == "minimax_m2_append_think" {
+            // this parser splits nothing: the client gets the whole answer as content,
+            // the thinking block in it whole with the opening tag the model never writes
+            let content = answer["content"].as_str().unwrap_or("");
+            let (thinking, rest) = content.split_once("\n</think>\n\n").unwrap_or(("", ""));
+            assert!(answer["reasoning"].is_null(), "{label}: {answer}");
+            assert!(
+                thinking.len() > 10 && thinking.starts_with("<think>") && rest.trim().len() > 4,
+                "{label}: {answer}"
+            );
+            assert_eq!(content.matches("think>").count(), 2, "{label}: {answer}");
         } else {
             // the thinking is half the answer (120 of 240 tokens, tags included: room for
             // Inkling's 80 bytes of them, one token a byte), the rest is content without the
@@ -503,22 +529,51 @@ const MARKERS: &[&str] = &[
     "<|eot|>",
     "<mm:think>",
     "</mm:think>",
+    // Poolside's reasoning parser (DeepSeek-V3's) looks up its turn's start
+    "<assistant>",
+    "<ifm|think>",
+    "</ifm|think>",
+    // gpt-oss's harmony (its parser reads them as ids of its own vocabulary: the check
+    // re-encodes the text)
+    "<|channel|>",
+    "<|constrain|>",
+    "<|call|>",
+    "<|end|>",
+    "<|open|>",
+    "<|close|>",
+    "<|sep|>",
+    "<|end_of_msg|>",
 ];
 
-/// A model of one's own whose tokenizer has [`MARKERS`]: the embedded one with them added
+/// A model of one's own whose tokenizer has `markers`: the embedded one with them added
 /// (not special, so answers keep them) after its 259 tokens.
-fn model_with_markers(dir: &TestDir) {
+fn model_with_markers(dir: &TestDir, markers: &[&str]) {
     vllm_vcr::tiny_model::write_to(dir.root()).unwrap();
     let path = dir.path("tokenizer.json");
     let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let added = t["added_tokens"].as_array_mut().unwrap();
     let first = vllm_vcr::tiny_model::TOKENIZER_VOCAB as usize;
-    for (i, m) in MARKERS.iter().enumerate() {
+    for (i, m) in markers.iter().enumerate() {
         added.push(json!({"id": first + i, "content": m, "single_word": false,
             "lstrip": false, "rstrip": false, "normalized": false, "special": false}));
     }
     std::fs::write(&path, t.to_string()).unwrap();
 }
+
+/// The markers vllm-rs's `hy_v3` and `hy_v4` parsers read with.
+const HY_MARKERS: &[&str] = &[
+    "<think>",
+    "</think>",
+    "<tool_calls>",
+    "</tool_calls>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_sep>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+];
 
 /// The embedded model with [`OLMO3_PIECES`] in its vocabulary (a model of its own: beside
 /// the markers, the engine's grammar backend stalled on DeepSeek-V3's calls).
@@ -551,7 +606,7 @@ const OLMO3_PIECES: &[&str] = &["Ġ</", "</", "think"];
 #[test]
 fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
     let dir = TestDir::new("parsers-markers");
-    model_with_markers(&dir);
+    model_with_markers(&dir, MARKERS);
     let model = dir.root().to_str().unwrap();
     let mut cases = Vec::new();
     // (format, reasoning format, whether vllm-rs parses them, whether its tag of `required`
@@ -577,6 +632,16 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         ("muse", Some("muse"), true, Some(false)),
         // MiniMax-M3's thinking, read by the Python frontend's parser
         ("minimax_m3", Some("minimax_m3"), false, Some(false)),
+        // and K2 Horizon's
+        ("hunyuan_a13b", Some("k2_horizon"), false, Some(false)),
+        // Hunyuan's calls, read by the Python frontend's parsers
+        ("hy_v3", None, false, Some(false)),
+        ("hy_v4", None, false, Some(false)),
+        // vllm-rs reads Kimi K3's calls and thinking with one parser; its tag of
+        // `required` is refused (see docs/tool-formats.md)
+        ("kimi_k3", Some("kimi_k3"), true, None),
+        // gpt-oss's harmony calls and thinking
+        ("openai", Some("openai_gptoss"), false, Some(false)),
     ] {
         let serve = serve_writing(Some(model), format, reasoning, rs_parses);
         let label = format!("vllm-rs {format} (own model)");
@@ -605,16 +670,54 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
             ("step5", "deepseek_r1"),
             ("holo2", "deepseek_r1"),
             ("deepseek_v3", "deepseek_r1"),
+            ("poolside_v1", "deepseek_r1"),
+            ("hy_v3", "deepseek_r1"),
+            ("hy_v4", "deepseek_r1"),
         ],
     );
-    for c in more
-        .iter_mut()
-        .filter(|c| c["reasoning_parser"] == "deepseek_v3")
-    {
-        c["chat_template_kwargs"] = json!({"thinking": true});
+    // Hunyuan V3's parser splits thinking only at a `reasoning_effort` the request names
+    // (its default is `no_think`)
+    for c in &mut more {
+        match c["reasoning_parser"].as_str() {
+            Some("deepseek_v3" | "poolside_v1") => {
+                c["chat_template_kwargs"] = json!({"thinking": true})
+            }
+            Some("hy_v3") => c["chat_template_kwargs"] = json!({"reasoning_effort": "high"}),
+            _ => {}
+        }
     }
     cases.extend(more);
     assert_read_back(&cases, dir.root());
+
+    // vllm-rs's Hunyuan parsers read calls and thinking together (the user names both, as
+    // the engine's thinking for them is DeepSeek-R1's text), with their own markers as
+    // tokens (a model of their own: `<tool_call>` as a token is not Hermes's test here)
+    let hy = TestDir::new("parsers-hy");
+    model_with_markers(&hy, HY_MARKERS);
+    let hy_model = hy.root().to_str().unwrap();
+    for name in ["hy_v3", "hy_v4"] {
+        let mut serve = Serve::start(&[
+            "--model",
+            hy_model,
+            "--served-model-name",
+            "tiny",
+            "--tool-call-rate",
+            "1",
+            "--reasoning-share",
+            "0.5",
+            "--",
+            "--tool-call-parser",
+            name,
+            "--reasoning-parser",
+            name,
+        ]);
+        serve.wait_ready();
+        let label = format!("vllm-rs {name} (own model)");
+        // its tag of `required` is refused (free text before the end of each value: the
+        // engine does not know where to end it)
+        assert_parsed_calls(&chat_with_tools(serve.port, "auto", &label), &label);
+        assert_thinking_parsed(serve.port, &label);
+    }
 
     // OLMo 3's thinking parser (the Python frontend's only) with a vocabulary that has the
     // pieces of `</think>` it looks up

@@ -509,12 +509,14 @@ pub struct Pins {
     pub ready: fn(&Path) -> bool,
 }
 
-/// Install `package==version` into its venv with uv (idempotent: a stamp marks a finished
-/// install); returns the venv directory.
+/// Install `package==version` and its [`COMPANIONS`] into its venv with uv (idempotent: a
+/// stamp marks a finished install; a companion listed later is added alone); returns the
+/// venv directory.
 pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> Result<PathBuf> {
     let venv = python_venv(cache, package, version);
     let stamp = venv.join(".installed");
-    if stamp.is_file() && (pins.ready)(&venv) {
+    let done = || stamp.is_file() && (pins.ready)(&venv);
+    if done() && missing_companions(&venv, package, version).is_empty() {
         crate::errln!(
             "fetch: {} {}=={}: cached at {}",
             pins.what,
@@ -539,7 +541,8 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
         .with_context(|| format!("opening {}", lock_path.display()))?;
     lock.lock()
         .with_context(|| format!("locking {}", lock_path.display()))?;
-    if stamp.is_file() && (pins.ready)(&venv) {
+    let missing = missing_companions(&venv, package, version);
+    if done() && missing.is_empty() {
         crate::errln!(
             "fetch: {} {}=={}: installed meanwhile at {}",
             pins.what,
@@ -571,6 +574,30 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
         cmd.args(["install", "-q", "--disable-pip-version-check", "uv"]);
         run(cmd, "installing uv from PyPI")?;
     }
+    let uv_install = || {
+        let mut cmd = Command::new(&uv);
+        cmd.env("UV_CACHE_DIR", cache.join("uv"))
+            .args(["pip", "install", "--python"])
+            .arg(venv.join("bin").join("python"))
+            .arg("--compile-bytecode");
+        cmd
+    };
+    let add_companions = |list: &[&str]| {
+        if list.is_empty() {
+            return Ok(());
+        }
+        let mut cmd = uv_install();
+        cmd.args(list);
+        run(
+            cmd,
+            &format!("installing {} beside {package}", list.join(" ")),
+        )
+    };
+    if done() {
+        // a venv made before a companion was listed gets it alone
+        add_companions(&missing)?;
+        return Ok(venv);
+    }
     crate::errln!("fetch: creating the venv {}", venv.display());
     let _ = std::fs::remove_dir_all(&venv);
     let mut cmd = Command::new(python());
@@ -580,14 +607,6 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
     let excludes = pydir.join(format!("{package}-{version}.excludes.txt"));
     std::fs::write(&overrides, pins.overrides)?;
     std::fs::write(&excludes, pins.excludes.join("\n") + "\n")?;
-    let uv_install = || {
-        let mut cmd = Command::new(&uv);
-        cmd.env("UV_CACHE_DIR", cache.join("uv"))
-            .args(["pip", "install", "--python"])
-            .arg(venv.join("bin").join("python"))
-            .arg("--compile-bytecode");
-        cmd
-    };
     if pins.ignore_requires_python {
         let mut cmd = uv_install();
         cmd.args(["--no-deps", "--python-version", "3.14"])
@@ -629,6 +648,7 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
             format!("installing the {} (with and without overrides)", pins.what)
         })?;
     }
+    add_companions(companions(package, version))?;
     if !(pins.ready)(&venv) {
         bail!(
             "the install of {package}=={version} finished but {} lacks what it is for",
@@ -643,6 +663,33 @@ pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> 
         started.elapsed().as_secs_f64()
     );
     Ok(venv)
+}
+
+/// Packages installed into a venv after its package: what the package imports only on
+/// some paths and so does not require. vLLM 0.33's Cohere Command parsers
+/// (`cohere_command3`, `cohere_command4`) import `cohere_melody`.
+const COMPANIONS: &[(&str, &str, &[&str])] = &[("vllm", "0.33.0", &["cohere-melody==0.15.3"])];
+
+fn companions(package: &str, version: &str) -> &'static [&'static str] {
+    COMPANIONS
+        .iter()
+        .find(|(p, v, _)| *p == package && *v == version)
+        .map_or(&[], |(_, _, list)| list)
+}
+
+/// The companions of `package==version` that `venv` lacks (its `NAME-VERSION.dist-info`).
+fn missing_companions(venv: &Path, package: &str, version: &str) -> Vec<&'static str> {
+    let site = site_packages(venv);
+    let has = |pin: &str| {
+        let (name, v) = pin.split_once("==").unwrap_or((pin, ""));
+        let dist = format!("{}-{v}.dist-info", name.replace('-', "_"));
+        site.as_ref().is_some_and(|s| s.join(dist).is_dir())
+    };
+    companions(package, version)
+        .iter()
+        .copied()
+        .filter(|pin| !has(pin))
+        .collect()
 }
 
 /// The `site-packages` of a venv (`lib/python3.X/site-packages`).

@@ -11,9 +11,11 @@
 //! share, at most half of `max_tokens` so that the calls after it have room
 //! (`constrained/free_text.rs`).
 //!
-//! deepseek_r1's, ernie45's, step3's, mistral's and olmo3's parsers look their tags (`<think>`,
-//! `</think>`, `[THINK]`) up as single tokens of the vocabulary and refuse to start with a
-//! byte-level tokenizer such as the embedded model's ([`ReasoningFormat::needs_tokens`]).
+//! deepseek_r1's, ernie45's, step3's, mistral's, olmo3's, minimax_m3's and k2_horizon's parsers
+//! look their tags (`<think>`, `</think>`, `[THINK]`, …) up as single tokens of the vocabulary
+//! and refuse to start with a byte-level tokenizer such as the embedded model's
+//! ([`ReasoningFormat::needs_tokens`]); gpt-oss's harmony (`openai_gptoss`) is read from the
+//! token ids of gpt-oss's own vocabulary, so only a model with its tokenizer is read.
 
 use std::sync::Arc;
 
@@ -103,6 +105,33 @@ pub enum ReasoningFormat {
     /// vocabulary).
     #[value(name = "minimax_m3")]
     MinimaxM3,
+    /// `<|START_THINKING|>…<|END_THINKING|><|START_RESPONSE|>` then the answer (Command A,
+    /// Cohere's `cmd3` rendering).
+    #[value(name = "cohere_command3")]
+    CohereCommand3,
+    /// `<|START_THINKING|>…<|END_THINKING|><|START_TEXT|>` then the answer (Command A
+    /// Reasoning, `cmd4`).
+    #[value(name = "cohere_command4")]
+    CohereCommand4,
+    /// `…\n</think>\n\n` then the answer, as MiniMax-M2 writes it (no opening tag): its
+    /// `minimax_m2_append_think` parser splits nothing, it hands the whole answer to the
+    /// client as `content` with `<think>` put back in front.
+    #[value(name = "minimax_m2_append_think")]
+    MinimaxM2AppendThink,
+    /// `<ifm|think>…</ifm|think>` then the answer (K2 Horizon at its default
+    /// `reasoning_effort`, `high`; its parser needs both tags in the vocabulary).
+    #[value(name = "k2_horizon")]
+    K2Horizon,
+    /// Kimi K3's XTML channels: `<|open|>think<|sep|>…<|close|>think<|sep|>` then the
+    /// answer in `<|open|>response<|sep|>…`.
+    #[value(name = "kimi_k3")]
+    KimiK3,
+    /// gpt-oss's harmony: `<|channel|>analysis<|message|>…<|end|>` then the answer in
+    /// `<|start|>assistant<|channel|>final<|message|>…` (the prompt ends with
+    /// `<|start|>assistant`; the frontend reads it as token ids of gpt-oss's own
+    /// vocabulary).
+    #[value(name = "openai_gptoss")]
+    OpenaiGptoss,
 }
 
 /// Parser names that read a format under another name.
@@ -119,6 +148,16 @@ const ALIASES: &[(&str, ReasoningFormat)] = &[
     ("ling3", ReasoningFormat::Glm45),
     // Muse Glimmer's parser reads Muse Spark's messages
     ("muse_glimmer", ReasoningFormat::Muse),
+    // Granite 4.2's parser is Nemotron 3's; MiniCPM-V's is Qwen3's (its own newline
+    // recovery aside)
+    ("granite_thinking_parser", ReasoningFormat::NemotronV3),
+    ("minicpmv", ReasoningFormat::Qwen3),
+    // Hunyuan's V3 and V4 parsers read `<think>` tags (V3's only at a `reasoning_effort`
+    // other than `no_think`, its default); Poolside's is DeepSeek-V3's, which needs an
+    // `<assistant>` token too
+    ("hy_v3", ReasoningFormat::DeepseekR1),
+    ("hy_v4", ReasoningFormat::DeepseekR1),
+    ("poolside_v1", ReasoningFormat::DeepseekR1),
 ];
 
 impl ReasoningFormat {
@@ -147,6 +186,12 @@ impl ReasoningFormat {
             ReasoningFormat::Inkling => "inkling",
             ReasoningFormat::Muse => "muse",
             ReasoningFormat::MinimaxM3 => "minimax_m3",
+            ReasoningFormat::CohereCommand3 => "cohere_command3",
+            ReasoningFormat::CohereCommand4 => "cohere_command4",
+            ReasoningFormat::MinimaxM2AppendThink => "minimax_m2_append_think",
+            ReasoningFormat::K2Horizon => "k2_horizon",
+            ReasoningFormat::KimiK3 => "kimi_k3",
+            ReasoningFormat::OpenaiGptoss => "openai_gptoss",
         }
     }
 
@@ -160,6 +205,10 @@ impl ReasoningFormat {
             ReasoningFormat::Step3 => &["</think>"],
             ReasoningFormat::Olmo3 => &["Ġ</", "</", "think", ">"],
             ReasoningFormat::MinimaxM3 => &["<mm:think>", "</mm:think>"],
+            ReasoningFormat::K2Horizon => &["<ifm|think>", "</ifm|think>"],
+            ReasoningFormat::OpenaiGptoss => {
+                &["<|channel|>", "<|message|>", "<|end|>", "<|start|>"]
+            }
             _ => &[],
         }
     }
@@ -193,7 +242,18 @@ impl ReasoningFormat {
             | ReasoningFormat::DeepseekV4
             | ReasoningFormat::Olmo3 => Some(("<think>\n", "\n</think>\n\n")),
             ReasoningFormat::Gemma4 => Some(("<|channel>thought\n", "<channel|>")),
-            ReasoningFormat::Step3 => Some(("", "\n</think>\n\n")),
+            ReasoningFormat::Step3 | ReasoningFormat::MinimaxM2AppendThink => {
+                Some(("", "\n</think>\n\n"))
+            }
+            ReasoningFormat::K2Horizon => Some(("<ifm|think>", "</ifm|think>")),
+            ReasoningFormat::OpenaiGptoss => Some((
+                "<|channel|>analysis<|message|>",
+                "<|end|><|start|>assistant<|channel|>final<|message|>",
+            )),
+            ReasoningFormat::KimiK3 => Some((
+                "<|open|>think<|sep|>",
+                "<|close|>think<|sep|><|open|>response<|sep|>",
+            )),
             ReasoningFormat::MinimaxM3 => Some(("<mm:think>\n", "\n</mm:think>\n\n")),
             ReasoningFormat::Muse => Some((
                 " to=self<|message|>",
@@ -208,6 +268,12 @@ impl ReasoningFormat {
                 "\n<|plamo:end_think:plamo|>",
             )),
             ReasoningFormat::SeedOss => Some(("<seed:think>\n", "\n</seed:think>\n\n")),
+            ReasoningFormat::CohereCommand3 => {
+                Some(("<|START_THINKING|>", "<|END_THINKING|><|START_RESPONSE|>"))
+            }
+            ReasoningFormat::CohereCommand4 => {
+                Some(("<|START_THINKING|>", "<|END_THINKING|><|START_TEXT|>"))
+            }
             ReasoningFormat::HunyuanA13b => Some(("<think>\n", "\n</think>\n<answer>\n")),
             ReasoningFormat::Mistral => Some(("[THINK]", "[/THINK]")),
             ReasoningFormat::Granite => {
@@ -440,6 +506,19 @@ mod tests {
         let body = text.strip_prefix("<think>\n").expect(&text);
         let (_, rest) = body.split_once("\n</think>\n<answer>\n").expect(&text);
         assert_eq!(rest.len(), 50, "{text}");
+        // Cohere Command's closes the block by opening the answer's, in either rendering
+        for (format, answer_tag) in [
+            (ReasoningFormat::CohereCommand3, "<|START_RESPONSE|>"),
+            (ReasoningFormat::CohereCommand4, "<|START_TEXT|>"),
+        ] {
+            // its tags are 52 bytes, a token each: room for them and some thinking
+            let (text, _) = answer(format, 0.5, Some(200));
+            let body = text.strip_prefix("<|START_THINKING|>").expect(&text);
+            let (thinking, rest) = body.split_once("<|END_THINKING|>").expect(&text);
+            let rest = rest.strip_prefix(answer_tag).expect(&text);
+            assert!(!thinking.is_empty() && !rest.contains("<|"), "{text}");
+            assert_eq!(rest.len(), 100, "{text}");
+        }
         let (text, _) = answer(ReasoningFormat::SeedOss, 0.5, Some(100));
         let body = text.strip_prefix("<seed:think>\n").expect(&text);
         assert!(body.contains("\n</seed:think>\n\n"), "{text}");
@@ -459,9 +538,14 @@ mod tests {
             ("deepseek_v41", ReasoningFormat::DeepseekV4),
             ("ling3", ReasoningFormat::Glm45),
             ("muse_glimmer", ReasoningFormat::Muse),
+            ("granite_thinking_parser", ReasoningFormat::NemotronV3),
+            ("minicpmv", ReasoningFormat::Qwen3),
+            ("hy_v3", ReasoningFormat::DeepseekR1),
+            ("hy_v4", ReasoningFormat::DeepseekR1),
+            ("poolside_v1", ReasoningFormat::DeepseekR1),
         ] {
             assert_eq!(ReasoningFormat::from_parser(alias), Some(f), "{alias}");
         }
-        assert_eq!(ReasoningFormat::from_parser("kimi_k3"), None);
+        assert_eq!(ReasoningFormat::from_parser("beam"), None);
     }
 }

@@ -9,6 +9,8 @@
 //! vocabulary (llama3_json's `<|python_tag|>`, mistral's `[TOOL_CALLS]`, deepseek_v3's
 //! `<｜tool▁calls▁begin｜>`, …: [`ToolCallFormat::needs_tokens`]) and refuse to start with a
 //! byte-level tokenizer such as the embedded model's: they serve a model of your own.
+//! Harmony (`openai`) is read from the token ids of gpt-oss's own vocabulary: only a model
+//! with gpt-oss's tokenizer is read.
 
 use serde_json::Value;
 
@@ -157,6 +159,43 @@ pub enum ToolCallFormat {
     /// syntax: strings between `<|"|>`, other scalars bare, objects and lists nested in it.
     #[value(name = "gemma4")]
     Gemma4,
+    /// Command A (Cohere's `cmd3` rendering): `<|START_ACTION|>[\n    {"tool_call_id": "0",`
+    /// ` "tool_name": …, "parameters": {…}}\n]<|END_ACTION|>`, as the model writes its calls.
+    #[value(name = "cohere_command3")]
+    CohereCommand3,
+    /// Command A Reasoning (`cmd4`): the same calls, read by its own parser.
+    #[value(name = "cohere_command4")]
+    CohereCommand4,
+    /// Hunyuan V3: `<tool_calls><tool_call>NAME<tool_sep><arg_key>KEY</arg_key>`
+    /// `<arg_value>VALUE</arg_value>…</tool_call></tool_calls>`, strings bare (its parser
+    /// types the values by the schema; it needs `<tool_calls>` and `</tool_calls>` in the
+    /// vocabulary).
+    #[value(name = "hy_v3")]
+    HyV3,
+    /// Hunyuan V4: the same without `<tool_sep>` after the name.
+    #[value(name = "hy_v4")]
+    HyV4,
+    /// Kimi K3's XTML tools channel: `<|open|>tools<|sep|><|open|>call tool="NAME" index="1"`
+    /// `<|sep|><|open|>argument key="KEY" type="TYPE"<|sep|>VALUE<|close|>argument<|sep|>…`
+    /// `<|close|>call<|sep|><|close|>tools<|sep|>`: a string bare under `type="string"`, any
+    /// other value as JSON under its JSON type (`number` for integers, as Kimi K3 writes it).
+    #[value(name = "kimi_k3")]
+    KimiK3,
+    /// K2 Horizon's IFM XML (its default `tool_call_format`): `<ifm|tool_calls><ifm|tool_call>`
+    /// `NAME<ifm|arg_key>KEY</ifm|arg_key><ifm|arg_value>VALUE</ifm|arg_value>…`
+    /// `</ifm|tool_call></ifm|tool_calls>`, strings bare.
+    #[value(name = "k2_horizon")]
+    K2Horizon,
+    /// MiniCPM5's XML: `<function name="NAME"><param name="KEY">VALUE</param>…</function>`,
+    /// strings bare (its parser reads the block as XML and types values by the schema).
+    #[value(name = "minicpm5")]
+    Minicpm5,
+    /// gpt-oss's harmony: `<|channel|>commentary to=functions.NAME <|constrain|>json`
+    /// `<|message|>{…}<|call|>` (the prompt ends with `<|start|>assistant`). The frontend
+    /// reads harmony as token ids of gpt-oss's own vocabulary (o200k_harmony), so only a
+    /// model with that tokenizer is read.
+    #[value(name = "openai")]
+    Openai,
 }
 
 /// Parser names that read a format under another name.
@@ -218,6 +257,14 @@ impl ToolCallFormat {
             ToolCallFormat::Inkling => "inkling",
             ToolCallFormat::Muse => "muse",
             ToolCallFormat::MuseGlimmer => "muse_glimmer",
+            ToolCallFormat::CohereCommand3 => "cohere_command3",
+            ToolCallFormat::CohereCommand4 => "cohere_command4",
+            ToolCallFormat::HyV3 => "hy_v3",
+            ToolCallFormat::HyV4 => "hy_v4",
+            ToolCallFormat::KimiK3 => "kimi_k3",
+            ToolCallFormat::K2Horizon => "k2_horizon",
+            ToolCallFormat::Minicpm5 => "minicpm5",
+            ToolCallFormat::Openai => "openai",
         }
     }
 
@@ -230,8 +277,11 @@ impl ToolCallFormat {
             ToolCallFormat::DeepseekV3 | ToolCallFormat::DeepseekV31 => {
                 &["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"]
             }
-            ToolCallFormat::Jamba => &["<tool_calls>", "</tool_calls>"],
+            ToolCallFormat::Jamba | ToolCallFormat::HyV3 | ToolCallFormat::HyV4 => {
+                &["<tool_calls>", "</tool_calls>"]
+            }
             ToolCallFormat::Lfm2 => &["<|tool_call_start|>", "<|tool_call_end|>"],
+            ToolCallFormat::Openai => &["<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"],
             _ => &[],
         }
     }
@@ -325,6 +375,17 @@ impl ToolCallFormat {
                 params,
                 "</atem:invoke>\n</atem:function_calls><|eom|>",
             ),
+            ToolCallFormat::CohereCommand3 | ToolCallFormat::CohereCommand4 => wrap(
+                format!(
+                    "<|START_ACTION|>[\n    {{\"tool_call_id\": \"0\", \"tool_name\": {}, \"parameters\": ",
+                    serde_json::to_string(name).unwrap_or_default()
+                ),
+                "}\n]<|END_ACTION|>",
+            ),
+            ToolCallFormat::Openai => wrap(
+                format!("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"),
+                "<|call|>",
+            ),
             ToolCallFormat::Inkling => wrap(
                 format!(
                     "<|message_model|><|content_invoke_tool_json|>{}",
@@ -396,6 +457,37 @@ impl ToolCallFormat {
                 Style::StepXml,
                 params,
                 "</steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>",
+            ),
+            ToolCallFormat::HyV3 | ToolCallFormat::HyV4 => spelled(
+                &format!(
+                    "<tool_calls><tool_call>{name}{}",
+                    if self == ToolCallFormat::HyV3 {
+                        "<tool_sep>"
+                    } else {
+                        ""
+                    }
+                ),
+                Style::HyXml,
+                params,
+                "</tool_call></tool_calls>",
+            ),
+            ToolCallFormat::KimiK3 => spelled(
+                &format!("<|open|>tools<|sep|><|open|>call tool=\"{name}\" index=\"1\"<|sep|>"),
+                Style::Xtml,
+                params,
+                "<|close|>call<|sep|><|close|>tools<|sep|>",
+            ),
+            ToolCallFormat::K2Horizon => spelled(
+                &format!("<ifm|tool_calls><ifm|tool_call>{name}"),
+                Style::IfmXml,
+                params,
+                "</ifm|tool_call></ifm|tool_calls>",
+            ),
+            ToolCallFormat::Minicpm5 => spelled(
+                &format!("<function name=\"{name}\">"),
+                Style::ParamXml,
+                params,
+                "</function>",
             ),
             ToolCallFormat::FunctionGemma => spelled(
                 &format!("<start_function_call>call:{name}{{"),
@@ -508,6 +600,17 @@ enum Style {
     AtemJson,
     /// The same in DeepSeek-V4.1's spaced tags, `<｜DSML｜ parameter name="city" …>`.
     DsmlSpaced,
+    /// `<arg_key>city</arg_key><arg_value>Paris</arg_value>` (Hunyuan), values as in
+    /// Qwen's.
+    HyXml,
+    /// `<ifm|arg_key>city</ifm|arg_key><ifm|arg_value>Paris</ifm|arg_value>` (K2 Horizon),
+    /// values as in Qwen's.
+    IfmXml,
+    /// `<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>`
+    /// (Kimi K3): the type tells its parser whether to read the value as JSON.
+    Xtml,
+    /// `<param name="city">Paris</param>` (MiniCPM5), values as in Qwen's.
+    ParamXml,
 }
 
 /// The arguments of a structural tag's `json_schema` content of an XML `style` (what the
@@ -573,6 +676,19 @@ fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> S
                     ),
                     "</｜DSML｜ parameter>\n",
                 ),
+                Style::HyXml => (format!("<arg_key>{k}</arg_key><arg_value>"), "</arg_value>"),
+                Style::IfmXml => (
+                    format!("<ifm|arg_key>{k}</ifm|arg_key><ifm|arg_value>"),
+                    "</ifm|arg_value>",
+                ),
+                Style::Xtml => (
+                    format!(
+                        "<|open|>argument key=\"{k}\" type=\"{}\"<|sep|>",
+                        xtml_type(schema)
+                    ),
+                    "<|close|>argument<|sep|>",
+                ),
+                Style::ParamXml => (format!("<param name=\"{k}\">"), "</param>"),
             };
             let raw_strings = !matches!(style, Style::Pythonic | Style::Gemma | Style::AtemJson);
             let value = new_rule(value_rule(schema, raw_strings), rules);
@@ -581,4 +697,19 @@ fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> S
         .collect();
     let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
     lark_seq(&parts)
+}
+
+/// Kimi K3's `type=` of an argument of `schema`: its JSON type (integers as `number`, as
+/// Kimi K3 writes them); `json` where the schema names none, which its parser reads as
+/// JSON like every type but `string`.
+fn xtml_type(schema: &Value) -> &'static str {
+    match schema.get("type").and_then(Value::as_str) {
+        Some("string") => "string",
+        Some("integer" | "number") => "number",
+        Some("boolean") => "boolean",
+        Some("object") => "object",
+        Some("array") => "array",
+        Some("null") => "null",
+        _ => "json",
+    }
 }

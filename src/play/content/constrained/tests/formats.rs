@@ -302,6 +302,81 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
             }
             Some((name.into(), Value::Object(args)))
         }
+        ToolCallFormat::HyV3 | ToolCallFormat::HyV4 => {
+            let body = t
+                .strip_prefix("<tool_calls><tool_call>")?
+                .strip_suffix("</tool_call></tool_calls>")?;
+            let (name, rest) = if format == ToolCallFormat::HyV3 {
+                body.split_once("<tool_sep>")?
+            } else {
+                body.split_at(body.find("<arg_key>")?)
+            };
+            // (the test takes `<arg_value>` out of every answer before reading it)
+            let args = pairs(rest, "<arg_key>", "</arg_key>", "</arg_value>")?;
+            Some((name.into(), args))
+        }
+        ToolCallFormat::K2Horizon => {
+            let body = t
+                .strip_prefix("<ifm|tool_calls><ifm|tool_call>")?
+                .strip_suffix("</ifm|tool_call></ifm|tool_calls>")?;
+            let (name, rest) = body.split_at(body.find("<ifm|arg_key>")?);
+            let args = pairs(
+                rest,
+                "<ifm|arg_key>",
+                "</ifm|arg_key><ifm|arg_value>",
+                "</ifm|arg_value>",
+            )?;
+            Some((name.into(), args))
+        }
+        ToolCallFormat::Minicpm5 => {
+            let body = t
+                .strip_prefix("<function name=\"")?
+                .strip_suffix("</function>")?;
+            let (name, rest) = body.split_once("\">")?;
+            Some((
+                name.into(),
+                pairs(rest, "<param name=\"", "\">", "</param>")?,
+            ))
+        }
+        ToolCallFormat::KimiK3 => {
+            let body = t
+                .strip_prefix("<|open|>tools<|sep|><|open|>call tool=\"")?
+                .strip_suffix("<|close|>call<|sep|><|close|>tools<|sep|>")?;
+            let (name, rest) = body.split_once("\" index=\"1\"<|sep|>")?;
+            let mut args = serde_json::Map::new();
+            // the type tells the parser how to read the value: raw text or JSON
+            for part in rest.split("<|open|>argument key=\"").skip(1) {
+                let (k, after) = part.split_once("\" type=\"")?;
+                let (ty, after) = after.split_once("\"<|sep|>")?;
+                let v = after.strip_suffix("<|close|>argument<|sep|>")?;
+                let v = match ty {
+                    "string" => Value::String(v.into()),
+                    _ => serde_json::from_str(v).ok()?,
+                };
+                args.insert(k.into(), v);
+            }
+            Some((name.into(), Value::Object(args)))
+        }
+        ToolCallFormat::Openai => {
+            let body = t
+                .strip_prefix("<|channel|>commentary to=functions.")?
+                .strip_suffix("<|call|>")?;
+            let (name, args) = body.split_once(" <|constrain|>json<|message|>")?;
+            Some((name.into(), serde_json::from_str(args).ok()?))
+        }
+        ToolCallFormat::CohereCommand3 | ToolCallFormat::CohereCommand4 => {
+            let body = t
+                .strip_prefix("<|START_ACTION|>")?
+                .strip_suffix("<|END_ACTION|>")?;
+            let calls: Value = serde_json::from_str(body).ok()?;
+            let [call] = calls.as_array()?.as_slice() else {
+                return None;
+            };
+            Some((
+                call["tool_name"].as_str()?.into(),
+                call["parameters"].clone(),
+            ))
+        }
         ToolCallFormat::Inkling => json_call(
             "<|message_model|><|content_invoke_tool_json|>",
             "args",
@@ -384,7 +459,7 @@ fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
     ] {
         assert_eq!(ToolCallFormat::from_parser(alias), Some(format), "{alias}");
     }
-    assert_eq!(ToolCallFormat::from_parser("kimi_k3"), None);
+    assert_eq!(ToolCallFormat::from_parser("beam"), None);
 }
 
 #[test]
