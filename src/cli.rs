@@ -206,8 +206,9 @@ pub fn shutdown_on_signals() -> watch::Receiver<bool> {
             match first {
                 None => {
                     first = Some(std::time::Instant::now());
-                    tracing::info!("signal received: shutting down (again to force)");
+                    // set before it is said: whoever reads the line may rely on it
                     let _ = tx.send(true);
+                    tracing::info!("signal received: shutting down (again to force)");
                 }
                 // a wrapper that forwards SIGINT (`uv run`, many runners) delivers one
                 // Ctrl-C twice within a millisecond: a repeat that close is the same one

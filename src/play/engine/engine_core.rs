@@ -209,6 +209,13 @@ pub async fn run_loop<E: EngineCore, O: Outlet>(
                     // Steps that ended before this input was seen end first, so the engine
                     // sees events in time order (as the offline driver does).
                     fire_due(engine, now, &mut out);
+                    // a shutdown signalled before this input was read comes first: the
+                    // biased select would otherwise admit a request that arrived after it
+                    if !shutdown_seen && *ctl.shutdown.borrow() {
+                        shutdown_seen = true;
+                        engine.begin_shutdown(now, &mut out);
+                        drain_until = Some(now + ctl.shutdown_timeout);
+                    }
                     engine.on_input(m, now, &mut out);
                 }
                 None => {
@@ -483,6 +490,42 @@ mod tests {
         assert_eq!(task.await.unwrap(), LoopExit::DrainTimedOut);
         let last = tokens(&out_rx.recv().await.unwrap());
         assert_eq!(last, ("slow".into(), vec![], Some(FinishReason::Abort)));
+        drop(in_tx);
+    }
+
+    /// A request read after the shutdown was signalled is refused, even when both were
+    /// pending when the loop woke (its select takes inputs first).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_after_the_signal_is_refused_though_both_were_pending() {
+        let (in_tx, mut in_rx) = mpsc::unbounded_channel();
+        let (mut out_tx, mut out_rx) = mpsc::unbounded_channel();
+        let (sd_tx, sd_rx) = watch::channel(false);
+        let mut engine = ConstantEngine {
+            n: 3,
+            gap: Duration::from_millis(5),
+            live: vec![],
+            draining: false,
+        };
+        let task = tokio::spawn(async move {
+            run_loop(
+                &mut engine,
+                &mut in_rx,
+                &mut out_tx,
+                LoopControl {
+                    shutdown: sd_rx,
+                    side: None,
+                    shutdown_timeout: Duration::from_secs(5),
+                },
+            )
+            .await
+        });
+        // the loop waits on both; then the signal, then the request, before it wakes
+        tokio::task::yield_now().await;
+        sd_tx.send(true).unwrap();
+        in_tx.send(add("late")).unwrap();
+        assert_eq!(task.await.unwrap(), LoopExit::Drained);
+        let got = tokens(&out_rx.recv().await.unwrap());
+        assert_eq!(got, ("late".into(), vec![], Some(FinishReason::Abort)));
         drop(in_tx);
     }
 
