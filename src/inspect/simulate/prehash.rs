@@ -13,9 +13,11 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
+use std::ops::Range;
 
 use rustc_hash::FxHasher;
 
+use super::workload::Workload;
 use crate::play::engine::block_hash::{BlockHash, hash_block};
 
 /// Entries per generation (~0.6 MiB each): a memo of twice 16,384 measured as fast on the
@@ -43,9 +45,11 @@ impl PromptHashes {
         }
     }
 
-    /// The engine's hashes of the complete blocks of `prompt`, whose blocks `k < ids.len()`
+    /// The engine's hashes of the complete blocks of `prompt` (a prompt already built),
+    /// whose blocks `k < ids.len()`
     /// are the ones trace id `ids[k]` names (equal ids, equal tokens); the blocks past
     /// them are the request's own and are hashed without the memo.
+    #[cfg(test)]
     pub fn of(&mut self, prompt: &[u32], ids: &[u64]) -> Vec<BlockHash> {
         let bs = self.block_size;
         let full = prompt.len() / bs;
@@ -62,20 +66,80 @@ impl PromptHashes {
         out
     }
 
+    /// Request `i`'s synthesized prompt ([`Workload::prompt`], `vocab` its id range) and
+    /// the engine's hashes of its complete blocks ([`Self::of`]), built together: a block
+    /// whose hash the memo holds is not synthesized when `placeholders` is set, its ids
+    /// left 0. For a driver whose engine reads a prompt's ids only to hash its blocks
+    /// (prompts it is told are synthesized, the random token source, no replay matched by
+    /// prompt): those blocks come hashed, and what the engine hashes itself (blocks past
+    /// the trace's ids, the partial last block with the output after it) is synthesized.
+    /// A conversation turn resends every earlier block; each was drawn once.
+    pub fn prompt_and_hashes(
+        &mut self,
+        work: &Workload,
+        i: usize,
+        vocab: &Range<u32>,
+        placeholders: bool,
+    ) -> (Vec<u32>, Vec<BlockHash>) {
+        let bs = self.block_size;
+        let len = work.reqs[i].prompt_tokens.max(1) as usize;
+        let ids = work.hashes(i);
+        let full = len / bs;
+        let mut prompt: Vec<u32> = Vec::with_capacity(len);
+        let mut out: Vec<BlockHash> = Vec::with_capacity(full);
+        for k in 0..len.div_ceil(bs) {
+            let parent = out.last().copied().unwrap_or(self.root);
+            let id = ids.get(k).filter(|_| k < full);
+            if let Some(&id) = id
+                && let Some(h) = self.remembered(parent, id)
+            {
+                if placeholders {
+                    prompt.resize(prompt.len() + bs, 0);
+                } else {
+                    work.push_block(i, k, vocab, false, &mut prompt);
+                }
+                out.push(h);
+                continue;
+            }
+            work.push_block(i, k, vocab, false, &mut prompt);
+            if k < full {
+                let h = hash_block(&parent, &prompt[k * bs..(k + 1) * bs], &[]);
+                if let Some(&id) = id {
+                    self.remember(parent, id, h);
+                }
+                out.push(h);
+            }
+        }
+        (prompt, out)
+    }
+
+    #[cfg(test)]
     fn memoized(&mut self, parent: BlockHash, id: u64, block: &[u32]) -> BlockHash {
+        if let Some(h) = self.remembered(parent, id) {
+            return h;
+        }
+        let h = hash_block(&parent, block, &[]);
+        self.remember(parent, id, h);
+        h
+    }
+
+    /// The memo's hash of block `id` after `parent`; one found in the older generation
+    /// moves to the younger.
+    fn remembered(&mut self, parent: BlockHash, id: u64) -> Option<BlockHash> {
         let key = (parent, id);
         if let Some(h) = self.young.get(&key) {
-            return *h;
+            return Some(*h);
         }
-        let h = match self.old.remove(&key) {
-            Some(h) => h,
-            None => hash_block(&parent, block, &[]),
-        };
+        let h = self.old.remove(&key)?;
+        self.remember(parent, id, h);
+        Some(h)
+    }
+
+    fn remember(&mut self, parent: BlockHash, id: u64, h: BlockHash) {
         if self.young.len() >= GENERATION {
             self.old = std::mem::take(&mut self.young);
         }
-        self.young.insert(key, h);
-        h
+        self.young.insert((parent, id), h);
     }
 }
 

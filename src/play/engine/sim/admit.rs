@@ -81,7 +81,15 @@ impl SimEngine {
                 "request added"
             );
         }
+        let structured = req
+            .sampling_params
+            .as_ref()
+            .is_some_and(|sp| sp.structured_outputs.is_some());
         let job = if self.cfg.runner == Runner::Pooling {
+            Ok(None)
+        } else if self.synthesized_prompts && !structured {
+            // what `plan` finds for a prompt that declares no tools and asks for no
+            // structure: nothing, so its tokens are not read
             Ok(None)
         } else {
             self.cfg.shaping.plan(&req, self.cfg.seed)
