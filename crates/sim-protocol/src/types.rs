@@ -604,3 +604,20 @@ pub struct EngineCoreOutputs {
 
 /// The raw single frame an engine sends on a fatal error.
 pub const ENGINE_CORE_DEAD: &[u8] = b"ENGINE_CORE_DEAD";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_for_a_request_is_an_empty_output_with_its_id() {
+        let id = RequestId::from("replay-7");
+        assert_eq!(
+            EngineCoreOutput::for_request(id.clone()),
+            EngineCoreOutput {
+                request_id: id,
+                ..Default::default()
+            }
+        );
+    }
+}

@@ -68,9 +68,13 @@ pub fn run_workload(
         })
         .collect();
     // each distinct prompt block hashed once for every engine (same flags, same chain
-    // root), when the trace's blocks are the engine's and the prompts share them
-    let mut prehash = (work.trace_block_size == block_size && !opts.cold_prompts)
-        .then(|| PromptHashes::new(fleet[0].driver.engine_mut().block_hash_root(), block_size));
+    // root) when the trace's blocks are the engine's and the prompts share them; keyed
+    // by trace id when no record carries the hashes (offline engines publish no KV events)
+    let keyed = opts.hash_blocks.is_none();
+    let mut prehash = (work.trace_block_size == block_size && !opts.cold_prompts).then(|| {
+        let root = fleet[0].driver.engine_mut().block_hash_root();
+        PromptHashes::new(root, block_size, keyed)
+    });
     // whether the engines read a prompt's ids only to hash its blocks, so the blocks the
     // memo hashed need no ids: output tokens drawn at random (not echoed), no replay
     // looked up by prompt, no pooling of the prompt

@@ -10,12 +10,25 @@
 //! [`GENERATION`] entries each, the older dropped when the younger fills (a recently used
 //! entry found in the older one moves to the younger), so memory stays flat however long
 //! the trace.
+//!
+//! **Keyed hashes.** Where no one reads the hashes' values — the run writes no records
+//! with block hashes (`--dump-trace`), and an offline engine publishes no KV events — the
+//! prefix cache only compares them: a block named by a trace id is then keyed by a
+//! SHA-256 of its parent's hash and the id ([`keyed`], one compression) instead of vLLM's
+//! hash of its pickled tokens (a 512-token block is ~30 compressions and its pickle). Two
+//! blocks are equal under the key exactly when their synthesized tokens are (same parent,
+//! same id, same ids drawn), so every cache hit, eviction and routing decision is the
+//! same, and no block named by an id needs its tokens at all. The blocks the engine
+//! hashes itself (a request's own blocks, the partial last one with the output after it)
+//! keep vLLM's hash, chained from these.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::ops::Range;
 
 use rustc_hash::FxHasher;
+
+use sha2::{Digest, Sha256};
 
 use super::workload::Workload;
 use crate::play::engine::block_hash::{BlockHash, hash_block};
@@ -30,16 +43,20 @@ type Memo = HashMap<(BlockHash, u64), BlockHash, BuildHasherDefault<FxHasher>>;
 pub struct PromptHashes {
     root: BlockHash,
     block_size: usize,
+    /// Blocks named by a trace id get [`keyed`] hashes (see the module docs).
+    keyed: bool,
     young: Memo,
     old: Memo,
 }
 
 impl PromptHashes {
     /// Chains start at `root` (the engine's `NONE_HASH`), blocks are `block_size` tokens.
-    pub fn new(root: BlockHash, block_size: usize) -> Self {
+    /// `keyed`: no one reads the hashes' values, only compares them (see the module docs).
+    pub fn new(root: BlockHash, block_size: usize, keyed: bool) -> Self {
         Self {
             root,
             block_size: block_size.max(1),
+            keyed,
             young: Memo::default(),
             old: Memo::default(),
         }
@@ -101,6 +118,19 @@ impl PromptHashes {
                 out.push(h);
                 continue;
             }
+            if let Some(&id) = id
+                && self.keyed
+            {
+                let h = keyed(&parent, id);
+                if placeholders {
+                    prompt.resize(prompt.len() + bs, 0);
+                } else {
+                    work.push_block(i, k, vocab, false, &mut prompt);
+                }
+                self.remember(parent, id, h);
+                out.push(h);
+                continue;
+            }
             work.push_block(i, k, vocab, false, &mut prompt);
             if k < full {
                 let h = hash_block(&parent, &prompt[k * bs..(k + 1) * bs], &[]);
@@ -143,6 +173,17 @@ impl PromptHashes {
     }
 }
 
+/// The key of the block trace id `id` names after `parent` (see the module docs): the
+/// SHA-256 of a tag, the parent hash and the id, 48 bytes (one compression). The tag keeps
+/// it apart from any pickle vLLM's hash reads, which opens with PROTO 5 (`80 05`).
+fn keyed(parent: &BlockHash, id: u64) -> BlockHash {
+    let mut h = Sha256::new();
+    h.update(b"vcr-tid\0");
+    h.update(parent);
+    h.update(id.to_le_bytes());
+    h.finalize().into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,7 +202,7 @@ mod tests {
     #[test]
     fn memoized_hashes_are_the_engines_own() {
         let root = default_none_hash();
-        let mut m = PromptHashes::new(root, 4);
+        let mut m = PromptHashes::new(root, 4, false);
         let a: Vec<u32> = (0..10).collect();
         // the same first block under the same id, then another block under another id
         let mut b: Vec<u32> = (0..4).collect();
@@ -183,7 +224,7 @@ mod tests {
     #[test]
     fn the_memo_stays_bounded() {
         let root = default_none_hash();
-        let mut m = PromptHashes::new(root, 1);
+        let mut m = PromptHashes::new(root, 1, false);
         for id in 0..(3 * GENERATION as u64) {
             m.of(&[id as u32], &[id]);
         }
