@@ -504,6 +504,35 @@ pub struct EngineCoreOutput {
     pub error: Option<Box<RequestError>>,
 }
 
+impl EngineCoreOutput {
+    /// An empty output of request `request_id`. `Default` would give it an empty id first
+    /// (a shared one: a reference count taken and dropped, two atomic operations per
+    /// output of the engine's hot loop, 3 % of a simulation).
+    pub fn for_request(request_id: RequestId) -> Self {
+        Self {
+            request_id,
+            new_token_ids: TokenIds::new(),
+            new_logprobs: None,
+            new_prompt_logprobs_tensors: None,
+            pooling_output: None,
+            finish_reason: None,
+            stop_reason: None,
+            events: Vec::new(),
+            kv_transfer_params: None,
+            ec_transfer_params: None,
+            trace_headers: None,
+            prefill_stats: None,
+            routed_experts: None,
+            num_nans_in_logits: 0,
+            mm_cache_miss_hashes: None,
+            new_sampling_mask: None,
+            spec_decode_metrics: None,
+            prompt_token_id_logprobs: None,
+            error: None,
+        }
+    }
+}
+
 /// `PrefixCacheStats` deltas (counters are added by the frontend per message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PrefixCacheStats {
@@ -575,3 +604,20 @@ pub struct EngineCoreOutputs {
 
 /// The raw single frame an engine sends on a fatal error.
 pub const ENGINE_CORE_DEAD: &[u8] = b"ENGINE_CORE_DEAD";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_for_a_request_is_an_empty_output_with_its_id() {
+        let id = RequestId::from("replay-7");
+        assert_eq!(
+            EngineCoreOutput::for_request(id.clone()),
+            EngineCoreOutput {
+                request_id: id,
+                ..Default::default()
+            }
+        );
+    }
+}

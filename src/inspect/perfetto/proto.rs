@@ -204,20 +204,17 @@ impl Interner {
 }
 
 /// A few packets of varint fields numbered below 16 (one-byte keys) and messages under 128
-/// bytes (one-byte lengths), built in a fixed array: [`ProtoSink::plain_slice`]'s two
+/// bytes (one-byte lengths), written into a fixed room: [`ProtoSink::plain_slice`]'s two
 /// packets take at most 2 × 4 one-byte headers, 9 one-byte keys and 9 ten-byte varints.
-struct Small {
-    b: [u8; 112],
+struct Small<'a> {
+    b: &'a mut [u8; SMALL],
     n: usize,
 }
 
-impl Default for Small {
-    fn default() -> Small {
-        Small { b: [0; 112], n: 0 }
-    }
-}
+/// The room of a [`Small`].
+const SMALL: usize = 112;
 
-impl Small {
+impl Small<'_> {
     #[inline]
     fn byte(&mut self, v: u8) {
         self.b[self.n] = v;
@@ -370,27 +367,29 @@ impl ProtoSink {
     /// once. The general path's per-field pushes and length back-patching were a third of
     /// the run.
     fn plain_slice(&mut self, begin: u64, end: u64, track: u64, name: u64, category: u64) {
-        let mut p = Small::default();
-        let packet = p.open(field::TRACE_PACKET);
-        p.uint(field::TIMESTAMP, begin);
-        p.uint(field::TRUSTED_PACKET_SEQUENCE_ID, SEQUENCE);
-        p.uint(field::SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE);
-        let event = p.open(field::TRACK_EVENT);
-        p.uint(field::TE_TYPE, TYPE_SLICE_BEGIN);
-        p.uint(field::TE_TRACK_UUID, track);
-        p.uint(field::TE_NAME_IID, name);
-        p.uint(field::TE_CATEGORY_IIDS, category);
-        p.close(event);
-        p.close(packet);
-        let packet = p.open(field::TRACE_PACKET);
-        p.uint(field::TIMESTAMP, end);
-        p.uint(field::TRUSTED_PACKET_SEQUENCE_ID, SEQUENCE);
-        let event = p.open(field::TRACK_EVENT);
-        p.uint(field::TE_TYPE, TYPE_SLICE_END);
-        p.uint(field::TE_TRACK_UUID, track);
-        p.close(event);
-        p.close(packet);
-        self.packet.raw_prefix(&p.b, p.n);
+        self.packet.write_in_place(|b: &mut [u8; SMALL]| {
+            let mut p = Small { b, n: 0 };
+            let packet = p.open(field::TRACE_PACKET);
+            p.uint(field::TIMESTAMP, begin);
+            p.uint(field::TRUSTED_PACKET_SEQUENCE_ID, SEQUENCE);
+            p.uint(field::SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE);
+            let event = p.open(field::TRACK_EVENT);
+            p.uint(field::TE_TYPE, TYPE_SLICE_BEGIN);
+            p.uint(field::TE_TRACK_UUID, track);
+            p.uint(field::TE_NAME_IID, name);
+            p.uint(field::TE_CATEGORY_IIDS, category);
+            p.close(event);
+            p.close(packet);
+            let packet = p.open(field::TRACE_PACKET);
+            p.uint(field::TIMESTAMP, end);
+            p.uint(field::TRUSTED_PACKET_SEQUENCE_ID, SEQUENCE);
+            let event = p.open(field::TRACK_EVENT);
+            p.uint(field::TE_TYPE, TYPE_SLICE_END);
+            p.uint(field::TE_TRACK_UUID, track);
+            p.close(event);
+            p.close(packet);
+            p.n
+        });
     }
 
     fn flush_packets(&mut self) -> Result<()> {

@@ -17,10 +17,12 @@ use super::route::{Load, Router};
 use super::workload::{Turn, Workload};
 use crate::inspect::progress::Progress;
 use crate::play::config::PlayConfig;
+use crate::play::content::pooling::Runner;
 use crate::play::content::replay::prompt_block_hashes;
 use crate::play::engine::block_hash::hash_u64;
 use crate::play::engine::offline::OfflineDriver;
 use crate::play::engine::sim::SimEngine;
+use crate::play::engine_args::TokenMode;
 
 /// One engine of the fleet, on its own virtual clock origin, and the requests it serves.
 struct Member {
@@ -50,6 +52,8 @@ pub fn run_workload(
     let mut fleet: Vec<Member> = (0..engines)
         .map(|_| {
             let mut driver = OfflineDriver::new(cfg.build_engine(0));
+            // every prompt is drawn from the trace's block ids (`Workload::prompt`)
+            driver.engine_mut().set_synthesized_prompts(true);
             if router.follows_cache() {
                 // from the first step on: the router's view starts empty, as the cache
                 driver.engine_mut().take_cache_events();
@@ -64,9 +68,19 @@ pub fn run_workload(
         })
         .collect();
     // each distinct prompt block hashed once for every engine (same flags, same chain
-    // root), when the trace's blocks are the engine's and the prompts share them
-    let mut prehash = (work.trace_block_size == block_size && !opts.cold_prompts)
-        .then(|| PromptHashes::new(fleet[0].driver.engine_mut().block_hash_root(), block_size));
+    // root) when the trace's blocks are the engine's and the prompts share them; keyed
+    // by trace id when no record carries the hashes (offline engines publish no KV events)
+    let keyed = opts.hash_blocks.is_none();
+    let mut prehash = (work.trace_block_size == block_size && !opts.cold_prompts).then(|| {
+        let root = fleet[0].driver.engine_mut().block_hash_root();
+        PromptHashes::new(root, block_size, keyed)
+    });
+    // whether the engines read a prompt's ids only to hash its blocks, so the blocks the
+    // memo hashed need no ids: output tokens drawn at random (not echoed), no replay
+    // looked up by prompt, no pooling of the prompt
+    let placeholders = cfg.tokens == TokenMode::Random
+        && cfg.replay.is_none()
+        && cfg.engine.runner != Runner::Pooling;
     let name = |e: usize| (engines > 1).then_some(e as u32);
     // the KV blocks each request takes at its longest (prompt and every output token),
     // and those it added to its engine when routed
@@ -106,14 +120,17 @@ pub fn run_workload(
                 record(f, &mut arrivals)?;
                 continue;
             }
-            let prompt = work.prompt(i, ids.clone(), opts.cold_prompts);
+            // the prompt, and the engine's hashes of its blocks from the memo when it
+            // applies; a cache-following router (and the records' hashes) read the same
+            // chain in its 64-bit form
+            let (prompt, engine_hashes) = match prehash.as_mut() {
+                Some(p) => {
+                    let (prompt, hashes) = p.prompt_and_hashes(work, i, &ids, placeholders);
+                    (prompt, Some(hashes))
+                }
+                None => (work.prompt(i, ids.clone(), opts.cold_prompts), None),
+            };
             let req = request(i, prompt, work.reqs[i].output_tokens, line, at);
-            // the engine's hashes of the prompt's blocks, from the memo when it applies;
-            // a cache-following router reads the same chain in its 64-bit form
-            let engine_hashes = prehash.as_mut().map(|p| {
-                let prompt = req.prompt_token_ids.as_deref().unwrap_or_default();
-                p.of(prompt, work.hashes(i))
-            });
             let hashes = if engines > 1 && router.follows_cache() {
                 match &engine_hashes {
                     Some(h) => h.iter().map(hash_u64).collect(),
@@ -133,7 +150,11 @@ pub fn run_workload(
             let m = &mut fleet[e];
             m.load.requests += 1;
             m.load.blocks += added[i];
-            m.follower.arrive(i, at, &req);
+            let recorded = engine_hashes
+                .as_ref()
+                .filter(|_| opts.hash_blocks.is_some())
+                .map(|h| h.iter().map(hash_u64).collect());
+            m.follower.arrive(i, at, &req, recorded);
             if let Some(hashes) = engine_hashes {
                 m.driver
                     .engine_mut()

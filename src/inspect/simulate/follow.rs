@@ -108,9 +108,18 @@ impl Follower {
 
     /// Request `index` is sent at `at`. Its record's arrival is when the engine queued it
     /// (its QUEUED event: the end of the step in flight when it came), as a capture's is.
-    pub fn arrive(&mut self, index: usize, at: Duration, req: &EngineCoreRequest) {
+    /// `hashes`: its prompt's block hashes as the record writes them, when the caller has
+    /// them (else they are computed from the prompt, when records carry them).
+    pub fn arrive(
+        &mut self,
+        index: usize,
+        at: Duration,
+        req: &EngineCoreRequest,
+        hashes: Option<Vec<u64>>,
+    ) {
         let block_hashes = match self.hash_blocks {
-            Some(bs) => prompt_block_hashes(req, bs)
+            Some(bs) => hashes
+                .unwrap_or_else(|| prompt_block_hashes(req, bs))
                 .into_iter()
                 .map(BlockHash::Int)
                 .collect(),

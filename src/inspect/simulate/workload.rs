@@ -405,21 +405,33 @@ impl Workload {
     /// Request `i`'s synthesized prompt (see the module docs). `ids` is the vocabulary
     /// range the ids come from; `cold` gives every block ids unique to the request.
     pub fn prompt(&self, i: usize, ids: std::ops::Range<u32>, cold: bool) -> Vec<u32> {
-        let p = &self.reqs[i];
-        let len = p.prompt_tokens.max(1) as usize;
-        let bs = self.trace_block_size;
-        let hashes = self.hashes(i);
-        let span = u64::from(ids.end - ids.start);
+        let len = self.reqs[i].prompt_tokens.max(1) as usize;
         let mut out = Vec::with_capacity(len);
-        for (k, lo) in (0..len).step_by(bs).enumerate() {
-            let seed = match hashes.get(k) {
-                Some(h) if !cold => mix(*h ^ SHARED_SALT),
-                _ => mix(mix(i as u64 ^ UNIQUE_SALT) ^ k as u64),
-            };
-            let n = bs.min(len - lo);
-            fill_block(&mut out, SplitMix64(seed), ids.start, span, n);
+        for k in 0..len.div_ceil(self.trace_block_size) {
+            self.push_block(i, k, &ids, cold, &mut out);
         }
         out
+    }
+
+    /// Append block `k` of request `i`'s prompt (at the trace's block size) to `out`,
+    /// which holds its blocks before `k`: what [`Self::prompt`] writes there.
+    pub fn push_block(
+        &self,
+        i: usize,
+        k: usize,
+        ids: &std::ops::Range<u32>,
+        cold: bool,
+        out: &mut Vec<u32>,
+    ) {
+        let len = self.reqs[i].prompt_tokens.max(1) as usize;
+        let bs = self.trace_block_size;
+        let seed = match self.hashes(i).get(k) {
+            Some(h) if !cold => mix(*h ^ SHARED_SALT),
+            _ => mix(mix(i as u64 ^ UNIQUE_SALT) ^ k as u64),
+        };
+        let n = bs.min(len.saturating_sub(k * bs));
+        let span = u64::from(ids.end - ids.start);
+        fill_block(out, SplitMix64(seed), ids.start, span, n);
     }
 
     /// Every request's turn (`--replay-sessions`), in arrival order.

@@ -94,6 +94,19 @@ pub struct SimRequest {
     pub natural_end: Option<u64>,
 }
 
+/// A request's prompt ids, with room for the output it may generate (up to 4,096 tokens):
+/// a vector sized to the prompt would be copied whole when its first token is appended.
+fn prompt_and_room(req: &EngineCoreRequest, max_tokens: Option<u32>) -> Vec<u32> {
+    let room = max_tokens.map_or(0, |m| m.min(1 << 12)) as usize;
+    let mut tokens = Vec::with_capacity(req.prompt_len() + room);
+    match &req.prompt_token_ids {
+        Some(ids) => tokens.extend_from_slice(ids),
+        // prompt embeddings only: placeholders keep the lengths right
+        None => tokens.resize(req.prompt_len(), 0),
+    }
+    tokens
+}
+
 impl SimRequest {
     pub fn new(req: &EngineCoreRequest, stream: Box<dyn TokenStream>, seq: i64) -> Self {
         let sp = req.sampling_params.clone().unwrap_or_default();
@@ -128,10 +141,7 @@ impl SimRequest {
                 path: l.path.clone(),
             }),
             cache_salt: req.cache_salt.clone(),
-            tokens: req.prompt_token_ids.clone().unwrap_or_else(|| {
-                // prompt embeddings only: placeholders keep the lengths right
-                vec![0; req.prompt_len()]
-            }),
+            tokens: prompt_and_room(req, sp.max_tokens),
             num_computed: 0,
             blocks: Vec::new(),
             block_hashes: Vec::new(),

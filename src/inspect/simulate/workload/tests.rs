@@ -214,3 +214,70 @@ fn a_capture_without_cache_hits_despite_shared_blocks_had_no_prefix_caching() {
     assert_eq!(w.sharing_requests(), 0);
     assert!(!w.captured_without_prefix_caching());
 }
+
+#[test]
+fn prompts_built_with_their_hashes_are_what_the_engine_would_hash() {
+    use crate::inspect::simulate::prehash::PromptHashes;
+    use crate::play::engine::block_hash::{chain, default_none_hash};
+    // ids 7, 8 sent again by request 2; request 3 extends that chain by a third block
+    let w = workload(
+        &[
+            (0.0, 10, &[7, 8], None),
+            (1.0, 9, &[7, 9], None),
+            (2.0, 10, &[7, 8], None),
+            (3.0, 13, &[7, 8, 5], None),
+        ],
+        4,
+    );
+    let (root, vocab) = (default_none_hash(), 3..259);
+    let full: Vec<Vec<u32>> = (0..4).map(|i| w.prompt(i, vocab.clone(), false)).collect();
+    let vllm: Vec<_> = full
+        .iter()
+        .map(|p| chain(&root, p, 4, None, None))
+        .collect();
+    // every block drawn, vLLM's hashes
+    let mut m = PromptHashes::new(root, 4, false);
+    for i in 0..4 {
+        assert_eq!(
+            m.prompt_and_hashes(&w, i, &vocab, false),
+            (full[i].clone(), vllm[i].clone())
+        );
+    }
+    // placeholders: a block the memo already hashed is not drawn, the hashes are the same
+    let mut m = PromptHashes::new(root, 4, false);
+    let lazy: Vec<_> = (0..4)
+        .map(|i| m.prompt_and_hashes(&w, i, &vocab, true))
+        .collect();
+    for i in 0..4 {
+        assert_eq!(lazy[i].1, vllm[i]);
+        assert_eq!(lazy[i].0.len(), full[i].len());
+    }
+    assert_eq!(
+        lazy[0].0, full[0],
+        "the first sight of every block is drawn"
+    );
+    assert!(lazy[2].0[..8].iter().all(|&t| t == 0), "blocks 7, 8 again");
+    assert_eq!(lazy[2].0[8..], full[2][8..], "the partial tail is drawn");
+    assert_eq!(
+        lazy[3].0[8..],
+        full[3][8..],
+        "block 5 and the tail are drawn"
+    );
+    // keyed: other values, equal exactly where vLLM's are
+    let mut m = PromptHashes::new(root, 4, true);
+    let keyed: Vec<_> = (0..4)
+        .flat_map(|i| m.prompt_and_hashes(&w, i, &vocab, true).1)
+        .collect();
+    let vllm: Vec<_> = vllm.into_iter().flatten().collect();
+    assert_eq!(keyed.len(), vllm.len());
+    for a in 0..keyed.len() {
+        assert_ne!(keyed[a], vllm[a]);
+        for b in 0..keyed.len() {
+            assert_eq!(
+                keyed[a] == keyed[b],
+                vllm[a] == vllm[b],
+                "blocks {a} and {b}"
+            );
+        }
+    }
+}

@@ -81,7 +81,15 @@ impl SimEngine {
                 "request added"
             );
         }
+        let structured = req
+            .sampling_params
+            .as_ref()
+            .is_some_and(|sp| sp.structured_outputs.is_some());
         let job = if self.cfg.runner == Runner::Pooling {
+            Ok(None)
+        } else if self.synthesized_prompts && !structured {
+            // what `plan` finds for a prompt that declares no tools and asks for no
+            // structure: nothing, so its tokens are not read
             Ok(None)
         } else {
             self.cfg.shaping.plan(&req, self.cfg.seed)
@@ -387,5 +395,57 @@ fn reply_client(socket_client: u32, req: &EngineCoreRequest) -> u32 {
         req.client_index
     } else {
         socket_client.max(req.client_index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sim_protocol::{EngineCoreRequest, SamplingParams};
+
+    use crate::play::args::PlayArgs;
+    use crate::play::config::PlayConfig;
+    use crate::play::engine::offline::OfflineDriver;
+
+    /// What the answer to a prompt declaring a tool spells, at a tool-call rate of 1, from
+    /// an engine told its prompts are synthesized or not.
+    fn answer(synthesized: bool) -> String {
+        let mut a = PlayArgs::defaults();
+        a.engine.tool_call_rate = 1.0;
+        let cfg = PlayConfig::try_from(&a).expect("valid flags");
+        let mut engine = cfg.build_engine(0);
+        engine.set_synthesized_prompts(synthesized);
+        let prompt = "<|im_start|>system\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}}\n</tools><|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+        let req = EngineCoreRequest {
+            request_id: "r".into(),
+            prompt_token_ids: Some(cfg.vocab.encode(prompt)),
+            sampling_params: Some(SamplingParams {
+                max_tokens: Some(200),
+                ..Default::default()
+            }),
+            wire_len: cfg.line.request_len(),
+            ..Default::default()
+        };
+        let mut run = OfflineDriver::new(engine);
+        run.add(Duration::ZERO, 0, req);
+        let ids: Vec<u32> = run
+            .run_until_idle()
+            .iter()
+            .flat_map(|o| &o.outputs.outputs)
+            .flat_map(|x| x.new_token_ids.iter().copied())
+            .collect();
+        cfg.vocab.decode(&ids)
+    }
+
+    #[test]
+    fn a_synthesized_prompt_declares_no_tools() {
+        let read = answer(false);
+        assert!(read.contains("get_weather"), "a tool call: {read}");
+        let synthesized = answer(true);
+        assert!(
+            !synthesized.contains("get_weather"),
+            "free text: {synthesized}"
+        );
     }
 }

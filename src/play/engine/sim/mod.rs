@@ -103,6 +103,8 @@ pub struct SimEngine {
     /// Prompt block hashes a caller computed before adding the request, by id (see
     /// [`SimEngine::offer_prompt_hashes`]); taken when the request's add is handled.
     prehashed: HashMap<String, Vec<BlockHash>>,
+    /// Every prompt is synthesized ids (see [`SimEngine::set_synthesized_prompts`]).
+    synthesized_prompts: bool,
 }
 
 /// A request whose grammar is being compiled off the step loop.
@@ -150,6 +152,7 @@ impl SimEngine {
             due_tried: None,
             compiling: BTreeMap::new(),
             prehashed: HashMap::new(),
+            synthesized_prompts: false,
             cfg,
         }
     }
@@ -169,6 +172,15 @@ impl SimEngine {
     /// admitted (after its grammar compiles, if it has one), dropped if it is refused.
     pub fn offer_prompt_hashes(&mut self, request_id: &str, hashes: Vec<BlockHash>) {
         self.prehashed.insert(request_id.to_string(), hashes);
+    }
+
+    /// Tell the engine that every prompt it is given is synthesized: token ids a driver
+    /// drew per block (`inspect simulate` has no prompt text, only a trace's block ids), not
+    /// a tokenized conversation. Such a prompt declares no tools, so a request without
+    /// structured outputs is not scanned for `<tools>` (the scan read every prompt token,
+    /// 6 % of a simulation of long prompts).
+    pub fn set_synthesized_prompts(&mut self, synthesized: bool) {
+        self.synthesized_prompts = synthesized;
     }
 
     pub fn engine_index(&self) -> u32 {

@@ -162,7 +162,7 @@ impl SimEngine {
             let outputs = by_client
                 .entry(r.client)
                 .or_insert_with(|| Vec::with_capacity(capacity));
-            outputs.push(EngineCoreOutput::default());
+            outputs.push(EngineCoreOutput::for_request(r.id.clone()));
             let o = outputs.last_mut().expect("just pushed");
             let done = emit_into(o, r, &self.cfg, burst, &mut self.spec_step);
             let keeps_kv = done
