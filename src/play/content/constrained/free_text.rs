@@ -60,8 +60,9 @@ impl FreeTag {
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct IndexedTag {
     begin: String,
-    /// The literal that follows the number (Kimi K2's `<|tool_call_argument_begin|>`),
-    /// written with it so that the number ends there; `""` when no literal follows.
+    /// The literal that follows the number (Kimi K2's `<|tool_call_argument_begin|>`, or
+    /// the tag's end when the number is all its content), written with it so that the
+    /// number ends there; `""` when no literal follows.
     after: String,
 }
 
@@ -72,6 +73,7 @@ impl IndexedTag {
             return None;
         }
         let content = f.get("content")?;
+        let begin = tag_begin(f).ok()?;
         let (first, next) = match content.get("type").and_then(Value::as_str)? {
             "sequence" => {
                 let elements = content.get("elements")?.as_array()?;
@@ -86,13 +88,17 @@ impl IndexedTag {
         if !is_number(pattern) {
             return None;
         }
-        let after = next
-            .filter(|n| n.get("type").and_then(Value::as_str) == Some("const_string"))
-            .and_then(|n| n.get("value")?.as_str())
-            .unwrap_or_default();
+        let after = match next {
+            Some(n) => n
+                .get("value")
+                .and_then(Value::as_str)
+                .filter(|_| n.get("type").and_then(Value::as_str) == Some("const_string"))
+                .map(str::to_string),
+            None => tag_ends(f, &begin).ok()?.0.into_iter().next(),
+        };
         Some(IndexedTag {
-            begin: tag_begin(f).ok()?,
-            after: after.to_string(),
+            begin,
+            after: after.unwrap_or_default(),
         })
     }
 }

@@ -256,3 +256,28 @@ fn calls_whose_index_the_tag_leaves_free_are_numbered_from_0() {
     }
     assert!(most >= 2, "no answer made two calls");
 }
+
+/// A number that is all of a call tag's content is its index too, the tag's end written
+/// after it.
+#[test]
+fn a_tag_of_only_a_free_number_is_numbered_from_0_and_ends() {
+    // closed by a literal, as Kimi K2's section end closes its calls: the walker cannot
+    // stop after the first call, so answers of several calls come
+    let tag = tag_of(json!({"type": "sequence", "elements": [
+        {"type": "tags_with_separator", "separator": "", "at_least_one": true,
+            "stop_after_first": false, "tags": [{"type": "tag", "begin": "<call n=",
+                "content": {"type": "regex", "pattern": "[0-9]+"}, "end": "/>"}]},
+        {"type": "const_string", "value": "."}]}));
+    let mut most = 0;
+    for i in 0..40 {
+        let mut r = tag_req(&tag, 200);
+        r.request_id = format!("n{i}");
+        let (t, end) = drain(shaping(0.0, 0.5).stream_for(&r, 1).unwrap().unwrap(), 200);
+        assert_eq!(end, End::Eos, "{t}");
+        let calls = t.matches("<call").count();
+        let numbered: String = (0..calls).map(|n| format!("<call n={n}/>")).collect();
+        assert_eq!(t, format!("{numbered}."));
+        most = most.max(calls);
+    }
+    assert!(most >= 2, "no answer made two calls");
+}
