@@ -9,6 +9,12 @@
 //! tokens (`</think>`), which sampling finds only by chance, so the answer would run to
 //! `max_tokens`.
 //!
+//! A call's index that a tag leaves free (a number right after its begin: Kimi K2's
+//! `functions.NAME:` then `\d+`, what vllm-rs and xgrammar send for it) is written here
+//! too, as the call's place in the answer: 0 for the first call, 1 for the second, as the
+//! model numbers them. Drawn freely, two calls of one answer could carry one id, and
+//! vllm-rs hands such calls to the client as one, their arguments run together.
+//!
 //! [`Reasoning::wrap`]: crate::play::content::reasoning::Reasoning::wrap
 
 use std::collections::VecDeque;
@@ -50,11 +56,66 @@ impl FreeTag {
     }
 }
 
+/// A `tag` whose content opens with a number the tag leaves free: the call's index.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct IndexedTag {
+    begin: String,
+    /// The literal that follows the number (Kimi K2's `<|tool_call_argument_begin|>`, or
+    /// the tag's end when the number is all its content), written with it so that the
+    /// number ends there; `""` when no literal follows.
+    after: String,
+}
+
+impl IndexedTag {
+    /// The indexed tag `f` is, if it is one.
+    fn of(f: &Value) -> Option<IndexedTag> {
+        if f.get("type").and_then(Value::as_str) != Some("tag") {
+            return None;
+        }
+        let content = f.get("content")?;
+        let begin = tag_begin(f).ok()?;
+        let (first, next) = match content.get("type").and_then(Value::as_str)? {
+            "sequence" => {
+                let elements = content.get("elements")?.as_array()?;
+                (elements.first()?, elements.get(1))
+            }
+            _ => (content, None),
+        };
+        let pattern = first
+            .get("pattern")
+            .and_then(Value::as_str)
+            .filter(|_| first.get("type").and_then(Value::as_str) == Some("regex"))?;
+        if !is_number(pattern) {
+            return None;
+        }
+        let after = match next {
+            Some(n) => n
+                .get("value")
+                .and_then(Value::as_str)
+                .filter(|_| n.get("type").and_then(Value::as_str) == Some("const_string"))
+                .map(str::to_string),
+            None => tag_ends(f, &begin).ok()?.0.into_iter().next(),
+        };
+        Some(IndexedTag {
+            begin,
+            after: after.unwrap_or_default(),
+        })
+    }
+}
+
+/// Whether a regex is a bare run of decimal digits: what a tag leaves free for a number it
+/// does not fix.
+fn is_number(pattern: &str) -> bool {
+    matches!(pattern, "\\d+" | "\\d*" | "[0-9]+" | "[0-9]*")
+}
+
 /// Where a structural tag leaves the text free, and how long the think block it opens
 /// with is.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct FreeTextPlan {
     tags: Vec<FreeTag>,
+    /// The tags whose index the walker writes.
+    indexed: Vec<IndexedTag>,
     /// The free-text tag the answer opens with (a think block), and the tokens it spends,
     /// its begin and end included.
     lead: Option<(FreeTag, u64)>,
@@ -64,20 +125,23 @@ impl FreeTextPlan {
     /// The free-text tags of a structural tag's `format`; a think block that opens the
     /// answer spends `lead_tokens`.
     pub(super) fn of(format: &Value, lead_tokens: u64) -> FreeTextPlan {
-        let mut tags = Vec::new();
-        collect(format, &mut tags);
-        let lead = leading(format)
+        let mut plan = FreeTextPlan::default();
+        collect(format, &mut plan);
+        plan.lead = leading(format)
             .and_then(FreeTag::of)
             .map(|t| (t, lead_tokens));
-        FreeTextPlan { tags, lead }
+        plan
     }
 }
 
-/// Every free-text tag of a format, wherever it is nested.
-fn collect(f: &Value, out: &mut Vec<FreeTag>) {
+/// Every free-text tag and every indexed tag of a format, wherever it is nested.
+fn collect(f: &Value, out: &mut FreeTextPlan) {
     if let Some(t) = FreeTag::of(f) {
-        out.push(t);
+        out.tags.push(t);
         return;
+    }
+    if let Some(t) = IndexedTag::of(f) {
+        out.indexed.push(t);
     }
     for key in ["elements", "tags"] {
         for e in f.get(key).and_then(Value::as_array).into_iter().flatten() {
@@ -112,6 +176,12 @@ pub(super) struct FreeText {
     opening: Option<Vec<u8>>,
     /// How many of `queue`'s last tokens are the open tag's end.
     end_len: usize,
+    /// The indexed tags begun so far: the next one's index.
+    calls: u64,
+    /// While an index is being written: what is left of it and of the literal after it.
+    /// The grammar forces the literal once it has begun, and those tokens do not come from
+    /// `queue`: what is handed out is followed here, not what the queue gave.
+    index_rest: Option<String>,
 }
 
 /// What writing free text needs from the stream.
@@ -123,7 +193,12 @@ pub(super) struct Pen<'a> {
 
 impl FreeText {
     pub(super) fn new(plan: FreeTextPlan, pen: Pen) -> FreeText {
-        let longest = plan.tags.iter().map(|t| t.begin.len()).max().unwrap_or(0);
+        let begins = plan.tags.iter().map(|t| &t.begin);
+        let longest = begins
+            .chain(plan.indexed.iter().map(|t| &t.begin))
+            .map(String::len)
+            .max()
+            .unwrap_or(0);
         let mut free = FreeText {
             plan,
             tail: Vec::new(),
@@ -131,6 +206,8 @@ impl FreeText {
             queue: VecDeque::new(),
             opening: None,
             end_len: 0,
+            calls: 0,
+            index_rest: None,
         };
         if let Some((lead, _)) = &free.plan.lead {
             if lead.begin.is_empty() {
@@ -150,22 +227,60 @@ impl FreeText {
     }
 
     /// A token was handed out: when it completes a free-text tag's begin, that tag's text
-    /// and end are what comes next.
+    /// and end are what comes next; an indexed tag's, its index.
     pub(super) fn saw(&mut self, bytes: &[u8], pen: Pen) {
         self.follow_opening(bytes, pen.vocab);
-        if self.plan.tags.is_empty() || self.in_text() {
+        self.follow_index(bytes, pen.vocab);
+        if (self.plan.tags.is_empty() && self.plan.indexed.is_empty()) || self.in_text() {
             return;
         }
         self.tail.extend_from_slice(bytes);
         let cut = self.tail.len().saturating_sub(self.longest);
         self.tail.drain(..cut);
         let begun = |t: &FreeTag| !t.begin.is_empty() && self.tail.ends_with(t.begin.as_bytes());
+        let begun_indexed =
+            |t: &IndexedTag| !t.begin.is_empty() && self.tail.ends_with(t.begin.as_bytes());
         if self.plan.lead.as_ref().is_some_and(|(t, _)| begun(t)) {
             self.open_lead(pen);
         } else if let Some(tag) = self.plan.tags.iter().find(|t| begun(t)).cloned() {
             // a value's worth of words
             let tokens = 4 + pen.rng.next_u64() % 16;
             self.open(&tag, tokens, false, pen);
+        } else if let Some(tag) = self.plan.indexed.iter().find(|t| begun_indexed(t)) {
+            let index = format!("{}{}", self.calls, tag.after);
+            self.calls += 1;
+            self.tail.clear();
+            self.write_index(index, pen.vocab);
+        }
+    }
+
+    /// Plans `index` (a call's number and the literal after it) as what comes next. All of
+    /// it is written, as a tag's end is: a budget nearly spent does not cut it, and the
+    /// walker does not go on with digits of its own.
+    fn write_index(&mut self, index: String, vocab: &Vocabulary) {
+        self.queue.clear();
+        self.queue.extend(vocab.encode(&index));
+        self.end_len = self.queue.len();
+        self.index_rest = Some(index);
+    }
+
+    /// Keeps the index being written in step with what is handed out; text that is not
+    /// its continuation (or the end of it) ends it.
+    fn follow_index(&mut self, bytes: &[u8], vocab: &Vocabulary) {
+        let Some(rest) = self.index_rest.take() else {
+            return;
+        };
+        let left = rest
+            .as_bytes()
+            .strip_prefix(bytes)
+            .and_then(|r| std::str::from_utf8(r).ok())
+            .filter(|r| !r.is_empty());
+        match left {
+            Some(left) => self.write_index(left.to_string(), vocab),
+            None => {
+                self.queue.clear();
+                self.end_len = 0;
+            }
         }
     }
 

@@ -19,7 +19,9 @@
 //! Where a structural tag leaves the text free (`any_text`: the think block vllm-rs opens
 //! `required` with behind a reasoning parser), the walker writes prose of a length it plans
 //! and then the tag's end (`free_text.rs`): a think block spends `--reasoning-share` of the
-//! answer.
+//! answer. Where it leaves a call's index free (a number after a tag's begin, Kimi K2's
+//! `functions.NAME:N`), the walker numbers the answer's calls 0, 1, 2… as the model does:
+//! two calls with one id reach a vllm-rs client as one.
 
 mod formats;
 mod free_text;

@@ -63,6 +63,9 @@ impl Shaping {
                 let kind = so.constraint.kind();
                 let recipe = match &so.constraint {
                     Constraint::StructuralTag(text) => {
+                        // what a frontend sends for its tool calls is worth seeing when
+                        // a parser reads the answer otherwise than meant
+                        tracing::debug!(request_id = %req.request_id, tag = %text, "structural tag");
                         let tools = self.prompt_tools(req);
                         let fail = |why: String| {
                             format!(

@@ -186,3 +186,98 @@ fn other_free_text_is_a_few_words_and_auto_behind_a_think_block_still_chooses() 
         "{t}"
     );
 }
+
+/// What vllm-rs 0.33 sends for `tool_choice: required` with its `kimi_k2` parser: calls
+/// whose id (`functions.NAME:N`) the tag leaves free, a number.
+fn kimi_k2_required(names: &[&str]) -> Value {
+    let tags: Vec<Value> = names
+        .iter()
+        .map(|name| {
+            json!({"type": "tag", "begin": format!("<|tool_call_begin|>functions.{name}:"),
+                "content": {"type": "sequence", "elements": [
+                    {"type": "regex", "pattern": "\\d+"},
+                    {"type": "const_string", "value": "<|tool_call_argument_begin|>"},
+                    {"type": "json_schema", "json_schema": true, "style": "json"}]},
+                "end": "<|tool_call_end|>"})
+        })
+        .collect();
+    tag_of(json!({"type": "sequence", "elements": [
+        {"type": "const_string", "value": "<|tool_calls_section_begin|>"},
+        {"type": "tags_with_separator", "tags": tags, "separator": "",
+            "at_least_one": true, "stop_after_first": false},
+        {"type": "const_string", "value": "<|tool_calls_section_end|>"}]}))
+}
+
+/// Issue 25: the ids Kimi K2's calls carry, `functions.NAME:N`, in the order the answer
+/// writes them.
+fn kimi_k2_ids(text: &str) -> Vec<String> {
+    text.split("<|tool_call_begin|>functions.")
+        .skip(1)
+        .map(|call| {
+            let (id, _) = call.split_once("<|tool_call_argument_begin|>").expect(text);
+            id.to_string()
+        })
+        .collect()
+}
+
+/// Issue 25: two calls of one answer with the same id reach a vllm-rs client as one call,
+/// their arguments run together. Where the tag leaves a call's index free, the answer
+/// numbers its calls 0, 1, 2… as Kimi K2 does.
+#[test]
+fn calls_whose_index_the_tag_leaves_free_are_numbered_from_0() {
+    let vocab = Vocabulary::embedded();
+    let time = json!({"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+        "required": ["tz"]}}});
+    let prompt = weather_prompt().replacen("\n</tools>", &format!("\n{time}\n</tools>"), 1);
+    let tag = kimi_k2_required(&["get_weather", "get_time"]);
+    let mut most = 0;
+    for i in 0..40 {
+        let mut r = tag_req(&tag, 800);
+        r.request_id = format!("k{i}");
+        r.prompt_token_ids = Some(vocab.encode(&prompt));
+        let (t, end) = drain(shaping(0.0, 0.5).stream_for(&r, 1).unwrap().unwrap(), 800);
+        assert_eq!(end, End::Eos, "{t}");
+        let ids = kimi_k2_ids(&t);
+        let names: Vec<&str> = ids.iter().map(|id| id.split(':').next().unwrap()).collect();
+        let numbered: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(n, name)| format!("{name}:{n}"))
+            .collect();
+        assert_eq!(ids, numbered, "{t}");
+        // the literal after the number is written once, not again into the arguments
+        assert_eq!(
+            t.matches("tool_call_argument_begin").count(),
+            ids.len(),
+            "{t}"
+        );
+        most = most.max(ids.len());
+    }
+    assert!(most >= 2, "no answer made two calls");
+}
+
+/// A number that is all of a call tag's content is its index too, the tag's end written
+/// after it.
+#[test]
+fn a_tag_of_only_a_free_number_is_numbered_from_0_and_ends() {
+    // closed by a literal, as Kimi K2's section end closes its calls: the walker cannot
+    // stop after the first call, so answers of several calls come
+    let tag = tag_of(json!({"type": "sequence", "elements": [
+        {"type": "tags_with_separator", "separator": "", "at_least_one": true,
+            "stop_after_first": false, "tags": [{"type": "tag", "begin": "<call n=",
+                "content": {"type": "regex", "pattern": "[0-9]+"}, "end": "/>"}]},
+        {"type": "const_string", "value": "."}]}));
+    let mut most = 0;
+    for i in 0..40 {
+        let mut r = tag_req(&tag, 200);
+        r.request_id = format!("n{i}");
+        let (t, end) = drain(shaping(0.0, 0.5).stream_for(&r, 1).unwrap().unwrap(), 200);
+        assert_eq!(end, End::Eos, "{t}");
+        let calls = t.matches("<call").count();
+        let numbered: String = (0..calls).map(|n| format!("<call n={n}/>")).collect();
+        assert_eq!(t, format!("{numbered}."));
+        most = most.max(calls);
+    }
+    assert!(most >= 2, "no answer made two calls");
+}
