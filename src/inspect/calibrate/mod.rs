@@ -146,8 +146,13 @@ pub fn run_with(
                 &engine.latency_steps,
             )?
             .context("--steps checks a fitted model: --latency-trace gives none")?;
-            let speed = steps::host_speed(&m, &a.trace, sidecar, a.match_host_speed)?
-                .per_class(a.host_speed_per_class);
+            let speed = steps::host_speed(
+                &m,
+                &a.trace,
+                sidecar,
+                a.match_host_speed,
+                a.host_speed_per_class,
+            )?;
             let check = steps::check(&m, &a.trace, sidecar, speed.scale(), engine.seed)?;
             (Some(check), Some(speed))
         }
@@ -168,8 +173,8 @@ pub fn run_with(
         } else {
             crate::errln!(
                 "calibrate: host speed: the capture's steps ran {:.3}× the model's law (median over {} steps); the model is scaled by it",
-                s.factor,
-                s.steps
+                s.speeds.all.0,
+                s.speeds.all.1
             );
         }
     }

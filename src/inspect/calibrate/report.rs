@@ -177,10 +177,10 @@ impl Report<'_> {
             "plots": self.plots,
             "steps": self.steps.map(|(c, p)| steps::json(c, p)),
             "host_speed": self.speed.map(|s| json!({
-                "factor": s.factor, "steps": s.steps, "applied": s.applied,
+                "factor": s.speeds.all.0, "steps": s.speeds.all.1, "applied": s.applied,
                 "per_class": s.per_class,
-                "decode": s.decode.map(|(f, n)| json!({"factor": f, "steps": n})),
-                "prefill": s.prefill.map(|(f, n)| json!({"factor": f, "steps": n})),
+                "decode": s.speeds.decode.map(|(f, n)| json!({"factor": f, "steps": n})),
+                "prefill": s.speeds.prefill.map(|(f, n)| json!({"factor": f, "steps": n})),
             })),
             "dump_samples": self.args.dump_samples,
             "preemptions": {
@@ -326,10 +326,10 @@ impl Report<'_> {
             writeln!(
                 out,
                 "host speed: the capture's steps ran {:.3}× the model's law (median over {} steps; decode-only {}, with prefill work {}){}",
-                s.factor,
-                s.steps,
-                class(s.decode),
-                class(s.prefill),
+                s.speeds.all.0,
+                s.speeds.all.1,
+                class(s.speeds.decode),
+                class(s.speeds.prefill),
                 match (s.applied, s.per_class) {
                     (true, false) => "; the model was scaled by it (--match-host-speed)",
                     (true, true) =>

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use sim_trace::fit::{CHECK_LEVELS, ClassScale, FitInput, FittedModel, StepCheck};
+use sim_trace::fit::{CHECK_LEVELS, ClassScale, FitInput, FittedModel, HostSpeeds, StepCheck};
 
 use crate::inspect::plot;
 
@@ -32,13 +32,9 @@ pub fn check(
         .with_context(|| format!("--steps {}: the step-level check", sidecar.display()))
 }
 
-/// The capture's host speed against the model (`sim_trace::fit::host_speeds`): over
-/// every step, and apart for the decode-only steps and the steps with prefill work.
+/// The capture's host speed against the model, and how calibrate used it.
 pub struct HostSpeed {
-    pub factor: f64,
-    pub steps: u64,
-    pub decode: Option<(f64, u64)>,
-    pub prefill: Option<(f64, u64)>,
+    pub speeds: HostSpeeds,
     /// `--match-host-speed`: the model's run was scaled by it.
     pub applied: bool,
     /// `--host-speed-per-class`: each step class by its own speed.
@@ -51,20 +47,15 @@ impl HostSpeed {
         if !self.applied {
             return ClassScale::uniform(1.0);
         }
+        let all = self.speeds.all.0;
         if !self.per_class {
-            return ClassScale::uniform(self.factor);
+            return ClassScale::uniform(all);
         }
         // a class with too few steps of its own keeps the overall speed
         ClassScale {
-            decode: self.decode.map_or(self.factor, |d| d.0),
-            prefill: self.prefill.map_or(self.factor, |p| p.0),
+            decode: self.speeds.decode.map_or(all, |d| d.0),
+            prefill: self.speeds.prefill.map_or(all, |p| p.0),
         }
-    }
-
-    /// The same, matched per class or not.
-    pub fn per_class(mut self, on: bool) -> Self {
-        self.per_class = on;
-        self
     }
 }
 
@@ -74,20 +65,18 @@ pub fn host_speed(
     trace: &Path,
     sidecar: &Path,
     applied: bool,
+    per_class: bool,
 ) -> Result<HostSpeed> {
     let input = FitInput {
         trace: trace.to_path_buf(),
         steps: Some(sidecar.to_path_buf()),
     };
-    let s = sim_trace::fit::host_speeds(model, &input)
+    let speeds = sim_trace::fit::host_speeds(model, &input)
         .with_context(|| format!("--steps {}: the host speed", sidecar.display()))?;
     Ok(HostSpeed {
-        factor: s.all.0,
-        steps: s.all.1,
-        decode: s.decode,
-        prefill: s.prefill,
+        speeds,
         applied,
-        per_class: false,
+        per_class,
     })
 }
 

@@ -107,7 +107,7 @@ impl ClassScale {
 
 /// Check `model` against the steps of `input` (a trace with its sidecar: without one, only
 /// the decode gaps of the trace's records are seen), every modelled duration multiplied by
-/// `scale` (1, or the capture's [`host_speed`] to judge the model's shape). Draws are
+/// `scale` (1, or the capture's [`host_speeds`] to judge the model's shape). Draws are
 /// seeded by `seed`.
 pub fn check_steps(
     model: &FittedModel,
@@ -160,21 +160,10 @@ pub fn check_steps(
     })
 }
 
-/// How fast the host of `input` (a trace with its sidecar) ran against `model`'s law: the
-/// median of its captured / law ratios over every observation, as a fit measures each of
-/// its captures ([`super::ModelSource::speed`]), and the observations it rests on. A
-/// model scaled by it describes that capture's host; what is left between them is the
-/// model's shape (prefill against decode, batch size, carry-over, scheduling).
-pub fn host_speed(model: &FittedModel, input: &FitInput) -> Result<(f64, u64), FitError> {
-    let cap = capture::read(input)?;
-    let mut obs = Vec::new();
-    observe::observations(&cap, model.law.after_prefill_decay, &mut obs);
-    super::estimate::median_speed(&model.law, obs.iter().map(|o| (o.y, o))).ok_or(FitError::NoSteps)
-}
-
-/// A capture's host speed against a model, per step class: [`host_speed`] over every
-/// observation, and apart over the decode-only steps and over the steps with prefill work
-/// (`None` for a class of fewer than [`MIN_CLASS_STEPS`] observations).
+/// How fast the host of a capture ran against a model's law ([`host_speeds`]), with the
+/// observations each speed rests on: over every observation, and apart over the
+/// decode-only steps and over the steps with prefill work (`None` for a class of fewer
+/// than [`MIN_CLASS_STEPS`] observations).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HostSpeeds {
     pub all: (f64, u64),
@@ -185,7 +174,12 @@ pub struct HostSpeeds {
 /// The fewest observations a step class's own speed rests on.
 pub const MIN_CLASS_STEPS: u64 = 20;
 
-/// [`host_speed`], and the speed of each step class ([`HostSpeeds`]).
+/// How fast the host of `input` (a trace with its sidecar) ran against `model`'s law: the
+/// median of its captured / law ratios, as a fit measures each of its captures
+/// ([`super::ModelSource::speed`]), over every observation and per step class. A model
+/// scaled by it describes that capture's host; what is left between them is the model's
+/// shape (batch size, carry-over, scheduling, and prefill against decode unless scaled
+/// per class).
 pub fn host_speeds(model: &FittedModel, input: &FitInput) -> Result<HostSpeeds, FitError> {
     let cap = capture::read(input)?;
     let mut obs = Vec::new();

@@ -57,7 +57,7 @@ mod residual;
 pub use capture::FitInput;
 pub use check::{
     CHECK_LEVELS, ClassCheck, ClassScale, HostSpeeds, MIN_CLASS_STEPS, StepCheck, StepClass,
-    check_steps, host_speed, host_speeds,
+    check_steps, host_speeds,
 };
 pub use draw::FittedLatency;
 pub use error::FitError;
