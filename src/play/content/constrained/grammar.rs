@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use sim_protocol::{Constraint, StructuredOutputs};
 
 use super::formats::styled_arguments;
+use super::gbnf::{gbnf_rules, gbnf_to_lark};
 use super::lark::*;
 use super::tools::PromptTools;
 
@@ -215,6 +216,25 @@ pub(super) fn format_rule(
             new_rule(body, rules)
         }
         "triggered_tags" => triggered_tags(f, tool, tools, rules)?,
+        // an xgrammar EBNF grammar (Cohere Command's calls: a JSON array of them, each
+        // from `xgr.Grammar.from_json_schema`), its rules beside the tag's
+        "grammar" => {
+            let g = string("grammar")?;
+            match cohere_call(g, tools, rules) {
+                Some(call) => call,
+                None => {
+                    let prefix = format!("gr{}_", rules.len());
+                    let root = format!("{prefix}root");
+                    let lark = gbnf_rules(g, &prefix, &root)?;
+                    rules.extend(
+                        lark.lines()
+                            .filter(|l| !l.trim().is_empty())
+                            .map(String::from),
+                    );
+                    root
+                }
+            }
+        }
         // what the frontends wrap an optional part in (llama3_json's `<|python_tag|>`)
         "optional" => {
             let content = f
@@ -224,7 +244,7 @@ pub(super) fn format_rule(
         }
         other => {
             return Err(format!(
-                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, any_text, sequence, or, optional, tag, tags_with_separator and triggered_tags are)"
+                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, grammar, any_text, sequence, or, optional, tag, tags_with_separator and triggered_tags are)"
             ));
         }
     })
@@ -480,108 +500,35 @@ pub(super) fn tool_named_in(begin: &str) -> Option<String> {
     .filter(|name| !name.is_empty())
 }
 
-/// A GBNF / EBNF grammar (`root ::= …`, what xgrammar takes) as Lark: `::=` becomes `:`,
-/// `root` becomes `start`, rule names are made Lark-safe, character classes become regex
-/// terminals and comments go.
-pub fn gbnf_to_lark(g: &str) -> Result<String, String> {
-    // Lark rule names are lower case: `_` is written `__`, `-` `_d` and a capital `X`
-    // `_ux`, so that distinct GBNF names (`a-b` and `a_b`, `A` and `a`) stay distinct
-    let name_of = |n: &str| -> String {
-        if n == "root" {
-            return "start".into();
-        }
-        let mut out = String::from("g_");
-        for c in n.chars() {
-            match c {
-                '_' => out.push_str("__"),
-                '-' => out.push_str("_d"),
-                c if c.is_ascii_uppercase() => {
-                    out.push_str("_u");
-                    out.push(c.to_ascii_lowercase());
-                }
-                c => out.push(c),
-            }
-        }
-        out
-    };
-    let mut out = String::new();
-    let chars: Vec<char> = g.chars().collect();
-    let mut i = 0;
-    let mut saw_rule = false;
-    while i < chars.len() {
-        let c = chars[i];
-        match c {
-            '#' => {
-                while i < chars.len() && chars[i] != '\n' {
-                    i += 1;
-                }
-            }
-            '"' => {
-                let start = i;
-                i += 1;
-                while i < chars.len() && chars[i] != '"' {
-                    if chars[i] == '\\' {
-                        i += 1;
-                    }
-                    i += 1;
-                }
-                i += 1;
-                out.extend(&chars[start..i.min(chars.len())]);
-            }
-            '[' => {
-                let start = i;
-                i += 1;
-                while i < chars.len() && chars[i] != ']' {
-                    if chars[i] == '\\' {
-                        i += 1;
-                    }
-                    i += 1;
-                }
-                i += 1;
-                let class: String = chars[start..i.min(chars.len())].iter().collect();
-                out.push('/');
-                out.push_str(&lark_regex(&class));
-                out.push('/');
-            }
-            '{' => return Err("GBNF repetition ranges `{m,n}` are not supported".into()),
-            c if c.is_ascii_alphabetic() || c == '_' => {
-                let start = i;
-                while i < chars.len()
-                    && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == '-')
-                {
-                    i += 1;
-                }
-                let name: String = chars[start..i].iter().collect();
-                let mut j = i;
-                while j < chars.len() && (chars[j] == ' ' || chars[j] == '\t') {
-                    j += 1;
-                }
-                let defines = chars[j..].starts_with(&[':', ':', '=']);
-                if defines {
-                    if saw_rule {
-                        out.push('\n');
-                    }
-                    saw_rule = true;
-                    out.push_str(&name_of(&name));
-                    out.push(':');
-                    i = j + 3;
-                } else {
-                    out.push_str(&name_of(&name));
-                }
-            }
-            '\n' => {
-                out.push(' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
+/// Cohere Command's tools grammar (a JSON array of calls, each an object of
+/// `tool_call_id`, `tool_name` and `parameters`, every key optional in xgrammar's rendering
+/// of the schema) as the model writes it: one call with all three keys, its arguments
+/// following the tool's schema, laid out as Command A lays it out — text the grammar
+/// admits. `None` when the grammar is not that one or a tool it names is not among the
+/// prompt's (the grammar is then walked as it is).
+fn cohere_call(g: &str, tools: &PromptTools, rules: &mut Vec<String>) -> Option<String> {
+    if !g.contains("tools ::= ws \"[\" ws tool (ws \",\" ws tool)* ws \"]\" ws") {
+        return None;
     }
-    if !saw_rule {
-        return Err("no `name ::= …` rule".into());
+    let names = g
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("tool ::= "))?
+        .split('|')
+        .map(str::trim)
+        .collect::<Vec<_>>();
+    let mut calls = Vec::with_capacity(names.len());
+    for name in names {
+        let params = tools.parameters_of(name)?;
+        let args = new_rule(format!("%json {}", schema_text(&params)), rules);
+        let open = format!(
+            "{{\"tool_call_id\": \"0\", \"tool_name\": {}, \"parameters\": ",
+            serde_json::to_string(name).ok()?
+        );
+        calls.push(lark_seq(&[&lark_str(&open), &args, &lark_lit("}")]));
     }
-    out.push('\n');
-    Ok(out)
+    let one = new_rule(calls.join(" | "), rules);
+    Some(new_rule(
+        lark_seq(&[&lark_lit("[\n    "), &one, &lark_lit("\n]")]),
+        rules,
+    ))
 }

@@ -25,6 +25,7 @@
 
 mod formats;
 mod free_text;
+mod gbnf;
 mod grammar;
 mod lark;
 mod nested;
@@ -35,7 +36,8 @@ mod tests;
 mod tools;
 
 pub use formats::ToolCallFormat;
-pub use grammar::{gbnf_to_lark, grammar_for};
+pub use gbnf::gbnf_to_lark;
+pub use grammar::grammar_for;
 pub use shaping::Shaping;
 pub use stream::{ConstrainedStream, GrammarJob};
 pub use tools::{PromptTools, Tool, ToolCalls};
