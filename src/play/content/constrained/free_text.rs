@@ -122,6 +122,11 @@ pub(super) struct FreeTextPlan {
 }
 
 impl FreeTextPlan {
+    /// Whether the answer opens with a think block the walker writes.
+    pub(super) fn leads(&self) -> bool {
+        self.lead.is_some()
+    }
+
     /// The free-text tags of a structural tag's `format`; a think block that opens the
     /// answer spends `lead_tokens`.
     pub(super) fn of(format: &Value, lead_tokens: u64) -> FreeTextPlan {

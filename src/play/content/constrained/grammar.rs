@@ -219,21 +219,15 @@ pub(super) fn format_rule(
         // an xgrammar EBNF grammar (Cohere Command's calls: a JSON array of them, each
         // from `xgr.Grammar.from_json_schema`), its rules beside the tag's
         "grammar" => {
-            let g = string("grammar")?;
-            match cohere_call(g, tools, rules) {
-                Some(call) => call,
-                None => {
-                    let prefix = format!("gr{}_", rules.len());
-                    let root = format!("{prefix}root");
-                    let lark = gbnf_rules(g, &prefix, &root)?;
-                    rules.extend(
-                        lark.lines()
-                            .filter(|l| !l.trim().is_empty())
-                            .map(String::from),
-                    );
-                    root
-                }
-            }
+            let prefix = format!("gr{}_", rules.len());
+            let root = format!("{prefix}root");
+            let lark = gbnf_rules(string("grammar")?, &prefix, &root)?;
+            rules.extend(
+                lark.lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(String::from),
+            );
+            root
         }
         // what the frontends wrap an optional part in (llama3_json's `<|python_tag|>`)
         "optional" => {
@@ -498,37 +492,4 @@ pub(super) fn tool_named_in(begin: &str) -> Option<String> {
         Some(rest[..rest.find(*close)?].to_string())
     })
     .filter(|name| !name.is_empty())
-}
-
-/// Cohere Command's tools grammar (a JSON array of calls, each an object of
-/// `tool_call_id`, `tool_name` and `parameters`, every key optional in xgrammar's rendering
-/// of the schema) as the model writes it: one call with all three keys, its arguments
-/// following the tool's schema, laid out as Command A lays it out — text the grammar
-/// admits. `None` when the grammar is not that one or a tool it names is not among the
-/// prompt's (the grammar is then walked as it is).
-fn cohere_call(g: &str, tools: &PromptTools, rules: &mut Vec<String>) -> Option<String> {
-    if !g.contains("tools ::= ws \"[\" ws tool (ws \",\" ws tool)* ws \"]\" ws") {
-        return None;
-    }
-    let names = g
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("tool ::= "))?
-        .split('|')
-        .map(str::trim)
-        .collect::<Vec<_>>();
-    let mut calls = Vec::with_capacity(names.len());
-    for name in names {
-        let params = tools.parameters_of(name)?;
-        let args = new_rule(format!("%json {}", schema_text(&params)), rules);
-        let open = format!(
-            "{{\"tool_call_id\": \"0\", \"tool_name\": {}, \"parameters\": ",
-            serde_json::to_string(name).ok()?
-        );
-        calls.push(lark_seq(&[&lark_str(&open), &args, &lark_lit("}")]));
-    }
-    let one = new_rule(calls.join(" | "), rules);
-    Some(new_rule(
-        lark_seq(&[&lark_lit("[\n    "), &one, &lark_lit("\n]")]),
-        rules,
-    ))
 }

@@ -57,6 +57,7 @@ impl Shaping {
         let sp = req.sampling_params.as_ref();
         let max_tokens = sp.and_then(|sp| sp.max_tokens).map(u64::from);
         let mut free = FreeTextPlan::default();
+        let mut calls = Vec::new();
         let (recipe, kind) = match structured {
             Some(v) => {
                 let so = StructuredOutputs::parse(v)?;
@@ -87,6 +88,11 @@ impl Shaping {
                         }
                         let format = tag.get("format").unwrap_or(&tag);
                         free = FreeTextPlan::of(format, self.thinking(req, max_tokens));
+                        // a model that thinks first writes its call after the thinking:
+                        // the walker's, through the tag
+                        if !free.leads() {
+                            calls = self.tool_calls.own_calls(&tools, stream_seed);
+                        }
                         Recipe::Tag(tag, tools)
                     }
                     _ => Recipe::Structured(so),
@@ -110,6 +116,7 @@ impl Shaping {
             eos: sp.and_then(|sp| sp.eos_token_id).unwrap_or(self.vocab.eos),
             max_tokens,
             free,
+            calls,
         }))
     }
 

@@ -32,6 +32,11 @@ pub struct GrammarJob {
     pub(super) max_tokens: Option<u64>,
     /// Where the grammar leaves the text free, and how long the walker makes it.
     pub(super) free: FreeTextPlan,
+    /// Lark grammars of the calls the model would write in its own format (a structural
+    /// tag's job, when the prompt shows tools): the answer is the first of them whose text
+    /// the grammar admits from its start, as a model trained on that format writes it; the
+    /// grammar is walked after it, or from the start when it admits none.
+    pub(super) calls: Vec<String>,
 }
 
 /// What a [`GrammarJob`] builds its grammar from.
@@ -65,6 +70,7 @@ impl GrammarJob {
             eos,
             max_tokens,
             free,
+            calls,
         } = self;
         let fail =
             |why: String| format!("structured outputs of kind `{kind}` cannot be generated: {why}");
@@ -79,10 +85,11 @@ impl GrammarJob {
             .factory()
             .create_parser(grammar)
             .map_err(|e| fail(first_line(&e.to_string())))?;
-        let matcher = Matcher::new(Ok(parser));
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(fail(first_line(&e)));
         }
+        let forced = own_call(&vocab, &mut matcher, calls, seed, eos, max_tokens);
         let mut rng = SplitMix64(seed);
         let mut prose = Prose::new(seed ^ 0x5eed);
         let free = FreeText::new(
@@ -100,7 +107,7 @@ impl GrammarJob {
             free,
             vocab,
             word: VecDeque::new(),
-            forced: VecDeque::new(),
+            forced,
             sampled: 0,
             emitted: 0,
             digit_run: 0,
@@ -163,6 +170,7 @@ impl ConstrainedStream {
             seed: stream_seed(seed, req),
             max_tokens: sp.and_then(|sp| sp.max_tokens).map(u64::from),
             free: FreeTextPlan::default(),
+            calls: Vec::new(),
         }
         .compile()
     }
@@ -467,4 +475,58 @@ impl ConstrainedStream {
         self.sampled += 1;
         t
     }
+}
+
+/// The first of `calls` (Lark grammars of a call in the model's own format) whose text
+/// `matcher` admits whole, consumed into it: the tokens to write before walking on. Empty
+/// when none is admitted (a tag that opens with a think block, another format's markup)
+/// or a call would not fit in `max_tokens`.
+fn own_call(
+    vocab: &Arc<Vocabulary>,
+    matcher: &mut Matcher,
+    calls: Vec<String>,
+    seed: u64,
+    eos: u32,
+    max_tokens: Option<u64>,
+) -> VecDeque<u32> {
+    /// How long a call may run before it is given up (a runaway grammar).
+    const MAX_CALL_TOKENS: u64 = 4096;
+    let limit = max_tokens.unwrap_or(MAX_CALL_TOKENS).min(MAX_CALL_TOKENS) as usize;
+    for call in calls {
+        let job = GrammarJob {
+            vocab: vocab.clone(),
+            recipe: Recipe::Grammar(TopLevelGrammar::from_lark(call)),
+            kind: "tool call",
+            seed,
+            eos,
+            max_tokens: Some(limit as u64),
+            free: FreeTextPlan::default(),
+            calls: Vec::new(),
+        };
+        let Ok(mut s) = job.compile() else {
+            continue;
+        };
+        let mut ids = Vec::new();
+        let ended = loop {
+            if ids.len() >= limit {
+                break false;
+            }
+            let t = s.next_token(&[]);
+            if s.failure().is_some() {
+                break false;
+            }
+            if t == eos {
+                break true;
+            }
+            ids.push(t);
+        };
+        if ended
+            && !ids.is_empty()
+            && matcher.validate_tokens(&ids).ok() == Some(ids.len())
+            && matcher.consume_tokens(&ids).is_ok()
+        {
+            return ids.into();
+        }
+    }
+    VecDeque::new()
 }

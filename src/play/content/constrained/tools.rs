@@ -100,6 +100,24 @@ impl ToolCalls {
         (((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < self.rate).then_some(rng)
     }
 
+    /// Lark grammars of one call to each of the prompt's tools in the format (at most
+    /// eight), the first tool drawn from `seed`: what a structural tag's answer writes
+    /// where the tag admits it ([`super::stream::GrammarJob`]).
+    pub fn own_calls(&self, tools: &PromptTools, seed: u64) -> Vec<String> {
+        let n = tools.tools.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let first = (SplitMix64(seed ^ 0xca11_0f7a).next_u64() % n as u64) as usize;
+        (0..n.min(8))
+            .map(|k| &tools.tools[(first + k) % n])
+            .map(|tool| {
+                let params = tools.parameters_of(&tool.name).unwrap_or_else(|| json!({}));
+                self.format.grammar(&tool.name, &params)
+            })
+            .collect()
+    }
+
     /// The grammar of an unprompted tool call for this request, if it makes one: a prompt
     /// with tools whose last message is not a tool result, and a draw under the rate.
     pub fn decide(&self, tools: &PromptTools, seed: u64) -> Option<TopLevelGrammar> {

@@ -54,14 +54,6 @@ fn xgrammars_grammar_of_a_cohere_call_accepts_the_call_and_nothing_else() {
     ));
 }
 
-/// The tag as `tool_choice: required` has it: a call, and nothing after it.
-fn required(tag: &str) -> Constraint {
-    let mut tag: Value = serde_json::from_str(tag).unwrap();
-    tag["format"]["at_least_one"] = json!(true);
-    tag["format"]["stop_after_first"] = json!(true);
-    Constraint::StructuralTag(tag.to_string())
-}
-
 /// The calls of a Cohere action block.
 fn cohere_calls(text: &str) -> Vec<Value> {
     let body = text
@@ -72,20 +64,39 @@ fn cohere_calls(text: &str) -> Vec<Value> {
     calls.as_array().cloned().unwrap_or_default()
 }
 
+/// The Cohere tag as `tool_choice: required` has it (a call, and nothing after it), for a
+/// prompt that shows `tools` (none: [`PROMPT`]).
+fn cohere_req(id: &str, tools: &str) -> EngineCoreRequest {
+    let mut tag: Value = serde_json::from_str(COHERE_TOOLS_TAG).unwrap();
+    tag["format"]["at_least_one"] = json!(true);
+    tag["format"]["stop_after_first"] = json!(true);
+    let mut r = tag_req(&tag, 600);
+    r.request_id = id.into();
+    let prompt = PROMPT.replace(
+        "user\nhi",
+        &format!("system\n<tools>\n{tools}\n</tools><|im_end|>\n<|im_start|>user\nhi"),
+    );
+    r.prompt_token_ids = Some(Vocabulary::embedded().encode(&prompt));
+    r
+}
+
+/// The answer the engine writes for `r` with `--tool-call-format format`.
+fn answer(r: &EngineCoreRequest, format: ToolCallFormat) -> String {
+    let mut shaping = shaping(0.5, 0.0);
+    shaping.tool_calls.format = format;
+    let s = shaping.stream_for(r, 1).unwrap().expect("a grammar");
+    let (text, end) = drain(s, 600);
+    assert_eq!(end, End::Eos, "{text}");
+    text
+}
+
+const GET_WEATHER: &str = r#"{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}"#;
+
 #[test]
 fn a_cohere_call_is_written_as_command_a_writes_it_when_the_prompt_shows_the_tool() {
-    let tools = PromptTools {
-        tools: vec![Tool {
-            name: "get_weather".into(),
-            parameters: json!({"type": "object", "properties": {"city": {"type": "string"},
-                "days": {"type": "integer"}}, "required": ["city"]}),
-        }],
-        after_tool_result: false,
-    };
     let tag: Value = serde_json::from_str(COHERE_TOOLS_TAG).unwrap();
     for id in ["c-0", "c-1", "c-2"] {
-        let (text, stopped) = generate(required(COHERE_TOOLS_TAG), &tools, id);
-        assert!(stopped, "{text}");
+        let text = answer(&cohere_req(id, GET_WEATHER), ToolCallFormat::CohereCommand3);
         assert!(text.starts_with("<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": {"), "{text}");
         let calls = cohere_calls(&text);
         assert_eq!(calls.len(), 1, "{text}");
@@ -99,11 +110,15 @@ fn a_cohere_call_is_written_as_command_a_writes_it_when_the_prompt_shows_the_too
 }
 
 #[test]
-fn a_cohere_call_follows_the_grammar_alone_when_the_prompt_shows_no_tools() {
+fn a_cohere_call_follows_the_grammar_alone_in_another_format_or_without_the_tools() {
     for id in ["c-0", "c-1", "c-2"] {
-        let (text, stopped) = generate(required(COHERE_TOOLS_TAG), &PromptTools::default(), id);
-        assert!(stopped, "{text}");
-        // every key is optional in xgrammar's rendering: valid, if terse
-        assert!(!cohere_calls(&text).is_empty(), "{text}");
+        for (r, format) in [
+            (cohere_req(id, GET_WEATHER), ToolCallFormat::Hermes),
+            (cohere_req(id, ""), ToolCallFormat::CohereCommand3),
+        ] {
+            // every key is optional in xgrammar's rendering: valid, if terse
+            let text = answer(&r, format);
+            assert!(!cohere_calls(&text).is_empty(), "{text}");
+        }
     }
 }
