@@ -26,7 +26,7 @@ use crate::play::content::text::Prose;
 use crate::play::content::tokens::SplitMix64;
 use crate::play::content::vocab::Vocabulary;
 
-use super::grammar::{is_any_text, tag_begin, tag_ends};
+use super::grammar::{const_value, is_any_text, tag_begin, tag_ends};
 
 /// A `tag` whose content is free text.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,6 +144,25 @@ fn collect(f: &Value, out: &mut FreeTextPlan) {
     if let Some(t) = FreeTag::of(f) {
         out.tags.push(t);
         return;
+    }
+    // free text between two strings of a sequence (`<arg_value>`, the text,
+    // `</arg_value>`): the first opens it, the second ends it
+    if f.get("type").and_then(Value::as_str) == Some("sequence")
+        && let Some(elements) = f.get("elements").and_then(Value::as_array)
+    {
+        for w in elements.windows(3) {
+            if let (Some(begin), true, Some(end)) =
+                (const_value(&w[0]), is_any_text(&w[1]), const_value(&w[2]))
+                && !begin.is_empty()
+                && !end.is_empty()
+            {
+                out.tags.push(FreeTag {
+                    begin: begin.to_string(),
+                    end: end.to_string(),
+                    max_tokens: w[1].get("max_tokens").and_then(Value::as_u64),
+                });
+            }
+        }
     }
     if let Some(t) = IndexedTag::of(f) {
         out.indexed.push(t);
@@ -381,6 +400,16 @@ impl FreeText {
                 self.end_len = 0;
                 return None;
             }
+        }
+    }
+
+    /// The grammar forces what comes next: in an open tag's end, the rest of it (and
+    /// whatever fixed text follows, the next value's begin among it), which the grammar
+    /// writes, so the plan's copy of the end goes and the next begin is watched for again.
+    pub(super) fn grammar_writes(&mut self) {
+        if self.in_text() && self.queue.len() <= self.end_len {
+            self.queue.clear();
+            self.end_len = 0;
         }
     }
 

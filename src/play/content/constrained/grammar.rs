@@ -171,17 +171,33 @@ pub(super) fn format_rule(
         "any_text" => any_text(f, rules)?,
         "sequence" => {
             let elements = list("elements")?;
-            // xgrammar's reading too: free text has no end of its own, so nothing can follow it
-            if elements.iter().rev().skip(1).any(is_any_text) {
-                return Err(
-                    "`any_text` runs to the end of its tag or of the answer: in a sequence it can only be the last element"
-                        .into(),
-                );
+            let mut parts = Vec::with_capacity(elements.len());
+            let mut ended = false;
+            for (j, e) in elements.iter().enumerate() {
+                if std::mem::take(&mut ended) {
+                    continue;
+                }
+                let part = match elements.get(j + 1) {
+                    // free text the string after it ends (vllm-rs's Hunyuan values:
+                    // `<arg_value>`, the text, `</arg_value>`): text and string are one
+                    // lazy lexeme, as at a tag's end
+                    Some(next) if is_any_text(e) => match const_value(next) {
+                        Some(end) => {
+                            ended = true;
+                            any_text_until(e, end, rules)?
+                        }
+                        // free text has no end of its own, so nothing else can follow it
+                        None => {
+                            return Err(
+                                "`any_text` runs to the end of its tag or of the answer: in a sequence only a `const_string` can follow it"
+                                    .into(),
+                            );
+                        }
+                    },
+                    _ => format_rule(e, tool, tools, rules)?,
+                };
+                parts.push(part);
             }
-            let parts = elements
-                .iter()
-                .map(|e| format_rule(e, tool, tools, rules))
-                .collect::<Result<Vec<_>, _>>()?;
             format!("({})", parts.join(" "))
         }
         "or" => {
@@ -364,13 +380,35 @@ pub(super) fn is_any_text(f: &Value) -> bool {
 /// xgrammar's `any_text` as a Lark terminal: any text that holds none of its `excludes`.
 /// Its name.
 fn any_text(f: &Value, rules: &mut Vec<String>) -> Result<String, String> {
-    let excludes = match f.get("excludes") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(v) => string_list(v).ok_or("any_text `excludes` is not a list of strings")?,
-    };
+    let excludes = any_text_excludes(f)?;
     let name = format!("ANY{}", rules.len());
     rules.push(format!("{name}: {}", text_without(&excludes)));
     Ok(name)
+}
+
+/// `any_text` and then `end`, the string a sequence has after it: the text ends where the
+/// string first appears.
+fn any_text_until(f: &Value, end: &str, rules: &mut Vec<String>) -> Result<String, String> {
+    let text = any_text(f, rules)?;
+    let name = format!("r{}", rules.len());
+    rules.push(format!("{name}[lazy]: {text} {}", lark_str(end)));
+    Ok(name)
+}
+
+fn any_text_excludes(f: &Value) -> Result<Vec<String>, String> {
+    match f.get("excludes") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(v) => {
+            string_list(v).ok_or_else(|| "any_text `excludes` is not a list of strings".into())
+        }
+    }
+}
+
+/// The string a `const_string` format writes.
+pub(super) fn const_value(f: &Value) -> Option<&str> {
+    (f.get("type").and_then(Value::as_str) == Some("const_string"))
+        .then(|| f.get("value").and_then(Value::as_str))
+        .flatten()
 }
 
 /// The body of a Lark terminal of any text that holds none of `banned` (empty strings are

@@ -442,6 +442,7 @@ impl ConstrainedStream {
         }
         if let Some((&first, rest)) = ff.split_first() {
             self.word.clear();
+            self.free.grammar_writes();
             self.forced.extend(rest);
             return first;
         }

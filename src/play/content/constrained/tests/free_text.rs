@@ -86,10 +86,53 @@ fn any_text_is_free_text_that_its_tag_ends() {
     let top = tag_of(json!({"type": "any_text"}));
     assert!(accepts(tag_grammar(&top, &none), "anything <at> all\n"));
     assert!(accepts(tag_grammar(&top, &none), ""));
-    // nothing can follow free text that has no end
-    let seq = tag_of(json!({"type": "sequence", "elements": [{"type": "any_text"}, next]}));
+    // in a sequence, the string after free text ends it (vllm-rs's Hunyuan values); any
+    // other format cannot follow text that has no end
+    let seq = tag_of(json!({"type": "sequence", "elements": [
+        {"type": "const_string", "value": "<v>"}, {"type": "any_text"}, next]}));
+    assert!(accepts(tag_grammar(&seq, &none), "<v>a b, c</v>X"));
+    assert!(!accepts(tag_grammar(&seq, &none), "<v>aXbX"));
+    let seq = tag_of(
+        json!({"type": "sequence", "elements": [{"type": "any_text"},
+        {"type": "json_schema", "json_schema": true}]}),
+    );
     let e = grammar_for(&so(Constraint::StructuralTag(seq.to_string())), &none).unwrap_err();
-    assert!(e.contains("only be the last element"), "{e}");
+    assert!(e.contains("only a `const_string` can follow it"), "{e}");
+}
+
+/// vllm-rs's tag of `tool_choice: required` for Hunyuan (`hy_v3`) writes each argument as
+/// `<arg_value>`, free text, `</arg_value>`: the engine writes a few words there and the
+/// end, so the call completes (the value's free text does not run to `max_tokens`).
+#[test]
+fn free_text_between_two_strings_is_a_few_words_then_the_second() {
+    let value = |key: &str| {
+        json!({"type": "sequence", "elements": [
+            {"type": "const_string", "value": "<arg_key>"},
+            {"type": "const_string", "value": key},
+            {"type": "const_string", "value": "</arg_key>\n<arg_value>"},
+            {"type": "any_text", "excludes": ["<arg_value>", "</arg_value>"]},
+            {"type": "const_string", "value": "</arg_value>\n"}]})
+    };
+    let tag = json!({"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "<tool_calls>\n"},
+        {"type": "tag", "begin": "<tool_call>get_weather<tool_sep>\n",
+         "content": {"type": "sequence", "elements": [value("city"), value("day")]},
+         "end": "</tool_call>"},
+        {"type": "const_string", "value": "\n</tool_calls>"}]}});
+    for i in 0..5 {
+        let mut r = tag_req(&tag, 400);
+        r.request_id = format!("h{i}");
+        let s = shaping(0.0, 0.0).stream_for(&r, 1).unwrap().unwrap();
+        let (t, end) = drain(s, 400);
+        assert_eq!(end, End::Eos, "{t}");
+        let city = t
+            .split("<arg_key>city</arg_key>\n<arg_value>")
+            .nth(1)
+            .and_then(|v| v.split("</arg_value>").next())
+            .expect(&t);
+        assert!(!city.is_empty() && city.len() < 80, "{t}");
+        assert!(t.ends_with("</tool_call>\n</tool_calls>"), "{t}");
+    }
 }
 
 /// The think block before a required call spends `--reasoning-share` of the answer (its
