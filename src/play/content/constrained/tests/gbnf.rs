@@ -122,3 +122,39 @@ fn a_cohere_call_follows_the_grammar_alone_in_another_format_or_without_the_tool
         }
     }
 }
+
+#[test]
+fn a_malformed_grammar_is_an_error_not_a_panic() {
+    for g in [
+        "root ::= x{",
+        "root ::= x{1,",
+        "root ::= x{a, b}",
+        "root ::= x{-2, 3}",
+        "",
+    ] {
+        assert!(gbnf_to_lark(g).is_err(), "{g:?}");
+    }
+    for g in [
+        "root ::= x{",
+        "root ::= x{1,",
+        "root ::= x{a, b}",
+        "root ::= x{-2, 3}",
+        "root ::= (= \"a\"",
+        "root ::= Regex(",
+        "root ::= Regex(\"[0-9\"",
+        "root ::= Regex(\"unterminated",
+        "root ::= \"a\" )) ((",
+        "root ::= [\\",
+        "root ::= \"\\",
+        "::=",
+        "",
+        "root",
+    ] {
+        // whatever the converter makes of it, llguidance then refuses it or follows it
+        if let Ok(lark) = gbnf_to_lark(g) {
+            let _ = Vocabulary::embedded()
+                .factory()
+                .create_parser(TopLevelGrammar::from_lark(lark));
+        }
+    }
+}
