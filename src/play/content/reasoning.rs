@@ -132,6 +132,13 @@ pub enum ReasoningFormat {
     /// vocabulary).
     #[value(name = "openai_gptoss")]
     OpenaiGptoss,
+    /// `<think>\n…\n</think>\n\n`, read by the frontends' `hf` parser through the model's
+    /// `response_template` (the embedded model's describes these tags).
+    #[value(name = "hf")]
+    Hf,
+    /// The same, read by Beam's parser through the same template.
+    #[value(name = "beam")]
+    Beam,
 }
 
 /// Parser names that read a format under another name.
@@ -192,6 +199,8 @@ impl ReasoningFormat {
             ReasoningFormat::K2Horizon => "k2_horizon",
             ReasoningFormat::KimiK3 => "kimi_k3",
             ReasoningFormat::OpenaiGptoss => "openai_gptoss",
+            ReasoningFormat::Hf => "hf",
+            ReasoningFormat::Beam => "beam",
         }
     }
 
@@ -240,7 +249,9 @@ impl ReasoningFormat {
             | ReasoningFormat::NemotronV3
             | ReasoningFormat::Ernie45
             | ReasoningFormat::DeepseekV4
-            | ReasoningFormat::Olmo3 => Some(("<think>\n", "\n</think>\n\n")),
+            | ReasoningFormat::Olmo3
+            | ReasoningFormat::Hf
+            | ReasoningFormat::Beam => Some(("<think>\n", "\n</think>\n\n")),
             ReasoningFormat::Gemma4 => Some(("<|channel>thought\n", "<channel|>")),
             ReasoningFormat::Step3 | ReasoningFormat::MinimaxM2AppendThink => {
                 Some(("", "\n</think>\n\n"))
@@ -546,6 +557,6 @@ mod tests {
         ] {
             assert_eq!(ReasoningFormat::from_parser(alias), Some(f), "{alias}");
         }
-        assert_eq!(ReasoningFormat::from_parser("beam"), None);
+        assert_eq!(ReasoningFormat::from_parser("my_plugin"), None);
     }
 }
