@@ -139,6 +139,10 @@ pub enum ReasoningFormat {
     /// The same, read by Beam's parser through the same template.
     #[value(name = "beam")]
     Beam,
+    /// `◁think▷…◁/think▷` then the answer (Kimi-VL's thinking): vllm-rs's `kimi` parser
+    /// (the Python frontend has none of that name); it needs both tags in the vocabulary.
+    #[value(name = "kimi")]
+    Kimi,
 }
 
 /// Parser names that read a format under another name.
@@ -201,6 +205,7 @@ impl ReasoningFormat {
             ReasoningFormat::OpenaiGptoss => "openai_gptoss",
             ReasoningFormat::Hf => "hf",
             ReasoningFormat::Beam => "beam",
+            ReasoningFormat::Kimi => "kimi",
         }
     }
 
@@ -215,6 +220,7 @@ impl ReasoningFormat {
             ReasoningFormat::Olmo3 => &["Ġ</", "</", "think", ">"],
             ReasoningFormat::MinimaxM3 => &["<mm:think>", "</mm:think>"],
             ReasoningFormat::K2Horizon => &["<ifm|think>", "</ifm|think>"],
+            ReasoningFormat::Kimi => &["◁think▷", "◁/think▷"],
             ReasoningFormat::OpenaiGptoss => {
                 &["<|channel|>", "<|message|>", "<|end|>", "<|start|>"]
             }
@@ -257,6 +263,7 @@ impl ReasoningFormat {
                 Some(("", "\n</think>\n\n"))
             }
             ReasoningFormat::K2Horizon => Some(("<ifm|think>", "</ifm|think>")),
+            ReasoningFormat::Kimi => Some(("◁think▷", "◁/think▷")),
             ReasoningFormat::OpenaiGptoss => Some((
                 "<|channel|>analysis<|message|>",
                 "<|end|><|start|>assistant<|channel|>final<|message|>",
