@@ -430,6 +430,23 @@ mod tests {
     use std::collections::HashSet;
 
     #[test]
+    fn the_response_template_starts_where_the_chat_template_opens_the_answer() {
+        let t = response_template();
+        let anchor = t["start_anchor"].as_str().unwrap().replace('\n', "\\n");
+        let generation_prompt =
+            format!("{{% if add_generation_prompt %}}{{{{ '{anchor}' }}}}{{% endif %}}");
+        assert!(CHAT_TEMPLATE.ends_with(&generation_prompt), "{anchor}");
+        let config: Value = serde_json::from_str(&files()[2].1).unwrap();
+        assert_eq!(config["response_template"], t);
+        let fields = t["fields"].as_object().unwrap();
+        assert!(
+            ["thinking", "tool_calls", "content"]
+                .iter()
+                .all(|f| fields.contains_key(*f))
+        );
+    }
+
+    #[test]
     fn hello_world_encodes_one_id_per_byte() {
         assert_eq!(
             encode_text("Hello world"),
