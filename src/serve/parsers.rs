@@ -167,6 +167,25 @@ impl Parsing {
     }
 }
 
+/// Reasoning parsers only vllm-rs (0.33) has: the Python frontend would exit at start.
+const VLLM_RS_ONLY_REASONING_PARSERS: &[&str] = &["kimi"];
+
+impl Parsing {
+    /// Refuses, before anything starts, a reasoning parser serve chose that the Python
+    /// frontend does not have.
+    pub(super) fn check_python(&self) -> Result<()> {
+        if let Some(r) = self
+            .reasoning
+            .filter(|r| VLLM_RS_ONLY_REASONING_PARSERS.contains(r))
+        {
+            bail!(
+                "the Python frontend has no `{r}` reasoning parser (vllm-rs has): serve it behind vllm-rs (the default --frontend)"
+            );
+        }
+        Ok(())
+    }
+}
+
 /// The value of `flag` among the user's frontend arguments (`--flag V` or `--flag=V`).
 fn user_value<'a>(user: &'a [String], flag: &str) -> Option<&'a str> {
     let mut it = user.iter();
@@ -534,8 +553,22 @@ mod tests {
         let alone = formats(ToolCallFormat::Hf, ReasoningFormat::None).unwrap();
         let e = alone.check_vllm_rs(true).unwrap_err().to_string();
         assert!(e.contains("--reasoning-format hf"), "{e}");
+        // the Python frontend reads both (`required` aside)
+        assert!(hf.check_python().is_ok());
         let beam = formats(ToolCallFormat::Beam, ReasoningFormat::Beam).unwrap();
+        assert!(beam.check_python().is_ok());
         let e = beam.check_vllm_rs(true).unwrap_err().to_string();
         assert!(e.contains("--frontend python"), "{e}");
+    }
+
+    #[test]
+    fn kimi_thinking_is_refused_before_the_python_frontend_starts() {
+        let mut play = PlayArgs::defaults();
+        play.reasoning_format = Some(ReasoningFormat::Kimi);
+        // with a model of one's own, which may have its tags
+        let p = choose(&mut play, &[], true).unwrap();
+        let e = p.check_python().unwrap_err().to_string();
+        assert!(e.contains("`kimi`") && e.contains("vllm-rs"), "{e}");
+        assert!(p.check_vllm_rs(false).is_ok());
     }
 }
