@@ -449,6 +449,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             (cmd, grace(3))
         }
         Frontend::Python => {
+            parsing.check_python()?;
             let venv = args.python_venv.clone().context(
                 "--frontend python needs --python-venv DIR (a venv with vllm installed)",
             )?;

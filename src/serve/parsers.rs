@@ -67,6 +67,8 @@ pub(crate) const UNIFIED_PARSERS: &[(&str, &[&str])] = &[
     ),
     ("hy_v3", HY_TOKENS),
     ("hy_v4", HY_TOKENS),
+    // reads the model's response_template: no token of its own
+    ("hf", &[]),
 ];
 
 /// The markers vllm-rs's Hunyuan parsers were seen to read with (`<tool_call>` is the first
@@ -141,16 +143,43 @@ impl Parsing {
                     "vllm-rs runs its `{name}` reasoning parser only beside its `{name}` tool-call parser: use --tool-call-format {name} (or serve it with --frontend python)"
                 );
             }
-            if embedded_model && (as_tools || as_reasoning) {
+            if embedded_model && !tokens.is_empty() && (as_tools || as_reasoning) {
                 bail!(
                     "vllm-rs's `{name}` parser needs {} as single tokens, which the embedded model's tokenizer lacks: serve a model whose tokenizer has them (--model DIR) or serve it with --frontend python",
                     tokens.join(", ")
                 );
             }
         }
-        if let Some(r) = self.reasoning.filter(|r| *r != "none" && embedded_model) {
+        if tool == Some("beam") || self.reasoning == Some("beam") {
+            bail!(
+                "vllm-rs's `beam` parser constrains every answer to Beam's own markup (`<|channel|>analysis<|message|>` thinking, calls as ` to=NAME<|channel|>analysis <|constrain|>xml<|message|>` with `<rfl:parameter>` values), not to the model's response_template, and the engine does not write it: serve `beam` with --frontend python, or `hf` behind vllm-rs"
+            );
+        }
+        if let Some(r) = self
+            .reasoning
+            .filter(|r| *r != "none" && *r != "hf" && embedded_model)
+        {
             bail!(
                 "vllm-rs's `{r}` reasoning parser needs `<think>` as one token, which the embedded model's tokenizer lacks: serve it with --frontend python (or pass `-- --reasoning-parser none` to get the thinking inside the content)"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Reasoning parsers only vllm-rs (0.33) has: the Python frontend would exit at start.
+const VLLM_RS_ONLY_REASONING_PARSERS: &[&str] = &["kimi"];
+
+impl Parsing {
+    /// Refuses, before anything starts, a reasoning parser serve chose that the Python
+    /// frontend does not have.
+    pub(super) fn check_python(&self) -> Result<()> {
+        if let Some(r) = self
+            .reasoning
+            .filter(|r| VLLM_RS_ONLY_REASONING_PARSERS.contains(r))
+        {
+            bail!(
+                "the Python frontend has no `{r}` reasoning parser (vllm-rs has): serve it behind vllm-rs (the default --frontend)"
             );
         }
         Ok(())
@@ -217,6 +246,10 @@ pub(super) fn choose(play: &mut PlayArgs, user: &[String], own_model: bool) -> R
         }
         None => Some(play.reasoning_format.unwrap_or_default().parser()),
     };
+    check_template_parsers(
+        user_value(user, "--tool-call-parser").or(tools.get(2).copied()),
+        user_value(user, "--reasoning-parser").or(reasoning),
+    )?;
     if !own_model {
         let tool = play.tool_call_format.unwrap_or_default();
         let thinking = play.reasoning_format.unwrap_or_default();
@@ -237,6 +270,26 @@ pub(super) fn choose(play: &mut PlayArgs, user: &[String], own_model: bool) -> R
         }
     }
     Ok(Parsing { tools, reasoning })
+}
+
+/// The parsers that read answers with the model's `response_template`: both frontends
+/// build one parser of the template for calls and thinking, so a parser of the other kind
+/// beside it must be the same one (the Python frontend fails to start otherwise; vllm-rs
+/// fails every chat request).
+const TEMPLATE_PARSERS: &[&str] = &["hf", "beam"];
+
+/// Refuses a template parser beside a different parser of the other kind.
+fn check_template_parsers(tool: Option<&str>, reasoning: Option<&str>) -> Result<()> {
+    let (Some(t), Some(r)) = (tool, reasoning.filter(|r| *r != "none")) else {
+        return Ok(());
+    };
+    if t != r && (TEMPLATE_PARSERS.contains(&t) || TEMPLATE_PARSERS.contains(&r)) {
+        bail!(
+            "the `{t}` tool-call parser and the `{r}` reasoning parser cannot be combined: `hf` and `beam` read calls and thinking with one parser of the model's response_template, so give both kinds the same one (--tool-call-format and --reasoning-format {}, or --reasoning-format none)",
+            if TEMPLATE_PARSERS.contains(&t) { t } else { r }
+        );
+    }
+    Ok(())
 }
 
 /// The flags and words of one kind of parser, for [`adopt`]'s messages.
@@ -331,7 +384,12 @@ mod tests {
         assert_eq!(play.reasoning_format, Some(ReasoningFormat::Glm45));
         // a parser the engine has no format for leaves the default
         let mut play = PlayArgs::defaults();
-        choose(&mut play, &user(&["--tool-call-parser", "beam"]), false).unwrap();
+        choose(
+            &mut play,
+            &user(&["--tool-call-parser", "my_plugin"]),
+            false,
+        )
+        .unwrap();
         assert_eq!(play.tool_call_format, None);
         // parsing turned off after `--` keeps the engine's formats
         play.tool_call_format = Some(ToolCallFormat::Xlam);
@@ -472,5 +530,45 @@ mod tests {
         play.reasoning_format = Some(ReasoningFormat::Granite);
         let e = choose(&mut play, &user(&["--reasoning-parser", "qwen3"]), false).unwrap_err();
         assert!(e.to_string().contains("--reasoning-format granite"), "{e}");
+    }
+
+    #[test]
+    fn template_parsers_read_calls_and_thinking_with_one_parser() {
+        let formats = |t, r| {
+            let mut play = PlayArgs::defaults();
+            play.tool_call_format = Some(t);
+            play.reasoning_format = Some(r);
+            choose(&mut play, &[], false)
+        };
+        // beside another reasoning parser both frontends fail: refused before anything starts
+        let e = formats(ToolCallFormat::Hf, ReasoningFormat::Qwen3).unwrap_err();
+        assert!(e.to_string().contains("cannot be combined"), "{e}");
+        let e = formats(ToolCallFormat::Hermes, ReasoningFormat::Beam).unwrap_err();
+        assert!(e.to_string().contains("`beam` reasoning parser"), "{e}");
+        // vllm-rs reads `hf` with the embedded model (its template ships with it), as one
+        // parser for both kinds; its `beam` is refused
+        let hf = formats(ToolCallFormat::Hf, ReasoningFormat::Hf).unwrap();
+        assert_eq!(hf.tools[2], "hf");
+        assert!(hf.check_vllm_rs(true).is_ok());
+        let alone = formats(ToolCallFormat::Hf, ReasoningFormat::None).unwrap();
+        let e = alone.check_vllm_rs(true).unwrap_err().to_string();
+        assert!(e.contains("--reasoning-format hf"), "{e}");
+        // the Python frontend reads both (`required` aside)
+        assert!(hf.check_python().is_ok());
+        let beam = formats(ToolCallFormat::Beam, ReasoningFormat::Beam).unwrap();
+        assert!(beam.check_python().is_ok());
+        let e = beam.check_vllm_rs(true).unwrap_err().to_string();
+        assert!(e.contains("--frontend python"), "{e}");
+    }
+
+    #[test]
+    fn kimi_thinking_is_refused_before_the_python_frontend_starts() {
+        let mut play = PlayArgs::defaults();
+        play.reasoning_format = Some(ReasoningFormat::Kimi);
+        // with a model of one's own, which may have its tags
+        let p = choose(&mut play, &[], true).unwrap();
+        let e = p.check_python().unwrap_err().to_string();
+        assert!(e.contains("`kimi`") && e.contains("vllm-rs"), "{e}");
+        assert!(p.check_vllm_rs(false).is_ok());
     }
 }

@@ -11,7 +11,8 @@ fails to start or to read prints {"label": ..., "error": ...}.
 A parser whose frontend path is a parser of its own family rather than the tool or reasoning
 parser class alone (Cohere Command's, read by `cohere_melody`; Kimi K3's; MiniCPM-V's: the
 frontend composes them in `ParserManager`) is read through that composed parser's `parse`,
-as the frontend reads it. gpt-oss's harmony (`openai` calls, `openai_gptoss` thinking) is read
+as the frontend reads it. So are `hf` and `beam`, one parser of the response_template in
+MODEL_DIR's tokenizer_config.json for calls and thinking. gpt-oss's harmony (`openai` calls, `openai_gptoss` thinking) is read
 from token ids of its own vocabulary (o200k_harmony, which the harmony package ships): the
 ids of the engine's text in it, what a model with gpt-oss's tokenizer would have written.
 """

@@ -33,6 +33,7 @@ mod offload;
 mod openai;
 mod parsers;
 mod router;
+mod template_parsers;
 mod tokenizers;
 
 fn free_port() -> u16 {

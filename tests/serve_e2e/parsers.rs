@@ -54,6 +54,9 @@ const TOOL_FORMATS: &[(&str, bool)] = &[
     ("kimi_k3", false),
     ("k2_horizon", false),
     ("minicpm5", false),
+    // read with the embedded model's response_template (vllm-rs: `template_parsers.rs`)
+    ("hf", false),
+    ("beam", false),
 ];
 
 /// Tool parsers that read a format above under another name (`ALIASES` in
@@ -98,9 +101,11 @@ const REASONING_FORMATS: &[&str] = &[
     "cohere_command4",
     "minimax_m2_append_think",
     "kimi_k3",
+    "hf",
+    "beam",
 ];
 
-fn tools() -> Value {
+pub(super) fn tools() -> Value {
     json!([
         {"type": "function", "function": {"name": "get_weather", "parameters": {
             "type": "object",
@@ -164,7 +169,7 @@ fn assert_no_markup(content: &Value, label: &str) {
 }
 
 /// A chat completion with [`tools`] under `tool_choice`; the answer's message.
-fn chat_with_tools(port: u16, tool_choice: &str, label: &str) -> Value {
+pub(super) fn chat_with_tools(port: u16, tool_choice: &str, label: &str) -> Value {
     // room for a few calls (their markers are a token a byte in the embedded vocabulary)
     let body = json!({"model": "tiny", "max_tokens": 800, "tools": tools(),
         "tool_choice": tool_choice,
@@ -179,7 +184,7 @@ fn chat_with_tools(port: u16, tool_choice: &str, label: &str) -> Value {
 }
 
 /// The message's calls are parsed, to the tools, with valid arguments, and nothing else.
-fn assert_parsed_calls(message: &Value, label: &str) {
+pub(super) fn assert_parsed_calls(message: &Value, label: &str) {
     let calls = message["tool_calls"]
         .as_array()
         .cloned()
@@ -422,7 +427,7 @@ fn a_qwen3_stand_in_behind_the_python_frontend_gives_parsed_calls_and_reasoning(
 /// A chat answer of 80 tokens thinks half of them: `reasoning` (`reasoning_content` on
 /// older lines) holds the thinking, `content` the rest without tags, and usage counts all
 /// 80 with the thinking among them.
-fn assert_thinking_parsed(port: u16, label: &str) {
+pub(super) fn assert_thinking_parsed(port: u16, label: &str) {
     let body = json!({"model": "tiny", "max_tokens": 80,
         "messages": [{"role": "user", "content": "Hello"}]});
     let (status, answer) = http_post_json(port, "/v1/chat/completions", &body);
@@ -448,7 +453,7 @@ fn assert_thinking_parsed(port: u16, label: &str) {
 
 /// The thinking a frontend's reasoning parser took out of an answer: `reasoning`
 /// (`reasoning_content` on older lines).
-fn reasoning_of(message: &Value) -> &str {
+pub(super) fn reasoning_of(message: &Value) -> &str {
     message["reasoning"]
         .as_str()
         .or(message["reasoning_content"].as_str())
@@ -458,7 +463,7 @@ fn reasoning_of(message: &Value) -> &str {
 /// A `required` answer behind a reasoning parser thinks before its calls: the frontend
 /// parses the block out, prose without its tags, of its share of the answer: half of the
 /// 800 tokens (`--reasoning-share 0.5`), its two tags among them, one token a byte.
-fn assert_required_thinks(message: &Value, label: &str) {
+pub(super) fn assert_required_thinks(message: &Value, label: &str) {
     let reasoning = reasoning_of(message);
     assert!(
         (300..=400).contains(&reasoning.trim().len()) && !reasoning.contains("think>"),
@@ -547,7 +552,7 @@ const MARKERS: &[&str] = &[
 
 /// A model of one's own whose tokenizer has `markers`: the embedded one with them added
 /// (not special, so answers keep them) after its 259 tokens.
-fn model_with_markers(dir: &TestDir, markers: &[&str]) {
+pub(super) fn model_with_markers(dir: &TestDir, markers: &[&str]) {
     vllm_vcr::tiny_model::write_to(dir.root()).unwrap();
     let path = dir.path("tokenizer.json");
     let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();

@@ -294,6 +294,29 @@ fn real_engine_config_json() -> Value {
     c
 }
 
+/// The `response_template` of `tokenizer_config.json`: how an answer of this model reads
+/// back (a thinking block, Hermes-style calls with the function named in the opener, and the
+/// rest as content). The frontends' `hf` and `beam` parsers read answers with it, and
+/// `beam` derives the grammar of `tool_choice: required` from it; the engine's `hf` and
+/// `beam` formats write what it describes.
+pub fn response_template() -> Value {
+    json!({
+        "start_anchor": "<|im_start|>assistant\n",
+        "fields": {
+            "thinking": {"open": "<think>\n", "close": "\n</think>\n\n"},
+            "tool_calls": {
+                "open_pattern": "<tool_call>\\n\\{\"name\": \"(?P<name>[^\"]+)\", \"arguments\": ",
+                "close": "}\n</tool_call>",
+                "content": "json",
+                "repeats": true,
+                "transform": {"type": "function",
+                    "function": {"name": "{name}", "arguments": "{content}"}}
+            },
+            "content": {}
+        }
+    })
+}
+
 fn tokenizer_config_json() -> Value {
     json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -305,7 +328,8 @@ fn tokenizer_config_json() -> Value {
         "extra_special_tokens": [SPECIAL_TOKENS[1], SPECIAL_TOKENS[2]],
         "model_max_length": MAX_MODEL_LEN,
         "clean_up_tokenization_spaces": false,
-        "chat_template": CHAT_TEMPLATE
+        "chat_template": CHAT_TEMPLATE,
+        "response_template": response_template()
     })
 }
 
@@ -404,6 +428,23 @@ fn write_files(dir: &Path, files: Vec<(&'static str, String)>) -> std::io::Resul
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    #[test]
+    fn the_response_template_starts_where_the_chat_template_opens_the_answer() {
+        let t = response_template();
+        let anchor = t["start_anchor"].as_str().unwrap().replace('\n', "\\n");
+        let generation_prompt =
+            format!("{{% if add_generation_prompt %}}{{{{ '{anchor}' }}}}{{% endif %}}");
+        assert!(CHAT_TEMPLATE.ends_with(&generation_prompt), "{anchor}");
+        let config: Value = serde_json::from_str(&files()[2].1).unwrap();
+        assert_eq!(config["response_template"], t);
+        let fields = t["fields"].as_object().unwrap();
+        assert!(
+            ["thinking", "tool_calls", "content"]
+                .iter()
+                .all(|f| fields.contains_key(*f))
+        );
+    }
 
     #[test]
     fn hello_world_encodes_one_id_per_byte() {

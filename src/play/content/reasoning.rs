@@ -132,6 +132,17 @@ pub enum ReasoningFormat {
     /// vocabulary).
     #[value(name = "openai_gptoss")]
     OpenaiGptoss,
+    /// `<think>\n…\n</think>\n\n`, read by the frontends' `hf` parser through the model's
+    /// `response_template` (the embedded model's describes these tags).
+    #[value(name = "hf")]
+    Hf,
+    /// The same, read by Beam's parser through the same template.
+    #[value(name = "beam")]
+    Beam,
+    /// `◁think▷…◁/think▷` then the answer (Kimi-VL's thinking): vllm-rs's `kimi` parser
+    /// (the Python frontend has none of that name); it needs both tags in the vocabulary.
+    #[value(name = "kimi")]
+    Kimi,
 }
 
 /// Parser names that read a format under another name.
@@ -192,6 +203,9 @@ impl ReasoningFormat {
             ReasoningFormat::K2Horizon => "k2_horizon",
             ReasoningFormat::KimiK3 => "kimi_k3",
             ReasoningFormat::OpenaiGptoss => "openai_gptoss",
+            ReasoningFormat::Hf => "hf",
+            ReasoningFormat::Beam => "beam",
+            ReasoningFormat::Kimi => "kimi",
         }
     }
 
@@ -206,6 +220,7 @@ impl ReasoningFormat {
             ReasoningFormat::Olmo3 => &["Ġ</", "</", "think", ">"],
             ReasoningFormat::MinimaxM3 => &["<mm:think>", "</mm:think>"],
             ReasoningFormat::K2Horizon => &["<ifm|think>", "</ifm|think>"],
+            ReasoningFormat::Kimi => &["◁think▷", "◁/think▷"],
             ReasoningFormat::OpenaiGptoss => {
                 &["<|channel|>", "<|message|>", "<|end|>", "<|start|>"]
             }
@@ -240,12 +255,15 @@ impl ReasoningFormat {
             | ReasoningFormat::NemotronV3
             | ReasoningFormat::Ernie45
             | ReasoningFormat::DeepseekV4
-            | ReasoningFormat::Olmo3 => Some(("<think>\n", "\n</think>\n\n")),
+            | ReasoningFormat::Olmo3
+            | ReasoningFormat::Hf
+            | ReasoningFormat::Beam => Some(("<think>\n", "\n</think>\n\n")),
             ReasoningFormat::Gemma4 => Some(("<|channel>thought\n", "<channel|>")),
             ReasoningFormat::Step3 | ReasoningFormat::MinimaxM2AppendThink => {
                 Some(("", "\n</think>\n\n"))
             }
             ReasoningFormat::K2Horizon => Some(("<ifm|think>", "</ifm|think>")),
+            ReasoningFormat::Kimi => Some(("◁think▷", "◁/think▷")),
             ReasoningFormat::OpenaiGptoss => Some((
                 "<|channel|>analysis<|message|>",
                 "<|end|><|start|>assistant<|channel|>final<|message|>",
@@ -546,6 +564,6 @@ mod tests {
         ] {
             assert_eq!(ReasoningFormat::from_parser(alias), Some(f), "{alias}");
         }
-        assert_eq!(ReasoningFormat::from_parser("beam"), None);
+        assert_eq!(ReasoningFormat::from_parser("my_plugin"), None);
     }
 }

@@ -196,6 +196,15 @@ pub enum ToolCallFormat {
     /// model with that tokenizer is read.
     #[value(name = "openai")]
     Openai,
+    /// The frontends' `hf` parser: the model's own `response_template` (its
+    /// `tokenizer_config.json`) says how an answer reads. The engine writes Hermes's text,
+    /// which the embedded model's template describes (the function named in the opener).
+    #[value(name = "hf")]
+    Hf,
+    /// Beam's parser: the same template-driven reading as `hf`, and for `required` a grammar
+    /// derived from the template: the engine writes the same text.
+    #[value(name = "beam")]
+    Beam,
 }
 
 /// Parser names that read a format under another name.
@@ -265,6 +274,8 @@ impl ToolCallFormat {
             ToolCallFormat::K2Horizon => "k2_horizon",
             ToolCallFormat::Minicpm5 => "minicpm5",
             ToolCallFormat::Openai => "openai",
+            ToolCallFormat::Hf => "hf",
+            ToolCallFormat::Beam => "beam",
         }
     }
 
@@ -309,7 +320,7 @@ impl ToolCallFormat {
             format!("start: {start}\n{args}")
         };
         match self {
-            ToolCallFormat::Hermes => wrap(
+            ToolCallFormat::Hermes | ToolCallFormat::Hf | ToolCallFormat::Beam => wrap(
                 format!("<tool_call>\n{}", json_call("arguments")),
                 "}\n</tool_call>",
             ),

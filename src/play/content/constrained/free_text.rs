@@ -26,7 +26,7 @@ use crate::play::content::text::Prose;
 use crate::play::content::tokens::SplitMix64;
 use crate::play::content::vocab::Vocabulary;
 
-use super::grammar::{const_value, is_any_text, tag_begin, tag_ends};
+use super::grammar::{const_value, free_text_of, is_any_text, tag_begin, tag_ends};
 
 /// A `tag` whose content is free text.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,7 +42,7 @@ impl FreeTag {
     /// The free-text tag `f` is, if it is one with an end (text without an end runs to the
     /// answer's, which the walker ends as it ends any answer).
     fn of(f: &Value) -> Option<FreeTag> {
-        let content = f.get("content")?;
+        let content = free_text_of(f.get("content")?)?;
         if f.get("type").and_then(Value::as_str) != Some("tag") || !is_any_text(content) {
             return None;
         }

@@ -105,6 +105,58 @@ pub(super) fn open_triggered_tags(tag: &mut Value) -> Option<&mut serde_json::Ma
     open.then_some(f)
 }
 
+/// Makes the optional closers that end a structural tag's format (in the last elements of
+/// its sequences, in each branch of an `or`) written: Beam's tags let the end of the
+/// answer stand for a call's closer (`}\n</tool_call>`), and the walker, finding the
+/// grammar complete, would mostly end there; a model writes the closer, and so does the
+/// engine.
+pub(super) fn write_optional_closers(tag: &mut Value) {
+    fn literal(f: &Value) -> bool {
+        match f.get("type").and_then(Value::as_str) {
+            Some("const_string") => true,
+            Some("or") => f
+                .get("elements")
+                .and_then(Value::as_array)
+                .is_some_and(|e| e.iter().all(literal)),
+            _ => false,
+        }
+    }
+    fn walk(f: &mut Value) {
+        match f.get("type").and_then(Value::as_str) {
+            Some("sequence") => {
+                if let Some(last) = f
+                    .get_mut("elements")
+                    .and_then(Value::as_array_mut)
+                    .and_then(|e| e.last_mut())
+                {
+                    let closer = (last.get("type").and_then(Value::as_str) == Some("optional"))
+                        .then(|| last.get("content").filter(|c| literal(c)).cloned())
+                        .flatten();
+                    match closer {
+                        Some(c) => *last = c,
+                        None => walk(last),
+                    }
+                }
+            }
+            Some("or") => {
+                for e in f
+                    .get_mut("elements")
+                    .and_then(Value::as_array_mut)
+                    .into_iter()
+                    .flatten()
+                {
+                    walk(e);
+                }
+            }
+            _ => {}
+        }
+    }
+    match tag.get_mut("format") {
+        Some(f) => walk(f),
+        None => walk(tag),
+    }
+}
+
 /// xgrammar's structural tag (`{"type": "structural_tag", "format": …}`, what the frontends
 /// send for tool calls: `tool_choice` `required` and named functions, and `auto` with
 /// strict tools) as a Lark grammar. A `json_schema` of `true` inside a tag that names a
@@ -252,9 +304,22 @@ pub(super) fn format_rule(
                 .ok_or_else(|| "format `optional` has no `content`".to_string())?;
             format!("({})?", format_rule(content, tool, tools, rules)?)
         }
+        // repeats: Beam's tags (derived from the model's response template) follow the
+        // first call with a `star` of more calls
+        "star" | "plus" => {
+            let content = f
+                .get("content")
+                .ok_or_else(|| format!("format `{ty}` has no `content`"))?;
+            let one = format_rule(content, tool, tools, rules)?;
+            if ty == "star" {
+                format!("({one})*")
+            } else {
+                format!("({one})+")
+            }
+        }
         other => {
             return Err(format!(
-                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, grammar, any_text, sequence, or, optional, tag, tags_with_separator and triggered_tags are)"
+                "structural-tag format `{other}` is not supported (const_string, regex, json_schema, grammar, any_text, sequence, or, optional, star, plus, tag, tags_with_separator and triggered_tags are)"
             ));
         }
     })
@@ -279,6 +344,7 @@ pub(super) fn tag_parts(
     let content = f
         .get("content")
         .ok_or_else(|| format!("the tag {begin:?} has no `content`"))?;
+    let content = free_text_of(content).unwrap_or(content);
     let (ends, optional) = tag_ends(f, &begin)?;
     // `""` is no Lark expression: an empty end makes the whole choice optional
     let alts = format!(
@@ -370,6 +436,24 @@ pub(super) fn tag_ends(f: &Value, begin: &str) -> Result<(Vec<String>, bool), St
         ends.into_iter().filter(|e| !e.is_empty()).collect(),
         optional,
     ))
+}
+
+/// The `any_text` of a tag's content: the content itself, or the last of a sequence that
+/// only keeps the text from being empty before it (Beam's think block: a `regex` of
+/// negated classes, any first character but the end's), which the engine's prose, opening
+/// on a word, satisfies: the engine follows the text alone.
+pub(super) fn free_text_of(content: &Value) -> Option<&Value> {
+    if content.get("type").and_then(Value::as_str) != Some("sequence") {
+        return Some(content);
+    }
+    let (last, before) = content.get("elements")?.as_array()?.split_last()?;
+    let nonempty = |e: &Value| {
+        e.get("type").and_then(Value::as_str) == Some("regex")
+            && e.get("pattern")
+                .and_then(Value::as_str)
+                .is_some_and(|p| p.starts_with("[^"))
+    };
+    (before.len() == 1 && before.iter().all(nonempty)).then_some(last)
 }
 
 /// Whether a format is xgrammar's `any_text`.

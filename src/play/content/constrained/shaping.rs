@@ -11,7 +11,7 @@ use crate::play::content::tokens::{TokenStream, stream_seed};
 use crate::play::content::vocab::Vocabulary;
 
 use super::free_text::FreeTextPlan;
-use super::grammar::{open_triggered_tags, upgrade_legacy_tag};
+use super::grammar::{open_triggered_tags, upgrade_legacy_tag, write_optional_closers};
 use super::stream::{GrammarJob, Recipe};
 use super::tools::{PromptTools, ToolCalls};
 
@@ -76,6 +76,7 @@ impl Shaping {
                         let mut tag: Value = serde_json::from_str(text)
                             .map_err(|e| fail(format!("it is not JSON: {e}")))?;
                         let mut tag = upgrade_legacy_tag(&mut tag).map_err(fail)?;
+                        write_optional_closers(&mut tag);
                         // text or tool calls, the model's choice: the engine chooses as it
                         // does under `auto` (`--tool-call-rate`); text comes from the token
                         // source, a call starts the answer (after the think block the tag

@@ -117,7 +117,10 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
         Some(Value::Object(args))
     };
     match format {
-        ToolCallFormat::Hermes => json_call("<tool_call>\n", "arguments", "\n</tool_call>"),
+        // `hf` and `beam` read the embedded model's response template, which says Hermes's text
+        ToolCallFormat::Hermes | ToolCallFormat::Hf | ToolCallFormat::Beam => {
+            json_call("<tool_call>\n", "arguments", "\n</tool_call>")
+        }
         ToolCallFormat::Granite => json_call("<|tool_call|>[", "arguments", "]"),
         ToolCallFormat::Xlam => json_call("[", "arguments", "]"),
         ToolCallFormat::Phi4MiniJson => json_call("functools[", "arguments", "]"),
@@ -459,7 +462,12 @@ fn every_tool_call_format_writes_the_tool_and_its_typed_arguments() {
     ] {
         assert_eq!(ToolCallFormat::from_parser(alias), Some(format), "{alias}");
     }
-    assert_eq!(ToolCallFormat::from_parser("beam"), None);
+    assert_eq!(ToolCallFormat::from_parser("hf"), Some(ToolCallFormat::Hf));
+    assert_eq!(
+        ToolCallFormat::from_parser("beam"),
+        Some(ToolCallFormat::Beam)
+    );
+    assert_eq!(ToolCallFormat::from_parser("no_such_parser"), None);
 }
 
 #[test]

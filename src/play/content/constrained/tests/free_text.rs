@@ -324,3 +324,49 @@ fn a_tag_of_only_a_free_number_is_numbered_from_0_and_ends() {
     }
     assert!(most >= 2, "no answer made two calls");
 }
+
+/// What vLLM 0.33's Beam parser sends for `tool_choice: required` at the start of the
+/// answer, derived from the embedded model's response template: a thinking block that is
+/// not empty, a call, then a `star` of more calls each after the previous one's closer.
+fn beam_required_tag() -> Value {
+    let params = json!({"type": "object", "properties": {"city": {"type": "string"},
+        "days": {"type": "integer"}}, "required": ["city", "days"]});
+    let call = json!({"type": "sequence", "elements": [
+        {"type": "regex", "pattern": "<tool_call>\\n\\{\"name\": \"get_weather\", \"arguments\": "},
+        {"type": "json_schema", "json_schema": params, "excludes": ["}\n</tool_call>"]}]});
+    let closer = json!({"type": "const_string", "value": "}\n</tool_call>"});
+    json!({"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "tag", "begin": "<think>\n", "end": ["\n</think>\n\n"],
+            "content": {"type": "sequence", "elements": [
+                {"type": "regex", "pattern": "[^\\n]|\n[^\\n<]|\n<[^\\n/]"},
+                {"type": "any_text"}]}},
+        call,
+        {"type": "star", "content": {"type": "sequence", "elements": [closer, call]}},
+        {"type": "optional", "content": closer}]}})
+}
+
+#[test]
+fn beams_required_tag_gives_thinking_then_calls_in_the_templates_format() {
+    let vocab = Vocabulary::embedded();
+    let mut r = tag_req(&beam_required_tag(), 300);
+    r.prompt_token_ids = Some(vocab.encode(&weather_prompt()));
+    for i in 0..6 {
+        r.request_id = format!("b{i}");
+        let s = shaping(0.0, 0.3).stream_for(&r, 1).unwrap().unwrap();
+        let (t, end) = drain(s, 300);
+        assert_eq!(end, End::Eos, "{t}");
+        let (thinking, calls) = t
+            .strip_prefix("<think>\n")
+            .and_then(|r| r.split_once("\n</think>\n\n"))
+            .unwrap_or_else(|| panic!("no thinking block: {t}"));
+        assert!(!thinking.trim().is_empty(), "{t}");
+        // the template's tool field: one call per block, Hermes's text
+        let calls = hermes_calls(calls).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!calls.is_empty(), "{t}");
+        for c in calls {
+            assert_eq!(c["name"], "get_weather", "{t}");
+            let args = &c["arguments"];
+            assert!(args["city"].is_string() && args["days"].is_i64(), "{t}");
+        }
+    }
+}
