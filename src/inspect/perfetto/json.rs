@@ -79,11 +79,26 @@ const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
 6061626364656667686970717273747576777879\
 8081828384858687888990919293949596979899";
 
-/// `v` in decimal at `room[at..]`; returns the end. `room` has 20 bytes from `at` on.
+/// `v < 10^8` in exactly eight digits (leading zeros) at `room[at..at + 8]`: four pairs
+/// computed independently of each other, not one after the other.
 #[inline(always)]
-fn put_u64(room: &mut [u8], at: usize, mut v: u64) -> usize {
+fn put_8(room: &mut [u8], at: usize, v: u32) {
+    let (hi, lo) = (v / 10_000, v % 10_000);
+    for (k, part) in [hi / 100, hi % 100, lo / 100, lo % 100]
+        .into_iter()
+        .enumerate()
+    {
+        let r = part as usize * 2;
+        room[at + 2 * k..at + 2 * k + 2].copy_from_slice(&PAIRS[r..r + 2]);
+    }
+}
+
+/// `v < 10^8` in decimal at `room[at..]`; returns the end.
+#[inline(always)]
+fn put_small(room: &mut [u8], at: usize, v: u32) -> usize {
     let end = at + v.checked_ilog10().unwrap_or(0) as usize + 1;
     let mut i = end;
+    let mut v = v;
     while v >= 100 {
         let r = (v % 100) as usize * 2;
         v /= 100;
@@ -97,6 +112,26 @@ fn put_u64(room: &mut [u8], at: usize, mut v: u64) -> usize {
         room[i - 1] = b'0' + v as u8;
     }
     end
+}
+
+/// `v` in decimal at `room[at..]`; returns the end. `room` has 20 bytes from `at` on.
+/// Eight digits at a time from the right: a trace's µs times have ten.
+#[inline(always)]
+fn put_u64(room: &mut [u8], at: usize, v: u64) -> usize {
+    const E8: u64 = 100_000_000;
+    if v < E8 {
+        return put_small(room, at, v as u32);
+    }
+    let (high, low) = (v / E8, (v % E8) as u32);
+    let at = if high < E8 {
+        put_small(room, at, high as u32)
+    } else {
+        let at = put_small(room, at, (high / E8) as u32);
+        put_8(room, at, (high % E8) as u32);
+        at + 8
+    };
+    put_8(room, at, low);
+    at + 8
 }
 
 /// `v` in decimal (`-` first when negative) at `room[at..]`; returns the end. `room` has
@@ -189,6 +224,13 @@ struct Plain {
     counter_pid: Option<u32>,
 }
 
+/// `a == b`, compared inline: a name is a few bytes, and a library call to compare them
+/// cost more than the compare.
+#[inline(always)]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(true, |same, (x, y)| same & (x == y))
+}
+
 fn same_static(a: &'static str, b: &'static str) -> bool {
     std::ptr::eq(a, b)
 }
@@ -213,7 +255,7 @@ impl Plain {
     /// piece would not fit (the general path writes the event then).
     #[inline]
     fn fit_slice(&mut self, s: &Slice) -> bool {
-        if self.slice_name.as_slice() != s.name.as_bytes() {
+        if !same_bytes(&self.slice_name, s.name.as_bytes()) {
             self.slice_name.clear();
             let Some(name) = plain_string(s.name) else {
                 return false;
@@ -706,6 +748,27 @@ mod tests {
             1e-300,
         ] {
             assert_eq!(whole(v), None, "{v}");
+        }
+    }
+
+    /// The in-place integers are Rust's own decimal text, at every digit count and sign.
+    #[test]
+    fn in_place_integers_are_decimal_text() {
+        let mut values = vec![0u64, u64::MAX, i64::MAX as u64];
+        let mut p = 1u64;
+        while let Some(next) = p.checked_mul(10) {
+            values.extend([p - 1, p, p + 1, p * 7 + 3]);
+            p = next;
+        }
+        values.extend([p - 1, p, p + 1]);
+        let mut room = [b'#'; 40];
+        for &v in &values {
+            let n = put_u64(&mut room, 3, v);
+            assert_eq!(std::str::from_utf8(&room[3..n]).unwrap(), v.to_string());
+            for w in [v as i64, (v as i64).wrapping_neg(), i64::MIN] {
+                let n = put_i64(&mut room, 1, w);
+                assert_eq!(std::str::from_utf8(&room[1..n]).unwrap(), w.to_string());
+            }
         }
     }
 }
