@@ -197,7 +197,7 @@ fn plain_string(s: &str) -> Option<Vec<u8>> {
 }
 
 /// Room reserved in the buffer for one event of the fast path: its pieces at their
-/// padded sizes and four numbers of at most 20 bytes each.
+/// padded sizes, three numbers of at most 20 bytes each and `,"dur":`.
 const ROOM: usize = HEAD + 20 + 8 + 20 + IDS + 20 + TAIL;
 const HEAD: usize = 96;
 const IDS: usize = 48;
@@ -206,9 +206,9 @@ const TAIL: usize = 64;
 /// The pieces of the last slice and the last counter written by the fast path, and what
 /// they were made from.
 struct Plain {
-    /// `,\n{"name":NAME,"ph":"X","ts":` for `slice_name`.
+    /// `,\n{"name":NAME,"ph":"X","ts":` for `slice_name` (`None`: no head made yet).
     slice_head: Piece<HEAD>,
-    slice_name: Vec<u8>,
+    slice_name: Option<Vec<u8>>,
     /// `,"pid":PID,"tid":` for `slice_pid`.
     slice_ids: Piece<IDS>,
     slice_pid: Option<u32>,
@@ -239,7 +239,7 @@ impl Plain {
     fn new() -> Plain {
         Plain {
             slice_head: Piece::new(),
-            slice_name: Vec::new(),
+            slice_name: None,
             slice_ids: Piece::new(),
             slice_pid: None,
             slice_tail: Piece::new(),
@@ -255,8 +255,12 @@ impl Plain {
     /// piece would not fit (the general path writes the event then).
     #[inline]
     fn fit_slice(&mut self, s: &Slice) -> bool {
-        if !same_bytes(&self.slice_name, s.name.as_bytes()) {
-            self.slice_name.clear();
+        if !self
+            .slice_name
+            .as_deref()
+            .is_some_and(|n| same_bytes(n, s.name.as_bytes()))
+        {
+            self.slice_name = None;
             let Some(name) = plain_string(s.name) else {
                 return false;
             };
@@ -266,7 +270,7 @@ impl Plain {
             {
                 return false;
             }
-            self.slice_name.extend_from_slice(s.name.as_bytes());
+            self.slice_name = Some(s.name.as_bytes().to_vec());
         }
         if self.slice_pid != Some(s.pid) {
             let mut pid = Vec::new();
@@ -631,6 +635,7 @@ mod tests {
     fn the_fast_path_writes_the_general_paths_bytes() {
         let long = "n".repeat(HEAD);
         let names = [
+            "",
             "decode",
             "decode x3",
             "prefill",
@@ -693,15 +698,15 @@ mod tests {
                 args: &[],
             };
             assert!(via_plain_slice(&mut plain, &s).is_none(), "{name}");
-            // the next plain slice is still right after a refusal
-            let ok = Slice {
-                name: "decode",
-                ..s
-            };
-            assert_eq!(
-                via_plain_slice(&mut plain, &ok),
-                Some(via_general_slice(&ok))
-            );
+            // the next plain slice is still right after a refusal, an empty name too
+            for next in ["", "decode"] {
+                let ok = Slice { name: next, ..s };
+                assert_eq!(
+                    via_plain_slice(&mut plain, &ok),
+                    Some(via_general_slice(&ok))
+                );
+                assert!(via_plain_slice(&mut plain, &s).is_none());
+            }
         }
     }
 
