@@ -420,6 +420,11 @@ impl Writer {
         self.events += 1;
         self.sink.counter(pid, name, ts, value)
     }
+
+    fn run(&mut self, template: &Slice, bounds: &[i64]) -> Result<()> {
+        self.events += bounds.len().saturating_sub(1) as u64;
+        self.sink.run(template, bounds)
+    }
 }
 
 /// Draw `args.trace` (and its step stats) into `sink`; returns what was drawn, with the
@@ -584,6 +589,20 @@ fn write_request(
         dur: bounds[1] - bounds[0],
         args: &args,
     })?;
+    let decode = Slice {
+        pid: REQUESTS_PID,
+        tid,
+        name: "decode",
+        category: "request",
+        colour: DECODE_COLOUR,
+        ts: 0,
+        dur: 0,
+        args: &[],
+    };
+    if r.itl_tokens.is_empty() && !r.incomplete && ids.is_none_or(|ids| first_n >= ids.len()) {
+        // one token per gap, nothing to show but its times: the common case, in one call
+        return sink.run(&decode, &bounds[1..]);
+    }
     let mut at = first_n;
     for (k, w) in bounds[1..].windows(2).enumerate() {
         // a record without itl_tokens delivered one token per gap
@@ -611,14 +630,11 @@ fn write_request(
         }
         at += n;
         sink.slice(&Slice {
-            pid: REQUESTS_PID,
-            tid,
             name,
-            category: "request",
-            colour: DECODE_COLOUR,
             ts: w[0],
             dur: w[1] - w[0],
             args: &args[..used],
+            ..decode
         })?;
     }
     Ok(())
