@@ -4,7 +4,7 @@
 //! (`process_name`, `thread_name`); times in µs.
 //!
 //! An event is written by hand, byte for byte what serde_json wrote for it before (keys in
-//! the same order, numbers through serde_json's own formatter, strings as is unless they need
+//! the same order, numbers as serde_json formats them, strings as is unless they need
 //! escaping, and then by serde_json): going through serde's map serialiser escaped every key
 //! and name (a fifth of the run) for strings that never need it.
 //!
@@ -13,7 +13,8 @@
 //! written by [`Plain`]: the repeated parts are kept as ready-made byte strings, copied
 //! with fixed-size copies into room reserved in the output buffer, and the numbers between
 //! them are formatted in place. Small copies of varying length are library calls that cost
-//! more than the bytes they move, and this path runs ~100 times per request.
+//! more than the bytes they move, and this path runs ~100 times per request. A request's
+//! decode gaps without arguments come as one [`Sink::run`], written in one loop.
 
 use std::io::Write;
 
