@@ -45,6 +45,21 @@ pub trait Sink {
     /// Name thread `tid` of process `pid` (before its slices).
     fn thread(&mut self, pid: u32, tid: u64, name: &str) -> Result<()>;
     fn slice(&mut self, s: &Slice) -> Result<()>;
+    /// Back-to-back slices without arguments: one from each of `bounds` to the next, all
+    /// with `template`'s process, thread, name, category and colour (its times and
+    /// arguments are not used). A request's decode gaps are nearly every event of a big
+    /// trace; a writer may write them in one loop.
+    fn run(&mut self, template: &Slice, bounds: &[i64]) -> Result<()> {
+        for w in bounds.windows(2) {
+            self.slice(&Slice {
+                ts: w[0],
+                dur: w[1] - w[0],
+                args: &[],
+                ..*template
+            })?;
+        }
+        Ok(())
+    }
     /// A sample of the counter `name` of process `pid`; a track's samples come in time
     /// order.
     fn counter(&mut self, pid: u32, name: &'static str, ts: i64, value: f64) -> Result<()>;

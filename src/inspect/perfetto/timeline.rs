@@ -119,10 +119,33 @@ struct Timing {
     arrival_ms: Option<f64>,
     #[serde(default)]
     ttft_ms: Option<f64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "gaps")]
     itl_ms: Vec<f64>,
     #[serde(default)]
     incomplete: bool,
+}
+
+/// `itl_ms` as `Vec<f64>` reads it, with room for a typical record's gaps made once: the
+/// reader cannot tell the array's length, and growing a vector from empty to a few hundred
+/// gaps reallocated it seven times a record.
+fn gaps<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+    struct Gaps;
+    impl<'de> serde::de::Visitor<'de> for Gaps {
+        type Value = Vec<f64>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a sequence")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<f64>, A::Error> {
+            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).max(256));
+            while let Some(x) = seq.next_element()? {
+                v.push(x);
+            }
+            Ok(v)
+        }
+    }
+    d.deserialize_seq(Gaps)
 }
 
 /// What the first pass keeps per placed request while lanes are packed.
@@ -397,6 +420,11 @@ impl Writer {
         self.events += 1;
         self.sink.counter(pid, name, ts, value)
     }
+
+    fn run(&mut self, template: &Slice, bounds: &[i64]) -> Result<()> {
+        self.events += bounds.len().saturating_sub(1) as u64;
+        self.sink.run(template, bounds)
+    }
 }
 
 /// Draw `args.trace` (and its step stats) into `sink`; returns what was drawn, with the
@@ -561,10 +589,24 @@ fn write_request(
         dur: bounds[1] - bounds[0],
         args: &args,
     })?;
-    let chunks = r.chunk_tokens();
+    let decode = Slice {
+        pid: REQUESTS_PID,
+        tid,
+        name: "decode",
+        category: "request",
+        colour: DECODE_COLOUR,
+        ts: 0,
+        dur: 0,
+        args: &[],
+    };
+    if r.itl_tokens.is_empty() && !r.incomplete && ids.is_none_or(|ids| first_n >= ids.len()) {
+        // one token per gap, nothing to show but its times: the common case, in one call
+        return sink.run(&decode, &bounds[1..]);
+    }
     let mut at = first_n;
     for (k, w) in bounds[1..].windows(2).enumerate() {
-        let n = chunks.get(k).copied().unwrap_or(1) as usize;
+        // a record without itl_tokens delivered one token per gap
+        let n = r.itl_tokens.get(k).copied().unwrap_or(1) as usize;
         let name: &str = if n == 1 {
             "decode"
         } else {
@@ -588,14 +630,11 @@ fn write_request(
         }
         at += n;
         sink.slice(&Slice {
-            pid: REQUESTS_PID,
-            tid,
             name,
-            category: "request",
-            colour: DECODE_COLOUR,
             ts: w[0],
             dur: w[1] - w[0],
             args: &args[..used],
+            ..decode
         })?;
     }
     Ok(())
