@@ -643,8 +643,8 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         ("hy_v3", None, false, Some(false)),
         ("hy_v4", None, false, Some(false)),
         // vllm-rs reads Kimi K3's calls and thinking with one parser; its tag of
-        // `required` is refused (see docs/tool-formats.md)
-        ("kimi_k3", Some("kimi_k3"), true, None),
+        // `required` opens with a think block, then a `star` of argument blocks
+        ("kimi_k3", Some("kimi_k3"), true, Some(true)),
         // gpt-oss's harmony calls and thinking
         ("openai", Some("openai_gptoss"), false, Some(false)),
     ] {
@@ -718,9 +718,12 @@ fn formats_whose_parsers_need_marker_tokens_work_with_a_model_that_has_them() {
         ]);
         serve.wait_ready();
         let label = format!("vllm-rs {name} (own model)");
-        // its tag of `required` is refused (free text before the end of each value: the
-        // engine does not know where to end it)
         assert_parsed_calls(&chat_with_tools(serve.port, "auto", &label), &label);
+        // its tag of `required` opens with a think block and writes each value as free
+        // text that `</arg_value>` ends
+        let message = chat_with_tools(serve.port, "required", &label);
+        assert_parsed_calls(&message, &label);
+        assert_required_thinks(&message, &label);
         assert_thinking_parsed(serve.port, &label);
     }
 

@@ -166,13 +166,13 @@ pub enum ToolCallFormat {
     /// Command A Reasoning (`cmd4`): the same calls, read by its own parser.
     #[value(name = "cohere_command4")]
     CohereCommand4,
-    /// Hunyuan V3: `<tool_calls><tool_call>NAME<tool_sep><arg_key>KEY</arg_key>`
-    /// `<arg_value>VALUE</arg_value>…</tool_call></tool_calls>`, strings bare (its parser
-    /// types the values by the schema; it needs `<tool_calls>` and `</tool_calls>` in the
-    /// vocabulary).
+    /// Hunyuan V3: `<tool_calls>\n<tool_call>NAME<tool_sep>\n<arg_key>KEY</arg_key>\n`
+    /// `<arg_value>VALUE</arg_value>\n…</tool_call>\n</tool_calls>`, strings bare (its
+    /// parser types the values by the schema; it needs `<tool_calls>` and `</tool_calls>`
+    /// in the vocabulary).
     #[value(name = "hy_v3")]
     HyV3,
-    /// Hunyuan V4: the same without `<tool_sep>` after the name.
+    /// Hunyuan V4: the same inline, without `<tool_sep>` after the name.
     #[value(name = "hy_v4")]
     HyV4,
     /// Kimi K3's XTML tools channel: `<|open|>tools<|sep|><|open|>call tool="NAME" index="1"`
@@ -469,15 +469,16 @@ impl ToolCallFormat {
                 params,
                 "</steptml:invoke><｜tool_call_end｜><｜tool_calls_end｜>",
             ),
-            ToolCallFormat::HyV3 | ToolCallFormat::HyV4 => spelled(
-                &format!(
-                    "<tool_calls><tool_call>{name}{}",
-                    if self == ToolCallFormat::HyV3 {
-                        "<tool_sep>"
-                    } else {
-                        ""
-                    }
-                ),
+            // Hunyuan V3 lays its calls out a line each, V4 inline (the layouts vllm-rs's
+            // tags of `required` spell)
+            ToolCallFormat::HyV3 => spelled(
+                &format!("<tool_calls>\n<tool_call>{name}<tool_sep>\n"),
+                Style::GlmXml,
+                params,
+                "</tool_call>\n</tool_calls>",
+            ),
+            ToolCallFormat::HyV4 => spelled(
+                &format!("<tool_calls><tool_call>{name}"),
                 Style::HyXml,
                 params,
                 "</tool_call></tool_calls>",

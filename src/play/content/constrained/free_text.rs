@@ -122,11 +122,6 @@ pub(super) struct FreeTextPlan {
 }
 
 impl FreeTextPlan {
-    /// Whether the answer opens with a think block the walker writes.
-    pub(super) fn leads(&self) -> bool {
-        self.lead.is_some()
-    }
-
     /// The free-text tags of a structural tag's `format`; a think block that opens the
     /// answer spends `lead_tokens`.
     pub(super) fn of(format: &Value, lead_tokens: u64) -> FreeTextPlan {
@@ -401,6 +396,12 @@ impl FreeText {
                 return None;
             }
         }
+    }
+
+    /// Whether the walker's free text has nothing planned: no text or end to write, no
+    /// think block the answer may still open with.
+    pub(super) fn idle(&self) -> bool {
+        self.queue.is_empty() && self.opening.is_none()
     }
 
     /// The grammar forces what comes next: in an open tag's end, the rest of it (and

@@ -85,11 +85,11 @@ impl GrammarJob {
             .factory()
             .create_parser(grammar)
             .map_err(|e| fail(first_line(&e.to_string())))?;
-        let mut matcher = Matcher::new(Ok(parser));
+        let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(fail(first_line(&e)));
         }
-        let forced = own_call(&vocab, &mut matcher, calls, seed, eos, max_tokens);
+        let own_calls = own_calls(&vocab, calls, seed, eos, max_tokens);
         let mut rng = SplitMix64(seed);
         let mut prose = Prose::new(seed ^ 0x5eed);
         let free = FreeText::new(
@@ -107,7 +107,9 @@ impl GrammarJob {
             free,
             vocab,
             word: VecDeque::new(),
-            forced,
+            forced: VecDeque::new(),
+            own_calls,
+            own_call_tries: 0,
             sampled: 0,
             emitted: 0,
             digit_run: 0,
@@ -133,6 +135,12 @@ pub struct ConstrainedStream {
     word: VecDeque<u32>,
     /// Tokens the grammar forced, already consumed by the matcher.
     forced: VecDeque<u32>,
+    /// Calls in the model's own format ([`GrammarJob::calls`], as tokens): the first the
+    /// grammar admits where the walker's free text leaves off (the answer's start, or the
+    /// end of the think block it opens with) is written there.
+    own_calls: Vec<Vec<u32>>,
+    /// Steps tried since the free text left off; the calls are dropped after a few.
+    own_call_tries: u32,
     sampled: u32,
     /// Tokens handed out so far, forced ones included.
     emitted: u64,
@@ -182,6 +190,31 @@ impl ConstrainedStream {
     fn finish(&mut self) -> u32 {
         self.done = true;
         self.eos
+    }
+
+    /// Where the free text leaves off: the first own call the grammar admits whole from
+    /// here, consumed, its first token returned and the rest queued. Tried for a few steps
+    /// (the grammar may still force a few characters the calls do not write, which the
+    /// walker writes meanwhile), then given up.
+    fn own_call(&mut self) -> Option<u32> {
+        /// Steps after the free text left off in which the calls are tried.
+        const TRIES: u32 = 8;
+        self.own_call_tries += 1;
+        if self.own_call_tries > TRIES {
+            self.own_calls.clear();
+            return None;
+        }
+        let i = self
+            .own_calls
+            .iter()
+            .position(|ids| self.matcher.validate_tokens(ids).ok() == Some(ids.len()))?;
+        let ids = self.own_calls.swap_remove(i);
+        self.own_calls.clear();
+        self.matcher.consume_tokens(&ids).ok()?;
+        self.word.clear();
+        let (&first, rest) = ids.split_first()?;
+        self.forced.extend(rest);
+        Some(first)
     }
 
     /// The grammar cannot be followed any further: say why (its backend's reason, without
@@ -436,6 +469,12 @@ impl ConstrainedStream {
                 None => self.fail(&format!("the grammar backend stopped ({reason})")),
             };
         }
+        if !self.own_calls.is_empty()
+            && self.free.idle()
+            && let Some(t) = self.own_call()
+        {
+            return t;
+        }
         let ff = self.matcher.consume_ff_tokens();
         if let Some(e) = self.matcher.get_error() {
             return self.fail(&e);
@@ -478,21 +517,19 @@ impl ConstrainedStream {
     }
 }
 
-/// The first of `calls` (Lark grammars of a call in the model's own format) whose text
-/// `matcher` admits whole, consumed into it: the tokens to write before walking on. Empty
-/// when none is admitted (a tag that opens with a think block, another format's markup)
-/// or a call would not fit in `max_tokens`.
-fn own_call(
+/// `calls` (Lark grammars of a call in the model's own format) as the tokens the engine
+/// writes for each: those that end within `max_tokens` (a runaway grammar is given up).
+fn own_calls(
     vocab: &Arc<Vocabulary>,
-    matcher: &mut Matcher,
     calls: Vec<String>,
     seed: u64,
     eos: u32,
     max_tokens: Option<u64>,
-) -> VecDeque<u32> {
-    /// How long a call may run before it is given up (a runaway grammar).
+) -> Vec<Vec<u32>> {
+    /// How long a call may run before it is given up.
     const MAX_CALL_TOKENS: u64 = 4096;
     let limit = max_tokens.unwrap_or(MAX_CALL_TOKENS).min(MAX_CALL_TOKENS) as usize;
+    let mut out = Vec::with_capacity(calls.len());
     for call in calls {
         let job = GrammarJob {
             vocab: vocab.clone(),
@@ -508,26 +545,19 @@ fn own_call(
             continue;
         };
         let mut ids = Vec::new();
-        let ended = loop {
-            if ids.len() >= limit {
-                break false;
-            }
+        while ids.len() < limit {
             let t = s.next_token(&[]);
             if s.failure().is_some() {
-                break false;
+                break;
             }
             if t == eos {
-                break true;
+                if !ids.is_empty() {
+                    out.push(std::mem::take(&mut ids));
+                }
+                break;
             }
             ids.push(t);
-        };
-        if ended
-            && !ids.is_empty()
-            && matcher.validate_tokens(&ids).ok() == Some(ids.len())
-            && matcher.consume_tokens(&ids).is_ok()
-        {
-            return ids.into();
         }
     }
-    VecDeque::new()
+    out
 }

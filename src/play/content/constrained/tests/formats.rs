@@ -305,16 +305,20 @@ fn read_call(format: ToolCallFormat, t: &str) -> Option<(String, Value)> {
             }
             Some((name.into(), Value::Object(args)))
         }
-        ToolCallFormat::HyV3 | ToolCallFormat::HyV4 => {
+        // (the test takes `<arg_value>` out of every answer before reading it)
+        ToolCallFormat::HyV3 => {
+            let body = t
+                .strip_prefix("<tool_calls>\n<tool_call>")?
+                .strip_suffix("</tool_call>\n</tool_calls>")?;
+            let (name, rest) = body.split_once("<tool_sep>\n")?;
+            let args = pairs(rest, "<arg_key>", "</arg_key>\n", "</arg_value>\n")?;
+            Some((name.into(), args))
+        }
+        ToolCallFormat::HyV4 => {
             let body = t
                 .strip_prefix("<tool_calls><tool_call>")?
                 .strip_suffix("</tool_call></tool_calls>")?;
-            let (name, rest) = if format == ToolCallFormat::HyV3 {
-                body.split_once("<tool_sep>")?
-            } else {
-                body.split_at(body.find("<arg_key>")?)
-            };
-            // (the test takes `<arg_value>` out of every answer before reading it)
+            let (name, rest) = body.split_at(body.find("<arg_key>")?);
             let args = pairs(rest, "<arg_key>", "</arg_key>", "</arg_value>")?;
             Some((name.into(), args))
         }
