@@ -86,7 +86,7 @@ pub fn run_workload(
         && cfg.engine.runner != Runner::Pooling;
     let name = |e: usize| (engines > 1).then_some(e as u32);
     // the KV blocks each request in flight added to its engine when routed (those it
-    // takes at its longest, less its cached prefix)
+    // takes at its longest, less its cached prefix), kept only for a fleet's router
     let mut added: HashMap<usize, usize, BuildHasherDefault<FxHasher>> = HashMap::default();
 
     let mut finished = Vec::new();
@@ -146,7 +146,9 @@ pub fn run_workload(
             };
             // the blocks it adds to its engine: its cached prefix is shared, not new
             let own = blocks.saturating_sub(router.cached_prefix(e, &hashes));
-            added.insert(i, own);
+            if engines > 1 {
+                added.insert(i, own);
+            }
             let m = &mut fleet[e];
             m.load.requests += 1;
             m.load.blocks += own;
