@@ -121,9 +121,9 @@ fn glance(
     )))
 }
 
-/// Records read ahead of the virtual clock at a time: reading them in one go, rather than
-/// one between two engine steps, keeps the parser's code and data hot (a few µs a request
-/// on the ×10 Mooncake-shaped trace); ~0.2 MB of plans and hashes.
+/// Records read ahead of the virtual clock at a time: read in one go, rather than one
+/// between two engine steps, the parser's code and data stay in cache; ~0.2 MB of plans
+/// and hashes.
 const AHEAD: usize = 1024;
 
 /// The requests of a streamed workload, read [`AHEAD`] at a time.
