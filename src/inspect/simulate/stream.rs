@@ -198,7 +198,7 @@ impl Stream {
                 Some(TraceItem::Record(r)) => r,
             };
             let p = planned(&r, self.read, &mut self.ahead_hashes)?;
-            self.read += 1;
+            self.read = self.read.checked_add(1).context("more than 2^32 records")?;
             let Some(a) = p.arrival_ms.filter(|a| a.total_cmp(&self.last).is_ge()) else {
                 bail!("{}: its arrivals changed while it was read", self.path);
             };
