@@ -14,7 +14,11 @@ use crate::play::EngineArgs;
 #[derive(Debug, Clone, Args)]
 pub struct SimulateArgs {
     /// The trace whose requests to simulate: a capture (`record --trace-out`), or a public
-    /// workload converted with `inspect convert` (`.gz` read transparently).
+    /// workload converted with `inspect convert` (`.gz` read transparently). An open loop
+    /// over a trace in arrival order (what `inspect convert` writes) is read as a stream,
+    /// memory flat however long it is; any other trace (records out of order or without
+    /// `arrival_ms`), and --replay-sessions or --replay-concurrency, hold and sort the
+    /// whole workload (~0.4 KB a request).
     pub trace: PathBuf,
 
     #[command(flatten)]

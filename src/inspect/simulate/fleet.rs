@@ -4,16 +4,19 @@
 //! on the same virtual clock, event by event in time order. One engine is the fleet of
 //! one: the same loop, the same records.
 
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::time::Duration;
 
 use anyhow::Result;
+use rustc_hash::FxHasher;
 use sim_protocol::{EngineCoreRequest, SamplingParams, VllmLine};
 
-use super::arrivals::Arrivals;
 use super::follow::{self, Finished, Follower};
 use super::options::{Counts, RunOptions};
 use super::prehash::PromptHashes;
 use super::route::{Load, Router};
+use super::stream::Feed;
 use super::workload::{Turn, Workload};
 use crate::inspect::progress::Progress;
 use crate::play::config::PlayConfig;
@@ -42,11 +45,11 @@ pub fn run_workload(
     opts: &RunOptions,
     mut on_record: impl FnMut(Finished) -> Result<()>,
 ) -> Result<Counts> {
-    let n = work.reqs.len();
+    let n = work.requests();
     let line = cfg.line;
     let ids = cfg.engine.token_ids.clone();
     let block_size = cfg.engine.block_size as usize;
-    let mut arrivals = Arrivals::new(work, opts);
+    let mut feed = Feed::of(work, opts)?;
     let engines = opts.fleet.engines.max(1);
     let mut router = Router::new(opts.fleet.route, engines);
     let mut fleet: Vec<Member> = (0..engines)
@@ -82,17 +85,9 @@ pub fn run_workload(
         && cfg.replay.is_none()
         && cfg.engine.runner != Runner::Pooling;
     let name = |e: usize| (engines > 1).then_some(e as u32);
-    // the KV blocks each request takes at its longest (prompt and every output token),
-    // and those it added to its engine when routed
-    let blocks: Vec<usize> = work
-        .reqs
-        .iter()
-        .map(|p| {
-            (p.prompt_tokens.max(1) + p.output_tokens.max(1)).div_ceil(block_size.max(1) as u32)
-                as usize
-        })
-        .collect();
-    let mut added = vec![0usize; n];
+    // the KV blocks each request in flight added to its engine when routed (those it
+    // takes at its longest, less its cached prefix), kept only for a fleet's router
+    let mut added: HashMap<usize, usize, BuildHasherDefault<FxHasher>> = HashMap::default();
 
     let mut finished = Vec::new();
     let mut progress = Progress::new("simulate:");
@@ -102,35 +97,39 @@ pub fn run_workload(
         max_model_len: cfg.engine.max_model_len,
         kv_tokens: cfg.engine.num_gpu_blocks.saturating_sub(1) * cfg.engine.block_size,
     };
-    let mut record = |f: Finished, arrivals: &mut Arrivals| -> Result<()> {
-        arrivals.finished(f.index, f.at);
+    let mut record = |f: Finished, feed: &mut Feed| -> Result<()> {
+        feed.finished(f.index, f.at);
         on_record(f)
     };
     loop {
         let engine_next = fleet.iter().filter_map(|m| m.driver.next_event()).min();
-        let Some(next) = earliest(arrivals.next_due(), engine_next) else {
+        let Some(next) = earliest(feed.next_due(), engine_next) else {
             break;
         };
-        while let Some((at, i)) = arrivals.pop_due(next) {
-            let p = &work.reqs[i];
-            if let Some(why) = limits.refuse(p.prompt_tokens.max(1), p.output_tokens.max(1)) {
+        while let Some((at, i)) = feed.pop_due(next)? {
+            let plan = feed.plan(i);
+            let (prompt_tokens, output_tokens) = (plan.plan.prompt_tokens, plan.plan.output_tokens);
+            if let Some(why) = limits.refuse(prompt_tokens.max(1), output_tokens.max(1)) {
                 rejected += 1;
                 done += 1;
-                let f = follow::rejected(i, at, p.prompt_tokens.max(1), why);
-                record(f, &mut arrivals)?;
+                let f = follow::rejected(i, at, prompt_tokens.max(1), why);
+                record(f, &mut feed)?;
                 continue;
             }
+            // the KV blocks it takes at its longest (prompt and every output token)
+            let blocks = (prompt_tokens.max(1) + output_tokens.max(1))
+                .div_ceil(block_size.max(1) as u32) as usize;
             // the prompt, and the engine's hashes of its blocks from the memo when it
             // applies; a cache-following router (and the records' hashes) read the same
             // chain in its 64-bit form
             let (prompt, engine_hashes) = match prehash.as_mut() {
                 Some(p) => {
-                    let (prompt, hashes) = p.prompt_and_hashes(work, i, &ids, placeholders);
+                    let (prompt, hashes) = p.prompt_and_hashes(plan, &ids, placeholders);
                     (prompt, Some(hashes))
                 }
-                None => (work.prompt(i, ids.clone(), opts.cold_prompts), None),
+                None => (plan.prompt(ids.clone(), opts.cold_prompts), None),
             };
-            let req = request(i, prompt, work.reqs[i].output_tokens, line, at);
+            let req = request(i, prompt, output_tokens, line, at);
             let hashes = if engines > 1 && router.follows_cache() {
                 match &engine_hashes {
                     Some(h) => h.iter().map(hash_u64).collect(),
@@ -143,13 +142,16 @@ pub fn run_workload(
                 0
             } else {
                 let load: Vec<Load> = fleet.iter().map(|m| m.load).collect();
-                router.pick(&hashes, blocks[i], &load)
+                router.pick(&hashes, blocks, &load)
             };
             // the blocks it adds to its engine: its cached prefix is shared, not new
-            added[i] = blocks[i].saturating_sub(router.cached_prefix(e, &hashes));
+            let own = blocks.saturating_sub(router.cached_prefix(e, &hashes));
+            if engines > 1 {
+                added.insert(i, own);
+            }
             let m = &mut fleet[e];
             m.load.requests += 1;
-            m.load.blocks += added[i];
+            m.load.blocks += own;
             let recorded = engine_hashes
                 .as_ref()
                 .filter(|_| opts.hash_blocks.is_some())
@@ -172,9 +174,10 @@ pub fn run_workload(
             for mut f in finished.drain(..) {
                 done += 1;
                 m.load.requests = m.load.requests.saturating_sub(1);
-                m.load.blocks = m.load.blocks.saturating_sub(added[f.index]);
+                let own = added.remove(&f.index).unwrap_or(0);
+                m.load.blocks = m.load.blocks.saturating_sub(own);
                 f.record.engine = name(e);
-                record(f, &mut arrivals)?;
+                record(f, &mut feed)?;
             }
         }
         progress.status(|| {
@@ -218,7 +221,7 @@ pub fn run_workload(
         );
     }
     progress.finish_status(&format!("{done}/{n} requests"));
-    let turns = arrivals.turns();
+    let turns = feed.turns();
     let sessions = opts.replay_sessions.then(|| {
         let roots = turns.iter().filter(|t| **t == Turn::Root).count();
         let untimed = turns

@@ -15,6 +15,7 @@ mod options;
 mod prehash;
 mod report;
 mod route;
+mod stream;
 pub mod workload;
 
 use std::io::Write;
@@ -65,7 +66,7 @@ pub fn simulate_map<T>(
 ) -> Result<Simulated<T>> {
     let cfg = PlayConfig::offline(engine)?;
     let mut records: Vec<Option<T>> = std::iter::repeat_with(|| None)
-        .take(work.reqs.len())
+        .take(work.requests())
         .collect();
     let counts = run_workload(work, &cfg, opts, |f| {
         records[f.index] = Some(keep(f.record));
@@ -85,7 +86,9 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         inputs.extend(engine_inputs(&a.engine));
         check_outputs(&inputs, &[named("--dump-trace", out)])?;
     }
-    let work = Workload::load(&a.trace, a.engine.block_size, a.requests)
+    // the open loop streams the trace when it can; closed loops need it whole
+    let hold = a.arrivals.replay_sessions || a.arrivals.replay_concurrency.is_some();
+    let work = stream::open(&a.trace, a.engine.block_size, a.requests, hold)
         .with_context(|| format!("reading {}", a.trace.display()))?;
     let other_config = crate::inspect::fit_config::other_config(
         work.meta.config_hash.as_deref(),

@@ -117,7 +117,7 @@ pub fn notes(replay_sessions: bool, work: &Workload, engine: &EngineArgs) {
         note(&format!(
             "{} of {} records have no arrival_ms: they arrive at 0, after every timed request in the naming order{}",
             work.without_arrival,
-            work.reqs.len(),
+            work.requests(),
             if replay_sessions {
                 " (as session roots; as turns, when their parent finished)"
             } else {

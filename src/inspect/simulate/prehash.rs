@@ -30,7 +30,7 @@ use rustc_hash::FxHasher;
 
 use sha2::{Digest, Sha256};
 
-use super::workload::Workload;
+use super::workload::PlanRef;
 use crate::play::engine::block_hash::{BlockHash, hash_block};
 
 /// Entries per generation (~0.6 MiB each): a memo of twice 16,384 measured as fast on the
@@ -83,7 +83,7 @@ impl PromptHashes {
         out
     }
 
-    /// Request `i`'s synthesized prompt ([`Workload::prompt`], `vocab` its id range) and
+    /// A request's synthesized prompt ([`PlanRef::prompt`], `vocab` its id range) and
     /// the engine's hashes of its complete blocks ([`Self::of`]), built together: a block
     /// whose hash the memo holds is not synthesized when `placeholders` is set, its ids
     /// left 0. For a driver whose engine reads a prompt's ids only to hash its blocks
@@ -93,14 +93,13 @@ impl PromptHashes {
     /// A conversation turn resends every earlier block; each was drawn once.
     pub fn prompt_and_hashes(
         &mut self,
-        work: &Workload,
-        i: usize,
+        plan: PlanRef,
         vocab: &Range<u32>,
         placeholders: bool,
     ) -> (Vec<u32>, Vec<BlockHash>) {
         let bs = self.block_size;
-        let len = work.reqs[i].prompt_tokens.max(1) as usize;
-        let ids = work.hashes(i);
+        let len = plan.plan.prompt_tokens.max(1) as usize;
+        let ids = plan.hashes;
         let full = len / bs;
         let mut prompt: Vec<u32> = Vec::with_capacity(len);
         let mut out: Vec<BlockHash> = Vec::with_capacity(full);
@@ -113,7 +112,7 @@ impl PromptHashes {
                 if placeholders {
                     prompt.resize(prompt.len() + bs, 0);
                 } else {
-                    work.push_block(i, k, vocab, false, &mut prompt);
+                    plan.push_block(k, vocab, false, &mut prompt);
                 }
                 out.push(h);
                 continue;
@@ -125,13 +124,13 @@ impl PromptHashes {
                 if placeholders {
                     prompt.resize(prompt.len() + bs, 0);
                 } else {
-                    work.push_block(i, k, vocab, false, &mut prompt);
+                    plan.push_block(k, vocab, false, &mut prompt);
                 }
                 self.remember(parent, id, h);
                 out.push(h);
                 continue;
             }
-            work.push_block(i, k, vocab, false, &mut prompt);
+            plan.push_block(k, vocab, false, &mut prompt);
             if k < full {
                 let h = hash_block(&parent, &prompt[k * bs..(k + 1) * bs], &[]);
                 if let Some(&id) = id {

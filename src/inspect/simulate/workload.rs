@@ -64,7 +64,7 @@ pub struct Planned {
     /// Its record's position in the trace file (0 for the first record).
     pub source: u32,
     /// Where its hashes are in [`Workload::hashes`].
-    hashes: (u32, u32),
+    pub(super) hashes: (u32, u32),
 }
 
 /// How a session turn arrives (`--replay-sessions`).
@@ -96,6 +96,77 @@ pub struct Workload {
     pub without_arrival: u64,
     /// The records' `cached_tokens` summed, when any record has the field.
     pub cached_tokens: Option<u64>,
+    /// Read as a stream while the run goes (`reqs` is then empty): see `stream.rs`.
+    pub stream: Option<Streamed>,
+}
+
+/// Where a streamed workload is read from, and what the first pass over it found.
+#[derive(Debug, Clone)]
+pub struct Streamed {
+    pub path: std::path::PathBuf,
+    /// Requests to simulate (the records, or the first `--requests` of them).
+    pub requests: usize,
+    /// Recorded offsets are shifted by this so that none is negative.
+    pub shift: f64,
+}
+
+/// One request's plan and block hashes: what its prompt is synthesized from.
+#[derive(Clone, Copy)]
+pub struct PlanRef<'a> {
+    /// Its arrival-order index (blocks without a hash are unique to it).
+    pub index: usize,
+    pub plan: &'a Planned,
+    pub hashes: &'a [u64],
+    /// The trace's block size.
+    pub block_size: usize,
+}
+
+impl PlanRef<'_> {
+    /// The synthesized prompt (see the module docs). `ids` is the vocabulary range the
+    /// ids come from; `cold` gives every block ids unique to the request.
+    pub fn prompt(&self, ids: std::ops::Range<u32>, cold: bool) -> Vec<u32> {
+        let len = self.plan.prompt_tokens.max(1) as usize;
+        let mut out = Vec::with_capacity(len);
+        for k in 0..len.div_ceil(self.block_size) {
+            self.push_block(k, &ids, cold, &mut out);
+        }
+        out
+    }
+
+    /// Append block `k` of the prompt (at the trace's block size) to `out`, which holds
+    /// its blocks before `k`: what [`Self::prompt`] writes there.
+    pub fn push_block(&self, k: usize, ids: &std::ops::Range<u32>, cold: bool, out: &mut Vec<u32>) {
+        let len = self.plan.prompt_tokens.max(1) as usize;
+        let bs = self.block_size;
+        let seed = match self.hashes.get(k) {
+            Some(h) if !cold => mix(*h ^ SHARED_SALT),
+            _ => mix(mix(self.index as u64 ^ UNIQUE_SALT) ^ k as u64),
+        };
+        let n = bs.min(len.saturating_sub(k * bs));
+        let span = u64::from(ids.end - ids.start);
+        fill_block(out, SplitMix64(seed), ids.start, span, n);
+    }
+}
+
+/// The plan of record `r`, the `source`-th of its file, its hashes appended to `hashes`.
+pub(super) fn planned(r: &TraceRecord, source: u32, hashes: &mut Vec<u64>) -> Result<Planned> {
+    let start = hashes.len();
+    hashes.extend(r.block_hashes.iter().map(hash_value));
+    let gaps: f64 = r.itl_ms.iter().sum();
+    Ok(Planned {
+        arrival_ms: r.arrival_ms.filter(|a| a.is_finite()),
+        sent_ms: r.sent_ms.filter(|a| a.is_finite()),
+        prompt_tokens: r.prompt_tokens,
+        output_tokens: r.output_tokens,
+        e2e_ms: r.ttft_ms.map(|t| t + gaps),
+        ttft_ms: r.ttft_ms,
+        concurrency: r.concurrency,
+        source,
+        hashes: (
+            u32::try_from(start).context("more than 2^32 block hashes")?,
+            u32::try_from(r.block_hashes.len()).unwrap_or(u32::MAX),
+        ),
+    })
 }
 
 impl Workload {
@@ -136,23 +207,7 @@ impl Workload {
                     if let Some(c) = r.cached_tokens {
                         *cached_tokens.get_or_insert(0) += u64::from(c);
                     }
-                    let start = hashes.len();
-                    hashes.extend(r.block_hashes.iter().map(hash_value));
-                    let gaps: f64 = r.itl_ms.iter().sum();
-                    staged.push(Planned {
-                        arrival_ms: r.arrival_ms.filter(|a| a.is_finite()),
-                        sent_ms: r.sent_ms.filter(|a| a.is_finite()),
-                        prompt_tokens: r.prompt_tokens,
-                        output_tokens: r.output_tokens,
-                        e2e_ms: r.ttft_ms.map(|t| t + gaps),
-                        ttft_ms: r.ttft_ms,
-                        concurrency: r.concurrency,
-                        source,
-                        hashes: (
-                            u32::try_from(start).context("more than 2^32 block hashes")?,
-                            u32::try_from(r.block_hashes.len()).unwrap_or(u32::MAX),
-                        ),
-                    });
+                    staged.push(planned(&r, source, &mut hashes)?);
                 }
             }
         }
@@ -197,7 +252,44 @@ impl Workload {
             records_in_trace,
             without_arrival,
             cached_tokens,
+            stream: None,
         })
+    }
+
+    /// A workload read as it runs (see `stream.rs`): nothing held but what the first
+    /// pass counted.
+    pub(super) fn streamed(
+        meta: TraceMeta,
+        trace_block_size: usize,
+        records_in_trace: u64,
+        cached_tokens: Option<u64>,
+        stream: Streamed,
+    ) -> Self {
+        Self {
+            meta,
+            trace_block_size,
+            reqs: Vec::new(),
+            hashes: Vec::new(),
+            records_in_trace,
+            without_arrival: 0,
+            cached_tokens,
+            stream: Some(stream),
+        }
+    }
+
+    /// Requests to simulate (held or streamed).
+    pub fn requests(&self) -> usize {
+        self.stream.as_ref().map_or(self.reqs.len(), |s| s.requests)
+    }
+
+    /// Request `i`'s plan and hashes (a held workload's).
+    pub fn plan(&self, i: usize) -> PlanRef<'_> {
+        PlanRef {
+            index: i,
+            plan: &self.reqs[i],
+            hashes: self.hashes(i),
+            block_size: self.trace_block_size,
+        }
     }
 
     /// The capture's engine as it described itself to the frontend (the ready response
@@ -402,36 +494,9 @@ impl Workload {
         self.hashes(i).len().min(full)
     }
 
-    /// Request `i`'s synthesized prompt (see the module docs). `ids` is the vocabulary
-    /// range the ids come from; `cold` gives every block ids unique to the request.
+    /// Request `i`'s synthesized prompt ([`PlanRef::prompt`]).
     pub fn prompt(&self, i: usize, ids: std::ops::Range<u32>, cold: bool) -> Vec<u32> {
-        let len = self.reqs[i].prompt_tokens.max(1) as usize;
-        let mut out = Vec::with_capacity(len);
-        for k in 0..len.div_ceil(self.trace_block_size) {
-            self.push_block(i, k, &ids, cold, &mut out);
-        }
-        out
-    }
-
-    /// Append block `k` of request `i`'s prompt (at the trace's block size) to `out`,
-    /// which holds its blocks before `k`: what [`Self::prompt`] writes there.
-    pub fn push_block(
-        &self,
-        i: usize,
-        k: usize,
-        ids: &std::ops::Range<u32>,
-        cold: bool,
-        out: &mut Vec<u32>,
-    ) {
-        let len = self.reqs[i].prompt_tokens.max(1) as usize;
-        let bs = self.trace_block_size;
-        let seed = match self.hashes(i).get(k) {
-            Some(h) if !cold => mix(*h ^ SHARED_SALT),
-            _ => mix(mix(i as u64 ^ UNIQUE_SALT) ^ k as u64),
-        };
-        let n = bs.min(len.saturating_sub(k * bs));
-        let span = u64::from(ids.end - ids.start);
-        fill_block(out, SplitMix64(seed), ids.start, span, n);
+        self.plan(i).prompt(ids, cold)
     }
 
     /// Every request's turn (`--replay-sessions`), in arrival order.

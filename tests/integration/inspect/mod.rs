@@ -10,4 +10,5 @@ mod fleet;
 mod offload;
 mod perfetto;
 mod simulate;
+mod stream;
 mod summarize;

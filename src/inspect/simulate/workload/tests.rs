@@ -31,6 +31,7 @@ fn workload(records: &[(f64, u32, &[u64], Option<f64>)], bs: usize) -> Workload 
         records_in_trace: records.len() as u64,
         without_arrival: 0,
         cached_tokens: None,
+        stream: None,
     }
 }
 
@@ -239,14 +240,14 @@ fn prompts_built_with_their_hashes_are_what_the_engine_would_hash() {
     let mut m = PromptHashes::new(root, 4, false);
     for i in 0..4 {
         assert_eq!(
-            m.prompt_and_hashes(&w, i, &vocab, false),
+            m.prompt_and_hashes(w.plan(i), &vocab, false),
             (full[i].clone(), vllm[i].clone())
         );
     }
     // placeholders: a block the memo already hashed is not drawn, the hashes are the same
     let mut m = PromptHashes::new(root, 4, false);
     let lazy: Vec<_> = (0..4)
-        .map(|i| m.prompt_and_hashes(&w, i, &vocab, true))
+        .map(|i| m.prompt_and_hashes(w.plan(i), &vocab, true))
         .collect();
     for i in 0..4 {
         assert_eq!(lazy[i].1, vllm[i]);
@@ -266,7 +267,7 @@ fn prompts_built_with_their_hashes_are_what_the_engine_would_hash() {
     // keyed: other values, equal exactly where vLLM's are
     let mut m = PromptHashes::new(root, 4, true);
     let keyed: Vec<_> = (0..4)
-        .flat_map(|i| m.prompt_and_hashes(&w, i, &vocab, true).1)
+        .flat_map(|i| m.prompt_and_hashes(w.plan(i), &vocab, true).1)
         .collect();
     let vllm: Vec<_> = vllm.into_iter().flatten().collect();
     assert_eq!(keyed.len(), vllm.len());

@@ -1,0 +1,340 @@
+//! The workload of an open-loop `inspect simulate` read as a stream, so that memory stays
+//! flat however long the trace: each request is read from the file just before the
+//! virtual clock reaches its arrival, and its plan is dropped once it is sent.
+//!
+//! A first pass reads only each record's `arrival_ms` and `cached_tokens` (what the run
+//! needs to know before its first step: how many requests, whether the capture's engine
+//! ran without prefix caching, where recorded offsets start). The trace is streamed when
+//! that pass finds its records in arrival order (equal arrivals in any order: the held
+//! order keeps them in file order too), every record with an arrival, and nothing else
+//! that needs the whole workload. Otherwise — records out of order (a capture written as
+//! requests finished, not converted), records without `arrival_ms` (due at 0, after every
+//! timed one in the naming order), a capture whose every record reports 0 cached tokens
+//! (whether its engine had prefix caching is told from the whole workload's sharing),
+//! `--replay-sessions` or `--replay-concurrency` — the workload is held in memory and
+//! sorted, as [`Workload::load`] does. Both give the same requests, in the same order, at
+//! the same times, under the same names.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use sim_trace::trace::{TraceItem, TraceLine, TraceReader};
+
+use super::arrivals::Arrivals;
+use super::options::RunOptions;
+use super::workload::{PlanRef, Planned, Streamed, Turn, Workload, duration_ms, planned};
+use crate::inspect::progress::Progress;
+
+/// Read `path` for `inspect simulate`: streamed when the first pass finds it can be and
+/// `hold` is not set (`--replay-sessions` and `--replay-concurrency` need the whole
+/// workload), else held ([`Workload::load`]).
+pub fn open(
+    path: &Path,
+    engine_block_size: Option<u64>,
+    limit: Option<u64>,
+    hold: bool,
+) -> Result<Workload> {
+    if !hold && let Some(w) = glance(path, engine_block_size, limit)? {
+        return Ok(w);
+    }
+    Workload::load(path, engine_block_size, limit)
+}
+
+/// What the first pass reads of a record.
+#[derive(Deserialize)]
+struct Glance {
+    #[serde(default)]
+    arrival_ms: Option<f64>,
+    #[serde(default)]
+    cached_tokens: Option<u32>,
+}
+
+/// The first pass over `path`: the workload to stream (with no request held), or `None`
+/// when it must be held (see the module docs; a file the held reader would refuse or
+/// warn about is left to it, so its errors read the same).
+fn glance(
+    path: &Path,
+    engine_block_size: Option<u64>,
+    limit: Option<u64>,
+) -> Result<Option<Workload>> {
+    let Ok(mut reader) = TraceReader::open(path) else {
+        return Ok(None);
+    };
+    let mut meta = None;
+    let mut records = 0u64;
+    let mut cached_tokens: Option<u64> = None;
+    let mut first: Option<f64> = None;
+    let mut last = f64::NEG_INFINITY;
+    let mut progress = Progress::new("simulate: scanning records");
+    while let Some(line) = reader.next_as::<Glance>() {
+        match line {
+            Err(_) => return Ok(None),
+            Ok(TraceLine::Meta(m)) => {
+                meta.get_or_insert(m);
+            }
+            Ok(TraceLine::Record(g)) => {
+                progress.tick();
+                records += 1;
+                if let Some(c) = g.cached_tokens {
+                    *cached_tokens.get_or_insert(0) += u64::from(c);
+                }
+                let Some(a) = g.arrival_ms.filter(|a| a.is_finite()) else {
+                    return Ok(None);
+                };
+                if a.total_cmp(&last).is_lt() {
+                    return Ok(None);
+                }
+                last = a;
+                first.get_or_insert(a);
+            }
+        }
+    }
+    progress.finish();
+    let (Some(meta), Some(first)) = (meta, first) else {
+        return Ok(None);
+    };
+    if cached_tokens == Some(0) {
+        return Ok(None);
+    }
+    let trace_block_size = match (meta.block_size, engine_block_size) {
+        (Some(b), _) if b > 0 => b as usize,
+        (_, Some(b)) => b as usize,
+        _ => return Ok(None),
+    };
+    if let Some(w) = meta.newer_schema_warning() {
+        crate::errln!("warning: {}: {w}", path.display());
+    }
+    let requests = limit.map_or(records, |n| n.min(records));
+    let streamed = Streamed {
+        path: path.to_path_buf(),
+        requests: usize::try_from(requests).context("too many records")?,
+        shift: first.min(0.0),
+    };
+    Ok(Some(Workload::streamed(
+        meta,
+        trace_block_size,
+        records,
+        cached_tokens,
+        streamed,
+    )))
+}
+
+/// Records read ahead of the virtual clock at a time: read in one go, rather than one
+/// between two engine steps, the parser's code and data stay in cache; ~0.2 MB of plans
+/// and hashes.
+const AHEAD: usize = 1024;
+
+/// The requests of a streamed workload, read [`AHEAD`] at a time.
+pub struct Stream {
+    reader: TraceReader,
+    /// The file's name, for errors.
+    path: String,
+    block_size: usize,
+    shift: f64,
+    /// Records still to read, and records read (their positions in the file).
+    left: usize,
+    read: u32,
+    /// The arrival of the last record read: a file that changed since the first pass is
+    /// an error, not a reordered run.
+    last: f64,
+    /// The requests read and not yet due (when each is due, its plan), from `pos` on, and
+    /// their hashes.
+    ahead: Vec<(Duration, Planned)>,
+    pos: usize,
+    ahead_hashes: Vec<u64>,
+    /// The request last handed out, until the next one is.
+    current: Option<Planned>,
+    current_hashes: Vec<u64>,
+    /// The arrival-order index of the next request.
+    index: usize,
+}
+
+impl Stream {
+    pub fn open(s: &Streamed, block_size: usize) -> Result<Self> {
+        let mut stream = Self {
+            reader: TraceReader::open(&s.path)?,
+            path: s.path.display().to_string(),
+            block_size,
+            shift: s.shift,
+            left: s.requests,
+            read: 0,
+            last: f64::NEG_INFINITY,
+            ahead: Vec::with_capacity(AHEAD.min(s.requests)),
+            pos: 0,
+            ahead_hashes: Vec::new(),
+            current: None,
+            current_hashes: Vec::new(),
+            index: 0,
+        };
+        stream.read_ahead()?;
+        Ok(stream)
+    }
+
+    /// When the next request is due.
+    fn next_due(&self) -> Option<Duration> {
+        self.ahead.get(self.pos).map(|n| n.0)
+    }
+
+    /// Read the next [`AHEAD`] requests (fewer at the end), once every one read before is
+    /// handed out.
+    fn read_ahead(&mut self) -> Result<()> {
+        self.ahead.clear();
+        self.ahead_hashes.clear();
+        self.pos = 0;
+        while self.left > 0 && self.ahead.len() < AHEAD {
+            let item = self
+                .reader
+                .next()
+                .transpose()
+                .with_context(|| self.path.clone())?;
+            let r = match item {
+                None => bail!(
+                    "{} ended before its last record: it changed while read",
+                    self.path
+                ),
+                Some(TraceItem::Meta(_)) => continue,
+                Some(TraceItem::Record(r)) => r,
+            };
+            let p = planned(&r, self.read, &mut self.ahead_hashes)?;
+            self.read = self.read.checked_add(1).context("more than 2^32 records")?;
+            let Some(a) = p.arrival_ms.filter(|a| a.total_cmp(&self.last).is_ge()) else {
+                bail!("{}: its arrivals changed while it was read", self.path);
+            };
+            self.last = a;
+            self.left -= 1;
+            self.ahead.push((duration_ms(a - self.shift), p));
+        }
+        Ok(())
+    }
+
+    /// Hand out the next request, due at or before `until`: (when, arrival-order index).
+    fn pop_due(&mut self, until: Duration) -> Result<Option<(Duration, usize)>> {
+        let Some((at, p)) = self.ahead.get(self.pos).filter(|n| n.0 <= until) else {
+            return Ok(None);
+        };
+        let at = *at;
+        let (start, len) = p.hashes;
+        self.current_hashes.clear();
+        self.current_hashes
+            .extend_from_slice(&self.ahead_hashes[start as usize..(start + len) as usize]);
+        self.current = Some(p.clone());
+        self.pos += 1;
+        let i = self.index;
+        self.index += 1;
+        if self.pos == self.ahead.len() {
+            self.read_ahead()?;
+        }
+        Ok(Some((at, i)))
+    }
+}
+
+/// Where a run's requests come from, and when each is due: a held workload and its
+/// [`Arrivals`] (any arrival mode), or a stream (open loop, in arrival order).
+pub enum Feed<'a> {
+    Held(&'a Workload, Box<Arrivals<'a>>),
+    Stream(Box<Stream>),
+}
+
+impl<'a> Feed<'a> {
+    /// The feed of `work`: streamed when it was glanced as such.
+    pub fn of(work: &'a Workload, opts: &'a RunOptions) -> Result<Self> {
+        Ok(match &work.stream {
+            Some(s) => Feed::Stream(Box::new(Stream::open(s, work.trace_block_size)?)),
+            None => Feed::Held(work, Box::new(Arrivals::new(work, opts))),
+        })
+    }
+
+    /// When the next request is due, if one is.
+    pub fn next_due(&self) -> Option<Duration> {
+        match self {
+            Feed::Held(_, a) => a.next_due(),
+            Feed::Stream(s) => s.next_due(),
+        }
+    }
+
+    /// The next request due at or before `until`: (when, arrival-order index). Its plan
+    /// is [`Self::plan`] until the next one is popped.
+    pub fn pop_due(&mut self, until: Duration) -> Result<Option<(Duration, usize)>> {
+        match self {
+            Feed::Held(_, a) => Ok(a.pop_due(until)),
+            Feed::Stream(s) => s.pop_due(until),
+        }
+    }
+
+    /// Request `i`'s plan: any of a held workload, the one last popped of a stream.
+    pub fn plan(&self, i: usize) -> PlanRef<'_> {
+        match self {
+            Feed::Held(w, _) => w.plan(i),
+            Feed::Stream(s) => {
+                debug_assert_eq!(
+                    i + 1,
+                    s.index,
+                    "a stream keeps only the request last popped"
+                );
+                PlanRef {
+                    index: i,
+                    plan: s.current.as_ref().expect("a request was popped"),
+                    hashes: &s.current_hashes,
+                    block_size: s.block_size,
+                }
+            }
+        }
+    }
+
+    /// Request `index` finished (or was refused) at `at`.
+    pub fn finished(&mut self, index: usize, at: Duration) {
+        if let Feed::Held(_, a) = self {
+            a.finished(index, at);
+        }
+    }
+
+    /// The session turns (every request a root unless --replay-sessions, which holds).
+    pub fn turns(&self) -> &[Turn] {
+        match self {
+            Feed::Held(_, a) => a.turns(),
+            Feed::Stream(_) => &[],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `glance` of a trace of these records (after a meta line): whether it streams, and
+    /// how many requests.
+    fn streams(name: &str, records: &[&str], limit: Option<u64>) -> Option<usize> {
+        let path = std::env::temp_dir().join(format!(
+            "vllm-vcr-glance-{}-{name}.jsonl",
+            std::process::id()
+        ));
+        let text = format!(
+            "{{\"meta\":{{\"block_size\":16}}}}\n{}\n",
+            records.join("\n")
+        );
+        std::fs::write(&path, text).unwrap();
+        let got = glance(&path, None, limit).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        got.map(|w| w.requests())
+    }
+
+    #[test]
+    fn only_a_trace_in_arrival_order_with_every_arrival_streams() {
+        let r = |a: &str| format!("{{\"prompt_tokens\":4,\"output_tokens\":1{a}}}");
+        let (a0, a5, a9) = (
+            r(",\"arrival_ms\":0"),
+            r(",\"arrival_ms\":5"),
+            r(",\"arrival_ms\":9"),
+        );
+        assert_eq!(streams("sorted", &[&a0, &a5, &a5, &a9], None), Some(4));
+        assert_eq!(streams("limit", &[&a0, &a5, &a9], Some(2)), Some(2));
+        assert_eq!(streams("unsorted", &[&a0, &a9, &a5], None), None);
+        assert_eq!(streams("untimed", &[&a0, &r("")], None), None);
+        // every record served nothing from a cache: whether it had one is the whole trace's
+        let cold = |a: &str| r(&format!(",\"arrival_ms\":{a},\"cached_tokens\":0"));
+        assert_eq!(streams("cold", &[&cold("0"), &cold("1")], None), None);
+        assert_eq!(streams("empty", &[], None), None);
+    }
+}
