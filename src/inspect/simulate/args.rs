@@ -15,10 +15,11 @@ use crate::play::EngineArgs;
 pub struct SimulateArgs {
     /// The trace whose requests to simulate: a capture (`record --trace-out`), or a public
     /// workload converted with `inspect convert` (`.gz` read transparently). An open loop
-    /// over a trace in arrival order (what `inspect convert` writes) is read as a stream,
-    /// memory flat however long it is; any other trace (records out of order or without
-    /// `arrival_ms`), and --replay-sessions or --replay-concurrency, hold and sort the
-    /// whole workload (~0.4 KB a request).
+    /// over a trace whose records all have `arrival_ms` is read as a stream, memory flat
+    /// however long it is (a capture, written as requests finished, is sorted as it is
+    /// read, holding only the requests within its longest request's time of the latest
+    /// arrival read); records without `arrival_ms`, and --replay-sessions or
+    /// --replay-concurrency, hold and sort the whole workload (~0.4 KB a request).
     pub trace: PathBuf,
 
     #[command(flatten)]

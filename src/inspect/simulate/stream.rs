@@ -4,17 +4,22 @@
 //!
 //! A first pass reads only each record's `arrival_ms` and `cached_tokens` (what the run
 //! needs to know before its first step: how many requests, whether the capture's engine
-//! ran without prefix caching, where recorded offsets start). The trace is streamed when
-//! that pass finds its records in arrival order (equal arrivals in any order: the held
-//! order keeps them in file order too), every record with an arrival, and nothing else
-//! that needs the whole workload. Otherwise — records out of order (a capture written as
-//! requests finished, not converted), records without `arrival_ms` (due at 0, after every
-//! timed one in the naming order), a capture whose every record reports 0 cached tokens
-//! (whether its engine had prefix caching is told from the whole workload's sharing),
-//! `--replay-sessions` or `--replay-concurrency` — the workload is held in memory and
-//! sorted, as [`Workload::load`] does. Both give the same requests, in the same order, at
-//! the same times, under the same names.
+//! ran without prefix caching, where recorded offsets start) and how far out of arrival
+//! order the file is: the most a record's arrival falls behind the latest one before it
+//! (a capture is written as requests finish, so by up to its longest request). The
+//! second pass sorts as it reads, holding only the records that a later one could still
+//! precede (those within that lateness of the latest arrival read; none for a file in
+//! order), equal arrivals in file order as the held sort keeps them. The trace is streamed
+//! when every record has an arrival and nothing else needs the whole workload. Otherwise —
+//! records without `arrival_ms` (due at 0, after every timed one in the naming order), a
+//! capture whose every record reports 0 cached tokens (whether its engine had prefix
+//! caching is told from the whole workload's sharing), `--replay-sessions` or
+//! `--replay-concurrency` — the workload is held in memory and sorted, as
+//! [`Workload::load`] does. Both give the same requests, in the same order, at the same
+//! times, under the same names.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -66,7 +71,8 @@ fn glance(
     let mut records = 0u64;
     let mut cached_tokens: Option<u64> = None;
     let mut first: Option<f64> = None;
-    let mut last = f64::NEG_INFINITY;
+    let mut latest = f64::NEG_INFINITY;
+    let mut lateness = 0f64;
     let mut progress = Progress::new("simulate: scanning records");
     while let Some(line) = reader.next_as::<Glance>() {
         match line {
@@ -83,11 +89,12 @@ fn glance(
                 let Some(a) = g.arrival_ms.filter(|a| a.is_finite()) else {
                     return Ok(None);
                 };
-                if a.total_cmp(&last).is_lt() {
-                    return Ok(None);
+                if a < latest {
+                    lateness = lateness.max(latest - a);
                 }
-                last = a;
-                first.get_or_insert(a);
+                latest = latest.max(a);
+                let earliest = first.get_or_insert(a);
+                *earliest = earliest.min(a);
             }
         }
     }
@@ -111,6 +118,8 @@ fn glance(
         path: path.to_path_buf(),
         requests: usize::try_from(requests).context("too many records")?,
         shift: first.min(0.0),
+        records: usize::try_from(records).context("too many records")?,
+        lateness_ms: lateness,
     };
     Ok(Some(Workload::streamed(
         meta,
@@ -126,6 +135,41 @@ fn glance(
 /// and hashes.
 const AHEAD: usize = 1024;
 
+/// A record read and not yet in arrival order: its plan and its block hashes.
+struct Sorting {
+    plan: Planned,
+    hashes: Vec<u64>,
+}
+
+impl Sorting {
+    fn arrival(&self) -> f64 {
+        self.plan.arrival_ms.unwrap_or(f64::INFINITY)
+    }
+}
+
+impl PartialEq for Sorting {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Sorting {}
+
+impl PartialOrd for Sorting {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Sorting {
+    /// By arrival, then by place in the file: the held workload's stable sort.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.arrival()
+            .total_cmp(&other.arrival())
+            .then(self.plan.source.cmp(&other.plan.source))
+    }
+}
+
 /// The requests of a streamed workload, read [`AHEAD`] at a time.
 pub struct Stream {
     reader: TraceReader,
@@ -133,11 +177,21 @@ pub struct Stream {
     path: String,
     block_size: usize,
     shift: f64,
-    /// Records still to read, and records read (their positions in the file).
+    /// Records still to read, records read (their positions in the file) and requests
+    /// still to hand out.
     left: usize,
     read: u32,
-    /// The arrival of the last record read: a file that changed since the first pass is
-    /// an error, not a reordered run.
+    to_send: usize,
+    /// Records read that a record still unread could precede (see the module docs): the
+    /// earliest on top, ties in file order.
+    sorting: BinaryHeap<Reverse<Sorting>>,
+    /// The most records `sorting` held at once.
+    most_sorting: usize,
+    /// The latest arrival read, and the most any record falls behind it.
+    latest: f64,
+    lateness: f64,
+    /// The arrival of the last request handed on: a file that changed since the first
+    /// pass is an error, not a reordered run.
     last: f64,
     /// The requests read and not yet due (when each is due, its plan), from `pos` on, and
     /// their hashes.
@@ -158,8 +212,13 @@ impl Stream {
             path: s.path.display().to_string(),
             block_size,
             shift: s.shift,
-            left: s.requests,
+            left: s.records,
             read: 0,
+            to_send: s.requests,
+            sorting: BinaryHeap::new(),
+            most_sorting: 0,
+            latest: f64::NEG_INFINITY,
+            lateness: s.lateness_ms,
             last: f64::NEG_INFINITY,
             ahead: Vec::with_capacity(AHEAD.min(s.requests)),
             pos: 0,
@@ -177,13 +236,30 @@ impl Stream {
         self.ahead.get(self.pos).map(|n| n.0)
     }
 
-    /// Read the next [`AHEAD`] requests (fewer at the end), once every one read before is
-    /// handed out.
+    /// Read the next [`AHEAD`] requests in arrival order (fewer at the end), once every
+    /// one read before is handed out.
     fn read_ahead(&mut self) -> Result<()> {
         self.ahead.clear();
         self.ahead_hashes.clear();
         self.pos = 0;
-        while self.left > 0 && self.ahead.len() < AHEAD {
+        while self.to_send > 0 && self.ahead.len() < AHEAD {
+            if let Some(r) = self.next_in_order()? {
+                let Some(a) = r
+                    .plan
+                    .arrival_ms
+                    .filter(|a| a.total_cmp(&self.last).is_ge())
+                else {
+                    bail!("{}: its arrivals changed while it was read", self.path);
+                };
+                self.last = a;
+                let start = u32::try_from(self.ahead_hashes.len()).context("too many hashes")?;
+                self.ahead_hashes.extend_from_slice(&r.hashes);
+                let mut plan = r.plan;
+                plan.hashes.0 = start;
+                self.to_send -= 1;
+                self.ahead.push((duration_ms(a - self.shift), plan));
+                continue;
+            }
             let item = self
                 .reader
                 .next()
@@ -197,16 +273,33 @@ impl Stream {
                 Some(TraceItem::Meta(_)) => continue,
                 Some(TraceItem::Record(r)) => r,
             };
-            let p = planned(&r, self.read, &mut self.ahead_hashes)?;
+            let mut hashes = Vec::new();
+            let plan = planned(&r, self.read, &mut hashes)?;
             self.read = self.read.checked_add(1).context("more than 2^32 records")?;
-            let Some(a) = p.arrival_ms.filter(|a| a.total_cmp(&self.last).is_ge()) else {
+            let Some(a) = plan.arrival_ms else {
                 bail!("{}: its arrivals changed while it was read", self.path);
             };
-            self.last = a;
+            self.latest = self.latest.max(a);
             self.left -= 1;
-            self.ahead.push((duration_ms(a - self.shift), p));
+            self.sorting.push(Reverse(Sorting { plan, hashes }));
+            self.most_sorting = self.most_sorting.max(self.sorting.len());
         }
         Ok(())
+    }
+
+    /// The earliest record read, when no record still unread can precede it.
+    fn next_in_order(&mut self) -> Result<Option<Sorting>> {
+        let Some(Reverse(top)) = self.sorting.peek() else {
+            return Ok(None);
+        };
+        let a = top.arrival();
+        // a record read later arrives no earlier than `latest − lateness` (with room for
+        // the rounding of that difference); an equal arrival later in the file comes after
+        let bound = self.latest - self.lateness * (1.0 + 1e-9) - 1e-9 * self.latest.abs();
+        if self.left > 0 && a > bound {
+            return Ok(None);
+        }
+        Ok(self.sorting.pop().map(|Reverse(s)| s))
     }
 
     /// Hand out the next request, due at or before `until`: (when, arrival-order index).
@@ -303,25 +396,88 @@ impl<'a> Feed<'a> {
 mod tests {
     use super::*;
 
+    /// A trace of `records` (after a meta line) at a fresh path.
+    fn trace<S: AsRef<str>>(name: &str, records: &[S]) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "vllm-vcr-stream-{}-{name}.jsonl",
+            std::process::id()
+        ));
+        let lines: Vec<&str> = records.iter().map(AsRef::as_ref).collect();
+        let text = format!(
+            "{{\"meta\":{{\"block_size\":16}}}}\n{}\n",
+            lines.join("\n")
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
     /// `glance` of a trace of these records (after a meta line): whether it streams, and
     /// how many requests.
     fn streams(name: &str, records: &[&str], limit: Option<u64>) -> Option<usize> {
-        let path = std::env::temp_dir().join(format!(
-            "vllm-vcr-glance-{}-{name}.jsonl",
-            std::process::id()
-        ));
-        let text = format!(
-            "{{\"meta\":{{\"block_size\":16}}}}\n{}\n",
-            records.join("\n")
-        );
-        std::fs::write(&path, text).unwrap();
+        let path = trace(name, records);
         let got = glance(&path, None, limit).unwrap();
         std::fs::remove_file(&path).unwrap();
         got.map(|w| w.requests())
     }
 
+    /// A capture is written as requests finish: arrivals out of order by up to the
+    /// longest request. Streamed, it hands out the requests the held workload sorts, in
+    /// its order (ties in file order), with their hashes, the first `--requests` of them
+    /// by arrival wherever they sit in the file.
     #[test]
-    fn only_a_trace_in_arrival_order_with_every_arrival_streams() {
+    fn a_trace_out_of_order_streams_in_the_held_order() {
+        let mut rng = 7u64;
+        let mut next = || {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            rng >> 33
+        };
+        // arrivals every ~10 ms, each written at its arrival plus a latency of 0–300 ms,
+        // in the order written; some ties
+        let mut recs: Vec<(f64, String)> = (0..400u64)
+            .map(|i| {
+                let a = (i * 10 - i % 3) as f64 + if i % 7 == 0 { 0.0 } else { 0.5 };
+                let done = a + (next() % 300) as f64;
+                let r = format!(
+                    "{{\"prompt_tokens\":32,\"output_tokens\":{},\"arrival_ms\":{a},\"block_hashes\":[{},{}]}}",
+                    1 + i % 5,
+                    i,
+                    1000 + i
+                );
+                (done, r)
+            })
+            .collect();
+        recs.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let lines: Vec<String> = recs.into_iter().map(|(_, r)| r).collect();
+        let path = trace("finish-order", &lines);
+        for limit in [None, Some(57)] {
+            let held = Workload::load(&path, None, limit).unwrap();
+            let work = glance(&path, None, limit).unwrap().expect("it streams");
+            let mut stream = Stream::open(work.stream.as_ref().unwrap(), 16).unwrap();
+            let mut n = 0;
+            while let Some((at, i)) = stream.pop_due(Duration::MAX).unwrap() {
+                let want = held.plan(i);
+                let got = stream.current.as_ref().unwrap();
+                assert_eq!(got.source, want.plan.source, "request {i}");
+                assert_eq!(stream.current_hashes, want.hashes, "request {i}");
+                assert_eq!(
+                    at,
+                    duration_ms(want.plan.arrival_ms.unwrap()),
+                    "request {i}"
+                );
+                n += 1;
+            }
+            assert_eq!(n, held.requests(), "{limit:?}");
+            // 300 ms of requests every 10 ms: a few dozen, not the file
+            let most = stream.most_sorting;
+            assert!(most < 80, "{most} records held at once");
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_trace_streams_when_every_record_has_an_arrival() {
         let r = |a: &str| format!("{{\"prompt_tokens\":4,\"output_tokens\":1{a}}}");
         let (a0, a5, a9) = (
             r(",\"arrival_ms\":0"),
@@ -330,7 +486,7 @@ mod tests {
         );
         assert_eq!(streams("sorted", &[&a0, &a5, &a5, &a9], None), Some(4));
         assert_eq!(streams("limit", &[&a0, &a5, &a9], Some(2)), Some(2));
-        assert_eq!(streams("unsorted", &[&a0, &a9, &a5], None), None);
+        assert_eq!(streams("unsorted", &[&a0, &a9, &a5], None), Some(3));
         assert_eq!(streams("untimed", &[&a0, &r("")], None), None);
         // every record served nothing from a cache: whether it had one is the whole trace's
         let cold = |a: &str| r(&format!(",\"arrival_ms\":{a},\"cached_tokens\":0"));

@@ -1,5 +1,7 @@
-//! `inspect simulate` reads a trace in arrival order as a stream and holds one that is not:
-//! both must simulate the same requests, in the same order, under the same names.
+//! `inspect simulate` reads a trace as a stream, sorting what is out of arrival order as it
+//! reads: a file in order and the same records out of order must simulate the same
+//! requests, in the same order, under the same names (the held workload's order against
+//! the stream's is `stream.rs`'s unit test).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -58,7 +60,7 @@ fn a_trace_in_arrival_order_simulates_as_the_same_trace_out_of_order() {
     let tmp = TestDir::new("a_trace_in_arrival_order_simulates_as_the_same_trace_out_of_order");
     let meta = json!({"block_size": 16});
     let streamed = write_trace(&tmp, "in-order.jsonl", meta.clone(), &in_order());
-    let held = write_trace(&tmp, "out-of-order.jsonl", meta, &out_of_order());
+    let reordered = write_trace(&tmp, "out-of-order.jsonl", meta, &out_of_order());
 
     for extra in [
         &[][..],
@@ -68,7 +70,7 @@ fn a_trace_in_arrival_order_simulates_as_the_same_trace_out_of_order() {
     ] {
         let a = summary(&streamed, extra);
         assert!(a.contains("requests:"), "{a}");
-        assert_eq!(a, summary(&held, extra), "with {extra:?}");
+        assert_eq!(a, summary(&reordered, extra), "with {extra:?}");
     }
     let a = summary(&streamed, &[]);
     assert!(
@@ -84,7 +86,7 @@ fn a_trace_in_arrival_order_simulates_as_the_same_trace_out_of_order() {
         r
     };
     let a = strip(dumped(&tmp, &streamed, "a.jsonl"));
-    let b = strip(dumped(&tmp, &held, "b.jsonl"));
+    let b = strip(dumped(&tmp, &reordered, "b.jsonl"));
     assert_eq!(a.len(), 30);
     assert_eq!(a, b);
     // the ties keep file order: the first three arrive together, named 0, 1, 2
