@@ -403,10 +403,7 @@ mod tests {
             std::process::id()
         ));
         let lines: Vec<&str> = records.iter().map(AsRef::as_ref).collect();
-        let text = format!(
-            "{{\"meta\":{{\"block_size\":16}}}}\n{}\n",
-            lines.join("\n")
-        );
+        let text = format!("{{\"meta\":{{\"block_size\":16}}}}\n{}\n", lines.join("\n"));
         std::fs::write(&path, text).unwrap();
         path
     }

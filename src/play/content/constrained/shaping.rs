@@ -89,7 +89,7 @@ impl Shaping {
                         }
                         let format = tag.get("format").unwrap_or(&tag);
                         free = FreeTextPlan::of(format, self.thinking(req, max_tokens));
-                        calls = self.tool_calls.own_calls(&tools, stream_seed);
+                        calls = self.tool_calls.own_calls(&tools, text, stream_seed);
                         Recipe::Tag(tag, tools)
                     }
                     _ => Recipe::Structured(so),

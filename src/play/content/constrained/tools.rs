@@ -100,17 +100,27 @@ impl ToolCalls {
         (((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < self.rate).then_some(rng)
     }
 
-    /// Lark grammars of one call to each of the prompt's tools in the format (at most
-    /// eight), the first tool drawn from `seed`: what a structural tag's answer writes
-    /// where the tag admits it ([`super::stream::GrammarJob`]).
-    pub fn own_calls(&self, tools: &PromptTools, seed: u64) -> Vec<String> {
-        let n = tools.tools.len();
+    /// Lark grammars of one call in the format to each of the prompt's tools that `tag`
+    /// (the structural tag's text) names, at most two, the first drawn from `seed`: what
+    /// a structural tag's answer writes where the tag admits it
+    /// ([`super::stream::GrammarJob`]). Each is compiled and written before the answer
+    /// starts, so only tools the tag can call are tried (one, for a named function), and
+    /// the first suffices wherever the tag admits any.
+    pub fn own_calls(&self, tools: &PromptTools, tag: &str, seed: u64) -> Vec<String> {
+        /// Candidates written ahead per request.
+        const MAX_CALLS: usize = 2;
+        let named: Vec<&Tool> = tools
+            .tools
+            .iter()
+            .filter(|t| !t.name.is_empty() && tag.contains(t.name.as_str()))
+            .collect();
+        let n = named.len();
         if n == 0 {
             return Vec::new();
         }
         let first = (SplitMix64(seed ^ 0xca11_0f7a).next_u64() % n as u64) as usize;
-        (0..n.min(8))
-            .map(|k| &tools.tools[(first + k) % n])
+        (0..n.min(MAX_CALLS))
+            .map(|k| named[(first + k) % n])
             .map(|tool| {
                 let params = tools.parameters_of(&tool.name).unwrap_or_else(|| json!({}));
                 self.format.grammar(&tool.name, &params)
