@@ -224,31 +224,26 @@ pub(super) fn format_rule(
         "sequence" => {
             let elements = list("elements")?;
             let mut parts = Vec::with_capacity(elements.len());
-            let mut ended = false;
-            for (j, e) in elements.iter().enumerate() {
-                if std::mem::take(&mut ended) {
-                    continue;
-                }
-                let part = match elements.get(j + 1) {
+            let mut j = 0;
+            while j < elements.len() {
+                let e = &elements[j];
+                match elements.get(j + 1) {
                     // free text the string after it ends (vllm-rs's Hunyuan values:
                     // `<arg_value>`, the text, `</arg_value>`): text and string are one
-                    // lazy lexeme, as at a tag's end
-                    Some(next) if is_any_text(e) => match const_value(next) {
-                        Some(end) => {
-                            ended = true;
-                            any_text_until(e, end, rules)?
-                        }
-                        // free text has no end of its own, so nothing else can follow it
-                        None => {
-                            return Err(
-                                "`any_text` runs to the end of its tag or of the answer: in a sequence only a `const_string` can follow it"
-                                    .into(),
-                            );
-                        }
-                    },
-                    _ => format_rule(e, tool, tools, rules)?,
-                };
-                parts.push(part);
+                    // lazy lexeme, as at a tag's end; free text has no end of its own,
+                    // so nothing else can follow it
+                    Some(next) if is_any_text(e) => {
+                        let end = const_value(next).ok_or(
+                            "`any_text` runs to the end of its tag or of the answer: in a sequence only a `const_string` can follow it",
+                        )?;
+                        parts.push(any_text_until(e, end, rules)?);
+                        j += 2;
+                    }
+                    _ => {
+                        parts.push(format_rule(e, tool, tools, rules)?);
+                        j += 1;
+                    }
+                }
             }
             format!("({})", parts.join(" "))
         }
@@ -464,7 +459,10 @@ pub(super) fn is_any_text(f: &Value) -> bool {
 /// xgrammar's `any_text` as a Lark terminal: any text that holds none of its `excludes`.
 /// Its name.
 fn any_text(f: &Value, rules: &mut Vec<String>) -> Result<String, String> {
-    let excludes = any_text_excludes(f)?;
+    let excludes = match f.get("excludes") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) => string_list(v).ok_or("any_text `excludes` is not a list of strings")?,
+    };
     let name = format!("ANY{}", rules.len());
     rules.push(format!("{name}: {}", text_without(&excludes)));
     Ok(name)
@@ -477,15 +475,6 @@ fn any_text_until(f: &Value, end: &str, rules: &mut Vec<String>) -> Result<Strin
     let name = format!("r{}", rules.len());
     rules.push(format!("{name}[lazy]: {text} {}", lark_str(end)));
     Ok(name)
-}
-
-fn any_text_excludes(f: &Value) -> Result<Vec<String>, String> {
-    match f.get("excludes") {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(v) => {
-            string_list(v).ok_or_else(|| "any_text `excludes` is not a list of strings".into())
-        }
-    }
 }
 
 /// The string a `const_string` format writes.
