@@ -207,18 +207,19 @@ pub async fn run_loop<E: EngineCore, O: Outlet>(
         // taken at once, in the select's order (inputs first), rather than through an
         // expired timer and a trip through the runtime's poller (a few µs a step); the loop
         // still yields to the runtime every so often.
-        if drain_until.is_none()
+        let due_now = (deadline.is_some()
+            && drain_until.is_none()
             && !outputs.backlogged()
             && direct < DIRECT_STEPS
-            && !ctl.shutdown.has_changed().unwrap_or(true)
-            && let Some(now) = deadline
-                .map(|_| Instant::now())
-                .filter(|&n| deadline <= Some(n))
-        {
-            match inputs.try_recv() {
+            && !ctl.shutdown.has_changed().unwrap_or(true))
+        .then(Instant::now)
+        .filter(|&now| deadline.is_some_and(|d| d <= now));
+        let taken = match due_now {
+            Some(now) => match inputs.try_recv() {
                 Ok(m) => {
                     fire_due(engine, now, &mut out);
                     engine.on_input(m, now, &mut out);
+                    true
                 }
                 Err(mpsc::error::TryRecvError::Empty) => {
                     match ctl.side.as_mut().map(|rx| rx.try_recv()) {
@@ -228,71 +229,68 @@ pub async fn run_loop<E: EngineCore, O: Outlet>(
                         }
                         _ => engine.on_deadline(now, &mut out),
                     }
+                    true
                 }
                 // the input side is gone: the select below says so
-                Err(mpsc::error::TryRecvError::Disconnected) => direct = DIRECT_STEPS,
+                Err(mpsc::error::TryRecvError::Disconnected) => false,
+            },
+            None => false,
+        };
+        if taken {
+            direct += 1;
+        } else {
+            if direct >= DIRECT_STEPS {
+                direct = 0;
+                tokio::task::yield_now().await;
             }
-            if direct < DIRECT_STEPS {
-                direct += 1;
-                if !flush(&mut out, outputs).await {
-                    return LoopExit::OutputsClosed;
-                }
-                let due = engine.next_deadline().is_some_and(|d| d <= Instant::now());
-                outputs.hold(due);
-                continue;
-            }
-        }
-        if direct >= DIRECT_STEPS {
-            direct = 0;
-            tokio::task::yield_now().await;
-        }
-        tokio::select! {
-            biased;
-            msg = inputs.recv() => match msg {
-                Some(m) => {
+            tokio::select! {
+                biased;
+                msg = inputs.recv() => match msg {
+                    Some(m) => {
+                        let now = Instant::now();
+                        // Steps that ended before this input was seen end first, so the engine
+                        // sees events in time order (as the offline driver does).
+                        fire_due(engine, now, &mut out);
+                        // a shutdown signalled before this input was read comes first: the
+                        // biased select would otherwise admit a request that arrived after it
+                        if !shutdown_seen && *ctl.shutdown.borrow() {
+                            shutdown_seen = true;
+                            engine.begin_shutdown(now, &mut out);
+                            drain_until = Some(now + ctl.shutdown_timeout);
+                        }
+                        engine.on_input(m, now, &mut out);
+                    }
+                    None => {
+                        flush(&mut out, outputs).await;
+                        return LoopExit::InputsClosed;
+                    }
+                },
+                Some(m) = recv_side(&mut ctl.side) => {
                     let now = Instant::now();
-                    // Steps that ended before this input was seen end first, so the engine
-                    // sees events in time order (as the offline driver does).
                     fire_due(engine, now, &mut out);
-                    // a shutdown signalled before this input was read comes first: the
-                    // biased select would otherwise admit a request that arrived after it
-                    if !shutdown_seen && *ctl.shutdown.borrow() {
+                    engine.on_input(m, now, &mut out);
+                }
+                changed = ctl.shutdown.changed(), if !shutdown_seen => {
+                    if changed.is_err() || *ctl.shutdown.borrow() {
                         shutdown_seen = true;
+                        let now = Instant::now();
                         engine.begin_shutdown(now, &mut out);
                         drain_until = Some(now + ctl.shutdown_timeout);
                     }
-                    engine.on_input(m, now, &mut out);
                 }
-                None => {
-                    flush(&mut out, outputs).await;
-                    return LoopExit::InputsClosed;
-                }
-            },
-            Some(m) = recv_side(&mut ctl.side) => {
-                let now = Instant::now();
-                fire_due(engine, now, &mut out);
-                engine.on_input(m, now, &mut out);
-            }
-            changed = ctl.shutdown.changed(), if !shutdown_seen => {
-                if changed.is_err() || *ctl.shutdown.borrow() {
-                    shutdown_seen = true;
+                _ = sleep_until(&mut timer, earliest(deadline, drain_until)), if deadline.is_some() || drain_until.is_some() => {
                     let now = Instant::now();
-                    engine.begin_shutdown(now, &mut out);
-                    drain_until = Some(now + ctl.shutdown_timeout);
-                }
-            }
-            _ = sleep_until(&mut timer, earliest(deadline, drain_until)), if deadline.is_some() || drain_until.is_some() => {
-                let now = Instant::now();
-                if drain_until.is_some_and(|d| now >= d) {
-                    engine.abort_all(now, &mut out);
-                    if !flush(&mut out, outputs).await {
-                        return LoopExit::OutputsClosed;
+                    if drain_until.is_some_and(|d| now >= d) {
+                        engine.abort_all(now, &mut out);
+                        if !flush(&mut out, outputs).await {
+                            return LoopExit::OutputsClosed;
+                        }
+                        return LoopExit::DrainTimedOut;
                     }
-                    return LoopExit::DrainTimedOut;
+                    engine.on_deadline(now, &mut out);
                 }
-                engine.on_deadline(now, &mut out);
+                () = outputs.drain(), if outputs.backlogged() => {}
             }
-            () = outputs.drain(), if outputs.backlogged() => {}
         }
         if !flush(&mut out, outputs).await {
             return LoopExit::OutputsClosed;
@@ -311,10 +309,10 @@ async fn recv_side(side: &mut Option<mpsc::UnboundedReceiver<EngineInput>>) -> O
     }
 }
 
-/// Run every deadline that is due at `now`.
 /// Due steps the loop takes directly in a row before it yields to the runtime once.
 const DIRECT_STEPS: u32 = 64;
 
+/// Run every deadline that is due at `now`.
 fn fire_due<E: EngineCore>(engine: &mut E, now: Instant, out: &mut Outbox) {
     while let Some(d) = engine.next_deadline() {
         if d > now {
