@@ -118,7 +118,6 @@ fn glance(
         path: path.to_path_buf(),
         requests: usize::try_from(requests).context("too many records")?,
         shift: first.min(0.0),
-        records: usize::try_from(records).context("too many records")?,
         lateness_ms: lateness,
     };
     Ok(Some(Workload::streamed(
@@ -177,15 +176,17 @@ pub struct Stream {
     path: String,
     block_size: usize,
     shift: f64,
-    /// Records still to read, records read (their positions in the file) and requests
-    /// still to hand out.
+    /// Records still to read (the whole file: the first `--requests` by arrival may sit
+    /// anywhere in one out of order), records read (their positions in the file) and
+    /// requests still to hand out.
     left: usize,
     read: u32,
     to_send: usize,
     /// Records read that a record still unread could precede (see the module docs): the
     /// earliest on top, ties in file order.
     sorting: BinaryHeap<Reverse<Sorting>>,
-    /// The most records `sorting` held at once.
+    /// The most records `sorting` held at once (what the tests bound).
+    #[cfg(test)]
     most_sorting: usize,
     /// The latest arrival read, and the most any record falls behind it.
     latest: f64,
@@ -206,16 +207,22 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub fn open(s: &Streamed, block_size: usize) -> Result<Self> {
+    /// The stream of `work`, a workload [`glance`] made.
+    pub fn open(work: &Workload) -> Result<Self> {
+        let s = work
+            .stream
+            .as_ref()
+            .context("the workload is held, not streamed")?;
         let mut stream = Self {
             reader: TraceReader::open(&s.path)?,
             path: s.path.display().to_string(),
-            block_size,
+            block_size: work.trace_block_size,
             shift: s.shift,
-            left: s.records,
+            left: usize::try_from(work.records_in_trace).context("too many records")?,
             read: 0,
             to_send: s.requests,
             sorting: BinaryHeap::new(),
+            #[cfg(test)]
             most_sorting: 0,
             latest: f64::NEG_INFINITY,
             lateness: s.lateness_ms,
@@ -282,7 +289,10 @@ impl Stream {
             self.latest = self.latest.max(a);
             self.left -= 1;
             self.sorting.push(Reverse(Sorting { plan, hashes }));
-            self.most_sorting = self.most_sorting.max(self.sorting.len());
+            #[cfg(test)]
+            {
+                self.most_sorting = self.most_sorting.max(self.sorting.len());
+            }
         }
         Ok(())
     }
@@ -334,7 +344,7 @@ impl<'a> Feed<'a> {
     /// The feed of `work`: streamed when it was glanced as such.
     pub fn of(work: &'a Workload, opts: &'a RunOptions) -> Result<Self> {
         Ok(match &work.stream {
-            Some(s) => Feed::Stream(Box::new(Stream::open(s, work.trace_block_size)?)),
+            Some(_) => Feed::Stream(Box::new(Stream::open(work)?)),
             None => Feed::Held(work, Box::new(Arrivals::new(work, opts))),
         })
     }
@@ -451,7 +461,7 @@ mod tests {
         for limit in [None, Some(57)] {
             let held = Workload::load(&path, None, limit).unwrap();
             let work = glance(&path, None, limit).unwrap().expect("it streams");
-            let mut stream = Stream::open(work.stream.as_ref().unwrap(), 16).unwrap();
+            let mut stream = Stream::open(&work).unwrap();
             let mut n = 0;
             while let Some((at, i)) = stream.pop_due(Duration::MAX).unwrap() {
                 let want = held.plan(i);

@@ -108,9 +108,6 @@ pub struct Streamed {
     pub requests: usize,
     /// Recorded offsets are shifted by this so that none is negative.
     pub shift: f64,
-    /// The records in the file, read to the end whatever `requests` is (the first
-    /// `requests` by arrival may come from anywhere in a file out of order).
-    pub records: usize,
     /// How far a record's arrival falls behind the latest one before it in the file, at
     /// most, ms (0: the file is in arrival order): a record read is due no earlier than
     /// the latest arrival read so far minus this.
