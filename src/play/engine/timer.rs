@@ -100,7 +100,13 @@ impl PreciseTimer {
                     return;
                 };
                 match self.drain() {
-                    Ok(true) => break,
+                    // The expiry is consumed and the timer is one-shot, so nothing can make
+                    // the fd readable again before the next `arm`: clearing the readiness
+                    // now saves the next sleep a read that would only find it empty.
+                    Ok(true) => {
+                        guard.clear_ready();
+                        break;
+                    }
                     Ok(false) => guard.clear_ready(),
                     Err(_) => {
                         tokio::time::sleep_until(deadline.into()).await;
