@@ -32,6 +32,7 @@ mod load_generators;
 mod offload;
 mod openai;
 mod parsers;
+mod replay_reasoning;
 mod router;
 mod template_parsers;
 mod tokenizers;
