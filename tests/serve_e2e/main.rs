@@ -26,6 +26,7 @@ use crate::support::{
 mod support;
 
 mod bench;
+mod cohere_cmd;
 mod guidellm;
 mod inference_perf;
 mod load_generators;
