@@ -120,6 +120,8 @@ async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
             engine_handshake: hs.clone(),
             trace_out: trace.clone(),
             record_tokens: false,
+            reasoning_format: None,
+            tokenizer: None,
             step_stats_out: None,
             force: true,
             model: None,
@@ -250,6 +252,7 @@ fn observer_capacity(messages: usize, trace: &PathBuf) -> f64 {
         trace_out: trace.clone(),
         step_stats_out: None,
         record_tokens: false,
+        thinking: None,
         meta: Default::default(),
     })
     .expect("observer");

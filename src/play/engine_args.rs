@@ -118,6 +118,10 @@ pub struct EngineArgs {
     /// an unbounded answer). Also sizes the think block a frontend's structural tag opens
     /// with (`tool_choice: required` behind a reasoning parser), at most half of
     /// `max_tokens` so the calls after it fit. Usage counts every token, thinking included.
+    /// A request replayed with generated tokens (--replay-steps) whose record has a
+    /// `reasoning_tokens` count (`record --reasoning-format`, or a converted client report)
+    /// thinks for that many instead (between the tags, as the frontend's usage counts
+    /// them; at most its recorded length).
     #[arg(long, default_value_t = 0.25, value_name = "F")]
     pub reasoning_share: f64,
 
@@ -401,7 +405,9 @@ pub struct EngineArgs {
     pub replay_tokens: Option<PathBuf>,
 
     /// Replay each matched request's recorded chunk sizes at its recorded gaps (the
-    /// first token after the recorded TTFT, unless --latency-trace models it).
+    /// first token after the recorded TTFT, unless --latency-trace models it). Without
+    /// --replay-tokens the tokens are generated, and with a --reasoning-format a record's
+    /// `reasoning_tokens` sets how long its answer thinks.
     #[arg(long, value_name = "TRACE")]
     pub replay_steps: Option<PathBuf>,
 

@@ -16,6 +16,7 @@ pub mod relay;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -24,6 +25,7 @@ use sim_trace::config_hash::ConfigFingerprint;
 use sim_trace::host::{HostCpu, parse_cpuinfo};
 use tokio::sync::{mpsc, watch};
 
+use crate::play::content::reasoning_count::ThinkingMarkers;
 use handoff::Seen;
 use observe::{MetaOverrides, Observer, ObserverConfig, Summary};
 use relay::{Event, RelayConfig};
@@ -57,6 +59,20 @@ pub struct RecordArgs {
     /// like the prompts it answers.
     #[arg(long)]
     pub record_tokens: bool,
+
+    /// Count each answer's thinking (its record's `reasoning_tokens`): the tokens between
+    /// the markers of this `--reasoning-format` (the names of `play`'s flag), as a
+    /// frontend's usage counts them, found in the output ids through `--tokenizer`.
+    /// `play --replay-steps` then makes each replayed answer think that long. Default: not
+    /// counted.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub reasoning_format: Option<crate::play::content::reasoning::ReasoningFormat>,
+
+    /// The model the engine serves, for `--reasoning-format`: a directory with its
+    /// tokenizer.json (or the file). Default: the tiny model embedded in this binary (what
+    /// `play` and `serve` serve by default).
+    #[arg(long, value_name = "DIR", requires = "reasoning_format")]
+    pub tokenizer: Option<PathBuf>,
 
     /// Also write one JSON line per engine step with the `SchedulerStats` the engine
     /// reported (running/waiting, KV usage, prefix-cache and spec-decode counters), on the
@@ -184,6 +200,20 @@ impl RecordArgs {
         }
     }
 
+    /// What `--reasoning-format` counts each answer's thinking by, in `--tokenizer`'s
+    /// tokens.
+    fn resolve_thinking(&self) -> Result<Option<Arc<ThinkingMarkers>>> {
+        use crate::play::content::vocab::{Vocabulary, model_dir_of};
+        let Some(format) = self.reasoning_format else {
+            return Ok(None);
+        };
+        let vocab = match &self.tokenizer {
+            Some(dir) => Arc::new(Vocabulary::load(&model_dir_of(dir))?),
+            None => Vocabulary::embedded(),
+        };
+        Ok(ThinkingMarkers::new(format, vocab).map(Arc::new))
+    }
+
     /// The `--note KEY=VALUE` pairs.
     fn resolve_notes(&self) -> Result<BTreeMap<String, String>> {
         self.note
@@ -273,6 +303,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
     let host_cpu = args.resolve_host_cpu()?;
     let notes = args.resolve_notes()?;
     let config_hash = args.resolve_config_hash(host_cpu.as_ref())?;
+    let thinking = args.resolve_thinking()?;
     args.check_outputs()?;
     if let Some(cpu) = &host_cpu {
         tracing::info!("host CPU: {}", cpu.describe());
@@ -281,6 +312,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
         trace_out: args.trace_out.clone(),
         step_stats_out: args.step_stats_out.clone(),
         record_tokens: args.record_tokens,
+        thinking,
         max_frame_bytes: usize::try_from(args.max_frame_size << 20).unwrap_or(usize::MAX),
         meta: MetaOverrides {
             model: args.model.clone(),

@@ -26,12 +26,14 @@ use crate::support::{
 mod support;
 
 mod bench;
+mod cohere_cmd;
 mod guidellm;
 mod inference_perf;
 mod load_generators;
 mod offload;
 mod openai;
 mod parsers;
+mod replay_reasoning;
 mod router;
 mod template_parsers;
 mod tokenizers;

@@ -10,6 +10,7 @@
 //!   when the server reported usage, else aiperf's `input_sequence_length` (its tokenizer's
 //!   count of the text it sent); the note says by how much the template grew prompts;
 //! - `output_tokens`: `usage_completion_tokens`, else `output_sequence_length`;
+//! - `reasoning_tokens`: `usage_reasoning_tokens` (the server's usage), when present;
 //! - `ttft_ms`: `time_to_first_token`; `itl_ms`: `inter_chunk_latency` (one gap per chunk
 //!   after the first, as aiperf measured them);
 //! - a failed or cancelled request: an incomplete record with aiperf's error, out of the
@@ -166,6 +167,10 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
             start_s: meta.request_start_ns.map(|ns| ns / 1e9),
             prompt_tokens: client::token_count(prompt, &place, "prompt tokens")?,
             output_tokens: client::token_count(output, &place, "output tokens")?,
+            reasoning_tokens: line
+                .num("usage_reasoning_tokens")
+                .map(|n| client::token_count(n, &place, "usage_reasoning_tokens"))
+                .transpose()?,
             ttft_ms: line.duration("time_to_first_token").map_err(bad)?,
             itl_ms: line.gaps("inter_chunk_latency").map_err(bad)?,
             error,

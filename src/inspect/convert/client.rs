@@ -7,6 +7,8 @@
 //! one record each:
 //!
 //! - `arrival_ms`: the send time from the earliest request (µs resolution);
+//! - `reasoning_tokens`: the server's count of the thinking tokens (usage's
+//!   `completion_tokens_details.reasoning_tokens`), where the tool keeps it;
 //! - `ttft_ms` and `itl_ms`: the tool's own figures, as it measured them (client side, so
 //!   they include the frontend and the network);
 //! - a request the tool counts as failed becomes an `incomplete` record with the tool's
@@ -38,6 +40,9 @@ pub struct ClientRequest {
     pub start_s: Option<f64>,
     pub prompt_tokens: u32,
     pub output_tokens: u32,
+    /// Of the output, the tokens the server counted as thinking (its usage's
+    /// `reasoning_tokens`), when the tool kept them.
+    pub reasoning_tokens: Option<u32>,
     pub ttft_ms: Option<f64>,
     /// One gap per output chunk after the first.
     pub itl_ms: Vec<f64>,
@@ -228,6 +233,7 @@ pub fn write(
             request_id: r.id,
             prompt_tokens: r.prompt_tokens,
             output_tokens: r.output_tokens,
+            reasoning_tokens: r.reasoning_tokens,
             arrival_ms: r
                 .start_s
                 .filter(|_| zero.is_finite())

@@ -14,6 +14,7 @@
 //!   `input_tokens`; `output_tokens`: the server's `completion_tokens`, else inference-perf's
 //!   `output_tokens` (its tokenizer's count of the text, which can differ: the note counts
 //!   such requests);
+//! - `reasoning_tokens`: the server's `completion_tokens_details.reasoning_tokens`;
 //! - `ttft_ms`: first output token time − `start_time`; `itl_ms`: the differences of
 //!   consecutive `output_token_times` (0 within a chunk), which are the samples of
 //!   inference-perf's inter-token latency;
@@ -34,6 +35,12 @@ use super::{ConvertArgs, OutputGuard, Report};
 struct Usage {
     prompt_tokens: Option<f64>,
     completion_tokens: Option<f64>,
+    completion_tokens_details: Option<CompletionDetails>,
+}
+
+#[derive(Deserialize, Default)]
+struct CompletionDetails {
+    reasoning_tokens: Option<f64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -102,6 +109,12 @@ pub fn convert(args: &ConvertArgs, guard: &mut OutputGuard) -> Result<Report> {
         requests.push(ClientRequest {
             prompt_tokens: client::token_count(prompt, &place, "input_tokens")?,
             output_tokens: client::token_count(output, &place, "output_tokens")?,
+            reasoning_tokens: usage
+                .completion_tokens_details
+                .as_ref()
+                .and_then(|d| d.reasoning_tokens)
+                .map(|n| client::token_count(n, &place, "reasoning_tokens"))
+                .transpose()?,
             start_s: Some(e.start_time),
             ttft_ms: times.first().map(|t| ms((t - e.start_time) * 1000.0)),
             itl_ms: times

@@ -332,6 +332,7 @@ fn finish(
         },
         block_hashes: f.block_hashes,
         mm_hashes: Vec::new(),
+        reasoning_tokens: None,
         output_token_ids: f.token_ids,
         finish_reason: reason.map(|r| r.as_str().to_string()),
         incomplete: !complete,

@@ -7,6 +7,7 @@ pub mod failures;
 pub mod logprobs;
 pub mod pooling;
 pub mod reasoning;
+pub mod reasoning_count;
 pub mod replay;
 pub mod spec_decode;
 pub mod text;

@@ -242,7 +242,7 @@ impl ReasoningFormat {
     }
 
     /// The text that opens and the text that closes the thinking.
-    fn tags(self) -> Option<(&'static str, &'static str)> {
+    pub(crate) fn tags(self) -> Option<(&'static str, &'static str)> {
         match self {
             ReasoningFormat::None => None,
             ReasoningFormat::Qwen3
@@ -347,7 +347,8 @@ impl Reasoning {
         vocab: Arc<Vocabulary>,
         length: AnswerLength,
     ) -> Box<dyn TokenSource> {
-        if self.format == ReasoningFormat::None || self.share <= 0.0 {
+        // a share of 0 still wraps: a replayed record's own count may ask for a block
+        if self.format == ReasoningFormat::None {
             return inner;
         }
         Box::new(Thinking {
@@ -367,27 +368,48 @@ struct Thinking {
     length: AnswerLength,
 }
 
-impl TokenSource for Thinking {
-    fn stream_for(&self, req: &EngineCoreRequest) -> Box<dyn TokenStream> {
+impl Thinking {
+    /// `req`'s stream with a block of `thinking` tokens, tags included; a block too short
+    /// for its tags is not written.
+    fn with_block(&self, req: &EngineCoreRequest, thinking: u64) -> Box<dyn TokenStream> {
         let inner = self.inner.stream_for(req);
         let Some((open, close)) = self.reasoning.format.tags() else {
             return inner;
         };
         let (open, close) = (self.vocab.encode(open), self.vocab.encode(close));
-        let total = self.length.of(req);
-        let thinking = (self.reasoning.share * total as f64).round() as u64;
-        // the tags count toward the share; an answer too short for them gets none
-        let words = thinking.saturating_sub((open.len() + close.len()) as u64);
-        if thinking < (open.len() + close.len()) as u64 {
+        let tags = (open.len() + close.len()) as u64;
+        if thinking < tags {
             return inner;
         }
         Box::new(ThinkingStream {
             inner,
             open,
             close,
-            words,
+            words: thinking - tags,
             at: 0,
         })
+    }
+}
+
+impl TokenSource for Thinking {
+    fn stream_for(&self, req: &EngineCoreRequest) -> Box<dyn TokenStream> {
+        let total = self.length.of(req);
+        self.with_block(req, (self.reasoning.share * total as f64).round() as u64)
+    }
+
+    /// A recorded count: the tokens between the format's markers, as a frontend's usage
+    /// counts them (the blanks inside the tags among them). The block is those, the
+    /// markers and the blanks outside them, clamped to the answer's length (what
+    /// `max_tokens` or the natural length leave; the caller clamps it to the record's).
+    fn stream_thinking(&self, req: &EngineCoreRequest, tokens: u64) -> Box<dyn TokenStream> {
+        let Some((open, close)) = self.reasoning.format.tags().filter(|_| tokens > 0) else {
+            return self.with_block(req, 0);
+        };
+        let len = |s: &str| self.vocab.encode(s).len() as u64;
+        let inside = len(&open[open.trim_end().len()..])
+            + len(&close[..close.len() - close.trim_start().len()]);
+        let block = tokens.saturating_sub(inside) + len(open) + len(close);
+        self.with_block(req, block.min(self.length.of(req)))
     }
 
     fn describe(&self) -> String {

@@ -136,6 +136,8 @@ pub struct Recorded {
     pub finish: FinishReason,
     /// The recorded chunk sizes and gaps (`--replay-steps`).
     pub script: Option<Script>,
+    /// The recorded thinking block's length (`reasoning_tokens`), when the trace has it.
+    pub reasoning_tokens: Option<u32>,
 }
 
 /// Why a request has no record: a short label for counts and a message for logs and
@@ -181,6 +183,9 @@ pub struct Served {
     /// After this many tokens the request ends with this reason (the record's end).
     pub recorded_end: Option<(u64, FinishReason)>,
     pub script: Option<Script>,
+    /// How long a generated answer thinks: the record's count, when the request is served
+    /// generated tokens (not recorded ids) and the record has one.
+    pub reasoning_tokens: Option<u32>,
 }
 
 impl Replay {
@@ -202,8 +207,10 @@ impl Replay {
             stream,
             recorded_end: None,
             script: None,
+            reasoning_tokens: None,
         };
         let mut finish = None;
+        let mut recorded_ids = false;
         let mut missed = None;
         let lookups = self.tokens.iter_mut().chain(self.steps.iter_mut());
         for source in lookups {
@@ -212,7 +219,9 @@ impl Replay {
                     if log {
                         tracing::info!(request_id = %id, record = rec.record, "replaying a record");
                     }
+                    served.reasoning_tokens = served.reasoning_tokens.or(rec.reasoning_tokens);
                     if let Some(ids) = rec.tokens {
+                        recorded_ids = true;
                         served.recorded_end = Some((ids.len() as u64, rec.finish));
                         let after = std::mem::replace(&mut served.stream, Box::new(Empty));
                         served.stream = Box::new(RecordedStream { ids, pos: 0, after });
@@ -222,6 +231,10 @@ impl Replay {
                 }
                 Err(m) => missed = missed.or(Some(m)),
             }
+        }
+        if recorded_ids {
+            // the recorded ids hold the thinking as it was written
+            served.reasoning_tokens = None;
         }
         if served.recorded_end.is_none()
             && let (Some(s), Some(finish)) = (&served.script, finish)
@@ -389,6 +402,7 @@ impl RecordSource for IndexSource {
             tokens: rec.tokens().map(<[u32]>::to_vec),
             finish: recorded_finish(rec.finish_reason()),
             script,
+            reasoning_tokens: rec.reasoning_tokens(),
         })
     }
 

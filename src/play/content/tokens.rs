@@ -31,6 +31,14 @@ pub trait TokenStream: Send {
 pub trait TokenSource: Send {
     fn stream_for(&self, req: &EngineCoreRequest) -> Box<dyn TokenStream>;
     fn describe(&self) -> String;
+
+    /// `req`'s stream when its answer thinks for `tokens` tokens (a replayed record's
+    /// count, between the format's markers) instead of the engine's `--reasoning-share`.
+    /// A source that writes no thinking has nothing to change.
+    fn stream_thinking(&self, req: &EngineCoreRequest, tokens: u64) -> Box<dyn TokenStream> {
+        let _ = tokens;
+        self.stream_for(req)
+    }
 }
 
 /// The default lowest id random tokens use: ids 0–2 are special tokens in most vocabularies

@@ -185,6 +185,7 @@ mod tests {
                 tokens: None,
                 finish: FinishReason::Stop,
                 script: Some(script(i)),
+                reasoning_tokens: None,
             })
         }
         fn summary(&self) -> String {
@@ -276,6 +277,7 @@ mod modeled_prefill {
                     first: 1,
                     chunks: vec![(Duration::from_millis(7), 2); 3],
                 }),
+                reasoning_tokens: None,
             })
         }
         fn summary(&self) -> String {

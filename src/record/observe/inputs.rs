@@ -136,6 +136,11 @@ impl Observer {
                 block_hashes,
                 mm_hashes: mm_hashes(req.mm_features.as_ref()),
                 token_ids: self.cfg.record_tokens.then(Vec::new),
+                thinking: self
+                    .cfg
+                    .thinking
+                    .as_ref()
+                    .map(|_| super::ThinkingCount::default()),
                 error: None,
             },
         );

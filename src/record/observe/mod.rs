@@ -30,6 +30,7 @@ use sim_protocol::transport::identity_rank;
 use sim_trace::trace::{BlockHash, TraceMeta, TraceWriter};
 
 use super::handoff::{Recv, Seen, SeenReceiver};
+use crate::play::content::reasoning_count::{ThinkingCount, ThinkingMarkers};
 use crate::play::engine::block_hash;
 
 /// Meta fields given on the command line (they win over what the engine reports).
@@ -50,6 +51,9 @@ pub struct ObserverConfig {
     pub trace_out: PathBuf,
     pub step_stats_out: Option<PathBuf>,
     pub record_tokens: bool,
+    /// The thinking markers each answer's `reasoning_tokens` is counted by
+    /// (`--reasoning-format`); `None`: not counted.
+    pub thinking: Option<std::sync::Arc<ThinkingMarkers>>,
     pub meta: MetaOverrides,
     /// Frames larger than this (bytes) are relayed but not decoded (`--max-frame-size`).
     pub max_frame_bytes: usize,
@@ -95,6 +99,8 @@ struct Req {
     block_hashes: Vec<BlockHash>,
     mm_hashes: Vec<String>,
     token_ids: Option<Vec<u32>>,
+    /// Its thinking so far, when the capture counts it.
+    thinking: Option<ThinkingCount>,
     error: Option<String>,
 }
 

@@ -124,6 +124,9 @@ impl Observer {
                 if record_tokens && let Some(ids) = r.token_ids.as_mut() {
                     ids.extend_from_slice(&out.new_token_ids);
                 }
+                if let (Some(c), Some(m)) = (r.thinking.as_mut(), self.cfg.thinking.as_deref()) {
+                    c.feed(m, &out.new_token_ids);
+                }
             }
             if let Some(e) = &out.error {
                 r.error = Some(format!("{}: {}", e.code, e.message));

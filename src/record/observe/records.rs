@@ -61,6 +61,10 @@ impl Observer {
             },
             block_hashes: r.block_hashes,
             mm_hashes: r.mm_hashes,
+            reasoning_tokens: match (&r.thinking, self.cfg.thinking.as_deref()) {
+                (Some(c), Some(m)) => c.finish(m),
+                _ => None,
+            },
             output_token_ids: r.token_ids,
             finish_reason: finish.map(|f| f.as_str().to_string()),
             incomplete: !complete,

@@ -612,3 +612,73 @@ fn a_guidellm_report_splits_per_benchmark() {
     );
     assert!(err.contains("guidellm only"), "{err}");
 }
+
+// ---------------------------------------------------------------- reasoning tokens
+
+/// The server's count of thinking tokens, where the tool kept it (aiperf's
+/// `usage_reasoning_tokens`, inference-perf's `completion_tokens_details`), becomes each
+/// record's `reasoning_tokens`, which replay thinks for. The fixtures' tiny model thought
+/// for none; one request of each is given 12 here.
+#[test]
+fn the_servers_reasoning_token_counts_reach_the_records() {
+    let tmp = TestDir::new("the_servers_reasoning_token_counts_reach_the_records");
+    let json = |rel: &str| {
+        let mut text = String::new();
+        flate2::read::MultiGzDecoder::new(std::fs::File::open(fx(rel)).unwrap())
+            .read_to_string(&mut text)
+            .unwrap();
+        text
+    };
+    let mut export: Vec<Value> = json("aiperf/profile_export.jsonl.gz")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ok = export
+        .iter()
+        .position(|l| l["error"].is_null() && l["metadata"]["benchmark_phase"] == "profiling")
+        .unwrap();
+    let id = export[ok]["metadata"]["x_request_id"].clone();
+    export[ok]["metrics"]["usage_reasoning_tokens"]["value"] = 12.into();
+    let input = tmp.path("aiperf-in.jsonl");
+    let text: Vec<String> = export.iter().map(Value::to_string).collect();
+    std::fs::write(&input, text.join("\n")).unwrap();
+    let trace = tmp.path("aiperf.jsonl");
+    convert_json(&["--from", "aiperf"], &trace, &input);
+    let (_, records) = read_trace(&trace);
+    let ok = complete(&records);
+    assert!(ok.len() > 1);
+    for r in ok {
+        let want = if r.request_id.as_deref() == id.as_str() {
+            12
+        } else {
+            0
+        };
+        assert_eq!(r.reasoning_tokens, Some(want), "{r:?}");
+    }
+
+    let mut entries: Value = serde_json::from_str(&json(
+        "inference-perf/per_request_lifecycle_metrics.json.gz",
+    ))
+    .unwrap();
+    let usage = &mut entries[0]["info"]["response_metrics"]["server_usage"];
+    usage["completion_tokens_details"]["reasoning_tokens"] = 12.into();
+    let input = tmp.path("ip-in.json");
+    std::fs::write(&input, entries.to_string()).unwrap();
+    let trace = tmp.path("ip.jsonl");
+    convert_json(&["--from", "inference-perf"], &trace, &input);
+    let (_, records) = read_trace(&trace);
+    let counts: Vec<Option<u32>> = complete(&records)
+        .iter()
+        .map(|r| r.reasoning_tokens)
+        .collect();
+    assert_eq!(
+        counts.iter().filter(|c| **c == Some(12)).count(),
+        1,
+        "{counts:?}"
+    );
+    // a request the server sent no usage for has no count
+    assert!(
+        counts.iter().all(|c| matches!(c, None | Some(0 | 12))),
+        "{counts:?}"
+    );
+}

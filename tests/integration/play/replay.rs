@@ -524,3 +524,53 @@ fn tokens_and_steps_of_different_captures_are_not_paired_silently() {
     // two files of one capture pair as before
     load(&a, &same_a, false).unwrap();
 }
+
+/// Generated text on a recorded timeline (`--replay-steps`) thinks for each record's
+/// `reasoning_tokens`: 30 between the tags (the embedded model's one token a byte), none
+/// for a record of 0, and `--reasoning-share` of the answer for a record without a count
+/// (a quarter of the 100 asked for: a block of 25, 8 of them between the tags).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_thinking_lengths_shape_generated_answers() {
+    use vllm_vcr::play::TokenMode;
+    use vllm_vcr::play::content::reasoning::ReasoningFormat;
+    let tmp = TestDir::new("replay-thinking");
+    let path = tmp.root().join("thinking.jsonl");
+    let mut w = TraceWriter::create(&path, &TraceMeta::new()).unwrap();
+    for (i, thinking) in [Some(30), Some(0), None].into_iter().enumerate() {
+        w.write_record(&TraceRecord {
+            request_id: Some(format!("r{i}")),
+            prompt_tokens: 8,
+            output_tokens: 80,
+            arrival_ms: Some(i as f64),
+            ttft_ms: Some(1.0),
+            itl_ms: vec![0.1; 79],
+            reasoning_tokens: thinking,
+            finish_reason: Some("length".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    w.finish().unwrap();
+    let mut a = args();
+    a.replay_steps = Some(path);
+    a.tokens = Some(TokenMode::Text);
+    a.reasoning_format = Some(ReasoningFormat::Qwen3);
+    a.reasoning_share = 0.25;
+    let mut wire = Wire::start(a).await;
+    let ids = ["cmpl-replay-0-x", "cmpl-replay-1-x", "cmpl-replay-2-x"];
+    for id in ids {
+        wire.send(&add(id, &[9; 8], 100)).await;
+    }
+    let c = wire.collect(&ids).await;
+    wire.stop().await.unwrap();
+    let vocab = vllm_vcr::play::content::vocab::Vocabulary::embedded();
+    let thinking = |id: &str| -> Option<usize> {
+        let text = vocab.decode(&c.tokens[id]);
+        assert_eq!(c.tokens[id].len(), 80, "{id}: {text}");
+        let body = text.strip_prefix("<think>")?;
+        Some(body.split_once("</think>").expect(&text).0.len())
+    };
+    assert_eq!(thinking(ids[0]), Some(30));
+    assert_eq!(thinking(ids[1]), None);
+    assert_eq!(thinking(ids[2]), Some(8));
+}

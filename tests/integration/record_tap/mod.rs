@@ -111,8 +111,13 @@ struct PlayBehindTap {
 
 impl PlayBehindTap {
     async fn join(fl: &mut FrontendListener, tap: &Tap) -> PlayBehindTap {
+        Self::join_with(fl, play_args(&tap.engine_handshake)).await
+    }
+
+    /// [`PlayBehindTap::join`] with these flags (their handshake the tap's).
+    async fn join_with(fl: &mut FrontendListener, args: vllm_vcr::play::PlayArgs) -> PlayBehindTap {
         let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(vllm_vcr::play::run(play_args(&tap.engine_handshake), rx));
+        let task = tokio::spawn(vllm_vcr::play::run(args, rx));
         let accepted = fl.accept_engines(1, WAIT).await.unwrap();
         PlayBehindTap {
             stop,

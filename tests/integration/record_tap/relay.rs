@@ -215,6 +215,44 @@ async fn each_record_says_when_its_request_was_sent() {
     engine.stop().await;
 }
 
+/// With `--reasoning-format`, each record says how long its answer thought, as the
+/// frontend's usage would: `play` writes `qwen3` blocks of half of each 80-token answer,
+/// and in the embedded model's tokens (one a byte) 17 of the block's 40 are `<think>`,
+/// `</think>` and the blank line after it. The ids are not recorded for the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_record_says_how_long_its_answer_thought() {
+    use vllm_vcr::play::content::reasoning::ReasoningFormat;
+    let tmp = TestDir::new("each_record_says_how_long_its_answer_thought");
+    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let trace = tmp.path("thinking.jsonl");
+    let mut tap = Tap::start(
+        fl.handshake_address(),
+        &trace,
+        &["--reasoning-format", "qwen3"],
+    );
+    let mut args = play_args(&tap.engine_handshake);
+    args.engine.tokens = Some(vllm_vcr::play::TokenMode::Text);
+    args.engine.reasoning_format = Some(ReasoningFormat::Qwen3);
+    args.engine.reasoning_share = 0.5;
+    let engine = PlayBehindTap::join_with(&mut fl, args).await;
+    for (id, max_tokens) in [("t1", 80), ("t2", 20)] {
+        let req = add(id, &[1, 2], max_tokens);
+        fl.send(0, &engine.identity, encode_input(LINE, &req))
+            .await
+            .unwrap();
+    }
+    collect(&mut fl, &["t1", "t2"]).await;
+    drop(fl);
+    assert!(tap.wait_exit(WAIT).success(), "{}", tap.log_text());
+    let (_, records) = tap_trace(&tap.trace);
+    let t1 = record(&records, "t1");
+    assert_eq!((t1.output_tokens, t1.reasoning_tokens), (80, Some(23)));
+    assert!(t1.output_token_ids.is_none());
+    // a block of 10 has no room for its 19 tokens of tags: no thinking
+    assert_eq!(record(&records, "t2").reasoning_tokens, Some(0));
+    engine.stop().await;
+}
+
 /// The engine starts first, then the tap, then the frontend; two DP engines and two
 /// frontend clients are relayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -273,6 +273,8 @@ impl Builder {
                 blocks,
                 finish,
                 incomplete: r.incomplete,
+                // a count of u32::MAX tokens is no count a trace holds: read as unknown
+                reasoning: r.reasoning_tokens.unwrap_or(super::NO_REASONING),
                 tokens,
                 ttft_ms: r.ttft_ms,
                 first_chunk,

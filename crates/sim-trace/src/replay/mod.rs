@@ -188,6 +188,10 @@ impl Span {
 /// `Rec::finish` of a record without `finish_reason`.
 const NO_FINISH: u16 = u16::MAX;
 
+/// `Rec::reasoning` of a record without `reasoning_tokens` (a sentinel rather than an
+/// `Option`, which would grow every record by 8 bytes).
+const NO_REASONING: u32 = u32::MAX;
+
 /// What the index keeps of one record (variable-length parts live in the arenas).
 #[derive(Debug, Clone)]
 struct Rec {
@@ -201,6 +205,8 @@ struct Rec {
     /// Index into `ReplayIndex::finish_names`, or [`NO_FINISH`].
     finish: u16,
     incomplete: bool,
+    /// Recorded `reasoning_tokens`, or [`NO_REASONING`].
+    reasoning: u32,
     tokens: Option<Span>,
     ttft_ms: Option<f64>,
     first_chunk: u32,
@@ -372,6 +378,11 @@ impl<'a> RecordView<'a> {
     /// The request did not complete normally (aborted, errored, cut off by the capture).
     pub fn incomplete(&self) -> bool {
         self.rec.incomplete
+    }
+
+    /// The recorded thinking block's length in tokens (`reasoning_tokens`), when known.
+    pub fn reasoning_tokens(&self) -> Option<u32> {
+        (self.rec.reasoning != NO_REASONING).then_some(self.rec.reasoning)
     }
 
     /// The recorded output ids; `None` when not loaded with `tokens` or not recorded.

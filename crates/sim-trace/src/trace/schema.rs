@@ -250,6 +250,12 @@ pub struct TraceRecord {
     /// Multimodal input hashes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mm_hashes: Vec<String>,
+    /// Of `output_tokens`, those the model spent thinking: the tokens between its
+    /// thinking markers, as a frontend's usage counts them (`reasoning_tokens`), counted by
+    /// `record --reasoning-format` from the output ids or read from a converted client
+    /// report. A replay with generated tokens thinks for as many; `None` = not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<u32>,
     /// Generated token ids (opt-in, `--record-tokens`); `None` = not recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_token_ids: Option<Vec<u32>>,

@@ -257,10 +257,17 @@ impl SimEngine {
         now: Instant,
     ) -> Result<SimRequest, Reject> {
         let prehashed = self.prehashed.remove(&req.request_id);
-        let served = self
+        let free_text = stream.free_text();
+        let mut served = self
             .replay
             .resolve(req, stream, self.cfg.log_requests)
             .map_err(Reject::replay_miss)?;
+        if let Some(n) = served.reasoning_tokens.filter(|_| free_text) {
+            // generated text on a record that says how long it thought: that long, not
+            // --reasoning-share, and never past the record's end
+            let end = served.recorded_end.map_or(u64::MAX, |(len, _)| len);
+            served.stream = self.tokens.stream_thinking(req, u64::from(n).min(end));
+        }
         let mut r = SimRequest::new(req, served.stream, 0);
         if let Some(mut hashes) = prehashed
             && r.lora_key.is_none()
