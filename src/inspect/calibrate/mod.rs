@@ -131,6 +131,7 @@ pub fn run_with(
     let opts = a.arrivals.options(&work, &engine)?;
     let replay_concurrency = opts.concurrency;
     let think = opts.think;
+    let own_turnarounds = a.arrivals.own_turnarounds(&work, replay_concurrency);
     let fit_set = FitSet::of(
         &a.trace,
         &engine.latency_trace,
@@ -306,6 +307,7 @@ pub fn run_with(
         args: a,
         concurrency: replay_concurrency,
         think,
+        own_turnarounds,
         records: cap.len(),
         timed,
         compared: triples.len(),

@@ -79,6 +79,8 @@ pub(super) struct Report<'a> {
     pub(super) concurrency: Option<usize>,
     /// The closed loop's turnaround, resolved.
     pub(super) think: Duration,
+    /// Each request after its own recorded turnaround ([`super::args::ArrivalArgs::own_turnarounds`]).
+    pub(super) own_turnarounds: Option<Option<f64>>,
     pub(super) records: usize,
     pub(super) timed: usize,
     pub(super) compared: usize,
@@ -195,7 +197,7 @@ impl Report<'_> {
     pub(super) fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
         let a = self.args;
         let how = if let Some(c) = self.concurrency {
-            a.arrivals.describe(c, self.think)
+            a.arrivals.describe(c, self.think, self.own_turnarounds)
         } else if a.arrivals.replay_sessions {
             "session turns after their parents".to_string()
         } else {

@@ -149,7 +149,32 @@ pub struct ArrivalArgs {
     /// turnaround: there the default is 0.
     #[arg(long, value_name = "MS", requires = "replay_concurrency", value_parser = parse_think_ms)]
     pub replay_think_ms: Option<f64>,
+
+    /// With --replay-concurrency (without --replay-think-ms, and not over sessions, whose
+    /// turns keep their recorded gaps): whose turnaround each next request takes. `median`: the capture's median, every request the same.
+    /// `recorded`: each request its own, as the capture's client sent it (its send less
+    /// the latest recorded finish before it, plus the time a send took to reach an idle
+    /// engine; the median for a request without a send). `auto`: `recorded` when the
+    /// capture's client sent the requests one finish freed one after another (spaced by
+    /// more than 0.1 ms at the median over at least 10 such pairs: a client doing work
+    /// for each answer, as a multi-turn chat does, which splits what finished together
+    /// across the engine's steps), else `median` (a load generator that refills every
+    /// freed slot at once, whose rare late sends are jitter the loop would carry on).
+    #[arg(long, value_enum, default_value_t = Turnarounds::Auto, value_name = "HOW")]
+    pub replay_turnarounds: Turnarounds,
 }
+
+/// `--replay-turnarounds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Turnarounds {
+    Median,
+    Recorded,
+    Auto,
+}
+
+/// Sends after one finish spaced by more than this (ms, at the median) come from a client
+/// that sends them one after another (`--replay-turnarounds auto`).
+const ONE_AT_A_TIME_MS: f64 = 0.1;
 
 fn parse_think_ms(s: &str) -> std::result::Result<f64, String> {
     let max = sim_trace::latency::MAX_DURATION_MS;
@@ -193,6 +218,7 @@ impl ArrivalArgs {
             replay_sessions: self.replay_sessions,
             concurrency,
             think,
+            own_turnarounds: self.own_turnarounds(work, concurrency).is_some(),
             cold_prompts: self.cold_prompts,
             hash_blocks: None,
             record_tokens: false,
@@ -233,21 +259,47 @@ impl ArrivalArgs {
         })
     }
 
+    /// Whether each request of a closed loop over `work` takes its own recorded
+    /// turnaround (`--replay-turnarounds`), and if so the spacing of the capture's sends
+    /// after one finish (ms; `None` when not measured).
+    pub fn own_turnarounds(
+        &self,
+        work: &Workload,
+        concurrency: Option<usize>,
+    ) -> Option<Option<f64>> {
+        if concurrency.is_none() || self.replay_sessions || self.replay_think_ms.is_some() {
+            return None;
+        }
+        let spacing = work.client_spacing_ms();
+        match self.replay_turnarounds {
+            Turnarounds::Median => None,
+            Turnarounds::Recorded => Some(spacing),
+            Turnarounds::Auto => spacing.filter(|&s| s > ONE_AT_A_TIME_MS).map(Some),
+        }
+    }
+
     /// The time from a finish to the next arrival.
     pub fn think(&self) -> Duration {
         duration_ms(self.replay_think_ms.unwrap_or(0.0))
     }
 
-    /// The report's words for the arrivals: `closed loop, N in flight (…)`.
-    pub fn describe(&self, n: usize, think: Duration) -> String {
+    /// The report's words for the arrivals: `closed loop, N in flight (…)`; `own`: each
+    /// request takes its own turnaround (and the spacing of the capture's sends).
+    pub fn describe(&self, n: usize, think: Duration, own: Option<Option<f64>>) -> String {
         let how = match self.replay_concurrency {
             Some(ReplayConcurrency::Auto) => " (auto: the capture's)",
             _ => "",
         };
         let ms = think.as_secs_f64() * 1e3;
-        let when = match self.replay_think_ms {
-            Some(t) if t > 0.0 => format!("{t} ms after one finishes"),
-            None if ms > 0.0 => format!("{ms:.2} ms after one finishes (the capture's turnaround)"),
+        let when = match (self.replay_think_ms, own) {
+            (Some(t), _) if t > 0.0 => format!("{t} ms after one finishes"),
+            (None, Some(Some(s))) => format!(
+                "after its own recorded turnaround (the capture's client sent what one finish freed {s:.2} ms apart)"
+            ),
+            (None, Some(None)) => "after its own recorded turnaround".to_string(),
+            (None, None) if ms > 0.0 => {
+                format!("{ms:.2} ms after one finishes (the capture's turnaround)")
+            }
             _ => "when one finishes".to_string(),
         };
         if self.replay_sessions {

@@ -33,6 +33,8 @@ pub struct Arrivals<'a> {
     shift: f64,
     /// (due, arrival-order index): the earliest first, ties in arrival order.
     due: BinaryHeap<Reverse<(Duration, usize)>>,
+    /// Each request's own turnaround, ms (`RunOptions::own_turnarounds`; else empty).
+    own: Vec<Option<f64>>,
 }
 
 impl<'a> Arrivals<'a> {
@@ -81,6 +83,11 @@ impl<'a> Arrivals<'a> {
             ramp_sends,
             shift,
             due: BinaryHeap::new(),
+            own: if opts.own_turnarounds && !opts.replay_sessions {
+                work.turnarounds_ms()
+            } else {
+                Vec::new()
+            },
         };
         if opts.concurrency.is_none() {
             for i in 0..n {
@@ -156,7 +163,8 @@ impl<'a> Arrivals<'a> {
                     .map_or_else(|| self.recorded(i), |t| duration_ms(t - self.shift));
                 now.max(sent)
             } else {
-                now.saturating_add(self.opts.think)
+                let own = self.own.get(i).copied().flatten().map(duration_ms);
+                now.saturating_add(own.unwrap_or(self.opts.think))
             };
             self.due.push(Reverse((at, i)));
             self.waiting += 1;

@@ -139,6 +139,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         other_config,
         concurrency,
         think,
+        own_turnarounds: a.arrivals.own_turnarounds(&work, concurrency),
         work: &work,
         summary: &summary,
         per_engine: &per_engine,

@@ -35,6 +35,9 @@ pub struct RunOptions {
     pub concurrency: Option<usize>,
     /// With `concurrency`: from a finish to the next request's arrival.
     pub think: Duration,
+    /// With `concurrency`: each request after its own recorded turnaround
+    /// ([`Workload::turnarounds_ms`]) instead of `think`, where it has one.
+    pub own_turnarounds: bool,
     /// No prefix reuse between requests (`--cold-prompts`).
     pub cold_prompts: bool,
     /// Write each prompt's vLLM block hashes into its record, at this block size (a

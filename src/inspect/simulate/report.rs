@@ -88,6 +88,8 @@ pub(super) struct Report<'a> {
     pub(super) concurrency: Option<usize>,
     /// The closed loop's turnaround, resolved.
     pub(super) think: Duration,
+    /// Each request after its own recorded turnaround ([`super::args::ArrivalArgs::own_turnarounds`]).
+    pub(super) own_turnarounds: Option<Option<f64>>,
     pub(super) work: &'a Workload,
     pub(super) summary: &'a Summary,
     /// Each engine's summary, with `--engines` N > 1 (empty for one engine).
@@ -236,7 +238,10 @@ impl Report<'_> {
                 }
             ),
             None => match self.concurrency {
-                Some(c) => self.args.arrivals.describe(c, self.think),
+                Some(c) => self
+                    .args
+                    .arrivals
+                    .describe(c, self.think, self.own_turnarounds),
                 None => "arrivals at their recorded offsets".to_string(),
             },
         };

@@ -67,6 +67,10 @@ pub struct Planned {
     pub(super) hashes: (u32, u32),
 }
 
+/// Pairs of sends after one finish [`Workload::client_spacing_ms`] needs to say how the
+/// client sent them.
+pub const MIN_SPACINGS: usize = 10;
+
 /// How a session turn arrives (`--replay-sessions`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Turn {
@@ -423,6 +427,49 @@ impl Workload {
             })
             .collect();
         Some(quantile_of(&mut gaps, 0.5)? + self.intake_ms().unwrap_or(0.0))
+    }
+
+    /// Each request's own turnaround, ms: its send minus the latest recorded end before
+    /// it, plus [`Self::intake_ms`] (`None`: no send, or no end before it).
+    pub fn turnarounds_ms(&self) -> Vec<Option<f64>> {
+        let ends = self.sorted_ends();
+        let intake = self.intake_ms().unwrap_or(0.0);
+        self.reqs
+            .iter()
+            .map(|p| {
+                let s = p.sent_ms?;
+                let i = ends.partition_point(|e| *e <= s);
+                (i > 0).then(|| s - ends[i - 1] + intake)
+            })
+            .collect()
+    }
+
+    /// How the capture's client sent the requests that one finish released, ms: the
+    /// median time between two consecutive sends after the same recorded end (0 for a load
+    /// generator that fills every freed slot at once; a client that answers finished
+    /// requests one at a time spaces them by its own work). `None` with fewer than
+    /// [`MIN_SPACINGS`] such pairs.
+    pub fn client_spacing_ms(&self) -> Option<f64> {
+        let ends = self.sorted_ends();
+        let mut after: Vec<(usize, f64)> = self
+            .reqs
+            .iter()
+            .filter_map(|p| {
+                let s = p.sent_ms?;
+                let i = ends.partition_point(|e| *e <= s);
+                (i > 0).then_some((i, s))
+            })
+            .collect();
+        after.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        let mut gaps: Vec<f64> = after
+            .windows(2)
+            .filter(|w| w[0].0 == w[1].0)
+            .map(|w| w[1].1 - w[0].1)
+            .collect();
+        if gaps.len() < MIN_SPACINGS {
+            return None;
+        }
+        quantile_of(&mut gaps, 0.5)
     }
 
     /// How many leading requests of a closed-loop replay at `n` in flight are the ramp

@@ -447,7 +447,13 @@ const HELD_OUT_GATED: &[(&str, Cells)] = &[
         ],
     ),
     ("bursts", &[("ttft_ms", &["p99"]), ("itl_ms", &["p99"])]),
-    ("sessions", &[("request_total_ms", &["p99"])]),
+    (
+        "sessions",
+        &[
+            ("ttft_ms", &["p50", "p90", "p99"]),
+            ("request_total_ms", &["p50", "p90", "p99"]),
+        ],
+    ),
     (
         "sessions-no-prefix-cache",
         &[

@@ -164,6 +164,55 @@ fn a_closed_loops_turnaround_is_the_median_gap_from_a_finish_to_the_next_send_pl
     assert_eq!(w.turnaround_ms(2), Some(3.0 + 1.0));
 }
 
+/// A closed loop of two: thirteen pairs of requests, each pair finishing together and its
+/// successors sent 2 ms after that finish and `spacing` ms apart (the engine queues each
+/// send 1 ms after it).
+fn pairs_sent(spacing: f64) -> Workload {
+    let mut arrivals = Vec::new();
+    let mut at = 0.0;
+    for _ in 0..13 {
+        arrivals.extend([at, at + spacing]);
+        // both finish at `at + spacing + 10`; the next pair arrives 2 + 1 ms later
+        at += spacing + 13.0;
+    }
+    let records: Vec<(f64, u32, &[u64], Option<f64>)> = arrivals
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| {
+            let e2e = if i % 2 == 0 { 10.0 + spacing } else { 10.0 };
+            (a, 8, &[][..], Some(e2e))
+        })
+        .collect();
+    let mut w = workload(&records, 4);
+    for p in &mut w.reqs {
+        p.sent_ms = p.arrival_ms.map(|a| a - 1.0);
+    }
+    w
+}
+
+#[test]
+fn a_client_that_sends_one_answer_at_a_time_is_told_by_the_spacing_of_its_sends() {
+    assert_eq!(pairs_sent(0.5).client_spacing_ms(), Some(0.5));
+    assert_eq!(
+        pairs_sent(0.0).client_spacing_ms(),
+        Some(0.0),
+        "a load generator refills every freed slot at once"
+    );
+    let mut few = pairs_sent(0.5);
+    few.reqs.truncate(12);
+    assert_eq!(few.client_spacing_ms(), None, "five pairs say nothing");
+}
+
+#[test]
+fn each_requests_own_turnaround_is_its_send_after_the_latest_finish_plus_intake() {
+    let w = pairs_sent(0.5);
+    let own = w.turnarounds_ms();
+    assert_eq!(own[0], None, "sent before any finish");
+    // the engine queued each send 1 ms after it; sends 2 and 2.5 ms after the finish
+    assert_eq!(own[2], Some(2.0 + 1.0));
+    assert_eq!(own[3], Some(2.5 + 1.0));
+}
+
 #[test]
 fn a_ramp_request_queued_as_an_earlier_ones_first_token_came_out_arrives_just_after_it() {
     // a burst sent at once, which the engine took in two steps
@@ -280,5 +329,32 @@ fn prompts_built_with_their_hashes_are_what_the_engine_would_hash() {
                 "blocks {a} and {b}"
             );
         }
+    }
+}
+
+#[test]
+fn a_closed_loop_sends_each_next_request_after_its_own_turnaround_when_told_to() {
+    use super::super::arrivals::Arrivals;
+    use super::super::options::RunOptions;
+    let w = pairs_sent(0.5);
+    let ms = |x: f64| Duration::from_secs_f64(x / 1000.0);
+    for (own, after) in [(false, [7.0, 7.0]), (true, [3.0, 3.5])] {
+        let opts = RunOptions {
+            concurrency: Some(2),
+            think: ms(7.0),
+            own_turnarounds: own,
+            ..Default::default()
+        };
+        let mut a = Arrivals::new(&w, &opts);
+        while a.pop_due(Duration::MAX).is_some() {} // the ramp: requests 0 and 1
+        a.finished(0, ms(100.0));
+        a.finished(1, ms(100.0));
+        let next: Vec<(Duration, usize)> =
+            std::iter::from_fn(|| a.pop_due(Duration::MAX)).collect();
+        assert_eq!(
+            next,
+            vec![(ms(100.0 + after[0]), 2), (ms(100.0 + after[1]), 3)],
+            "own turnarounds: {own}"
+        );
     }
 }
