@@ -8,6 +8,7 @@
 //! costs one read and one write for however many messages a read brought in, with no
 //! re-framing of each message on the path between engine and frontend.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +24,7 @@ use tokio::time::timeout;
 use sim_protocol::zmtp;
 
 use super::ctx::Ctx;
+use super::sock;
 
 /// How long a peer may take to finish its greeting and READY.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -61,6 +63,18 @@ pub(super) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     .map_err(|_| zmtp::ZmtpError::Protocol("the ZMTP handshake timed out".into()))?
 }
 
+/// The relay's leg on a socket after its handshake (see [`sock`] for why not the tokio
+/// stream's own halves).
+fn relay_leg(fd: OwnedFd, peer: zmtp::Peer, pending: BytesMut) -> Result<Leg, zmtp::ZmtpError> {
+    let (r, w) = sock::split(fd)?;
+    Ok(Leg {
+        reader: Box::new(r),
+        writer: writer(w),
+        pending,
+        peer,
+    })
+}
+
 /// Handshake on an accepted (or connected) TCP stream and split it.
 pub(super) async fn tcp_leg(
     mut stream: TcpStream,
@@ -71,13 +85,7 @@ pub(super) async fn tcp_leg(
     // every relayed message goes out at once, not when Nagle thinks it should
     stream.set_nodelay(true)?;
     let (peer, pending) = handshake(&mut stream, socket_type, identity, accept).await?;
-    let (r, w) = stream.into_split();
-    Ok(Leg {
-        reader: Box::new(r),
-        writer: writer(w),
-        pending,
-        peer,
-    })
+    relay_leg(OwnedFd::from(stream.into_std()?), peer, pending)
 }
 
 /// Handshake on an accepted (or connected) Unix-domain stream and split it.
@@ -88,13 +96,7 @@ async fn unix_leg(
     accept: &[&str],
 ) -> Result<Leg, zmtp::ZmtpError> {
     let (peer, pending) = handshake(&mut stream, socket_type, identity, accept).await?;
-    let (r, w) = stream.into_split();
-    Ok(Leg {
-        reader: Box::new(r),
-        writer: writer(w),
-        pending,
-        peer,
-    })
+    relay_leg(OwnedFd::from(stream.into_std()?), peer, pending)
 }
 
 /// Connect to one of the frontend's data sockets as `socket_type`, retrying while it is
