@@ -24,7 +24,9 @@
 //!
 //! `BENCH_QUICK=1` shrinks the runs; `BENCH_ONLY=tapped` runs only tapped pairs (for
 //! profilers); `BENCH_IPC=1` gives the frontend `ipc://` data sockets, as a Python frontend
-//! binds them for an engine on its own host (the handshake stays on TCP).
+//! binds them for an engine on its own host (the handshake stays on TCP);
+//! `BENCH_ENGINE_IPC=1` runs the tap with `--engine-ipc-dir` (Unix-domain sockets towards
+//! the engine, whatever the frontend's are).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -147,6 +149,12 @@ async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
             engine_config: None,
             config_hash: None,
             advertise_host: None,
+            engine_ipc_dir: std::env::var_os("BENCH_ENGINE_IPC").map(|_| {
+                let dir = std::env::temp_dir()
+                    .join(format!("vcr-tap-bench-{}-engine", std::process::id()));
+                std::fs::create_dir_all(&dir).expect("engine ipc dir");
+                dir
+            }),
             connect_timeout: 30.0,
         };
         let (tx, rx) = watch::channel(false);
@@ -471,4 +479,7 @@ fn main() {
         rate * 64.0 / 1e6
     );
     let _ = std::fs::remove_file(&trace);
+    let _ = std::fs::remove_dir_all(
+        std::env::temp_dir().join(format!("vcr-tap-bench-{}-engine", std::process::id())),
+    );
 }

@@ -233,11 +233,12 @@ pub(super) async fn accepted_leg(
 /// Bind the tap's `what` ("in" or "out") data listener of client `client`, whose frontend
 /// socket is at `frontend`, and return it with the address engines are told in INIT.
 ///
-/// When the frontend's socket is an absolute `ipc://` path and no `--advertise-host` was
-/// given, the tap's socket is a Unix-domain one in the same directory: an engine the
-/// frontend would have reached there is on this host and can reach that directory, and a
-/// Unix-domain hop costs the relay less than loopback TCP (no TCP stack run on each send
-/// and receive). Otherwise, or if that bind fails, TCP on the engine-handshake host.
+/// A Unix-domain socket in `--engine-ipc-dir` when given. Else, when the frontend's socket
+/// is an absolute `ipc://` path and no `--advertise-host` was given, a Unix-domain socket in
+/// the same directory: an engine the frontend would have reached there is on this host and
+/// sees that directory, and a Unix-domain hop costs the relay less than loopback TCP (no
+/// TCP stack run on each send and receive). Otherwise, or if that bind fails, TCP on the
+/// engine-handshake host.
 pub(super) async fn data_listener(
     ctx: &Ctx,
     frontend: &str,
@@ -250,7 +251,8 @@ pub(super) async fn data_listener(
         .map(Path::new)
         .filter(|p| p.is_absolute() && ctx.cfg.advertise_host.is_none())
         .and_then(Path::parent);
-    if let Some(dir) = beside {
+    let dir = ctx.cfg.engine_ipc_dir.as_deref().or(beside);
+    if let Some(dir) = dir {
         let n = BOUND.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!(
             "vcr-tap-{}-{n}-{what}-{client}",
@@ -264,6 +266,12 @@ pub(super) async fn data_listener(
                     _file: SocketFile(path),
                 };
                 return Ok((listener, address));
+            }
+            Err(e) if ctx.cfg.engine_ipc_dir.is_some() => {
+                return Err(anyhow!(
+                    "binding the tap's {what} socket at {} (--engine-ipc-dir): {e}",
+                    path.display()
+                ));
             }
             Err(e) => tracing::warn!(
                 client,

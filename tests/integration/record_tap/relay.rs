@@ -431,21 +431,44 @@ async fn dp_outputs_merge_whole_and_unaltered() {
 }
 
 /// A frontend whose data sockets are `ipc://` (a Python frontend's default for an engine on
-/// its own host): the engine is told Unix-domain sockets of the tap beside the frontend's,
-/// a request and its answer cross them, and the tap removes its socket files when it ends.
+/// its own host): the engine is told Unix-domain sockets of the tap beside the frontend's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ipc_frontend_gets_ipc_sockets_from_the_tap() {
-    use zeromq::{SocketRecv, SocketSend, ZmqMessage};
-    let tmp = TestDir::new("an_ipc_frontend_gets_ipc_sockets_from_the_tap");
-    let dir = tmp.path("sockets");
+    // short: a Unix-domain socket's path has at most 107 bytes
+    let tmp = TestDir::new("ipc-fe");
+    let dir = tmp.path("s");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut fl = FrontendListener::bind_ipc_data("tcp://127.0.0.1:0", &dir, 1)
+    let fl = FrontendListener::bind_ipc_data("tcp://127.0.0.1:0", &dir, 1)
         .await
         .unwrap();
-    let mut tap = Tap::start(fl.handshake_address(), &tmp.path("ipc.jsonl"), &[]);
+    relays_over_ipc_sockets_in(fl, &tmp, &dir, &[]).await;
+}
+
+/// `--engine-ipc-dir`: a TCP frontend, and the engine is told Unix-domain sockets in that
+/// directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_ipc_dir_gives_the_engine_ipc_sockets() {
+    let tmp = TestDir::new("ipc-dir");
+    let dir = tmp.path("s");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let flag = ["--engine-ipc-dir", dir.to_str().unwrap()];
+    relays_over_ipc_sockets_in(fl, &tmp, &dir, &flag).await;
+}
+
+/// Through a tap started with `extra`, the engine is told `ipc://` sockets in `dir`, a
+/// request and its answer cross them, and the tap removes its socket files when it ends.
+async fn relays_over_ipc_sockets_in(
+    mut fl: FrontendListener,
+    tmp: &TestDir,
+    dir: &Path,
+    extra: &[&str],
+) {
+    use zeromq::{SocketRecv, SocketSend, ZmqMessage};
+    let mut tap = Tap::start(fl.handshake_address(), &tmp.path("ipc.jsonl"), extra);
     let (accepted, mut eng) = hand_driven_engine(&mut fl, &tap.engine_handshake).await;
     let tap_files = || -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(&dir)
+        let mut names: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
             .filter(|n| n.starts_with("vcr-tap-"))
@@ -457,7 +480,7 @@ async fn an_ipc_frontend_gets_ipc_sockets_from_the_tap() {
         let path = told
             .strip_prefix("ipc://")
             .unwrap_or_else(|| panic!("the engine was told {told}, not an ipc:// address"));
-        assert_eq!(Path::new(path).parent(), Some(dir.as_path()));
+        assert_eq!(Path::new(path).parent(), Some(dir));
         assert!(path.ends_with(&format!("-{what}-0")), "{path}");
     }
     assert_eq!(tap_files().len(), 2, "{:?}", tap_files());
