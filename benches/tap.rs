@@ -23,7 +23,10 @@
 //! thread's CPU time over the same window.
 //!
 //! `BENCH_QUICK=1` shrinks the runs; `BENCH_ONLY=tapped` runs only tapped pairs (for
-//! profilers).
+//! profilers); `BENCH_IPC=1` gives the frontend `ipc://` data sockets, as a Python frontend
+//! binds them for an engine on its own host (the handshake stays on TCP);
+//! `BENCH_ENGINE_IPC=1` runs the tap with `--engine-ipc-dir` (Unix-domain sockets towards
+//! the engine, whatever the frontend's are).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -87,6 +90,8 @@ struct Pair {
     tap: Option<(watch::Sender<bool>, std::thread::JoinHandle<()>)>,
     /// The tap's relay thread (its Linux thread id), when tapped.
     relay_tid: Option<i64>,
+    /// The directory of the frontend's `ipc://` data sockets (`BENCH_IPC`).
+    ipc_dir: Option<PathBuf>,
 }
 
 /// Nanoseconds a thread of this process has run on a CPU (`/proc/self/task/TID/schedstat`).
@@ -109,7 +114,18 @@ fn free_port() -> u16 {
 }
 
 async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
-    let mut fl = FrontendListener::bind("127.0.0.1", 1).await.expect("bind");
+    static PAIRS: AtomicI64 = AtomicI64::new(0);
+    let ipc_dir = std::env::var_os("BENCH_IPC").map(|_| {
+        let n = PAIRS.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("vcr-tap-bench-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("ipc dir");
+        dir
+    });
+    let mut fl = match &ipc_dir {
+        Some(dir) => FrontendListener::bind_ipc_data("tcp://127.0.0.1:0", dir, 1).await,
+        None => FrontendListener::bind("127.0.0.1", 1).await,
+    }
+    .expect("bind");
     let tid = Arc::new(AtomicI64::new(0));
     let (engine_hs, tap) = if tapped {
         let hs = format!("tcp://127.0.0.1:{}", free_port());
@@ -135,6 +151,12 @@ async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
             engine_config: None,
             config_hash: None,
             advertise_host: None,
+            engine_ipc_dir: std::env::var_os("BENCH_ENGINE_IPC").map(|_| {
+                let dir = std::env::temp_dir()
+                    .join(format!("vcr-tap-bench-{}-engine", std::process::id()));
+                std::fs::create_dir_all(&dir).expect("engine ipc dir");
+                dir
+            }),
             connect_timeout: 30.0,
         };
         let (tx, rx) = watch::channel(false);
@@ -175,6 +197,7 @@ async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
         engine,
         tap,
         relay_tid,
+        ipc_dir,
     }
 }
 
@@ -184,6 +207,9 @@ impl Pair {
         if let Some((tx, h)) = self.tap {
             let _ = tx.send(true);
             let _ = h.join();
+        }
+        if let Some(dir) = self.ipc_dir {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
@@ -382,7 +408,8 @@ fn main() {
     ));
     rt.block_on(async {
         println!(
-            "tap overhead: {rounds} rounds of direct and tapped, alternating; {n_rtt} round trips, {n_msgs} output messages x 64 outputs"
+            "tap overhead: {rounds} rounds of direct and tapped, alternating; {n_rtt} round trips, {n_msgs} output messages x 64 outputs; frontend data sockets on {}",
+            if std::env::var_os("BENCH_IPC").is_some() { "ipc" } else { "tcp" }
         );
         println!(
             "{:<8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>8} {:>8} {:>8} {:>7}",
@@ -455,4 +482,7 @@ fn main() {
         rate * 64.0 / 1e6
     );
     let _ = std::fs::remove_file(&trace);
+    let _ = std::fs::remove_dir_all(
+        std::env::temp_dir().join(format!("vcr-tap-bench-{}-engine", std::process::id())),
+    );
 }

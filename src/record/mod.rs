@@ -143,6 +143,13 @@ pub struct RecordArgs {
     #[arg(long, value_name = "HOST")]
     pub advertise_host: Option<String>,
 
+    /// Give engines Unix-domain (`ipc://`) data sockets in DIR instead of TCP ones, for an
+    /// engine on this host that sees DIR (the same filesystem, not only the same network):
+    /// a relayed message costs less than over loopback TCP. Without it the tap does so only
+    /// when the frontend's own data sockets are `ipc://` (beside them).
+    #[arg(long, value_name = "DIR", conflicts_with = "advertise_host")]
+    pub engine_ipc_dir: Option<PathBuf>,
+
     /// Seconds to keep trying to reach the frontend's sockets (at most a day).
     #[arg(long, value_name = "SECONDS", default_value_t = 600.0, value_parser = crate::flag_ranges::seconds)]
     pub connect_timeout: f64,
@@ -338,6 +345,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
         frontend_handshake: args.frontend_handshake.clone(),
         engine_handshake: args.engine_handshake.clone(),
         advertise_host: args.advertise_host.clone(),
+        engine_ipc_dir: args.engine_ipc_dir.clone(),
         connect_timeout: sim_trace::latency::secs_to_duration(args.connect_timeout.max(0.1)),
         max_message_bytes: args.max_frame_size << 20,
     };

@@ -28,6 +28,8 @@ use zeromq::{
 use crate::decode::DecodeError;
 use crate::ready::{HandshakeInit, ReadyResponse, StatusMessage, encode_status};
 
+mod ipc;
+
 /// Why a socket operation or the handshake failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {

@@ -19,6 +19,8 @@ pub struct RelayConfig {
     /// Host advertised to engines for the tap's data sockets (default: the engine
     /// handshake host, or 127.0.0.1 when that is a wildcard).
     pub advertise_host: Option<String>,
+    /// Where to bind Unix-domain data sockets for engines instead of TCP ones.
+    pub engine_ipc_dir: Option<std::path::PathBuf>,
     /// How long to wait for the frontend's sockets to accept a connection.
     pub connect_timeout: Duration,
     /// Largest message (bytes) the data relay buffers whole, for the observer and for

@@ -4,12 +4,11 @@
 use std::sync::Arc;
 
 use anyhow::Result;
-use tokio::net::{TcpListener, TcpStream};
 
 use crate::record::handoff::Seen;
 
 use super::ctx::{Ctx, Event, hex_id};
-use super::legs::{accept_each, handshake_refused, open_leg, tcp_leg};
+use super::legs::{Accepted, Listener, accept_each, accepted_leg, handshake_refused, open_leg};
 use super::pipe::{Got, Oversize, PipeEnd, pipe};
 
 /// Engines' input connections on client `client`: each gets its own connection to the
@@ -17,7 +16,7 @@ use super::pipe::{Got, Oversize, PipeEnd, pipe};
 pub(super) async fn accept_inputs(
     ctx: &Arc<Ctx>,
     client: usize,
-    listener: TcpListener,
+    listener: Listener,
     frontend: String,
 ) {
     accept_each(ctx, client, "input", listener, |stream| {
@@ -36,10 +35,10 @@ pub(super) async fn accept_inputs(
 async fn engine_input(
     ctx: &Arc<Ctx>,
     client: usize,
-    stream: TcpStream,
+    stream: Accepted,
     frontend: &str,
 ) -> Result<()> {
-    let engine = match tcp_leg(stream, "ROUTER", None, &["DEALER"]).await {
+    let engine = match accepted_leg(stream, "ROUTER", &["DEALER"]).await {
         Ok(leg) => leg,
         Err(e) => {
             handshake_refused(client, "input", &e);

@@ -4,27 +4,21 @@
 use std::sync::Arc;
 
 use sim_protocol::ENGINE_CORE_DEAD;
-use tokio::net::TcpListener;
 
 use crate::record::handoff::Seen;
 
 use super::ctx::{Ctx, Event};
-use super::legs::{Writer, accept_each, handshake_refused, tcp_leg};
+use super::legs::{Listener, Writer, accept_each, accepted_leg, handshake_refused};
 use super::pipe::{Got, Oversize, PipeEnd, pipe};
 
 /// Engines' output connections on client `client`: each relays into the one stream to
 /// the frontend.
-pub(super) async fn accept_outputs(
-    ctx: &Arc<Ctx>,
-    client: usize,
-    listener: TcpListener,
-    to: Writer,
-) {
+pub(super) async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: Listener, to: Writer) {
     accept_each(ctx, client, "output", listener, |stream| {
         let c = ctx.clone();
         let to = to.clone();
         async move {
-            let leg = match tcp_leg(stream, "PULL", None, &["PUSH"]).await {
+            let leg = match accepted_leg(stream, "PULL", &["PUSH"]).await {
                 Ok(leg) => leg,
                 Err(e) => {
                     handshake_refused(client, "output", &e);

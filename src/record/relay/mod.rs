@@ -32,6 +32,7 @@ mod legs;
 mod merge;
 mod pipe;
 mod plane;
+mod sock;
 mod tap;
 #[cfg(test)]
 mod tests;

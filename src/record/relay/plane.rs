@@ -3,18 +3,17 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::Result;
 use sim_protocol::ENGINE_CORE_DEAD;
 use sim_protocol::ready::HandshakeInit;
 use sim_protocol::transport::connect_address;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
 
 use sim_protocol::zmtp;
 
 use super::ctx::{Ctx, Event};
 use super::inputs::accept_inputs;
-use super::legs::open_leg;
+use super::legs::{data_listener, open_leg};
 use super::merge::accept_outputs;
 use super::pipe::{Oversize, PipeEnd, pipe};
 
@@ -26,12 +25,6 @@ pub(super) struct Plane {
     pub(super) tap_inputs: Vec<String>,
     pub(super) tap_outputs: Vec<String>,
 }
-fn port_of(endpoint: &str) -> Result<&str> {
-    endpoint
-        .rsplit_once(':')
-        .map(|(_, p)| p)
-        .ok_or_else(|| anyhow!("no port in the bound endpoint {endpoint}"))
-}
 
 /// Bind the tap's data listeners (one input and one output per frontend client), connect
 /// to the frontend's output sockets and start relaying.
@@ -42,26 +35,13 @@ pub(super) async fn build_plane(ctx: &Arc<Ctx>, init: &HandshakeInit) -> Result<
         tap_inputs: Vec::new(),
         tap_outputs: Vec::new(),
     };
-    let bind_host = ctx.bind_host.trim_start_matches('[').trim_end_matches(']');
     for (client, (f_in, f_out)) in init.inputs.iter().zip(&init.outputs).enumerate() {
         let f_in = connect_address(f_in)?;
         let f_out = connect_address(f_out)?;
-        let inputs = TcpListener::bind((bind_host, 0))
-            .await
-            .with_context(|| format!("binding an input listener on {bind_host}"))?;
-        let outputs = TcpListener::bind((bind_host, 0))
-            .await
-            .with_context(|| format!("binding an output listener on {bind_host}"))?;
-        plane.tap_inputs.push(format!(
-            "tcp://{}:{}",
-            ctx.advertise_host,
-            port_of(&inputs.local_addr()?.to_string())?
-        ));
-        plane.tap_outputs.push(format!(
-            "tcp://{}:{}",
-            ctx.advertise_host,
-            port_of(&outputs.local_addr()?.to_string())?
-        ));
+        let (inputs, tap_in) = data_listener(ctx, &f_in, client, "in").await?;
+        let (outputs, tap_out) = data_listener(ctx, &f_out, client, "out").await?;
+        plane.tap_inputs.push(tap_in);
+        plane.tap_outputs.push(tap_out);
 
         let frontend = open_leg(
             ctx,

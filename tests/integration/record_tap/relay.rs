@@ -467,3 +467,95 @@ async fn dp_outputs_merge_whole_and_unaltered() {
     assert!(tap.wait_exit(WAIT).success(), "{}", tap.log_text());
     drop(engines);
 }
+
+/// A frontend whose data sockets are `ipc://` (a Python frontend's default for an engine on
+/// its own host): the engine is told Unix-domain sockets of the tap beside the frontend's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipc_frontend_gets_ipc_sockets_from_the_tap() {
+    // short: a Unix-domain socket's path has at most 107 bytes
+    let tmp = TestDir::new("ipc-fe");
+    let dir = tmp.path("s");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fl = FrontendListener::bind_ipc_data("tcp://127.0.0.1:0", &dir, 1)
+        .await
+        .unwrap();
+    relays_over_ipc_sockets_in(fl, &tmp, &dir, &[]).await;
+}
+
+/// `--engine-ipc-dir`: a TCP frontend, and the engine is told Unix-domain sockets in that
+/// directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_ipc_dir_gives_the_engine_ipc_sockets() {
+    let tmp = TestDir::new("ipc-dir");
+    let dir = tmp.path("s");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fl = FrontendListener::bind("127.0.0.1", 1).await.unwrap();
+    let flag = ["--engine-ipc-dir", dir.to_str().unwrap()];
+    relays_over_ipc_sockets_in(fl, &tmp, &dir, &flag).await;
+}
+
+/// Through a tap started with `extra`, the engine is told `ipc://` sockets in `dir`, a
+/// request and its answer cross them, and the tap removes its socket files when it ends.
+async fn relays_over_ipc_sockets_in(
+    mut fl: FrontendListener,
+    tmp: &TestDir,
+    dir: &Path,
+    extra: &[&str],
+) {
+    use zeromq::{SocketRecv, SocketSend, ZmqMessage};
+    let mut tap = Tap::start(fl.handshake_address(), &tmp.path("ipc.jsonl"), extra);
+    let (accepted, mut eng) = hand_driven_engine(&mut fl, &tap.engine_handshake).await;
+    let tap_files = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("vcr-tap-"))
+            .collect();
+        names.sort();
+        names
+    };
+    for (what, told) in [("in", &eng.init.inputs[0]), ("out", &eng.init.outputs[0])] {
+        let path = told
+            .strip_prefix("ipc://")
+            .unwrap_or_else(|| panic!("the engine was told {told}, not an ipc:// address"));
+        assert_eq!(Path::new(path).parent(), Some(dir));
+        assert!(path.ends_with(&format!("-{what}-0")), "{path}");
+    }
+    assert_eq!(tap_files().len(), 2, "{:?}", tap_files());
+
+    fl.send(
+        0,
+        &accepted[0].identity,
+        encode_input(LINE, &add("u", &[1, 2], 1)),
+    )
+    .await
+    .unwrap();
+    let got = tokio::time::timeout(WAIT, eng.inputs[0].recv())
+        .await
+        .expect("the request reaches the engine")
+        .unwrap();
+    let InputMessage::Add(req) = decode_input(&got.into_vec()).unwrap() else {
+        panic!("not an ADD");
+    };
+    assert_eq!(req.request_id.as_str(), "u");
+    let out = EngineCoreOutputs {
+        outputs: vec![EngineCoreOutput {
+            request_id: "u".into(),
+            new_token_ids: [9].into_iter().collect(),
+            finish_reason: Some(FinishReason::Length),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    eng.outputs[0]
+        .send(ZmqMessage::try_from(encode_outputs(LINE, &out).unwrap()).unwrap())
+        .await
+        .unwrap();
+    let c = collect(&mut fl, &["u"]).await;
+    assert_eq!(c.tokens["u"], vec![9]);
+
+    drop(eng);
+    tap.signal(libc::SIGTERM);
+    tap.wait_exit(WAIT);
+    assert_eq!(tap_files(), Vec::<String>::new(), "{}", tap.log_text());
+}
