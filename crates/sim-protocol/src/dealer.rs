@@ -87,6 +87,11 @@ impl DealerConn {
     }
 }
 
+/// Most frames in one input message: a request's type and payload, then one frame per
+/// tensor it carries. Bounded because each frame costs a handle even when empty (a 2-byte
+/// empty frame would otherwise cost 16 times its size).
+pub const MAX_FRAMES: usize = 4096;
+
 enum Stream {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
@@ -108,8 +113,7 @@ impl DealerReader {
         };
         let limits = PeerLimits {
             max_message,
-            // one frame per tensor of a request, as many as a message's bytes allow
-            max_frames: usize::MAX,
+            max_frames: MAX_FRAMES,
             ..PeerLimits::control(max_message)
         };
         Ok(Self {
@@ -233,7 +237,7 @@ mod tests {
     /// announced 2^62 bytes are never allocated) with an error naming both sizes, and no
     /// message is delivered.
     #[tokio::test(flavor = "current_thread")]
-    async fn an_oversized_frame_is_refused_before_it_is_read() {
+    async fn an_oversized_frame_or_too_many_frames_are_refused() {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         ours.set_nonblocking(true).unwrap();
         theirs.set_nonblocking(true).unwrap();
@@ -253,5 +257,17 @@ mod tests {
             }
             other => panic!("expected TooLarge, got {other:?}"),
         }
+        // a message of more empty frames than the bound is refused too
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        let mut theirs = tokio::net::UnixStream::from_std(theirs).unwrap();
+        let conn = DealerConn::from_stream(PushStream::Unix(ours));
+        let mut reader = DealerReader::new(conn, 1 << 20).unwrap();
+        let empties = vec![zmtp::FLAG_MORE, 0].repeat(MAX_FRAMES + 1);
+        let writer = tokio::spawn(async move { theirs.write_all(&empties).await });
+        assert!(matches!(reader.recv().await, Err(ZmtpError::Protocol(_))));
+        drop(reader);
+        let _ = writer.await;
     }
 }
