@@ -300,7 +300,13 @@ async fn input_task(
                 return;
             }
             Err(e) => {
-                tracing::error!(client, "input socket closed: {e}");
+                let hint = match e {
+                    sim_protocol::zmtp::ZmtpError::TooLarge { .. } => {
+                        " (the bound is twice --max-frame-size plus 1 MiB)"
+                    }
+                    _ => "",
+                };
+                tracing::error!(client, "input socket closed: {e}{hint}");
                 return;
             }
         };
