@@ -35,8 +35,8 @@ pub struct DealerConn {
 }
 
 /// The handshake of [`crate::transport::connect_to_frontend`], with each output socket our
-/// own PUSH (write it with a [`crate::push::PushWriter`]) and each input socket our own DEALER (read it
-/// with a [`DealerReader`]).
+/// own PUSH (write it with a [`crate::push::PushWriter`]) and each input socket our own
+/// DEALER (read it with a [`DealerReader`]).
 pub async fn connect_to_frontend_direct(
     handshake_address: &str,
     rank: u16,
