@@ -91,7 +91,10 @@ pub struct PlayArgs {
     /// Largest request payload frame accepted, MiB (the msgpack frame; tensor aux frames
     /// are not counted). A larger one is refused undecoded with a clear error, and a
     /// prompt with more ids than --max-model-len is refused before its ids are read, so a
-    /// hostile frame cannot make the engine allocate gigabytes.
+    /// hostile frame cannot make the engine allocate gigabytes. A whole input message
+    /// (its frames together, aux tensors included) past twice this plus 1 MiB is not read
+    /// at all: the engine logs it and closes that input socket (with one frontend client,
+    /// it stops), as an engine whose peer broke the protocol.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_frame_size: u64,
 }

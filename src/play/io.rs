@@ -1,17 +1,16 @@
-//! The engine's sockets: decode what the frontend sends into [`EngineInput`]s, and run the
-//! engine loop on its own thread, where each step's outputs are encoded and written to the
-//! output sockets ([`super::outlet`]), so input decoding never delays pacing.
+//! The engine's sockets: run the engine loop on its own thread, where the frontend's input
+//! sockets are read and decoded into [`EngineInput`]s (by a task per socket on that
+//! thread's runtime) and each step's outputs are encoded and written to the output sockets
+//! ([`super::outlet`]): no message crosses threads on its way in or out.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bytes::Bytes;
-use sim_protocol::decode::decode_input_with;
-use sim_protocol::push::connect_to_frontend_direct;
+use sim_protocol::dealer::{DealerReader, connect_to_frontend_direct};
+use sim_protocol::decode::{DecodeLimits, decode_input_with};
 use sim_protocol::transport::ConnectOptions;
 use tokio::sync::{mpsc, watch};
-use zeromq::SocketRecv;
 
 use super::config::PlayConfig;
 use super::outlet::EngineOutlet;
@@ -127,16 +126,8 @@ pub async fn run_engine(
 
     let (in_tx, mut in_rx) = mpsc::unbounded_channel::<EngineInput>();
     let (jobs_tx, jobs_rx) = mpsc::unbounded_channel::<Outbound>();
-    let mut input_tasks = Vec::new();
-    for (i, sock) in sockets.inputs.into_iter().enumerate() {
-        input_tasks.push(tokio::spawn(input_task(
-            i as u32,
-            sock,
-            in_tx.clone(),
-            cfg.decode_limits,
-        )));
-    }
-    drop(in_tx);
+    let inputs = sockets.inputs;
+    let limits = cfg.decode_limits;
     let side_task = side_router.map(|router| {
         tokio::spawn(crate::play::pd::side_channel::serve(
             router,
@@ -177,6 +168,14 @@ pub async fn run_engine(
                 .context("engine runtime")?;
             let mut outlet = {
                 let _in_rt = rt.enter();
+                // the input sockets are read by tasks on this thread's runtime: a request
+                // reaches the loop's channel with no cross-thread wake-up
+                for (i, conn) in inputs.into_iter().enumerate() {
+                    let reader = DealerReader::new(conn, max_input_message(&limits))
+                        .context("registering the input sockets")?;
+                    rt.spawn(input_task(i as u32, reader, in_tx.clone(), limits));
+                }
+                drop(in_tx);
                 EngineOutlet::new(line, streams, jobs_tx, side_tx)
                     .context("registering the output sockets")?
             };
@@ -239,9 +238,6 @@ pub async fn run_engine(
         }
     };
     jobs_task.abort();
-    for t in input_tasks {
-        t.abort();
-    }
     if let Some(t) = reads_task {
         t.abort();
     }
@@ -280,21 +276,40 @@ fn report_pacing(rank: u16, engine: &SimEngine) {
     }
 }
 
-async fn input_task<S: SocketRecv>(
+/// The largest input message read off a socket: the payload frame --max-frame-size allows
+/// (one over it is refused by the decoder, with an error the frontend shows) and as much
+/// again for its tensor frames. A message past this closes the socket.
+fn max_input_message(limits: &DecodeLimits) -> u64 {
+    u64::try_from(limits.max_frame_bytes)
+        .unwrap_or(u64::MAX)
+        .saturating_mul(2)
+        .saturating_add(1 << 20)
+}
+
+async fn input_task(
     client: u32,
-    mut sock: S,
+    mut reader: DealerReader,
     tx: mpsc::UnboundedSender<EngineInput>,
-    limits: sim_protocol::decode::DecodeLimits,
+    limits: DecodeLimits,
 ) {
     loop {
-        let msg = match sock.recv().await {
-            Ok(m) => m,
+        let frames = match reader.recv().await {
+            Ok(Some(frames)) => frames,
+            Ok(None) => {
+                tracing::warn!(client, "the frontend closed its input socket");
+                return;
+            }
             Err(e) => {
-                tracing::warn!(client, "input socket closed: {e}");
+                let hint = match e {
+                    sim_protocol::zmtp::ZmtpError::TooLarge { .. } => {
+                        " (the bound is twice --max-frame-size plus 1 MiB)"
+                    }
+                    _ => "",
+                };
+                tracing::error!(client, "input socket closed: {e}{hint}");
                 return;
             }
         };
-        let frames: Vec<Bytes> = msg.into_vec();
         let input = match decode_input_with(&frames, &limits) {
             Ok(msg) => EngineInput::Message { client, msg },
             Err(error) => EngineInput::Bad { client, error },

@@ -7,10 +7,12 @@
 //! - [`transport`]: sockets and the handshake, engine side and frontend side;
 //! - [`zmtp`]: ZMTP framing of our own (greeting, READY, frame headers);
 //! - [`push`]: the engine's output sockets on that framing, written from the engine thread;
+//! - [`dealer`]: the engine's input sockets on that framing, read on the engine thread;
 //! - [`listener`]: sockets that accept peers we do not control, each peer bounded.
 //!
 //! No simulation lives here.
 
+pub mod dealer;
 pub mod decode;
 pub mod encode;
 pub mod kv_events;

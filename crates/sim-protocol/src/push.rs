@@ -17,15 +17,13 @@ use std::io::{self, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use tokio::io::AsyncWriteExt;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::time::{Instant, timeout_at};
 
-use crate::ReadyResponse;
-use crate::transport::{
-    ConnectOptions, EngineSockets, TransportError, connect_address, connect_engine,
-};
+use crate::transport::{TransportError, connect_address};
 use crate::zmtp::{self, FLAG_MORE};
 
 /// How many bytes a peer's backlog may hold before the sender waits for the peer (about a
@@ -35,7 +33,8 @@ pub const BACKLOG_BOUND: usize = 16 << 20;
 /// Poll interval while the frontend's output port is not open yet.
 const RETRY: Duration = Duration::from_millis(100);
 
-/// A connected, handshaken output stream (non-blocking).
+/// A connected, handshaken ZMTP stream (non-blocking): an output PUSH, or an input
+/// DEALER ([`crate::dealer`]).
 #[derive(Debug)]
 pub enum PushStream {
     Tcp(std::net::TcpStream),
@@ -60,35 +59,47 @@ impl PushStream {
     }
 }
 
-/// The handshake of [`crate::transport::connect_to_frontend`], with each output socket our
-/// own PUSH (write it with a [`PushWriter`]).
-pub async fn connect_to_frontend_direct(
-    handshake_address: &str,
-    rank: u16,
-    ready: &ReadyResponse,
-    opts: &ConnectOptions,
-) -> Result<EngineSockets<PushStream>, TransportError> {
-    connect_engine(
-        handshake_address,
-        rank,
-        ready,
-        opts,
-        async |output, opts| connect_push(&output, opts.connect_timeout).await,
-    )
-    .await
-}
-
 /// Connect a PUSH to the frontend's PULL at `address` (`tcp://` or `ipc://`), retrying
 /// until `total` has passed while nothing listens there, and run the ZMTP handshake.
 pub async fn connect_push(address: &str, total: Duration) -> Result<PushStream, TransportError> {
+    let peer = Greet {
+        what: "the frontend's output socket",
+        socket_type: "PUSH",
+        identity: None,
+        accept: &["PULL"],
+        first: &[],
+    };
+    connect_zmtp(address, total, &peer).await.map(|(s, _)| s)
+}
+
+/// How to greet a peer in [`connect_zmtp`].
+pub(crate) struct Greet<'a> {
+    /// The peer's socket, for errors ("the frontend's output socket").
+    pub what: &'a str,
+    pub socket_type: &'a str,
+    pub identity: Option<&'a [u8]>,
+    /// The peer socket types accepted.
+    pub accept: &'a [&'a str],
+    /// Framed bytes written right after the handshake (a first message), or none.
+    pub first: &'a [u8],
+}
+
+/// Connect to `address`, retrying until `total` has passed while nothing listens there,
+/// run the ZMTP handshake as `greet` says, and hand back the stream (non-blocking, not
+/// registered with any runtime) with whatever bytes the peer sent after its READY.
+pub(crate) async fn connect_zmtp(
+    address: &str,
+    total: Duration,
+    greet: &Greet<'_>,
+) -> Result<(PushStream, BytesMut), TransportError> {
     let address = connect_address(address)?;
     let deadline = Instant::now() + total;
     let timed_out = |last: &io::Error| TransportError::Timeout {
-        what: format!("the frontend's output socket at {address} (last error: {last})"),
+        what: format!("{} at {address} (last error: {last})", greet.what),
         after: total,
     };
     loop {
-        let attempt = timeout_at(deadline, try_connect(&address)).await;
+        let attempt = timeout_at(deadline, try_connect(&address, greet)).await;
         let err = match attempt {
             Err(_) => {
                 return Err(timed_out(&io::Error::from(io::ErrorKind::TimedOut)));
@@ -112,31 +123,45 @@ enum Attempt {
     Fatal(TransportError),
 }
 
-async fn try_connect(address: &str) -> Result<PushStream, Attempt> {
-    let refused = Attempt::Refused;
-    let handshake_failed = |e: zmtp::ZmtpError| {
+async fn greet_peer<S>(s: &mut S, address: &str, greet: &Greet<'_>) -> Result<BytesMut, Attempt>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let failed = |e: zmtp::ZmtpError| {
         Attempt::Fatal(TransportError::Protocol(format!(
-            "the ZMTP handshake with the frontend's output socket at {address}: {e}"
+            "the ZMTP handshake with {} at {address}: {e}",
+            greet.what
         )))
     };
+    let (_, rest) = zmtp::handshake(s, greet.socket_type, greet.identity, greet.accept)
+        .await
+        .map_err(failed)?;
+    if !greet.first.is_empty() {
+        s.write_all(greet.first)
+            .await
+            .map_err(|e| failed(e.into()))?;
+    }
+    Ok(rest)
+}
+
+async fn try_connect(address: &str, greet: &Greet<'_>) -> Result<(PushStream, BytesMut), Attempt> {
+    let refused = Attempt::Refused;
     if let Some(rest) = address.strip_prefix("tcp://") {
         let mut s = tokio::net::TcpStream::connect(rest)
             .await
             .map_err(refused)?;
         // libzmq sets TCP_NODELAY on every connection: a step's message leaves at once
         s.set_nodelay(true).map_err(refused)?;
-        zmtp::handshake(&mut s, "PUSH", None, &["PULL"])
-            .await
-            .map_err(handshake_failed)?;
-        s.into_std().map(PushStream::Tcp).map_err(refused)
+        let early = greet_peer(&mut s, address, greet).await?;
+        let s = s.into_std().map(PushStream::Tcp).map_err(refused)?;
+        Ok((s, early))
     } else if let Some(path) = address.strip_prefix("ipc://") {
         let mut s = tokio::net::UnixStream::connect(path)
             .await
             .map_err(refused)?;
-        zmtp::handshake(&mut s, "PUSH", None, &["PULL"])
-            .await
-            .map_err(handshake_failed)?;
-        s.into_std().map(PushStream::Unix).map_err(refused)
+        let early = greet_peer(&mut s, address, greet).await?;
+        let s = s.into_std().map(PushStream::Unix).map_err(refused)?;
+        Ok((s, early))
     } else {
         Err(Attempt::Fatal(TransportError::BadAddress {
             address: address.to_string(),

@@ -101,10 +101,10 @@ pub struct CoordinatorSockets {
 }
 
 /// What an engine holds after the handshake: one input DEALER and one output PUSH per
-/// frontend client (index = `client_index`); the PUSH is the zeromq crate's, or our own
-/// ([`crate::push::connect_to_frontend_direct`]).
-pub struct EngineSockets<O = PushSocket> {
-    pub inputs: Vec<DealerSocket>,
+/// frontend client (index = `client_index`); the zeromq crate's, or our own
+/// ([`crate::dealer::connect_to_frontend_direct`]).
+pub struct EngineSockets<O = PushSocket, I = DealerSocket> {
+    pub inputs: Vec<I>,
     pub outputs: Vec<O>,
     pub init: HandshakeInit,
     pub coordinator: Option<CoordinatorSockets>,
@@ -343,18 +343,28 @@ pub async fn connect_to_frontend(
             connect_retrying(&mut push, &output, opts.connect_timeout, what, false).await?;
             Ok(push)
         },
+        async |input, identity, ready, opts| {
+            let mut dealer = DealerSocket::with_options(socket_options(Some(&identity))?);
+            let what = "frontend's input socket";
+            connect_retrying(&mut dealer, &input, opts.connect_timeout, what, false).await?;
+            send_frames(&mut dealer, vec![ready]).await?;
+            Ok(dealer)
+        },
     )
     .await
 }
 
-/// [`connect_to_frontend`] with each output socket connected by `connect_output`.
-pub(crate) async fn connect_engine<O>(
+/// [`connect_to_frontend`] with each output socket connected by `connect_output`, and each
+/// input socket by `connect_input` (address, identity, the ready payload it must send
+/// once: that message is what registers the DEALER with the frontend's ROUTER).
+pub(crate) async fn connect_engine<O, I>(
     handshake_address: &str,
     rank: u16,
     ready: &ReadyResponse,
     opts: &ConnectOptions,
     connect_output: impl AsyncFn(String, ConnectOptions) -> Result<O, TransportError>,
-) -> Result<EngineSockets<O>, TransportError> {
+    connect_input: impl AsyncFn(String, Bytes, Bytes, ConnectOptions) -> Result<I, TransportError>,
+) -> Result<EngineSockets<O, I>, TransportError> {
     let address = connect_address(handshake_address)?;
     let identity = rank_identity(rank);
 
@@ -399,18 +409,8 @@ pub(crate) async fn connect_engine<O>(
     let mut outputs = Vec::with_capacity(init.outputs.len());
     for (i, (input, output)) in init.inputs.iter().zip(&init.outputs).enumerate() {
         let input = connect_address(input)?;
-        let mut dealer = DealerSocket::with_options(socket_options(Some(&identity))?);
-        connect_retrying(
-            &mut dealer,
-            &input,
-            opts.connect_timeout,
-            "frontend's input socket",
-            false,
-        )
-        .await?;
-        // The one ready response is what registers this DEALER with the frontend's ROUTER.
-        send_frames(&mut dealer, vec![ready_bytes.clone()]).await?;
-        inputs.push(dealer);
+        let (id, payload) = (identity.clone(), ready_bytes.clone());
+        inputs.push(connect_input(input.clone(), id, payload, *opts).await?);
 
         let output = connect_address(output)?;
         outputs.push(connect_output(output.clone(), *opts).await?);

@@ -219,3 +219,23 @@ async fn a_2_pow_62_frame_on_the_side_channel_drops_only_that_peer() {
         "an unknown request is an error answer: {answer:?}"
     );
 }
+
+/// A message past the input socket's bound (twice --max-frame-size plus 1 MiB) is refused
+/// from its frame header: the engine closes that socket and, its only input gone, stops on
+/// its own, neither allocating what the frame announces nor panicking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_past_the_input_bound_closes_the_socket() {
+    let mut a = args();
+    a.max_frame_size = 1;
+    let mut w = Wire::start(a).await;
+    w.send_raw(vec![
+        Bytes::from_static(&[0x00]),
+        Bytes::from(vec![0x91u8; 4 << 20]),
+    ])
+    .await;
+    let ended = tokio::time::timeout(TIMEOUT, &mut w.task)
+        .await
+        .expect("play did not stop after its input socket closed")
+        .unwrap();
+    assert!(ended.is_ok(), "{ended:?}");
+}

@@ -44,7 +44,7 @@ const READ_CHUNK: usize = 64 * 1024;
 
 /// One thing a peer sent.
 #[derive(Debug)]
-pub(super) enum Incoming {
+pub(crate) enum Incoming {
     /// A whole message's frame bodies.
     Message(Vec<Bytes>),
     /// A command: its name and data.
@@ -52,13 +52,13 @@ pub(super) enum Incoming {
 }
 
 /// Reads one peer's frames with the limits applied before any allocation.
-pub(super) struct FrameReader {
+pub(crate) struct FrameReader {
     pub(super) buf: BytesMut,
     pub(super) limits: PeerLimits,
 }
 
 impl FrameReader {
-    pub(super) fn new(pending: BytesMut, limits: PeerLimits) -> Self {
+    pub(crate) fn new(pending: BytesMut, limits: PeerLimits) -> Self {
         Self {
             buf: pending,
             limits,
@@ -67,7 +67,7 @@ impl FrameReader {
 
     /// The next message or command, or `None` when the peer closed (a message it left
     /// unfinished is dropped whole).
-    pub(super) async fn next<R: AsyncRead + Unpin>(
+    pub(crate) async fn next<R: AsyncRead + Unpin>(
         &mut self,
         r: &mut R,
     ) -> Result<Option<Incoming>, ZmtpError> {

@@ -18,7 +18,7 @@
 //! greeting and READY are the ones the tap already exchanges with vLLM's Python side).
 
 mod accept;
-mod frames;
+pub(crate) mod frames;
 mod peers;
 mod sockets;
 #[cfg(test)]
