@@ -264,7 +264,7 @@ mod tests {
         let mut theirs = tokio::net::UnixStream::from_std(theirs).unwrap();
         let conn = DealerConn::from_stream(PushStream::Unix(ours));
         let mut reader = DealerReader::new(conn, 1 << 20).unwrap();
-        let empties = vec![zmtp::FLAG_MORE, 0].repeat(MAX_FRAMES + 1);
+        let empties = [zmtp::FLAG_MORE, 0].repeat(MAX_FRAMES + 1);
         let writer = tokio::spawn(async move { theirs.write_all(&empties).await });
         assert!(matches!(reader.recv().await, Err(ZmtpError::Protocol(_))));
         drop(reader);
