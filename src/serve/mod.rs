@@ -562,20 +562,23 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                     Ok(Err(e)) => e.context("the engine stopped"),
                     Err(e) => anyhow::anyhow!("the engine task failed: {e}"),
                 };
+                // The engine stops when the frontend's input sockets close, which is what
+                // a frontend that died does: then that death, and its status, is the
+                // outcome (the supervisor reaps it within moments).
+                for _ in 0..20 {
+                    if let Some(status) = frontend.exited() {
+                        let died = frontend_exited(&mut frontend, &status, &log);
+                        stop_all(frontend).await;
+                        return Err(died);
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 stop_all(frontend).await;
                 return Err(why);
             }
             _ = tokio::time::sleep(Duration::from_millis(500)) => {
                 if let Some(status) = frontend.exited() {
-                    break Err(FrontendExited::new(
-                        frontend.exit_status(),
-                        format!(
-                            "the frontend exited ({status}); last lines of {}:\n{}",
-                            log.display(),
-                            log_tail(&log)
-                        ),
-                    )
-                    .into());
+                    break Err(frontend_exited(&mut frontend, &status, &log));
                 }
             }
         }
@@ -589,6 +592,24 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         _ => {}
     }
     outcome
+}
+
+/// The error of a frontend that exited while serving: its status (`serve` exits with it)
+/// and the last lines of its log.
+fn frontend_exited(
+    frontend: &mut ChildGuard,
+    status: &str,
+    log: &std::path::Path,
+) -> anyhow::Error {
+    FrontendExited::new(
+        frontend.exit_status(),
+        format!(
+            "the frontend exited ({status}); last lines of {}:\n{}",
+            log.display(),
+            log_tail(log)
+        ),
+    )
+    .into()
 }
 
 #[cfg(test)]
