@@ -32,6 +32,23 @@ impl FrontendExited {
         };
         FrontendExited { code, message }
     }
+
+    /// A frontend that exited while serving: its status (`serve` exits with it) and the
+    /// last lines of its log.
+    pub(crate) fn of(
+        frontend: &mut vcr_host::child::ChildGuard,
+        status: &str,
+        log: &Path,
+    ) -> FrontendExited {
+        FrontendExited::new(
+            frontend.exit_status(),
+            format!(
+                "the frontend exited ({status}); last lines of {}:\n{}",
+                log.display(),
+                log_tail(log)
+            ),
+        )
+    }
 }
 
 impl std::fmt::Display for FrontendExited {

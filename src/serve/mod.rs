@@ -567,9 +567,9 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 // outcome (the supervisor reaps it within moments).
                 for _ in 0..20 {
                     if let Some(status) = frontend.exited() {
-                        let died = frontend_exited(&mut frontend, &status, &log);
+                        let died = FrontendExited::of(&mut frontend, &status, &log);
                         stop_all(frontend).await;
-                        return Err(died);
+                        return Err(died.into());
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -578,7 +578,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             }
             _ = tokio::time::sleep(Duration::from_millis(500)) => {
                 if let Some(status) = frontend.exited() {
-                    break Err(frontend_exited(&mut frontend, &status, &log));
+                    break Err(FrontendExited::of(&mut frontend, &status, &log).into());
                 }
             }
         }
@@ -592,24 +592,6 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         _ => {}
     }
     outcome
-}
-
-/// The error of a frontend that exited while serving: its status (`serve` exits with it)
-/// and the last lines of its log.
-fn frontend_exited(
-    frontend: &mut ChildGuard,
-    status: &str,
-    log: &std::path::Path,
-) -> anyhow::Error {
-    FrontendExited::new(
-        frontend.exit_status(),
-        format!(
-            "the frontend exited ({status}); last lines of {}:\n{}",
-            log.display(),
-            log_tail(log)
-        ),
-    )
-    .into()
 }
 
 #[cfg(test)]
