@@ -163,6 +163,17 @@ mod tests {
     use tokio::io::AsyncReadExt;
     use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
+    /// Our reader (a 1 MiB bound) on one end of a socket pair, the frontend's side the
+    /// other.
+    fn reader_and_peer() -> (DealerReader, tokio::net::UnixStream) {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        let conn = DealerConn::from_stream(PushStream::Unix(ours));
+        let reader = DealerReader::new(conn, 1 << 20).unwrap();
+        (reader, tokio::net::UnixStream::from_std(theirs).unwrap())
+    }
+
     fn opts() -> ConnectOptions {
         ConnectOptions {
             connect_timeout: Duration::from_secs(5),
@@ -216,12 +227,7 @@ mod tests {
     /// message after it is.
     #[tokio::test(flavor = "current_thread")]
     async fn a_ping_is_answered_not_delivered() {
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        ours.set_nonblocking(true).unwrap();
-        theirs.set_nonblocking(true).unwrap();
-        let mut theirs = tokio::net::UnixStream::from_std(theirs).unwrap();
-        let conn = DealerConn::from_stream(PushStream::Unix(ours));
-        let mut reader = DealerReader::new(conn, 1 << 20).unwrap();
+        let (mut reader, mut theirs) = reader_and_peer();
         let mut out = zmtp::command_frame("PING", &[0, 30, b'c', b't', b'x']);
         zmtp::put_frame(&mut out, 0, b"after");
         theirs.write_all(&out).await.unwrap();
@@ -238,12 +244,7 @@ mod tests {
     /// message is delivered.
     #[tokio::test(flavor = "current_thread")]
     async fn an_oversized_frame_or_too_many_frames_are_refused() {
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        ours.set_nonblocking(true).unwrap();
-        theirs.set_nonblocking(true).unwrap();
-        let mut theirs = tokio::net::UnixStream::from_std(theirs).unwrap();
-        let conn = DealerConn::from_stream(PushStream::Unix(ours));
-        let mut reader = DealerReader::new(conn, 1 << 20).unwrap();
+        let (mut reader, mut theirs) = reader_and_peer();
         let mut header = vec![zmtp::FLAG_MORE | zmtp::FLAG_LONG];
         header.extend_from_slice(&(1u64 << 62).to_be_bytes());
         let mut out = Vec::new();
@@ -258,12 +259,7 @@ mod tests {
             other => panic!("expected TooLarge, got {other:?}"),
         }
         // a message of more empty frames than the bound is refused too
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        ours.set_nonblocking(true).unwrap();
-        theirs.set_nonblocking(true).unwrap();
-        let mut theirs = tokio::net::UnixStream::from_std(theirs).unwrap();
-        let conn = DealerConn::from_stream(PushStream::Unix(ours));
-        let mut reader = DealerReader::new(conn, 1 << 20).unwrap();
+        let (mut reader, mut theirs) = reader_and_peer();
         let empties = [zmtp::FLAG_MORE, 0].repeat(MAX_FRAMES + 1);
         let writer = tokio::spawn(async move { theirs.write_all(&empties).await });
         assert!(matches!(reader.recv().await, Err(ZmtpError::Protocol(_))));

@@ -373,7 +373,7 @@ impl Thinking {
     /// for its tags is not written.
     fn with_block(&self, req: &EngineCoreRequest, thinking: u64) -> Box<dyn TokenStream> {
         let inner = self.inner.stream_for(req);
-        let Some((open, close)) = self.reasoning.format.tags() else {
+        let Some((open, close)) = self.reasoning.format.tags().filter(|_| thinking > 0) else {
             return inner;
         };
         let (open, close) = (self.vocab.encode(open), self.vocab.encode(close));
