@@ -141,7 +141,7 @@ fn wire_run(
     // the real frontend and load take their own turnaround: no modelled one on top
     let opts = &RunOptions {
         think: a.calibrate.arrivals.think(),
-        own_turnarounds: false,
+        own_turnarounds: None,
         ..opts.clone()
     };
     let sent = Instant::now();

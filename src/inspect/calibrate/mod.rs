@@ -131,7 +131,7 @@ pub fn run_with(
     let opts = a.arrivals.options(&work, &engine)?;
     let replay_concurrency = opts.concurrency;
     let think = opts.think;
-    let own_turnarounds = a.arrivals.own_turnarounds(&work, replay_concurrency);
+    let own_turnarounds = opts.own_turnarounds;
     let fit_set = FitSet::of(
         &a.trace,
         &engine.latency_trace,

@@ -12,7 +12,7 @@ use super::fit_set::FitSet;
 use super::knobs::KnobFit;
 use super::steps;
 use crate::inspect::fit_config::OtherConfig;
-use crate::inspect::simulate::Counts;
+use crate::inspect::simulate::{Counts, OwnTurnarounds};
 
 /// A gated cell out of tolerance.
 pub(super) struct Failure<'a> {
@@ -79,8 +79,8 @@ pub(super) struct Report<'a> {
     pub(super) concurrency: Option<usize>,
     /// The closed loop's turnaround, resolved.
     pub(super) think: Duration,
-    /// Each request after its own recorded turnaround ([`super::args::ArrivalArgs::own_turnarounds`]).
-    pub(super) own_turnarounds: Option<Option<f64>>,
+    /// Each request after its own recorded turnaround, resolved.
+    pub(super) own_turnarounds: Option<OwnTurnarounds>,
     pub(super) records: usize,
     pub(super) timed: usize,
     pub(super) compared: usize,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use super::options::{RunOptions, notes};
+use super::options::{OwnTurnarounds, RunOptions, notes};
 use super::route::{Fleet, Route};
 use super::workload::{Sessions, Workload, duration_ms};
 use crate::play::EngineArgs;
@@ -218,7 +218,7 @@ impl ArrivalArgs {
             replay_sessions: self.replay_sessions,
             concurrency,
             think,
-            own_turnarounds: self.own_turnarounds(work, concurrency).is_some(),
+            own_turnarounds: self.own_turnarounds(work, concurrency),
             cold_prompts: self.cold_prompts,
             hash_blocks: None,
             record_tokens: false,
@@ -260,22 +260,22 @@ impl ArrivalArgs {
     }
 
     /// Whether each request of a closed loop over `work` takes its own recorded
-    /// turnaround (`--replay-turnarounds`), and if so the spacing of the capture's sends
-    /// after one finish (ms; `None` when not measured).
-    pub fn own_turnarounds(
+    /// turnaround (`--replay-turnarounds`).
+    fn own_turnarounds(
         &self,
         work: &Workload,
         concurrency: Option<usize>,
-    ) -> Option<Option<f64>> {
+    ) -> Option<OwnTurnarounds> {
         if concurrency.is_none() || self.replay_sessions || self.replay_think_ms.is_some() {
             return None;
         }
-        let spacing = work.client_spacing_ms();
-        match self.replay_turnarounds {
-            Turnarounds::Median => None,
-            Turnarounds::Recorded => Some(spacing),
-            Turnarounds::Auto => spacing.filter(|&s| s > ONE_AT_A_TIME_MS).map(Some),
-        }
+        let client_spacing_ms = work.client_spacing_ms();
+        let own = match self.replay_turnarounds {
+            Turnarounds::Median => false,
+            Turnarounds::Recorded => true,
+            Turnarounds::Auto => client_spacing_ms.is_some_and(|s| s > ONE_AT_A_TIME_MS),
+        };
+        own.then_some(OwnTurnarounds { client_spacing_ms })
     }
 
     /// The time from a finish to the next arrival.
@@ -283,9 +283,8 @@ impl ArrivalArgs {
         duration_ms(self.replay_think_ms.unwrap_or(0.0))
     }
 
-    /// The report's words for the arrivals: `closed loop, N in flight (…)`; `own`: each
-    /// request takes its own turnaround (and the spacing of the capture's sends).
-    pub fn describe(&self, n: usize, think: Duration, own: Option<Option<f64>>) -> String {
+    /// The report's words for the arrivals: `closed loop, N in flight (…)`.
+    pub fn describe(&self, n: usize, think: Duration, own: Option<OwnTurnarounds>) -> String {
         let how = match self.replay_concurrency {
             Some(ReplayConcurrency::Auto) => " (auto: the capture's)",
             _ => "",
@@ -293,10 +292,15 @@ impl ArrivalArgs {
         let ms = think.as_secs_f64() * 1e3;
         let when = match (self.replay_think_ms, own) {
             (Some(t), _) if t > 0.0 => format!("{t} ms after one finishes"),
-            (None, Some(Some(s))) => format!(
+            (
+                None,
+                Some(OwnTurnarounds {
+                    client_spacing_ms: Some(s),
+                }),
+            ) => format!(
                 "after its own recorded turnaround (the capture's client sent what one finish freed {s:.2} ms apart)"
             ),
-            (None, Some(None)) => "after its own recorded turnaround".to_string(),
+            (None, Some(_)) => "after its own recorded turnaround".to_string(),
             (None, None) if ms > 0.0 => {
                 format!("{ms:.2} ms after one finishes (the capture's turnaround)")
             }

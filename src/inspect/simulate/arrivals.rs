@@ -83,7 +83,7 @@ impl<'a> Arrivals<'a> {
             ramp_sends,
             shift,
             due: BinaryHeap::new(),
-            own: if opts.own_turnarounds && !opts.replay_sessions {
+            own: if opts.own_turnarounds.is_some() && !opts.replay_sessions {
                 work.turnarounds_ms()
             } else {
                 Vec::new()

@@ -35,7 +35,7 @@ pub use route::{Fleet, Route};
 use workload::Workload;
 
 pub use args::{ArrivalArgs, ReplayConcurrency, SimulateArgs};
-pub use options::{Counts, RunOptions, engine_for, notes};
+pub use options::{Counts, OwnTurnarounds, RunOptions, engine_for, notes};
 use report::{Report, Sink};
 
 /// A simulated run held in memory: what each request's record became, by arrival-order
@@ -139,7 +139,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         other_config,
         concurrency,
         think,
-        own_turnarounds: a.arrivals.own_turnarounds(&work, concurrency),
+        own_turnarounds: opts.own_turnarounds,
         work: &work,
         summary: &summary,
         per_engine: &per_engine,

@@ -25,6 +25,15 @@ pub struct Counts {
     pub replay: Option<(String, Value)>,
 }
 
+/// A closed loop that sends each request after its own recorded turnaround
+/// (`--replay-turnarounds`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OwnTurnarounds {
+    /// How far apart the capture's client sent what one finish freed, ms, when measured
+    /// ([`Workload::client_spacing_ms`]).
+    pub client_spacing_ms: Option<f64>,
+}
+
 /// How a run sends the workload, and what its records carry.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
@@ -37,7 +46,7 @@ pub struct RunOptions {
     pub think: Duration,
     /// With `concurrency`: each request after its own recorded turnaround
     /// ([`Workload::turnarounds_ms`]) instead of `think`, where it has one.
-    pub own_turnarounds: bool,
+    pub own_turnarounds: Option<OwnTurnarounds>,
     /// No prefix reuse between requests (`--cold-prompts`).
     pub cold_prompts: bool,
     /// Write each prompt's vLLM block hashes into its record, at this block size (a

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use sim_trace::trace::{TraceMeta, TraceWriter};
 
 use super::args::SimulateArgs;
-use super::options::Counts;
+use super::options::{Counts, OwnTurnarounds};
 use super::workload::Workload;
 use crate::inspect::summarize::Summary;
 use crate::play::config::PlayConfig;
@@ -88,8 +88,8 @@ pub(super) struct Report<'a> {
     pub(super) concurrency: Option<usize>,
     /// The closed loop's turnaround, resolved.
     pub(super) think: Duration,
-    /// Each request after its own recorded turnaround ([`super::args::ArrivalArgs::own_turnarounds`]).
-    pub(super) own_turnarounds: Option<Option<f64>>,
+    /// Each request after its own recorded turnaround, resolved.
+    pub(super) own_turnarounds: Option<OwnTurnarounds>,
     pub(super) work: &'a Workload,
     pub(super) summary: &'a Summary,
     /// Each engine's summary, with `--engines` N > 1 (empty for one engine).

@@ -335,14 +335,16 @@ fn prompts_built_with_their_hashes_are_what_the_engine_would_hash() {
 #[test]
 fn a_closed_loop_sends_each_next_request_after_its_own_turnaround_when_told_to() {
     use super::super::arrivals::Arrivals;
-    use super::super::options::RunOptions;
+    use super::super::options::{OwnTurnarounds, RunOptions};
     let w = pairs_sent(0.5);
     let ms = |x: f64| Duration::from_secs_f64(x / 1000.0);
     for (own, after) in [(false, [7.0, 7.0]), (true, [3.0, 3.5])] {
         let opts = RunOptions {
             concurrency: Some(2),
             think: ms(7.0),
-            own_turnarounds: own,
+            own_turnarounds: own.then_some(OwnTurnarounds {
+                client_spacing_ms: None,
+            }),
             ..Default::default()
         };
         let mut a = Arrivals::new(&w, &opts);
