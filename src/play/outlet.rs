@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use sim_protocol::encode::{EncodeOptions, OutputEncoder};
-use sim_protocol::push::{PushStream, PushWriter};
+use sim_protocol::push::{PushWriter, ZmtpStream};
 use sim_protocol::{ENGINE_CORE_DEAD, EngineCoreOutputs, VllmLine};
 use tokio::sync::mpsc;
 
@@ -38,7 +38,7 @@ impl EngineOutlet {
     /// runtime.
     pub(crate) fn new(
         line: VllmLine,
-        streams: Vec<PushStream>,
+        streams: Vec<ZmtpStream>,
         jobs: mpsc::UnboundedSender<Outbound>,
         side: mpsc::UnboundedSender<EngineInput>,
     ) -> std::io::Result<Self> {
@@ -270,7 +270,7 @@ mod tests {
         let (side, side_rx) = mpsc::unbounded_channel();
         let o = EngineOutlet::new(
             VllmLine::new(0, 33),
-            vec![PushStream::Unix(stream)],
+            vec![ZmtpStream::Unix(stream)],
             jobs,
             side,
         )

@@ -21,7 +21,7 @@ use tokio::io::AsyncWriteExt;
 use crate::ReadyResponse;
 use crate::listener::PeerLimits;
 use crate::listener::frames::{FrameReader, Incoming};
-use crate::push::{Greet, PushStream, connect_push, connect_zmtp};
+use crate::push::{Greet, ZmtpStream, connect_push, connect_zmtp};
 use crate::transport::{ConnectOptions, EngineSockets, TransportError, connect_engine};
 use crate::zmtp::{self, ZmtpError};
 
@@ -29,7 +29,7 @@ use crate::zmtp::{self, ZmtpError};
 /// that reads it, then make a [`DealerReader`] there).
 #[derive(Debug)]
 pub struct DealerConn {
-    stream: PushStream,
+    stream: ZmtpStream,
     /// Bytes the frontend sent right behind its READY.
     early: BytesMut,
 }
@@ -42,7 +42,7 @@ pub async fn connect_to_frontend_direct(
     rank: u16,
     ready: &ReadyResponse,
     opts: &ConnectOptions,
-) -> Result<EngineSockets<PushStream, DealerConn>, TransportError> {
+) -> Result<EngineSockets<ZmtpStream, DealerConn>, TransportError> {
     connect_engine(
         handshake_address,
         rank,
@@ -79,7 +79,7 @@ pub async fn connect_dealer(
 impl DealerConn {
     /// A connection over an already handshaken stream (tests, and callers that connect
     /// their own way).
-    pub fn from_stream(stream: PushStream) -> Self {
+    pub fn from_stream(stream: ZmtpStream) -> Self {
         Self {
             stream,
             early: BytesMut::new(),
@@ -108,8 +108,8 @@ impl DealerReader {
     /// messages over `max_message` bytes (headers included) close the socket.
     pub fn new(conn: DealerConn, max_message: u64) -> io::Result<Self> {
         let stream = match conn.stream {
-            PushStream::Tcp(s) => Stream::Tcp(tokio::net::TcpStream::from_std(s)?),
-            PushStream::Unix(s) => Stream::Unix(tokio::net::UnixStream::from_std(s)?),
+            ZmtpStream::Tcp(s) => Stream::Tcp(tokio::net::TcpStream::from_std(s)?),
+            ZmtpStream::Unix(s) => Stream::Unix(tokio::net::UnixStream::from_std(s)?),
         };
         let limits = PeerLimits {
             max_message,
@@ -169,7 +169,7 @@ mod tests {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         ours.set_nonblocking(true).unwrap();
         theirs.set_nonblocking(true).unwrap();
-        let conn = DealerConn::from_stream(PushStream::Unix(ours));
+        let conn = DealerConn::from_stream(ZmtpStream::Unix(ours));
         let reader = DealerReader::new(conn, 1 << 20).unwrap();
         (reader, tokio::net::UnixStream::from_std(theirs).unwrap())
     }

@@ -36,32 +36,32 @@ const RETRY: Duration = Duration::from_millis(100);
 /// A connected, handshaken ZMTP stream (non-blocking): an output PUSH, or an input
 /// DEALER ([`crate::dealer`]).
 #[derive(Debug)]
-pub enum PushStream {
+pub enum ZmtpStream {
     Tcp(std::net::TcpStream),
     Unix(std::os::unix::net::UnixStream),
 }
 
-impl AsRawFd for PushStream {
+impl AsRawFd for ZmtpStream {
     fn as_raw_fd(&self) -> RawFd {
         match self {
-            PushStream::Tcp(s) => s.as_raw_fd(),
-            PushStream::Unix(s) => s.as_raw_fd(),
+            ZmtpStream::Tcp(s) => s.as_raw_fd(),
+            ZmtpStream::Unix(s) => s.as_raw_fd(),
         }
     }
 }
 
-impl PushStream {
+impl ZmtpStream {
     fn write(&self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            PushStream::Tcp(s) => (&*s).write(buf),
-            PushStream::Unix(s) => (&*s).write(buf),
+            ZmtpStream::Tcp(s) => (&*s).write(buf),
+            ZmtpStream::Unix(s) => (&*s).write(buf),
         }
     }
 }
 
 /// Connect a PUSH to the frontend's PULL at `address` (`tcp://` or `ipc://`), retrying
 /// until `total` has passed while nothing listens there, and run the ZMTP handshake.
-pub async fn connect_push(address: &str, total: Duration) -> Result<PushStream, TransportError> {
+pub async fn connect_push(address: &str, total: Duration) -> Result<ZmtpStream, TransportError> {
     let peer = Greet {
         what: "the frontend's output socket",
         socket_type: "PUSH",
@@ -91,7 +91,7 @@ pub(crate) async fn connect_zmtp(
     address: &str,
     total: Duration,
     greet: &Greet<'_>,
-) -> Result<(PushStream, BytesMut), TransportError> {
+) -> Result<(ZmtpStream, BytesMut), TransportError> {
     let address = connect_address(address)?;
     let deadline = Instant::now() + total;
     let timed_out = |last: &io::Error| TransportError::Timeout {
@@ -144,7 +144,7 @@ where
     Ok(rest)
 }
 
-async fn try_connect(address: &str, greet: &Greet<'_>) -> Result<(PushStream, BytesMut), Attempt> {
+async fn try_connect(address: &str, greet: &Greet<'_>) -> Result<(ZmtpStream, BytesMut), Attempt> {
     let refused = Attempt::Refused;
     if let Some(rest) = address.strip_prefix("tcp://") {
         let mut s = tokio::net::TcpStream::connect(rest)
@@ -153,14 +153,14 @@ async fn try_connect(address: &str, greet: &Greet<'_>) -> Result<(PushStream, By
         // libzmq sets TCP_NODELAY on every connection: a step's message leaves at once
         s.set_nodelay(true).map_err(refused)?;
         let early = greet_peer(&mut s, address, greet).await?;
-        let s = s.into_std().map(PushStream::Tcp).map_err(refused)?;
+        let s = s.into_std().map(ZmtpStream::Tcp).map_err(refused)?;
         Ok((s, early))
     } else if let Some(path) = address.strip_prefix("ipc://") {
         let mut s = tokio::net::UnixStream::connect(path)
             .await
             .map_err(refused)?;
         let early = greet_peer(&mut s, address, greet).await?;
-        let s = s.into_std().map(PushStream::Unix).map_err(refused)?;
+        let s = s.into_std().map(ZmtpStream::Unix).map_err(refused)?;
         Ok((s, early))
     } else {
         Err(Attempt::Fatal(TransportError::BadAddress {
@@ -181,7 +181,7 @@ pub fn put_message(out: &mut Vec<u8>, frames: &[Bytes]) {
 /// One peer's output: the stream, registered with the runtime of the thread that writes
 /// it, the messages held for one write, and the bytes the kernel has not taken yet.
 pub struct PushWriter {
-    fd: AsyncFd<PushStream>,
+    fd: AsyncFd<ZmtpStream>,
     /// Framed bytes not written yet; `backlog[start..]` is what is left.
     backlog: Vec<u8>,
     start: usize,
@@ -200,7 +200,7 @@ pub const HOLD_MESSAGES: usize = 32;
 
 impl PushWriter {
     /// Register `stream` with the current tokio runtime (call it on the writing thread).
-    pub fn new(stream: PushStream) -> io::Result<Self> {
+    pub fn new(stream: ZmtpStream) -> io::Result<Self> {
         // SAFETY: the stream owns its descriptor and keeps it, unchanged, until it drops
         // with the AsyncFd.
         let fd = unsafe { AsyncFd::register_with_interest(stream, Interest::WRITABLE) }
@@ -389,7 +389,7 @@ mod tests {
     async fn a_slow_peer_fills_the_backlog_then_gets_everything_in_order() {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         ours.set_nonblocking(true).unwrap();
-        let mut w = PushWriter::new(PushStream::Unix(ours)).unwrap();
+        let mut w = PushWriter::new(ZmtpStream::Unix(ours)).unwrap();
         let chunk = Bytes::from(vec![1u8; 64 << 10]);
         let mut sent = 0usize;
         while !w.over_bound() {
@@ -433,7 +433,7 @@ mod tests {
             put_message(&mut expected, &whole);
             let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
             ours.set_nonblocking(true).unwrap();
-            let mut w = PushWriter::new(PushStream::Unix(ours)).unwrap();
+            let mut w = PushWriter::new(ZmtpStream::Unix(ours)).unwrap();
             w.send_encoded(|buf| {
                 buf.extend_from_slice(&body);
                 Ok::<_, ()>(rest.clone())
@@ -467,7 +467,7 @@ mod tests {
         let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         ours.set_nonblocking(true).unwrap();
         theirs.set_nonblocking(true).unwrap();
-        let mut w = PushWriter::new(PushStream::Unix(ours)).unwrap();
+        let mut w = PushWriter::new(ZmtpStream::Unix(ours)).unwrap();
         w.hold(true).unwrap();
         for m in [&b"a"[..], b"bb", b"ccc"] {
             w.send_encoded(|buf| {
@@ -500,7 +500,7 @@ mod tests {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         ours.set_nonblocking(true).unwrap();
         drop(theirs);
-        let mut w = PushWriter::new(PushStream::Unix(ours)).unwrap();
+        let mut w = PushWriter::new(ZmtpStream::Unix(ours)).unwrap();
         assert!(w.send(&[Bytes::from_static(b"x")]).is_err());
     }
 }
