@@ -66,6 +66,39 @@ impl Row {
     }
 }
 
+/// The median over the held-out workloads of each metric's |Δ| at p50 and p90: one number
+/// per metric to set beside what other simulators publish (a median absolute percentage
+/// error over held-out runs).
+fn medians(s: &mut String, rows: &[Row]) {
+    let held: Vec<&Row> = rows.iter().filter(|r| !r.suite).collect();
+    let column = |pick: &dyn Fn(&Row) -> Option<f64>| -> String {
+        let mut v: Vec<f64> = held.iter().filter_map(|r| pick(r)).map(f64::abs).collect();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => "–".to_string(),
+            n if n % 2 == 1 => format!("{:.1}", v[n / 2]),
+            n => format!("{:.1}", (v[n / 2 - 1] + v[n / 2]) / 2.0),
+        }
+    };
+    let _ = writeln!(
+        s,
+        "\nThe median |Δ| % over the {} held-out workloads (p50 / p90):\n\n\
+         | metric | speed-matched | as fitted | loo |\n|---|---|---|---|",
+        held.len()
+    );
+    for (m, (_, label)) in METRICS.iter().enumerate() {
+        let cells: Vec<String> = [
+            &(|r: &Row, q: usize| r.suite_delta[m][q]) as &dyn Fn(&Row, usize) -> Option<f64>,
+            &|r: &Row, q: usize| r.raw_delta[m][q],
+            &|r: &Row, q: usize| r.loo_delta[m][q],
+        ]
+        .iter()
+        .map(|f| format!("{} / {}", column(&|r| f(r, 0)), column(&|r| f(r, 1))))
+        .collect();
+        let _ = writeln!(s, "| {label} | {} |", cells.join(" | "));
+    }
+}
+
 /// The tolerance of a cell: max(the floor, the repeat distance).
 pub fn tolerance(noise: Option<f64>, q: usize) -> f64 {
     noise.map_or(FLOOR[q], |n| n.abs().max(FLOOR[q]))
@@ -325,6 +358,7 @@ pub fn render(rows: &[Row], heatmap: &str, step_figures: &dyn Fn(&str) -> Vec<St
         }
     }
     let _ = writeln!(s, "\nHeld-out cells within the goal: {held} of {total}.");
+    medians(&mut s, rows);
     let _ = writeln!(
         s,
         "\n## Step classes\n\n\
@@ -487,4 +521,42 @@ pub fn write(engine: &Path, root: &Path, work: &Path) -> Result<Option<PathBuf>>
     std::fs::write(&out, render(&rows, "figures/heldout/heatmap.svg", &figs))
         .with_context(|| format!("writing {}", out.display()))?;
     Ok(Some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(workload: &str, suite: bool, ttft_p50: Option<f64>) -> Row {
+        let mut delta = [[None; 3]; 3];
+        delta[0][0] = ttft_p50;
+        Row {
+            workload: workload.into(),
+            suite,
+            requests: Value::Null,
+            suite_delta: delta,
+            raw_delta: [[None; 3]; 3],
+            host_speed: None,
+            loo_delta: [[None; 3]; 3],
+            noise: [[None; 3]; 3],
+            repeat_speeds: None,
+            steps: Value::Null,
+        }
+    }
+
+    #[test]
+    fn the_medians_take_the_held_out_workloads_absolute_deltas_only() {
+        let rows = [
+            row("a", false, Some(-8.0)),
+            row("b", false, Some(2.0)),
+            row("c", false, Some(4.0)),
+            row("d", false, None),
+            row("suite", true, Some(50.0)),
+        ];
+        let mut s = String::new();
+        medians(&mut s, &rows);
+        assert!(s.contains("over the 4 held-out workloads"), "{s}");
+        // |−8|, 2, 4 → 4.0; the suite's own row and the missing cell left out
+        assert!(s.contains("| TTFT | 4.0 / – | – / – | – / – |"), "{s}");
+    }
 }
