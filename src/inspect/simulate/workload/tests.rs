@@ -1,6 +1,8 @@
 //! Workload tests: synthesized prompts, turns of a conversation, a closed loop's
 //! turnaround and ramp, prefix caching read from a capture.
 
+use std::collections::HashMap;
+
 use super::*;
 
 fn workload(records: &[(f64, u32, &[u64], Option<f64>)], bs: usize) -> Workload {
@@ -426,5 +428,64 @@ fn a_closed_loop_sends_each_next_request_after_its_own_turnaround_when_told_to()
             vec![(ms(100.0 + after[0]), 2), (ms(100.0 + after[1]), 3)],
             "own turnarounds: {own}"
         );
+    }
+}
+
+/// A record's conversation and turn, from the request id `bench serve --multi-turn` gives
+/// it (`chatcmpl-bench-<run>-conv-<n>-turn<k>-<suffix>`).
+fn conv_turn(id: &str) -> Option<(u32, u32)> {
+    let mut it = id.split("conv-").nth(1)?.split('-');
+    let conv = it.next()?.parse().ok()?;
+    let turn = it.next()?.strip_prefix("turn")?.parse().ok()?;
+    Some((conv, turn))
+}
+
+#[test]
+fn every_turn_of_the_corpus_multi_turn_captures_continues_its_own_conversation() {
+    // 64 conversations of 4 turns over one system prompt, many opening with the same
+    // blocks, sent round by round; the client's request ids tell each turn's conversation
+    for capture in ["sessions-s0", "sessions-s1", "sessions-no-prefix-cache-s1"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("conformance/v2/0.32/{capture}.trace.jsonl.gz"));
+        let mut ids: Vec<Option<(u32, u32)>> = Vec::new();
+        let w = Workload::load_with(&path, None, None, |_, r| {
+            ids.push(r.request_id.as_deref().and_then(conv_turn));
+        })
+        .unwrap();
+        let of = |i: usize| ids[w.reqs[i].source as usize];
+        let index: HashMap<(u32, u32), usize> = (0..w.reqs.len())
+            .filter_map(|i| Some((of(i)?, i)))
+            .collect();
+        let turns = w.sessions();
+        for (i, t) in turns.iter().enumerate() {
+            let truth = of(i).and_then(|(c, k)| Some(index[&(c, k.checked_sub(1)?)]));
+            let found = match *t {
+                Turn::Root => None,
+                Turn::After { parent, .. } | Turn::NotBefore { parent } => Some(parent as usize),
+            };
+            // two first turns with the same blocks, lengths, arrival and end cannot be told
+            // apart, and either is as good a parent
+            let alike = |a: usize, b: usize| {
+                let (x, y) = (&w.reqs[a], &w.reqs[b]);
+                let end = |p: &Planned| p.arrival_ms.unwrap_or(0.0) + p.e2e_ms.unwrap_or(0.0);
+                w.hashes(a) == w.hashes(b)
+                    && x.prompt_tokens == y.prompt_tokens
+                    && x.output_tokens == y.output_tokens
+                    && (end(x) - end(y)).abs() < 1.0
+            };
+            let right = match (found, truth) {
+                (Some(f), Some(t)) => f == t || alike(f, t),
+                (f, t) => f == t,
+            };
+            assert!(
+                right,
+                "{capture}: request {i} {:?} continues {found:?}, not {truth:?}",
+                of(i)
+            );
+        }
+        let g = Sessions::of(&turns);
+        // 64 conversations and the warm-up request; every conversation under way at once
+        assert_eq!(g.roots.len(), 65, "{capture}");
+        assert_eq!(g.captured_concurrency(&w), Some(64), "{capture}");
     }
 }
