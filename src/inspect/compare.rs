@@ -86,7 +86,7 @@ impl Trace {
         .with_context(|| format!("reading {}", path.display()))?;
         // in arrival order
         let order: Vec<usize> = work.reqs.iter().map(|p| p.source as usize).collect();
-        let turn_of = work.turn_numbers(&work.sessions());
+        let turn_of = Workload::turn_numbers(&work.sessions());
         let from_records = order
             .iter()
             .filter(|&&i| arrival[i].is_some())

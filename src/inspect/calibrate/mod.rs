@@ -266,7 +266,7 @@ pub fn run_with(
             &model_chunks,
         )?;
         // TTFT per session turn, when the hash chains show conversations
-        let turn = work.turn_numbers(&work.sessions());
+        let turn = Workload::turn_numbers(&work.sessions());
         let of = |src: usize| {
             compare::per_turn(
                 compared

@@ -106,10 +106,13 @@ pub struct ArrivalArgs {
     pub replay_arrivals: bool,
 
     /// Closed loop over sessions inferred from the block-hash chains: a record continues
-    /// the latest earlier record whose complete blocks are a prefix of its prompt (the
-    /// longest such), and arrives when that parent finished in the simulation plus the
-    /// recorded think gap (its arrival − the parent's recorded arrival, TTFT and gaps;
-    /// ≥ 0). Records that continue none arrive at their recorded offset.
+    /// an earlier record whose complete blocks are a prefix of its prompt, whose prompt
+    /// and answer its prompt is long enough to hold, and which ended before it arrived
+    /// (the longest such chain; of equals, the earliest not yet continued), and arrives
+    /// when that parent finished in the simulation plus the recorded think gap (its
+    /// arrival − the parent's recorded arrival, TTFT and gaps). Records that continue
+    /// none (a prompt that only shares a system prompt, or repeats an earlier prompt) are
+    /// new conversations and arrive at their recorded offset.
     #[arg(long)]
     pub replay_sessions: bool,
 

@@ -20,13 +20,14 @@
 //!
 //! **Sessions.** A record's *chain* is the hashes of its complete blocks (a converted
 //! Mooncake line also names its partial last block, which the next turn completes with
-//! other tokens, so that id is not part of the chain). A record's parent is the latest
-//! earlier record whose chain is a prefix of this record's hashes, the longest such; a
-//! record without one is a root. The think gap is the record's arrival minus its parent's
+//! other tokens, so that id is not part of the chain). A record's parent is an earlier
+//! record whose chain is a prefix of this record's hashes, whose prompt and answer this
+//! record's prompt can hold and which ended before it arrived (see `links.rs`); a record
+//! without one is a root. The think gap is the record's arrival minus its parent's
 //! recorded end (arrival + TTFT + inter-token gaps), at least 0.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -312,20 +313,14 @@ impl Workload {
     }
 
     /// Each request's turn in its conversation, from `turns` ([`Self::sessions`]): 1 for a
-    /// root; a turn whose prompt extends its parent's by a complete block is one more than
-    /// its parent, one that repeats its parent's blocks (the same prompt again, or the same
-    /// opening message in two conversations) the same.
-    pub fn turn_numbers(&self, turns: &[Turn]) -> Vec<u32> {
+    /// root, one more than its parent for a turn.
+    pub fn turn_numbers(turns: &[Turn]) -> Vec<u32> {
         let mut n: Vec<u32> = Vec::with_capacity(turns.len());
-        for (i, t) in turns.iter().enumerate() {
-            let k = match *t {
+        for t in turns {
+            n.push(match *t {
                 Turn::Root => 1,
-                Turn::After { parent, .. } | Turn::NotBefore { parent } => {
-                    let p = parent as usize;
-                    n[p] + u32::from(self.chain_len(i) > self.chain_len(p))
-                }
-            };
-            n.push(k);
+                Turn::After { parent, .. } | Turn::NotBefore { parent } => n[parent as usize] + 1,
+            });
         }
         n
     }
@@ -549,38 +544,6 @@ impl Workload {
     pub fn prompt(&self, i: usize, ids: std::ops::Range<u32>, cold: bool) -> Vec<u32> {
         self.plan(i).prompt(ids, cold)
     }
-
-    /// Every request's turn (`--replay-sessions`), in arrival order.
-    pub fn sessions(&self) -> Vec<Turn> {
-        // the latest request whose chain ends with a hash: (chain length, request)
-        let mut ends: HashMap<u64, (u32, u32)> = HashMap::new();
-        let mut turns = Vec::with_capacity(self.reqs.len());
-        for i in 0..self.reqs.len() {
-            let mine = self.hashes(i);
-            let parent = (1..=mine.len()).rev().find_map(|k| {
-                let &(len, j) = ends.get(&mine[k - 1])?;
-                (len as usize == k && self.hashes(j as usize)[..k] == mine[..k]).then_some(j)
-            });
-            turns.push(match parent {
-                None => Turn::Root,
-                Some(j) => {
-                    let (parent, child) = (&self.reqs[j as usize], &self.reqs[i]);
-                    match (parent.arrival_ms, parent.e2e_ms, child.arrival_ms) {
-                        (Some(pa), Some(e2e), Some(ca)) => Turn::After {
-                            parent: j,
-                            gap: duration_ms(ca - pa - e2e),
-                        },
-                        _ => Turn::NotBefore { parent: j },
-                    }
-                }
-            });
-            let chain = self.chain_len(i);
-            if chain > 0 {
-                ends.insert(mine[chain - 1], (chain as u32, i as u32));
-            }
-        }
-        turns
-    }
 }
 
 /// The sessions of a `--replay-sessions` run, for a closed loop over sessions
@@ -724,6 +687,8 @@ fn fill_block(out: &mut Vec<u32>, mut rng: SplitMix64, start: u32, span: u64, n:
 fn mix(x: u64) -> u64 {
     SplitMix64(x).next_u64()
 }
+
+mod links;
 
 #[cfg(test)]
 mod tests;

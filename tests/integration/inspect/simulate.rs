@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{TestCommand, TestDir, cpu_capture, number, s, texts, vcr};
+use crate::support::{TestCommand, TestDir, cpu_capture, fixture, number, s, texts, vcr};
 use serde_json::{Value, json};
 
 pub(super) fn simulate(args: &[&str]) -> TestCommand {
@@ -257,6 +257,33 @@ fn session_turns_arrive_after_their_parent_finished_plus_the_think_gap() {
     // (sent at 500 ms; queued when the 100 ms step then in flight ended)
     let queued = number(&records(&dump)["replay-2"]["arrival_ms"]);
     assert!((500.0..=600.0).contains(&queued), "{queued}");
+}
+
+#[test]
+fn a_multi_turn_capture_splits_into_its_own_conversations() {
+    // corpus v2's `bench serve --multi-turn` captures: a warm-up request, then 64
+    // conversations of 4 turns over one system prompt, many opening with the same first
+    // blocks, sent round by round (turn 0 of each, then turn 1 of each, …) 4 at a time, so
+    // every conversation is under way at once
+    for capture in ["sessions-s0", "sessions-s1"] {
+        let trace = fixture("conformance/v2/0.32").join(format!("{capture}.trace.jsonl.gz"));
+        let v = simulate_json(&[
+            s(&trace),
+            "--replay-sessions",
+            "--replay-concurrency",
+            "auto",
+            "--time-to-first-token",
+            "50",
+            "--inter-token-latency",
+            "10",
+        ]);
+        assert_eq!(
+            v["sessions"],
+            json!({"roots": 65, "turns": 192, "turns_without_recorded_gap": 0}),
+            "{capture}"
+        );
+        assert_eq!(v["replay_concurrency"], 64, "{capture}");
+    }
 }
 
 #[test]

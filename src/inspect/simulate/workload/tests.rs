@@ -1,6 +1,8 @@
 //! Workload tests: synthesized prompts, turns of a conversation, a closed loop's
 //! turnaround and ramp, prefix caching read from a capture.
 
+use std::collections::HashMap;
+
 use super::*;
 
 fn workload(records: &[(f64, u32, &[u64], Option<f64>)], bs: usize) -> Workload {
@@ -83,17 +85,17 @@ fn synthesized_ids_stay_in_the_vocabulary_range() {
 }
 
 #[test]
-fn a_turn_continues_the_longest_latest_chain_it_extends() {
-    // block size 4: a record's chain is the hashes of its complete blocks
+fn a_turn_continues_the_longest_chain_whose_prompt_and_answer_it_holds() {
+    // block size 4, 4 output tokens each: a record's chain is the hashes of its complete
+    // blocks, and a turn's prompt holds its parent's prompt and 4 more tokens at least
     let w = workload(
         &[
             (0.0, 8, &[1, 2], Some(100.0)),         // 0: chain [1,2]
             (50.0, 8, &[1, 3], Some(10.0)),         // 1: shares block 1 only: a root
             (300.0, 14, &[1, 2, 4, 5], Some(40.0)), // 2: chain [1,2,4] (5 is partial)
-            (400.0, 9, &[1, 2, 4], None),           // 3: chain [1,2] (4 is partial)
-            (500.0, 16, &[1, 2, 4, 6], Some(1.0)),  // 4: chain [1,2,4,6]
-            (600.0, 3, &[], None),                  // 5: no hashes
-            (700.0, 8, &[1, 2], None),              // 6: chain [1,2], like 0 and 3
+            (400.0, 22, &[1, 2, 4, 6, 7], None),    // 3: extends 2's chain (and 0's)
+            (600.0, 3, &[], None),                  // 4: no hashes
+            (700.0, 8, &[1, 2], None),              // 5: 0's prompt again
         ],
         4,
     );
@@ -102,48 +104,116 @@ fn a_turn_continues_the_longest_latest_chain_it_extends() {
     assert_eq!(t[0], Turn::Root);
     assert_eq!(t[1], Turn::Root);
     // 300 − (0 + 100)
-    assert_eq!(
-        t[2],
-        Turn::After {
-            parent: 0,
-            gap: ms(200.0)
-        }
-    );
-    // 2's chain [1,2,4] is all of 3's hashes: the longest; 400 − (300 + 40)
-    assert_eq!(
-        t[3],
-        Turn::After {
-            parent: 2,
-            gap: ms(60.0)
-        }
-    );
-    // [1,2,4] (request 2) beats [1,2] (requests 0 and 3)
-    assert_eq!(
-        t[4],
-        Turn::After {
-            parent: 2,
-            gap: ms(160.0)
-        }
-    );
+    let gap = ms(200.0);
+    assert_eq!(t[2], Turn::After { parent: 0, gap });
+    // [1,2,4] (request 2) beats [1,2] (request 0); 400 − (300 + 40)
+    let gap = ms(60.0);
+    assert_eq!(t[3], Turn::After { parent: 2, gap });
+    assert_eq!(t[4], Turn::Root);
+    // the same 8 tokens cannot hold 0's prompt and answer: a new conversation
     assert_eq!(t[5], Turn::Root);
-    // the latest with chain [1,2] is 3, which has no recorded end
-    assert_eq!(t[6], Turn::NotBefore { parent: 3 });
     let c = Children::of(&t);
     assert_eq!(c.of_request(0).collect::<Vec<_>>(), vec![2]);
-    assert_eq!(c.of_request(2).collect::<Vec<_>>(), vec![3, 4]);
-    assert_eq!(c.of_request(3).collect::<Vec<_>>(), vec![6]);
+    assert_eq!(c.of_request(2).collect::<Vec<_>>(), vec![3]);
     assert_eq!(c.of_request(1).count(), 0);
-
-    // 6 repeats 0's chain [1,2] under 3 (whose chain is [1,2] too): no new turn
-    assert_eq!(w.turn_numbers(&t), vec![1, 1, 2, 2, 3, 1, 2]);
-    // sessions: 0 → 2 → {3 → 6, 4}; 1 and 5 alone
+    assert_eq!(Workload::turn_numbers(&t), vec![1, 1, 2, 3, 1, 1]);
     let g = Sessions::of(&t);
-    assert_eq!(g.roots, vec![0, 1, 5]);
-    assert_eq!(g.root_of, vec![0, 1, 0, 0, 0, 5, 0]);
-    assert_eq!((g.size[0], g.size[1], g.size[5], g.size[2]), (5, 1, 1, 0));
-    // session 0 spans 0..501 (request 4 ends at 501, 2 at 340, 3 and 6 untimed),
-    // session 1 50..60: two at once
+    assert_eq!(g.roots, vec![0, 1, 4, 5]);
+    assert_eq!(g.root_of, vec![0, 1, 0, 0, 4, 5]);
+    assert_eq!((g.size[0], g.size[1], g.size[4], g.size[2]), (3, 1, 1, 0));
+    // session 0 spans 0..340 (3 untimed), session 1 50..60: two at once
     assert_eq!(g.captured_concurrency(&w), Some(2));
+}
+
+#[test]
+fn conversations_that_open_alike_each_keep_their_own_turns() {
+    // a shared system prompt [1,2]; A and B open with the same first message (chain
+    // [1,2,3]), C with another; then a round of second turns, and of third ones
+    let w = workload(
+        &[
+            (0.0, 13, &[1, 2, 3], Some(10.0)),                  // 0: A0
+            (1.0, 13, &[1, 2, 3], Some(10.0)),                  // 1: B0
+            (2.0, 13, &[1, 2, 9], Some(10.0)),                  // 2: C0
+            (30.0, 21, &[1, 2, 3, 10, 11], Some(10.0)),         // 3: A1
+            (31.0, 21, &[1, 2, 3, 20, 21], Some(10.0)),         // 4: B1
+            (32.0, 21, &[1, 2, 9, 30, 31], Some(10.0)),         // 5: C1
+            (60.0, 29, &[1, 2, 3, 10, 11, 12, 13], Some(10.0)), // 6: A2
+            (61.0, 29, &[1, 2, 3, 20, 21, 22, 23], Some(10.0)), // 7: B2
+        ],
+        4,
+    );
+    let t = w.sessions();
+    let parents: Vec<Option<u32>> = t
+        .iter()
+        .map(|t| match *t {
+            Turn::Root => None,
+            Turn::After { parent, .. } | Turn::NotBefore { parent } => Some(parent),
+        })
+        .collect();
+    let want = [
+        None,
+        None,
+        None,
+        Some(0),
+        Some(1),
+        Some(2),
+        Some(3),
+        Some(4),
+    ];
+    assert_eq!(parents, want);
+    // B1 arrived 31 − (1 + 10) after B0's answer
+    let gap = Duration::from_millis(20);
+    assert_eq!(t[4], Turn::After { parent: 1, gap });
+    assert_eq!(Workload::turn_numbers(&t), vec![1, 1, 1, 2, 2, 2, 3, 3]);
+    let g = Sessions::of(&t);
+    assert_eq!(g.roots, vec![0, 1, 2]);
+    assert_eq!((g.size[0], g.size[1], g.size[2]), (3, 3, 2));
+    // A spans 0..70, B 1..71, C 2..42
+    assert_eq!(g.captured_concurrency(&w), Some(3));
+}
+
+#[test]
+fn a_prompt_that_shares_only_the_system_prompt_is_a_new_conversation() {
+    // D opens with the system prompt [1,2] and one token more
+    let mut w = workload(
+        &[
+            (0.0, 9, &[1, 2], Some(10.0)),         // 0: D0, ends at 10
+            (5.0, 13, &[1, 2, 7], Some(10.0)),     // 1: while D0 runs: a root
+            (20.0, 12, &[1, 2, 8], Some(10.0)),    // 2: too short for D0 + answer: a root
+            (30.0, 17, &[1, 2, 5, 6], Some(10.0)), // 3: D1
+            (50.0, 6, &[4], Some(10.0)),           // 4: one block and 2 tokens
+            (70.0, 7, &[4], None),                 // 5: no new block, yet 4's next turn
+        ],
+        4,
+    );
+    w.reqs[4].output_tokens = 1;
+    let t = w.sessions();
+    assert_eq!(t[1], Turn::Root);
+    assert_eq!(t[2], Turn::Root);
+    let gap = Duration::from_millis(20);
+    assert_eq!(t[3], Turn::After { parent: 0, gap });
+    assert!(matches!(t[5], Turn::After { parent: 4, .. }));
+    assert_eq!(Workload::turn_numbers(&t), vec![1, 1, 1, 2, 1, 2]);
+}
+
+#[test]
+fn a_second_answer_to_the_same_question_continues_the_same_turn() {
+    let w = workload(
+        &[
+            (0.0, 8, &[1, 2], Some(10.0)),      // 0
+            (20.0, 13, &[1, 2, 3], Some(10.0)), // 1: its next turn
+            (40.0, 13, &[1, 2, 3], Some(10.0)), // 2: the same question asked again
+            (60.0, 9, &[1, 2], None),           // 3: untimed 0 again: a root
+        ],
+        4,
+    );
+    let t = w.sessions();
+    assert!(matches!(t[1], Turn::After { parent: 0, .. }));
+    // 2 cannot hold 1 and its answer: it is 0's, whose turn 1 already is
+    assert!(matches!(t[2], Turn::After { parent: 0, .. }));
+    assert_eq!(t[3], Turn::Root);
+    assert_eq!(Workload::turn_numbers(&t), vec![1, 2, 2, 1]);
+    assert_eq!(Sessions::of(&t).roots, vec![0, 3]);
 }
 
 #[test]
@@ -358,5 +428,64 @@ fn a_closed_loop_sends_each_next_request_after_its_own_turnaround_when_told_to()
             vec![(ms(100.0 + after[0]), 2), (ms(100.0 + after[1]), 3)],
             "own turnarounds: {own}"
         );
+    }
+}
+
+/// A record's conversation and turn, from the request id `bench serve --multi-turn` gives
+/// it (`chatcmpl-bench-<run>-conv-<n>-turn<k>-<suffix>`).
+fn conv_turn(id: &str) -> Option<(u32, u32)> {
+    let mut it = id.split("conv-").nth(1)?.split('-');
+    let conv = it.next()?.parse().ok()?;
+    let turn = it.next()?.strip_prefix("turn")?.parse().ok()?;
+    Some((conv, turn))
+}
+
+#[test]
+fn every_turn_of_the_corpus_multi_turn_captures_continues_its_own_conversation() {
+    // 64 conversations of 4 turns over one system prompt, many opening with the same
+    // blocks, sent round by round; the client's request ids tell each turn's conversation
+    for capture in ["sessions-s0", "sessions-s1", "sessions-no-prefix-cache-s1"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("conformance/v2/0.32/{capture}.trace.jsonl.gz"));
+        let mut ids: Vec<Option<(u32, u32)>> = Vec::new();
+        let w = Workload::load_with(&path, None, None, |_, r| {
+            ids.push(r.request_id.as_deref().and_then(conv_turn));
+        })
+        .unwrap();
+        let of = |i: usize| ids[w.reqs[i].source as usize];
+        let index: HashMap<(u32, u32), usize> = (0..w.reqs.len())
+            .filter_map(|i| Some((of(i)?, i)))
+            .collect();
+        let turns = w.sessions();
+        for (i, t) in turns.iter().enumerate() {
+            let truth = of(i).and_then(|(c, k)| Some(index[&(c, k.checked_sub(1)?)]));
+            let found = match *t {
+                Turn::Root => None,
+                Turn::After { parent, .. } | Turn::NotBefore { parent } => Some(parent as usize),
+            };
+            // two first turns with the same blocks, lengths, arrival and end cannot be told
+            // apart, and either is as good a parent
+            let alike = |a: usize, b: usize| {
+                let (x, y) = (&w.reqs[a], &w.reqs[b]);
+                let end = |p: &Planned| p.arrival_ms.unwrap_or(0.0) + p.e2e_ms.unwrap_or(0.0);
+                w.hashes(a) == w.hashes(b)
+                    && x.prompt_tokens == y.prompt_tokens
+                    && x.output_tokens == y.output_tokens
+                    && (end(x) - end(y)).abs() < 1.0
+            };
+            let right = match (found, truth) {
+                (Some(f), Some(t)) => f == t || alike(f, t),
+                (f, t) => f == t,
+            };
+            assert!(
+                right,
+                "{capture}: request {i} {:?} continues {found:?}, not {truth:?}",
+                of(i)
+            );
+        }
+        let g = Sessions::of(&turns);
+        // 64 conversations and the warm-up request; every conversation under way at once
+        assert_eq!(g.roots.len(), 65, "{capture}");
+        assert_eq!(g.captured_concurrency(&w), Some(64), "{capture}");
     }
 }
