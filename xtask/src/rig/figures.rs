@@ -188,7 +188,7 @@ pub fn run(root: &Path, engine: &Path) -> Result<()> {
 }
 
 /// The workload of the fleet figure (multi-turn conversations sharing a prefix), how its
-/// sessions are sent (every conversation at once: 64 is more than its 40), the
+/// sessions are sent (every conversation at once: the capture holds 64), the
 /// replica counts and the routes (`inspect simulate --engines N --route R`).
 const FLEET_WORKLOAD: &str = "sessions";
 const FLEET_ARRIVALS: [&str; 3] = ["--replay-sessions", "--replay-concurrency", "64"];
