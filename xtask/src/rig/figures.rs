@@ -165,6 +165,11 @@ pub fn run(root: &Path, engine: &Path) -> Result<()> {
             std::fs::create_dir_all(&fig_root)?;
             std::fs::write(fig_root.join(FLEET_FIGURE), svg)?;
             eprintln!("figures: {FLEET_FIGURE}: {}", fleet_line(&points));
+            let page = docs.join("fleet.md");
+            let text = std::fs::read_to_string(&page)
+                .with_context(|| format!("reading {}", page.display()))?;
+            std::fs::write(&page, splice_fleet_table(&text, &fleet_table(&points))?)
+                .with_context(|| format!("writing {}", page.display()))?;
         }
         None => eprintln!("figures: no {FLEET_WORKLOAD} gate capture: {FLEET_FIGURE} skipped"),
     }
@@ -265,6 +270,47 @@ fn fleet_line(points: &[FleetPoint]) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// The markers in docs/fleet.md between which the figure's numbers are written.
+const FLEET_TABLE_MARKERS: (&str, &str) =
+    ("<!-- fleet-table: begin -->", "<!-- fleet-table: end -->");
+
+/// The figure's numbers as a Markdown table: TTFT p90 (ms) and hit % per replica count
+/// (rows) and route (columns).
+fn fleet_table(points: &[FleetPoint]) -> String {
+    let mut s = format!(
+        "| replicas | {} |\n|---:|{}\n",
+        FLEET_ROUTES.join(" | "),
+        "---|".repeat(FLEET_ROUTES.len())
+    );
+    for n in FLEET_REPLICAS {
+        let cells: Vec<String> = FLEET_ROUTES
+            .iter()
+            .map(|r| {
+                points
+                    .iter()
+                    .find(|p| p.route == *r && p.replicas == n)
+                    .map_or("–".to_string(), |p| {
+                        format!("{:.0} ({:.0} %)", p.ttft_p90_ms, p.hit_ratio * 100.0)
+                    })
+            })
+            .collect();
+        s.push_str(&format!("| {n} | {} |\n", cells.join(" | ")));
+    }
+    s
+}
+
+/// `page` with the text between the fleet table's markers replaced by `table`.
+fn splice_fleet_table(page: &str, table: &str) -> Result<String> {
+    let (begin, end) = FLEET_TABLE_MARKERS;
+    let (Some(b), Some(e)) = (page.find(begin), page.find(end)) else {
+        bail!("docs/fleet.md has no {begin} … {end} markers for the fleet table");
+    };
+    if e < b {
+        bail!("docs/fleet.md: {end} comes before {begin}");
+    }
+    Ok(format!("{}{begin}\n{table}{}", &page[..b], &page[e..]))
 }
 
 /// p90 TTFT against replicas, one line per route, with each point's hit ratio beside it.
@@ -611,6 +657,29 @@ fn figure_links(s: &mut String, dir: &Path, rel: &dyn Fn(&Path) -> String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fleet_table_is_written_between_its_markers_and_nowhere_else() {
+        let points: Vec<FleetPoint> = FLEET_ROUTES
+            .iter()
+            .flat_map(|&route| {
+                FLEET_REPLICAS.map(move |n| FleetPoint {
+                    route,
+                    replicas: n,
+                    ttft_p90_ms: 100.0 + n as f64,
+                    hit_ratio: 0.5,
+                })
+            })
+            .collect();
+        let table = fleet_table(&points);
+        assert!(table.starts_with("| replicas | round-robin | least-loaded | prefix-aware | kv-aware |\n|---:|---|---|---|---|\n"));
+        assert!(table.contains("| 3 | 103 (50 %) | 103 (50 %) | 103 (50 %) | 103 (50 %) |\n"));
+        let (b, e) = FLEET_TABLE_MARKERS;
+        let page = format!("intro\n{b}\nold table\n{e}\nafter\n");
+        let out = splice_fleet_table(&page, &table).unwrap();
+        assert_eq!(out, format!("intro\n{b}\n{table}{e}\nafter\n"));
+        assert!(splice_fleet_table("no markers", &table).is_err());
+    }
 
     #[test]
     fn axis_steps_are_round() {
