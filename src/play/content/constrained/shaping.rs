@@ -11,7 +11,9 @@ use crate::play::content::tokens::{TokenStream, stream_seed};
 use crate::play::content::vocab::Vocabulary;
 
 use super::free_text::FreeTextPlan;
-use super::grammar::{open_triggered_tags, upgrade_legacy_tag, write_optional_closers};
+use super::grammar::{
+    open_triggered_tags, specials_for, upgrade_legacy_tag, write_optional_closers,
+};
 use super::stream::{GrammarJob, Recipe};
 use super::tools::{PromptTools, ToolCalls};
 
@@ -90,7 +92,7 @@ impl Shaping {
                         let format = tag.get("format").unwrap_or(&tag);
                         free = FreeTextPlan::of(format, self.thinking(req, max_tokens));
                         calls = self.tool_calls.own_calls(&tools, text, stream_seed);
-                        Recipe::Tag(tag, tools)
+                        Recipe::Tag(tag, tools, specials_for(&so))
                     }
                     _ => Recipe::Structured(so),
                 };
