@@ -87,3 +87,92 @@ fn a_structural_tag_holding_special_tokens_is_followed_with_them() {
         assert!(object["city"].is_string(), "{answer}");
     }
 }
+
+/// A response_template of Beam's own markup: what vllm-rs's `beam` parser reads its
+/// answers with (docs/tool-formats.md).
+fn beam_template() -> Value {
+    json!({"start_anchor": "<|im_start|>assistant\n",
+        "fields": {
+            "thinking": {"open": "<|channel|>analysis<|message|>",
+                         "close": "<|end|><|start|>assistant"},
+            "tool_calls": {
+                "open_pattern": " to=(?P<name>[^<]+)<\\|channel\\|>analysis <\\|constrain\\|>xml<\\|message\\|>",
+                "close": ["<|call|>", "<|end|><|start|>assistant"],
+                "content": "xml-inline",
+                "content_args": {"tag_pattern":
+                    "<rfl:parameter name=\"(?P<key>[^\"]+)\">\\n?(?P<value>.*?)\\n?</rfl:parameter>"},
+                "repeats": true,
+                "transform": {"type": "function",
+                              "function": {"name": "{name}", "arguments": "{content}"}}},
+            "content": {"open": "<|channel|>final<|message|>", "close": "<|return|>"}}})
+}
+
+/// r35: vllm-rs 0.33's `beam` constrains every answer to Beam's markup and reads it with
+/// the model's response_template. With a model whose template is of that markup and whose
+/// tokenizer has its markers as special tokens, `serve --tool-call-format beam` behind
+/// vllm-rs gives the client the thinking as `reasoning`, a chat answer as `content`, and
+/// calls (`required`, a named tool, `auto` at `--tool-call-rate 1`) as `tool_calls` whose
+/// arguments follow the schema.
+#[test]
+fn vllm_rs_beam_splits_beams_markup_with_a_model_whose_template_reads_it() {
+    let dir = TestDir::new("beam-markup");
+    model_with_special_markers(&dir);
+    let path = dir.path("tokenizer_config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["response_template"] = beam_template();
+    std::fs::write(&path, config.to_string()).unwrap();
+    let mut serve = Serve::start(&[
+        "--model",
+        dir.root().to_str().unwrap(),
+        "--tool-call-format",
+        "beam",
+        "--reasoning-format",
+        "beam",
+        "--tool-call-rate",
+        "1",
+    ]);
+    serve.wait_ready();
+    let name = dir.root().file_name().unwrap().to_str().unwrap();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "required": ["city", "days"],
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]);
+    let ask = |extra: Value| {
+        let mut body = json!({"model": name, "max_tokens": 300,
+            "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, answer) = http_post_json(serve.port, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{answer}");
+        answer["choices"][0]["message"].clone()
+    };
+    let reasoning = |m: &Value| super::parsers::reasoning_of(m).to_string();
+    let chat = ask(json!({}));
+    let content = chat["content"].as_str().unwrap_or("");
+    assert!(content.split_whitespace().count() > 3, "{chat}");
+    assert!(!content.contains("<|"), "{chat}");
+    assert!(reasoning(&chat).split_whitespace().count() > 3, "{chat}");
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for choice in [json!("required"), named, json!("auto")] {
+        let m = ask(json!({"tools": tools, "tool_choice": choice}));
+        let calls = m["tool_calls"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{choice}: {m}"));
+        assert!(!calls.is_empty(), "{choice}: {m}");
+        for call in calls {
+            assert_eq!(call["function"]["name"], "get_weather", "{m}");
+            let args: Value =
+                serde_json::from_str(call["function"]["arguments"].as_str().unwrap_or(""))
+                    .unwrap_or_else(|e| panic!("{e}: {m}"));
+            assert!(args["city"].is_string() && args["days"].is_i64(), "{m}");
+        }
+        assert!(
+            !reasoning(&m).is_empty() && !reasoning(&m).contains("<|"),
+            "{m}"
+        );
+        assert!(
+            m["content"].as_str().unwrap_or("").is_empty(),
+            "{choice}: {m}"
+        );
+    }
+}

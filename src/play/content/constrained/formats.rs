@@ -202,7 +202,8 @@ pub enum ToolCallFormat {
     #[value(name = "hf")]
     Hf,
     /// Beam's parser: the same template-driven reading as `hf`, and for `required` a grammar
-    /// derived from the template: the engine writes the same text.
+    /// derived from the template: the engine writes the same text. vllm-rs's constrains
+    /// answers to Beam's own markup, which the engine writes where a tag asks for it.
     #[value(name = "beam")]
     Beam,
 }
