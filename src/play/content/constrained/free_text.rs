@@ -353,6 +353,8 @@ impl FreeText {
             tokens
         };
         let mut text = Vec::new();
+        // a tag that asks for text gets its first word whole, however small its share
+        let mut whole = 0;
         while text.len() < inner {
             let word = pen.prose.next_word();
             let word = if text.is_empty() {
@@ -361,9 +363,12 @@ impl FreeText {
                 &word
             };
             text.extend(pen.vocab.encode(word));
+            if tag.nonempty && whole == 0 {
+                whole = text.len();
+            }
         }
         if block {
-            text.truncate(inner);
+            text.truncate(inner.max(whole));
         }
         let end = pen.vocab.encode(&tag.end);
         self.queue.clear();
