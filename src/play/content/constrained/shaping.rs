@@ -97,11 +97,13 @@ impl Shaping {
                         // a tag that offers a text answer in markup of its own beside the
                         // calls (vllm-rs's `beam` under `auto`): text, unless the draw
                         // under `--tool-call-rate` calls
-                        if tools.tools.is_empty() || !self.tool_calls.calls(&tools, stream_seed) {
+                        let format = self.tool_calls.format;
+                        if format.text_answer(text, "").is_some()
+                            && (tools.tools.is_empty()
+                                || !self.tool_calls.calls(&tools, stream_seed))
+                        {
                             let words = self.answer_words(req, thinking, stream_seed);
-                            if let Some(answer) = self.tool_calls.format.text_answer(text, &words) {
-                                calls.insert(0, answer);
-                            }
+                            calls.splice(0..0, format.text_answer(text, &words));
                         }
                         Recipe::Tag(tag, tools, specials_for(&so))
                     }

@@ -101,11 +101,11 @@ impl ToolCalls {
     }
 
     /// Lark grammars of one call in the format to each of the prompt's tools that `tag`
-    /// (the structural tag's text) names, at most two, the first drawn from `seed`: what
-    /// a structural tag's answer writes where the tag admits it
-    /// ([`super::stream::GrammarJob`]), in each form the format's calls take. Each is compiled and written before the answer
-    /// starts, so only tools the tag can call are tried (one, for a named function), and
-    /// the first suffices wherever the tag admits any.
+    /// (the structural tag's text) names, at most two, the first drawn from `seed`, in each
+    /// form the format's calls take: what a structural tag's answer writes where the tag
+    /// admits it ([`super::stream::GrammarJob`]). Each is compiled and written before the
+    /// answer starts, so only tools the tag can call are tried (one, for a named function),
+    /// and the first suffices wherever the tag admits any.
     pub fn own_calls(&self, tools: &PromptTools, tag: &str, seed: u64) -> Vec<String> {
         /// Candidates written ahead per request.
         const MAX_CALLS: usize = 2;
