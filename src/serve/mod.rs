@@ -435,7 +435,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                     tracing::warn!("{w}");
                 }
             }
-            parsing.check_vllm_rs(args.model.is_none())?;
+            parsing.check_vllm_rs(args.model.as_deref())?;
             let mut cmd = vllm_rs_command_with(&bin, &spec, parsing.reasoning);
             cmd.args(runner_args(&play, &parsing, false));
             let chosen = args

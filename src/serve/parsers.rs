@@ -3,6 +3,8 @@
 //! name the parser that reads them, and a parser the user passes after `--` picks the
 //! engine's format when the engine knows it.
 
+use std::path::Path;
+
 use anyhow::{Result, bail};
 
 use crate::play::PlayArgs;
@@ -102,7 +104,8 @@ impl Parsing {
     /// a tool parser it does not have (it would exit at start), and, for the embedded
     /// model, a reasoning parser (its qwen3, glm45 and kimi_k2 parsers look `<think>` up as
     /// one token, which the byte-level tokenizer lacks, and fail every chat request).
-    pub(super) fn check_vllm_rs(&self, embedded_model: bool) -> Result<()> {
+    pub(super) fn check_vllm_rs(&self, model: Option<&Path>) -> Result<()> {
+        let embedded_model = model.is_none();
         if let Some(p) = self
             .tools
             .get(2)
@@ -150,9 +153,11 @@ impl Parsing {
                 );
             }
         }
-        if tool == Some("beam") || self.reasoning == Some("beam") {
+        if (tool == Some("beam") || self.reasoning == Some("beam"))
+            && !model.is_some_and(beam_markup_template)
+        {
             bail!(
-                "vllm-rs's `beam` parser constrains every answer to Beam's own markup (`<|channel|>analysis<|message|>` thinking, calls as ` to=NAME<|channel|>analysis <|constrain|>xml<|message|>` with `<rfl:parameter>` values), not to the model's response_template, and the engine does not write it: serve `beam` with --frontend python, or `hf` behind vllm-rs"
+                "vllm-rs's `beam` parser constrains every answer to Beam's own markup (`<|channel|>analysis<|message|>` thinking, calls as ` to=NAME<|channel|>analysis <|constrain|>xml<|message|>` with `<rfl:parameter>` values, the answer in `<|channel|>final<|message|>`) and reads it with the model's response_template: serve a model (--model DIR) whose tokenizer_config.json has a response_template of that markup and whose tokenizer has its markers as tokens (docs/tool-formats.md), `beam` with --frontend python, or `hf` behind vllm-rs"
             );
         }
         if let Some(r) = self
@@ -165,6 +170,38 @@ impl Parsing {
         }
         Ok(())
     }
+}
+
+/// Beam's markers, which its markup spells.
+const BEAM_MARKERS: &[&str] = &[
+    "<|channel|>",
+    "<|message|>",
+    "<|return|>",
+    "<|constrain|>",
+    "<|end|>",
+    "<|start|>",
+    "<|call|>",
+];
+
+/// Whether the model directory's `response_template` reads Beam's own markup (its thinking
+/// opened by `<|channel|>analysis<|message|>`) and its tokenizer has Beam's markers as
+/// tokens (special or not): vllm-rs's `beam` parser constrains answers to that markup and
+/// reads them with the template, so only then does it split them; spelled in bytes, the
+/// markup leaves the answers too little room (a chat answer ran to `max_tokens`).
+fn beam_markup_template(dir: &Path) -> bool {
+    let read = |name: &str| -> Option<serde_json::Value> {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(name)).ok()?).ok()
+    };
+    let template = read("tokenizer_config.json").is_some_and(|c| {
+        c["response_template"]["fields"]["thinking"]["open"] == "<|channel|>analysis<|message|>"
+    });
+    let tokens = read("tokenizer.json").is_some_and(|t| {
+        let added = t["added_tokens"].as_array().cloned().unwrap_or_default();
+        BEAM_MARKERS.iter().all(|m| {
+            added.iter().any(|a| a["content"] == *m) || t["model"]["vocab"].get(*m).is_some()
+        })
+    });
+    template && tokens
 }
 
 /// Reasoning parsers only vllm-rs (0.33) has: the Python frontend would exit at start.
@@ -406,30 +443,33 @@ mod tests {
         assert!(
             choose(&mut play, &[], false)
                 .unwrap()
-                .check_vllm_rs(true)
+                .check_vllm_rs(None)
                 .is_ok()
         );
         play.tool_call_format = Some(ToolCallFormat::Pythonic);
         let e = choose(&mut play, &[], false)
             .unwrap()
-            .check_vllm_rs(true)
+            .check_vllm_rs(None)
             .unwrap_err();
         assert!(e.to_string().contains("--frontend python"), "{e}");
         play.tool_call_format = Some(ToolCallFormat::Glm45);
         play.reasoning_format = Some(ReasoningFormat::Qwen3);
         let p = choose(&mut play, &[], false).unwrap();
         assert!(
-            p.check_vllm_rs(true)
+            p.check_vllm_rs(None)
                 .unwrap_err()
                 .to_string()
                 .contains("<think>")
         );
         // a model of the user's own may have the token; parsing off passes
-        assert!(p.check_vllm_rs(false).is_ok());
+        assert!(p.check_vllm_rs(Some(Path::new("/nonexistent"))).is_ok());
         // Gemma 4's thinking beside another tool parser: vllm-rs would fail every request
         play.reasoning_format = Some(ReasoningFormat::Gemma4);
         let p = choose(&mut play, &[], true).unwrap();
-        let e = p.check_vllm_rs(false).unwrap_err().to_string();
+        let e = p
+            .check_vllm_rs(Some(Path::new("/nonexistent")))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("`gemma4`") && e.contains("--frontend python"),
             "{e}"
@@ -438,20 +478,20 @@ mod tests {
         assert!(
             choose(&mut play, &off, true)
                 .unwrap()
-                .check_vllm_rs(false)
+                .check_vllm_rs(Some(Path::new("/nonexistent")))
                 .is_ok()
         );
         // beside its own tool parser, with a model that has its markers, it runs
         play.tool_call_format = Some(ToolCallFormat::Gemma4);
         let pair = choose(&mut play, &[], true).unwrap();
-        assert!(pair.check_vllm_rs(false).is_ok());
-        let e = pair.check_vllm_rs(true).unwrap_err().to_string();
+        assert!(pair.check_vllm_rs(Some(Path::new("/nonexistent"))).is_ok());
+        let e = pair.check_vllm_rs(None).unwrap_err().to_string();
         assert!(e.contains("<|channel>") && e.contains("--model DIR"), "{e}");
         // a reasoning parser vllm-rs does not have, even with a model of one's own
         play.reasoning_format = Some(ReasoningFormat::Olmo3);
         let e = choose(&mut play, &[], true)
             .unwrap()
-            .check_vllm_rs(false)
+            .check_vllm_rs(Some(Path::new("/nonexistent")))
             .unwrap_err()
             .to_string();
         assert!(e.contains("no `olmo3` reasoning parser"), "{e}");
@@ -459,7 +499,7 @@ mod tests {
         play.reasoning_format = None;
         let e = choose(&mut play, &[], true)
             .unwrap()
-            .check_vllm_rs(false)
+            .check_vllm_rs(Some(Path::new("/nonexistent")))
             .unwrap_err()
             .to_string();
         assert!(e.contains("--reasoning-format gemma4"), "{e}");
@@ -468,21 +508,21 @@ mod tests {
         play.tool_call_format = Some(ToolCallFormat::KimiK3);
         let e = choose(&mut play, &[], true)
             .unwrap()
-            .check_vllm_rs(false)
+            .check_vllm_rs(Some(Path::new("/nonexistent")))
             .unwrap_err()
             .to_string();
         assert!(e.contains("--reasoning-format kimi_k3"), "{e}");
         play.tool_call_format = Some(ToolCallFormat::HyV3);
         let e = choose(&mut play, &[], true)
             .unwrap()
-            .check_vllm_rs(false)
+            .check_vllm_rs(Some(Path::new("/nonexistent")))
             .unwrap_err()
             .to_string();
         assert!(e.contains("--reasoning-parser hy_v3`"), "{e}");
         play.tool_call_format = None;
         let both = user(&["--tool-call-parser", "hy_v3", "--reasoning-parser", "hy_v3"]);
         let p = choose(&mut play, &both, true).unwrap();
-        assert!(p.check_vllm_rs(false).is_ok());
+        assert!(p.check_vllm_rs(Some(Path::new("/nonexistent"))).is_ok());
         assert_eq!(play.tool_call_format, Some(ToolCallFormat::HyV3));
         assert_eq!(play.reasoning_format, Some(ReasoningFormat::DeepseekR1));
         play.tool_call_format = Some(ToolCallFormat::Glm45);
@@ -491,7 +531,7 @@ mod tests {
         assert!(
             choose(&mut play, &off, false)
                 .unwrap()
-                .check_vllm_rs(true)
+                .check_vllm_rs(None)
                 .is_ok()
         );
     }
@@ -549,16 +589,33 @@ mod tests {
         // parser for both kinds; its `beam` is refused
         let hf = formats(ToolCallFormat::Hf, ReasoningFormat::Hf).unwrap();
         assert_eq!(hf.tools[2], "hf");
-        assert!(hf.check_vllm_rs(true).is_ok());
+        assert!(hf.check_vllm_rs(None).is_ok());
         let alone = formats(ToolCallFormat::Hf, ReasoningFormat::None).unwrap();
-        let e = alone.check_vllm_rs(true).unwrap_err().to_string();
+        let e = alone.check_vllm_rs(None).unwrap_err().to_string();
         assert!(e.contains("--reasoning-format hf"), "{e}");
         // the Python frontend reads both (`required` aside)
         assert!(hf.check_python().is_ok());
         let beam = formats(ToolCallFormat::Beam, ReasoningFormat::Beam).unwrap();
         assert!(beam.check_python().is_ok());
-        let e = beam.check_vllm_rs(true).unwrap_err().to_string();
+        let e = beam.check_vllm_rs(None).unwrap_err().to_string();
         assert!(e.contains("--frontend python"), "{e}");
+        // served for a model whose response_template reads Beam's own markup
+        let dir = std::env::temp_dir().join(format!("vcr-beam-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = beam.check_vllm_rs(Some(&dir)).unwrap_err().to_string();
+        assert!(e.contains("response_template"), "{e}");
+        let thinking = serde_json::json!({"open": "<|channel|>analysis<|message|>"});
+        let config = serde_json::json!({"response_template": {"fields": {"thinking": thinking}}});
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        assert!(beam.check_vllm_rs(Some(&dir)).is_err(), "no marker tokens");
+        let added: Vec<_> = BEAM_MARKERS
+            .iter()
+            .map(|m| serde_json::json!({"content": m}))
+            .collect();
+        let tokenizer = serde_json::json!({"added_tokens": added, "model": {"vocab": {}}});
+        std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+        assert!(beam.check_vllm_rs(Some(&dir)).is_ok());
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
@@ -569,6 +626,6 @@ mod tests {
         let p = choose(&mut play, &[], true).unwrap();
         let e = p.check_python().unwrap_err().to_string();
         assert!(e.contains("`kimi`") && e.contains("vllm-rs"), "{e}");
-        assert!(p.check_vllm_rs(false).is_ok());
+        assert!(p.check_vllm_rs(Some(Path::new("/nonexistent"))).is_ok());
     }
 }

@@ -35,6 +35,7 @@ mod openai;
 mod parsers;
 mod replay_reasoning;
 mod router;
+mod special_markers;
 mod template_parsers;
 mod tokenizers;
 

@@ -5,7 +5,13 @@
 //! (`play --tokenizer DIR`; `serve` passes its model directory), or from the tiny model
 //! embedded in this binary when no directory is given. It holds Hugging Face's own tokenizer
 //! (to encode text the way the frontend would), the bytes of every token, and the
-//! [`ParserFactory`] that turns a structured-output constraint into allowed-token masks.
+//! [`ParserFactory`]s that turn a structured-output constraint into allowed-token masks.
+//!
+//! There are two factories because vLLM's xgrammar backend compiles over two views of the
+//! vocabulary ([`Specials`]): structural tags and Lark grammars over the whole of it, where a
+//! special token such as gpt-oss's `<|channel|>` is matched by its text (how a model whose
+//! markup markers are special tokens writes them under a tag), and JSON schemas, regexes,
+//! choices and GBNF without special tokens, which such text then spells in ordinary ones.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -15,10 +21,22 @@ use anyhow::{Context, Result, anyhow};
 use llguidance::ParserFactory;
 use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 
+/// Which tokens a grammar's literal text can match (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Specials {
+    /// No special token: text that spells one is written in ordinary tokens.
+    Apart,
+    /// Every special token but the end-of-sequence one, by its text.
+    AsText,
+}
+
 /// A model's tokens, and what they spell.
 pub struct Vocabulary {
     env: TokEnv,
     factory: ParserFactory,
+    /// The factory over [`Specials::AsText`].
+    factory_as_text: ParserFactory,
+    tokenizer: Arc<tokenizers::Tokenizer>,
     /// Whether each token's bytes hold a `<`: [`Self::text_contains`] skips the others
     /// without reading them.
     has_lt: Vec<bool>,
@@ -38,10 +56,11 @@ impl std::fmt::Debug for Vocabulary {
     }
 }
 
-/// The tokenizer as llguidance sees it: the token trie, and the frontend's tokenization.
+/// The tokenizer as llguidance sees it: the token trie (special tokens marked, or some of
+/// them as their text: [`Specials`]), and the frontend's tokenization.
 struct Env {
     trie: TokTrie,
-    tokenizer: tokenizers::Tokenizer,
+    tokenizer: Arc<tokenizers::Tokenizer>,
 }
 
 impl TokenizerEnv for Env {
@@ -49,15 +68,37 @@ impl TokenizerEnv for Env {
         &self.trie
     }
 
+    /// The frontend's tokenization, except that a token this trie marks special, which no
+    /// text matches, is spelled in ordinary tokens: llguidance forces the tokens of text
+    /// the grammar fixes, and the marked token would not satisfy it.
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
-        match std::str::from_utf8(s) {
-            Ok(text) => match self.tokenizer.encode_fast(text, false) {
-                Ok(enc) => enc.get_ids().to_vec(),
-                Err(_) => self.trie.greedy_tokenize(s),
-            },
-            Err(_) => self.trie.greedy_tokenize(s),
+        let Some(ids) = hf_encode(&self.tokenizer, s) else {
+            return self.trie.greedy_tokenize(s);
+        };
+        if !ids.iter().any(|&t| self.trie.is_special_token(t)) {
+            return ids;
         }
+        let mut out = Vec::with_capacity(ids.len());
+        for t in ids {
+            match self
+                .trie
+                .token(t)
+                .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+            {
+                Some(text) => out.extend(self.trie.greedy_tokenize(text)),
+                None => out.push(t),
+            }
+        }
+        out
     }
+}
+
+/// `s` as Hugging Face's tokenizer encodes it (special tokens matched, none added); `None`
+/// when it cannot.
+fn hf_encode(tokenizer: &tokenizers::Tokenizer, s: &[u8]) -> Option<Vec<u32>> {
+    let text = std::str::from_utf8(s).ok()?;
+    let enc = tokenizer.encode_fast(text, false).ok()?;
+    Some(enc.get_ids().to_vec())
 }
 
 impl Vocabulary {
@@ -102,8 +143,10 @@ impl Vocabulary {
     }
 
     fn from_json(json: &str, eos: u32, source: &str) -> Result<Vocabulary> {
-        let tokenizer = tokenizers::Tokenizer::from_str(json)
-            .map_err(|e| anyhow!("{source}: tokenizer.json: {e}"))?;
+        let tokenizer = Arc::new(
+            tokenizers::Tokenizer::from_str(json)
+                .map_err(|e| anyhow!("{source}: tokenizer.json: {e}"))?,
+        );
         let value: serde_json::Value = serde_json::from_str(json)?;
         let mut words = llguidance::token_bytes_from_tokenizer_json(&value)
             .map_err(|e| anyhow!("{source}: cannot read the bytes of its tokens: {e}"))?;
@@ -111,21 +154,36 @@ impl Vocabulary {
         words.resize(size, Vec::new());
         let has_lt = words.iter().map(|w| w.contains(&b'<')).collect();
         let info = TokRxInfo::new(size as u32, eos);
-        let trie = TokTrie::from(&info, &words);
-        let env: TokEnv = Arc::new(Env { trie, tokenizer });
-        let mut factory = ParserFactory::new(
-            &env,
-            InferenceCapabilities {
-                ff_tokens: true,
-                ..Default::default()
-            },
-            &[],
-        )
-        .map_err(|e| anyhow!("{source}: {e}"))?;
-        factory.quiet();
+        let factory_of = |words: &[Vec<u8>]| -> Result<(TokEnv, ParserFactory)> {
+            let env: TokEnv = Arc::new(Env {
+                trie: TokTrie::from(&info, words),
+                tokenizer: tokenizer.clone(),
+            });
+            let mut factory = ParserFactory::new(
+                &env,
+                InferenceCapabilities {
+                    ff_tokens: true,
+                    ..Default::default()
+                },
+                &[],
+            )
+            .map_err(|e| anyhow!("{source}: {e}"))?;
+            factory.quiet();
+            Ok((env, factory))
+        };
+        let (env, factory) = factory_of(&words)?;
+        // as xgrammar reads a vocabulary: a special token is its text, the stop token none
+        for (id, w) in words.iter_mut().enumerate() {
+            if id != eos as usize && w.first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER) {
+                w.remove(0);
+            }
+        }
+        let (_, factory_as_text) = factory_of(&words)?;
         Ok(Vocabulary {
             env,
             factory,
+            factory_as_text,
+            tokenizer,
             has_lt,
             eos,
             source: source.to_string(),
@@ -147,9 +205,18 @@ impl Vocabulary {
         self.env.tok_trie().is_special_token(id)
     }
 
-    /// Text as the frontend's tokenizer encodes it (no special tokens added).
+    /// Text as the frontend's tokenizer encodes it (no special tokens added; the text of
+    /// one is that token).
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        self.env.tokenize_bytes(text.as_bytes())
+        hf_encode(&self.tokenizer, text.as_bytes())
+            .unwrap_or_else(|| self.env.tok_trie().greedy_tokenize(text.as_bytes()))
+    }
+
+    /// The text token `id` stands for, a special token's included.
+    pub fn token_text(&self, id: u32) -> &[u8] {
+        let b = self.token_bytes(id);
+        b.strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+            .unwrap_or(b)
     }
 
     /// Ids back to text, special tokens included (what a prompt looked like to the model).
@@ -157,11 +224,7 @@ impl Vocabulary {
         let mut bytes = Vec::new();
         for &id in ids {
             if id < self.size() {
-                let b = self.token_bytes(id);
-                bytes.extend_from_slice(
-                    b.strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
-                        .unwrap_or(b),
-                );
+                bytes.extend_from_slice(self.token_text(id));
             }
         }
         String::from_utf8_lossy(&bytes).into_owned()
@@ -202,8 +265,12 @@ impl Vocabulary {
         false
     }
 
-    pub(crate) fn factory(&self) -> &ParserFactory {
-        &self.factory
+    /// The factory whose grammars match special tokens as `specials` says.
+    pub(crate) fn factory(&self, specials: Specials) -> &ParserFactory {
+        match specials {
+            Specials::Apart => &self.factory,
+            Specials::AsText => &self.factory_as_text,
+        }
     }
 }
 
@@ -238,6 +305,26 @@ pub fn model_dir_of(path: &Path) -> PathBuf {
     } else {
         path.to_path_buf()
     }
+}
+
+/// The embedded model with `markers` added after its 259 tokens, as special tokens or
+/// ordinary ones: a model of one's own whose markup markers are tokens.
+#[cfg(test)]
+pub(crate) fn embedded_with_markers(markers: &[&str], special: bool) -> Arc<Vocabulary> {
+    let mut t: serde_json::Value =
+        serde_json::from_str(&vcr_host::tiny_model::tokenizer_json_text())
+            .expect("the embedded tokenizer is JSON");
+    let first = vcr_host::tiny_model::TOKENIZER_VOCAB as usize;
+    if let Some(added) = t["added_tokens"].as_array_mut() {
+        for (i, m) in markers.iter().enumerate() {
+            added.push(
+                serde_json::json!({"id": first + i, "content": m, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": special}),
+            );
+        }
+    }
+    let eos = vcr_host::tiny_model::EOS_TOKEN_ID;
+    Arc::new(Vocabulary::from_json(&t.to_string(), eos, "markers").expect("it loads"))
 }
 
 #[cfg(test)]
@@ -316,6 +403,29 @@ mod tests {
         }
         // out-of-vocabulary ids are skipped by both
         assert!(v.text_contains(&[u32::MAX, 3 + 60, u32::MAX], b"<"));
+    }
+
+    /// A special token is one id in what the engine writes, and in the grammar's view
+    /// that matches it by text; where no text matches it, the grammar backend is handed
+    /// its text in ordinary tokens, and the end-of-sequence token is never text.
+    #[test]
+    fn a_special_token_is_text_only_where_the_grammar_matches_it_so() {
+        let v = embedded_with_markers(&["<|channel|>"], true);
+        let channel = vcr_host::tiny_model::TOKENIZER_VOCAB;
+        assert!(v.is_special(channel));
+        assert_eq!(v.encode("<|channel|>a"), [channel, 3 + u32::from(b'a')]);
+        assert_eq!(v.token_text(channel), b"<|channel|>");
+        let spelled = vcr_host::tiny_model::encode_text("<|channel|>a");
+        let eos = vcr_host::tiny_model::EOS_TOKEN_ID;
+        let as_text = v.factory(Specials::AsText).tok_env();
+        assert_eq!(as_text.tokenize_bytes(b"<|channel|>a"), [channel, 3 + 97]);
+        assert_eq!(as_text.tok_trie().token(channel), b"<|channel|>");
+        assert!(as_text.tok_trie().is_special_token(eos));
+        let im_end = vcr_host::tiny_model::encode_text("<|im_end|>");
+        assert_eq!(as_text.tokenize_bytes(b"<|im_end|>"), im_end);
+        let apart = v.factory(Specials::Apart).tok_env();
+        assert_eq!(apart.tokenize_bytes(b"<|channel|>a"), spelled);
+        assert!(apart.tok_trie().is_special_token(channel));
     }
 
     #[test]

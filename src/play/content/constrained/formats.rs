@@ -202,7 +202,8 @@ pub enum ToolCallFormat {
     #[value(name = "hf")]
     Hf,
     /// Beam's parser: the same template-driven reading as `hf`, and for `required` a grammar
-    /// derived from the template: the engine writes the same text.
+    /// derived from the template: the engine writes the same text. vllm-rs's constrains
+    /// answers to Beam's own markup, which the engine writes where a tag asks for it.
     #[value(name = "beam")]
     Beam,
 }
@@ -303,6 +304,35 @@ impl ToolCallFormat {
         ToolCallFormat::from_str(name, false)
             .ok()
             .or_else(|| ALIASES.iter().find(|(n, _)| *n == name).map(|(_, f)| *f))
+    }
+
+    /// Lark grammars of the other forms a call of this format takes, which a structural
+    /// tag may ask for instead: for `beam`, Beam's own markup, what vllm-rs's `beam` parser
+    /// constrains calls to (` to=NAME<|channel|>analysis <|constrain|>xml<|message|>`, each
+    /// argument in `<rfl:parameter name="KEY">`, then `<|call|>`).
+    pub fn other_forms(self, name: &str, params: &Value) -> Vec<String> {
+        match self {
+            ToolCallFormat::Beam => vec![spelled(
+                &format!(" to={name}{BEAM_CALL}"),
+                Style::Rfl,
+                params,
+                "<|call|>",
+            )],
+            _ => Vec::new(),
+        }
+    }
+
+    /// A Lark grammar of a text answer `text` in this format, where a structural tag (its
+    /// text `tag`) asks for one in markup of its own: Beam's final channel
+    /// (`<|channel|>final<|message|>…<|return|>`), which vllm-rs's `beam` tag offers beside
+    /// the calls under `tool_choice: auto`.
+    pub fn text_answer(self, tag: &str, text: &str) -> Option<String> {
+        (self == ToolCallFormat::Beam && tag.contains(BEAM_FINAL)).then(|| {
+            format!(
+                "start: {}\n",
+                lark_str(&format!("{BEAM_FINAL}{text}<|return|>"))
+            )
+        })
     }
 
     /// A Lark grammar of one call to `name` whose arguments follow `params` (a closed JSON
@@ -553,6 +583,11 @@ impl ToolCallFormat {
 /// MiniMax-M3's marker before every tag of its calls.
 const M3: &str = "]<]minimax[>[";
 
+/// What follows a call's function name in Beam's markup.
+const BEAM_CALL: &str = "<|channel|>analysis <|constrain|>xml<|message|>";
+/// What opens a text answer in Beam's markup.
+const BEAM_FINAL: &str = "<|channel|>final<|message|>";
+
 /// A call of the nested formats: `args` (a Lark expression whose sub-rules are `rules`)
 /// between `begin` and `end`.
 fn nested_call(begin: &str, args: &str, end: &str, rules: Vec<String>) -> String {
@@ -623,6 +658,9 @@ enum Style {
     Xtml,
     /// `<param name="city">Paris</param>` (MiniCPM5), values as in Qwen's.
     ParamXml,
+    /// `\n<rfl:parameter name="city">\nParis\n</rfl:parameter>` (Beam's markup), values as
+    /// in Qwen's.
+    Rfl,
 }
 
 /// The arguments of a structural tag's `json_schema` content of an XML `style` (what the
@@ -701,6 +739,10 @@ fn spelled_arguments(style: Style, params: &Value, rules: &mut Vec<String>) -> S
                     "<|close|>argument<|sep|>",
                 ),
                 Style::ParamXml => (format!("<param name=\"{k}\">"), "</param>"),
+                Style::Rfl => (
+                    format!("\n<rfl:parameter name=\"{k}\">\n"),
+                    "\n</rfl:parameter>",
+                ),
             };
             let raw_strings = !matches!(style, Style::Pythonic | Style::Gemma | Style::AtemJson);
             let value = new_rule(value_rule(schema, raw_strings), rules);

@@ -36,13 +36,17 @@ pub(super) struct FreeTag {
     end: String,
     /// The `any_text`'s own bound on its tokens.
     max_tokens: Option<u64>,
+    /// Whether the tag asks for some text (Beam's think block opens with a character that
+    /// is not its end's): at least a word, however short the block's share.
+    nonempty: bool,
 }
 
 impl FreeTag {
     /// The free-text tag `f` is, if it is one with an end (text without an end runs to the
     /// answer's, which the walker ends as it ends any answer).
     fn of(f: &Value) -> Option<FreeTag> {
-        let content = free_text_of(f.get("content")?)?;
+        let whole = f.get("content")?;
+        let content = free_text_of(whole)?;
         if f.get("type").and_then(Value::as_str) != Some("tag") || !is_any_text(content) {
             return None;
         }
@@ -52,6 +56,7 @@ impl FreeTag {
             begin,
             end: ends.into_iter().next()?,
             max_tokens: content.get("max_tokens").and_then(Value::as_u64),
+            nonempty: !std::ptr::eq(whole, content),
         })
     }
 }
@@ -155,6 +160,7 @@ fn collect(f: &Value, out: &mut FreeTextPlan) {
                     begin: begin.to_string(),
                     end: end.to_string(),
                     max_tokens: w[1].get("max_tokens").and_then(Value::as_u64),
+                    nonempty: false,
                 });
             }
         }
@@ -337,7 +343,8 @@ impl FreeText {
     /// Plans `tag`'s text, about `tokens` of it (exactly, when `block`: a think block,
     /// whose length is its share of the answer), then its end.
     fn open(&mut self, tag: &FreeTag, tokens: u64, block: bool, pen: Pen) {
-        let tokens = tag.max_tokens.map_or(tokens, |m| tokens.min(m)) as usize;
+        let tokens = tag.max_tokens.map_or(tokens, |m| tokens.min(m));
+        let tokens = if tag.nonempty { tokens.max(1) } else { tokens } as usize;
         let nl = pen.vocab.encode("\n");
         let framed = block && tokens > 2 * nl.len();
         let inner = if framed {
@@ -346,6 +353,8 @@ impl FreeText {
             tokens
         };
         let mut text = Vec::new();
+        // a tag that asks for text gets its first word whole, however small its share
+        let mut whole = 0;
         while text.len() < inner {
             let word = pen.prose.next_word();
             let word = if text.is_empty() {
@@ -354,9 +363,12 @@ impl FreeText {
                 &word
             };
             text.extend(pen.vocab.encode(word));
+            if tag.nonempty && whole == 0 {
+                whole = text.len();
+            }
         }
         if block {
-            text.truncate(inner);
+            text.truncate(inner.max(whole));
         }
         let end = pen.vocab.encode(&tag.end);
         self.queue.clear();

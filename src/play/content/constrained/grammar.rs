@@ -9,6 +9,7 @@ use super::formats::styled_arguments;
 use super::gbnf::{gbnf_rules, gbnf_to_lark};
 use super::lark::*;
 use super::tools::PromptTools;
+use crate::play::content::vocab::Specials;
 
 /// The grammar of a request's structured outputs. `Err` names the kind and why it cannot
 /// be generated.
@@ -56,6 +57,22 @@ pub fn grammar_for(so: &StructuredOutputs, tools: &PromptTools) -> Result<TopLev
             TopLevelGrammar::from_lark(structural_tag_to_lark(&v, tools).map_err(fail)?)
         }
     })
+}
+
+/// Which tokens the literal text of a request's grammar matches, as vLLM's backend
+/// compiles it: its xgrammar backend (what it picks unless told otherwise) compiles
+/// structural tags and Lark grammars over the whole vocabulary, where a model's special
+/// token (gpt-oss's `<|channel|>`) is its text, and the other kinds without special tokens;
+/// its guidance backend never matches a special token by text.
+pub fn specials_for(so: &StructuredOutputs) -> Specials {
+    if so.backend.as_deref() == Some("guidance") {
+        return Specials::Apart;
+    }
+    match &so.constraint {
+        Constraint::StructuralTag(_) => Specials::AsText,
+        Constraint::Grammar(g) if !g.contains("::=") => Specials::AsText,
+        _ => Specials::Apart,
+    }
 }
 
 /// The legacy structural tag (`{"structures": [{"begin", "schema", "end"}], "triggers"}`,

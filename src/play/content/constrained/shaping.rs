@@ -7,11 +7,14 @@ use serde_json::Value;
 use sim_protocol::{Constraint, EngineCoreRequest, StructuredOutputs};
 
 use crate::play::content::reasoning::{AnswerLength, Reasoning};
+use crate::play::content::text::Prose;
 use crate::play::content::tokens::{TokenStream, stream_seed};
 use crate::play::content::vocab::Vocabulary;
 
 use super::free_text::FreeTextPlan;
-use super::grammar::{open_triggered_tags, upgrade_legacy_tag, write_optional_closers};
+use super::grammar::{
+    open_triggered_tags, specials_for, upgrade_legacy_tag, write_optional_closers,
+};
 use super::stream::{GrammarJob, Recipe};
 use super::tools::{PromptTools, ToolCalls};
 
@@ -88,9 +91,21 @@ impl Shaping {
                             f.insert("at_least_one".into(), Value::Bool(true));
                         }
                         let format = tag.get("format").unwrap_or(&tag);
-                        free = FreeTextPlan::of(format, self.thinking(req, max_tokens));
+                        let thinking = self.thinking(req, max_tokens);
+                        free = FreeTextPlan::of(format, thinking);
                         calls = self.tool_calls.own_calls(&tools, text, stream_seed);
-                        Recipe::Tag(tag, tools)
+                        // a tag that offers a text answer in markup of its own beside the
+                        // calls (vllm-rs's `beam` under `auto`): text, unless the draw
+                        // under `--tool-call-rate` calls
+                        let format = self.tool_calls.format;
+                        if format.text_answer(text, "").is_some()
+                            && (tools.tools.is_empty()
+                                || !self.tool_calls.calls(&tools, stream_seed))
+                        {
+                            let words = self.answer_words(req, thinking, stream_seed);
+                            calls.splice(0..0, format.text_answer(text, &words));
+                        }
+                        Recipe::Tag(tag, tools, specials_for(&so))
                     }
                     _ => Recipe::Structured(so),
                 };
@@ -124,6 +139,28 @@ impl Shaping {
     fn thinking(&self, req: &EngineCoreRequest, max_tokens: Option<u64>) -> u64 {
         let share = (self.reasoning.share * self.length.of(req) as f64).round() as u64;
         max_tokens.map_or(share, |m| share.min(m / 2))
+    }
+
+    /// Prose for a text answer under a tag: what is left of the answer's length after its
+    /// think block and the markup around the text (room for it spelled a byte a token), at
+    /// least a word.
+    fn answer_words(&self, req: &EngineCoreRequest, thinking: u64, seed: u64) -> String {
+        /// Tokens left for the markup around the text.
+        const MARKUP: u64 = 40;
+        let tokens = self.length.of(req).saturating_sub(thinking + MARKUP).max(1);
+        let mut prose = Prose::new(seed ^ 0xa45e_7e47);
+        let (mut text, mut written) = (String::new(), 0);
+        while written < tokens {
+            let word = prose.next_word();
+            let word = if text.is_empty() {
+                word.trim_start().to_string()
+            } else {
+                word
+            };
+            written += self.vocab.encode(&word).len() as u64;
+            text.push_str(&word);
+        }
+        text
     }
 
     /// Whether the prompt's text holds `<tools>`. Without it the prompt declares no tool

@@ -13,10 +13,10 @@ use sim_protocol::{EngineCoreRequest, StructuredOutputs};
 
 use crate::play::content::text::Prose;
 use crate::play::content::tokens::{SplitMix64, TokenStream, stream_seed};
-use crate::play::content::vocab::Vocabulary;
+use crate::play::content::vocab::{Specials, Vocabulary};
 
 use super::free_text::{FreeText, FreeTextPlan, Pen};
-use super::grammar::{grammar_for, structural_tag_to_lark};
+use super::grammar::{grammar_for, specials_for, structural_tag_to_lark};
 use super::tools::PromptTools;
 
 /// A request's grammar and what its stream needs, ready to build and compile (see
@@ -44,9 +44,10 @@ pub(super) enum Recipe {
     /// A request's structured outputs other than a structural tag.
     Structured(StructuredOutputs),
     /// A structural tag, read (and, for an open `triggered_tags`, decided), with the tools
-    /// the prompt shows.
-    Tag(Value, PromptTools),
-    /// A grammar already built (a tool call under `auto`).
+    /// the prompt shows and the tokens its text matches ([`specials_for`]).
+    Tag(Value, PromptTools, Specials),
+    /// A grammar already built (a tool call under `auto`: the model's own text, its
+    /// markers the special tokens they may be).
     Grammar(TopLevelGrammar),
 }
 
@@ -74,15 +75,19 @@ impl GrammarJob {
         } = self;
         let fail =
             |why: String| format!("structured outputs of kind `{kind}` cannot be generated: {why}");
-        let grammar = match recipe {
-            Recipe::Structured(so) => grammar_for(&so, &PromptTools::default())?,
-            Recipe::Tag(tag, tools) => {
-                TopLevelGrammar::from_lark(structural_tag_to_lark(&tag, &tools).map_err(fail)?)
-            }
-            Recipe::Grammar(g) => g,
+        let (grammar, specials) = match recipe {
+            Recipe::Structured(so) => (
+                grammar_for(&so, &PromptTools::default())?,
+                specials_for(&so),
+            ),
+            Recipe::Tag(tag, tools, specials) => (
+                TopLevelGrammar::from_lark(structural_tag_to_lark(&tag, &tools).map_err(fail)?),
+                specials,
+            ),
+            Recipe::Grammar(g) => (g, Specials::AsText),
         };
         let parser = vocab
-            .factory()
+            .factory(specials)
             .create_parser(grammar)
             .map_err(|e| fail(first_line(&e.to_string())))?;
         let matcher = Matcher::new(Ok(parser));
@@ -441,7 +446,8 @@ impl TokenStream for ConstrainedStream {
                 prose: &mut self.prose,
                 rng: &mut self.rng,
             };
-            self.free.saw(self.vocab.token_bytes(t), pen);
+            // a special token's text, which a tag's begin may hold (`<|channel|>`)
+            self.free.saw(self.vocab.token_text(t), pen);
         }
         t
     }

@@ -101,11 +101,11 @@ impl ToolCalls {
     }
 
     /// Lark grammars of one call in the format to each of the prompt's tools that `tag`
-    /// (the structural tag's text) names, at most two, the first drawn from `seed`: what
-    /// a structural tag's answer writes where the tag admits it
-    /// ([`super::stream::GrammarJob`]). Each is compiled and written before the answer
-    /// starts, so only tools the tag can call are tried (one, for a named function), and
-    /// the first suffices wherever the tag admits any.
+    /// (the structural tag's text) names, at most two, the first drawn from `seed`, in each
+    /// form the format's calls take: what a structural tag's answer writes where the tag
+    /// admits it ([`super::stream::GrammarJob`]). Each is compiled and written before the
+    /// answer starts, so only tools the tag can call are tried (one, for a named function),
+    /// and the first suffices wherever the tag admits any.
     pub fn own_calls(&self, tools: &PromptTools, tag: &str, seed: u64) -> Vec<String> {
         /// Candidates written ahead per request.
         const MAX_CALLS: usize = 2;
@@ -121,9 +121,11 @@ impl ToolCalls {
         let first = (SplitMix64(seed ^ 0xca11_0f7a).next_u64() % n as u64) as usize;
         (0..n.min(MAX_CALLS))
             .map(|k| named[(first + k) % n])
-            .map(|tool| {
+            .flat_map(|tool| {
                 let params = tools.parameters_of(&tool.name).unwrap_or_else(|| json!({}));
-                self.format.grammar(&tool.name, &params)
+                let mut forms = vec![self.format.grammar(&tool.name, &params)];
+                forms.extend(self.format.other_forms(&tool.name, &params));
+                forms
             })
             .collect()
     }

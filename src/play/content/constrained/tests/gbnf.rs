@@ -153,7 +153,7 @@ fn a_malformed_grammar_is_an_error_not_a_panic() {
         // whatever the converter makes of it, llguidance then refuses it or follows it
         if let Ok(lark) = gbnf_to_lark(g) {
             let _ = Vocabulary::embedded()
-                .factory()
+                .factory(Specials::Apart)
                 .create_parser(TopLevelGrammar::from_lark(lark));
         }
     }

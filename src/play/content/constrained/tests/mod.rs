@@ -7,7 +7,7 @@ use sim_protocol::{Constraint, EngineCoreRequest, StructuredOutputs};
 
 use crate::play::content::reasoning::{AnswerLength, Reasoning, ReasoningFormat};
 use crate::play::content::tokens::TokenStream;
-use crate::play::content::vocab::Vocabulary;
+use crate::play::content::vocab::{Specials, Vocabulary};
 
 use super::formats::ToolCallFormat;
 use super::gbnf::gbnf_to_lark;
@@ -20,6 +20,7 @@ use sim_protocol::SamplingParams;
 mod formats;
 mod free_text;
 mod gbnf;
+mod specials;
 
 fn so(c: Constraint) -> StructuredOutputs {
     StructuredOutputs {
@@ -112,7 +113,7 @@ fn drain(mut s: Box<dyn TokenStream>, max_tokens: u32) -> (String, End) {
 /// then EOS).
 fn accepts(g: TopLevelGrammar, text: &str) -> bool {
     let vocab = Vocabulary::embedded();
-    let parser = vocab.factory().create_parser(g).unwrap();
+    let parser = vocab.factory(Specials::AsText).create_parser(g).unwrap();
     let mut m = Matcher::new(Ok(parser));
     vocab
         .encode(text)
