@@ -14,10 +14,20 @@
 //! The pool is bounded: at most [`KEPT`] buffers of [`READ_CHUNK`] bytes per pipe; a buffer
 //! grown past that size for a large message is not kept, nor is one used up while the list
 //! is full (it is freed when the observer drops its last slice).
+//!
+//! In a burst the observer falls behind (it decodes tens of thousands of messages a second,
+//! the relay forwards hundreds of thousands) and keeps every buffer until the burst is
+//! over, so none comes back to be reused: a burst's bytes are new memory whatever the
+//! pool. There a pipe reads into [`BURST_BUF`]-byte buffers, so that a read takes all the
+//! socket holds (fewer reads and writes per message) and a new buffer is needed less often.
+//! A pipe is in a burst while its reads return at least a quarter of [`READ_CHUNK`]; such
+//! buffers are not kept: they are freed once the observer is done.
 
 use std::collections::VecDeque;
+use std::io;
 
 use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::legs::READ_CHUNK;
 
@@ -25,8 +35,12 @@ use super::legs::READ_CHUNK;
 /// enough to cover the observer running some tens of milliseconds behind a burst.
 pub(super) const KEPT: usize = 64;
 
-/// The least free space a read is given.
+/// The least free space a read is given, and the read size from which a pipe counts as in
+/// a burst.
 const MIN_READ: usize = READ_CHUNK / 4;
+
+/// A read buffer's size in a burst.
+pub(super) const BURST_BUF: usize = 4 << 20;
 
 /// A pipe's read buffer: `buf` holds what has been read and not yet handed on.
 pub(super) struct ReadBuf {
@@ -35,6 +49,8 @@ pub(super) struct ReadBuf {
     standard: bool,
     /// Used-up buffers, oldest first, each emptied: the handle that lets it be refilled.
     spent: VecDeque<BytesMut>,
+    /// The last read was a burst's (see the module's doc).
+    burst: bool,
 }
 
 impl ReadBuf {
@@ -44,7 +60,19 @@ impl ReadBuf {
             buf: pending,
             standard: false,
             spent: VecDeque::new(),
+            burst: false,
         }
+    }
+
+    /// Read what `src` has into the buffer (after making room), as `read_buf` does.
+    pub(super) async fn read_from<R: AsyncRead + Unpin>(
+        &mut self,
+        src: &mut R,
+    ) -> io::Result<usize> {
+        self.make_room();
+        let n = src.read_buf(&mut self.buf).await?;
+        self.burst = n >= MIN_READ;
+        Ok(n)
     }
 
     /// Make room for a read of at least a quarter of [`READ_CHUNK`], keeping what `buf`
@@ -55,7 +83,9 @@ impl ReadBuf {
             return;
         }
         let len = self.buf.len();
-        let (mut next, standard) = if len + MIN_READ <= READ_CHUNK {
+        let (mut next, standard) = if self.burst && len + MIN_READ <= BURST_BUF {
+            (BytesMut::with_capacity(BURST_BUF), false)
+        } else if len + MIN_READ <= READ_CHUNK {
             match self.take() {
                 Some(b) => (b, true),
                 None => (BytesMut::with_capacity(READ_CHUNK), true),
@@ -73,6 +103,12 @@ impl ReadBuf {
             old.clear();
             self.spent.push_back(old);
         }
+    }
+
+    /// Say whether the last read was a burst's, as [`ReadBuf::read_from`] does.
+    #[cfg(test)]
+    fn set_burst(&mut self, burst: bool) {
+        self.burst = burst;
     }
 
     /// A kept buffer no slice of which is left elsewhere, emptied to its full size.
@@ -166,5 +202,32 @@ mod tests {
             all.extend_from_slice(&more);
         }
         assert_eq!(&r.buf[..], &all[..]);
+    }
+
+    /// In a burst a new buffer is a burst-sized one (reads take what the socket holds),
+    /// never kept for reuse; out of it the pipe goes back to small kept buffers.
+    #[test]
+    fn a_burst_reads_into_large_buffers_that_are_not_kept() {
+        let mut r = ReadBuf::new(BytesMut::new());
+        let mut held = vec![fill_and_hand_on(&mut r, READ_CHUNK, 1)];
+        r.set_burst(true);
+        held.push(fill_and_hand_on(&mut r, READ_CHUNK, 2));
+        assert!(r.buf.capacity() + READ_CHUNK >= BURST_BUF);
+        let kept = r.kept();
+        // the burst buffer filled up: the next is another, and the full one is not kept
+        held.push(fill_and_hand_on(&mut r, BURST_BUF, 3));
+        held.push(fill_and_hand_on(&mut r, READ_CHUNK, 4));
+        assert!(r.buf.capacity() + READ_CHUNK >= BURST_BUF);
+        assert_eq!(r.kept(), kept);
+        r.set_burst(false);
+        held.push(fill_and_hand_on(&mut r, BURST_BUF, 5));
+        held.push(fill_and_hand_on(&mut r, READ_CHUNK, 6));
+        assert!(r.buf.capacity() <= READ_CHUNK);
+        for (i, h) in held.iter().enumerate() {
+            assert!(
+                h.iter().all(|&b| b == i as u8 + 1),
+                "slice {i} was overwritten"
+            );
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! all a read brought in, each handed to the observer.
 
 use bytes::{Buf, Bytes};
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedMutexGuard;
 
 use sim_protocol::zmtp;
@@ -152,8 +152,7 @@ pub(super) async fn pipe<F: FnMut(Got)>(
                 if remaining == 0 {
                     break;
                 }
-                rb.make_room();
-                match src.reader.read_buf(&mut rb.buf).await {
+                match rb.read_from(&mut src.reader).await {
                     Ok(0) => break 'relay PipeEnd::SourceClosed(None),
                     Ok(_) => {}
                     Err(e) => break 'relay PipeEnd::SourceClosed(Some(e.to_string())),
@@ -166,8 +165,7 @@ pub(super) async fn pipe<F: FnMut(Got)>(
             t = now_monotonic();
             continue;
         }
-        rb.make_room();
-        match src.reader.read_buf(&mut rb.buf).await {
+        match rb.read_from(&mut src.reader).await {
             Ok(0) => break PipeEnd::SourceClosed(None),
             Ok(_) => t = now_monotonic(),
             Err(e) => break PipeEnd::SourceClosed(Some(e.to_string())),
