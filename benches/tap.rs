@@ -19,8 +19,11 @@
 //! round alternates too) and the summary gives medians over the rounds: on a shared
 //! machine single runs swing by 2x. Beside wall-clock figures it reports the CPU time the
 //! tap's relay thread spent per million relayed output messages (from the thread's
-//! `schedstat`), which does not depend on how busy the machine is, and the observer
-//! thread's CPU time over the same window.
+//! `schedstat`), which does not depend on how busy the machine is, the observer
+//! thread's CPU time over the same window, and the cores the whole process kept busy in
+//! the throughput part (its CPU time over wall time): a direct run already near the host's
+//! core count leaves a tap no CPU of its own, so every µs it spends per message is taken
+//! from the tapped rate.
 //!
 //! `BENCH_QUICK=1` shrinks the runs; `BENCH_ONLY=tapped` runs only tapped pairs (for
 //! profilers); `BENCH_IPC=1` gives the frontend `ipc://` data sockets, as a Python frontend
@@ -100,6 +103,30 @@ fn thread_cpu_ns(tid: i64) -> Option<u64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
+/// CPU time (user + system) of this whole process so far, in seconds.
+fn process_cpu_secs() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid pointer has no other preconditions.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return f64::NAN;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+/// Minor page faults a thread of this process has taken (`/proc/self/task/TID/stat`).
+fn thread_faults(tid: i64) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    // after the parenthesised name: state, ppid, pgrp, session, tty, tpgid, flags, minflt
+    s.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(7)?
+        .parse()
+        .ok()
+}
+
 /// The thread of this process called `name`, if there is one.
 fn thread_named(name: &str) -> Option<i64> {
     std::fs::read_dir("/proc/self/task").ok()?.find_map(|e| {
@@ -161,17 +188,20 @@ async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
         };
         let (tx, rx) = watch::channel(false);
         let tid2 = tid.clone();
-        let handle = std::thread::spawn(move || {
-            // SAFETY: gettid has no preconditions.
-            tid2.store(unsafe { libc::syscall(libc::SYS_gettid) }, Ordering::SeqCst);
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            if let Err(e) = rt.block_on(vllm_vcr::record::run(args, rx)) {
-                eprintln!("tap: {e:#}");
-            }
-        });
+        let spawned = std::thread::Builder::new()
+            .name("tap-relay".into())
+            .spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tid2.store(unsafe { libc::syscall(libc::SYS_gettid) }, Ordering::SeqCst);
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                if let Err(e) = rt.block_on(vllm_vcr::record::run(args, rx)) {
+                    eprintln!("tap: {e:#}");
+                }
+            });
+        let handle = spawned.expect("the relay thread");
         (hs, Some((tx, handle)))
     } else {
         (fl.handshake_address().to_string(), None)
@@ -241,8 +271,9 @@ async fn round_trips(p: &mut Pair, n: usize) -> Vec<f64> {
     rtts
 }
 
-/// Output messages of 64 one-token outputs, as fast as the engine can send them.
-async fn throughput(p: &mut Pair, messages: usize) -> f64 {
+/// Output messages of 64 one-token outputs, as fast as the engine can send them: messages/s
+/// and the CPU cores the whole process kept busy meanwhile (its CPU time over wall time).
+async fn throughput(p: &mut Pair, messages: usize) -> (f64, f64) {
     let ids: Vec<String> = (0..64).map(|i| format!("tp-{i}")).collect();
     for id in &ids {
         p.fl.send(0, &p.identity, add(id)).await.expect("send");
@@ -260,12 +291,14 @@ async fn throughput(p: &mut Pair, messages: usize) -> f64 {
         push
     });
     let t = Instant::now();
+    let cpu = process_cpu_secs();
     for _ in 0..messages {
         let _ = p.fl.recv_output(0).await.expect("frontend recv");
     }
     let secs = t.elapsed().as_secs_f64();
+    let cores = (process_cpu_secs() - cpu) / secs;
     p.engine.outputs = sender.await.expect("sender");
-    messages as f64 / secs
+    (messages as f64 / secs, cores)
 }
 
 /// The observer alone: how many output messages per second it decodes and follows.
@@ -322,6 +355,10 @@ struct Row {
     observer_cpu: f64,
     /// Relay thread CPU µs per round trip.
     relay_rtt_cpu: f64,
+    /// Relay thread page faults per thousand output messages.
+    relay_faults: f64,
+    /// CPU cores the bench process kept busy during the throughput part (all its threads).
+    cores: f64,
 }
 
 async fn run_pair(tapped: bool, trace: &PathBuf, n_rtt: usize, n_msgs: usize) -> Row {
@@ -330,14 +367,17 @@ async fn run_pair(tapped: bool, trace: &PathBuf, n_rtt: usize, n_msgs: usize) ->
     let c0 = cpu(&p);
     let rtts = round_trips(&mut p, n_rtt).await;
     let c1 = cpu(&p);
+    let faults = |p: &Pair| p.relay_tid.and_then(thread_faults).unwrap_or(0);
+    let f1 = faults(&p);
     let observer = if tapped {
         thread_named("record-observer")
     } else {
         None
     };
     let o0 = observer.and_then(thread_cpu_ns).unwrap_or(0);
-    let rate = throughput(&mut p, n_msgs).await;
+    let (rate, cores) = throughput(&mut p, n_msgs).await;
     let c2 = cpu(&p);
+    let f2 = faults(&p);
     let o1 = observer.and_then(thread_cpu_ns).unwrap_or(0);
     let row = Row {
         p50: quantile(&rtts, 0.5),
@@ -348,24 +388,27 @@ async fn run_pair(tapped: bool, trace: &PathBuf, n_rtt: usize, n_msgs: usize) ->
         relay_cpu: (c2 - c1) as f64 / 1e9 / (n_msgs as f64 / 1e6),
         observer_cpu: (o1 - o0) as f64 / 1e9 / (n_msgs as f64 / 1e6),
         relay_rtt_cpu: (c1 - c0) as f64 / 1e3 / (n_rtt + n_rtt / 10) as f64,
+        relay_faults: (f2 - f1) as f64 / (n_msgs as f64 / 1e3),
+        cores,
     };
     let t = Instant::now();
     p.stop();
     let stop_ms = t.elapsed().as_secs_f64() * 1e3;
     print!(
-        "{:<8} {:>7.1}µs {:>7.1}µs {:>7.1}µs {:>8.1}µs {:>10.0} {:>11.0}",
+        "{:<8} {:>7.1}µs {:>7.1}µs {:>7.1}µs {:>8.1}µs {:>10.0} {:>11.0} {:>5.2}",
         if tapped { "tapped" } else { "direct" },
         row.p50,
         row.p90,
         row.p99,
         row.max,
         row.rate,
-        row.rate * 64.0
+        row.rate * 64.0,
+        row.cores
     );
     if tapped {
         println!(
-            " {:>8.2} {:>8.1} {:>8.2} {:>7.0}",
-            row.relay_cpu, row.relay_rtt_cpu, row.observer_cpu, stop_ms
+            " {:>8.2} {:>8.1} {:>8.1} {:>8.2} {:>7.0}",
+            row.relay_cpu, row.relay_rtt_cpu, row.relay_faults, row.observer_cpu, stop_ms
         );
     } else {
         println!();
@@ -412,7 +455,7 @@ fn main() {
             if std::env::var_os("BENCH_IPC").is_some() { "ipc" } else { "tcp" }
         );
         println!(
-            "{:<8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>8} {:>8} {:>8} {:>7}",
+            "{:<8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7}",
             "path",
             "rtt p50",
             "rtt p90",
@@ -420,8 +463,10 @@ fn main() {
             "rtt max",
             "msgs/s",
             "tokens/s",
+            "cores",
             "relay s/M",
             "relay µs/rt",
+            "faults/k",
             "obs s/M",
             "stop ms"
         );
@@ -446,23 +491,27 @@ fn main() {
         }
         let med = |rows: &[Row], f: fn(&Row) -> f64| median(rows.iter().map(f).collect());
         println!(
-            "median of {} tapped runs: p50 {:.1} µs, p99 {:.1} µs, {:.0} msgs/s; relay thread {:.2} CPU-s per 1M output messages ({:.2} µs each), {:.1} µs per round trip; observer {:.2} CPU-s per 1M in the throughput window",
+            "median of {} tapped runs: p50 {:.1} µs, p99 {:.1} µs, {:.0} msgs/s, {:.2} cores busy; relay thread {:.2} CPU-s per 1M output messages ({:.2} µs each), {:.1} µs per round trip, {:.1} page faults per 1,000 output messages; observer {:.2} CPU-s per 1M in the throughput window",
             tapped.len(),
             med(&tapped, |r| r.p50),
             med(&tapped, |r| r.p99),
             med(&tapped, |r| r.rate),
+            med(&tapped, |r| r.cores),
             med(&tapped, |r| r.relay_cpu),
             med(&tapped, |r| r.relay_cpu),
             med(&tapped, |r| r.relay_rtt_cpu),
+            med(&tapped, |r| r.relay_faults),
             med(&tapped, |r| r.observer_cpu),
         );
         if !direct.is_empty() {
             println!(
-                "median of {} direct runs: p50 {:.1} µs, p99 {:.1} µs, {:.0} msgs/s",
+                "median of {} direct runs: p50 {:.1} µs, p99 {:.1} µs, {:.0} msgs/s, {:.2} cores busy ({:.2} CPU-µs per message)",
                 direct.len(),
                 med(&direct, |r| r.p50),
                 med(&direct, |r| r.p99),
                 med(&direct, |r| r.rate),
+                med(&direct, |r| r.cores),
+                med(&direct, |r| 1e6 * r.cores / r.rate),
             );
             // each round's tapped run against its own direct run
             let pairs: Vec<(Row, Row)> = direct.iter().copied().zip(tapped.iter().copied()).collect();

@@ -25,6 +25,7 @@
 //! per connection, not forwarded. The DP coordinator and KV-event addresses are not
 //! rewritten: engines reach those directly.
 
+mod bufs;
 mod ctx;
 mod handshake;
 mod inputs;

@@ -2,12 +2,13 @@
 //! all a read brought in, each handed to the observer.
 
 use bytes::{Buf, Bytes};
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedMutexGuard;
 
 use sim_protocol::zmtp;
 
-use super::legs::{Leg, READ_CHUNK, Writer};
+use super::bufs::ReadBuf;
+use super::legs::{Leg, Writer};
 use crate::play::engine::timer::now_monotonic;
 
 /// What a pipe hands its owner.
@@ -66,12 +67,13 @@ pub(super) async fn pipe<F: FnMut(Got)>(
     oversize: Oversize,
     mut on: F,
 ) -> PipeEnd {
-    let mut buf = std::mem::take(&mut src.pending);
+    let mut rb = ReadBuf::new(std::mem::take(&mut src.pending));
     let mut scanner = zmtp::Scanner::new(limit);
     let mut held: Option<OwnedMutexGuard<Box<dyn AsyncWrite + Send + Unpin>>> = None;
     let mut t = now_monotonic();
     let end = 'relay: loop {
-        let scan = match scanner.scan(&buf) {
+        let buf = &mut rb.buf;
+        let scan = match scanner.scan(buf) {
             Ok(s) => s,
             Err(e) => break PipeEnd::SourceClosed(Some(e.to_string())),
         };
@@ -96,8 +98,8 @@ pub(super) async fn pipe<F: FnMut(Got)>(
                 }
             }
             // The observer gets slices of the bytes just relayed, not copies: they share
-            // the read buffer's allocation (the next reads fill the rest of it; a new one
-            // is made once it is used up), which is freed when the observer is done.
+            // the read buffer's allocation (the next reads fill the rest of it; another
+            // is taken once it is used up, see `ReadBuf`).
             let chunk = buf.split_to(scan.complete).freeze();
             for item in scan.items {
                 match item {
@@ -137,21 +139,20 @@ pub(super) async fn pipe<F: FnMut(Got)>(
             loop {
                 let n = usize::try_from(remaining)
                     .unwrap_or(usize::MAX)
-                    .min(buf.len());
+                    .min(rb.buf.len());
                 if n > 0 {
                     if let Some(g) = held.as_mut()
-                        && let Err(e) = g.write_all(&buf[..n]).await
+                        && let Err(e) = g.write_all(&rb.buf[..n]).await
                     {
                         break 'relay PipeEnd::WriteFailed(e.to_string());
                     }
-                    buf.advance(n);
+                    rb.buf.advance(n);
                     remaining -= n as u64;
                 }
                 if remaining == 0 {
                     break;
                 }
-                buf.reserve(READ_CHUNK);
-                match src.reader.read_buf(&mut buf).await {
+                match rb.read_from(&mut src.reader).await {
                     Ok(0) => break 'relay PipeEnd::SourceClosed(None),
                     Ok(_) => {}
                     Err(e) => break 'relay PipeEnd::SourceClosed(Some(e.to_string())),
@@ -164,10 +165,7 @@ pub(super) async fn pipe<F: FnMut(Got)>(
             t = now_monotonic();
             continue;
         }
-        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-            buf.reserve(READ_CHUNK);
-        }
-        match src.reader.read_buf(&mut buf).await {
+        match rb.read_from(&mut src.reader).await {
             Ok(0) => break PipeEnd::SourceClosed(None),
             Ok(_) => t = now_monotonic(),
             Err(e) => break PipeEnd::SourceClosed(Some(e.to_string())),
