@@ -11,6 +11,7 @@ pub mod compare;
 pub mod convert;
 pub mod fit;
 pub mod fit_config;
+pub mod fit_reach;
 pub mod gen_demo;
 pub mod output;
 pub mod perfetto;

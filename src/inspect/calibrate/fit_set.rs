@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use sim_trace::fit::FittedModel;
 
 use crate::inspect::fit_config::{OtherConfig, fit_set_hashes, other_config};
+use crate::inspect::fit_reach::PromptReach;
 use crate::inspect::output::same_file;
 
 /// The model under test, and whether the calibrated trace is among what it was fitted to.
@@ -17,6 +18,9 @@ pub(super) struct FitSet {
     /// The fit set's config hashes when one differs from the trace's: the model is
     /// another engine's, so its deltas mix the model's error with the configuration's.
     pub(super) other_config: Option<OtherConfig>,
+    /// The longest prompt the model's captures held (a model file's; a fit set of traces
+    /// is fitted by the run itself and not read twice here).
+    pub(super) reach: Option<PromptReach>,
 }
 
 /// Two files with the same bytes (a copy of the trace counts as the trace).
@@ -38,11 +42,13 @@ impl FitSet {
     /// record count, so neither says which trace a model saw.
     pub(super) fn of(trace: &Path, paths: &[PathBuf], trace_hash: Option<&str>) -> Result<FitSet> {
         let mut why = None;
+        let mut reach = None;
         let other_config = other_config(trace_hash, &fit_set_hashes(paths)?);
         for p in paths {
             if FittedModel::is_model_file(p) {
                 let m = FittedModel::load(p)
                     .with_context(|| format!("--latency-trace {}", p.display()))?;
+                reach = reach.or_else(|| PromptReach::of(&m));
                 for s in &m.meta.sources {
                     let src = Path::new(&s.trace);
                     if same_file(src, trace) || same_content(src, trace) {
@@ -66,6 +72,7 @@ impl FitSet {
                 "the trace is not in the fit set: an out-of-sample check".to_string()
             }),
             other_config,
+            reach,
         })
     }
 

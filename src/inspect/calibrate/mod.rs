@@ -140,6 +140,14 @@ pub fn run_with(
     if let Some(o) = &fit_set.other_config {
         crate::errln!("calibrate: WARNING: {}", o.describe());
     }
+    if let Some(mut reach) = fit_set.reach.clone() {
+        for p in &work.reqs {
+            reach.add(p.prompt_tokens);
+        }
+        if let Some(note) = reach.note() {
+            crate::errln!("calibrate: note: {note}");
+        }
+    }
     let (step_check, speed) = match &a.steps {
         Some(sidecar) => {
             let m = crate::play::artifacts::load_latency_model(

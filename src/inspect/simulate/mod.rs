@@ -25,6 +25,7 @@ use anyhow::{Context, Result, bail};
 use sim_trace::trace::TraceRecord;
 
 use super::summarize::Summary;
+use crate::inspect::fit_reach::PromptReach;
 use crate::io_guard::{check_outputs, named};
 use crate::play::EngineArgs;
 use crate::play::artifacts::engine_inputs;
@@ -124,14 +125,21 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         .filter(|_| fleet.engines > 1)
         .map(|_| Summary::new())
         .collect();
+    let mut reach = cfg.model.as_ref().and_then(PromptReach::of);
     let counts = run_workload(&work, &cfg, &opts, |f| {
         summary.add(&f.record);
+        if let Some(r) = reach.as_mut() {
+            r.add(f.record.prompt_tokens);
+        }
         if let Some(s) = f.record.engine.and_then(|e| per_engine.get_mut(e as usize)) {
             s.add(&f.record);
         }
         sink.write(&f.record)
     })?;
     sink.finish()?;
+    if let Some(note) = reach.as_ref().and_then(PromptReach::note) {
+        crate::errln!("simulate: note: {note}");
+    }
     let wall = started.elapsed().as_secs_f64();
 
     let report = Report {

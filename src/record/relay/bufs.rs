@@ -4,7 +4,7 @@
 //! The observer gets slices of the read buffer, not copies, and holds them until it has
 //! decoded them — in a burst, long after the relay has filled the buffer and moved on. A
 //! new allocation for every buffer would put the relay's reads into memory the kernel must
-//! fault in page by page (in a burst, that was about half of the relay's CPU). So a pipe
+//! fault in page by page (in `recv`'s copy; a fifth of the relay's CPU in a burst). So a pipe
 //! keeps its used-up buffers (its own handle on each, emptied) and, when it needs another,
 //! takes one whose every slice the observer has dropped: `bytes` counts the handles on an
 //! allocation, and when the pipe's is the only one left the memory is free to refill. No
@@ -15,7 +15,8 @@
 //! grown past that size for a large message is not kept, nor is one used up while the list
 //! is full (it is freed when the observer drops its last slice).
 //!
-//! In a burst the observer falls behind (it decodes tens of thousands of messages a second,
+//! The pool pays where the observer keeps up (a lone message's round trip: most buffers
+//! come back). In a burst the observer falls behind (it decodes tens of thousands of messages a second,
 //! the relay forwards hundreds of thousands) and keeps every buffer until the burst is
 //! over, so none comes back to be reused: a burst's bytes are new memory whatever the
 //! pool. There a pipe reads into [`BURST_BUF`]-byte buffers, so that a read takes all the

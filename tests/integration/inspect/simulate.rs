@@ -720,3 +720,33 @@ fn a_model_of_another_configuration_is_called_out() {
     assert_eq!(v["other_configuration"], false, "{v}");
     assert!(!stderr.contains("WARNING"), "{stderr}");
 }
+
+#[test]
+fn prompts_longer_than_the_models_captures_are_called_an_extrapolation() {
+    // a model fitted on fixed 128-token prompts has no depth term to prefill 1,800
+    let tmp = TestDir::new("prompts_longer_than_the_models_captures_are_called_an_extrapolation");
+    let dir = fixture("conformance/v2/0.32");
+    let model = tmp.path("fixed.json");
+    crate::support::inspect(
+        "fit",
+        &[
+            s(&dir.join("concurrency-8-s0.trace.jsonl.gz")),
+            "-o",
+            s(&model),
+        ],
+    )
+    .run();
+    let knobs = ["--latency-trace", s(&model), "--requests", "40"];
+    let long = dir.join("long-c4-s1.trace.jsonl.gz");
+    let (_, err) = texts(&simulate(&[&[s(&long)], &knobs[..]].concat()).run());
+    assert!(
+        err.contains("of the trace's 40 prompts")
+            && err.contains("longer than any the model's captures held")
+            && err.contains("128 there")
+            && err.contains("no depth term"),
+        "{err}"
+    );
+    let same = dir.join("concurrency-8-s1.trace.jsonl.gz");
+    let (_, err) = texts(&simulate(&[&[s(&same)], &knobs[..]].concat()).run());
+    assert!(!err.contains("longer than any"), "{err}");
+}

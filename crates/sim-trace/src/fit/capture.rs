@@ -405,6 +405,10 @@ fn for_records(
                     why: format!("record {}: {why}", record_name(&r, source.records)),
                 })?;
                 source.records += 1;
+                let [lo, hi] = source
+                    .prompt_tokens
+                    .unwrap_or([r.prompt_tokens, r.prompt_tokens]);
+                source.prompt_tokens = Some([lo.min(r.prompt_tokens), hi.max(r.prompt_tokens)]);
                 each(&r);
             }
         }

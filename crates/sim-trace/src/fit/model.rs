@@ -57,6 +57,11 @@ pub struct ModelSource {
     /// host, each capture keeps its own drift here. Absent for a fit of one capture.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speed: Option<f64>,
+    /// The shortest and the longest prompt among the capture's records, tokens: the
+    /// prompts whose prefill the model has seen (`simulate` and `calibrate` say when a
+    /// trace's prompts run past them). Absent in models fitted before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<[u32; 2]>,
 }
 
 /// Where a model came from.
