@@ -114,11 +114,6 @@ async fn a_live_run_and_the_offline_driver_agree_step_for_step() {
     }
     let ids: Vec<&str> = work.iter().map(|(id, _, _)| id.as_str()).collect();
     let mut c = w.collect(&ids).await;
-    // the stats-only message of the empty step that follows the last finish
-    while let Some(env) = w.try_recv(Duration::from_millis(200)).await {
-        c.envelopes.push(env);
-    }
-    w.stop().await.unwrap();
 
     // engine-side arrivals: each request's QUEUED event
     let mut arrivals: BTreeMap<String, f64> = BTreeMap::new();
@@ -133,16 +128,6 @@ async fn a_live_run_and_the_offline_driver_agree_step_for_step() {
     }
     assert_eq!(arrivals.len(), 64, "every request reported its arrival");
     let first = arrivals.values().copied().fold(f64::INFINITY, f64::min);
-    let mut live = Run::default();
-    for env in &c.envelopes {
-        live.absorb(env, first);
-    }
-    let preemptions = live
-        .step_events
-        .iter()
-        .filter(|e| e.2 == EventType::Preempted)
-        .count();
-    assert!(preemptions > 0, "the workload preempts");
 
     // offline, on a virtual clock
     let mut run = OfflineDriver::new(cfg.build_engine(0));
@@ -159,6 +144,41 @@ async fn a_live_run_and_the_offline_driver_agree_step_for_step() {
     for o in &outputs {
         offline.absorb(&o.outputs, origin);
     }
+
+    // The live engine's last message, the stats of the empty step after the last finish,
+    // can come after the last request's: wait for as many steps' stats as the offline run
+    // made (a loaded host can hold a message back past any short silence), then for any
+    // the live engine sent beyond them.
+    let stats = |c: &Collected| {
+        c.envelopes
+            .iter()
+            .filter(|e| e.scheduler_stats.is_some())
+            .count()
+    };
+    while stats(&c) < offline.steps.len() {
+        match w.try_recv(Duration::from_secs(10)).await {
+            Some(env) => c.envelopes.push(env),
+            None => panic!(
+                "the live engine sent {} steps' stats in 10 s more; the offline run made {}",
+                stats(&c),
+                offline.steps.len()
+            ),
+        }
+    }
+    while let Some(env) = w.try_recv(Duration::from_millis(200)).await {
+        c.envelopes.push(env);
+    }
+    w.stop().await.unwrap();
+    let mut live = Run::default();
+    for env in &c.envelopes {
+        live.absorb(env, first);
+    }
+    let preemptions = live
+        .step_events
+        .iter()
+        .filter(|e| e.2 == EventType::Preempted)
+        .count();
+    assert!(preemptions > 0, "the workload preempts");
 
     assert_eq!(offline.tokens, live.tokens, "same tokens");
     assert_eq!(offline.finished, live.finished, "same finishes");
