@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Result, bail};
 
 use crate::play::PlayArgs;
-use crate::play::content::constrained::ToolCallFormat;
+use crate::play::content::constrained::{BEAM_MARKERS, ToolCallFormat};
 use crate::play::content::reasoning::ReasoningFormat;
 
 /// What the frontend is started with, beyond the user's own arguments.
@@ -171,17 +171,6 @@ impl Parsing {
         Ok(())
     }
 }
-
-/// Beam's markers, which its markup spells.
-const BEAM_MARKERS: &[&str] = &[
-    "<|channel|>",
-    "<|message|>",
-    "<|return|>",
-    "<|constrain|>",
-    "<|end|>",
-    "<|start|>",
-    "<|call|>",
-];
 
 /// Whether the model directory's `response_template` reads Beam's own markup (its thinking
 /// opened by `<|channel|>analysis<|message|>`) and its tokenizer has Beam's markers as

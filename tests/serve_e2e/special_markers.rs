@@ -5,34 +5,24 @@
 use serde_json::{Value, json};
 
 use super::*;
+use vllm_vcr::play::content::constrained::BEAM_MARKERS;
 
-/// Harmony's markers, added after the embedded model's 259 tokens in this order.
-const HARMONY_MARKERS: &[&str] = &[
-    "<|channel|>",
-    "<|message|>",
-    "<|return|>",
-    "<|constrain|>",
-    "<|end|>",
-    "<|start|>",
-    "<|call|>",
-];
-
-/// A model of one's own: the embedded one with [`HARMONY_MARKERS`] as special tokens.
+/// A model of one's own: the embedded one with [`BEAM_MARKERS`] as special tokens.
 fn model_with_special_markers(dir: &TestDir) {
-    super::parsers::model_with_markers(dir, HARMONY_MARKERS);
+    super::parsers::model_with_markers(dir, BEAM_MARKERS);
     let path = dir.path("tokenizer.json");
     let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     for token in t["added_tokens"].as_array_mut().unwrap() {
-        if HARMONY_MARKERS.contains(&token["content"].as_str().unwrap_or("")) {
+        if BEAM_MARKERS.contains(&token["content"].as_str().unwrap_or("")) {
             token["special"] = true.into();
         }
     }
     std::fs::write(&path, t.to_string()).unwrap();
 }
 
-/// r35: such a tag failed every request at its first token (HTTP 400, the engine's grammar
-/// backend handed `<|channel|>` as the special token its text did not admit). Through
-/// vllm-rs 0.33: 200, thinking then a final answer holding the schema's object, each
+/// Such a tag must not fail at its first token (an HTTP 400 when the grammar backend is
+/// handed `<|channel|>` as the special token its text does not admit). Through vllm-rs
+/// 0.33: 200, thinking then a final answer holding the schema's object, each
 /// marker one token of the model.
 #[test]
 fn a_structural_tag_holding_special_tokens_is_followed_with_them() {
@@ -107,7 +97,7 @@ fn beam_template() -> Value {
             "content": {"open": "<|channel|>final<|message|>", "close": "<|return|>"}}})
 }
 
-/// r35: vllm-rs 0.33's `beam` constrains every answer to Beam's markup and reads it with
+/// vllm-rs 0.33's `beam` constrains every answer to Beam's markup and reads it with
 /// the model's response_template. With a model whose template is of that markup and whose
 /// tokenizer has its markers as special tokens, `serve --tool-call-format beam` behind
 /// vllm-rs gives the client the thinking as `reasoning`, a chat answer as `content`, and

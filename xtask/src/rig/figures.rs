@@ -658,19 +658,24 @@ fn figure_links(s: &mut String, dir: &Path, rel: &dyn Fn(&Path) -> String) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_fleet_table_is_written_between_its_markers_and_nowhere_else() {
-        let points: Vec<FleetPoint> = FLEET_ROUTES
+    /// A point per route and replica count, TTFT p90 `ttft(n)` at `n` replicas, hits 50 %.
+    fn points(ttft: fn(usize) -> f64) -> Vec<FleetPoint> {
+        FLEET_ROUTES
             .iter()
             .flat_map(|&route| {
                 FLEET_REPLICAS.map(move |n| FleetPoint {
                     route,
                     replicas: n,
-                    ttft_p90_ms: 100.0 + n as f64,
+                    ttft_p90_ms: ttft(n),
                     hit_ratio: 0.5,
                 })
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn the_fleet_table_is_written_between_its_markers_and_nowhere_else() {
+        let points = points(|n| 100.0 + n as f64);
         let table = fleet_table(&points);
         assert!(table.starts_with("| replicas | round-robin | least-loaded | prefix-aware | kv-aware |\n|---:|---|---|---|---|\n"));
         assert!(table.contains("| 3 | 103 (50 %) | 103 (50 %) | 103 (50 %) | 103 (50 %) |\n"));
@@ -691,17 +696,7 @@ mod tests {
 
     #[test]
     fn the_fleet_figure_has_a_line_per_route_and_a_point_per_replica_count() {
-        let points: Vec<FleetPoint> = FLEET_ROUTES
-            .iter()
-            .flat_map(|&route| {
-                FLEET_REPLICAS.map(move |n| FleetPoint {
-                    route,
-                    replicas: n,
-                    ttft_p90_ms: 200.0 / n as f64,
-                    hit_ratio: 0.5,
-                })
-            })
-            .collect();
+        let points = points(|n| 200.0 / n as f64);
         let svg = fleet_svg(&points, "t.jsonl");
         assert_eq!(svg.matches("<polyline").count(), FLEET_ROUTES.len());
         assert_eq!(

@@ -584,6 +584,19 @@ impl ToolCallFormat {
 const M3: &str = "]<]minimax[>[";
 
 /// What follows a call's function name in Beam's markup.
+/// The markers Beam's markup is spelled with (vllm-rs's `beam` parser constrains answers to
+/// it), in the order a model of one's own adds them to the embedded vocabulary in the
+/// tests: a model whose tokenizer has them as tokens can stand behind that parser.
+pub const BEAM_MARKERS: &[&str] = &[
+    "<|channel|>",
+    "<|message|>",
+    "<|return|>",
+    "<|constrain|>",
+    "<|end|>",
+    "<|start|>",
+    "<|call|>",
+];
+
 const BEAM_CALL: &str = "<|channel|>analysis <|constrain|>xml<|message|>";
 /// What opens a text answer in Beam's markup.
 const BEAM_FINAL: &str = "<|channel|>final<|message|>";

@@ -35,7 +35,7 @@ mod stream;
 mod tests;
 mod tools;
 
-pub use formats::ToolCallFormat;
+pub use formats::{BEAM_MARKERS, ToolCallFormat};
 pub use gbnf::gbnf_to_lark;
 pub use grammar::grammar_for;
 pub use shaping::Shaping;

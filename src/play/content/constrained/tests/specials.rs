@@ -3,6 +3,7 @@
 //! Lark grammars), spelled in ordinary tokens where it leaves special tokens out.
 
 use super::*;
+use crate::play::content::constrained::BEAM_MARKERS;
 use crate::play::content::vocab::embedded_with_markers;
 
 /// Harmony-like markers, in the order [`embedded_with_markers`] gives them ids.
@@ -67,9 +68,9 @@ fn answer(structured: Value, special: bool) -> Result<Vec<u32>, String> {
     Err(format!("no EOS in 300 tokens: {ids:?}"))
 }
 
-/// r35: with the markers as special tokens, a structural tag holding them failed at its
-/// first token (the grammar backend was handed `<|channel|>` as the special token, which
-/// its text did not admit). As vLLM's xgrammar backend reads the tag, the markers' text
+/// With the markers as special tokens, a structural tag holding them must not fail at its
+/// first token (as when the grammar backend is handed `<|channel|>` as the special token,
+/// which its text does not admit). As vLLM's xgrammar backend reads the tag, the markers' text
 /// is matched by their tokens: the answer follows the tag, each marker one token.
 #[test]
 fn a_tag_whose_text_holds_special_tokens_is_written_with_them() {
@@ -118,17 +119,6 @@ fn other_grammars_match_special_tokens_as_vllms_backends_do() {
     let guidance = json!({"grammar": "start: \"<|channel|>\" \"x\"", "_backend": "guidance"});
     assert_eq!(answer(guidance, true), spelled("<|channel|>x"));
 }
-
-/// Beam's markers, in the order [`embedded_with_markers`] gives them ids.
-const BEAM_MARKERS: &[&str] = &[
-    "<|channel|>",
-    "<|message|>",
-    "<|return|>",
-    "<|constrain|>",
-    "<|end|>",
-    "<|start|>",
-    "<|call|>",
-];
 
 /// vllm-rs 0.33's `beam` tag for `get_weather(city, days)` (its shape, with a model whose
 /// response_template reads Beam's markup): a think block that is not empty, then the
