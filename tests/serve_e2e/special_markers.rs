@@ -105,13 +105,27 @@ fn beam_template() -> Value {
 /// arguments follow the schema.
 #[test]
 fn vllm_rs_beam_splits_beams_markup_with_a_model_whose_template_reads_it() {
-    let dir = TestDir::new("beam-markup");
+    beam_splits_beams_markup(false);
+}
+
+/// The Python 0.33 frontend's `beam` reads the same template: the same answers split alike.
+#[test]
+fn python_beam_splits_beams_markup_with_a_model_whose_template_reads_it() {
+    beam_splits_beams_markup(true);
+}
+
+fn beam_splits_beams_markup(python: bool) {
+    let dir = TestDir::new(if python {
+        "beam-markup-python"
+    } else {
+        "beam-markup"
+    });
     model_with_special_markers(&dir);
     let path = dir.path("tokenizer_config.json");
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     config["response_template"] = beam_template();
     std::fs::write(&path, config.to_string()).unwrap();
-    let mut serve = Serve::start(&[
+    let flags = [
         "--model",
         dir.root().to_str().unwrap(),
         "--tool-call-format",
@@ -120,7 +134,13 @@ fn vllm_rs_beam_splits_beams_markup_with_a_model_whose_template_reads_it() {
         "beam",
         "--tool-call-rate",
         "1",
-    ]);
+    ];
+    let frontend = PythonFrontend::of("vllm", "0.33.0");
+    let mut serve = Serve::start(&if python {
+        frontend.with(&flags)
+    } else {
+        flags.to_vec()
+    });
     serve.wait_ready();
     let name = dir.root().file_name().unwrap().to_str().unwrap();
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
