@@ -186,10 +186,8 @@ mod tests {
     /// arrives whole and in order, over tcp and ipc.
     #[tokio::test(flavor = "current_thread")]
     async fn a_zmq_router_exchanges_messages_with_our_dealer() {
-        let dir = std::env::temp_dir().join(format!("vcr-dealer-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ipc = format!("ipc://{}", dir.join("in.sock").display());
-        for bind in ["tcp://127.0.0.1:0".to_string(), ipc] {
+        let (dir, binds) = crate::push::tcp_and_ipc_binds("vcr-dealer", "in.sock");
+        for bind in binds {
             let mut router = RouterSocket::new();
             let ep = router.bind(&bind).await.unwrap().to_string();
             let id = Bytes::from_static(&[1, 0]);

@@ -354,6 +354,17 @@ impl PushWriter {
     }
 }
 
+/// Addresses to bind a test's peer socket on, one per transport: an ephemeral TCP port on
+/// loopback, and a Unix socket `sock` in a directory of this process named after `tag`
+/// (returned too, for the test to remove).
+#[cfg(test)]
+pub(crate) fn tcp_and_ipc_binds(tag: &str, sock: &str) -> (std::path::PathBuf, [String; 2]) {
+    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ipc = format!("ipc://{}", dir.join(sock).display());
+    (dir, ["tcp://127.0.0.1:0".to_string(), ipc])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,10 +374,8 @@ mod tests {
     /// multi-frame messages arrive whole and in order, over tcp and ipc.
     #[tokio::test(flavor = "current_thread")]
     async fn a_zmq_pull_receives_our_messages() {
-        let dir = std::env::temp_dir().join(format!("vcr-push-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ipc = format!("ipc://{}", dir.join("out.sock").display());
-        for bind in ["tcp://127.0.0.1:0".to_string(), ipc] {
+        let (dir, binds) = tcp_and_ipc_binds("vcr-push", "out.sock");
+        for bind in binds {
             let mut pull = PullSocket::new();
             let ep = pull.bind(&bind).await.unwrap().to_string();
             let stream = connect_push(&ep, Duration::from_secs(5)).await.unwrap();
