@@ -264,6 +264,25 @@ impl Prose {
         }
         s
     }
+
+    /// The next words, until they spell at least `tokens` of `vocab`'s tokens, the first
+    /// without its leading space (text that opens a block or an answer): each word's text
+    /// and its tokens.
+    pub fn words_for(&mut self, vocab: &Vocabulary, tokens: usize) -> Vec<(String, Vec<u32>)> {
+        let (mut words, mut spelled) = (Vec::new(), 0);
+        while spelled < tokens {
+            let word = self.next_word();
+            let word = if words.is_empty() {
+                word.trim_start().to_string()
+            } else {
+                word
+            };
+            let ids = vocab.encode(&word);
+            spelled += ids.len();
+            words.push((word, ids));
+        }
+        words
+    }
 }
 
 /// `--tokens text`.

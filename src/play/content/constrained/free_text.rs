@@ -352,21 +352,13 @@ impl FreeText {
         } else {
             tokens
         };
-        let mut text = Vec::new();
+        let words = pen.prose.words_for(pen.vocab, inner);
         // a tag that asks for text gets its first word whole, however small its share
-        let mut whole = 0;
-        while text.len() < inner {
-            let word = pen.prose.next_word();
-            let word = if text.is_empty() {
-                word.trim_start()
-            } else {
-                &word
-            };
-            text.extend(pen.vocab.encode(word));
-            if tag.nonempty && whole == 0 {
-                whole = text.len();
-            }
-        }
+        let whole = match words.first() {
+            Some((_, ids)) if tag.nonempty => ids.len(),
+            _ => 0,
+        };
+        let mut text: Vec<u32> = words.into_iter().flat_map(|(_, ids)| ids).collect();
         if block {
             text.truncate(inner.max(whole));
         }

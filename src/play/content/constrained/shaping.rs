@@ -148,19 +148,11 @@ impl Shaping {
         /// Tokens left for the markup around the text.
         const MARKUP: u64 = 40;
         let tokens = self.length.of(req).saturating_sub(thinking + MARKUP).max(1);
-        let mut prose = Prose::new(seed ^ 0xa45e_7e47);
-        let (mut text, mut written) = (String::new(), 0);
-        while written < tokens {
-            let word = prose.next_word();
-            let word = if text.is_empty() {
-                word.trim_start().to_string()
-            } else {
-                word
-            };
-            written += self.vocab.encode(&word).len() as u64;
-            text.push_str(&word);
-        }
-        text
+        Prose::new(seed ^ 0xa45e_7e47)
+            .words_for(&self.vocab, tokens as usize)
+            .into_iter()
+            .map(|(word, _)| word)
+            .collect()
     }
 
     /// Whether the prompt's text holds `<tools>`. Without it the prompt declares no tool
