@@ -180,21 +180,27 @@ pub(crate) fn frontend_part(dir: &Path, quick: bool) {
         ("ITL 10 ms", &["--inter-token-latency", "10"], 64, 384),
         ("ITL 10 ms", &["--inter-token-latency", "10"], 256, 1536),
     ];
+    let mut paced: Vec<(usize, &str, FrontendResult)> = Vec::new();
     for (pacing, args, c, n) in cases {
         let n = if quick { (n / 4).max(c) } else { n };
         for round in 0..rounds {
             for &(name, bin) in &builds {
                 let run_dir = dir.join(format!("fe-{c}-{}-{name}-{round}", args.len()));
                 match frontend_run(&run_dir, bin, args, c, n) {
-                    Some(r) => println!(
-                        "| {pacing} | {} | {name} | {:.0} | {:.1} | {:.2} | {:.2} | {:.1} % |",
-                        r.concurrency,
-                        r.output_tok_s,
-                        r.wall,
-                        r.engine_cpu,
-                        r.frontend_cpu,
-                        100.0 * r.engine_cpu / r.frontend_cpu
-                    ),
+                    Some(r) => {
+                        println!(
+                            "| {pacing} | {} | {name} | {:.0} | {:.1} | {:.2} | {:.2} | {:.1} % |",
+                            r.concurrency,
+                            r.output_tok_s,
+                            r.wall,
+                            r.engine_cpu,
+                            r.frontend_cpu,
+                            100.0 * r.engine_cpu / r.frontend_cpu
+                        );
+                        if !args.is_empty() {
+                            paced.push((c, name, r));
+                        }
+                    }
                     None => println!(
                         "| {pacing} | {c} | {name} | (vllm-rs 0.33.0 not in the cache or failed; see {}) | | | | |",
                         run_dir.display()
@@ -203,4 +209,78 @@ pub(crate) fn frontend_part(dir: &Path, quick: bool) {
             }
         }
     }
+    paced_floor_table(&paced, quick);
+}
+
+/// The paced rows per step, beside the floor: what a thread costs that only wakes at each
+/// step's deadline and writes one step's message to a TCP loopback peer. No engine behind
+/// this frontend can spend less a step on this host, so the floor as a share of the
+/// frontend's CPU is the lowest share any stand-in can reach at that concurrency.
+fn paced_floor_table(paced: &[(usize, &str, FrontendResult)], quick: bool) {
+    if paced.is_empty() {
+        return;
+    }
+    println!(
+        "\n### Paced rows per step, beside the floor (a thread that wakes every 10 ms and sends one step's message over TCP loopback)\n"
+    );
+    println!(
+        "| concurrency | build | engine CPU µs a step | floor µs a step | frontend CPU µs a step | floor / frontend | engine / frontend |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|");
+    let steps = if quick { 100 } else { 1000 };
+    for (c, name, r) in paced {
+        // a step's message: about 70 bytes an output (id, one token, the fixed fields)
+        let Some(floor) = paced_floor_us(steps, 300 + 70 * c) else {
+            println!("| {c} | {name} | (the floor could not be measured) | | | | |");
+            continue;
+        };
+        // paced steps run back to back while requests are in flight: one per 10 ms of wall
+        let n = (r.wall / 0.010).max(1.0);
+        let (e, f) = (r.engine_cpu * 1e6 / n, r.frontend_cpu * 1e6 / n);
+        println!(
+            "| {c} | {name} | {e:.0} | {floor:.0} | {f:.0} | {:.1} % | {:.1} % |",
+            100.0 * floor / f,
+            100.0 * e / f
+        );
+    }
+}
+
+/// CPU µs per step of a thread that sleeps to each 10 ms deadline and writes `bytes` to a
+/// TCP loopback peer (another thread reads them), on the thread's own CPU clock.
+fn paced_floor_us(steps: usize, bytes: usize) -> Option<f64> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+    let addr = listener.local_addr().ok()?;
+    let reader = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().ok()?;
+        let mut buf = vec![0u8; 1 << 16];
+        while s.read(&mut buf).ok()? > 0 {}
+        Some(())
+    });
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_nodelay(true).ok()?;
+    let msg = vec![0x5a_u8; bytes];
+    let t0 = thread_cpu_seconds();
+    let mut next = Instant::now();
+    for _ in 0..steps {
+        next += Duration::from_millis(10);
+        if let Some(d) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        s.write_all(&msg).ok()?;
+    }
+    let cpu = thread_cpu_seconds() - t0;
+    drop(s);
+    reader.join().ok()??;
+    Some(cpu * 1e6 / steps as f64)
+}
+
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid pointer to a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }

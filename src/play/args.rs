@@ -81,6 +81,15 @@ pub struct PlayArgs {
     #[arg(long)]
     pub log_requests: bool,
 
+    /// Make no scheduler stats and no request events, as vLLM's engine started with
+    /// `--disable-log-stats`: outputs carry no `scheduler_stats` (the frontend's engine
+    /// gauges and prefix-cache counters stay empty) and no queued/scheduled/preempted
+    /// timestamps. Saves the engine the per-step stats. Under `serve`, passing
+    /// `--disable-log-stats` to the frontend (after `--`) sets this too, as `vllm serve`
+    /// does for its engine.
+    #[arg(long)]
+    pub disable_log_stats: bool,
+
     /// Seconds to keep serving admitted requests after SIGINT/SIGTERM before aborting the
     /// rest (vLLM's --shutdown-timeout; 0 aborts at once). Under `serve` the frontend
     /// drains instead (vllm-rs gets the same --shutdown-timeout) while the engine serves it.

@@ -261,6 +261,7 @@ impl PlayConfig {
             num_gpu_blocks,
             output_token_chunk_size: a.output_token_chunk_size,
             log_requests: a.log_requests,
+            log_stats: !a.disable_log_stats,
             spec,
             spec_metrics: a.per_request_spec_decode_metrics,
             failures,

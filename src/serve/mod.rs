@@ -253,6 +253,18 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
 
     // the formats the engine writes tool calls and thinking in, and the frontend's parsers
     let parsing = parsers::choose(&mut play, &args.frontend_args, args.model.is_some())?;
+    // one switch for both sides, as `vllm serve --disable-log-stats` turns off its engine's
+    // stats too: given to either, the other gets it
+    let frontend_stats_off = args
+        .frontend_args
+        .iter()
+        .any(|a| a == "--disable-log-stats");
+    play.disable_log_stats |= frontend_stats_off;
+    let stats_flag: &[&str] = if play.disable_log_stats && !frontend_stats_off {
+        &["--disable-log-stats"]
+    } else {
+        &[]
+    };
 
     // the engine's flags are checked before anything starts; the files they name are kept
     // for the engine (read and logged once)
@@ -337,6 +349,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
             parsing.check_vllm_rs(args.model.as_deref())?;
             let mut cmd = vllm_rs_command_with(&bin, &spec, parsing.reasoning);
             cmd.args(runner_args(&play, &parsing, false));
+            cmd.args(stats_flag);
             let chosen = args
                 .frontend_args
                 .iter()
@@ -360,6 +373,7 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
                 line_explicit,
             );
             cmd.args(runner_args(&play, &parsing, true));
+            cmd.args(stats_flag);
             cmd.args(&args.frontend_args);
             (cmd, grace(5))
         }

@@ -267,6 +267,37 @@ fn serve_brings_up_an_openai_endpoint_and_ctrl_c_stops_everything() {
     assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
 }
 
+/// `--disable-log-stats` given to the frontend turns the engine's stats off too, as `vllm
+/// serve` does: answers as before, no engine gauges or prefix-cache counters in /metrics.
+#[test]
+fn disable_log_stats_for_the_frontend_quiets_the_engine_too() {
+    let mut serve = Serve::start(&["--", "--disable-log-stats"]);
+    let (_, frontend_pid) = serve.wait_ready();
+    let cmdline = std::fs::read(format!("/proc/{frontend_pid}/cmdline")).unwrap();
+    let given = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| *a == b"--disable-log-stats")
+        .count();
+    assert_eq!(given, 1, "the frontend got the flag once");
+    assert_chat_works(serve.port, 5);
+    // the frontend counts the tokens once it has handled the answer's last output
+    let mut text = String::new();
+    let counted = wait_until(Duration::from_secs(10), || {
+        text = http_get(serve.port, "/metrics").text();
+        text.lines()
+            .any(|l| l.starts_with("vllm:generation_tokens_total") && l.ends_with(" 5"))
+    });
+    assert!(counted, "{text}");
+    let sample = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .map(str::to_string)
+    };
+    assert_eq!(sample("vllm:num_requests_running"), None, "{text}");
+    assert_eq!(sample("vllm:prefix_cache_queries_total"), None, "{text}");
+    assert_ctrl_c_stops_everything(&mut serve, frontend_pid);
+}
+
 #[test]
 fn frontend_bin_of_the_newest_and_oldest_lines() {
     // 0.33 tells its line with --version; 0.25 has no --version, so serve reads the line

@@ -147,7 +147,11 @@ pub fn emit_into(
         o.new_prompt_logprobs_tensors =
             sample_prompt_logprobs(&mut r.rng, &prompt, k, range).map(Box::new);
     }
-    o.events = std::mem::take(&mut r.pending_events);
+    if cfg.log_stats {
+        o.events = std::mem::take(&mut r.pending_events);
+    } else {
+        r.pending_events.clear();
+    }
     if !r.started {
         r.started = true;
         o.prefill_stats = Some(Box::new(prefill_stats(r, cfg)));

@@ -59,30 +59,12 @@ impl PreciseTimer {
         Ok(())
     }
 
-    fn drain(&self) -> io::Result<bool> {
-        let mut buf = [0u8; 8];
-        // SAFETY: reading 8 bytes into a local buffer from our own fd.
-        let n = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                buf.as_mut_ptr() as *mut libc::c_void,
-                buf.len(),
-            )
-        };
-        if n == 8 {
-            return Ok(true);
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() == io::ErrorKind::WouldBlock {
-            Ok(false)
-        } else {
-            Err(err)
-        }
-    }
-
     /// Sleep until `deadline` (returns at once if it has passed). Cancel-safe: dropping the
-    /// future leaves at most a stale expiry, which the next call ignores by re-checking the
-    /// clock.
+    /// future leaves at most a stale readiness, which costs the next call one more arming.
+    ///
+    /// The expiry is never read: arming resets the timerfd's count, and each expiry after
+    /// an arming wakes the reactor afresh (mio registers descriptors edge-triggered), so a
+    /// wake-up is cleared and the clock decides. That saves a `read` per paced step.
     pub async fn sleep_until(&mut self, deadline: Instant) {
         loop {
             let now = Instant::now();
@@ -94,24 +76,11 @@ impl PreciseTimer {
                 tokio::time::sleep_until(deadline.into()).await;
                 return;
             }
-            loop {
-                let Ok(mut guard) = self.fd.readable().await else {
+            match self.fd.readable().await {
+                Ok(mut guard) => guard.clear_ready(),
+                Err(_) => {
                     tokio::time::sleep_until(deadline.into()).await;
                     return;
-                };
-                match self.drain() {
-                    // The expiry is consumed and the timer is one-shot, so nothing can make
-                    // the fd readable again before the next `arm`: clearing the readiness
-                    // now saves the next sleep a read that would only find it empty.
-                    Ok(true) => {
-                        guard.clear_ready();
-                        break;
-                    }
-                    Ok(false) => guard.clear_ready(),
-                    Err(_) => {
-                        tokio::time::sleep_until(deadline.into()).await;
-                        return;
-                    }
                 }
             }
         }
@@ -165,6 +134,24 @@ mod tests {
         late.sort();
         // generous: CI machines are noisy; the benchmark measures the real figure
         assert!(late[25] < 1000, "median lateness {} µs", late[25]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_abandoned_sleeps_expiry_does_not_end_the_next_one_early() {
+        let mut t = PreciseTimer::new().unwrap();
+        let soon = Instant::now() + Duration::from_millis(1);
+        // dropped before its expiry, which then fires with nobody waiting
+        let _ = tokio::time::timeout(Duration::from_micros(100), t.sleep_until(soon)).await;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let d = Instant::now() + Duration::from_millis(5);
+        t.sleep_until(d).await;
+        assert!(Instant::now() >= d);
+        // and the one after that still wakes (its expiry was not swallowed)
+        let d = Instant::now() + Duration::from_millis(2);
+        tokio::time::timeout(Duration::from_millis(500), t.sleep_until(d))
+            .await
+            .expect("the timer woke");
+        assert!(Instant::now() >= d);
     }
 
     #[tokio::test(flavor = "current_thread")]

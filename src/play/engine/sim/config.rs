@@ -29,6 +29,9 @@ pub struct EngineConfig {
     /// Tokens per output message per request (≥ 1).
     pub output_token_chunk_size: u32,
     pub log_requests: bool,
+    /// Scheduler stats and request events in the outputs (off under `--disable-log-stats`,
+    /// as vLLM's `log_stats`).
+    pub log_stats: bool,
     /// Speculative decoding: K drafts per decode step and their acceptance model.
     pub spec: Option<SpecModel>,
     pub spec_metrics: SpecMetricsLevel,

@@ -74,6 +74,9 @@ pub struct SimEngine {
     /// ([`sim_trace::latency::StepShape::after_idle`]).
     last_step_end: Option<Instant>,
     step_counter: u64,
+    /// Each decode's token count in the step that just ended, by request key (sorted);
+    /// kept between steps so a step reuses its room.
+    bursts: Vec<(u64, u32)>,
     /// Speculative-decoding counters of the step being reported.
     spec_step: Option<SpecStepStats>,
     /// NIXL reads since the last stats (`--nixl-connector-stats`).
@@ -135,6 +138,7 @@ impl SimEngine {
             wake: None,
             last_step_end: None,
             step_counter: 0,
+            bursts: Vec::new(),
             spec_step: None,
             nixl_stats: Default::default(),
             shutting_down: false,

@@ -70,7 +70,8 @@ impl SimEngine {
         now: Instant,
         out: &mut Outbox,
     ) {
-        let mut stats = (stats || self.batch.is_dirty()).then(|| self.take_stats());
+        let mut stats =
+            (self.cfg.log_stats && (stats || self.batch.is_dirty())).then(|| self.take_stats());
         let mut finished = std::mem::take(&mut self.unreported_finished);
         by_client.entry(0).or_default();
         for client in finished.keys() {
@@ -124,7 +125,7 @@ impl SimEngine {
         if self.in_flight.is_some() {
             return;
         }
-        if self.batch.is_dirty() || !self.unreported_finished.is_empty() {
+        if (self.cfg.log_stats && self.batch.is_dirty()) || !self.unreported_finished.is_empty() {
             self.send_step(BTreeMap::new(), true, now, out);
         }
     }
@@ -139,13 +140,16 @@ impl SimEngine {
         let InFlight { plan, timing, end } = step;
         let mut to_script: Vec<String> = Vec::new();
         let k = self.latency.num_spec_tokens();
-        let bursts: BTreeMap<u64, u32> = plan
-            .shape
-            .decodes
-            .iter()
-            .zip(&timing.decode_tokens)
-            .map(|(d, n)| (d.request_key, *n))
-            .collect();
+        let mut bursts = std::mem::take(&mut self.bursts);
+        bursts.clear();
+        bursts.extend(
+            plan.shape
+                .decodes
+                .iter()
+                .zip(&timing.decode_tokens)
+                .map(|(d, n)| (d.request_key, *n)),
+        );
+        bursts.sort_unstable_by_key(|b| b.0);
         let mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>> = BTreeMap::new();
         let mut finished: Vec<String> = Vec::new();
         let capacity = plan.scheduled.len();
@@ -153,8 +157,8 @@ impl SimEngine {
             let Some(r) = self.batch.advance(slot, n) else {
                 continue; // a partial prefill, or aborted / preempted during the step
             };
-            let burst = match bursts.get(&r.key) {
-                Some(&n) if r.started => Burst::Model { n, k },
+            let burst = match bursts.binary_search_by_key(&r.key, |b| b.0) {
+                Ok(i) if r.started => Burst::Model { n: bursts[i].1, k },
                 _ => Burst::Engine,
             };
             // one vector per client, sized for the whole step: growing it moved every
@@ -180,6 +184,7 @@ impl SimEngine {
                 to_script.push(r.id.to_string());
             }
         }
+        self.bursts = bursts;
         for id in &finished {
             self.finish_silently(id);
         }

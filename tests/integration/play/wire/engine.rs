@@ -372,3 +372,36 @@ async fn a_pooling_engine_answers_with_vectors() {
     assert!((norm - 1.0).abs() < 1e-4, "{norm}");
     w.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disable_log_stats_sends_no_scheduler_stats_and_no_request_events() {
+    // as vLLM's engine with log_stats off: the same tokens, prefill stats still there
+    let mut a = args();
+    a.disable_log_stats = true;
+    let mut w = Wire::start(a).await;
+    w.send(&add("quiet", &[10, 11, 12], 4)).await;
+    let c = w.collect(&["quiet"]).await;
+    assert_eq!(c.tokens["quiet"].len(), 4);
+    assert_eq!(c.prefill["quiet"].num_prompt_tokens, 3);
+    assert!(
+        c.envelopes.iter().all(|e| e.scheduler_stats.is_none()),
+        "an envelope carried scheduler stats"
+    );
+    assert!(
+        c.events.get("quiet").is_none_or(Vec::is_empty),
+        "request events were sent: {:?}",
+        c.events
+    );
+    w.stop().await.unwrap();
+
+    // the default sends both
+    let mut w = Wire::start(args()).await;
+    w.send(&add("loud", &[10, 11, 12], 4)).await;
+    let c = w.collect(&["loud"]).await;
+    assert!(c.envelopes.iter().any(|e| e.scheduler_stats.is_some()));
+    assert_eq!(
+        c.events["loud"],
+        vec![EventType::Queued, EventType::Scheduled]
+    );
+    w.stop().await.unwrap();
+}
