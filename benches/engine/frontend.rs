@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{Engine, cpu_seconds, free_port, wait_health};
+use crate::process::{Engine, free_port, run_time_seconds, wait_health};
 
 pub(crate) struct FrontendResult {
     pub(crate) output_tok_s: f64,
@@ -78,7 +78,10 @@ pub(crate) fn frontend_run(
         engine.stop();
         return None;
     }
-    let (fcpu0, ecpu0) = (cpu_seconds(front.id()), cpu_seconds(engine.child.id()));
+    let (fcpu0, ecpu0) = (
+        run_time_seconds(front.id()),
+        run_time_seconds(engine.child.id()),
+    );
     let start = Instant::now();
     let out = Command::new(&rs)
         .args([
@@ -104,8 +107,8 @@ pub(crate) fn frontend_run(
         .ok()?;
     let wall = start.elapsed().as_secs_f64();
     let (fcpu, ecpu) = (
-        cpu_seconds(front.id()) - fcpu0,
-        cpu_seconds(engine.child.id()) - ecpu0,
+        run_time_seconds(front.id()) - fcpu0,
+        run_time_seconds(engine.child.id()) - ecpu0,
     );
     // SAFETY: signalling our own child.
     unsafe { libc::kill(front.id() as i32, libc::SIGTERM) };
@@ -189,7 +192,7 @@ pub(crate) fn frontend_part(dir: &Path, quick: bool) {
                 match frontend_run(&run_dir, bin, args, c, n) {
                     Some(r) => {
                         println!(
-                            "| {pacing} | {} | {name} | {:.0} | {:.1} | {:.2} | {:.2} | {:.1} % |",
+                            "| {pacing} | {} | {name} | {:.0} | {:.1} | {:.3} | {:.3} | {:.1} % |",
                             r.concurrency,
                             r.output_tok_s,
                             r.wall,
@@ -227,7 +230,7 @@ fn paced_floor_table(paced: &[(usize, &str, FrontendResult)], quick: bool) {
         "| concurrency | build | engine CPU µs a step | floor µs a step | frontend CPU µs a step | floor / frontend | engine / frontend |"
     );
     println!("|---:|---|---:|---:|---:|---:|---:|");
-    let steps = if quick { 100 } else { 1000 };
+    let steps = if quick { 100 } else { 500 };
     for (c, name, r) in paced {
         // a step's message: about 70 bytes an output (id, one token, the fixed fields)
         let Some(floor) = paced_floor_us(steps, 300 + 70 * c) else {
