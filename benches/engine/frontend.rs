@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{Engine, free_port, run_time_seconds, wait_health};
+use crate::process::{Engine, free_port, process_cpu_seconds, wait_health};
 
 pub(crate) struct FrontendResult {
     pub(crate) output_tok_s: f64,
@@ -79,8 +79,8 @@ pub(crate) fn frontend_run(
         return None;
     }
     let (fcpu0, ecpu0) = (
-        run_time_seconds(front.id()),
-        run_time_seconds(engine.child.id()),
+        process_cpu_seconds(front.id()),
+        process_cpu_seconds(engine.child.id()),
     );
     let start = Instant::now();
     let out = Command::new(&rs)
@@ -107,8 +107,8 @@ pub(crate) fn frontend_run(
         .ok()?;
     let wall = start.elapsed().as_secs_f64();
     let (fcpu, ecpu) = (
-        run_time_seconds(front.id()) - fcpu0,
-        run_time_seconds(engine.child.id()) - ecpu0,
+        process_cpu_seconds(front.id()) - fcpu0,
+        process_cpu_seconds(engine.child.id()) - ecpu0,
     );
     // SAFETY: signalling our own child.
     unsafe { libc::kill(front.id() as i32, libc::SIGTERM) };
