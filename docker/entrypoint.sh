@@ -67,6 +67,7 @@ MOCK_REPLAY_SUMMARY|text|--replay-summary|engine
 MOCK_EXPECT_CONFIG_HASH|hex|--expect-config-hash|engine
 MOCK_WAIT_FOR_TRACE_S|int:0|(entrypoint: wait this long for the trace files)|engine
 MOCK_LOG_REQUESTS|bool|--log-requests|engine
+MOCK_DISABLE_LOG_STATS|bool|--disable-log-stats|engine
 MOCK_SHUTDOWN_TIMEOUT_S|num|--shutdown-timeout|engine
 MOCK_VLLM_VERSION|text|--vllm-version|engine
 EOF

@@ -139,10 +139,12 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn an_abandoned_sleeps_expiry_does_not_end_the_next_one_early() {
         let mut t = PreciseTimer::new().unwrap();
-        let soon = Instant::now() + Duration::from_millis(1);
-        // dropped before its expiry, which then fires with nobody waiting
-        let _ = tokio::time::timeout(Duration::from_micros(100), t.sleep_until(soon)).await;
-        tokio::time::sleep(Duration::from_millis(3)).await;
+        let later = Instant::now() + Duration::from_millis(100);
+        // dropped well before its expiry (tokio's timer wakes within a few ms), which then
+        // fires with nobody waiting and leaves the descriptor's readiness set
+        let abandoned = tokio::time::timeout(Duration::from_millis(1), t.sleep_until(later)).await;
+        assert!(abandoned.is_err(), "the first sleep was to be abandoned");
+        tokio::time::sleep_until((later + Duration::from_millis(10)).into()).await;
         let d = Instant::now() + Duration::from_millis(5);
         t.sleep_until(d).await;
         assert!(Instant::now() >= d);

@@ -109,3 +109,17 @@ fn the_entrypoint_names_the_traced_model_as_clients_do() {
         }
     }
 }
+
+/// A boolean MOCK_ variable gives its flag when true and nothing when false.
+#[test]
+fn the_entrypoint_maps_a_true_boolean_to_its_flag_and_a_false_one_to_nothing() {
+    let (code, err) = entrypoint("play", &[("MOCK_DISABLE_LOG_STATS", "true")]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains(" --disable-log-stats"), "{err}");
+    let (code, err) = entrypoint("play", &[("MOCK_DISABLE_LOG_STATS", "off")]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("--disable-log-stats"), "{err}");
+    let (code, err) = entrypoint("play", &[("MOCK_DISABLE_LOG_STATS", "maybe")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("MOCK_DISABLE_LOG_STATS"), "{err}");
+}
