@@ -84,9 +84,9 @@ pub struct PlayArgs {
     /// Make no scheduler stats and no request events, as vLLM's engine started with
     /// `--disable-log-stats`: outputs carry no `scheduler_stats` (the frontend's engine
     /// gauges and prefix-cache counters stay empty) and no queued/scheduled/preempted
-    /// timestamps. Saves the engine the per-step stats. Under `serve`, passing
-    /// `--disable-log-stats` to the frontend (after `--`) sets this too, as `vllm serve`
-    /// does for its engine.
+    /// timestamps. Saves the engine the per-step stats. Under `serve` this flag, or
+    /// `--disable-log-stats` given to the frontend after `--`, turns stats off on both
+    /// sides, as `vllm serve --disable-log-stats` does.
     #[arg(long)]
     pub disable_log_stats: bool,
 
