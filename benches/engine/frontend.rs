@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{Engine, free_port, process_cpu_seconds, wait_health};
+use crate::process::{Engine, clock_seconds, free_port, process_cpu_seconds, wait_health};
 
 pub(crate) struct FrontendResult {
     pub(crate) output_tok_s: f64,
@@ -263,7 +263,8 @@ fn paced_floor_us(steps: usize, bytes: usize) -> Option<f64> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_nodelay(true).ok()?;
     let msg = vec![0x5a_u8; bytes];
-    let t0 = thread_cpu_seconds();
+    let thread_cpu = || clock_seconds(libc::CLOCK_THREAD_CPUTIME_ID);
+    let t0 = thread_cpu()?;
     let mut next = Instant::now();
     for _ in 0..steps {
         next += Duration::from_millis(10);
@@ -272,18 +273,8 @@ fn paced_floor_us(steps: usize, bytes: usize) -> Option<f64> {
         }
         s.write_all(&msg).ok()?;
     }
-    let cpu = thread_cpu_seconds() - t0;
+    let cpu = thread_cpu()? - t0;
     drop(s);
     reader.join().ok()??;
     Some(cpu * 1e6 / steps as f64)
-}
-
-fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid pointer to a local timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }

@@ -31,19 +31,23 @@ pub(crate) fn part(name: &str) -> bool {
 /// 0.1 s, and the 10 ms ticks of `cpu_seconds` were a tenth of it.
 pub(crate) fn process_cpu_seconds(pid: u32) -> f64 {
     let mut clock: libc::clockid_t = 0;
+    // SAFETY: a plain call with a valid pointer to a local.
+    let found = unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) } == 0;
+    found
+        .then(|| clock_seconds(clock))
+        .flatten()
+        .unwrap_or_else(|| cpu_seconds(pid))
+}
+
+/// The time of `clock` (a CPU-time clock: a process's, `CLOCK_THREAD_CPUTIME_ID`), seconds.
+pub(crate) fn clock_seconds(clock: libc::clockid_t) -> Option<f64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: plain calls with valid pointers to locals.
-    let ok = unsafe {
-        libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) == 0
-            && libc::clock_gettime(clock, &mut ts) == 0
-    };
-    if !ok {
-        return cpu_seconds(pid);
-    }
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    // SAFETY: a valid pointer to a local timespec.
+    let ok = unsafe { libc::clock_gettime(clock, &mut ts) } == 0;
+    ok.then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 /// utime + stime of a process, seconds.

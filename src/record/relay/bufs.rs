@@ -9,9 +9,8 @@
 //! reads and writes per message) and a new buffer is needed less often. In a burst the
 //! observer falls behind (it decodes tens of thousands of messages a second, the relay
 //! forwards hundreds of thousands) and holds every buffer until the burst is over, so a
-//! burst's bytes are new memory whatever the pipe does: a list of used-up buffers taken
-//! back once the observer let go of them was measured and changed nothing, and there is
-//! none.
+//! burst's bytes are new memory whatever the pipe does: keeping used-up buffers to take
+//! back later would not save an allocation.
 
 use std::io;
 

@@ -322,17 +322,20 @@ impl ToolCallFormat {
         }
     }
 
-    /// A Lark grammar of a text answer `text` in this format, where a structural tag (its
-    /// text `tag`) asks for one in markup of its own: Beam's final channel
-    /// (`<|channel|>final<|message|>…<|return|>`), which vllm-rs's `beam` tag offers beside
-    /// the calls under `tool_choice: auto`.
-    pub fn text_answer(self, tag: &str, text: &str) -> Option<String> {
-        (self == ToolCallFormat::Beam && tag.contains(BEAM_FINAL)).then(|| {
-            format!(
-                "start: {}\n",
-                lark_str(&format!("{BEAM_FINAL}{text}<|return|>"))
-            )
-        })
+    /// Whether a structural tag (its text `tag`) offers, beside the calls, a text answer in
+    /// this format's own markup: Beam's final channel, which vllm-rs's `beam` tag offers
+    /// under `tool_choice: auto` ([`Self::text_answer`]).
+    pub fn offers_text_answer(self, tag: &str) -> bool {
+        self == ToolCallFormat::Beam && tag.contains(BEAM_FINAL)
+    }
+
+    /// A Lark grammar of the text answer `text` in this format's markup, for a tag that
+    /// [offers one](Self::offers_text_answer): `<|channel|>final<|message|>…<|return|>`.
+    pub fn text_answer(self, text: &str) -> String {
+        format!(
+            "start: {}\n",
+            lark_str(&format!("{BEAM_FINAL}{text}<|return|>"))
+        )
     }
 
     /// A Lark grammar of one call to `name` whose arguments follow `params` (a closed JSON
@@ -583,7 +586,6 @@ impl ToolCallFormat {
 /// MiniMax-M3's marker before every tag of its calls.
 const M3: &str = "]<]minimax[>[";
 
-/// What follows a call's function name in Beam's markup.
 /// The markers Beam's markup is spelled with (vllm-rs's `beam` parser constrains answers to
 /// it), in the order a model of one's own adds them to the embedded vocabulary in the
 /// tests: a model whose tokenizer has them as tokens can stand behind that parser.
@@ -597,6 +599,7 @@ pub const BEAM_MARKERS: &[&str] = &[
     "<|call|>",
 ];
 
+/// What follows a call's function name in Beam's markup.
 const BEAM_CALL: &str = "<|channel|>analysis <|constrain|>xml<|message|>";
 /// What opens a text answer in Beam's markup.
 const BEAM_FINAL: &str = "<|channel|>final<|message|>";

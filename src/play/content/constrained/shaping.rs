@@ -98,12 +98,12 @@ impl Shaping {
                         // calls (vllm-rs's `beam` under `auto`): text, unless the draw
                         // under `--tool-call-rate` calls
                         let format = self.tool_calls.format;
-                        if format.text_answer(text, "").is_some()
+                        if format.offers_text_answer(text)
                             && (tools.tools.is_empty()
                                 || !self.tool_calls.calls(&tools, stream_seed))
                         {
                             let words = self.answer_words(req, thinking, stream_seed);
-                            calls.splice(0..0, format.text_answer(text, &words));
+                            calls.insert(0, format.text_answer(&words));
                         }
                         Recipe::Tag(tag, tools, specials_for(&so))
                     }

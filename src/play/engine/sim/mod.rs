@@ -344,7 +344,7 @@ impl SimEngine {
                 });
         }
         self.in_flight = None;
-        self.send_step(by_client, true, now, out);
+        self.send_step(by_client, now, out);
     }
 
     /// Total requests known (waiting + running).

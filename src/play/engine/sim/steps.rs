@@ -61,17 +61,15 @@ impl SimEngine {
     }
 
     /// Send one step's envelopes: one per client with outputs, the scheduler stats to
-    /// client 0 (in its own envelope if it had no outputs) when `stats` or the gauges
-    /// changed, and any finished ids not yet reported to their clients.
+    /// client 0 (in its own envelope if it had no outputs; none under
+    /// `--disable-log-stats`), and any finished ids not yet reported to their clients.
     pub(super) fn send_step(
         &mut self,
         mut by_client: BTreeMap<u32, Vec<EngineCoreOutput>>,
-        stats: bool,
         now: Instant,
         out: &mut Outbox,
     ) {
-        let mut stats =
-            (self.cfg.log_stats && (stats || self.batch.is_dirty())).then(|| self.take_stats());
+        let mut stats = self.cfg.log_stats.then(|| self.take_stats());
         let mut finished = std::mem::take(&mut self.unreported_finished);
         by_client.entry(0).or_default();
         for client in finished.keys() {
@@ -126,7 +124,7 @@ impl SimEngine {
             return;
         }
         if (self.cfg.log_stats && self.batch.is_dirty()) || !self.unreported_finished.is_empty() {
-            self.send_step(BTreeMap::new(), true, now, out);
+            self.send_step(BTreeMap::new(), now, out);
         }
     }
 
@@ -201,11 +199,11 @@ impl SimEngine {
             }
         }
         // every step reports stats, like vLLM's scheduler
-        self.send_step(by_client, true, now, out);
+        self.send_step(by_client, now, out);
         if !finished.is_empty() && self.is_idle() {
             // vLLM steps once more to hand the finished ids to its workers: an empty step
             // whose stats (nothing running or waiting) close the burst
-            self.send_step(BTreeMap::new(), true, now, out);
+            self.send_step(BTreeMap::new(), now, out);
         }
         self.publish_kv_events();
         self.complete_drain(now, out);
@@ -249,7 +247,7 @@ impl SimEngine {
                     .push(r.id.into());
             }
         }
-        self.send_step(by_client, true, now, out);
+        self.send_step(by_client, now, out);
         self.complete_drain(now, out);
     }
 }
