@@ -152,9 +152,14 @@ commands:
              (the test suite checks the same)
 ";
 
+/// The workspace `cargo xtask` runs in. `cargo run` gives the process the package's
+/// directory, which is the checkout's even when several checkouts share one target
+/// directory (and so one `xtask` binary, whose compile-time path is the last to build it).
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    dir.parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()
 }
