@@ -8,7 +8,7 @@ use clap::Args;
 
 use super::options::{OwnTurnarounds, RunOptions, notes};
 use super::route::{Fleet, Route};
-use super::workload::{Sessions, Workload, duration_ms};
+use super::workload::{Sessions, Workload, duration_ms, ramp};
 use crate::play::EngineArgs;
 
 #[derive(Debug, Clone, Args)]
@@ -130,10 +130,11 @@ pub struct ArrivalArgs {
     /// --replay-think-ms; the recorded arrivals of the later requests are not used). `auto`: N is the capture's concurrency — the largest of the
     /// records' `concurrency`, else the most requests in flight at once by the recorded
     /// arrivals and ends. With --replay-sessions, N counts sessions, as a multi-turn load
-    /// generator keeps N conversations going: the first N sessions start at their
-    /// recorded offsets, each next one when a session's last turn finishes (plus
-    /// --replay-think-ms); `auto` is then the most sessions in flight at once in the
-    /// capture (a session spans its first arrival to its last recorded end).
+    /// generator keeps N conversations going, and the same holds with a session in place
+    /// of a request (a session spans its root's arrival to its last recorded end): the
+    /// ramp's sessions start when their roots were sent, each next one when a session's
+    /// last turn finishes (plus the turnaround, below); `auto` is then the most sessions
+    /// in flight at once in the capture.
     #[arg(
         long,
         value_name = "N|auto",
@@ -147,9 +148,10 @@ pub struct ArrivalArgs {
     /// tap recorded each send (`sent_ms`): the median time from a finish to the next send,
     /// plus the time a send took to reach an idle engine — a few ms, enough that the next
     /// request misses the step that starts as the last one finishes, as on the real
-    /// engine; 0 for traces without sends (and for sessions, whose turns keep their own
-    /// recorded gaps). `calibrate-e2e` sends through a real frontend, which takes its own
-    /// turnaround: there the default is 0.
+    /// engine; 0 for traces without sends. Over sessions, from a session's end to the next
+    /// session's root (a session's turns keep their own recorded gaps). `calibrate-e2e`
+    /// sends through a real frontend, which takes its own turnaround: there the default
+    /// is 0.
     #[arg(long, value_name = "MS", requires = "replay_concurrency", value_parser = parse_think_ms)]
     pub replay_think_ms: Option<f64>,
 
@@ -212,8 +214,10 @@ impl ArrivalArgs {
         let concurrency = self.resolve(work)?;
         notes(self.replay_sessions, work, engine);
         let think = match (self.replay_think_ms, concurrency) {
-            (None, Some(c)) if !self.replay_sessions => {
-                duration_ms(work.turnaround_ms(work.ramp(c)).unwrap_or(0.0))
+            (None, Some(c)) => {
+                let sessions = self.replay_sessions.then(|| Sessions::of(&work.sessions()));
+                let units = work.loop_units(sessions.as_ref());
+                duration_ms(work.turnaround_ms(&units, ramp(&units, c)).unwrap_or(0.0))
             }
             _ => self.think(),
         };

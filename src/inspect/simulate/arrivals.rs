@@ -10,7 +10,7 @@ use std::collections::BinaryHeap;
 use std::time::Duration;
 
 use super::options::RunOptions;
-use super::workload::{Children, Sessions, Turn, Workload, duration_ms};
+use super::workload::{Children, Sessions, Turn, Workload, duration_ms, ramp, ramp_sends};
 
 pub struct Arrivals<'a> {
     work: &'a Workload,
@@ -21,7 +21,8 @@ pub struct Arrivals<'a> {
     root_of: Vec<u32>,
     left_in_session: Vec<u32>,
     /// Closed loop: what takes a slot, in order (requests; with --replay-sessions, the
-    /// sessions' roots), the next one (`queue[waiting]`), the slots and the ramp.
+    /// sessions' roots), the next one (`queue[waiting]`), the slots and the ramp (of
+    /// requests or sessions alike: see `workload::ramp`).
     queue: Vec<usize>,
     waiting: usize,
     slots_taken: usize,
@@ -51,17 +52,15 @@ impl<'a> Arrivals<'a> {
         } else {
             (0..n).collect()
         };
-        let (cap, ramp) = match opts.concurrency {
-            Some(c) if opts.replay_sessions => (c, c),
-            Some(c) => (c, work.ramp(c)),
-            None => (usize::MAX, n),
-        };
-        // the ramp's requests are sent when the load generator sent them, not when the
+        // the ramp's units are sent when the load generator sent them, not when the
         // engine queued them (what a record's arrival is)
-        let ramp_sends = if opts.concurrency.is_some() && !opts.replay_sessions {
-            work.ramp_sends(ramp)
-        } else {
-            Vec::new()
+        let (cap, ramp, ramp_sends) = match opts.concurrency {
+            Some(c) => {
+                let units = work.loop_units(opts.replay_sessions.then_some(&sessions));
+                let ramp = ramp(&units, c);
+                (c, ramp, ramp_sends(&units, ramp))
+            }
+            None => (usize::MAX, n, Vec::new()),
         };
         let shift = work
             .reqs

@@ -224,14 +224,58 @@ fn a_closed_loops_turnaround_is_the_median_gap_from_a_finish_to_the_next_send_pl
         .map(|&a| (a, 8, &[][..], Some(10.0)))
         .collect();
     let mut w = workload(&records, 4);
-    assert_eq!(w.turnaround_ms(2), None, "no sends recorded");
+    assert_eq!(
+        w.turnaround_ms(&w.loop_units(None), 2),
+        None,
+        "no sends recorded"
+    );
     for p in &mut w.reqs {
         p.sent_ms = p.arrival_ms.map(|a| a - 1.0);
     }
     // the first two found an idle engine
     assert_eq!(w.intake_ms(), Some(1.0));
     // sends at 12, 13, 27, 28 after ends at 10, 10, 24, 24: gaps 2, 3, 3, 4
-    assert_eq!(w.turnaround_ms(2), Some(3.0 + 1.0));
+    assert_eq!(w.turnaround_ms(&w.loop_units(None), 2), Some(3.0 + 1.0));
+}
+
+#[test]
+fn a_closed_loop_over_sessions_counts_sessions_and_ends_each_with_its_last_turn() {
+    // A: 0 (0–10) and its turn 2 (20–30); B: 1 (1–6); C: 3, sent at 31, queued at 32
+    let records: Vec<(f64, u32, &[u64], Option<f64>)> = vec![
+        (0.0, 8, &[][..], Some(10.0)),
+        (1.0, 8, &[][..], Some(5.0)),
+        (20.0, 8, &[][..], Some(10.0)),
+        (32.0, 8, &[][..], Some(5.0)),
+    ];
+    let mut w = workload(&records, 4);
+    w.reqs[3].sent_ms = Some(31.0);
+    let gap = Duration::from_millis(10);
+    let turns = [
+        Turn::Root,
+        Turn::Root,
+        Turn::After { parent: 0, gap },
+        Turn::Root,
+    ];
+    let sessions = Sessions::of(&turns);
+    let units = w.loop_units(Some(&sessions));
+    let ends: Vec<_> = units.iter().map(|u| u.end_ms).collect();
+    assert_eq!(ends, vec![Some(30.0), Some(6.0), Some(37.0)]);
+    assert_eq!(
+        units[2].sent_ms,
+        Some(31.0),
+        "a session is sent as its root"
+    );
+    // B's arrival found A under way: two sessions in flight from the second on
+    assert_eq!(ramp(&units, 2), 2);
+    // C was sent 1 ms after A's last turn ended, and queued 1 ms after that
+    assert_eq!(w.turnaround_ms(&units, 2), Some(1.0 + 1.0));
+    // over requests, C was sent 1 ms after request 2 (A's last turn) ended, too
+    let requests = w.loop_units(None);
+    assert_eq!(requests.len(), 4);
+    assert_eq!(w.turnaround_ms(&requests, 2), Some(1.0 + 1.0));
+    // a session with a request that has no recorded end stays in flight
+    w.reqs[2].e2e_ms = None;
+    assert_eq!(w.loop_units(Some(&sessions))[0].end_ms, None);
 }
 
 /// A closed loop of two: thirteen pairs of requests, each pair finishing together and its
@@ -295,7 +339,10 @@ fn a_ramp_request_queued_as_an_earlier_ones_first_token_came_out_arrives_just_af
         p.ttft_ms = Some(35.0);
         p.sent_ms = Some(t);
     }
-    assert_eq!(w.ramp_sends(3), vec![Some(5.0), Some(5.0), Some(5.01)]);
+    assert_eq!(
+        ramp_sends(&w.loop_units(None), 3),
+        vec![Some(5.0), Some(5.0), Some(5.01)]
+    );
 }
 
 #[test]

@@ -230,15 +230,19 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
         err.contains("note: the capture's scheduler settings"),
         "{err}"
     );
-    // over sessions, the cap counts sessions (every request of this capture is one: its
-    // repeated prompts cannot hold an earlier prompt and its answer); not gated, as a
-    // session's next root is sent the moment a slot frees, without the capture's ramp
+    // over sessions, the cap counts sessions; every request of this capture is one (its
+    // repeated prompts cannot hold an earlier prompt and its answer), so the closed loop
+    // over sessions — ramp, turnaround and all — is the closed loop over requests
+    let sessions = json(&["--replay-concurrency", "auto", "--replay-sessions"]);
+    assert_eq!(sessions["arrivals"], "sessions-concurrency");
+    assert_eq!(sessions["replay_concurrency"], 8);
+    assert_eq!(sessions["cohorts"], closed["cohorts"]);
     let out = calibrate_fixture(&[
         "--replay-concurrency",
         "8",
         "--replay-sessions",
         "--tolerance",
-        "100000",
+        "1000",
     ])
     .run();
     let (out, _) = texts(&out);
