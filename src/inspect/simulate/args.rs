@@ -8,7 +8,7 @@ use clap::Args;
 
 use super::options::{OwnTurnarounds, RunOptions, notes};
 use super::route::{Fleet, Route};
-use super::workload::{Sessions, Workload, duration_ms, ramp};
+use super::workload::{LoopUnit, Sessions, Workload, client_spacing_ms, duration_ms, ramp};
 use crate::play::EngineArgs;
 
 #[derive(Debug, Clone, Args)]
@@ -155,8 +155,9 @@ pub struct ArrivalArgs {
     #[arg(long, value_name = "MS", requires = "replay_concurrency", value_parser = parse_think_ms)]
     pub replay_think_ms: Option<f64>,
 
-    /// With --replay-concurrency (without --replay-think-ms, and not over sessions, whose
-    /// turns keep their recorded gaps): whose turnaround each next request takes. `median`: the capture's median, every request the same.
+    /// With --replay-concurrency (without --replay-think-ms): whose turnaround each next
+    /// request (or, with --replay-sessions, each next session) takes. `median`: the
+    /// capture's median, every request the same.
     /// `recorded`: each request its own, as the capture's client sent it (its send less
     /// the latest recorded finish before it, plus the time a send took to reach an idle
     /// engine; the median for a request without a send). `auto`: `recorded` when the
@@ -213,11 +214,14 @@ impl ArrivalArgs {
     pub fn options(&self, work: &Workload, engine: &EngineArgs) -> Result<RunOptions> {
         let concurrency = self.resolve(work)?;
         notes(self.replay_sessions, work, engine);
-        let think = match (self.replay_think_ms, concurrency) {
-            (None, Some(c)) => {
-                let sessions = self.replay_sessions.then(|| Sessions::of(&work.sessions()));
-                let units = work.loop_units(sessions.as_ref());
-                duration_ms(work.turnaround_ms(&units, ramp(&units, c)).unwrap_or(0.0))
+        // what takes a slot of the closed loop: requests, or sessions
+        let units = concurrency.map(|_| {
+            let sessions = self.replay_sessions.then(|| Sessions::of(&work.sessions()));
+            work.loop_units(sessions.as_ref())
+        });
+        let think = match (self.replay_think_ms, concurrency, &units) {
+            (None, Some(c), Some(units)) => {
+                duration_ms(work.turnaround_ms(units, ramp(units, c)).unwrap_or(0.0))
             }
             _ => self.think(),
         };
@@ -225,7 +229,7 @@ impl ArrivalArgs {
             replay_sessions: self.replay_sessions,
             concurrency,
             think,
-            own_turnarounds: self.own_turnarounds(work, concurrency),
+            own_turnarounds: units.as_deref().and_then(|u| self.own_turnarounds(u)),
             cold_prompts: self.cold_prompts,
             hash_blocks: None,
             record_tokens: false,
@@ -266,17 +270,13 @@ impl ArrivalArgs {
         })
     }
 
-    /// Whether each request of a closed loop over `work` takes its own recorded
-    /// turnaround (`--replay-turnarounds`).
-    fn own_turnarounds(
-        &self,
-        work: &Workload,
-        concurrency: Option<usize>,
-    ) -> Option<OwnTurnarounds> {
-        if concurrency.is_none() || self.replay_sessions || self.replay_think_ms.is_some() {
+    /// Whether each unit of a closed loop over `units` (requests, or sessions) takes its
+    /// own recorded turnaround (`--replay-turnarounds`).
+    fn own_turnarounds(&self, units: &[LoopUnit]) -> Option<OwnTurnarounds> {
+        if self.replay_think_ms.is_some() {
             return None;
         }
-        let client_spacing_ms = work.client_spacing_ms();
+        let client_spacing_ms = client_spacing_ms(units);
         let own = match self.replay_turnarounds {
             Turnarounds::Median => false,
             Turnarounds::Recorded => true,

@@ -34,7 +34,8 @@ pub struct Arrivals<'a> {
     shift: f64,
     /// (due, arrival-order index): the earliest first, ties in arrival order.
     due: BinaryHeap<Reverse<(Duration, usize)>>,
-    /// Each request's own turnaround, ms (`RunOptions::own_turnarounds`; else empty).
+    /// Each unit's own turnaround, ms, in `queue`'s order (`RunOptions::own_turnarounds`;
+    /// else empty).
     own: Vec<Option<f64>>,
 }
 
@@ -54,13 +55,17 @@ impl<'a> Arrivals<'a> {
         };
         // the ramp's units are sent when the load generator sent them, not when the
         // engine queued them (what a record's arrival is)
-        let (cap, ramp, ramp_sends) = match opts.concurrency {
+        let (cap, ramp, ramp_sends, own) = match opts.concurrency {
             Some(c) => {
                 let units = work.loop_units(opts.replay_sessions.then_some(&sessions));
                 let ramp = ramp(&units, c);
-                (c, ramp, ramp_sends(&units, ramp))
+                let own = match opts.own_turnarounds {
+                    Some(_) => work.turnarounds_ms(&units),
+                    None => Vec::new(),
+                };
+                (c, ramp, ramp_sends(&units, ramp), own)
             }
-            None => (usize::MAX, n, Vec::new()),
+            None => (usize::MAX, n, Vec::new(), Vec::new()),
         };
         let shift = work
             .reqs
@@ -82,11 +87,7 @@ impl<'a> Arrivals<'a> {
             ramp_sends,
             shift,
             due: BinaryHeap::new(),
-            own: if opts.own_turnarounds.is_some() && !opts.replay_sessions {
-                work.turnarounds_ms()
-            } else {
-                Vec::new()
-            },
+            own,
         };
         if opts.concurrency.is_none() {
             for i in 0..n {
@@ -162,7 +163,12 @@ impl<'a> Arrivals<'a> {
                     .map_or_else(|| self.recorded(i), |t| duration_ms(t - self.shift));
                 now.max(sent)
             } else {
-                let own = self.own.get(i).copied().flatten().map(duration_ms);
+                let own = self
+                    .own
+                    .get(self.waiting)
+                    .copied()
+                    .flatten()
+                    .map(duration_ms);
                 now.saturating_add(own.unwrap_or(self.opts.think))
             };
             self.due.push(Reverse((at, i)));

@@ -25,12 +25,12 @@ pub struct Counts {
     pub replay: Option<(String, Value)>,
 }
 
-/// A closed loop that sends each request after its own recorded turnaround
+/// A closed loop that sends each request (or session) after its own recorded turnaround
 /// (`--replay-turnarounds`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OwnTurnarounds {
     /// How far apart the capture's client sent what one finish freed, ms, when measured
-    /// ([`Workload::client_spacing_ms`]).
+    /// ([`client_spacing_ms`](super::workload::client_spacing_ms)).
     pub client_spacing_ms: Option<f64>,
 }
 
@@ -44,7 +44,7 @@ pub struct RunOptions {
     pub concurrency: Option<usize>,
     /// With `concurrency`: from a finish to the next request's arrival.
     pub think: Duration,
-    /// With `concurrency`: each request after its own recorded turnaround
+    /// With `concurrency`: each request (or session) after its own recorded turnaround
     /// ([`Workload::turnarounds_ms`]) instead of `think`, where it has one.
     pub own_turnarounds: Option<OwnTurnarounds>,
     /// No prefix reuse between requests (`--cold-prompts`).

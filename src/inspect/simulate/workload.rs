@@ -65,7 +65,7 @@ pub struct Planned {
     pub(super) hashes: (u32, u32),
 }
 
-/// Pairs of sends after one finish [`Workload::client_spacing_ms`] needs to say how the
+/// Pairs of sends after one finish [`client_spacing_ms`] needs to say how the
 /// client sent them.
 pub const MIN_SPACINGS: usize = 10;
 
@@ -443,7 +443,7 @@ fn mix(x: u64) -> u64 {
 mod closed_loop;
 mod links;
 
-pub use closed_loop::{LoopUnit, Sessions, ramp, ramp_sends};
+pub use closed_loop::{LoopUnit, Sessions, client_spacing_ms, ramp, ramp_sends};
 
 #[cfg(test)]
 mod tests;

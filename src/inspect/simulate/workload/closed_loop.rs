@@ -66,47 +66,19 @@ impl Workload {
         quantile_of(&mut idle, 0.5)
     }
 
-    /// Each request's own turnaround, ms: its send minus the latest recorded end before
-    /// it, plus [`Self::intake_ms`] (`None`: no send, or no end before it).
-    pub fn turnarounds_ms(&self) -> Vec<Option<f64>> {
-        let ends = self.sorted_ends();
+    /// Each unit's own turnaround, ms: its send minus the latest recorded end of a unit
+    /// before it, plus [`Self::intake_ms`] (`None`: no send, or no end before it).
+    pub fn turnarounds_ms(&self, units: &[LoopUnit]) -> Vec<Option<f64>> {
+        let ends = sorted_ends(units);
         let intake = self.intake_ms().unwrap_or(0.0);
-        self.reqs
+        units
             .iter()
-            .map(|p| {
-                let s = p.sent_ms?;
+            .map(|u| {
+                let s = u.sent_ms?;
                 let i = ends.partition_point(|e| *e <= s);
                 (i > 0).then(|| s - ends[i - 1] + intake)
             })
             .collect()
-    }
-
-    /// How the capture's client sent the requests that one finish released, ms: the
-    /// median time between two consecutive sends after the same recorded end (0 for a load
-    /// generator that fills every freed slot at once; a client that answers finished
-    /// requests one at a time spaces them by its own work). `None` with fewer than
-    /// [`MIN_SPACINGS`] such pairs.
-    pub fn client_spacing_ms(&self) -> Option<f64> {
-        let ends = self.sorted_ends();
-        let mut after: Vec<(usize, f64)> = self
-            .reqs
-            .iter()
-            .filter_map(|p| {
-                let s = p.sent_ms?;
-                let i = ends.partition_point(|e| *e <= s);
-                (i > 0).then_some((i, s))
-            })
-            .collect();
-        after.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
-        let mut gaps: Vec<f64> = after
-            .windows(2)
-            .filter(|w| w[0].0 == w[1].0)
-            .map(|w| w[1].1 - w[0].1)
-            .collect();
-        if gaps.len() < MIN_SPACINGS {
-            return None;
-        }
-        quantile_of(&mut gaps, 0.5)
     }
 
     /// The units of a closed loop, in arrival order: every request (`sessions` `None`),
@@ -147,8 +119,7 @@ impl Workload {
     /// engine — the median of `sent −` the latest recorded end of a unit before it, over
     /// the units after the first `ramp`, plus [`Self::intake_ms`]. `None` without sends.
     pub fn turnaround_ms(&self, units: &[LoopUnit], ramp: usize) -> Option<f64> {
-        let mut ends: Vec<f64> = units.iter().filter_map(|u| u.end_ms).collect();
-        ends.sort_by(f64::total_cmp);
+        let ends = sorted_ends(units);
         let mut gaps: Vec<f64> = units
             .iter()
             .skip(ramp)
@@ -171,6 +142,40 @@ pub struct LoopUnit {
     pub sent_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
     pub end_ms: Option<f64>,
+}
+
+/// How the capture's client sent the units that one finish released, ms: the median
+/// time between two consecutive sends after the same recorded end (0 for a load
+/// generator that fills every freed slot at once; a client that answers finished
+/// requests one at a time spaces them by its own work). `None` with fewer than
+/// [`MIN_SPACINGS`] such pairs.
+pub fn client_spacing_ms(units: &[LoopUnit]) -> Option<f64> {
+    let ends = sorted_ends(units);
+    let mut after: Vec<(usize, f64)> = units
+        .iter()
+        .filter_map(|u| {
+            let s = u.sent_ms?;
+            let i = ends.partition_point(|e| *e <= s);
+            (i > 0).then_some((i, s))
+        })
+        .collect();
+    after.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let mut gaps: Vec<f64> = after
+        .windows(2)
+        .filter(|w| w[0].0 == w[1].0)
+        .map(|w| w[1].1 - w[0].1)
+        .collect();
+    if gaps.len() < MIN_SPACINGS {
+        return None;
+    }
+    quantile_of(&mut gaps, 0.5)
+}
+
+/// The units' recorded ends, ascending.
+fn sorted_ends(units: &[LoopUnit]) -> Vec<f64> {
+    let mut ends: Vec<f64> = units.iter().filter_map(|u| u.end_ms).collect();
+    ends.sort_by(f64::total_cmp);
+    ends
 }
 
 /// How many leading units of a closed-loop replay at `n` in flight are the ramp

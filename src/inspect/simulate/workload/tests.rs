@@ -269,6 +269,11 @@ fn a_closed_loop_over_sessions_counts_sessions_and_ends_each_with_its_last_turn(
     assert_eq!(ramp(&units, 2), 2);
     // C was sent 1 ms after A's last turn ended, and queued 1 ms after that
     assert_eq!(w.turnaround_ms(&units, 2), Some(1.0 + 1.0));
+    assert_eq!(
+        w.turnarounds_ms(&units),
+        vec![None, None, Some(1.0 + 1.0)],
+        "each session its own, from the latest session end before its root's send"
+    );
     // over requests, C was sent 1 ms after request 2 (A's last turn) ended, too
     let requests = w.loop_units(None);
     assert_eq!(requests.len(), 4);
@@ -306,21 +311,28 @@ fn pairs_sent(spacing: f64) -> Workload {
 
 #[test]
 fn a_client_that_sends_one_answer_at_a_time_is_told_by_the_spacing_of_its_sends() {
-    assert_eq!(pairs_sent(0.5).client_spacing_ms(), Some(0.5));
     assert_eq!(
-        pairs_sent(0.0).client_spacing_ms(),
+        client_spacing_ms(&pairs_sent(0.5).loop_units(None)),
+        Some(0.5)
+    );
+    assert_eq!(
+        client_spacing_ms(&pairs_sent(0.0).loop_units(None)),
         Some(0.0),
         "a load generator refills every freed slot at once"
     );
     let mut few = pairs_sent(0.5);
     few.reqs.truncate(12);
-    assert_eq!(few.client_spacing_ms(), None, "five pairs say nothing");
+    assert_eq!(
+        client_spacing_ms(&few.loop_units(None)),
+        None,
+        "five pairs say nothing"
+    );
 }
 
 #[test]
 fn each_requests_own_turnaround_is_its_send_after_the_latest_finish_plus_intake() {
     let w = pairs_sent(0.5);
-    let own = w.turnarounds_ms();
+    let own = w.turnarounds_ms(&w.loop_units(None));
     assert_eq!(own[0], None, "sent before any finish");
     // the engine queued each send 1 ms after it; sends 2 and 2.5 ms after the finish
     assert_eq!(own[2], Some(2.0 + 1.0));
