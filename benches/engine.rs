@@ -21,6 +21,8 @@
 //! `BENCH_BEFORE=PATH` runs part 3 with that build and this one alternating, `BENCH_PAIRS`
 //! pairs per row (default 2).
 
+#[path = "common/cpu.rs"]
+mod cpu;
 #[path = "engine/direct.rs"]
 mod direct;
 #[path = "engine/frontend.rs"]

@@ -21,16 +21,12 @@ use vllm_vcr::inspect::gen_demo::{GenDemoArgs, run as gen_demo};
 use vllm_vcr::inspect::perfetto::{Format, PerfettoArgs, write};
 use vllm_vcr::inspect::summarize::Summary;
 
+#[path = "common/cpu.rs"]
+mod cpu;
+
 /// User + system CPU seconds of this process so far, all threads.
 fn cpu_seconds() -> f64 {
-    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-    let u = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr());
-        u.assume_init()
-    };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(u.ru_utime) + tv(u.ru_stime)
+    cpu::rusage_seconds(libc::RUSAGE_SELF)
 }
 
 fn size(path: &Path) -> u64 {

@@ -48,6 +48,9 @@ use sim_protocol::{
 use tokio::sync::watch;
 use zeromq::{SocketRecv, SocketSend, ZmqMessage};
 
+#[path = "common/cpu.rs"]
+mod cpu;
+
 const LINE: VllmLine = VllmLine::new(0, 33);
 
 fn quick() -> bool {
@@ -105,14 +108,7 @@ fn thread_cpu_ns(tid: i64) -> Option<u64> {
 
 /// CPU time (user + system) of this whole process so far, in seconds.
 fn process_cpu_secs() -> f64 {
-    // SAFETY: getrusage only writes the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: RUSAGE_SELF with a valid pointer has no other preconditions.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return f64::NAN;
-    }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    secs(ru.ru_utime) + secs(ru.ru_stime)
+    cpu::rusage_seconds(libc::RUSAGE_SELF)
 }
 
 /// Minor page faults a thread of this process has taken (`/proc/self/task/TID/stat`).

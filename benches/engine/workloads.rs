@@ -194,14 +194,7 @@ pub(crate) struct SimRun {
 
 /// CPU seconds of this process's waited-for children so far.
 fn children_cpu() -> f64 {
-    // SAFETY: getrusage writes into the struct it is given; no other precondition.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
-        ru
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(ru.ru_utime) + secs(ru.ru_stime)
+    crate::cpu::rusage_seconds(libc::RUSAGE_CHILDREN)
 }
 
 /// One `inspect simulate --json` run.
