@@ -548,3 +548,36 @@ fn every_turn_of_the_corpus_multi_turn_captures_continues_its_own_conversation()
         assert_eq!(g.captured_concurrency(&w), Some(64), "{capture}");
     }
 }
+
+#[test]
+fn only_a_burst_that_opened_with_nothing_in_flight_chains_its_ramp_sends() {
+    let unit = |a: f64, ttft: f64, end: f64| LoopUnit {
+        arrival_ms: Some(a),
+        sent_ms: None,
+        ttft_ms: Some(ttft),
+        end_ms: Some(end),
+    };
+    let units = [
+        // opens a burst; the next was queued as its first token came out
+        unit(0.0, 10.0, 100.0),
+        unit(10.2, 10.0, 1000.0),
+        // starts while the second is under way; the next meets its first token by chance
+        unit(500.0, 20.0, 2000.0),
+        unit(520.5, 20.0, 2000.0),
+    ];
+    assert_eq!(
+        ramp_sends(&units, 4),
+        vec![Some(0.0), Some(0.01), Some(500.0), Some(520.5)]
+    );
+    // after a warm-up that finished, the burst opens with the next send
+    let warm = [
+        unit(0.0, 1.0, 5.0),
+        unit(50.0, 10.0, 100.0),
+        unit(50.05, 10.0, 100.0),
+        unit(60.4, 10.0, 100.0),
+    ];
+    assert_eq!(
+        ramp_sends(&warm, 4),
+        vec![Some(0.0), Some(50.0), Some(50.0), Some(50.01)]
+    );
+}

@@ -232,7 +232,7 @@ fn closed_loop_replay_of_the_cpu_engine_capture_at_its_concurrency() {
     );
     // over sessions, the cap counts sessions; every request of this capture is one (its
     // repeated prompts cannot hold an earlier prompt and its answer), so the closed loop
-    // over sessions — ramp, turnaround and all — is the closed loop over requests
+    // over sessions — ramp, ramp sends, turnaround — is the closed loop over requests
     let sessions = json(&["--replay-concurrency", "auto", "--replay-sessions"]);
     assert_eq!(sessions["arrivals"], "sessions-concurrency");
     assert_eq!(sessions["replay_concurrency"], 8);
