@@ -275,17 +275,21 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
     if args.route.is_some() && play.engine_count < 2 {
         bail!("--route picks one of several engines: give --engine-count N (N ≥ 2) with it");
     }
-    // with --route the router listens on --port and the frontend on a port of its own
-    let frontend_port = match args.route {
-        Some(_) => free_ports(1)?[0],
-        None => args.port,
-    };
     let hs_port = match handshake_port(&args)? {
         0 => free_ports(1)?[0],
         p => {
             ensure_free("127.0.0.1", p, "--handshake-port")?;
             p
         }
+    };
+    // with --route the router listens on --port and the frontend on a port of its own:
+    // neither of those two, which are free now but not yet listened on
+    let frontend_port = match args.route {
+        Some(_) => free_ports(3)?
+            .into_iter()
+            .find(|&p| p != hs_port && p != args.port)
+            .context("no free port for the frontend behind the router")?,
+        None => args.port,
     };
     play.handshake_address = format!("tcp://127.0.0.1:{hs_port}");
     let log = match &args.log_file {
