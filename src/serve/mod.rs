@@ -128,6 +128,18 @@ pub struct ServeArgs {
 /// (play's flag, also read from `VLLM_VCR_HANDSHAKE_ADDRESS`) on this machine's loopback,
 /// where `serve` runs the frontend. 0: pick one.
 fn handshake_port(args: &ServeArgs) -> Result<u16> {
+    let port = asked_handshake_port(args)?;
+    if port != 0 && port == args.port {
+        bail!(
+            "the handshake port {port} is also --port: the engines' handshake and the HTTP \
+             server cannot share a port; give the handshake another (or leave it out to pick one)"
+        );
+    }
+    Ok(port)
+}
+
+/// The handshake port the flags name (0: none).
+fn asked_handshake_port(args: &ServeArgs) -> Result<u16> {
     let address = args.play.handshake_address.trim();
     if address == crate::play::DEFAULT_HANDSHAKE_ADDRESS {
         return Ok(args.handshake_port);
@@ -276,7 +288,11 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         bail!("--route picks one of several engines: give --engine-count N (N ≥ 2) with it");
     }
     let hs_port = match handshake_port(&args)? {
-        0 => free_ports(1)?[0],
+        // not --port, free now but not yet listened on
+        0 => free_ports(2)?
+            .into_iter()
+            .find(|&p| p != args.port)
+            .context("no free port for the handshake")?,
         p => {
             ensure_free("127.0.0.1", p, "--handshake-port")?;
             p
@@ -564,6 +580,13 @@ mod tests {
         };
         assert_eq!(port(&[]), Ok(0));
         assert_eq!(port(&["--handshake-port", "4000"]), Ok(4000));
+        let shared = port(&["--port", "4000", "--handshake-port", "4000"]);
+        assert!(
+            shared
+                .as_ref()
+                .is_err_and(|e| e.contains("cannot share a port")),
+            "{shared:?}"
+        );
         assert_eq!(
             port(&["--handshake-address", "tcp://127.0.0.1:4321"]),
             Ok(4321)
