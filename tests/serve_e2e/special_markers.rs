@@ -71,7 +71,9 @@ fn a_structural_tag_holding_special_tokens_is_followed_with_them() {
                 .unwrap_or_else(|| panic!("{answer}"));
             (thinking.to_string(), object.to_string())
         };
-        assert!(thinking.split_whitespace().count() > 2, "{answer}");
+        // the think block spends its share of the answer's 120 tokens less its markup,
+        // about 20 one-character tokens: one word or a few, as the drawn words are long
+        assert!(thinking.split_whitespace().count() >= 1, "{answer}");
         let object: Value =
             serde_json::from_str(&json_text).unwrap_or_else(|e| panic!("{e}: {answer}"));
         assert!(object["city"].is_string(), "{answer}");
