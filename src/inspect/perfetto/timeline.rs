@@ -28,7 +28,7 @@
 //! The sidecar is streamed once; its counters go through a bounded reorder buffer (lines
 //! are written in time order per engine; the buffer absorbs interleaving between engines).
 
-use std::cmp::{Ordering, Reverse};
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::path::Path;
 
@@ -41,6 +41,10 @@ use super::PerfettoArgs;
 use super::sink::{Arg, NamedArg, Sink, Slice};
 use super::time::us;
 use crate::inspect::progress::Progress;
+
+mod tracks;
+
+use tracks::{Combine, CounterTrack, Writer};
 
 /// The requests and steps a run draws (`--from-ms`, `--to-ms`, `--max-requests`). Both
 /// passes ask it in the same order, so they agree on every record.
@@ -245,128 +249,6 @@ fn pack_lanes(spans: &mut [Span], records: usize) -> (Vec<u32>, u32) {
     (lane_of, lanes)
 }
 
-/// One counter sample, ordered by (time, arrival order).
-#[derive(Clone, Copy)]
-struct Sample {
-    ts: i64,
-    seq: u64,
-    value: f64,
-}
-
-impl PartialEq for Sample {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Sample {}
-impl PartialOrd for Sample {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Sample {
-    fn cmp(&self, o: &Self) -> Ordering {
-        (self.ts, self.seq).cmp(&(o.ts, o.seq))
-    }
-}
-
-/// How samples at the same time combine.
-#[derive(Clone, Copy, PartialEq)]
-enum Combine {
-    /// The latest sample at a time is the value.
-    Last,
-    /// Samples are deltas; the value is the running sum.
-    Sum,
-}
-
-/// One counter track fed out of order and emitted in time order: samples wait in a
-/// min-heap until the caller knows that nothing earlier can come.
-struct CounterTrack {
-    name: &'static str,
-    pid: u32,
-    combine: Combine,
-    heap: BinaryHeap<Reverse<Sample>>,
-    seq: u64,
-    total: f64,
-    last_ts: i64,
-    /// Samples that came after a later time had been emitted (emitted at that time).
-    late: u64,
-}
-
-impl CounterTrack {
-    fn new(name: &'static str, pid: u32, combine: Combine) -> Self {
-        Self {
-            name,
-            pid,
-            combine,
-            heap: BinaryHeap::new(),
-            seq: 0,
-            total: 0.0,
-            last_ts: i64::MIN,
-            late: 0,
-        }
-    }
-
-    fn push(&mut self, ts: i64, value: f64) {
-        self.seq += 1;
-        self.heap.push(Reverse(Sample {
-            ts,
-            seq: self.seq,
-            value,
-        }));
-    }
-
-    /// Emit every time before `watermark`, one event per distinct time.
-    fn drain_before(&mut self, sink: &mut Writer, watermark: i64) -> Result<()> {
-        while let Some(&Reverse(first)) = self.heap.peek() {
-            if first.ts >= watermark {
-                break;
-            }
-            self.emit_group(sink)?;
-        }
-        Ok(())
-    }
-
-    /// Emit the earliest times until at most `keep` samples are held.
-    fn drain_over(&mut self, sink: &mut Writer, keep: usize) -> Result<()> {
-        while self.heap.len() > keep {
-            self.emit_group(sink)?;
-        }
-        Ok(())
-    }
-
-    fn emit_group(&mut self, sink: &mut Writer) -> Result<()> {
-        let Some(Reverse(first)) = self.heap.pop() else {
-            return Ok(());
-        };
-        let mut value = first.value;
-        let mut sum = first.value;
-        while let Some(&Reverse(next)) = self.heap.peek() {
-            if next.ts != first.ts {
-                break;
-            }
-            self.heap.pop();
-            value = next.value;
-            sum += next.value;
-        }
-        let value = match self.combine {
-            Combine::Last => value,
-            Combine::Sum => {
-                self.total += sum;
-                self.total
-            }
-        };
-        let ts = if first.ts < self.last_ts {
-            self.late += 1;
-            self.last_ts
-        } else {
-            first.ts
-        };
-        self.last_ts = ts;
-        sink.counter(self.pid, self.name, ts, value)
-    }
-}
-
 /// What was written.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Summary {
@@ -394,39 +276,6 @@ pub struct Summary {
     pub bytes: u64,
 }
 
-/// The sink, counting the events it is given.
-pub struct Writer {
-    sink: Box<dyn Sink>,
-    events: u64,
-}
-
-impl Writer {
-    fn process(&mut self, pid: u32, name: &str) -> Result<()> {
-        self.events += 1;
-        self.sink.process(pid, name)
-    }
-
-    fn thread(&mut self, pid: u32, tid: u64, name: &str) -> Result<()> {
-        self.events += 1;
-        self.sink.thread(pid, tid, name)
-    }
-
-    fn slice(&mut self, s: &Slice) -> Result<()> {
-        self.events += 1;
-        self.sink.slice(s)
-    }
-
-    fn counter(&mut self, pid: u32, name: &'static str, ts: i64, value: f64) -> Result<()> {
-        self.events += 1;
-        self.sink.counter(pid, name, ts, value)
-    }
-
-    fn run(&mut self, template: &Slice, bounds: &[i64]) -> Result<()> {
-        self.events += bounds.len().saturating_sub(1) as u64;
-        self.sink.run(template, bounds)
-    }
-}
-
 /// Draw `args.trace` (and its step stats) into `sink`; returns what was drawn, with the
 /// bytes the sink wrote (before compression).
 pub fn convert(args: &PerfettoArgs, sink: Box<dyn Sink>) -> Result<Summary> {
@@ -446,7 +295,7 @@ pub fn convert(args: &PerfettoArgs, sink: Box<dyn Sink>) -> Result<Summary> {
         min_future[i] = min_future[i].min(min_future[i + 1]);
     }
 
-    let mut sink = Writer { sink, events: 0 };
+    let mut sink = Writer::new(sink);
     let label = args
         .name
         .clone()
@@ -534,8 +383,8 @@ pub fn convert(args: &PerfettoArgs, sink: Box<dyn Sink>) -> Result<Summary> {
         write_steps(&mut sink, path, &mut summary, &window)
             .with_context(|| format!("reading {}", path.display()))?;
     }
-    summary.events = sink.events;
-    summary.bytes = sink.sink.finish()?;
+    summary.events = sink.events();
+    summary.bytes = sink.finish()?;
     Ok(summary)
 }
 
