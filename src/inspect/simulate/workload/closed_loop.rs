@@ -10,6 +10,13 @@ use sim_trace::stats::quantile_of;
 
 use super::{MIN_SPACINGS, NONE, Planned, Turn, Workload};
 
+impl Planned {
+    /// The recorded end: arrival plus end to end (records with both).
+    pub fn recorded_end(&self) -> Option<f64> {
+        Some(self.arrival_ms? + self.e2e_ms?.max(0.0))
+    }
+}
+
 impl Workload {
     /// The concurrency the workload was captured at (`--replay-concurrency auto`): the
     /// largest of the records' `concurrency` when every timed record has one, else the
@@ -28,19 +35,8 @@ impl Workload {
         most_at_once(
             self.reqs
                 .iter()
-                .filter_map(|p| Some((p.arrival_ms?, p.arrival_ms? + p.e2e_ms?.max(0.0)))),
+                .filter_map(|p| Some((p.arrival_ms?, p.recorded_end()?))),
         )
-    }
-
-    /// The recorded ends (arrival + end to end) of the records with both, ascending.
-    fn sorted_ends(&self) -> Vec<f64> {
-        let mut ends: Vec<f64> = self
-            .reqs
-            .iter()
-            .filter_map(|p| Some(p.arrival_ms? + p.e2e_ms?.max(0.0)))
-            .collect();
-        ends.sort_by(f64::total_cmp);
-        ends
     }
 
     /// How long a request the tap relayed took to reach the queue of an idle engine, ms:
@@ -50,7 +46,7 @@ impl Workload {
     pub fn intake_ms(&self) -> Option<f64> {
         let mut sends: Vec<f64> = self.reqs.iter().filter_map(|p| p.sent_ms).collect();
         sends.sort_by(f64::total_cmp);
-        let ends = self.sorted_ends();
+        let ends = ascending(self.reqs.iter().filter_map(Planned::recorded_end));
         let in_flight = |t: f64| {
             sends
                 .partition_point(|s| *s < t)
@@ -69,14 +65,13 @@ impl Workload {
     /// Each unit's own turnaround, ms: its send minus the latest recorded end of a unit
     /// before it, plus [`Self::intake_ms`] (`None`: no send, or no end before it).
     pub fn turnarounds_ms(&self, units: &[LoopUnit]) -> Vec<Option<f64>> {
-        let ends = sorted_ends(units);
+        let ends = unit_ends(units);
         let intake = self.intake_ms().unwrap_or(0.0);
         units
             .iter()
             .map(|u| {
                 let s = u.sent_ms?;
-                let i = ends.partition_point(|e| *e <= s);
-                (i > 0).then(|| s - ends[i - 1] + intake)
+                Some(s - latest_end_before(&ends, s)?.1 + intake)
             })
             .collect()
     }
@@ -86,12 +81,11 @@ impl Workload {
     /// recorded end is the latest of its requests' (none while any of them has none: it
     /// stays in flight).
     pub fn loop_units(&self, sessions: Option<&Sessions>) -> Vec<LoopUnit> {
-        let end = |p: &Planned| Some(p.arrival_ms? + p.e2e_ms?.max(0.0));
         let unit = |p: &Planned| LoopUnit {
             arrival_ms: p.arrival_ms,
             sent_ms: p.sent_ms,
             ttft_ms: p.ttft_ms,
-            end_ms: end(p),
+            end_ms: p.recorded_end(),
         };
         let Some(s) = sessions else {
             return self.reqs.iter().map(unit).collect();
@@ -107,7 +101,7 @@ impl Workload {
                 continue;
             }
             let u = &mut units[unit_of[s.root_of[i] as usize] as usize];
-            u.end_ms = match (u.end_ms, end(p)) {
+            u.end_ms = match (u.end_ms, p.recorded_end()) {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 _ => None,
             };
@@ -119,14 +113,13 @@ impl Workload {
     /// engine — the median of `sent −` the latest recorded end of a unit before it, over
     /// the units after the first `ramp`, plus [`Self::intake_ms`]. `None` without sends.
     pub fn turnaround_ms(&self, units: &[LoopUnit], ramp: usize) -> Option<f64> {
-        let ends = sorted_ends(units);
+        let ends = unit_ends(units);
         let mut gaps: Vec<f64> = units
             .iter()
             .skip(ramp)
             .filter_map(|u| {
                 let s = u.sent_ms?;
-                let i = ends.partition_point(|e| *e <= s);
-                (i > 0).then(|| s - ends[i - 1])
+                Some(s - latest_end_before(&ends, s)?.1)
             })
             .collect();
         Some(quantile_of(&mut gaps, 0.5)? + self.intake_ms().unwrap_or(0.0))
@@ -150,13 +143,12 @@ pub struct LoopUnit {
 /// requests one at a time spaces them by its own work). `None` with fewer than
 /// [`MIN_SPACINGS`] such pairs.
 pub fn client_spacing_ms(units: &[LoopUnit]) -> Option<f64> {
-    let ends = sorted_ends(units);
+    let ends = unit_ends(units);
     let mut after: Vec<(usize, f64)> = units
         .iter()
         .filter_map(|u| {
             let s = u.sent_ms?;
-            let i = ends.partition_point(|e| *e <= s);
-            (i > 0).then_some((i, s))
+            Some((latest_end_before(&ends, s)?.0, s))
         })
         .collect();
     after.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
@@ -172,10 +164,21 @@ pub fn client_spacing_ms(units: &[LoopUnit]) -> Option<f64> {
 }
 
 /// The units' recorded ends, ascending.
-fn sorted_ends(units: &[LoopUnit]) -> Vec<f64> {
-    let mut ends: Vec<f64> = units.iter().filter_map(|u| u.end_ms).collect();
+fn unit_ends(units: &[LoopUnit]) -> Vec<f64> {
+    ascending(units.iter().filter_map(|u| u.end_ms))
+}
+
+fn ascending(ends: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut ends: Vec<f64> = ends.collect();
     ends.sort_by(f64::total_cmp);
     ends
+}
+
+/// The latest of the ascending `ends` at or before `sent`, with its index (plus one);
+/// `None` when none is.
+fn latest_end_before(ends: &[f64], sent: f64) -> Option<(usize, f64)> {
+    let i = ends.partition_point(|e| *e <= sent);
+    (i > 0).then(|| (i, ends[i - 1]))
 }
 
 /// How many leading units of a closed-loop replay at `n` in flight are the ramp
@@ -297,11 +300,10 @@ impl Sessions {
     pub fn captured_concurrency(&self, work: &Workload) -> Option<usize> {
         let mut span: Vec<Option<(f64, f64)>> = vec![None; work.reqs.len()];
         for (i, p) in work.reqs.iter().enumerate() {
-            let (Some(a), Some(e2e)) = (p.arrival_ms, p.e2e_ms) else {
+            let (Some(a), Some(end)) = (p.arrival_ms, p.recorded_end()) else {
                 continue;
             };
             let r = self.root_of[i] as usize;
-            let end = a + e2e.max(0.0);
             span[r] = Some(match span[r] {
                 Some((s, e)) => (s.min(a), e.max(end)),
                 None => (a, end),

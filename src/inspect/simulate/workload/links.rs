@@ -107,8 +107,8 @@ impl Workload {
         let (p, c) = (&self.reqs[j as usize], &self.reqs[i]);
         let holds =
             u64::from(c.prompt_tokens) >= u64::from(p.prompt_tokens) + u64::from(p.output_tokens);
-        let after = match (p.arrival_ms, p.e2e_ms, c.arrival_ms) {
-            (Some(pa), Some(e2e), Some(ca)) => ca >= pa + e2e.max(0.0) - ROUNDING_MS,
+        let after = match (p.recorded_end(), c.arrival_ms) {
+            (Some(end), Some(ca)) => ca >= end - ROUNDING_MS,
             _ => true,
         };
         holds && after
