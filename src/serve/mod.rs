@@ -138,6 +138,15 @@ fn handshake_port(args: &ServeArgs) -> Result<u16> {
     Ok(port)
 }
 
+/// A free port that is none of `taken`: ports this run has chosen, free now but not yet
+/// listened on, so a draw of free ports can meet them.
+fn free_port_besides(taken: &[u16]) -> Result<u16> {
+    free_ports(taken.len() + 1)?
+        .into_iter()
+        .find(|p| !taken.contains(p))
+        .context("no free port")
+}
+
 /// The handshake port the flags name (0: none).
 fn asked_handshake_port(args: &ServeArgs) -> Result<u16> {
     let address = args.play.handshake_address.trim();
@@ -288,23 +297,15 @@ pub async fn run(args: ServeArgs, shutdown: watch::Receiver<bool>) -> Result<()>
         bail!("--route picks one of several engines: give --engine-count N (N ≥ 2) with it");
     }
     let hs_port = match handshake_port(&args)? {
-        // not --port, free now but not yet listened on
-        0 => free_ports(2)?
-            .into_iter()
-            .find(|&p| p != args.port)
-            .context("no free port for the handshake")?,
+        0 => free_port_besides(&[args.port])?,
         p => {
             ensure_free("127.0.0.1", p, "--handshake-port")?;
             p
         }
     };
-    // with --route the router listens on --port and the frontend on a port of its own:
-    // neither of those two, which are free now but not yet listened on
+    // with --route the router listens on --port and the frontend on a port of its own
     let frontend_port = match args.route {
-        Some(_) => free_ports(3)?
-            .into_iter()
-            .find(|&p| p != hs_port && p != args.port)
-            .context("no free port for the frontend behind the router")?,
+        Some(_) => free_port_besides(&[args.port, hs_port])?,
         None => args.port,
     };
     play.handshake_address = format!("tcp://127.0.0.1:{hs_port}");
