@@ -420,6 +420,9 @@ fn real_main() -> Result<bool> {
     }
     let args = parse(&cmd, &argv[1..])?;
     let root = root();
+    if let Some(ran) = release::build_cache::ensure_own_xtask(&root, &argv)? {
+        return Ok(ran);
+    }
     child::install_signal_handlers();
     match cmd.as_str() {
         "fetch" => {

@@ -7,7 +7,6 @@ use anyhow::{Context, Result, bail};
 
 use crate::e2e;
 use crate::release::{containers, workflows};
-use crate::rig::figures;
 use crate::stack::beside::Beside;
 use crate::stack::usage::{Span, Spent};
 
@@ -201,40 +200,9 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
     ]
 }
 
-/// The largest the shared build cache may grow before a run starts it afresh: it holds the
-/// dependencies' artefacts (what a warm cache saves) and, per checkout path, the
-/// workspace's own, which pile up run after run.
-const BUILD_CACHE_MAX_BYTES: u64 = 16 << 30;
-
-/// Build into `~/.cache/vllm-vcr/target` (unless `CARGO_TARGET_DIR` says otherwise), so
-/// a fresh clone compiles only the workspace, not its ~250 dependencies again: the
-/// slowest part of a cold run on 2 cores (clippy, the test build and the NIXL feature
-/// build, ~8 of ~21 minutes). A cache past [`BUILD_CACHE_MAX_BYTES`] is removed first.
-fn use_build_cache() -> Result<()> {
-    if std::env::var_os("CARGO_TARGET_DIR").is_some_and(|v| !v.is_empty()) {
-        return Ok(());
-    }
-    let dir = vcr_host::frontends::cache_root()?.join("target");
-    let (_, size) = figures::dir_size(&dir);
-    if size > BUILD_CACHE_MAX_BYTES {
-        eprintln!(
-            "ci: the build cache {} holds {:.1} GB (more than {} GB): starting it afresh",
-            dir.display(),
-            size as f64 / (1u64 << 30) as f64,
-            BUILD_CACHE_MAX_BYTES >> 30
-        );
-        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-    }
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    eprintln!("ci: building into {} (CARGO_TARGET_DIR)", dir.display());
-    // SAFETY: set before any thread is spawned; every later cargo and e2e build reads it
-    unsafe { std::env::set_var("CARGO_TARGET_DIR", &dir) };
-    Ok(())
-}
-
 /// Run every stage, or only those named in `only` (in the usual order).
 pub fn run(root: &Path, only: &[String]) -> Result<()> {
-    use_build_cache()?;
+    crate::release::build_cache::use_build_cache(root)?;
     crate::stack::engine::use_features(&[FEATURE]);
     let stages = stages(root);
     let names: Vec<&str> = stages.iter().map(|s| s.0).collect();
