@@ -1,15 +1,15 @@
 //! `inspect convert`: other tools' formats into the trace schema, and the trace into them.
 //!
 //! - `--from mooncake` / `--to mooncake`: the Mooncake / "timed trace" JSONL (see
-//!   [`mooncake`]). `--from` then `--to` gives the file back.
+//!   `convert/mooncake.rs`). `--from` then `--to` gives the file back.
 //! - `--from guidellm`: a guidellm benchmark report (JSON) → one record per request with
-//!   the latencies guidellm measured (see [`guidellm`]).
+//!   the latencies guidellm measured (see `convert/guidellm.rs`).
 //! - `--from vllm-bench`, `--from aiperf`, `--from inference-perf`: the per-request results
 //!   of `vllm bench serve --save-detailed`, aiperf's `profile_export.jsonl` and
-//!   inference-perf's per-request lifecycle metrics (see [`vllm_bench`], [`aiperf`],
-//!   [`inference_perf`]; what they share is [`client`]).
+//!   inference-perf's per-request lifecycle metrics (see `convert/vllm_bench.rs`, `convert/aiperf.rs`,
+//!   `convert/inference_perf.rs`; what they share is `convert/client.rs`).
 //! - `--from azure`, `--from burstgpt`, `--to azure`: the public CSV request traces as
-//!   workloads (see [`csv_trace`]).
+//!   workloads (see `convert/csv_trace.rs`).
 //!
 //! Every conversion streams its records, names file and line (or benchmark and request) in
 //! its errors, and removes a half-written output when it fails.

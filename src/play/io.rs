@@ -1,7 +1,7 @@
 //! The engine's sockets: run the engine loop on its own thread, where the frontend's input
 //! sockets are read and decoded into [`EngineInput`]s (by a task per socket on that
 //! thread's runtime) and each step's outputs are encoded and written to the output sockets
-//! ([`super::outlet`]): no message crosses threads on its way in or out.
+//! (`play/outlet.rs`): no message crosses threads on its way in or out.
 
 use std::sync::Mutex;
 use std::time::Duration;

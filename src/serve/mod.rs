@@ -105,7 +105,7 @@ pub struct ServeArgs {
     #[arg(long, value_enum, value_name = "POLICY")]
     pub route: Option<router::LiveRoute>,
 
-    /// Where the frontend's log goes. Default: ~/.cache/vllm-vcr/logs/frontend-<port>.log.
+    /// Where the frontend's log goes. Default: `~/.cache/vllm-vcr/logs/frontend-<port>.log`.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
 

@@ -359,7 +359,7 @@ pub fn files() -> Vec<(&'static str, String)> {
 }
 
 /// The files of the model directory for a real vLLM engine on CPU (see
-/// [`real_engine_config_json`]): the same as [`files`] but for `config.json`.
+/// `real_engine_config_json`): the same as [`files`] but for `config.json`.
 pub fn real_engine_files() -> Vec<(&'static str, String)> {
     let mut f = files();
     f[0].1 = pretty(&real_engine_config_json());

@@ -4,8 +4,8 @@
 //!
 //! - [`timeline`]: what is drawn (lanes, slices, counters, steps), built in two streaming
 //!   passes over the trace and handed event by event to a [`sink::Sink`];
-//! - [`proto`] (over the small encoder [`pb`]) and [`json`]: the two formats;
-//! - [`serve`]: `--open`, the file served to the hosted UI.
+//! - `proto.rs` (over the small encoder `pb.rs`) and [`json`]: the two formats;
+//! - `serve.rs`: `--open`, the file served to the hosted UI.
 
 pub(crate) mod json;
 mod pb;

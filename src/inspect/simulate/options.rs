@@ -17,7 +17,7 @@ pub struct Counts {
     pub preemptions: u64,
     pub not_finished: u64,
     pub never_sent: u64,
-    /// Refused before the engine ([`Limits`]).
+    /// Refused before the engine (the fleet's limits: `fleet.rs`).
     pub rejected: u64,
     /// The engine's own description (its latency model, queue, …).
     pub describe: String,

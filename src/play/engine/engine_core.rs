@@ -104,7 +104,7 @@ impl Outbox {
 }
 
 /// Where the loop hands what the engine wants sent. The live engine's outlet encodes and
-/// writes the outputs on the loop's own thread ([`crate::play::outlet`]); a channel serves
+/// writes the outputs on the loop's own thread (`play/outlet.rs`); a channel serves
 /// the tests.
 pub trait Outlet {
     /// Take one item; `false` when the output side is broken and the loop must stop.

@@ -74,6 +74,13 @@ pub fn stages(root: &Path) -> Vec<Stage<'_>> {
                 cargo(
                     root,
                     &["clippy", "--test", SERVE_E2E, "--", "-D", "warnings"],
+                )?;
+                // the code's own documentation: every link resolves, none points at an item
+                // the reader of the public docs cannot see (seconds: the workspace only)
+                cargo_with(
+                    root,
+                    &["doc", "--no-deps", "--workspace"],
+                    &[("RUSTDOCFLAGS", "-D warnings")],
                 )
             }),
         ),

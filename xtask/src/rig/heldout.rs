@@ -42,7 +42,7 @@ pub struct Row {
     pub suite: bool,
     pub requests: Value,
     /// Δ % against the suite's model scaled to the capture's host speed
-    /// (`--match-host-speed`), [metric][quantile]: what the cells are judged on.
+    /// (`--match-host-speed`), `[metric][quantile]`: what the cells are judged on.
     pub suite_delta: [[Option<f64>; 3]; 3],
     /// Δ % against the suite's model as fitted (the host's drift since the fit included).
     pub raw_delta: [[Option<f64>; 3]; 3],

@@ -9,7 +9,7 @@ use super::{HASH_BLOCK, Workload};
 impl Workload {
     /// A prefix-cache mix's prompts as a `timed_trace` dataset (`bench serve
     /// --dataset-name timed_trace`: one JSON object a line, `input_length`,
-    /// `output_length` and `hash_ids`, each id standing for [`HASH_BLOCK`] fixed tokens):
+    /// `output_length` and `hash_ids`, each id standing for `HASH_BLOCK` fixed tokens):
     /// the file name and its text, `None` for any other load. Lengths are drawn as
     /// `--random-range-ratio` draws them; a warm prompt (the shape's hit fraction) starts
     /// with the whole blocks of one shared prefix chain that fit its share, the rest of it

@@ -29,7 +29,7 @@ impl TraceReader {
         self.lines.path()
     }
 
-    /// This reader's cap on one line's length, instead of [`max_line_bytes`].
+    /// This reader's cap on one line's length, instead of [`super::max_line_bytes`].
     pub fn with_max_line_bytes(mut self, cap: usize) -> Self {
         self.lines.cap = cap.max(1);
         self

@@ -34,7 +34,7 @@ impl Sink {
 /// runs (`tail -f`, or a reader streaming a periodically [`flush`](Self::flush)ed file),
 /// and a recorder killed before `finish` must leave every record already flushed on disk
 /// under the expected name rather than in an orphaned temp file. A `.gz` trace cut off
-/// before `finish` lacks the gzip footer; [`TraceReader`] still yields every line up to
+/// before `finish` lacks the gzip footer; [`super::TraceReader`] still yields every line up to
 /// the cut and then reports [`TraceError::Truncated`].
 pub struct TraceWriter {
     path: PathBuf,

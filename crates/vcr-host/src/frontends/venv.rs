@@ -85,7 +85,7 @@ pub struct Pins {
     pub ready: fn(&Path) -> bool,
 }
 
-/// Install `package==version` and its [`COMPANIONS`] into its venv with uv (idempotent: a
+/// Install `package==version` and its companions (`COMPANIONS`) into its venv with uv (idempotent: a
 /// stamp marks a finished install; a companion listed later is added alone); returns the
 /// venv directory.
 pub fn install_venv(cache: &Path, package: &str, version: &str, pins: &Pins) -> Result<PathBuf> {

@@ -36,7 +36,7 @@ struct Group {
 
 impl Workload {
     /// Every request's turn (`--replay-sessions`), in arrival order. A request's parent is,
-    /// among the earlier requests it can continue ([`Self::continues`]), one of those with
+    /// among the earlier requests it can continue (`Workload::continues`), one of those with
     /// the longest chain; of those, the earliest that no turn continues yet (conversations
     /// that opened alike are answered in the order they were asked), else the latest that
     /// one does (a second answer to the same question). None: a root.

@@ -20,7 +20,7 @@ use super::grammar::{grammar_for, specials_for, structural_tag_to_lark};
 use super::tools::PromptTools;
 
 /// A request's grammar and what its stream needs, ready to build and compile (see
-/// [`Shaping::plan`]). Owns everything it uses, so it can run on another thread.
+/// [`super::Shaping::plan`]). Owns everything it uses, so it can run on another thread.
 pub struct GrammarJob {
     pub(super) vocab: Arc<Vocabulary>,
     pub(super) recipe: Recipe,

@@ -56,7 +56,7 @@ pub struct EngineConfig {
     /// The least a step that samples a request's first token costs when it has no decodes:
     /// a forward pass, which a real engine runs even for a fully cached prompt (vLLM
     /// recomputes the last prompt token). The median of a one-decode step of the latency
-    /// model; set by [`PlayConfig::build_engine`].
+    /// model; set by [`crate::play::config::PlayConfig::build_engine`].
     pub first_token_floor: Duration,
     /// Generation or pooling (`--runner`), and the embedding length of the latter.
     pub runner: Runner,

