@@ -5,9 +5,9 @@ use llguidance::api::TopLevelGrammar;
 use serde_json::{Value, json};
 use sim_protocol::{Constraint, StructuredOutputs};
 
-use super::formats::styled_arguments;
 use super::gbnf::{gbnf_rules, gbnf_to_lark};
 use super::lark::*;
+use super::spelled::styled_arguments;
 use super::tools::PromptTools;
 use crate::play::content::vocab::Specials;
 

@@ -30,6 +30,7 @@ mod grammar;
 mod lark;
 mod nested;
 mod shaping;
+mod spelled;
 mod stream;
 #[cfg(test)]
 mod tests;
