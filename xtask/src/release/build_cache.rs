@@ -69,10 +69,11 @@ pub fn use_build_cache(root: &Path) -> Result<()> {
 }
 
 /// Before any command: claim the target directory this `xtask` binary was built into (the
-/// one `cargo` builds into for this command, unless `ci` picks the shared cache), and if
-/// the binary itself was compiled from another checkout, have cargo build and run this
-/// checkout's. `Some(success)` when that rebuilt `xtask` ran the command; `None` when this
-/// binary is the checkout's own and the command is for it to run.
+/// one `cargo` builds into for this command, unless `ci` picks the shared cache). When the
+/// binary was compiled from another checkout, or the directory last held another
+/// checkout's crates (which this `xtask` may be linked against), have cargo build and run
+/// this checkout's. `Some(success)` when that rebuilt `xtask` ran the command; `None` when
+/// this binary is the checkout's own and the command is for it to run.
 pub fn ensure_own_xtask(root: &Path, argv: &[String]) -> Result<Option<bool>> {
     let built_from = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -81,7 +82,10 @@ pub fn ensure_own_xtask(root: &Path, argv: &[String]) -> Result<Option<bool>> {
     let Some(target) = own_target_dir() else {
         return Ok(None);
     };
-    if !own && std::env::var_os(REBUILT_ENV).is_some() {
+    if std::env::var_os(REBUILT_ENV).is_some() {
+        if own {
+            return Ok(None);
+        }
         bail!(
             "this xtask was compiled from {}, and cargo did not rebuild it for {} after its \
              fingerprints in {} were removed; remove {} and run again",
@@ -91,16 +95,28 @@ pub fn ensure_own_xtask(root: &Path, argv: &[String]) -> Result<Option<bool>> {
             target.display()
         );
     }
-    let claimed = claim(&target, root, if own { &["xtask"] } else { &[] })?;
+    let switched = own
+        && std::fs::read_to_string(target.join(CLAIM_FILE))
+            .is_ok_and(|p| !same_dir(Path::new(p.trim_end()), root));
+    // a directory nobody claimed yet (a fresh one, or one from before claims) keeps the
+    // xtask that cargo has just built from this checkout
+    let keep: &[&str] = if own && !switched { &["xtask"] } else { &[] };
+    let claimed = claim(&target, root, keep)?;
     report(&target, &claimed);
-    if own {
+    if own && !switched {
         return Ok(None);
     }
-    eprintln!(
-        "xtask: this xtask was compiled from {}; rebuilding it from {}",
-        built_from.display(),
-        root.display()
-    );
+    if own {
+        eprintln!(
+            "xtask: rebuilding xtask, which cargo may have linked against that checkout's crates"
+        );
+    } else {
+        eprintln!(
+            "xtask: this xtask was compiled from {}: rebuilding it from {}",
+            built_from.display(),
+            root.display()
+        );
+    }
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
         .arg("xtask")
@@ -142,12 +158,12 @@ fn report(dir: &Path, c: &Claimed) {
     let by = c
         .previous
         .as_ref()
-        .map_or("an unrecorded checkout".to_string(), |p| {
-            p.display().to_string()
+        .map_or("no checkout recorded yet".to_string(), |p| {
+            format!("last built by {}", p.display())
         });
     eprintln!(
-        "build directory {} was last built by {by}: {} fingerprints of this workspace's crates \
-         removed, so cargo compiles this checkout's",
+        "build directory {}: {by}; {} fingerprints of this workspace's crates removed, so \
+         cargo compiles this checkout's",
         dir.display(),
         c.dropped
     );
