@@ -155,6 +155,7 @@ async fn pair(tapped: bool, trace: &PathBuf) -> Pair {
         let _ = std::fs::remove_file(trace);
         let args = vllm_vcr::record::RecordArgs {
             max_frame_size: 64,
+            max_observer_backlog: 256,
             frontend_handshake: fl.handshake_address().to_string(),
             engine_handshake: hs.clone(),
             trace_out: trace.clone(),
@@ -311,7 +312,7 @@ fn observer_capacity(messages: usize, trace: &PathBuf) -> f64 {
         meta: Default::default(),
     })
     .expect("observer");
-    let (tx, rx) = vllm_vcr::record::handoff::channel();
+    let (tx, rx) = vllm_vcr::record::handoff::channel(usize::MAX);
     let ids: Vec<String> = (0..64).map(|i| format!("obs-{i}")).collect();
     for id in &ids {
         tx.send(Seen::Input {

@@ -1,5 +1,8 @@
-//! The queue from the relay to the observer, and what goes through it ([`Seen`]):
-//! unbounded (the relay never waits, nothing is dropped) and cheap for the relay. Waking
+//! The queue from the relay to the observer, and what goes through it ([`Seen`]): it
+//! never blocks a send and never drops, and is cheap for the relay. What it holds is
+//! bounded in bytes all the same: past the bound the relay stops *reading* until the
+//! observer has caught up halfway ([`Backlog`]), so an engine that outruns the observer for
+//! long is slowed rather than growing the tap's memory without end. Waking
 //! the observer's thread per message would put a futex syscall on the relay's path and a
 //! thread competing for a core at the moment the next message is due, so the relay only
 //! appends under a mutex; the observer takes everything queued at once and, while
@@ -8,6 +11,7 @@
 //! it no more looks than it has messages. Only after [`IDLE`] without any does it park,
 //! and then the next message wakes it: one wake-up per quiet spell, not per message.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -45,6 +49,18 @@ pub enum Seen {
     Stop { reason: String },
 }
 
+impl Seen {
+    /// The bytes of the relayed messages this copy keeps alive.
+    fn bytes(&self) -> usize {
+        let frames = |f: &[Bytes]| f.iter().map(Bytes::len).sum::<usize>();
+        match self {
+            Seen::Ready { payload, .. } => payload.len(),
+            Seen::Input { frames: f, .. } | Seen::Output { frames: f, .. } => frames(f),
+            Seen::EngineGone { .. } | Seen::Streamed { .. } | Seen::Stop { .. } => 0,
+        }
+    }
+}
+
 /// How long the observer sleeps after a look at the queue that found messages.
 pub const POLL: Duration = Duration::from_millis(1);
 
@@ -57,6 +73,8 @@ pub const IDLE: Duration = Duration::from_millis(50);
 #[derive(Default)]
 struct State {
     items: Vec<Seen>,
+    /// The bytes `items` keep alive.
+    bytes: usize,
     /// The observer waits on the condvar: the next `send` must wake it.
     parked: bool,
     senders: usize,
@@ -66,6 +84,16 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
+    /// The bytes queued or in the batch the observer is working through: what the
+    /// observer is behind the relay.
+    backlog: AtomicUsize,
+    /// Past this backlog the relay stops reading until it is down to half ([`Backlog`]).
+    bound: usize,
+    /// Whether the relay has had to wait for the observer yet (it says so once).
+    warned: AtomicBool,
+    /// How often, and for how long in all, the relay waited for the observer.
+    waits: AtomicU64,
+    waited_ns: AtomicU64,
 }
 
 impl Shared {
@@ -84,11 +112,18 @@ pub struct SeenReceiver {
     last_item: Instant,
     /// The next sleep between looks.
     poll: Duration,
+    /// The bytes of the batch last handed out, released from the backlog when the
+    /// observer comes back for more (it has worked through that batch then).
+    held: usize,
 }
 
-/// A new queue.
-pub fn channel() -> (SeenSender, SeenReceiver) {
-    let shared = Arc::new(Shared::default());
+/// A new queue. The relay stops reading once the observer is more than `bound` bytes
+/// behind ([`Backlog::wait_for_room`]).
+pub fn channel(bound: usize) -> (SeenSender, SeenReceiver) {
+    let shared = Arc::new(Shared {
+        bound,
+        ..Shared::default()
+    });
     shared.lock().senders = 1;
     (
         SeenSender(shared.clone()),
@@ -96,15 +131,73 @@ pub fn channel() -> (SeenSender, SeenReceiver) {
             shared,
             last_item: Instant::now(),
             poll: POLL,
+            held: 0,
         },
     )
 }
 
+/// The relay's view of how far the observer is behind, for waiting on it.
+#[derive(Clone)]
+pub struct Backlog(Option<Arc<Shared>>);
+
+impl Backlog {
+    /// A relay with no observer: never waits.
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// Return at once while the observer is within its bound; past it, wait until it is
+    /// down to half of it. Keeping up with the relay is the observer's job, but memory is
+    /// not unlimited: an engine that outruns the observer for long (a simulated engine with
+    /// no latency behind a fast frontend, thousands of outputs a step) would otherwise
+    /// grow the tap without end, where a relay that stops reading only slows that engine
+    /// down, as a slow frontend would. Nothing is dropped either way.
+    pub async fn wait_for_room(&self) {
+        let Some(s) = &self.0 else {
+            return;
+        };
+        if s.backlog.load(Ordering::Relaxed) <= s.bound {
+            return;
+        }
+        if !s.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                backlog_mib = s.backlog.load(Ordering::Relaxed) >> 20,
+                "the trace's observer is more than --max-observer-backlog behind the relay: \
+                 the tap reads nothing more until it has caught up halfway, so the engine \
+                 now waits for the capture (said once)"
+            );
+        }
+        let start = Instant::now();
+        while s.backlog.load(Ordering::Relaxed) > s.bound / 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        s.waits.fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        s.waited_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
 impl SeenSender {
+    /// How far the observer is behind, for the relay to wait on.
+    pub fn backlog(&self) -> Backlog {
+        Backlog(Some(self.0.clone()))
+    }
+
+    /// How often the relay waited for the observer, and for how long in all.
+    pub fn waited(&self) -> (u64, Duration) {
+        (
+            self.0.waits.load(Ordering::Relaxed),
+            Duration::from_nanos(self.0.waited_ns.load(Ordering::Relaxed)),
+        )
+    }
+
     /// Queue `s` for the observer; never blocks beyond the mutex (held by the other side
     /// only to swap the queue out), and wakes the observer only if it parked.
     pub fn send(&self, s: Seen) {
+        let bytes = s.bytes();
+        self.0.backlog.fetch_add(bytes, Ordering::Relaxed);
         let mut st = self.0.lock();
+        st.bytes += bytes;
         st.items.push(s);
         if st.parked {
             st.parked = false;
@@ -147,10 +240,11 @@ impl SeenReceiver {
     /// wait: a sleep while messages came recently (see [`POLL`]), else park for up to
     /// `wait`.
     pub fn recv_batch(&mut self, into: &mut Vec<Seen>, wait: Duration) -> Recv {
+        self.release();
         {
             let mut st = self.shared.lock();
             if !st.items.is_empty() {
-                std::mem::swap(&mut st.items, into);
+                self.held = take(&mut st, into);
                 self.last_item = Instant::now();
                 self.poll = POLL;
                 return Recv::Items;
@@ -166,7 +260,7 @@ impl SeenReceiver {
                     .wait_timeout_while(st, wait, |st| st.parked && st.items.is_empty())
                     .unwrap_or_else(PoisonError::into_inner);
                 st.parked = false;
-                std::mem::swap(&mut st.items, into);
+                self.held = take(&mut st, into);
                 if !into.is_empty() {
                     self.last_item = Instant::now();
                     self.poll = POLL;
@@ -177,7 +271,7 @@ impl SeenReceiver {
         std::thread::sleep(self.poll.min(wait));
         self.poll = (self.poll * 2).min(POLL_MAX);
         let mut st = self.shared.lock();
-        std::mem::swap(&mut st.items, into);
+        self.held = take(&mut st, into);
         if !into.is_empty() {
             self.last_item = Instant::now();
             self.poll = POLL;
@@ -187,9 +281,24 @@ impl SeenReceiver {
 
     /// Move whatever is queued into `into` without waiting.
     pub fn try_recv_all(&mut self, into: &mut Vec<Seen>) {
+        self.release();
         let mut st = self.shared.lock();
         into.append(&mut st.items);
+        self.held = std::mem::take(&mut st.bytes);
     }
+
+    /// The batch handed out last has been worked through: its bytes leave the backlog.
+    fn release(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        self.shared.backlog.fetch_sub(held, Ordering::Relaxed);
+    }
+}
+
+/// Swap the queue into `into` (empty); returns the bytes it keeps alive, which the
+/// receiver holds in the backlog until its next look.
+fn take(st: &mut State, into: &mut Vec<Seen>) -> usize {
+    std::mem::swap(&mut st.items, into);
+    std::mem::take(&mut st.bytes)
 }
 
 #[cfg(test)]
@@ -216,7 +325,7 @@ mod tests {
     /// is gone and the queue is empty.
     #[test]
     fn delivers_everything_in_order_then_disconnects() {
-        let (tx, mut rx) = channel();
+        let (tx, mut rx) = channel(usize::MAX);
         let tx2 = tx.clone();
         let producer = std::thread::spawn(move || {
             for i in 0..1000 {
@@ -238,10 +347,76 @@ mod tests {
         assert_eq!(reasons(&got), want);
     }
 
+    fn output(bytes: usize) -> Seen {
+        Seen::Output {
+            t: 0.0,
+            client: 0,
+            frames: vec![Bytes::from(vec![0u8; bytes])],
+        }
+    }
+
+    fn backlog(tx: &SeenSender) -> usize {
+        tx.0.backlog.load(Ordering::Relaxed)
+    }
+
+    /// The backlog counts what is queued and the batch the observer is working through,
+    /// and lets go of a batch when the observer comes back for more.
+    #[test]
+    fn the_backlog_holds_a_batch_until_the_observer_comes_back() {
+        let (tx, mut rx) = channel(1000);
+        tx.send(output(300));
+        tx.send(output(500));
+        assert_eq!(backlog(&tx), 800);
+        let mut batch = Vec::new();
+        rx.recv_batch(&mut batch, Duration::from_millis(10));
+        assert_eq!(batch.len(), 2);
+        assert_eq!(backlog(&tx), 800, "still being decoded");
+        tx.send(output(100));
+        batch.clear();
+        rx.recv_batch(&mut batch, Duration::from_millis(10));
+        assert_eq!(backlog(&tx), 100, "the first batch was let go");
+        batch.clear();
+        rx.try_recv_all(&mut batch);
+        assert_eq!(backlog(&tx), 0);
+    }
+
+    /// Past its bound the relay's wait lasts until the observer is down to half of it, and
+    /// is counted; within the bound it returns at once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_relay_waits_past_the_bound_until_half_of_it() {
+        let (tx, mut rx) = channel(1000);
+        let room = tx.backlog();
+        tx.send(output(1000));
+        tokio::time::timeout(Duration::from_millis(100), room.wait_for_room())
+            .await
+            .expect("at the bound: no wait");
+        assert_eq!(tx.waited().0, 0);
+        tx.send(output(200));
+        let observer = std::thread::spawn(move || {
+            let mut batch = Vec::new();
+            rx.recv_batch(&mut batch, Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(50)); // decoding
+            batch.clear();
+            rx.recv_batch(&mut batch, Duration::from_millis(10));
+            rx
+        });
+        let start = Instant::now();
+        room.wait_for_room().await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(40),
+            "waited for the decode"
+        );
+        assert!(backlog(&tx) <= 500);
+        let (waits, waited) = tx.waited();
+        assert_eq!(waits, 1);
+        assert!(waited >= Duration::from_millis(40));
+        drop(observer.join().unwrap());
+    }
+
     /// A parked receiver wakes for a message at once, not at the end of its wait.
     #[test]
     fn a_parked_receiver_is_woken() {
-        let (tx, mut rx) = channel();
+        let (tx, mut rx) = channel(usize::MAX);
         std::thread::sleep(IDLE + Duration::from_millis(10));
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));

@@ -162,6 +162,17 @@ pub struct RecordArgs {
     /// hostile frame cannot make the tap allocate gigabytes.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub max_frame_size: u64,
+
+    /// How far the trace's observer may fall behind the relay, MiB of relayed messages
+    /// not yet decoded. The observer decodes off the relay's path and normally keeps up
+    /// (a GPU engine sends a few hundred messages a second; it decodes tens of thousands);
+    /// an engine that outruns it for long, such as a simulated one with no latency, would
+    /// otherwise grow the tap's memory without end. Past this the tap reads nothing more
+    /// from the frontend or the engines until the observer is down to half: the engine is
+    /// slowed, as by a slow frontend, and nothing is dropped. The end-of-capture line says
+    /// how long the relay waited.
+    #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_observer_backlog: u64,
 }
 
 const RECORD_EXAMPLE: &str = "\
@@ -332,7 +343,8 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
             notes,
         },
     })?;
-    let (seen_tx, seen_rx) = handoff::channel();
+    let bound = usize::try_from(args.max_observer_backlog << 20).unwrap_or(usize::MAX);
+    let (seen_tx, seen_rx) = handoff::channel(bound);
     let observer = std::thread::Builder::new()
         .name("record-observer".into())
         .spawn(move || {
@@ -377,11 +389,12 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
     seen_tx.send(Seen::Stop {
         reason: outcome.reason(),
     });
+    let waited = seen_tx.waited();
     drop(seen_tx);
     let summary = observer
         .join()
         .map_err(|_| anyhow!("the observer thread panicked; the trace may be incomplete"))??;
-    report(&args, &summary);
+    report(&args, &summary, waited);
     if let Some(e) = &summary.write_error {
         return Err(anyhow!(
             "{e}: {} request records could not be written ({} were)",
@@ -407,7 +420,7 @@ pub async fn run(args: RecordArgs, mut shutdown: watch::Receiver<bool>) -> Resul
 
 /// Make the calling thread (the observer) yield the CPU to everything else of normal
 /// priority, the relay first: on a busy host a burst of outputs then queues for the
-/// observer (the queue is unbounded) instead of the observer's decoding and gzip taking
+/// observer (up to `--max-observer-backlog`) instead of the observer's decoding and gzip taking
 /// CPU time from relaying. It still runs whenever a core is free, and never starves
 /// outright (nice 19 is a small share, not SCHED_IDLE).
 fn lower_this_threads_priority() {
@@ -462,7 +475,9 @@ async fn supervise(
     }
 }
 
-fn report(args: &RecordArgs, s: &Summary) {
+/// The end-of-capture line; `waited`: how often and how long the relay waited for the
+/// observer (`--max-observer-backlog`).
+fn report(args: &RecordArgs, s: &Summary, waited: (u64, Duration)) {
     let mut line = format!(
         "record: wrote {} ({} request records, {} incomplete",
         args.trace_out.display(),
@@ -477,6 +492,14 @@ fn report(args: &RecordArgs, s: &Summary) {
         line.push_str(&format!(
             "; {} relayed messages could not be decoded",
             s.undecodable
+        ));
+    }
+    if waited.0 > 0 {
+        line.push_str(&format!(
+            "; the relay waited {} times ({:.1} s in all) for the observer to catch up \
+             (--max-observer-backlog)",
+            waited.0,
+            waited.1.as_secs_f64()
         ));
     }
     if s.dropped > 0 || s.dropped_steps > 0 || s.write_error.is_some() {

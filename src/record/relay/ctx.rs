@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::record::handoff::{Seen, SeenSender};
+use crate::record::handoff::{Backlog, Seen, SeenSender};
 
 /// Where the tap sits.
 #[derive(Debug, Clone)]
@@ -51,6 +51,8 @@ pub(super) struct Ctx {
     pub(super) bind_host: String,
     pub(super) advertise_host: String,
     pub(super) seen: SeenSender,
+    /// How far the observer is behind: the pipes whose messages it decodes wait on it.
+    pub(super) backlog: Backlog,
     pub(super) events: mpsc::UnboundedSender<Event>,
     pub(super) tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
     /// Turns true when every engine is gone: the output relays tell the frontend with
@@ -74,7 +76,8 @@ impl Ctx {
         let _ = self.events.send(e);
     }
 
-    /// Hand a copy to the observer; never blocks (the queue is unbounded).
+    /// Hand a copy to the observer; never blocks (the pipes wait for room before they
+    /// read, see [`Backlog`]).
     pub(super) fn observe(&self, s: Seen) {
         self.seen.send(s);
     }

@@ -9,7 +9,7 @@ use crate::record::handoff::Seen;
 
 use super::ctx::{Ctx, Event, hex_id};
 use super::legs::{Accepted, Listener, accept_each, accepted_leg, handshake_refused, open_leg};
-use super::pipe::{Got, Oversize, PipeEnd, pipe};
+use super::pipe::{Got, Oversize, PipeEnd, pipe, pipe_with_room};
 
 /// Engines' input connections on client `client`: each gets its own connection to the
 /// frontend's input socket, carrying the engine's identity.
@@ -62,11 +62,12 @@ async fn engine_input(
     let c = ctx.clone();
     let id = identity.clone();
     ctx.spawn(async move {
-        let end = pipe(
+        let end = pipe_with_room(
             fe,
             Some(to_engine),
             limit,
             Oversize::Stream,
+            &c.backlog,
             |got| match got {
                 Got::Message { t, frames } => c.observe(Seen::Input {
                     t,

@@ -9,7 +9,7 @@ use crate::record::handoff::Seen;
 
 use super::ctx::{Ctx, Event};
 use super::legs::{Listener, Writer, accept_each, accepted_leg, handshake_refused};
-use super::pipe::{Got, Oversize, PipeEnd, pipe};
+use super::pipe::{Got, Oversize, PipeEnd, pipe_with_room};
 
 /// Engines' output connections on client `client`: each relays into the one stream to
 /// the frontend.
@@ -26,8 +26,13 @@ pub(super) async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: List
                 }
             };
             let limit = c.max_frame;
-            let end =
-                pipe(leg, Some(to), limit, Oversize::DropSource, |got| {
+            let end = pipe_with_room(
+                leg,
+                Some(to),
+                limit,
+                Oversize::DropSource,
+                &c.backlog,
+                |got| {
                     match got {
                 Got::Message { t, frames } => {
                     let dead = frames.len() == 1 && frames[0].as_ref() == ENGINE_CORE_DEAD;
@@ -42,8 +47,9 @@ pub(super) async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: List
                     ),
                 }),
             }
-                })
-                .await;
+                },
+            )
+            .await;
             match end {
                 PipeEnd::WriteFailed(e) => {
                     c.event(Event::FrontendGone(format!("output socket {client} ({e})")));

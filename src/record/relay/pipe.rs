@@ -10,6 +10,7 @@ use sim_protocol::zmtp;
 use super::bufs::ReadBuf;
 use super::legs::{Leg, Writer};
 use crate::play::engine::timer::now_monotonic;
+use crate::record::handoff::Backlog;
 
 /// What a pipe hands its owner.
 pub(super) enum Got {
@@ -61,10 +62,23 @@ pub(super) enum Oversize {
 /// message the source leaves unfinished is never written. A message larger than `limit` is
 /// handled as `oversize` says.
 pub(super) async fn pipe<F: FnMut(Got)>(
+    src: Leg,
+    to: Option<Writer>,
+    limit: u64,
+    oversize: Oversize,
+    on: F,
+) -> PipeEnd {
+    pipe_with_room(src, to, limit, oversize, &Backlog::none(), on).await
+}
+
+/// [`pipe`] for a source whose messages go to the observer: before each read it waits
+/// while the observer is past its bound ([`Backlog::wait_for_room`]).
+pub(super) async fn pipe_with_room<F: FnMut(Got)>(
     mut src: Leg,
     to: Option<Writer>,
     limit: u64,
     oversize: Oversize,
+    room: &Backlog,
     mut on: F,
 ) -> PipeEnd {
     let mut rb = ReadBuf::new(std::mem::take(&mut src.pending));
@@ -165,6 +179,7 @@ pub(super) async fn pipe<F: FnMut(Got)>(
             t = now_monotonic();
             continue;
         }
+        room.wait_for_room().await;
         match rb.read_from(&mut src.reader).await {
             Ok(0) => break PipeEnd::SourceClosed(None),
             Ok(_) => t = now_monotonic(),

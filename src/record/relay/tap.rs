@@ -78,6 +78,7 @@ pub async fn start(
         frontend_handshake,
         bind_host,
         advertise_host,
+        backlog: seen.backlog(),
         seen,
         events,
         tasks: std::sync::Mutex::new(Vec::new()),

@@ -7,7 +7,8 @@
 //! gone), gzip or plain.
 //!
 //! The relay is checked in [`relay`], the endings in [`endings`], hostile peers in
-//! [`hostile`]; the tap process, reading traces and a hand-driven engine are here.
+//! [`hostile`], an engine faster than the observer in [`backlog`]; the tap process,
+//! reading traces and a hand-driven engine are here.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -28,6 +29,7 @@ use sim_trace::trace::{TraceMeta, TraceRecord};
 use tokio::sync::watch;
 use vllm_vcr::child::free_ports;
 
+mod backlog;
 mod endings;
 mod hostile;
 mod relay;
