@@ -1,8 +1,9 @@
 //! The queue from the relay to the observer, and what goes through it ([`Seen`]): it
 //! never blocks a send and never drops, and is cheap for the relay. What it holds is
 //! bounded in bytes all the same: past the bound the relay stops *reading* until the
-//! observer has caught up halfway ([`Backlog`]), so an engine that outruns the observer for
-//! long is slowed rather than growing the tap's memory without end. Waking
+//! observer is back within it ([`Backlog`]; the observer lets go of what it has decoded as
+//! it goes, [`SeenReceiver::release_some`]), so an engine that outruns the observer for long
+//! is slowed to the observer's pace rather than growing the tap's memory without end. Waking
 //! the observer's thread per message would put a futex syscall on the relay's path and a
 //! thread competing for a core at the moment the next message is due, so the relay only
 //! appends under a mutex; the observer takes everything queued at once and, while
@@ -49,9 +50,12 @@ pub enum Seen {
     Stop { reason: String },
 }
 
+/// How many decoded bytes the observer lets go of at a time ([`SeenReceiver::release_some`]).
+pub const RELEASE_EVERY: usize = 1 << 20;
+
 impl Seen {
     /// The bytes of the relayed messages this copy keeps alive.
-    fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         let frames = |f: &[Bytes]| f.iter().map(Bytes::len).sum::<usize>();
         match self {
             Seen::Ready { payload, .. } => payload.len(),
@@ -87,7 +91,7 @@ struct Shared {
     /// The bytes queued or in the batch the observer is working through: what the
     /// observer is behind the relay.
     backlog: AtomicUsize,
-    /// Past this backlog the relay stops reading until it is down to half ([`Backlog`]).
+    /// Past this backlog the relay stops reading until it is back within it ([`Backlog`]).
     bound: usize,
     /// Whether the relay has had to wait for the observer yet (it says so once).
     warned: AtomicBool,
@@ -147,7 +151,8 @@ impl Backlog {
     }
 
     /// Return at once while the observer is within its bound; past it, wait until it is
-    /// down to half of it. Keeping up with the relay is the observer's job, but memory is
+    /// back within it (a read may then overshoot it by one read). Keeping up with the relay
+    /// is the observer's job, but memory is
     /// not unlimited: an engine that outruns the observer for long (a simulated engine with
     /// no latency behind a fast frontend, thousands of outputs a step) would otherwise
     /// grow the tap without end, where a relay that stops reading only slows that engine
@@ -163,12 +168,12 @@ impl Backlog {
             tracing::warn!(
                 backlog_mib = s.backlog.load(Ordering::Relaxed) >> 20,
                 "the trace's observer is more than --max-observer-backlog behind the relay: \
-                 the tap reads nothing more until it has caught up halfway, so the engine \
-                 now waits for the capture (said once)"
+                 the tap reads more only as the observer catches up, so the engine now \
+                 waits for the capture (said once)"
             );
         }
         let start = Instant::now();
-        while s.backlog.load(Ordering::Relaxed) > s.bound / 2 {
+        while s.backlog.load(Ordering::Relaxed) > s.bound {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         s.waits.fetch_add(1, Ordering::Relaxed);
@@ -292,6 +297,15 @@ impl SeenReceiver {
         let held = std::mem::take(&mut self.held);
         self.shared.backlog.fetch_sub(held, Ordering::Relaxed);
     }
+
+    /// `bytes` of the batch in hand have been worked through (the observer says so every
+    /// [`RELEASE_EVERY`] or so): they leave the backlog now, so a relay waiting at the
+    /// bound goes on at the pace the observer decodes rather than after the whole batch.
+    pub fn release_some(&mut self, bytes: usize) {
+        let n = bytes.min(self.held);
+        self.held -= n;
+        self.shared.backlog.fetch_sub(n, Ordering::Relaxed);
+    }
 }
 
 /// Swap the queue into `into` (empty); returns the bytes it keeps alive, which the
@@ -380,10 +394,11 @@ mod tests {
         assert_eq!(backlog(&tx), 0);
     }
 
-    /// Past its bound the relay's wait lasts until the observer is down to half of it, and
-    /// is counted; within the bound it returns at once.
+    /// Past its bound the relay's wait lasts until the observer is back within it (here
+    /// when it lets go of part of its batch), and is counted; within the bound it returns
+    /// at once.
     #[tokio::test(flavor = "current_thread")]
-    async fn the_relay_waits_past_the_bound_until_half_of_it() {
+    async fn the_relay_waits_past_the_bound_until_the_observer_is_back_within_it() {
         let (tx, mut rx) = channel(1000);
         let room = tx.backlog();
         tx.send(output(1000));
@@ -395,18 +410,23 @@ mod tests {
         let observer = std::thread::spawn(move || {
             let mut batch = Vec::new();
             rx.recv_batch(&mut batch, Duration::from_millis(10));
-            std::thread::sleep(Duration::from_millis(50)); // decoding
-            batch.clear();
-            rx.recv_batch(&mut batch, Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(50)); // decoding the first message
+            rx.release_some(1000);
+            std::thread::sleep(Duration::from_millis(200)); // and the second
             rx
         });
         let start = Instant::now();
         room.wait_for_room().await;
+        let waited_for = start.elapsed();
         assert!(
-            start.elapsed() >= Duration::from_millis(40),
-            "waited for the decode"
+            waited_for >= Duration::from_millis(40),
+            "waited for the first message"
         );
-        assert!(backlog(&tx) <= 500);
+        assert!(
+            waited_for < Duration::from_millis(200),
+            "not for the whole batch: {waited_for:?}"
+        );
+        assert_eq!(backlog(&tx), 200);
         let (waits, waited) = tx.waited();
         assert_eq!(waits, 1);
         assert!(waited >= Duration::from_millis(40));

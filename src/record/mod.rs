@@ -168,8 +168,8 @@ pub struct RecordArgs {
     /// (a GPU engine sends a few hundred messages a second; it decodes tens of thousands);
     /// an engine that outruns it for long, such as a simulated one with no latency, would
     /// otherwise grow the tap's memory without end. Past this the tap reads nothing more
-    /// from the frontend or the engines until the observer is down to half: the engine is
-    /// slowed, as by a slow frontend, and nothing is dropped. The end-of-capture line says
+    /// from the frontend or the engines until the observer is back within it: the engine
+    /// is slowed to the observer's pace, as by a slow frontend, and nothing is dropped. The end-of-capture line says
     /// how long the relay waited.
     #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub max_observer_backlog: u64,

@@ -29,7 +29,7 @@ use sim_protocol::VllmLine;
 use sim_protocol::transport::identity_rank;
 use sim_trace::trace::{BlockHash, TraceMeta, TraceWriter};
 
-use super::handoff::{Recv, Seen, SeenReceiver};
+use super::handoff::{RELEASE_EVERY, Recv, Seen, SeenReceiver};
 use crate::play::content::reasoning_count::{ThinkingCount, ThinkingMarkers};
 use crate::play::engine::block_hash;
 
@@ -192,12 +192,17 @@ impl Observer {
                 stopped = Some("the relay stopped".to_string());
             }
             // Anything the relay handed over, even behind a stop, is still observed.
+            let mut decoded = 0;
             for seen in batch.drain(..) {
+                decoded += seen.bytes();
                 match seen {
                     Seen::Stop { reason } => {
                         stopped.get_or_insert(reason);
                     }
                     seen => self.handle(seen),
+                }
+                if decoded >= RELEASE_EVERY {
+                    rx.release_some(std::mem::take(&mut decoded));
                 }
             }
             if self.dirty && self.last_flush.elapsed() >= FLUSH_EVERY {
