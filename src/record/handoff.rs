@@ -1,16 +1,18 @@
 //! The queue from the relay to the observer, and what goes through it ([`Seen`]): it
-//! never blocks a send and never drops, and is cheap for the relay. What it holds is
-//! bounded in bytes all the same: past the bound the relay stops *reading* until the
-//! observer is back within it ([`Backlog`]; the observer lets go of what it has decoded as
-//! it goes, [`SeenReceiver::release_some`]), so an engine that outruns the observer for long
-//! is slowed to the observer's pace rather than growing the tap's memory without end. Waking
-//! the observer's thread per message would put a futex syscall on the relay's path and a
-//! thread competing for a core at the moment the next message is due, so the relay only
-//! appends under a mutex; the observer takes everything queued at once and, while
-//! messages keep coming, comes back on its own: [`POLL`] after a look that found some,
-//! twice as long after each that found none (up to [`POLL_MAX`]), so a slow stream costs
-//! it no more looks than it has messages. Only after [`IDLE`] without any does it park,
-//! and then the next message wakes it: one wake-up per quiet spell, not per message.
+//! never blocks a send, never drops, and is cheap for the relay. Waking the observer's
+//! thread per message would put a futex syscall on the relay's path and a thread competing
+//! for a core at the moment the next message is due, so the relay only appends under a
+//! mutex; the observer takes everything queued at once and, while messages keep coming,
+//! comes back on its own: [`POLL`] after a look that found some, twice as long after each
+//! that found none (up to [`POLL_MAX`]), so a slow stream costs it no more looks than it
+//! has messages. Only after [`IDLE`] without any does it park, and then the next message
+//! wakes it: one wake-up per quiet spell, not per message.
+//!
+//! What the queue holds is bounded in bytes all the same: past the bound the relay stops
+//! *reading* until the observer is back within it ([`Backlog`]; the observer lets go of
+//! what it has decoded as it goes, [`SeenReceiver::release_some`]), so an engine that
+//! outruns the observer for long is slowed to the observer's pace rather than growing the
+//! tap's memory without end.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -151,12 +153,12 @@ impl Backlog {
     }
 
     /// Return at once while the observer is within its bound; past it, wait until it is
-    /// back within it (a read may then overshoot it by one read). Keeping up with the relay
-    /// is the observer's job, but memory is
-    /// not unlimited: an engine that outruns the observer for long (a simulated engine with
-    /// no latency behind a fast frontend, thousands of outputs a step) would otherwise
-    /// grow the tap without end, where a relay that stops reading only slows that engine
-    /// down, as a slow frontend would. Nothing is dropped either way.
+    /// back within it (a read may then overshoot it by one read). Keeping up with the
+    /// relay is the observer's job, but memory is not unlimited: an engine that outruns the
+    /// observer for long (a simulated engine with no latency behind a fast frontend,
+    /// thousands of outputs a step) would otherwise grow the tap without end, where a relay
+    /// that stops reading only slows that engine down, as a slow frontend would. Nothing is
+    /// dropped either way.
     pub async fn wait_for_room(&self) {
         let Some(s) = &self.0 else {
             return;
