@@ -95,9 +95,7 @@ pub fn ensure_own_xtask(root: &Path, argv: &[String]) -> Result<Option<bool>> {
             target.display()
         );
     }
-    let switched = own
-        && std::fs::read_to_string(target.join(CLAIM_FILE))
-            .is_ok_and(|p| !same_dir(Path::new(p.trim_end()), root));
+    let switched = own && claimant(&target).is_some_and(|p| !same_dir(&p, root));
     // a directory nobody claimed yet (a fresh one, or one from before claims) keeps the
     // xtask that cargo has just built from this checkout
     let keep: &[&str] = if own && !switched { &["xtask"] } else { &[] };
@@ -174,11 +172,8 @@ fn report(dir: &Path, c: &Claimed) {
 /// name `root` in it.
 pub fn claim(target: &Path, root: &Path, keep: &[&str]) -> Result<Claimed> {
     let me = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
-    let file = target.join(CLAIM_FILE);
-    let previous = std::fs::read_to_string(&file)
-        .ok()
-        .map(|s| PathBuf::from(s.trim_end()));
-    if previous.as_deref() == Some(me.as_path()) {
+    let previous = claimant(target);
+    if previous.as_deref().is_some_and(|p| same_dir(p, &me)) {
         return Ok(Claimed {
             previous,
             already: true,
@@ -207,12 +202,20 @@ pub fn claim(target: &Path, root: &Path, keep: &[&str]) -> Result<Claimed> {
     let tmp = target.join(format!("{CLAIM_FILE}.{}", std::process::id()));
     std::fs::write(&tmp, format!("{}\n", me.display()))
         .with_context(|| format!("writing {}", tmp.display()))?;
+    let file = target.join(CLAIM_FILE);
     std::fs::rename(&tmp, &file).with_context(|| format!("writing {}", file.display()))?;
     Ok(Claimed {
         previous,
         already: false,
         dropped,
     })
+}
+
+/// The checkout `target`'s [`CLAIM_FILE`] names, if any.
+fn claimant(target: &Path) -> Option<PathBuf> {
+    std::fs::read_to_string(target.join(CLAIM_FILE))
+        .ok()
+        .map(|s| PathBuf::from(s.trim_end()))
 }
 
 /// The package a fingerprint directory belongs to: `<package>-<16 hex digits>`.
