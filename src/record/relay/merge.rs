@@ -32,21 +32,20 @@ pub(super) async fn accept_outputs(ctx: &Arc<Ctx>, client: usize, listener: List
                 limit,
                 Oversize::DropSource,
                 &c.backlog,
-                |got| {
-                    match got {
-                Got::Message { t, frames } => {
-                    let dead = frames.len() == 1 && frames[0].as_ref() == ENGINE_CORE_DEAD;
-                    c.observe(Seen::Output { t, client, frames });
-                    if dead {
-                        c.event(Event::EngineDead);
+                |got| match got {
+                    Got::Message { t, frames } => {
+                        let dead = frames.len() == 1 && frames[0].as_ref() == ENGINE_CORE_DEAD;
+                        c.observe(Seen::Output { t, client, frames });
+                        if dead {
+                            c.event(Event::EngineDead);
+                        }
                     }
-                }
-                Got::Streamed => c.observe(Seen::Streamed {
-                    what: format!(
-                        "an engine output message on client {client} larger than --max-frame-size"
-                    ),
-                }),
-            }
+                    Got::Streamed => c.observe(Seen::Streamed {
+                        what: format!(
+                            "an engine output message on client {client} larger than \
+                             --max-frame-size"
+                        ),
+                    }),
                 },
             )
             .await;
